@@ -1,0 +1,43 @@
+"""tensor_graphs: write a tensor program as a graph, evaluate it exactly, run it fast.
+
+    import tensor_graphs as tg
+    x = tg.input("x", ("batch", 64))
+    y = tg.gelu(x @ tg.weight("w", (64, 32))).sum(axis=-1)
+    tg.evaluate(y, {"x": X, "w": W}, dtype="float64")
+"""
+
+from tensor_graphs.errors import (  # noqa: F401
+    DecompositionError,
+    DTypeError,
+    EvaluationError,
+    FeedError,
+    SerializationError,
+    ShapeError,
+    StateError,
+    TensorGraphsError,
+)
+from tensor_graphs.ir.api import *  # noqa: F401,F403
+from tensor_graphs.ir.api import __all__ as _api_all
+from tensor_graphs.ir.dtypes import (  # noqa: F401
+    DType,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int32,
+    int64,
+    uint8,
+)
+from tensor_graphs.ir.evaluate import evaluate  # noqa: F401
+from tensor_graphs.ir.graph import decompose, format_graph, nodes  # noqa: F401
+from tensor_graphs.ir.node import Node, Op  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = [
+    *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
+    "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+    "TensorGraphsError", "ShapeError", "DTypeError", "FeedError", "DecompositionError",
+    "StateError", "EvaluationError", "SerializationError",
+]

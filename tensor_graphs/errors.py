@@ -1,0 +1,37 @@
+"""The exception tree. Every error tensor_graphs raises on bad input is a TensorGraphsError,
+and its message names the op or leaf, the shapes involved, and what to do about it."""
+
+
+class TensorGraphsError(Exception):
+    """Base class of every error tensor_graphs raises on purpose."""
+
+
+class ShapeError(TensorGraphsError, ValueError):
+    """Shapes that do not fit an op, or a feed whose shape disagrees with its leaf."""
+
+
+class DTypeError(TensorGraphsError, TypeError):
+    """A dtype an op does not accept, or a feed of the wrong kind (int for a float leaf...)."""
+
+
+class FeedError(TensorGraphsError, KeyError):
+    """A missing or unknown feed name, or two leaves that share a name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DecompositionError(TensorGraphsError):
+    """A composite op whose decomposition fails or uses the op itself."""
+
+
+class StateError(TensorGraphsError):
+    """A state whose version chain forks, or an update that does not fit the state."""
+
+
+class EvaluationError(TensorGraphsError):
+    """The reference interpreter could not compute a node (e.g. a gather index out of range)."""
+
+
+class SerializationError(TensorGraphsError):
+    """A graph file that is not a tensor_graphs file, or of an unknown version."""

@@ -1,0 +1,528 @@
+"""Builder functions for leaves and atomic ops: argument normalisation, dtype promotion and
+numpy/torch-style conveniences (negative axes, -1 in reshape, torch's F.pad order, indexing).
+
+Every function returns a hash-consed Node; promotion shows up as explicit cast nodes.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+
+import numpy as np
+import sympy
+
+from tensor_graphs.errors import DTypeError, ShapeError, TensorGraphsError
+from tensor_graphs.ir import dtypes
+from tensor_graphs.ir.dtypes import DType, as_dtype
+from tensor_graphs.ir.node import ConstValue, Node
+from tensor_graphs.ir.ops import (
+    OPS,
+    atomic,  # noqa: F401  (registers the atomic ops)
+)
+from tensor_graphs.ir.shapes import (
+    Dim,
+    as_dim,
+    as_shape,
+    dims_equal,
+    format_shape,
+    normalize_axes,
+    normalize_axis,
+    numel,
+)
+
+Scalar = int | float | bool
+TensorLike = Node | Scalar | np.ndarray
+
+
+def _make(op: str, inputs=(), **attrs) -> Node:
+    return Node.make(OPS[op], tuple(inputs), attrs)
+
+
+# ---------------------------------------------------------------------------- leaves
+def _leaf(kind: str, name: str, shape, dtype) -> Node:
+    if not isinstance(name, str) or not name:
+        raise TensorGraphsError(f"tg.{kind}: a name (non-empty str) is required, got {name!r}")
+    return Node.make(OPS[kind], (), {"shape": as_shape(shape), "dtype": as_dtype(dtype)}, name=name)
+
+
+def input(name: str, shape, dtype="float32") -> Node:  # noqa: A001 - the public name
+    """A value fed at every call; str dims ("batch") are symbolic."""
+    return _leaf("input", name, shape, dtype)
+
+
+def weight(name: str, shape, dtype="float32") -> Node:
+    """A persistent value, bound once (a model parameter)."""
+    return _leaf("weight", name, shape, dtype)
+
+
+def state(name: str, shape, dtype="float32") -> Node:
+    """A persistent, mutable value such as a KV cache; a str dim is its active length."""
+    return _leaf("state", name, shape, dtype)
+
+
+def constant(value, dtype=None) -> Node:
+    """A value baked into the graph. Python floats default to float32, ints to int64."""
+    if isinstance(value, Node):
+        raise TensorGraphsError("tg.constant takes a numpy value or Python scalar, not a node")
+    array = np.asarray(value)
+    if dtype is None:
+        if array.dtype.kind == "f" and not isinstance(value, np.ndarray):
+            dtype = dtypes.float32  # Python floats and lists of them
+        elif array.dtype.kind in "iu" and not isinstance(value, np.ndarray):
+            dtype = dtypes.int64
+        else:
+            dtype = dtypes.from_numpy(array.dtype)
+            if dtype is None:
+                raise DTypeError(f"tg.constant: unsupported numpy dtype {array.dtype}")
+    dtype = as_dtype(dtype)
+    if array.dtype.kind not in "biuf":
+        raise DTypeError(f"tg.constant: cannot make a constant from a {array.dtype} value")
+    if dtype.is_float and array.dtype.kind in "f" and array.dtype.itemsize < 8:
+        stored = array if array.dtype == dtype.np_dtype else array.astype(dtype.np_dtype)
+    elif dtype.is_float:
+        stored = array.astype(np.float64)  # exact Python values, so float64 evaluation is exact
+    else:
+        stored = array.astype(dtype.np_dtype)
+    return Node.make(OPS["constant"], (), {"value": ConstValue(stored), "dtype": dtype})
+
+
+def size(expr, dtype="int64") -> Node:
+    """A 0-d tensor holding a (possibly symbolic) size, e.g. ``tg.size("seq")``."""
+    dim = as_dim(expr)
+    if isinstance(dim, int):
+        return constant(dim, dtype)
+    return Node.make(OPS["dim"], (), {"expr": dim, "dtype": as_dtype(dtype)})
+
+
+def as_node(value: TensorLike, like: DType | None = None) -> Node:
+    """A node for a tensor-like value; a Python scalar adopts the dtype ``like`` (weakly)."""
+    if isinstance(value, Node):
+        return value
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and not \
+            isinstance(value, np.ndarray):
+        if isinstance(value, np.generic):
+            return constant(np.asarray(value))
+        return constant(value, dtypes.weak_scalar_dtype(value, like))
+    if isinstance(value, (np.ndarray, list, tuple)):
+        return constant(np.asarray(value) if not isinstance(value, np.ndarray) else value)
+    raise TensorGraphsError(f"expected a tensor (node, numpy array or Python scalar), "
+                            f"got {type(value).__name__}")
+
+
+def promote(*values: TensorLike, op: str = "op") -> list[Node]:
+    """Nodes of one common dtype; Python scalars adopt the tensors' dtype where it holds them."""
+    strong = [v.dtype for v in values if isinstance(v, Node)]
+    strong += [as_node(v).dtype for v in values if isinstance(v, (np.ndarray, list, tuple))]
+    if strong:
+        common = strong[0]
+        for d in strong[1:]:
+            common = dtypes.promote_pair(common, d)
+        for v in values:
+            if not isinstance(v, (Node, np.ndarray, list, tuple)):
+                common = dtypes.promote_pair(common, dtypes.weak_scalar_dtype(v, common))
+    else:
+        common = None
+        for v in values:
+            d = dtypes.weak_scalar_dtype(v, None)
+            common = d if common is None else dtypes.promote_pair(common, d)
+    return [cast(as_node(v, common), common) for v in values]
+
+
+# ---------------------------------------------------------------------------- elementwise
+def _float_input(x: TensorLike) -> Node:
+    x = as_node(x)
+    return x if x.dtype.is_float else cast(x, dtypes.float32)
+
+
+def neg(x: TensorLike) -> Node:
+    """-x."""
+    return _make("neg", (as_node(x),))
+
+
+def exp(x: TensorLike) -> Node:
+    """e**x (ints are promoted to float32)."""
+    return _make("exp", (_float_input(x),))
+
+
+def log(x: TensorLike) -> Node:
+    """Natural logarithm."""
+    return _make("log", (_float_input(x),))
+
+
+def sqrt(x: TensorLike) -> Node:
+    """Square root."""
+    return _make("sqrt", (_float_input(x),))
+
+
+def reciprocal(x: TensorLike) -> Node:
+    """1/x."""
+    return _make("reciprocal", (_float_input(x),))
+
+
+def sin(x: TensorLike) -> Node:
+    """Sine."""
+    return _make("sin", (_float_input(x),))
+
+
+def erf(x: TensorLike) -> Node:
+    """The error function."""
+    return _make("erf", (_float_input(x),))
+
+
+def _binary(op: str):
+    def fn(a: TensorLike, b: TensorLike) -> Node:
+        return _make(op, promote(a, b, op=op))
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = OPS[op].doc
+    return fn
+
+
+add = _binary("add")
+mul = _binary("mul")
+maximum = _binary("maximum")
+equal = _binary("equal")
+less = _binary("less")
+
+
+def pow(a: TensorLike, b: TensorLike) -> Node:  # noqa: A001 - the public name
+    """a ** b; an int tensor to a float power becomes float."""
+    a, b = promote(a, b, op="pow")
+    return _make("pow", (a, b))
+
+
+def where(cond: TensorLike, a: TensorLike, b: TensorLike) -> Node:
+    """cond ? a : b elementwise; cond must be bool."""
+    cond = as_node(cond)
+    if not cond.dtype.is_bool:
+        raise DTypeError(f"where: the condition must be bool, got {cond.dtype.name} "
+                         "(compare it with tg.equal/tg.less or cast with .astype(bool))")
+    a, b = promote(a, b, op="where")
+    return _make("where", (cond, a, b))
+
+
+def cast(x: TensorLike, dtype) -> Node:
+    """Convert to another dtype; a no-op when the dtype already matches."""
+    x, dtype = as_node(x), as_dtype(dtype)
+    return x if x.dtype == dtype else _make("cast", (x,), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------- reductions
+def sum(x: TensorLike, axis=None, keepdims: bool = False) -> Node:  # noqa: A001
+    """Sum over axes (all when None); bool sums count in int64."""
+    x = as_node(x)
+    if x.dtype.is_bool:
+        x = cast(x, dtypes.int64)
+    axes = normalize_axes(axis, x.ndim, "sum")
+    if not axes:
+        return x
+    return _make("sum", (x,), axes=axes, keepdims=bool(keepdims))
+
+
+def max(x: TensorLike, axis=None, keepdims: bool = False) -> Node:  # noqa: A001
+    """Maximum over axes (all when None); nan propagates."""
+    x = as_node(x)
+    axes = normalize_axes(axis, x.ndim, "max")
+    if not axes:
+        return x
+    return _make("max", (x,), axes=axes, keepdims=bool(keepdims))
+
+
+# ---------------------------------------------------------------------------- movement
+def _shape_args(args, fn: str) -> tuple:
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def reshape(x: TensorLike, *shape) -> Node:
+    """Row-major reshape; one -1 is inferred; accepts a tuple or varargs."""
+    x = as_node(x)
+    shape = _shape_args(shape, "reshape")
+    minus = [i for i, d in enumerate(shape) if isinstance(d, int) and d == -1]
+    if len(minus) > 1:
+        raise ShapeError(f"reshape: only one -1 allowed, got {shape}")
+    if minus:
+        known = numel(as_shape(tuple(d for i, d in enumerate(shape) if i != minus[0])))
+        total = numel(x.shape)
+        if isinstance(total, int) and isinstance(known, int):
+            if known == 0 or total % known:
+                raise ShapeError(f"reshape: cannot reshape {format_shape(x.shape)} to {shape}")
+            inferred = total // known
+        else:
+            inferred = sympy.cancel(sympy.sympify(total) / sympy.sympify(known))
+            if not (inferred.is_integer or isinstance(inferred, sympy.Symbol)) or \
+                    sympy.fraction(inferred)[1] != 1:
+                raise ShapeError(f"reshape: cannot infer -1 reshaping {format_shape(x.shape)} "
+                                 f"to {shape}")
+        shape = tuple(inferred if i == minus[0] else d for i, d in enumerate(shape))
+    shape = as_shape(shape)
+    if len(shape) == x.ndim and builtins.all(dims_equal(a, b) for a, b in zip(shape, x.shape)):
+        return x
+    return _make("reshape", (x,), shape=shape)
+
+
+def permute(x: TensorLike, *axes) -> Node:
+    """Reorder axes; accepts a tuple or varargs, negative axes allowed."""
+    x = as_node(x)
+    perm = tuple(normalize_axis(a, x.ndim, "permute") for a in _shape_args(axes, "permute"))
+    if perm == tuple(range(x.ndim)) and len(perm) == x.ndim:
+        return x
+    return _make("permute", (x,), perm=perm)
+
+
+def transpose(x: TensorLike, a: int = -2, b: int = -1) -> Node:
+    """Swap two axes."""
+    x = as_node(x)
+    perm = list(range(x.ndim))
+    a, b = normalize_axis(a, x.ndim, "transpose"), normalize_axis(b, x.ndim, "transpose")
+    perm[a], perm[b] = perm[b], perm[a]
+    return permute(x, tuple(perm))
+
+
+def expand(x: TensorLike, *shape) -> Node:
+    """Broadcast to a shape (torch's expand: -1 keeps a size, new leading axes allowed)."""
+    x = as_node(x)
+    shape = _shape_args(shape, "expand")
+    if len(shape) < x.ndim:
+        raise ShapeError(f"expand: target {shape} has fewer axes than {format_shape(x.shape)}")
+    lead = len(shape) - x.ndim
+    target = as_shape(tuple(x.shape[i - lead] if isinstance(d, int) and d == -1 else d
+                            for i, d in enumerate(shape)))
+    if lead:
+        x = reshape(x, (1,) * lead + x.shape)
+    if builtins.all(dims_equal(a, b) for a, b in zip(target, x.shape)):
+        return x
+    return _make("expand", (x,), shape=target)
+
+
+broadcast_to = expand
+
+
+def unsqueeze(x: TensorLike, axis: int) -> Node:
+    """Insert a size-1 axis."""
+    x = as_node(x)
+    axis = normalize_axis(axis, x.ndim + 1, "unsqueeze")
+    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+
+
+def squeeze(x: TensorLike, axis=None) -> Node:
+    """Drop size-1 axes (all of them, or the given ones)."""
+    x = as_node(x)
+    axes = [i for i, d in enumerate(x.shape) if d == 1] if axis is None else \
+        normalize_axes(axis, x.ndim, "squeeze")
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(f"squeeze: axis {a} of {format_shape(x.shape)} has size "
+                             f"{x.shape[a]}, not 1")
+    return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def flatten(x: TensorLike, start: int = 0, end: int = -1) -> Node:
+    """Merge axes start..end into one."""
+    x = as_node(x)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = normalize_axis(start, x.ndim, "flatten"), normalize_axis(end, x.ndim, "flatten")
+    return reshape(x, x.shape[:s] + (numel(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def _bound(value, dim: Dim, default, op: str):
+    """Normalise one slice bound against a (possibly symbolic) dim, numpy-style clamping."""
+    if value is None:
+        return default
+    value = as_dim(value) if not (isinstance(value, int) and value < 0) else value
+    if isinstance(value, int) and isinstance(dim, int):
+        return builtins.min(builtins.max(value + dim if value < 0 else value, 0), dim)
+    if isinstance(value, int) and value < 0:
+        return as_dim(dim + value)
+    return value
+
+
+def slice_axis(x: TensorLike, axis: int, start=None, stop=None, step: int = 1) -> Node:
+    """x[..., start:stop:step, ...] on one axis; bounds may be symbolic."""
+    x = as_node(x)
+    axis = normalize_axis(axis, x.ndim, "slice")
+    return _slice(x, {axis: builtins.slice(start, stop, step)})
+
+
+def _slice(x: Node, per_axis: dict) -> Node:
+    starts, stops, steps = [], [], []
+    for axis, dim in enumerate(x.shape):
+        s = per_axis.get(axis, builtins.slice(None))
+        step = 1 if s.step is None else s.step
+        if not isinstance(step, int) or step == 0:
+            raise ShapeError(f"slice: step must be a non-zero int, got {step!r}")
+        if isinstance(dim, int) and builtins.all(isinstance(v, (int, type(None)))
+                                                 for v in (s.start, s.stop)):
+            start, stop, step = s.indices(dim)
+        elif step > 0:
+            start, stop = _bound(s.start, dim, 0, "slice"), _bound(s.stop, dim, dim, "slice")
+        else:
+            raise ShapeError(f"slice: a negative step on the symbolic axis {axis} ({dim}) is "
+                             "not supported; flip a concrete axis instead")
+        starts.append(start)
+        stops.append(stop)
+        steps.append(step)
+    if builtins.all(a == 0 and st == 1 and dims_equal(c, d)
+                    for a, c, st, d in zip(starts, stops, steps, x.shape)):
+        return x
+    return _make("slice", (x,), starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
+
+def getitem(x: Node, index) -> Node:
+    """Numpy basic indexing (ints, slices, None, Ellipsis) plus one int-tensor index (gather)."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if builtins.sum(1 for i in index if i is Ellipsis) > 1:
+        raise ShapeError("an index can only have a single ellipsis ('...')")
+    used = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    if used > x.ndim:
+        raise ShapeError(f"too many indices ({used}) for a tensor of shape {format_shape(x.shape)}")
+    if Ellipsis in [i for i in index if not isinstance(i, (Node, np.ndarray, list))]:
+        at = [k for k, i in enumerate(index) if i is Ellipsis][0]
+        index = index[:at] + (builtins.slice(None),) * (x.ndim - used) + index[at + 1:]
+    index = index + (builtins.slice(None),) * (x.ndim - used)
+    per_axis, out_shape, drop, gathers, axis = {}, [], [], [], 0
+    for item in index:
+        if item is None:
+            out_shape.append(("new",))
+            continue
+        dim = x.shape[axis]
+        if isinstance(item, (Node, np.ndarray, list)):
+            gathers.append((axis, item))
+            out_shape.append(("keep", axis))
+        elif isinstance(item, builtins.slice):
+            per_axis[axis] = item
+            out_shape.append(("keep", axis))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            item = int(item)
+            if isinstance(dim, int) and not -dim <= item < dim:
+                raise ShapeError(f"index {item} is out of range for axis {axis} of size {dim}")
+            start = item + dim if item < 0 else item
+            per_axis[axis] = builtins.slice(start, as_dim(start + 1) if not isinstance(start, int)
+                                            else start + 1, 1)
+            drop.append(axis)
+        else:
+            raise ShapeError(f"unsupported index {item!r}; use ints, slices, None, ... or one "
+                             "int tensor")
+        axis += 1
+    if len(gathers) > 1:
+        raise ShapeError("only one tensor index is supported; gather axes one at a time")
+    y = _slice(x, per_axis)
+    shape: list = []
+    for entry in out_shape:
+        if entry[0] == "new":
+            shape.append(1)
+        elif entry[1] not in drop:
+            shape.append(y.shape[entry[1]])
+    if gathers:
+        g_axis, idx = gathers[0]
+        y = gather(y, idx, axis=g_axis)
+        idx_shape = y.shape[g_axis:g_axis + (y.ndim - x.ndim + 1)]
+        kept = [e for e in out_shape if e[0] == "new" or e[1] not in drop]
+        shape = []
+        for e in kept:
+            if e[0] == "new":
+                shape.append(1)
+            elif e[1] == g_axis:
+                shape.extend(idx_shape)
+            else:
+                shift = len(idx_shape) - 1 if e[1] > g_axis else 0
+                shape.append(y.shape[e[1] + shift])
+    return reshape(y, tuple(shape))
+
+
+def pad(x: TensorLike, pad: Sequence[int], value: float = 0.0) -> Node:
+    """torch.nn.functional.pad order: (last_before, last_after, 2nd_last_before, ...);
+    negative pads crop."""
+    x = as_node(x)
+    pad = tuple(pad)
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ShapeError(f"pad: {pad} must hold pairs for at most {x.ndim} axes")
+    pads = [[0, 0] for _ in range(x.ndim)]
+    for k in range(len(pad) // 2):
+        pads[x.ndim - 1 - k] = [pad[2 * k], pad[2 * k + 1]]
+    crops = {a: builtins.slice(-lo if lo < 0 else 0, hi if hi < 0 else None)
+             for a, (lo, hi) in enumerate(pads) if (isinstance(lo, int) and lo < 0)
+             or (isinstance(hi, int) and hi < 0)}
+    if crops:
+        x = _slice(x, crops)
+        pads = [[builtins.max(lo, 0) if isinstance(lo, int) else lo,
+                 builtins.max(hi, 0) if isinstance(hi, int) else hi] for lo, hi in pads]
+    if builtins.all(lo == 0 and hi == 0 for lo, hi in pads):
+        return x
+    value = x.dtype.np_dtype.type(value).item() if not x.dtype.is_float else float(value)
+    return _make("pad", (x,), pads=tuple(tuple(as_dim(v) for v in p) for p in pads), value=value)
+
+
+def concat(xs: Sequence[TensorLike], axis: int = 0) -> Node:
+    """Join tensors along an existing axis."""
+    xs = promote(*xs, op="concat")
+    if not xs:
+        raise ShapeError("concat: needs at least one tensor")
+    axis = normalize_axis(axis, xs[0].ndim, "concat")
+    xs = [x for x in xs if not (isinstance(x.shape[axis], int) and x.shape[axis] == 0)] or xs[:1]
+    return xs[0] if len(xs) == 1 else _make("concat", xs, axis=axis)
+
+
+cat = concat
+
+
+def gather(x: TensorLike, indices: TensorLike, axis: int = 0) -> Node:
+    """numpy.take along one axis: out.shape = x.shape[:axis] + idx.shape + x.shape[axis+1:]."""
+    x = as_node(x)
+    indices = as_node(indices)
+    if not indices.dtype.is_int:
+        raise DTypeError(f"gather: indices must have an int dtype, got {indices.dtype.name}")
+    return _make("gather", (x, indices), axis=normalize_axis(axis, x.ndim, "gather"))
+
+
+def matmul(a: TensorLike, b: TensorLike) -> Node:
+    """Matrix product with numpy's batching and broadcasting."""
+    return _make("matmul", promote(a, b, op="matmul"))
+
+
+def iota(length, dtype="int64") -> Node:
+    """0, 1, ..., length-1; length may be a named dim."""
+    return _make("iota", (), length=as_dim(length), dtype=as_dtype(dtype))
+
+
+def arange(start, stop=None, step=1, dtype=None) -> Node:
+    """torch.arange; bounds may be named dims when step is 1."""
+    if stop is None:
+        start, stop = 0, start
+    kinds_float = builtins.any(isinstance(v, float) for v in (start, stop, step))
+    dtype = as_dtype(dtype or ("float32" if kinds_float else "int64"))
+    if kinds_float:
+        n = int(np.ceil((stop - start) / step))
+    else:
+        n = as_dim(stop - start if step == 1 else -(-(as_dim(stop) - start) // step))
+    out = iota(builtins.max(n, 0) if isinstance(n, int) else n, dtype)
+    if step != 1:
+        out = mul(out, step)
+    if start != 0:
+        out = add(out, start)
+    return cast(out, dtype)
+
+
+def copy_to(x: TensorLike, device: str) -> Node:
+    """The same value on another device."""
+    return _make("copy_to", (as_node(x),), device=str(device))
+
+
+def state_update(state: Node, value: TensorLike, offset=0, axis: int = 0) -> Node:
+    """A new version of ``state`` with ``value`` written at ``offset`` along ``axis``.
+
+    Reads of the old version stay reads of the old version; use the returned node for reads
+    after the update and return it as an output of the program.
+    """
+    if not isinstance(state, Node):
+        raise TensorGraphsError("state_update: the first argument must be a tg.state node")
+    value = cast(as_node(value, state.dtype), state.dtype)
+    axis = normalize_axis(axis, state.ndim, "state_update")
+    return _make("state_update", (state, value), axis=axis, offset=as_dim(offset))
+
+
+def all_dims_static(x: Node) -> bool:
+    return builtins.all(isinstance(d, int) for d in x.shape)

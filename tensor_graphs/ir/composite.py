@@ -1,0 +1,84 @@
+"""Defining composite ops: a decorated Python function *is* the op's decomposition.
+
+    @composite(example=lambda: (tg.input("x", (2, 5)),))
+    def softmax(x, *, axis=-1):
+        '''exp(x) / sum(exp(x)) along an axis, shifted by the max for stability.'''
+        e = tg.exp(x - x.max(axis, keepdims=True))
+        return e / e.sum(axis, keepdims=True)
+
+Positional parameters are tensors (a default of None makes one optional), keyword-only
+parameters are attributes. The decorator registers the op, returns its builder (``tg.softmax``)
+and traces ``example`` once, so a decomposition that uses its own op, directly or through other
+composites, raises at registration. Shape and dtype of a composite node come from tracing its
+decomposition: the decomposition is the only definition.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+from tensor_graphs.errors import DecompositionError
+from tensor_graphs.ir.builder import as_node
+from tensor_graphs.ir.node import COMPOSITE, Node, Op
+from tensor_graphs.ir.ops import register, unregister
+from tensor_graphs.ir.shapes import normalize_axis
+
+
+def composite(example: Callable[[], tuple | dict], name: str | None = None):
+    def decorate(fn: Callable[..., Node]) -> Callable[..., Node]:
+        sig = inspect.signature(fn)
+        positional = [p for p in sig.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keywords = [p for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY]
+        op = Op(
+            name=name or fn.__name__,
+            kind=COMPOSITE,
+            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].replace("\n", " "),
+            params=tuple(p.name for p in positional),
+            optional=tuple(p.name for p in positional if p.default is None),
+            attr_defaults={p.name: p.default for p in keywords},
+            decompose=fn,
+        )
+
+        @functools.wraps(fn)
+        def build(*args, **kwargs) -> Node:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = bound.arguments
+            tensors = [values[p] for p in op.params]
+            like = next((t.dtype for t in tensors if isinstance(t, Node)), None)
+            nodes = [None if t is None else as_node(t, like) for t in tensors]
+            attrs = {k: values[k] for k in op.attr_defaults}
+            first = next((n for n in nodes if n is not None), None)
+            if first is not None and "axis" in attrs:
+                attrs["axis"] = _normalize_axis_attr(attrs["axis"], first.ndim, op.name)
+            if op.optional:
+                missing = [p for p, n in zip(op.params, nodes) if n is None
+                           and p not in op.optional]
+                if missing:
+                    raise DecompositionError(f"{op.name}: tensor argument(s) {missing} missing")
+                attrs["args"] = tuple(p for p, n in zip(op.params, nodes) if n is not None)
+            return Node.make(op, tuple(n for n in nodes if n is not None), attrs)
+
+        register(op)
+        try:
+            sample = example()
+            build(**sample) if isinstance(sample, dict) else build(*sample)
+        except Exception:
+            unregister(op.name)
+            raise
+        build.op = op
+        return build
+
+    return decorate
+
+
+def _normalize_axis_attr(axis, rank: int, op: str):
+    """Attributes named ``axis`` are stored non-negative (tuples sorted) so equal ops hash equal."""
+    if isinstance(axis, int) and not isinstance(axis, bool):
+        return normalize_axis(axis, rank, op)
+    if isinstance(axis, (tuple, list)):
+        return tuple(sorted(normalize_axis(a, rank, op) for a in axis))
+    return axis

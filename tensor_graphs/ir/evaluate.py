@@ -1,0 +1,180 @@
+"""The reference interpreter: the semantic oracle every kernel and rewrite is checked against.
+
+It validates all feeds before computing anything, expands composites into atomic ops, runs
+each atomic op's numpy reference in topological order and frees every value after its last use
+(like JAX's eval_jaxpr). float16/bfloat16 ops compute in float32 and round once per op;
+``dtype="float64"`` lifts every float leaf and computation to float64 (int leaves stay int).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import sympy
+
+from tensor_graphs.errors import (
+    DTypeError,
+    EvaluationError,
+    FeedError,
+    ShapeError,
+    TensorGraphsError,
+)
+from tensor_graphs.ir import dtypes
+from tensor_graphs.ir.graph import _as_list, decompose, leaves, nodes
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape, resolve
+
+_LOW = (dtypes.float16.np_dtype, dtypes.bfloat16.np_dtype)
+
+
+def evaluate(outputs, feeds: Mapping[str, object], dtype=None):
+    """Evaluate ``outputs`` (a node or a list of nodes) on numpy ``feeds`` keyed by leaf name."""
+    single = isinstance(outputs, Node)
+    outs = _as_list(outputs)
+    if dtype is not None and dtypes.as_dtype(dtype) != dtypes.float64:
+        raise DTypeError(f"evaluate: dtype must be None or 'float64', got {dtype!r}")
+    lift = dtype is not None
+    arrays, dims = bind_feeds(leaves(outs), feeds, lift)
+    results = _run(decompose(outs), arrays, dims, lift)
+    return results[0] if single else results
+
+
+def storage_dtype(node: Node, lift: bool) -> np.dtype:
+    return np.dtype(np.float64) if lift and node.dtype.is_float else node.dtype.np_dtype
+
+
+def _feed_kind_ok(leaf: Node, given: np.dtype) -> bool:
+    ours = dtypes.from_numpy(given)
+    if ours is None:
+        return False
+    return ours.kind == leaf.dtype.kind
+
+
+def bind_feeds(leaf_nodes: list[Node], feeds: Mapping[str, object], lift: bool):
+    """Check every feed (names, kinds, shapes, dims) and return arrays and dim bindings."""
+    if not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a dict of leaf name to array, got {type(feeds).__name__}")
+    by_name = {leaf.name: leaf for leaf in leaf_nodes}
+    unknown = sorted(set(feeds) - set(by_name))
+    if unknown:
+        raise FeedError(f"unknown feed(s) {unknown}; the graph's leaves are "
+                        f"{sorted(by_name) or 'none'}")
+    missing = sorted(set(by_name) - set(feeds))
+    if missing:
+        described = ", ".join(f"{m} {format_shape(by_name[m].shape)} {by_name[m].dtype.name}"
+                              for m in missing)
+        raise FeedError(f"missing feed(s): {described}")
+    arrays: dict[str, np.ndarray] = {}
+    for name, leaf in by_name.items():
+        value = feeds[name]
+        try:
+            array = np.asarray(value)
+        except Exception as exc:  # e.g. a ragged list
+            raise DTypeError(f"feed '{name}': cannot read {type(value).__name__} as an array: "
+                             f"{exc}") from None
+        if not _feed_kind_ok(leaf, array.dtype):
+            raise DTypeError(f"feed '{name}': {leaf.op.name} '{name}' expects "
+                             f"{leaf.dtype.name} ({leaf.dtype.kind}) data, got {array.dtype} "
+                             f"values; convert it explicitly")
+        arrays[name] = array
+    dims = _bind_dims(by_name, arrays)
+    for name, leaf in by_name.items():
+        arrays[name] = arrays[name].astype(storage_dtype(leaf, lift), copy=False)
+    return arrays, dims
+
+
+def _bind_dims(by_name: dict[str, Node], arrays: dict[str, np.ndarray]) -> dict:
+    dims: dict[sympy.Symbol, int] = {}
+    where: dict[sympy.Symbol, str] = {}
+    deferred = []
+    for name, leaf in by_name.items():
+        shape = arrays[name].shape
+        expected = f"expected shape {format_shape(leaf.shape)}, got {format_shape(shape)}"
+        if len(shape) != len(leaf.shape):
+            raise ShapeError(f"feed '{name}': {expected} (rank {len(leaf.shape)} vs {len(shape)})")
+        for axis, (want, got) in enumerate(zip(leaf.shape, shape)):
+            if isinstance(want, int):
+                if want != got:
+                    raise ShapeError(f"feed '{name}': {expected} (axis {axis}: {want} vs {got})")
+            elif isinstance(want, sympy.Symbol):
+                if want in dims and dims[want] != got:
+                    raise ShapeError(f"feed '{name}': dim '{want}' is {got} on axis {axis}, but "
+                                     f"feed '{where[want]}' bound it to {dims[want]}")
+                dims.setdefault(want, got)
+                where.setdefault(want, name)
+            else:
+                deferred.append((name, axis, want, got, expected))
+    for name, axis, want, got, expected in deferred:
+        value = want.xreplace(dims)
+        free = sorted(value.free_symbols, key=str)
+        if len(free) == 1:
+            solutions = [s for s in sympy.solve(sympy.Eq(value, got), free[0])
+                         if s.is_integer and s > 0]
+            if solutions:
+                dims[free[0]] = int(solutions[0])
+                where[free[0]] = name
+                value = want.xreplace(dims)
+        if not (value.is_Integer and int(value) == got):
+            raise ShapeError(f"feed '{name}': {expected} (axis {axis}: {want} = {value} vs {got})")
+    return dims
+
+
+def _leaf_value(node: Node, arrays, dims, lift: bool) -> np.ndarray:
+    target = storage_dtype(node, lift)
+    kind = node.op.name
+    if kind == "constant":
+        return node.attrs["value"].array.astype(target)
+    if kind == "dim":
+        return np.asarray(resolve(node.attrs["expr"], dims)).astype(target)
+    return arrays[node.name]
+
+
+def _resolved_attrs(node: Node, dims, lift: bool) -> dict:
+    attrs = {}
+    for key, value in node.attrs.items():
+        if isinstance(value, (sympy.Basic, tuple)):
+            value = resolve(value, dims)
+        if lift and isinstance(value, dtypes.DType) and value.is_float:
+            value = dtypes.float64
+        attrs[key] = value
+    return attrs
+
+
+def _run(outs: list[Node], arrays, dims, lift: bool) -> list[np.ndarray]:
+    order = nodes(outs)
+    uses: dict[int, int] = {}
+    for n in order:
+        for i in n.inputs:
+            uses[id(i)] = uses.get(id(i), 0) + 1
+    keep = {id(o) for o in outs}
+    values: dict[int, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        for n in order:
+            if n.op.is_leaf:
+                values[id(n)] = _leaf_value(n, arrays, dims, lift)
+                continue
+            args = [values[id(i)] for i in n.inputs]
+            values[id(n)] = _apply(n, args, dims, lift)
+            for i in n.inputs:
+                uses[id(i)] -= 1
+                if uses[id(i)] == 0 and id(i) not in keep:
+                    del values[id(i)]
+    results = []
+    for o in outs:
+        v = values[id(o)]
+        results.append(v.copy() if not v.flags.owndata or v.base is not None else v)
+    return results
+
+
+def _apply(n: Node, args: list[np.ndarray], dims, lift: bool) -> np.ndarray:
+    if any(a.dtype in _LOW for a in args):
+        args = [a.astype(np.float32) if a.dtype in _LOW else a for a in args]
+    try:
+        out = n.op.reference(args, _resolved_attrs(n, dims, lift))
+    except TensorGraphsError as exc:
+        raise type(exc)(f"evaluating {n!r}: {exc}") from None
+    except (ValueError, IndexError, TypeError, OverflowError) as exc:
+        shown = ", ".join(format_shape(a.shape) for a in args)
+        raise EvaluationError(f"evaluating {n.op.name} on shapes {shown}: {exc}") from None
+    return np.asarray(out).astype(storage_dtype(n, lift), copy=False)

@@ -1,0 +1,130 @@
+"""Walking graphs: topological order, leaves, full or one-level decomposition, printing.
+
+Every walk is iterative (an explicit stack), so a 2,000-layer chain needs no recursion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tensor_graphs.errors import FeedError, StateError, TensorGraphsError
+from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
+from tensor_graphs.ir.shapes import format_shape
+
+FED_LEAVES = ("input", "weight", "state")
+
+
+def _as_list(outputs) -> list[Node]:
+    if isinstance(outputs, Node):
+        return [outputs]
+    out = list(outputs)
+    for o in out:
+        if not isinstance(o, Node):
+            raise TensorGraphsError(f"expected graph nodes as outputs, got {type(o).__name__}")
+    return out
+
+
+def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
+    """All nodes the outputs depend on, leaves included, inputs before users (deterministic)."""
+    roots: list[Node] = []
+    for o in outputs:
+        roots.extend(_as_list(o))
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in roots:
+        if id(root) in seen:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            for child in reversed(node.inputs):
+                if id(child) not in seen:
+                    stack.append((child, False))
+    return order
+
+
+def leaves(outputs, kinds: tuple[str, ...] = FED_LEAVES) -> list[Node]:
+    """The named leaves the outputs need, checked for clashing names and forked states."""
+    order = nodes(outputs)
+    found: dict[str, Node] = {}
+    for n in order:
+        if n.op.name in kinds:
+            other = found.setdefault(n.name, n)
+            if other is not n:
+                raise FeedError(
+                    f"two different leaves are named '{n.name}': {other.op.name} "
+                    f"{format_shape(other.shape)} {other.dtype.name} and {n.op.name} "
+                    f"{format_shape(n.shape)} {n.dtype.name}; give them distinct names")
+    _check_state_versions(order)
+    return list(found.values())
+
+
+def _check_state_versions(order: list[Node]) -> None:
+    """A state's versions form one chain: no version is updated twice."""
+    updated: dict[int, Node] = {}
+    for n in order:
+        if n.op.name == "state_update":
+            prior = updated.setdefault(id(n.inputs[0]), n)
+            if prior is not n:
+                raise StateError(
+                    f"state '{root_state(n).name}' forks: one version is updated twice; "
+                    "chain the updates (update the version the first update returned)")
+
+
+def root_state(node: Node) -> Node:
+    while node.op.name == "state_update":
+        node = node.inputs[0]
+    return node
+
+
+def decompose(outputs, depth: int | None = None):
+    """Expand composite ops into their decompositions: fully (the default) or ``depth`` levels.
+
+    Returns the same structure it was given (one node or a list of nodes).
+    """
+    single = isinstance(outputs, Node)
+    outs = _as_list(outputs)
+    level = 0
+    while depth is None or level < depth:
+        order = nodes(outs)
+        if not any(n.op.kind == COMPOSITE for n in order):
+            break
+        mapping: dict[Node, Node] = {}
+        for n in order:
+            new_inputs = tuple(mapping[i] for i in n.inputs)
+            if n.op.kind == COMPOSITE:
+                mapping[n] = expand_composite(n.op, new_inputs, n.attrs)
+            elif new_inputs == n.inputs:
+                mapping[n] = n
+            else:
+                mapping[n] = Node.make(n.op, new_inputs, n.attrs, n.name)
+        outs = [mapping[o] for o in outs]
+        level += 1
+    return outs[0] if single else outs
+
+
+def format_graph(*outputs: Node) -> str:
+    """A readable listing: one line per node, ``%3 = add(%1, %2) : (batch, 64) float32``."""
+    order = nodes(*outputs)
+    ids = {n: i for i, n in enumerate(order)}
+    lines = []
+    for n in order:
+        head = f"%{ids[n]} = {n.op.name}"
+        if n.name is not None:
+            head += f" {n.name!r}"
+        args = ", ".join(f"%{ids[i]}" for i in n.inputs)
+        attrs = ", ".join(f"{k}={v}" for k, v in n.attrs.items()
+                          if not (n.op.is_leaf and k in ("shape", "dtype")))
+        inner = ", ".join(p for p in (args, attrs) if p)
+        call = f"({inner})" if inner or not n.op.is_leaf else ""
+        lines.append(f"{head}{call} : {format_shape(n.shape)} {n.dtype.name}")
+    outs = [f"%{ids[o]}" for out in outputs for o in _as_list(out)]
+    lines.append(f"return {', '.join(outs)}")
+    return "\n".join(lines)

@@ -1,0 +1,396 @@
+"""The atomic ops: a small closed set, each with shape/dtype inference and exactly one numpy
+reference. Every other op is a composite built from these.
+
+Atomic operands share one dtype (the builder inserts casts). Elementwise ops broadcast like
+numpy. References receive attributes with symbolic dims already resolved to ints; the
+interpreter handles float16/bfloat16 (computed in float32, rounded once per op).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensor_graphs.errors import DTypeError, EvaluationError, ShapeError
+from tensor_graphs.ir import dtypes
+from tensor_graphs.ir.node import ATOMIC, LEAF, Node, Op
+from tensor_graphs.ir.ops import register
+from tensor_graphs.ir.shapes import (
+    as_shape,
+    broadcast_shapes,
+    ceil_div,
+    dims_equal,
+    format_shape,
+    is_static,
+    numel,
+)
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _shown(nodes) -> str:
+    return ", ".join(f"{format_shape(n.shape)} {n.dtype.name}" for n in nodes)
+
+
+def _same_dtype(op: str, inputs) -> dtypes.DType:
+    first = inputs[0].dtype
+    for n in inputs[1:]:
+        if n.dtype != first:
+            raise DTypeError(f"{op}: operands have dtypes {_shown(inputs)}; atomic ops need one "
+                             "dtype (use the tg.* builder functions, which promote, or .astype)")
+    return first
+
+
+# ---------------------------------------------------------------------------- leaves
+def _leaf_infer(inputs, attrs):
+    return attrs["shape"], attrs["dtype"]
+
+
+for _name, _doc in (
+    ("input", "A value fed at every call."),
+    ("weight", "A persistent value, bound once (model parameters)."),
+    ("state", "A persistent, mutable value (a KV cache); its active length may be a named dim."),
+):
+    register(Op(_name, LEAF, _doc, infer=_leaf_infer, attr_defaults={"shape": (), "dtype": None}))
+
+register(Op(
+    "constant", LEAF, "A numpy value baked into the graph (Python scalars become 0-d constants).",
+    infer=lambda inputs, attrs: (attrs["value"].array.shape, attrs["dtype"]),
+    attr_defaults={"value": None, "dtype": None}))
+register(Op(
+    "dim", LEAF, "The value of a size expression (e.g. seq), so a symbolic size can enter "
+    "arithmetic such as a mean over a symbolic axis.",
+    infer=lambda inputs, attrs: ((), attrs["dtype"]),
+    attr_defaults={"expr": None, "dtype": None}))
+
+# ---------------------------------------------------------------------------- elementwise
+#  name: (numpy function, dtype kinds accepted, meaning)
+UNARY = {
+    "neg": (np.negative, ("int", "float"), "-x"),
+    "exp": (np.exp, ("float",), "e**x"),
+    "log": (np.log, ("float",), "natural logarithm; log(0) = -inf, log(x<0) = nan"),
+    "sqrt": (np.sqrt, ("float",), "square root; sqrt(x<0) = nan"),
+    "reciprocal": (np.reciprocal, ("float",), "1/x; 1/0 = inf"),
+    "sin": (np.sin, ("float",), "sine (radians)"),
+    "erf": (lambda x: _erf(x).astype(x.dtype), ("float",), "the error function"),
+}
+BINARY = {
+    "add": (np.add, ("bool", "int", "float"), "a + b (logical or on bool)"),
+    "mul": (np.multiply, ("bool", "int", "float"), "a * b (logical and on bool)"),
+    "maximum": (np.maximum, ("bool", "int", "float"), "elementwise max; nan propagates"),
+    "pow": (np.power, ("int", "float"), "a ** b"),
+    "equal": (np.equal, ("bool", "int", "float"), "a == b, as bool"),
+    "less": (np.less, ("bool", "int", "float"), "a < b, as bool"),
+}
+COMPARISONS = ("equal", "less")
+
+
+def _check_kind(op: str, node: Node, kinds) -> None:
+    if node.dtype.kind not in kinds:
+        raise DTypeError(f"{op}: dtype {node.dtype.name} is not accepted (accepts "
+                         f"{'/'.join(kinds)} dtypes); cast with .astype first")
+
+
+def _unary_infer(name, kinds):
+    def infer(inputs, attrs):
+        _check_kind(name, inputs[0], kinds)
+        return inputs[0].shape, inputs[0].dtype
+    return infer
+
+
+def _binary_infer(name, kinds):
+    def infer(inputs, attrs):
+        dtype = _same_dtype(name, inputs)
+        _check_kind(name, inputs[0], kinds)
+        shape = broadcast_shapes(*(i.shape for i in inputs), op=name)
+        return shape, dtypes.bool_ if name in COMPARISONS else dtype
+    return infer
+
+
+def _bool_add(a, b):
+    return np.logical_or(a, b) if a.dtype == np.bool_ else np.add(a, b)
+
+
+def _bool_mul(a, b):
+    return np.logical_and(a, b) if a.dtype == np.bool_ else np.multiply(a, b)
+
+
+def _pow(a, b):
+    if a.dtype.kind in "iu" and np.any(b < 0):
+        raise EvaluationError("pow: integers to negative integer powers are undefined")
+    return np.power(a, b)
+
+
+_BINARY_IMPL = {"add": _bool_add, "mul": _bool_mul, "pow": _pow}
+
+for _name, (_fn, _kinds, _doc) in UNARY.items():
+    register(Op(_name, ATOMIC, _doc, params=("x",), infer=_unary_infer(_name, _kinds),
+                reference=lambda arrays, attrs, fn=_fn: fn(arrays[0])))
+for _name, (_fn, _kinds, _doc) in BINARY.items():
+    _impl = _BINARY_IMPL.get(_name, _fn)
+    register(Op(_name, ATOMIC, _doc, params=("a", "b"), infer=_binary_infer(_name, _kinds),
+                reference=lambda arrays, attrs, fn=_impl: fn(arrays[0], arrays[1])))
+
+
+def _where_infer(inputs, attrs):
+    cond, a, b = inputs
+    if not cond.dtype.is_bool:
+        raise DTypeError(f"where: the condition must be bool, got {cond.dtype.name}")
+    dtype = _same_dtype("where", (a, b))
+    return broadcast_shapes(cond.shape, a.shape, b.shape, op="where"), dtype
+
+
+register(Op("where", ATOMIC, "cond ? a : b, elementwise with broadcasting",
+            params=("cond", "a", "b"), infer=_where_infer,
+            reference=lambda arrays, attrs: np.where(*arrays)))
+
+
+def _cast_ref(arrays, attrs):
+    x, target = arrays[0], attrs["dtype"].np_dtype
+    if target.kind in "iub" and x.dtype.kind == "f":
+        x = np.trunc(x)  # float -> int truncates toward zero, as in C and torch
+    return x.astype(target)
+
+
+register(Op("cast", ATOMIC, "convert to another dtype (float to int truncates toward zero)",
+            params=("x",), attr_defaults={"dtype": None},
+            infer=lambda inputs, attrs: (inputs[0].shape, attrs["dtype"]), reference=_cast_ref))
+
+
+# ---------------------------------------------------------------------------- reductions
+def _reduce_infer(name):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        if name == "sum" and x.dtype.is_bool:
+            raise DTypeError("sum: cast bool to an int dtype first (tg.sum does this)")
+        axes, keep = attrs["axes"], attrs["keepdims"]
+        if any(a >= x.ndim for a in axes):
+            raise ShapeError(f"{name}: axes {axes} out of range for shape {format_shape(x.shape)}")
+        if name == "max" and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"max: cannot reduce the empty axis of shape {format_shape(x.shape)}")
+        shape = tuple((1 if keep else None) if i in axes else d for i, d in enumerate(x.shape))
+        return tuple(d for d in shape if d is not None), x.dtype
+    return infer
+
+
+_REDUCE_ATTRS = {"axes": (), "keepdims": False}
+register(Op("sum", ATOMIC, "sum over the given axes, keepdims optional", params=("x",),
+            attr_defaults=_REDUCE_ATTRS, infer=_reduce_infer("sum"),
+            reference=lambda a, attrs: np.sum(a[0], axis=attrs["axes"],
+                                              keepdims=attrs["keepdims"], dtype=a[0].dtype)))
+register(Op("max", ATOMIC, "maximum over the given axes, keepdims optional; nan propagates",
+            params=("x",), attr_defaults=_REDUCE_ATTRS, infer=_reduce_infer("max"),
+            reference=lambda a, attrs: np.max(a[0], axis=attrs["axes"],
+                                              keepdims=attrs["keepdims"])))
+
+
+# ---------------------------------------------------------------------------- movement
+def _reshape_infer(inputs, attrs):
+    (x,), shape = inputs, attrs["shape"]
+    if not dims_equal(numel(x.shape), numel(shape)):
+        raise ShapeError(f"reshape: cannot reshape {format_shape(x.shape)} "
+                         f"({numel(x.shape)} elements) to {format_shape(shape)} "
+                         f"({numel(shape)} elements)")
+    return shape, x.dtype
+
+
+def _permute_infer(inputs, attrs):
+    (x,), perm = inputs, attrs["perm"]
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"permute: {perm} is not a permutation of the axes of "
+                         f"{format_shape(x.shape)}")
+    return tuple(x.shape[p] for p in perm), x.dtype
+
+
+def _expand_infer(inputs, attrs):
+    (x,), shape = inputs, attrs["shape"]
+    if len(shape) != x.ndim:
+        raise ShapeError(f"expand: target {format_shape(shape)} must have the rank of "
+                         f"{format_shape(x.shape)}")
+    for axis, (d, t) in enumerate(zip(x.shape, shape)):
+        if not (d == 1 or dims_equal(d, t)):
+            raise ShapeError(f"expand: cannot expand {format_shape(x.shape)} to "
+                             f"{format_shape(shape)}: axis {axis} has size {d}, not 1 or {t}")
+    return shape, x.dtype
+
+
+def slice_length(start, stop, step):
+    if all(isinstance(v, int) for v in (start, stop)):
+        return len(range(start, stop, step))
+    return ceil_div(stop - start, step) if step > 0 else ceil_div(start - stop, -step)
+
+
+def _slice_infer(inputs, attrs):
+    (x,) = inputs
+    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise ShapeError(f"slice: need one (start, stop, step) per axis of "
+                         f"{format_shape(x.shape)}")
+    if any(s == 0 for s in steps):
+        raise ShapeError("slice: step must not be 0")
+    return tuple(slice_length(*t) for t in zip(starts, stops, steps)), x.dtype
+
+
+def _slice_ref(arrays, attrs):
+    index = tuple(slice(a, None if (c < 0 and s < 0) else c, s)
+                  for a, c, s in zip(attrs["starts"], attrs["stops"], attrs["steps"]))
+    return arrays[0][index]
+
+
+def _pad_infer(inputs, attrs):
+    (x,), pads = inputs, attrs["pads"]
+    if len(pads) != x.ndim or any(len(p) != 2 for p in pads):
+        raise ShapeError(f"pad: need one (before, after) pair per axis of {format_shape(x.shape)}")
+    if any(isinstance(v, int) and v < 0 for p in pads for v in p):
+        raise ShapeError(f"pad: pads must be >= 0, got {pads} (crop with slicing instead)")
+    return tuple(d + lo + hi for d, (lo, hi) in zip(x.shape, pads)), x.dtype
+
+
+def _concat_infer(inputs, attrs):
+    axis = attrs["axis"]
+    dtype = _same_dtype("concat", inputs)
+    first = inputs[0]
+    for n in inputs[1:]:
+        if n.ndim != first.ndim or any(not dims_equal(a, b) for i, (a, b)
+                                       in enumerate(zip(n.shape, first.shape)) if i != axis):
+            raise ShapeError(f"concat: shapes {_shown(inputs)} differ outside axis {axis}")
+    total = first.shape[axis]
+    for n in inputs[1:]:
+        total = total + n.shape[axis]
+    shape = list(first.shape)
+    shape[axis] = as_shape((total,))[0]
+    return tuple(shape), dtype
+
+
+def _gather_infer(inputs, attrs):
+    x, idx = inputs
+    if not idx.dtype.is_int:
+        raise DTypeError(f"gather: indices must have an int dtype, got {idx.dtype.name}")
+    axis = attrs["axis"]
+    return x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype
+
+
+def _gather_ref(arrays, attrs):
+    x, idx = arrays
+    axis, size = attrs["axis"], x.shape[attrs["axis"]]
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        bad = idx[(idx < 0) | (idx >= size)].flat[0]
+        raise EvaluationError(f"gather: index {bad} is out of range for axis {axis} of size "
+                              f"{size} (indices must be in [0, {size}))")
+    return np.take(x, idx, axis=axis)
+
+
+register(Op("reshape", ATOMIC, "same elements, row-major, new shape", params=("x",),
+            attr_defaults={"shape": ()}, infer=_reshape_infer,
+            reference=lambda a, attrs: np.reshape(a[0], attrs["shape"])))
+register(Op("permute", ATOMIC, "reorder axes: out.shape[i] = x.shape[perm[i]]", params=("x",),
+            attr_defaults={"perm": ()}, infer=_permute_infer,
+            reference=lambda a, attrs: np.transpose(a[0], attrs["perm"])))
+register(Op("expand", ATOMIC, "broadcast size-1 axes to a larger size (same rank)",
+            params=("x",), attr_defaults={"shape": ()}, infer=_expand_infer,
+            reference=lambda a, attrs: np.broadcast_to(a[0], attrs["shape"])))
+register(Op("slice", ATOMIC, "x[start:stop:step] on every axis (bounds already normalised)",
+            params=("x",), attr_defaults={"starts": (), "stops": (), "steps": ()},
+            infer=_slice_infer, reference=_slice_ref))
+register(Op("pad", ATOMIC, "constant padding: pads[i] = (before, after) on axis i",
+            params=("x",), attr_defaults={"pads": (), "value": 0.0}, infer=_pad_infer,
+            reference=lambda a, attrs: np.pad(a[0], attrs["pads"], constant_values=attrs["value"])))
+register(Op("concat", ATOMIC, "join tensors along an axis", params=("xs",), variadic=True,
+            attr_defaults={"axis": 0}, infer=_concat_infer,
+            reference=lambda a, attrs: np.concatenate(a, axis=attrs["axis"])))
+register(Op("gather", ATOMIC, "take along one axis: out = x[..., idx, ...] (numpy take; "
+            "indices in [0, size))", params=("x", "indices"), attr_defaults={"axis": 0},
+            infer=_gather_infer, reference=_gather_ref))
+
+
+# ---------------------------------------------------------------------------- matmul
+def _matmul_infer(inputs, attrs):
+    a, b = inputs
+    dtype = _same_dtype("matmul", inputs)
+    if dtype.is_bool:
+        raise DTypeError("matmul: bool operands are not accepted; cast them first")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must have rank >= 1, got {_shown(inputs)}")
+    ash = a.shape if a.ndim > 1 else (1,) + a.shape
+    bsh = b.shape if b.ndim > 1 else b.shape + (1,)
+    if not dims_equal(ash[-1], bsh[-2]):
+        raise ShapeError(f"matmul: contraction sizes differ: {format_shape(a.shape)} @ "
+                         f"{format_shape(b.shape)} ({ash[-1]} vs {bsh[-2]})")
+    batch = broadcast_shapes(ash[:-2], bsh[:-2], op="matmul")
+    shape = batch + ((ash[-2],) if a.ndim > 1 else ()) + ((bsh[-1],) if b.ndim > 1 else ())
+    return shape, dtype
+
+
+register(Op("matmul", ATOMIC, "matrix product with numpy's batching and broadcasting rules",
+            params=("a", "b"), infer=_matmul_infer,
+            reference=lambda a, attrs: np.matmul(a[0], a[1])))
+
+
+# ---------------------------------------------------------------- generators, devices, state
+register(Op("iota", ATOMIC, "0, 1, ..., length-1 (length may be symbolic)",
+            attr_defaults={"length": 0, "dtype": None},
+            infer=lambda inputs, attrs: ((attrs["length"],), attrs["dtype"]),
+            reference=lambda a, attrs: np.arange(attrs["length"]).astype(attrs["dtype"].np_dtype)))
+register(Op("copy_to", ATOMIC, "the same value on another device", params=("x",),
+            attr_defaults={"device": "cpu"},
+            infer=lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+            reference=lambda a, attrs: np.array(a[0], copy=True)))
+
+
+def _state_update_infer(inputs, attrs):
+    state, value = inputs
+    axis, offset = attrs["axis"], attrs["offset"]
+    if state.op.name not in ("state", "state_update"):
+        raise ShapeError("state_update: the first operand must be a tg.state or a version of one")
+    _same_dtype("state_update", inputs)
+    if value.ndim != state.ndim or any(not dims_equal(a, b) for i, (a, b)
+                                        in enumerate(zip(state.shape, value.shape)) if i != axis):
+        raise ShapeError(f"state_update: value {format_shape(value.shape)} must match state "
+                         f"{format_shape(state.shape)} on every axis but {axis}")
+    end = as_shape((offset + value.shape[axis],))[0]
+    old = state.shape[axis]
+    shape = list(state.shape)
+    shape[axis] = _max_dim(old, end)
+    return tuple(shape), state.dtype
+
+
+def _max_dim(a, b):
+    if is_static((a, b)):
+        return max(a, b)
+    import sympy
+
+    diff = sympy.simplify(sympy.sympify(b) - sympy.sympify(a))
+    if diff.is_nonnegative:
+        return b
+    if diff.is_nonpositive:
+        return a
+    return as_shape((sympy.Max(a, b),))[0]
+
+
+def _state_update_ref(arrays, attrs):
+    state, value = arrays
+    axis, offset = attrs["axis"], attrs["offset"]
+    if offset > state.shape[axis]:
+        raise EvaluationError(f"state_update: offset {offset} is past the active length "
+                              f"{state.shape[axis]} of the state on axis {axis}")
+    end = offset + value.shape[axis]
+    shape = list(state.shape)
+    shape[axis] = max(shape[axis], end)
+    out = np.zeros(shape, state.dtype)
+    out[tuple(slice(0, n) for n in state.shape)] = state
+    index = [slice(None)] * state.ndim
+    index[axis] = slice(offset, end)
+    out[tuple(index)] = value
+    return out
+
+
+register(Op("state_update", ATOMIC, "a new version of a state with value written at offset "
+            "along axis (growing the active length when it writes past the end)",
+            params=("state", "value"), attr_defaults={"axis": 0, "offset": 0},
+            infer=_state_update_infer, reference=_state_update_ref))
+
+ATOMIC_OPS: tuple[str, ...] = (
+    *UNARY, *BINARY, "where", "cast", "sum", "max", "reshape", "permute", "expand", "slice",
+    "pad", "concat", "gather", "matmul", "iota", "copy_to", "state_update")
+LEAF_OPS: tuple[str, ...] = ("input", "weight", "state", "constant", "dim")

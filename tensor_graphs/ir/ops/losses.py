@@ -1,0 +1,3 @@
+"""Loss composites following torch.nn.functional."""
+
+__all__: list[str] = []
