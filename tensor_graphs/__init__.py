@@ -33,11 +33,12 @@ from tensor_graphs.ir.dtypes import (  # noqa: F401
 from tensor_graphs.ir.evaluate import evaluate  # noqa: F401
 from tensor_graphs.ir.graph import decompose, format_graph, nodes  # noqa: F401
 from tensor_graphs.ir.node import Node, Op  # noqa: F401
+from tensor_graphs.ir.serialize import load, save  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "TensorGraphsError", "ShapeError", "DTypeError", "FeedError", "DecompositionError",
-    "StateError", "EvaluationError", "SerializationError",
+    "StateError", "EvaluationError", "SerializationError", "save", "load",
 ]

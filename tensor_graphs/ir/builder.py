@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import sympy
 
-from tensor_graphs.errors import DTypeError, ShapeError, TensorGraphsError
+from tensor_graphs.errors import DTypeError, ShapeError, StateError, TensorGraphsError
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.dtypes import DType, as_dtype
 from tensor_graphs.ir.node import ConstValue, Node
@@ -61,8 +61,24 @@ def state(name: str, shape, dtype="float32") -> Node:
     return _leaf("state", name, shape, dtype)
 
 
+_scalar_constants: dict[tuple, Node] = {}
+
+
 def constant(value, dtype=None) -> Node:
     """A value baked into the graph. Python floats default to float32, ints to int64."""
+    if type(value) in (bool, int, float):  # the common case: skip array hashing
+        key = (type(value), value.hex() if isinstance(value, float) else value,
+               None if dtype is None else as_dtype(dtype).name)
+        found = _scalar_constants.get(key)
+        if found is None:
+            if len(_scalar_constants) > 4096:
+                _scalar_constants.clear()
+            found = _scalar_constants[key] = _constant(value, dtype)
+        return found
+    return _constant(value, dtype)
+
+
+def _constant(value, dtype) -> Node:
     if isinstance(value, Node):
         raise TensorGraphsError("tg.constant takes a numpy value or Python scalar, not a node")
     array = np.asarray(value)
@@ -76,9 +92,9 @@ def constant(value, dtype=None) -> Node:
             if dtype is None:
                 raise DTypeError(f"tg.constant: unsupported numpy dtype {array.dtype}")
     dtype = as_dtype(dtype)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" and dtypes.from_numpy(array.dtype) is None:  # bf16: "V"
         raise DTypeError(f"tg.constant: cannot make a constant from a {array.dtype} value")
-    if dtype.is_float and array.dtype.kind in "f" and array.dtype.itemsize < 8:
+    if dtype.is_float and array.dtype.kind in "fV" and array.dtype.itemsize < 8:
         stored = array if array.dtype == dtype.np_dtype else array.astype(dtype.np_dtype)
     elif dtype.is_float:
         stored = array.astype(np.float64)  # exact Python values, so float64 evaluation is exact
@@ -371,7 +387,10 @@ def _slice(x: Node, per_axis: dict) -> Node:
 
 
 def getitem(x: Node, index) -> Node:
-    """Numpy basic indexing (ints, slices, None, Ellipsis) plus one int-tensor index (gather)."""
+    """Numpy indexing: ints, slices (any step), None, Ellipsis and one int-tensor index (a
+    gather; a numpy array or list index may hold negative indices). As in numpy, when the ints
+    and the tensor index are not next to each other, the tensor index's axes come first."""
+    x = as_node(x)
     if not isinstance(index, tuple):
         index = (index,)
     if builtins.sum(1 for i in index if i is Ellipsis) > 1:
@@ -379,30 +398,30 @@ def getitem(x: Node, index) -> Node:
     used = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
     if used > x.ndim:
         raise ShapeError(f"too many indices ({used}) for a tensor of shape {format_shape(x.shape)}")
-    if Ellipsis in [i for i in index if not isinstance(i, (Node, np.ndarray, list))]:
-        at = [k for k, i in enumerate(index) if i is Ellipsis][0]
-        index = index[:at] + (builtins.slice(None),) * (x.ndim - used) + index[at + 1:]
-    index = index + (builtins.slice(None),) * (x.ndim - used)
-    per_axis, out_shape, drop, gathers, axis = {}, [], [], [], 0
+    fill = (builtins.slice(None),) * (x.ndim - used)
+    at = next((k for k, i in enumerate(index) if i is Ellipsis), None)
+    index = index + fill if at is None else index[:at] + fill + index[at + 1:]
+    # one entry per index item: ("new",), ("keep", axis), ("int", axis) or ("tensor", axis)
+    per_axis, entries, gathers, axis = {}, [], [], 0
     for item in index:
         if item is None:
-            out_shape.append(("new",))
+            entries.append(("new",))
             continue
         dim = x.shape[axis]
         if isinstance(item, (Node, np.ndarray, list)):
-            gathers.append((axis, item))
-            out_shape.append(("keep", axis))
+            gathers.append((axis, _tensor_index(item, dim, axis)))
+            entries.append(("tensor", axis))
         elif isinstance(item, builtins.slice):
             per_axis[axis] = item
-            out_shape.append(("keep", axis))
-        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            entries.append(("keep", axis))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
             item = int(item)
             if isinstance(dim, int) and not -dim <= item < dim:
                 raise ShapeError(f"index {item} is out of range for axis {axis} of size {dim}")
             start = item + dim if item < 0 else item
             per_axis[axis] = builtins.slice(start, as_dim(start + 1) if not isinstance(start, int)
                                             else start + 1, 1)
-            drop.append(axis)
+            entries.append(("int", axis))
         else:
             raise ShapeError(f"unsupported index {item!r}; use ints, slices, None, ... or one "
                              "int tensor")
@@ -410,27 +429,47 @@ def getitem(x: Node, index) -> Node:
     if len(gathers) > 1:
         raise ShapeError("only one tensor index is supported; gather axes one at a time")
     y = _slice(x, per_axis)
-    shape: list = []
-    for entry in out_shape:
-        if entry[0] == "new":
+    if not gathers:
+        return reshape(y, tuple(1 if e[0] == "new" else y.shape[e[1]]
+                                for e in entries if e[0] != "int"))
+    g_axis, idx = gathers[0]
+    y = gather(y, idx, axis=g_axis)
+    k = idx.ndim
+
+    def y_axes(a: int) -> list[int]:  # the axes of the gathered y that hold x's axis a
+        return list(range(g_axis, g_axis + k)) if a == g_axis else [a if a < g_axis else a + k - 1]
+
+    advanced = [p for p, e in enumerate(entries) if e[0] in ("int", "tensor")]
+    adjacent = advanced == list(range(advanced[0], advanced[-1] + 1))
+    order: list[int] = [] if adjacent else y_axes(g_axis)  # y's axes in output order
+    shape: list = [y.shape[a] for a in order]
+    for e in entries:
+        if e[0] == "new":
             shape.append(1)
-        elif entry[1] not in drop:
-            shape.append(y.shape[entry[1]])
-    if gathers:
-        g_axis, idx = gathers[0]
-        y = gather(y, idx, axis=g_axis)
-        idx_shape = y.shape[g_axis:g_axis + (y.ndim - x.ndim + 1)]
-        kept = [e for e in out_shape if e[0] == "new" or e[1] not in drop]
-        shape = []
-        for e in kept:
-            if e[0] == "new":
-                shape.append(1)
-            elif e[1] == g_axis:
-                shape.extend(idx_shape)
-            else:
-                shift = len(idx_shape) - 1 if e[1] > g_axis else 0
-                shape.append(y.shape[e[1] + shift])
-    return reshape(y, tuple(shape))
+        elif e[0] == "keep" or (e[0] == "tensor" and adjacent):
+            order += y_axes(e[1])
+            shape += [y.shape[a] for a in y_axes(e[1])]
+    dropped = [y_axes(e[1])[0] for e in entries if e[0] == "int"]  # size 1, moved last
+    return reshape(permute(y, tuple(order + dropped)), tuple(shape))
+
+
+def _tensor_index(item, dim: Dim, axis: int) -> Node:
+    """A tensor index as a node; constant (numpy/list) indices are checked and made >= 0."""
+    if isinstance(item, Node):
+        return item
+    arr = np.asarray(item)
+    if arr.size == 0 and arr.dtype.kind == "f":
+        arr = arr.astype(np.int64)  # x[[]]
+    if arr.dtype.kind in "iu" and arr.size:
+        if isinstance(dim, int):
+            if arr.min() < -dim or arr.max() >= dim:
+                bad = arr[(arr < -dim) | (arr >= dim)].flat[0]
+                raise ShapeError(f"index {bad} is out of range for axis {axis} of size {dim}")
+            arr = np.where(arr < 0, arr + dim, arr).astype(arr.dtype)
+        elif arr.min() < 0:
+            raise ShapeError(f"negative indices on the symbolic axis {axis} ({dim}) are not "
+                             "supported")
+    return as_node(arr)
 
 
 def pad(x: TensorLike, pad: Sequence[int], value: float = 0.0) -> Node:
@@ -518,7 +557,7 @@ def state_update(state: Node, value: TensorLike, offset=0, axis: int = 0) -> Nod
     after the update and return it as an output of the program.
     """
     if not isinstance(state, Node):
-        raise TensorGraphsError("state_update: the first argument must be a tg.state node")
+        raise StateError("state_update: the first argument must be a tg.state node")
     value = cast(as_node(value, state.dtype), state.dtype)
     axis = normalize_axis(axis, state.ndim, "state_update")
     return _make("state_update", (state, value), axis=axis, offset=as_dim(offset))

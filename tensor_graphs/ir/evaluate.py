@@ -160,10 +160,12 @@ def _run(outs: list[Node], arrays, dims, lift: bool) -> list[np.ndarray]:
                 uses[id(i)] -= 1
                 if uses[id(i)] == 0 and id(i) not in keep:
                     del values[id(i)]
+    fed = {id(a) for a in arrays.values()}  # an output that is a feed must not alias it
     results = []
     for o in outs:
         v = values[id(o)]
-        results.append(v.copy() if not v.flags.owndata or v.base is not None else v)
+        own = v.flags.owndata and v.base is None and id(v) not in fed
+        results.append(v if own else v.copy())
     return results
 
 

@@ -56,6 +56,8 @@ class Op:
 
 def _key(value):
     """A hashable, exact key for an attribute value: -0.0 differs from 0.0, NaN equals NaN."""
+    if isinstance(value, bool):
+        return ("b", value)  # True must not share a key with 1
     if isinstance(value, float):
         return ("f", value.hex())
     if isinstance(value, tuple):
@@ -245,8 +247,12 @@ class Node:
     def astype(self, dtype): return api.cast(self, dtype)  # noqa: E704
     def sum(self, axis=None, keepdims=False): return api.sum(self, axis, keepdims)  # noqa: E704
     def max(self, axis=None, keepdims=False): return api.max(self, axis, keepdims)  # noqa: E704
-    def min(self, axis=None, keepdims=False): return api.min(self, axis, keepdims)  # noqa: E704
-    def mean(self, axis=None, keepdims=False): return api.mean(self, axis, keepdims)  # noqa: E704
+    def min(self, axis=None, keepdims=False):  # composites take attrs by keyword
+        return api.min(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return api.mean(self, axis=axis, keepdims=keepdims)
+
     def unsqueeze(self, axis: int): return api.unsqueeze(self, axis)  # noqa: E704
     def squeeze(self, axis=None): return api.squeeze(self, axis)  # noqa: E704
     def flatten(self, start: int = 0, end: int = -1): return api.flatten(self, start, end)  # noqa: E704

@@ -23,8 +23,13 @@ def dim_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
+_DIM_FUNCTIONS = {"Max": sympy.Max, "Min": sympy.Min, "floor": sympy.floor,
+                  "ceiling": sympy.ceiling, "Mod": sympy.Mod}  # as str() prints them
+
+
 def _parse(text: str) -> sympy.Expr:
-    local = {tok: dim_symbol(tok) for tok in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text)}
+    local = {tok: _DIM_FUNCTIONS.get(tok) or dim_symbol(tok)
+             for tok in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text)}
     try:
         return sympy.sympify(text, locals=local)
     except (sympy.SympifyError, SyntaxError, TypeError) as exc:
@@ -131,7 +136,7 @@ def resolve(value, dims: Mapping[sympy.Symbol, int]):
     if isinstance(value, tuple):
         return tuple(resolve(v, dims) for v in value)
     if isinstance(value, sympy.Basic):
-        out = value.xreplace(dims)
+        out = sympy.sympify(value.xreplace(dims))
         if not out.is_Integer:
             missing = sorted(str(s) for s in out.free_symbols)
             raise ShapeError(f"dims {missing} are not bound by any feed; cannot size {value}")

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from tensor_graphs.errors import DTypeError, EvaluationError, ShapeError
+from tensor_graphs.errors import DTypeError, EvaluationError, ShapeError, StateError
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.node import ATOMIC, LEAF, Node, Op
 from tensor_graphs.ir.ops import register
@@ -148,12 +148,15 @@ register(Op("where", ATOMIC, "cond ? a : b, elementwise with broadcasting",
 
 def _cast_ref(arrays, attrs):
     x, target = arrays[0], attrs["dtype"].np_dtype
-    if target.kind in "iub" and x.dtype.kind == "f":
+    if target.kind in "iu" and x.dtype.kind == "f":
         x = np.trunc(x)  # float -> int truncates toward zero, as in C and torch
+    if target.kind == "b":
+        return x != 0  # nonzero (nan included) is True, as in numpy and torch
     return x.astype(target)
 
 
-register(Op("cast", ATOMIC, "convert to another dtype (float to int truncates toward zero)",
+register(Op("cast", ATOMIC, "convert to another dtype (float to int truncates toward zero; "
+            "nonzero to bool is True)",
             params=("x",), attr_defaults={"dtype": None},
             infer=lambda inputs, attrs: (inputs[0].shape, attrs["dtype"]), reference=_cast_ref))
 
@@ -252,9 +255,12 @@ def _concat_infer(inputs, attrs):
     dtype = _same_dtype("concat", inputs)
     first = inputs[0]
     for n in inputs[1:]:
-        if n.ndim != first.ndim or any(not dims_equal(a, b) for i, (a, b)
-                                       in enumerate(zip(n.shape, first.shape)) if i != axis):
-            raise ShapeError(f"concat: shapes {_shown(inputs)} differ outside axis {axis}")
+        if n.ndim != first.ndim:
+            raise ShapeError(f"concat: shapes {_shown(inputs)} have different ranks")
+        for i, (a, b) in enumerate(zip(first.shape, n.shape)):
+            if i != axis and not dims_equal(a, b):
+                raise ShapeError(f"concat: shapes {_shown(inputs)} disagree on axis {i} "
+                                 f"({a} vs {b}); only the concat axis {axis} may differ")
     total = first.shape[axis]
     for n in inputs[1:]:
         total = total + n.shape[axis]
@@ -316,7 +322,8 @@ def _matmul_infer(inputs, attrs):
     bsh = b.shape if b.ndim > 1 else b.shape + (1,)
     if not dims_equal(ash[-1], bsh[-2]):
         raise ShapeError(f"matmul: contraction sizes differ: {format_shape(a.shape)} @ "
-                         f"{format_shape(b.shape)} ({ash[-1]} vs {bsh[-2]})")
+                         f"{format_shape(b.shape)} (axis -1 of a is {ash[-1]}, axis "
+                         f"{-2 if b.ndim > 1 else -1} of b is {bsh[-2]})")
     batch = broadcast_shapes(ash[:-2], bsh[:-2], op="matmul")
     shape = batch + ((ash[-2],) if a.ndim > 1 else ()) + ((bsh[-1],) if b.ndim > 1 else ())
     return shape, dtype
@@ -342,7 +349,8 @@ def _state_update_infer(inputs, attrs):
     state, value = inputs
     axis, offset = attrs["axis"], attrs["offset"]
     if state.op.name not in ("state", "state_update"):
-        raise ShapeError("state_update: the first operand must be a tg.state or a version of one")
+        raise StateError(f"state_update: the first operand must be a tg.state or a version of "
+                         f"one, got {state.op.name} {format_shape(state.shape)}")
     _same_dtype("state_update", inputs)
     if value.ndim != state.ndim or any(not dims_equal(a, b) for i, (a, b)
                                         in enumerate(zip(state.shape, value.shape)) if i != axis):
@@ -350,6 +358,9 @@ def _state_update_infer(inputs, attrs):
                          f"{format_shape(state.shape)} on every axis but {axis}")
     end = as_shape((offset + value.shape[axis],))[0]
     old = state.shape[axis]
+    if is_static((old, offset)) and offset > old:
+        raise StateError(f"state_update: offset {offset} is past the active length {old} of "
+                         f"state {format_shape(state.shape)} on axis {axis} (it would leave a gap)")
     shape = list(state.shape)
     shape[axis] = _max_dim(old, end)
     return tuple(shape), state.dtype

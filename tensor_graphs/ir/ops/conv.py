@@ -1,3 +1,462 @@
-"""Convolution, pooling, interpolation and the channel norms (NCHW)."""
+"""Convolution, pooling, interpolation and the channel norms (NCHW).
 
-__all__: list[str] = []
+The spatial ops are movement ops plus one matmul or reduction:
+
+- sliding windows (conv2d, max/avg pooling): pad once, take one strided slice per kernel offset
+  and stack the slices on a new axis: im2col's (N, C, KH*KW, OH, OW) patches, without a gather;
+- resampling along an axis is a constant built from the concrete sizes: an (out, in) matrix
+  (adaptive average pooling, linear interpolation) or an index array (nearest).
+
+Batch and channel dims may be named (symbolic); spatial dims must be concrete, because window
+positions, matrices and index arrays are computed from them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensor_graphs.errors import DTypeError, ShapeError, TensorGraphsError
+from tensor_graphs.ir import builder as tg
+from tensor_graphs.ir.composite import composite
+from tensor_graphs.ir.ops.elementwise import div, rsqrt, sub
+from tensor_graphs.ir.ops.reductions import mean
+from tensor_graphs.ir.shapes import dims_equal, format_shape, is_static, numel
+
+__all__ = [
+    "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "batch_norm",
+    "group_norm",
+]
+
+
+# ---------------------------------------------------------------------------- argument checks
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _pair(value, name: str, op: str, low: int = 1) -> tuple[int, int]:
+    """An int or a pair of ints (torch's _pair), each >= low."""
+    if _is_int(value):
+        value = (value, value)
+    elif isinstance(value, tuple) and len(value) == 1 and _is_int(value[0]):
+        value = (value[0], value[0])
+    if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+        raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    if any(v < low for v in value):
+        raise ShapeError(f"{op}: {name} must be >= {low}, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def _float(x, op: str):
+    if not x.dtype.is_float:
+        raise DTypeError(f"{op}: expected a float tensor, got {x.dtype.name} "
+                         f"{format_shape(x.shape)}; cast it with .astype('float32') first")
+    return x
+
+
+def _batched(x, op: str):
+    """A 4-d (N, C, H, W) view of a 3-d (C, H, W) or 4-d input, and the function undoing it."""
+    if x.ndim == 4:
+        return x, lambda y: y
+    if x.ndim == 3:
+        return tg.unsqueeze(x, 0), lambda y: tg.squeeze(y, 0)
+    raise ShapeError(f"{op}: expected an (N, C, H, W) or (C, H, W) input, got "
+                     f"{format_shape(x.shape)}")
+
+
+def _spatial(x, op: str, count: int = 2) -> tuple[int, ...]:
+    dims = tuple(x.shape[-count:])
+    if not all(isinstance(d, int) for d in dims):
+        raise ShapeError(f"{op}: the spatial dims of {format_shape(x.shape)} must be concrete "
+                         "ints (window positions and resampling constants are computed from "
+                         "them); only the batch and channel dims may be named")
+    return dims
+
+
+def _channel_param(p, c, name: str, op: str, rank: int):
+    """A per-channel (C,) tensor, reshaped to broadcast against an (N, C, ...) tensor."""
+    if p.ndim != 1 or not dims_equal(p.shape[0], c):
+        raise ShapeError(f"{op}: {name} must have shape ({c},) (one value per channel of the "
+                         f"input), got {format_shape(p.shape)}")
+    return tg.reshape(p, (c,) + (1,) * (rank - 2))
+
+
+# ---------------------------------------------------------------------------- sliding windows
+def _out_size(size: int, k: int, s: int, d: int, pad_lo: int, pad_hi: int,
+              ceil_mode: bool = False) -> int:
+    """torch's pooling_output_shape: windows that start inside the input or the left padding."""
+    span = size + pad_lo + pad_hi - d * (k - 1) - 1
+    if span < 0:
+        return 0
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + pad_lo:
+        out -= 1
+    return out
+
+
+def _padded_windows(x, kernel, stride, dilation, pads, out, value):
+    """(N, C, KH*KW, OH, OW): the windows of x padded with ``value``, kernel offset on axis 2.
+
+    ``pads`` are (top, left); the bottom/right padding is whatever the last window needs.
+    """
+    (kh, kw), (sh, sw), (dh, dw), (top, left), (oh, ow) = kernel, stride, dilation, pads, out
+    h, w = x.shape[-2:]
+    bottom = max((oh - 1) * sh + dh * (kh - 1) + 1 - h - top, 0)
+    right = max((ow - 1) * sw + dw * (kw - 1) + 1 - w - left, 0)
+    xp = tg.pad(x, (left, right, top, bottom), value=value)
+    parts = []
+    for i in range(kh):
+        for j in range(kw):
+            h0, w0 = i * dh, j * dw
+            part = xp[:, :, h0:h0 + (oh - 1) * sh + 1:sh, w0:w0 + (ow - 1) * sw + 1:sw]
+            parts.append(tg.unsqueeze(part, 2))
+    return tg.concat(parts, axis=2)
+
+
+def _conv_example():
+    return (tg.input("x", (1, 2, 5, 5)), tg.weight("w", (4, 2, 3, 3)), tg.weight("b", (4,)))
+
+
+@composite(example=_conv_example)
+def conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
+    """2-d cross-correlation (torch's conv2d) as im2col: pad, one strided slice per kernel
+    offset, one (grouped) matmul with the flattened weight.
+
+    x (N, C, H, W) or (C, H, W), weight (Cout, C/groups, KH, KW), bias (Cout,); padding is an
+    int, a pair, "valid" or "same" (stride 1).
+    """
+    op = "conv2d"
+    x4, undo = _batched(_float(x, op), op)
+    if weight.ndim != 4 or not is_static(weight.shape):
+        raise ShapeError(f"{op}: weight must have a concrete shape (out_channels, "
+                         f"in_channels/groups, KH, KW), got {format_shape(weight.shape)}")
+    cout, cin_g, kh, kw = weight.shape
+    if not _is_int(groups) or groups < 1:
+        raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
+    c = x4.shape[1]
+    if cout % groups:
+        raise ShapeError(f"{op}: out_channels {cout} (weight {format_shape(weight.shape)}) is "
+                         f"not divisible by groups={groups}")
+    if not dims_equal(c, cin_g * groups):
+        raise ShapeError(f"{op}: input {format_shape(x.shape)} has {c} channels, but weight "
+                         f"{format_shape(weight.shape)} with groups={groups} expects "
+                         f"{cin_g * groups} (weight.shape[1] * groups)")
+    if kh < 1 or kw < 1:
+        raise ShapeError(f"{op}: the kernel {format_shape(weight.shape)} is empty")
+    stride = _pair(stride, "stride", op)
+    dilation = _pair(dilation, "dilation", op)
+    h, w = _spatial(x4, op)
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = ((0, 0), (0, 0))
+        elif padding == "same":
+            if stride != (1, 1):
+                raise ShapeError(f"{op}: padding='same' needs stride 1, got stride={stride}; "
+                                 "give explicit padding for strided convolutions")
+            total = (dilation[0] * (kh - 1), dilation[1] * (kw - 1))
+            pads = tuple((t // 2, t - t // 2) for t in total)
+        else:
+            raise ShapeError(f"{op}: padding must be an int, a pair, 'valid' or 'same', "
+                             f"got {padding!r}")
+    else:
+        ph, pw = _pair(padding, "padding", op, low=0)
+        pads = ((ph, ph), (pw, pw))
+    out = tuple(_out_size(n, k, s, d, lo, hi) for n, k, s, d, (lo, hi)
+                in zip((h, w), (kh, kw), stride, dilation, pads))
+    if min(out) < 1:
+        raise ShapeError(f"{op}: input {format_shape(x.shape)} padded by {pads} is smaller than "
+                         f"the kernel ({kh}, {kw}) with dilation {dilation}; pad the input or "
+                         "use a smaller kernel")
+    cols = _padded_windows(x4, (kh, kw), stride, dilation, (pads[0][0], pads[1][0]), out, 0.0)
+    n, k, length = x4.shape[0], kh * kw, out[0] * out[1]
+    if groups == 1:
+        y = tg.matmul(tg.reshape(weight, (cout, cin_g * k)),
+                      tg.reshape(cols, (n, cin_g * k, length)))
+    else:
+        y = tg.matmul(tg.reshape(weight, (groups, cout // groups, cin_g * k)),
+                      tg.reshape(cols, (n, groups, cin_g * k, length)))
+    y = tg.reshape(y, (n, cout) + out)
+    if bias is not None:
+        y = tg.add(y, _channel_param(bias, cout, "bias", op, 4))
+    return undo(y)
+
+
+def _pool_geometry(x4, op, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel = _pair(kernel_size, "kernel_size", op)
+    stride = kernel if stride is None or stride == () else _pair(stride, "stride", op)
+    padding = _pair(padding, "padding", op, low=0)
+    dilation = _pair(dilation, "dilation", op)
+    for p, k, d in zip(padding, kernel, dilation):
+        if p > (d * (k - 1) + 1) // 2:
+            raise ShapeError(f"{op}: padding {padding} must be at most half the (dilated) "
+                             f"kernel size {kernel}, or a window could lie in the padding only")
+    h, w = _spatial(x4, op)
+    out = tuple(_out_size(n, k, s, d, p, p, bool(ceil_mode)) for n, k, s, d, p
+                in zip((h, w), kernel, stride, dilation, padding))
+    if min(out) < 1:
+        raise ShapeError(f"{op}: input {format_shape(x4.shape)} padded by {padding} is smaller "
+                         f"than the window {kernel} (dilation {dilation})")
+    return kernel, stride, padding, dilation, out
+
+
+def _pool_example():
+    return {"x": tg.input("x", (1, 2, 6, 6)), "kernel_size": 2}
+
+
+@composite(example=_pool_example)
+def max_pool2d(x, *, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Maximum over sliding windows (torch's max_pool2d): pad with -inf, one strided slice per
+    window offset, max over the offsets; nan propagates. stride defaults to kernel_size."""
+    op = "max_pool2d"
+    x4, undo = _batched(x, op)
+    if x.dtype.is_bool:
+        raise DTypeError(f"{op}: bool input is not accepted; cast it to an int or float dtype")
+    kernel, stride, padding, dilation, out = _pool_geometry(
+        x4, op, kernel_size, stride, padding, dilation, ceil_mode)
+    low = float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np_dtype).min)
+    windows = _padded_windows(x4, kernel, stride, dilation, padding, out, low)
+    return undo(tg.max(windows, 2))
+
+
+def _avg_divisor(size, k, s, p, out, count_include_pad):
+    """torch's per-window divisor along one axis: the window clipped to the padded input, or
+    to the input itself when padding does not count."""
+    start = np.arange(out) * s - p
+    end = np.minimum(start + k, size + p)
+    counts = end - start
+    if not count_include_pad:
+        counts = np.minimum(end, size) - np.maximum(start, 0)
+    return counts
+
+
+@composite(example=_pool_example)
+def avg_pool2d(x, *, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """Mean over sliding windows (torch's avg_pool2d): zero-pad, one strided slice per window
+    offset, sum, divide by the window size (a constant per output position when padding or
+    ceil_mode make windows differ)."""
+    op = "avg_pool2d"
+    x4, undo = _batched(_float(x, op), op)
+    kernel, stride, padding, _, out = _pool_geometry(
+        x4, op, kernel_size, stride, padding, 1, ceil_mode)
+    total = tg.sum(_padded_windows(x4, kernel, stride, (1, 1), padding, out, 0.0), 2)
+    if divisor_override is not None:
+        if not _is_int(divisor_override) or divisor_override == 0:
+            raise ShapeError(f"{op}: divisor_override must be a non-zero int, got "
+                             f"{divisor_override!r}")
+        return undo(div(total, float(divisor_override)))
+    rows, cols = (_avg_divisor(n, k, s, p, o, count_include_pad) for n, k, s, p, o
+                  in zip(x4.shape[-2:], kernel, stride, padding, out))
+    divisor = np.maximum(np.outer(rows, cols), 1).astype(np.float64)  # empty window: sum is 0
+    if np.all(divisor == divisor.flat[0]):
+        return undo(div(total, float(divisor.flat[0])))
+    return undo(div(total, tg.constant(divisor, x.dtype)))
+
+
+# ---------------------------------------------------------------------------- resampling
+def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in): row i averages input [floor(i*in/out), ceil((i+1)*in/out))."""
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        start, end = (i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+def _along(x, matrix: np.ndarray, axis: int):
+    """Apply an (out, in) matrix along one axis of x (a constant in x's dtype)."""
+    axis = axis % x.ndim
+    if matrix.shape[0] == matrix.shape[1] and np.array_equal(matrix, np.eye(matrix.shape[0])):
+        return x
+    if axis == x.ndim - 2:
+        return tg.matmul(tg.constant(matrix, x.dtype), x)
+    right = tg.constant(np.ascontiguousarray(matrix.T), x.dtype)
+    if axis == x.ndim - 1:
+        return tg.matmul(x, right)
+    return tg.transpose(tg.matmul(tg.transpose(x, axis, -1), right), axis, -1)
+
+
+def _output_size(output_size, hw, op: str) -> tuple[int, int]:
+    if _is_int(output_size) or output_size is None:
+        output_size = (output_size, output_size)
+    if not (isinstance(output_size, tuple) and len(output_size) == 2):
+        raise ShapeError(f"{op}: output_size must be an int or a pair (None keeps a size), "
+                         f"got {output_size!r}")
+    out = tuple(n if o is None else o for o, n in zip(output_size, hw))
+    if not all(_is_int(o) and o >= 1 for o in out):
+        raise ShapeError(f"{op}: output sizes must be positive ints, got {output_size!r}")
+    return out
+
+
+@composite(example=lambda: {"x": tg.input("x", (1, 2, 5, 7)), "output_size": (2, 3)})
+def adaptive_avg_pool2d(x, *, output_size):
+    """Average over adaptive windows (torch's adaptive_avg_pool2d) as P_h @ x @ P_w^T, with
+    constant averaging matrices P (out, in) built from the concrete sizes."""
+    op = "adaptive_avg_pool2d"
+    x4, undo = _batched(_float(x, op), op)
+    hw = _spatial(x4, op)
+    oh, ow = _output_size(output_size, hw, op)
+    y = _along(x4, _adaptive_matrix(hw[0], oh), -2)
+    return undo(_along(y, _adaptive_matrix(hw[1], ow), -1))
+
+
+_LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3}
+_MODES = ("nearest", "nearest-exact", "area", *_LINEAR)
+
+
+def _nearest_index(n_in: int, n_out: int, scale, exact: bool) -> np.ndarray:
+    """torch's source index of each output position (nearest / nearest-exact).
+
+    With ``size`` the rule is floor(dst * in / out) in exact integer arithmetic (torch's float64
+    result); with ``scale_factor`` torch computes floor(dst * float32(1 / scale_factor)) in
+    float32, and so do we. nearest-exact samples at dst + 0.5.
+    """
+    dst = np.arange(n_out)
+    if scale is None:
+        idx = ((2 * dst + 1) * n_in) // (2 * n_out) if exact else (dst * n_in) // n_out
+    else:
+        s = np.float32(1.0 / scale)
+        pos = (dst.astype(np.float32) + np.float32(0.5 if exact else 0.0)) * s
+        idx = np.floor(pos.astype(np.float32)).astype(np.int64)
+    return np.minimum(idx, n_in - 1).astype(np.int64)
+
+
+def _nearest_along(x, idx: np.ndarray, axis: int):
+    """x gathered along ``axis`` by a constant index array; integer upsampling (each element
+    repeated k times) is a reshape + expand instead, and the identity is x itself."""
+    n_in, n_out = x.shape[axis], len(idx)
+    if n_out == n_in and np.array_equal(idx, np.arange(n_in)):
+        return x
+    if n_out % n_in == 0 and np.array_equal(idx, np.arange(n_out) // (n_out // n_in)):
+        k = n_out // n_in
+        shape = x.shape[:axis + 1] + (1,) + x.shape[axis + 1:]
+        y = tg.expand(tg.reshape(x, shape), shape[:axis + 1] + (k,) + shape[axis + 2:])
+        return tg.reshape(y, x.shape[:axis] + (n_out,) + x.shape[axis + 1:])
+    return tg.gather(x, tg.constant(idx), axis=axis)
+
+
+def _linear_matrix(n_in: int, n_out: int, scale, align_corners: bool) -> np.ndarray:
+    """(n_out, n_in) linear interpolation weights with torch's source-index rule."""
+    dst = np.arange(n_out, dtype=np.float64)
+    if align_corners:
+        src = dst * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+    else:
+        s = 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+        src = np.maximum(s * (dst + 0.5) - 0.5, 0.0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    frac = src - i0
+    m = np.zeros((n_out, n_in))
+    rows = np.arange(n_out)
+    np.add.at(m, (rows, i0), 1.0 - frac)
+    np.add.at(m, (rows, i1), frac)
+    return m
+
+
+def _as_tuple(value, count: int, name: str, kind, op: str) -> tuple | None:
+    if value is None:
+        return None
+    if not isinstance(value, tuple):
+        value = (value,) * count
+    if len(value) != count or not all(isinstance(v, kind) and not isinstance(v, bool)
+                                      for v in value):
+        raise ShapeError(f"{op}: {name} must be one value or {count} values for an input with "
+                         f"{count} spatial dims, got {value!r}")
+    return value
+
+
+@composite(example=lambda: {"x": tg.input("x", (1, 2, 3, 4)), "scale_factor": 2})
+def interpolate(x, *, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None):
+    """Resize the spatial dims (torch's interpolate): "nearest"/"nearest-exact" gather with
+    constant index arrays (reshape + expand for integer factors), "linear"/"bilinear"/
+    "trilinear" and "area" apply constant (out, in) matrices along each spatial axis."""
+    op = "interpolate"
+    if mode not in _MODES:
+        raise TensorGraphsError(f"{op}: mode {mode!r} is not supported; use one of {_MODES}")
+    spatial = x.ndim - 2
+    if spatial not in (1, 2, 3):
+        raise ShapeError(f"{op}: expected an (N, C, *spatial) input with 1 to 3 spatial dims, "
+                         f"got {format_shape(x.shape)}")
+    if mode in _LINEAR and _LINEAR[mode] != spatial:
+        raise ShapeError(f"{op}: mode {mode!r} needs {_LINEAR[mode]} spatial dims, got "
+                         f"{format_shape(x.shape)}")
+    if align_corners is not None and mode not in _LINEAR:
+        raise TensorGraphsError(f"{op}: align_corners only applies to the linear modes, not "
+                                f"{mode!r}")
+    dims = _spatial(x, op, spatial)
+    if (size is None) == (scale_factor is None):
+        raise ShapeError(f"{op}: give exactly one of size and scale_factor")
+    if size is not None:
+        out = _as_tuple(size, spatial, "size", (int, np.integer), op)
+        scales = (None,) * spatial
+    else:
+        scales = _as_tuple(scale_factor, spatial, "scale_factor", (int, float), op)
+        out = tuple(int(math.floor(n * float(s))) for n, s in zip(dims, scales))
+        if recompute_scale_factor:
+            scales = (None,) * spatial
+    if not all(o >= 1 for o in out):
+        raise ShapeError(f"{op}: output size {out} of input {format_shape(x.shape)} must be "
+                         "positive")
+    if mode != "nearest" and mode != "nearest-exact" and not x.dtype.is_float:
+        raise DTypeError(f"{op}: mode {mode!r} needs a float input, got {x.dtype.name}")
+    for axis, n_in, n_out, scale in zip(range(2, x.ndim), dims, out, scales):
+        if mode in ("nearest", "nearest-exact"):
+            x = _nearest_along(x, _nearest_index(n_in, n_out, scale, mode != "nearest"), axis)
+        elif mode == "area":
+            x = _along(x, _adaptive_matrix(n_in, n_out), axis)
+        else:
+            x = _along(x, _linear_matrix(n_in, n_out, scale, bool(align_corners)), axis)
+    return x
+
+
+# ---------------------------------------------------------------------------- channel norms
+def _bn_example():
+    return (tg.input("x", (2, 3, 4, 4)), tg.weight("m", (3,)), tg.weight("v", (3,)),
+            tg.weight("w", (3,)), tg.weight("b", (3,)))
+
+
+@composite(example=_bn_example)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, *, eps=1e-5):
+    """Inference batch norm over the channel axis 1 (torch's batch_norm, training=False):
+    (x - mean) * (rsqrt(var + eps) * weight) + bias."""
+    op = "batch_norm"
+    x = _float(x, op)
+    if x.ndim < 2:
+        raise ShapeError(f"{op}: expected an (N, C, ...) input, got {format_shape(x.shape)}")
+    c, rank = x.shape[1], x.ndim
+    m = _channel_param(running_mean, c, "running_mean", op, rank)
+    scale = rsqrt(tg.add(running_var, eps))
+    if weight is not None:
+        _channel_param(weight, c, "weight", op, rank)
+        scale = tg.mul(scale, weight)
+    y = tg.mul(sub(x, m), _channel_param(scale, c, "running_var", op, rank))
+    if bias is not None:
+        y = tg.add(y, _channel_param(bias, c, "bias", op, rank))
+    return y
+
+
+@composite(example=lambda: {"x": tg.input("x", (2, 4, 3)), "num_groups": 2})
+def group_norm(x, weight=None, bias=None, *, num_groups, eps=1e-5):
+    """Normalise each group of channels of each sample over (channels in the group, spatial)
+    (torch's group_norm), then scale and shift per channel."""
+    op = "group_norm"
+    x = _float(x, op)
+    if x.ndim < 2:
+        raise ShapeError(f"{op}: expected an (N, C, ...) input, got {format_shape(x.shape)}")
+    c = x.shape[1]
+    if not _is_int(num_groups) or num_groups < 1:
+        raise ShapeError(f"{op}: num_groups must be a positive int, got {num_groups!r}")
+    if not isinstance(c, int) or c % num_groups:
+        raise ShapeError(f"{op}: the {c} channels of {format_shape(x.shape)} must be a concrete "
+                         f"multiple of num_groups={num_groups}")
+    group = tg.reshape(x, (x.shape[0], num_groups, numel((c // num_groups,) + x.shape[2:])))
+    centered = sub(group, mean(group, axis=-1, keepdims=True))
+    variance = mean(tg.mul(centered, centered), axis=-1, keepdims=True)
+    y = tg.reshape(tg.mul(centered, rsqrt(tg.add(variance, eps))), x.shape)
+    if weight is not None:
+        y = tg.mul(y, _channel_param(weight, c, "weight", op, x.ndim))
+    if bias is not None:
+        y = tg.add(y, _channel_param(bias, c, "bias", op, x.ndim))
+    return y

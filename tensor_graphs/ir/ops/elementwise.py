@@ -89,8 +89,9 @@ def minimum(a, b):
     a, b = tg.promote(a, b)
     if a.dtype.is_bool:
         return logical_and(a, b)
-    if a.dtype.name == "uint8":
-        return sub(255, tg.maximum(sub(255, a), sub(255, b)))
+    if a.dtype.is_int:  # c - x reverses the order without overflow (-x overflows at -128)
+        c = 255 if a.dtype.name == "uint8" else -1
+        return sub(c, tg.maximum(sub(c, a), sub(c, b)))
     return tg.neg(tg.maximum(tg.neg(a), tg.neg(b)))
 
 
@@ -149,8 +150,11 @@ def relu(x):
 
 @composite(example=_x)
 def sigmoid(x):
-    """1 / (1 + exp(-x)); saturates to exactly 0 and 1."""
-    return tg.reciprocal(tg.add(tg.exp(tg.neg(x)), 1.0))
+    """1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0: exp never overflows, so
+    float16 sigmoid(-12) is 6.1e-6 (not 0) and sigmoid(+-100) is exactly 1 / tiny."""
+    e = tg.exp(tg.neg(abs(x)))
+    p = tg.reciprocal(tg.add(e, 1.0))
+    return tg.where(tg.less(x, 0), tg.mul(e, p), p)
 
 
 @composite(example=_x)

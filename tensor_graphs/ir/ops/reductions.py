@@ -6,7 +6,7 @@ from __future__ import annotations
 from tensor_graphs.errors import ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
-from tensor_graphs.ir.ops.elementwise import div, isnan, logical_or, sub
+from tensor_graphs.ir.ops.elementwise import div, isnan, logical_not, logical_or, sub
 from tensor_graphs.ir.shapes import normalize_axes, numel
 
 
@@ -46,9 +46,10 @@ def min(x, *, axis=None, keepdims=False):  # noqa: A001 - torch's name
     """Minimum over axes; nan propagates."""
     axes = normalize_axes(axis, x.ndim, "min")
     if x.dtype.is_bool:
-        return tg.logical_not(tg.max(tg.logical_not(x), axes, keepdims))
-    if x.dtype.name == "uint8":
-        return sub(255, tg.max(sub(255, x), axes, keepdims))
+        return logical_not(tg.max(logical_not(x), axes, keepdims))
+    if x.dtype.is_int:  # c - x reverses the order without overflow (-x overflows at -128)
+        c = 255 if x.dtype.name == "uint8" else -1
+        return sub(c, tg.max(sub(c, x), axes, keepdims))
     return tg.neg(tg.max(tg.neg(x), axes, keepdims))
 
 
