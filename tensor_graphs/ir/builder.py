@@ -24,6 +24,7 @@ from tensor_graphs.ir.shapes import (
     Dim,
     as_dim,
     as_shape,
+    ceil_div,
     dims_equal,
     format_shape,
     normalize_axes,
@@ -501,7 +502,6 @@ def concat(xs: Sequence[TensorLike], axis: int = 0) -> Node:
     if not xs:
         raise ShapeError("concat: needs at least one tensor")
     axis = normalize_axis(axis, xs[0].ndim, "concat")
-    xs = [x for x in xs if not (isinstance(x.shape[axis], int) and x.shape[axis] == 0)] or xs[:1]
     return xs[0] if len(xs) == 1 else _make("concat", xs, axis=axis)
 
 
@@ -528,20 +528,28 @@ def iota(length, dtype="int64") -> Node:
 
 
 def arange(start, stop=None, step=1, dtype=None) -> Node:
-    """torch.arange; bounds may be named dims when step is 1."""
+    """torch.arange; int bounds may be named dims ("seq") when the step is positive."""
     if stop is None:
         start, stop = 0, start
+    if step == 0:
+        raise ShapeError("arange: step must not be 0")
     kinds_float = builtins.any(isinstance(v, float) for v in (start, stop, step))
     dtype = as_dtype(dtype or ("float32" if kinds_float else "int64"))
     if kinds_float:
-        n = int(np.ceil((stop - start) / step))
+        n = builtins.max(int(np.ceil((stop - start) / step)), 0)
+    elif builtins.all(isinstance(v, (int, np.integer)) for v in (start, stop)):
+        n = len(range(int(start), int(stop), int(step)))
     else:
-        n = as_dim(stop - start if step == 1 else -(-(as_dim(stop) - start) // step))
-    out = iota(builtins.max(n, 0) if isinstance(n, int) else n, dtype)
+        lo, hi = (v if isinstance(v, (int, np.integer)) else as_dim(v) for v in (start, stop))
+        if step < 0:
+            raise ShapeError("arange: a negative step with symbolic bounds is not supported")
+        n = as_dim(ceil_div(hi - lo, step) if step != 1 else hi - lo)
+    out = iota(n, dtype)
     if step != 1:
         out = mul(out, step)
-    if start != 0:
-        out = add(out, start)
+    if not (isinstance(start, (int, float, np.integer, np.floating)) and start == 0):
+        out = add(out, start if isinstance(start, (int, float, np.integer, np.floating))
+                  else size(start, dtype))
     return cast(out, dtype)
 
 

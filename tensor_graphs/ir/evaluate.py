@@ -45,10 +45,10 @@ def storage_dtype(node: Node, lift: bool) -> np.dtype:
 
 
 def _feed_kind_ok(leaf: Node, given: np.dtype) -> bool:
-    ours = dtypes.from_numpy(given)
-    if ours is None:
-        return False
-    return ours.kind == leaf.dtype.kind
+    ours = dtypes.from_numpy(given)  # ours, or another numpy float/int (float128, int16, ...)
+    kind = ours.kind if ours is not None else {"f": "float", "i": "int", "u": "int"}.get(
+        given.kind)
+    return kind == leaf.dtype.kind
 
 
 def bind_feeds(leaf_nodes: list[Node], feeds: Mapping[str, object], lift: bool):
@@ -179,4 +179,12 @@ def _apply(n: Node, args: list[np.ndarray], dims, lift: bool) -> np.ndarray:
     except (ValueError, IndexError, TypeError, OverflowError) as exc:
         shown = ", ".join(format_shape(a.shape) for a in args)
         raise EvaluationError(f"evaluating {n.op.name} on shapes {shown}: {exc}") from None
-    return np.asarray(out).astype(storage_dtype(n, lift), copy=False)
+    out = np.asarray(out).astype(storage_dtype(n, lift), copy=False)
+    want = n.shape if all(isinstance(d, int) for d in n.shape) else resolve(n.shape, dims)
+    if out.shape != want:  # e.g. x[:10] on a dim "seq" that turned out to be 5
+        bound = ", ".join(f"{k}={v}" for k, v in sorted(dims.items(), key=str))
+        raise EvaluationError(
+            f"evaluating {n!r}: the result has shape {format_shape(out.shape)}, but the node's "
+            f"shape {format_shape(n.shape)} is {format_shape(want)} for {bound or 'no dims'}; "
+            "a slice bound or index is past the end of a symbolic dim")
+    return out

@@ -238,6 +238,7 @@ class Node:
     def __and__(self, other): return api.logical_and(self, other)  # noqa: E704
     def __or__(self, other): return api.logical_or(self, other)  # noqa: E704
     __hash__ = object.__hash__  # identity: == is deliberately not elementwise (use tg.equal)
+    __array_ufunc__ = None  # numpy defers to the reflected operators: np.float32(2) * x
 
     def __getitem__(self, index): return api.getitem(self, index)  # noqa: E704
     def reshape(self, *shape): return api.reshape(self, *shape)  # noqa: E704
@@ -280,6 +281,10 @@ def _trace_composite(op: Op, inputs: tuple[Node, ...], attrs: Attrs):
     except TensorGraphsError as exc:
         shown = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in inputs)
         raise type(exc)(f"{op.name}({shown}): {exc}") from None
+    except Exception as exc:  # a bad attribute value, or a bug in the definition
+        shown = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in inputs)
+        raise DecompositionError(f"{op.name}({shown}) with {dict(attrs)}: its decomposition "
+                                 f"raised {type(exc).__name__}: {exc}") from exc
     finally:
         stack.pop()
     return out.shape, out.dtype

@@ -13,6 +13,7 @@ leak into the page.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from pathlib import Path
 
@@ -47,9 +48,9 @@ expands them); a backend kernel may implement a composite directly, but the deco
 its meaning.
 
 Columns: **tensor params** are the tensor inputs in order (`?` marks an optional one, `...` a
-variadic list); **attributes** are the non-tensor arguments with their defaults. The `tg.*`
-builder functions accept more convenient forms (negative axes, Python scalars, torch's pad
-order) and normalise them into these attributes.
+variadic list); **attributes** are the non-tensor arguments with their defaults (one without a
+default is required). The `tg.*` builder functions accept more convenient forms (negative
+axes, Python scalars, torch's pad order) and normalise them into these attributes.
 """
 
 
@@ -72,7 +73,8 @@ def _params(op: Op) -> str:
 
 
 def _attrs(op: Op) -> str:
-    shown = [f"`{k}={_default(v)}`" for k, v in op.attr_defaults.items()]
+    shown = [f"`{k}`" if v is inspect.Parameter.empty else f"`{k}={_default(v)}`"
+             for k, v in op.attr_defaults.items()]
     return _cell(", ".join(shown)) if shown else "—"
 
 

@@ -34,6 +34,7 @@ nodes re-trace their decompositions. Every problem raises :class:`SerializationE
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import os
@@ -81,7 +82,10 @@ def save(outputs, path) -> None:
                 raise SerializationError(f"cannot save node {i} ({node.op.name}) attribute "
                                          f"'{key}': {exc}") from None
         record["attrs"] = attrs
-        record["shape"] = enc.shape(node.shape)
+        try:
+            record["shape"] = enc.shape(node.shape)
+        except SerializationError as exc:
+            raise SerializationError(f"cannot save node {i} ({node.op.name}): {exc}") from None
         record["dtype"] = node.dtype.name
         lines.append("    " + json.dumps(record, allow_nan=False, ensure_ascii=False))
     out_ids = json.dumps([ids[o] for o in outs])
@@ -423,6 +427,7 @@ class _Decoder:
         return expr
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse_dim(text: str):
     """A size expression from its text; only names, integers, + - * / ** and a few functions,
     so reading a file never evaluates arbitrary Python."""

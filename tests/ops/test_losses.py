@@ -126,7 +126,7 @@ def test_cross_entropy(ishape, reduction, label_smoothing):
                                                  label_smoothing=label_smoothing))
 
 
-@pytest.mark.parametrize("ignore_index", [-100, 0, 2])
+@pytest.mark.parametrize("ignore_index", [-100, 2])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("weighted", [False, True])
@@ -230,7 +230,7 @@ def test_cross_entropy_bad_input():
 
 # ---------------------------------------------------------------------------- nll
 # ignore_index=0 with a single class would ignore every target (tested on its own above)
-NLL_CASES = [(s, i) for s in CLASS_SHAPES for i in (-100, 0)
+NLL_CASES = [(s, i) for s in [(1, 1), (5, 33), (2, 7, 4), (7,)] for i in (-100, 0)
              if not (s[1 if len(s) > 1 else 0] == 1 and i == 0)]
 
 

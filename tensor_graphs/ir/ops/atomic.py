@@ -73,7 +73,8 @@ UNARY = {
     "sqrt": (np.sqrt, ("float",), "square root; sqrt(x<0) = nan"),
     "reciprocal": (np.reciprocal, ("float",), "1/x; 1/0 = inf"),
     "sin": (np.sin, ("float",), "sine (radians)"),
-    "erf": (lambda x: _erf(x).astype(x.dtype), ("float",), "the error function"),
+    "erf": (lambda x: np.asarray(_erf(x), np.float64).astype(x.dtype), ("float",),
+            "the error function"),
 }
 BINARY = {
     "add": (np.add, ("bool", "int", "float"), "a + b (logical or on bool)"),
@@ -236,7 +237,8 @@ def _slice_infer(inputs, attrs):
 
 
 def _slice_ref(arrays, attrs):
-    index = tuple(slice(a, None if (c < 0 and s < 0) else c, s)
+    # bounds come from slice.indices: with a negative step, -1 means "before index 0"
+    index = tuple(slice(0, 0) if a < 0 else slice(a, None if c < 0 else c, s)
                   for a, c, s in zip(attrs["starts"], attrs["stops"], attrs["steps"]))
     return arrays[0][index]
 

@@ -306,20 +306,20 @@ _MODES = ("nearest", "nearest-exact", "area", *_LINEAR)
 
 
 def _nearest_index(n_in: int, n_out: int, scale, exact: bool) -> np.ndarray:
-    """torch's source index of each output position (nearest / nearest-exact).
+    """torch's source index of each output position: floor(dst * s), or floor((dst + 0.5) * s)
+    for nearest-exact, clamped to in - 1, computed in float32 exactly as torch's kernels do
+    with s = float32(in) / float32(out), or float32(1 / scale_factor) when one is given.
 
-    With ``size`` the rule is floor(dst * in / out) in exact integer arithmetic (torch's float64
-    result); with ``scale_factor`` torch computes floor(dst * float32(1 / scale_factor)) in
-    float32, and so do we. nearest-exact samples at dst + 0.5.
+    (torch's float64 kernels for 1-d and 3-d inputs use another rounding and differ from this
+    in rare sizes; its 2-d kernels and all float32 kernels agree with it.)
     """
-    dst = np.arange(n_out)
     if scale is None:
-        idx = ((2 * dst + 1) * n_in) // (2 * n_out) if exact else (dst * n_in) // n_out
+        s = np.float32(n_in) / np.float32(n_out)
     else:
         s = np.float32(1.0 / scale)
-        pos = (dst.astype(np.float32) + np.float32(0.5 if exact else 0.0)) * s
-        idx = np.floor(pos.astype(np.float32)).astype(np.int64)
-    return np.minimum(idx, n_in - 1).astype(np.int64)
+    pos = (np.arange(n_out, dtype=np.float32) + np.float32(0.5 if exact else 0.0)) * s
+    idx = np.floor(pos.astype(np.float32)).astype(np.int64)
+    return np.minimum(idx, n_in - 1)
 
 
 def _nearest_along(x, idx: np.ndarray, axis: int):

@@ -18,6 +18,11 @@ def _float(x):
     return x if x.dtype.is_float else tg.cast(x, "float32")
 
 
+def _accumulator(x):
+    """float16/bfloat16 sums overflow at 65504 and round every step: accumulate in float32."""
+    return tg.cast(x, "float32") if x.dtype.is_low_precision else x
+
+
 def _count(x, axes, dtype):
     """The number of reduced elements as a tensor (a dim leaf when symbolic)."""
     return tg.size(numel(x.shape[a] for a in axes), dtype)
@@ -25,20 +30,24 @@ def _count(x, axes, dtype):
 
 @composite(example=_x)
 def mean(x, *, axis=None, keepdims=False):
-    """Arithmetic mean over axes (all when None)."""
+    """Arithmetic mean over axes (all when None); float16/bfloat16 accumulate in float32."""
     x = _float(x)
     axes = normalize_axes(axis, x.ndim, "mean")
-    return div(tg.sum(x, axes, keepdims), _count(x, axes, x.dtype))
+    acc = _accumulator(x)
+    out = div(tg.sum(acc, axes, keepdims), _count(acc, axes, acc.dtype))
+    return tg.cast(out, x.dtype)
 
 
 @composite(example=_x)
 def var(x, *, axis=None, keepdims=False, correction=0):
-    """Variance over axes: mean squared deviation, divided by (n - correction)."""
+    """Variance over axes: mean squared deviation, divided by (n - correction);
+    float16/bfloat16 accumulate in float32."""
     x = _float(x)
     axes = normalize_axes(axis, x.ndim, "var")
-    centered = sub(x, mean(x, axis=axes, keepdims=True))
+    acc = _accumulator(x)
+    centered = sub(acc, mean(acc, axis=axes, keepdims=True))
     total = tg.sum(tg.mul(centered, centered), axes, keepdims)
-    return div(total, sub(_count(x, axes, x.dtype), float(correction)))
+    return tg.cast(div(total, sub(_count(acc, axes, acc.dtype), float(correction))), x.dtype)
 
 
 @composite(example=_x)
