@@ -7,6 +7,7 @@
 """
 
 from tensor_graphs.errors import (  # noqa: F401
+    ArgumentError,
     DecompositionError,
     DTypeError,
     EvaluationError,
@@ -39,6 +40,6 @@ __version__ = "0.1.0"
 __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
-    "TensorGraphsError", "ShapeError", "DTypeError", "FeedError", "DecompositionError",
-    "StateError", "EvaluationError", "SerializationError", "save", "load",
+    "TensorGraphsError", "ArgumentError", "ShapeError", "DTypeError", "FeedError",
+    "DecompositionError", "StateError", "EvaluationError", "SerializationError", "save", "load",
 ]

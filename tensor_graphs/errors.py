@@ -14,6 +14,10 @@ class DTypeError(TensorGraphsError, TypeError):
     """A dtype an op does not accept, or a feed of the wrong kind (int for a float leaf...)."""
 
 
+class ArgumentError(TensorGraphsError, ValueError):
+    """An argument or attribute value an op does not accept (an unknown mode, a bad name...)."""
+
+
 class FeedError(TensorGraphsError, KeyError):
     """A missing or unknown feed name, or two leaves that share a name."""
 

@@ -202,8 +202,22 @@ def test_decomposition_error():
         assert name not in OPS
     finally:
         unregister(name)
-    with pytest.raises(tg.DecompositionError, match="approximate"):
-        tg.gelu(tg.input("x", (3,)), approximate="sigmoid")
+
+
+def test_argument_error():
+    x = tg.input("x", (3, 4))
+    cases = [
+        (lambda: tg.gelu(x, approximate="sigmoid"), "approximate"),
+        (lambda: tg.cross_entropy(x, tg.input("t", (3,), "int64"), reduction="avg"),
+         "reduction"),
+        (lambda: tg.interpolate(tg.input("img", (1, 1, 4, 4)), scale_factor=2, mode="cubic"),
+         "mode"),
+        (lambda: tg.input("", (3,)), "name"),
+    ]
+    for build, word in cases:
+        with pytest.raises(tg.ArgumentError, match=word) as info:
+            build()
+        assert isinstance(info.value, tg.TensorGraphsError)
 
 
 def test_non_node_outputs_and_bad_leaves():

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 import numpy as np
 import sympy
 
-from tensor_graphs.errors import DTypeError, ShapeError, StateError, TensorGraphsError
+from tensor_graphs.errors import (
+    ArgumentError,
+    DTypeError,
+    ShapeError,
+    StateError,
+)
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.dtypes import DType, as_dtype
 from tensor_graphs.ir.node import ConstValue, Node
@@ -43,7 +48,7 @@ def _make(op: str, inputs=(), **attrs) -> Node:
 # ---------------------------------------------------------------------------- leaves
 def _leaf(kind: str, name: str, shape, dtype) -> Node:
     if not isinstance(name, str) or not name:
-        raise TensorGraphsError(f"tg.{kind}: a name (non-empty str) is required, got {name!r}")
+        raise ArgumentError(f"tg.{kind}: a name (non-empty str) is required, got {name!r}")
     return Node.make(OPS[kind], (), {"shape": as_shape(shape), "dtype": as_dtype(dtype)}, name=name)
 
 
@@ -81,7 +86,7 @@ def constant(value, dtype=None) -> Node:
 
 def _constant(value, dtype) -> Node:
     if isinstance(value, Node):
-        raise TensorGraphsError("tg.constant takes a numpy value or Python scalar, not a node")
+        raise ArgumentError("tg.constant takes a numpy value or Python scalar, not a node")
     array = np.asarray(value)
     if dtype is None:
         if array.dtype.kind == "f" and not isinstance(value, np.ndarray):
@@ -123,7 +128,7 @@ def as_node(value: TensorLike, like: DType | None = None) -> Node:
         return constant(value, dtypes.weak_scalar_dtype(value, like))
     if isinstance(value, (np.ndarray, list, tuple)):
         return constant(np.asarray(value) if not isinstance(value, np.ndarray) else value)
-    raise TensorGraphsError(f"expected a tensor (node, numpy array or Python scalar), "
+    raise ArgumentError(f"expected a tensor (node, numpy array or Python scalar), "
                             f"got {type(value).__name__}")
 
 

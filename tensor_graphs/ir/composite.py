@@ -59,7 +59,9 @@ def composite(example: Callable[[], tuple | dict], name: str | None = None):
                            and p not in op.optional]
                 if missing:
                     raise DecompositionError(f"{op.name}: tensor argument(s) {missing} missing")
-                attrs["args"] = tuple(p for p, n in zip(op.params, nodes) if n is not None)
+                given = tuple(p for p, n in zip(op.params, nodes) if n is not None)
+                if given != op.params:  # recorded only when an optional tensor is absent
+                    attrs["args"] = given
             return Node.make(op, tuple(n for n in nodes if n is not None), attrs)
 
         register(op)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from tensor_graphs.errors import DTypeError, ShapeError, TensorGraphsError
+from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import div, rsqrt, sub
@@ -374,7 +374,7 @@ def interpolate(x, *, size=None, scale_factor=None, mode="nearest", align_corner
     "trilinear" and "area" apply constant (out, in) matrices along each spatial axis."""
     op = "interpolate"
     if mode not in _MODES:
-        raise TensorGraphsError(f"{op}: mode {mode!r} is not supported; use one of {_MODES}")
+        raise ArgumentError(f"{op}: mode {mode!r} is not supported; use one of {_MODES}")
     spatial = x.ndim - 2
     if spatial not in (1, 2, 3):
         raise ShapeError(f"{op}: expected an (N, C, *spatial) input with 1 to 3 spatial dims, "
@@ -383,7 +383,7 @@ def interpolate(x, *, size=None, scale_factor=None, mode="nearest", align_corner
         raise ShapeError(f"{op}: mode {mode!r} needs {_LINEAR[mode]} spatial dims, got "
                          f"{format_shape(x.shape)}")
     if align_corners is not None and mode not in _LINEAR:
-        raise TensorGraphsError(f"{op}: align_corners only applies to the linear modes, not "
+        raise ArgumentError(f"{op}: align_corners only applies to the linear modes, not "
                                 f"{mode!r}")
     dims = _spatial(x, op, spatial)
     if (size is None) == (scale_factor is None):

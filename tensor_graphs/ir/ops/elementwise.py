@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 
@@ -174,7 +175,7 @@ def gelu(x, *, approximate="none"):
                        math.sqrt(2.0 / math.pi))
         return tg.mul(tg.mul(x, 0.5), tg.add(tanh(inner), 1.0))
     if approximate != "none":
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return tg.mul(tg.mul(x, 0.5), tg.add(tg.erf(tg.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
 
 

@@ -8,7 +8,7 @@ not a multiply, so a -inf log-probability of another class cannot turn into nan.
 
 from __future__ import annotations
 
-from tensor_graphs.errors import DecompositionError, DTypeError, ShapeError
+from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import abs as _abs
@@ -24,7 +24,7 @@ _REDUCTIONS = ("none", "mean", "sum")
 def _check_reduction(op: str, reduction, allowed=_REDUCTIONS) -> None:
     if reduction not in allowed:
         shown = ", ".join(repr(r) for r in allowed)
-        raise DecompositionError(f"{op}: reduction must be one of {shown}, got {reduction!r}")
+        raise ArgumentError(f"{op}: reduction must be one of {shown}, got {reduction!r}")
 
 
 def _float(x):
@@ -117,7 +117,7 @@ def _class_nll(logp, target, weight, axis: int, ignore_index: int):
 
 def _check_ignore_index(op: str, ignore_index) -> None:
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise DecompositionError(f"{op}: ignore_index must be an int, got {ignore_index!r}")
+        raise ArgumentError(f"{op}: ignore_index must be an int, got {ignore_index!r}")
 
 
 def _class_example():
@@ -160,7 +160,7 @@ def cross_entropy(input, target, weight=None, *, reduction="mean",  # noqa: A002
     _check_reduction("cross_entropy", reduction)
     _check_ignore_index("cross_entropy", ignore_index)
     if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
-        raise DecompositionError(f"cross_entropy: label_smoothing must be a number in "
+        raise ArgumentError(f"cross_entropy: label_smoothing must be a number in "
                                  f"[0, 1], got {label_smoothing!r}")
     if target.dtype.is_bool:
         raise DTypeError("cross_entropy: target must be integer class indices or float "
