@@ -1,0 +1,151 @@
+"""Canonical form and stable digests.
+
+A digest is a blake2b hash over op, attributes, dtype, shape and the digests of the inputs,
+computed bottom-up once per node (shared subexpressions cost nothing extra). Associative-
+commutative chains (add, mul, maximum) hash as the multiset of their terms, and commutative
+operands are sorted by digest, so ``a+b``, ``b+a`` and ``(a+b)+c`` / ``a+(c+b)`` agree while
+``a-b`` / ``b-a`` and ``a@b`` / ``b@a`` do not. Everything hashed is encoded explicitly (never
+Python's ``hash()``), so digests are stable across processes and machines.
+
+Two flavours: *named* digests identify leaves by name (``canonical_hash``); *structural*
+digests see a leaf only as its kind, shape and dtype (``structural_hash``), so two transformer
+blocks with differently named weights agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import numpy as np
+import sympy
+
+from tensor_graphs.ir.dtypes import DType
+from tensor_graphs.ir.graph import _as_list
+from tensor_graphs.ir.node import ConstValue, Node
+from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
+
+DIGEST_SIZE = 16
+
+
+def encode(value) -> bytes:
+    """A stable byte encoding of an attribute value or dim (NaN payloads collapse to one NaN;
+    -0.0 stays distinct from 0.0 because 1/-0.0 differs from 1/0.0)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return f"{type(value).__name__}:{value!r}".encode()
+    if isinstance(value, float):
+        return b"float:nan" if value != value else f"float:{value.hex()}".encode()
+    if isinstance(value, tuple):
+        return b"(" + b",".join(encode(v) for v in value) + b")"
+    if isinstance(value, DType):
+        return f"dtype:{value.name}".encode()
+    if isinstance(value, sympy.Basic):
+        return f"sym:{sympy.srepr(value)}".encode()
+    if isinstance(value, ConstValue):
+        arr = value.array
+        if arr.dtype.kind == "f" and np.isnan(arr).any():
+            arr = np.where(np.isnan(arr), np.nan, arr).astype(arr.dtype)
+        return (f"array:{arr.dtype.str}:{arr.shape}:".encode()
+                + hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).digest())
+    raise TypeError(f"cannot encode attribute value {value!r} of type {type(value).__name__}")
+
+
+def _walk(outputs: list[Node], stop: Mapping[Node, int]) -> list[Node]:
+    """Topological order of everything above ``stop`` (placeholders are included, not entered)."""
+    order, seen, stack = [], set(), [(o, False) for o in reversed(outputs)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        if node not in stop:
+            stack.extend((c, False) for c in reversed(node.inputs) if c not in seen)
+    return order
+
+
+def digests(outputs, *, named: bool = True,
+            placeholders: Mapping[Node, int] | None = None) -> dict[Node, bytes]:
+    """The digest of every node the outputs depend on.
+
+    ``placeholders`` maps boundary nodes to positions: each hashes as "argument i" of its shape
+    and dtype, and what lies below it is not visited (region hashing for repeated blocks).
+    """
+    stop = placeholders or {}
+    out: dict[Node, bytes] = {}
+    for node in _walk(_as_list(outputs), stop):
+        if node in stop:
+            parts = [b"arg", str(stop[node]).encode()]
+        elif node.op.is_leaf:
+            parts = [b"leaf", node.op.name.encode()]
+            if named and node.name is not None:
+                parts.append(f"name:{node.name}".encode())
+            parts += [encode(v) for k, v in sorted(node.attrs.items())]
+        else:
+            name = node.op.name
+            if name in ASSOCIATIVE_COMMUTATIVE:
+                children = sorted(out[t] for t in chain_terms(node, stop))
+            elif name in COMMUTATIVE:
+                children = sorted(out[c] for c in node.inputs)
+            else:
+                children = [out[c] for c in node.inputs]
+            parts = [b"op", name.encode(),
+                     *(k.encode() + b"=" + encode(v) for k, v in sorted(node.attrs.items())),
+                     b"|", *children]
+        parts += [b"|", encode(node.shape), encode(node.dtype)]
+        out[node] = hashlib.blake2b(b"\x00".join(parts), digest_size=DIGEST_SIZE).digest()
+    return out
+
+
+def canonical_hash(outputs) -> str:
+    """Hex digest of the graph with leaves identified by name."""
+    return _graph_hash(outputs, named=True)
+
+
+def structural_hash(outputs) -> str:
+    """Hex digest of the graph with leaves abstracted to kind, shape and dtype."""
+    return _graph_hash(outputs, named=False)
+
+
+def _graph_hash(outputs, named: bool) -> str:
+    outs = _as_list(outputs)
+    table = digests(outs, named=named)
+    return hashlib.blake2b(b"".join(table[o] for o in outs), digest_size=DIGEST_SIZE).hexdigest()
+
+
+def canonicalize(outputs):
+    """The same graph in canonical form: associative-commutative chains flattened, their terms
+    ordered by named digest (duplicates kept) and rebuilt as left-deep binary trees; the two
+    operands of other commutative ops sorted likewise. Returns the structure it was given."""
+    single = isinstance(outputs, Node)
+    outs = _as_list(outputs)
+    table = digests(outs, named=True)
+    mapped: dict[Node, Node] = {}
+    for node in _walk(outs, {}):
+        name = node.op.name
+        if node.op.is_leaf:
+            mapped[node] = node
+        elif name in ASSOCIATIVE_COMMUTATIVE:
+            terms = sorted(chain_terms(node), key=table.__getitem__)
+            acc = mapped[terms[0]]
+            for t in terms[1:]:
+                acc = Node.make(node.op, (acc, mapped[t]), node.attrs)
+            mapped[node] = acc
+        else:
+            inputs = node.inputs
+            if name in COMMUTATIVE:
+                inputs = tuple(sorted(inputs, key=table.__getitem__))
+            new = tuple(mapped[i] for i in inputs)
+            mapped[node] = node if new == node.inputs else Node.make(node.op, new, node.attrs,
+                                                                      node.name)
+    return mapped[outs[0]] if single else [mapped[o] for o in outs]
+
+
+def hashes_equal(a, b, *, named: bool = True) -> bool:
+    return _graph_hash(a, named) == _graph_hash(b, named)
+
+
+__all__ = ["canonicalize", "canonical_hash", "structural_hash", "digests", "encode"]
