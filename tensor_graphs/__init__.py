@@ -6,6 +6,7 @@
     tg.evaluate(y, {"x": X, "w": W}, dtype="float64")
 """
 
+from tensor_graphs import rewrite  # noqa: E402,F401  (tg.rewrite.apply, ...)
 from tensor_graphs.errors import (  # noqa: F401
     ArgumentError,
     DecompositionError,
@@ -35,6 +36,12 @@ from tensor_graphs.ir.evaluate import evaluate  # noqa: F401
 from tensor_graphs.ir.graph import decompose, format_graph, nodes  # noqa: F401
 from tensor_graphs.ir.node import Node, Op  # noqa: F401
 from tensor_graphs.ir.serialize import load, save  # noqa: F401
+from tensor_graphs.rewrite import pattern as pat  # noqa: E402,F401  (tg.pat.var, ...)
+from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
+    canonical_hash,
+    canonicalize,
+    structural_hash,
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -42,4 +49,5 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "TensorGraphsError", "ArgumentError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "StateError", "EvaluationError", "SerializationError", "save", "load",
+    "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
 ]

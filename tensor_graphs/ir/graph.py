@@ -128,3 +128,31 @@ def format_graph(*outputs: Node) -> str:
     outs = [f"%{ids[o]}" for out in outputs for o in _as_list(out)]
     lines.append(f"return {', '.join(outs)}")
     return "\n".join(lines)
+
+
+def substitute(outputs, replacements: dict[Node, Node]):
+    """The graph with each key of ``replacements`` replaced by its value; every node above a
+    replaced one is rebuilt (hash-consing shares the rest). Returns the structure it was given."""
+    single = isinstance(outputs, Node)
+    outs = _as_list(outputs)
+    mapped: dict[Node, Node] = {}
+    for n in nodes(outs):
+        if n in replacements:
+            mapped[n] = replacements[n]
+            continue
+        new_inputs = tuple(mapped[i] for i in n.inputs)
+        mapped[n] = n if new_inputs == n.inputs else Node.make(n.op, new_inputs, n.attrs, n.name)
+    return mapped[outs[0]] if single else [mapped[o] for o in outs]
+
+
+def use_counts(outputs) -> dict[Node, int]:
+    """How many times each node is an input of another node (outputs count once more)."""
+    outs = _as_list(outputs)
+    counts: dict[Node, int] = {}
+    for n in nodes(outs):
+        counts.setdefault(n, 0)
+        for i in n.inputs:
+            counts[i] = counts.get(i, 0) + 1
+    for o in outs:
+        counts[o] += 1
+    return counts

@@ -7,3 +7,4 @@ from tensor_graphs.rewrite.canonical import (  # noqa: F401
     digests,
     structural_hash,
 )
+from tensor_graphs.rewrite.pattern import RewriteError, Rule, RuleTable, apply  # noqa: F401

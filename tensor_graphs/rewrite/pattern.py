@@ -1,0 +1,381 @@
+"""The pattern language: graphs with variables, matched against IR graphs; rules and tables.
+
+    from tensor_graphs import pat
+    x = pat.var("x", dtype="float")
+    pm_example = pat.RuleTable("example", [
+        pat.rule(x * 1, lambda x: x),              # x * 1 -> x
+        pat.rule(pat.neg(pat.neg(x)), lambda x: x),  # --x -> x
+    ])
+    tg.rewrite.apply(graph, pm_example)
+
+A pattern is a ``Var`` (binds any node that passes its guards; a name used twice must bind the
+same node), a ``Const`` (a constant node whose every element equals a value; Python scalars in
+patterns become these) or an ``OpPat`` (an op applied to sub-patterns, with optional attribute
+constraints, optionally bound to a name itself). ``pat.<op>(...)`` builds an ``OpPat`` for any
+registered op; ``+ - * / @ ** -x`` build add/sub/mul/div/matmul/pow/neg.
+
+Matching is commutative-aware: operands of commutative ops are tried in both orders, and an
+associative-commutative op (add, mul, maximum) matches the multiset of terms of a chain, so one
+pattern covers every operand order and grouping. At the root of a match, a pattern with k terms
+may match any k of a chain's n terms; the other n - k terms are returned as ``rest`` and the
+rewrite keeps them (``x*y + z`` matches ``a + p*q + b`` as x=p, y=q, z=a or z=b).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, TensorGraphsError
+from tensor_graphs.ir import dtypes
+from tensor_graphs.ir.graph import _as_list, nodes, use_counts
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.shapes import dims_equal
+from tensor_graphs.rewrite.algebra import (
+    ASSOCIATIVE_COMMUTATIVE,
+    COMMUTATIVE,
+    build_chain,
+    chain_terms,
+)
+
+
+class RewriteError(TensorGraphsError):
+    """A rule table that does not reach a fixed point within its step limit."""
+
+
+class Pat:
+    """Base of pattern nodes; operators build OpPats."""
+
+    def __add__(self, o): return OpPat("add", (self, as_pat(o)))  # noqa: E704
+    def __radd__(self, o): return OpPat("add", (as_pat(o), self))  # noqa: E704
+    def __sub__(self, o): return OpPat("sub", (self, as_pat(o)))  # noqa: E704
+    def __rsub__(self, o): return OpPat("sub", (as_pat(o), self))  # noqa: E704
+    def __mul__(self, o): return OpPat("mul", (self, as_pat(o)))  # noqa: E704
+    def __rmul__(self, o): return OpPat("mul", (as_pat(o), self))  # noqa: E704
+    def __truediv__(self, o): return OpPat("div", (self, as_pat(o)))  # noqa: E704
+    def __rtruediv__(self, o): return OpPat("div", (as_pat(o), self))  # noqa: E704
+    def __matmul__(self, o): return OpPat("matmul", (self, as_pat(o)))  # noqa: E704
+    def __pow__(self, o): return OpPat("pow", (self, as_pat(o)))  # noqa: E704
+    def __neg__(self): return OpPat("neg", (self,))  # noqa: E704
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Pat):
+    """Binds any node that passes its guards."""
+
+    name: str
+    dtype: object = None  # a DType/name, a tuple of them, or a kind: "float", "int", "bool"
+    rank: int | None = None
+    shape: Callable | None = None  # predicate on the node's shape
+    const: object = None  # the node must be a constant whose elements all equal this
+    single_use: bool = False  # the node has exactly one user in the graph
+    where: Callable | None = None  # any predicate on the node
+
+    def accepts(self, node: Node, uses: Mapping[Node, int] | None) -> bool:
+        if self.dtype is not None and not _dtype_ok(self.dtype, node.dtype):
+            return False
+        if self.rank is not None and node.ndim != self.rank:
+            return False
+        if self.shape is not None and not self.shape(node.shape):
+            return False
+        if self.const is not None and not constant_equals(node, self.const):
+            return False
+        if self.single_use:
+            if uses is None:
+                raise ArgumentError(f"pattern variable '{self.name}' needs use counts "
+                                    "(single_use); match through apply() or pass uses=")
+            if uses.get(node, 0) != 1:
+                return False
+        return self.where is None or bool(self.where(node))
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Pat):
+    """A constant node whose every element equals ``value`` (any dtype, any broadcast shape)."""
+
+    value: float | int | bool
+
+
+@dataclass(frozen=True, eq=False)
+class OpPat(Pat):
+    """An op applied to sub-patterns; ``attrs`` maps a name to a value or a predicate."""
+
+    op: str
+    inputs: tuple[Pat, ...] = ()
+    attrs: Mapping[str, object] = field(default_factory=dict)
+    name: str | None = None  # bind the matched node itself under this name
+
+    def bind(self, name: str) -> OpPat:
+        return OpPat(self.op, self.inputs, self.attrs, name)
+
+
+def var(name: str, **guards) -> Var:
+    """A pattern variable; guards: dtype, rank, shape, const, single_use, where."""
+    return Var(name, **guards)
+
+
+def as_pat(value) -> Pat:
+    if isinstance(value, Pat):
+        return value
+    if isinstance(value, (bool, int, float, np.number)):
+        return Const(value.item() if isinstance(value, np.generic) else value)
+    raise ArgumentError(f"cannot use {value!r} in a pattern; use pat.var, a scalar or pat.<op>")
+
+
+def op(name: str, *inputs, **attrs) -> OpPat:
+    """``op("reshape", x, shape=...)``: the op ``name`` over sub-patterns."""
+    if name not in OPS:
+        raise ArgumentError(f"unknown op '{name}' in a pattern")
+    return OpPat(name, tuple(as_pat(i) for i in inputs), attrs)
+
+
+def __getattr__(name: str):
+    """``pat.exp(x)``, ``pat.reshape(x, shape=...)``: any registered op by name."""
+    if name in OPS:
+        return lambda *inputs, **attrs: op(name, *inputs, **attrs)
+    raise AttributeError(name)
+
+
+def _dtype_ok(want, got: dtypes.DType) -> bool:
+    if isinstance(want, (tuple, list, set, frozenset)):
+        return any(_dtype_ok(w, got) for w in want)
+    if want in ("float", "int", "bool"):
+        return got.kind == want
+    return dtypes.as_dtype(want) == got
+
+
+def constant_equals(node: Node, value) -> bool:
+    """True when ``node`` is a constant whose every element equals ``value``."""
+    if node.op.name != "constant":
+        return False
+    arr = node.attrs["value"].array
+    if arr.dtype.kind == "f" and isinstance(value, float) and value != value:
+        return bool(np.isnan(arr).all())
+    return arr.size > 0 and bool(np.all(arr.astype(np.float64) == value))
+
+
+# ---------------------------------------------------------------------------- matching
+@dataclass(frozen=True)
+class Match:
+    bindings: dict[str, Node]
+    rest: tuple[Node, ...] = ()  # unmatched terms of an associative-commutative root
+
+
+def match(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
+          partial: bool = True) -> Match | None:
+    """The first match of ``pattern`` rooted at ``node``, or None."""
+    return next(iter_matches(pattern, node, uses, partial), None)
+
+
+def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
+                 partial: bool = True) -> Iterator[Match]:
+    """Every match rooted at ``node`` (commutative alternatives included)."""
+    if (partial and isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
+            and node.op.name == pattern.op and _attrs_ok(pattern, node)):
+        pterms = _pattern_terms(pattern)
+        terms = chain_terms(node)
+        if len(pterms) < len(terms):
+            for b, used in _match_terms(pterms, terms, {}, uses, exact=False):
+                bound = dict(b)
+                if pattern.name is not None:
+                    bound[pattern.name] = node
+                yield Match(bound, tuple(t for k, t in enumerate(terms) if k not in used))
+    for b in _match(pattern, node, {}, uses):
+        yield Match(b)
+
+
+def _attrs_ok(p: OpPat, node: Node) -> bool:
+    for key, want in p.attrs.items():
+        if key not in node.attrs:
+            return False
+        got = node.attrs[key]
+        if callable(want) and not isinstance(want, dtypes.DType):
+            if not want(got):
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+def _pattern_terms(p: OpPat) -> list[Pat]:
+    terms, stack = [], [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, OpPat) and q.op == p.op and q.name is None and not q.attrs \
+                or q is p:
+            stack.extend(reversed(q.inputs))
+        else:
+            terms.append(q)
+    return terms
+
+
+def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
+    if isinstance(p, Var):
+        if p.name in b:
+            if b[p.name] is n:
+                yield b
+        elif p.accepts(n, uses):
+            yield {**b, p.name: n}
+        return
+    if isinstance(p, Const):
+        if constant_equals(n, p.value):
+            yield b
+        return
+    if n.op.name != p.op or not _attrs_ok(p, n):
+        return
+    if p.name is not None:
+        if p.name in b and b[p.name] is not n:
+            return
+        b = {**b, p.name: n}
+    if p.op in ASSOCIATIVE_COMMUTATIVE:
+        for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n), b, uses, exact=True):
+            yield bound
+        return
+    if len(p.inputs) != len(n.inputs):
+        return
+    orders = [n.inputs]
+    if p.op in COMMUTATIVE and n.inputs[0] is not n.inputs[1]:
+        orders.append(n.inputs[::-1])
+    for inputs in orders:
+        yield from _match_seq(p.inputs, inputs, b, uses)
+
+
+def _match_seq(pats: Sequence[Pat], nodes_: Sequence[Node], b: dict, uses) -> Iterator[dict]:
+    if not pats:
+        yield b
+        return
+    for b1 in _match(pats[0], nodes_[0], b, uses):
+        yield from _match_seq(pats[1:], nodes_[1:], b1, uses)
+
+
+def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses,
+                 exact: bool) -> Iterator[tuple[dict, frozenset[int]]]:
+    """Injective assignments of pattern terms to chain terms (bijective when ``exact``)."""
+    if exact and len(pterms) != len(terms) or len(pterms) > len(terms):
+        return
+    seen_results: set = set()
+
+    def go(k: int, b: dict, used: frozenset[int]):
+        if k == len(pterms):
+            yield b, used
+            return
+        tried: set[int] = set()
+        for j, t in enumerate(terms):
+            if j in used or id(t) in tried:  # equal terms are interchangeable
+                continue
+            tried.add(id(t))
+            for b1 in _match(pterms[k], t, b, uses):
+                yield from go(k + 1, b1, used | {j})
+
+    for bound, used in go(0, b, frozenset()):
+        key = (tuple(sorted((k, id(v)) for k, v in bound.items())), used)
+        if key not in seen_results:
+            seen_results.add(key)
+            yield bound, used
+
+
+# ---------------------------------------------------------------------------- rules and tables
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """A pattern and a builder of its replacement (given the bindings; None declines)."""
+
+    pattern: Pat
+    build: Callable[..., Node | None]
+    name: str = ""
+
+    def rewrite(self, node: Node, uses: Mapping[Node, int] | None = None) -> Node | None:
+        """The replacement for ``node`` if the rule applies there and keeps shape and dtype."""
+        for m in iter_matches(self.pattern, node, uses):
+            out = self.build(**m.bindings)
+            if out is None:
+                continue
+            if m.rest:
+                out = build_chain(node.op.name, [out, *m.rest])
+            if out is not node and same_type(out, node):
+                return out
+        return None
+
+
+def rule(pattern: Pat, build: Callable[..., Node | None], name: str = "") -> Rule:
+    return Rule(pattern, build, name)
+
+
+def same_type(a: Node, b: Node) -> bool:
+    """Same dtype and shape: a replacement must be a drop-in for the node it replaces."""
+    return a.dtype == b.dtype and len(a.shape) == len(b.shape) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else dims_equal(x, y)
+        for x, y in zip(a.shape, b.shape))
+
+
+class RuleTable:
+    """A named, ordered list of rules, indexed by the op at each pattern's root."""
+
+    def __init__(self, name: str, rules: Sequence[Rule]):
+        self.name = name
+        self.rules = tuple(rules)
+        self._by_op: dict[str, list[Rule]] = {}
+        self._any: list[Rule] = []
+        for r in self.rules:
+            root = r.pattern
+            if isinstance(root, OpPat):
+                self._by_op.setdefault(root.op, []).append(r)
+            else:
+                self._any.append(r)
+
+    def candidates(self, node: Node) -> list[Rule]:
+        return self._by_op.get(node.op.name, []) + self._any
+
+    def __add__(self, other: RuleTable) -> RuleTable:
+        return RuleTable(f"{self.name}+{other.name}", self.rules + other.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __repr__(self) -> str:
+        return f"RuleTable({self.name!r}, {len(self.rules)} rules)"
+
+
+def apply(outputs, table: RuleTable, max_steps: int = 10_000):
+    """Apply ``table`` everywhere to a fixed point: bottom-up passes, each node rewritten until
+    no rule fires there, until a pass changes nothing. Raises RewriteError after ``max_steps``
+    rewrites (a table that keeps rewriting is a bug). Returns the structure it was given."""
+    single = isinstance(outputs, Node)
+    outs = _as_list(outputs)
+    steps = 0
+    while True:
+        uses = use_counts(outs)
+        mapped: dict[Node, Node] = {}
+        changed = False
+        for n in nodes(outs):
+            new_inputs = tuple(mapped[i] for i in n.inputs)
+            cur = n if new_inputs == n.inputs else Node.make(n.op, new_inputs, n.attrs, n.name)
+            uses.setdefault(cur, uses.get(n, 0))
+            while True:
+                for r in table.candidates(cur):
+                    out = r.rewrite(cur, uses)
+                    if out is not None:
+                        break
+                else:
+                    break
+                steps += 1
+                if steps > max_steps:
+                    raise RewriteError(f"rule table '{table.name}' did not reach a fixed point "
+                                       f"in {max_steps} steps (last rule: {r.name or r.pattern})")
+                uses.setdefault(out, uses.get(cur, 0))
+                cur, changed = out, True
+            mapped[n] = cur
+        outs = [mapped[o] for o in outs]
+        if not changed:
+            return outs[0] if single else outs
+
+
+__all__ = ["Pat", "Var", "Const", "OpPat", "Match", "Rule", "RuleTable", "RewriteError", "var",
+           "op", "as_pat", "match", "iter_matches", "rule", "apply", "same_type",
+           "constant_equals"]
