@@ -2,7 +2,9 @@
 
 A digest is a blake2b hash over op, attributes, dtype, shape and the digests of the inputs,
 computed bottom-up once per node (shared subexpressions cost nothing extra). Associative-
-commutative chains (add, mul, maximum) hash as the multiset of their terms, and commutative
+commutative chains (add, mul, maximum) hash as the multiset of their terms — the sum of the
+terms' digests modulo 2**128, an incremental multiset hash, so an n-term chain costs O(n) for
+all of its nodes together — and commutative
 operands are sorted by digest, so ``a+b``, ``b+a`` and ``(a+b)+c`` / ``a+(c+b)`` agree while
 ``a-b`` / ``b-a`` and ``a@b`` / ``b@a`` do not. Everything hashed is encoded explicitly (never
 Python's ``hash()``), so digests are stable across processes and machines.
@@ -76,6 +78,7 @@ def digests(outputs, *, named: bool = True,
     """
     stop = placeholders or {}
     out: dict[Node, bytes] = {}
+    chain_sum: dict[Node, int] = {}  # AC chains: sum of term digests mod 2**128 (a multiset hash)
     for node in _walk(_as_list(outputs), stop):
         if node in stop:
             parts = [b"arg", str(stop[node]).encode()]
@@ -87,7 +90,10 @@ def digests(outputs, *, named: bool = True,
         else:
             name = node.op.name
             if name in ASSOCIATIVE_COMMUTATIVE:
-                children = sorted(out[t] for t in chain_terms(node, stop))
+                total = sum(chain_sum[c] if c in chain_sum and _joins_chain(c, node, stop)
+                            else int.from_bytes(out[c], "little") for c in node.inputs)
+                chain_sum[node] = total % _MODULUS
+                children = [chain_sum[node].to_bytes(DIGEST_SIZE, "little")]
             elif name in COMMUTATIVE:
                 children = sorted(out[c] for c in node.inputs)
             else:
@@ -98,6 +104,14 @@ def digests(outputs, *, named: bool = True,
         parts += [b"|", encode(node.shape), encode(node.dtype)]
         out[node] = hashlib.blake2b(b"\x00".join(parts), digest_size=DIGEST_SIZE).digest()
     return out
+
+
+_MODULUS = 1 << (8 * DIGEST_SIZE)
+
+
+def _joins_chain(child: Node, parent: Node, stop) -> bool:
+    """The rule of algebra.chain_terms: same op, same dtype, not a region boundary."""
+    return child.op.name == parent.op.name and child.dtype == parent.dtype and child not in stop
 
 
 def canonical_hash(outputs) -> str:
@@ -123,11 +137,14 @@ def canonicalize(outputs):
     single = isinstance(outputs, Node)
     outs = _as_list(outputs)
     table = digests(outs, named=True)
+    interior = _interior_chain_nodes(outs)
     mapped: dict[Node, Node] = {}
     for node in _walk(outs, {}):
         name = node.op.name
         if node.op.is_leaf:
             mapped[node] = node
+        elif node in interior:
+            continue  # flattened into the chain above it; never referenced on its own
         elif name in ASSOCIATIVE_COMMUTATIVE:
             terms = sorted(chain_terms(node), key=table.__getitem__)
             acc = mapped[terms[0]]
@@ -142,6 +159,19 @@ def canonicalize(outputs):
             mapped[node] = node if new == node.inputs else Node.make(node.op, new, node.attrs,
                                                                       node.name)
     return mapped[outs[0]] if single else [mapped[o] for o in outs]
+
+
+def _interior_chain_nodes(outs: list[Node]) -> set[Node]:
+    """AC nodes used only inside a longer chain of their own op: only chain roots are rebuilt,
+    so canonicalising an n-term chain costs O(n), not O(n**2)."""
+    users: dict[Node, list[Node]] = {}
+    for n in _walk(outs, {}):
+        for i in n.inputs:
+            users.setdefault(i, []).append(n)
+    roots = set(outs)
+    return {n for n, us in users.items()
+            if n.op.name in ASSOCIATIVE_COMMUTATIVE and n not in roots
+            and all(_joins_chain(n, u, ()) for u in us)}
 
 
 def hashes_equal(a, b, *, named: bool = True) -> bool:
