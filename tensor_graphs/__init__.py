@@ -42,6 +42,7 @@ from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
     canonicalize,
     structural_hash,
 )
+from tensor_graphs.rewrite.simplify import simplify  # noqa: E402,F401
 
 __version__ = "0.1.0"
 __all__ = [
@@ -49,5 +50,5 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "TensorGraphsError", "ArgumentError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "StateError", "EvaluationError", "SerializationError", "save", "load",
-    "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
+    "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash", "simplify",
 ]

@@ -28,6 +28,7 @@ from tensor_graphs.ir.node import ConstValue, Node
 from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 
 DIGEST_SIZE = 16
+_SYMPY_CODES: dict = {}  # sympy expression -> encoding (== on sympy is exact: 2.0*x != 2*x)
 
 
 def encode(value) -> bytes:
@@ -41,8 +42,13 @@ def encode(value) -> bytes:
         return b"(" + b",".join(encode(v) for v in value) + b")"
     if isinstance(value, DType):
         return f"dtype:{value.name}".encode()
-    if isinstance(value, sympy.Basic):
-        return f"sym:{sympy.srepr(value)}".encode()
+    if isinstance(value, sympy.Basic):  # srepr is slow; dims repeat on every node: memoise
+        found = _SYMPY_CODES.get(value)
+        if found is None:
+            if len(_SYMPY_CODES) > 4096:
+                _SYMPY_CODES.clear()
+            found = _SYMPY_CODES[value] = f"sym:{sympy.srepr(value)}".encode()
+        return found
     if isinstance(value, ConstValue):
         arr = value.array
         if arr.dtype.kind == "f" and np.isnan(arr).any():
@@ -138,15 +144,19 @@ def canonicalize(outputs):
     outs = _as_list(outputs)
     table = digests(outs, named=True)
     interior = _interior_chain_nodes(outs)
+    order = _walk(outs, {})
+    # a chain stops at a shared chain node (a root of its own): flattening through it would
+    # rebuild its sum inside every user, e.g. the residual stream once per layer (O(L**2))
+    roots = {n for n in order if n.op.name in ASSOCIATIVE_COMMUTATIVE and n not in interior}
     mapped: dict[Node, Node] = {}
-    for node in _walk(outs, {}):
+    for node in order:
         name = node.op.name
         if node.op.is_leaf:
             mapped[node] = node
         elif node in interior:
             continue  # flattened into the chain above it; never referenced on its own
         elif name in ASSOCIATIVE_COMMUTATIVE:
-            terms = sorted(chain_terms(node), key=table.__getitem__)
+            terms = sorted(chain_terms(node, roots), key=table.__getitem__)
             acc = mapped[terms[0]]
             for t in terms[1:]:
                 acc = Node.make(node.op, (acc, mapped[t]), node.attrs)
@@ -171,7 +181,7 @@ def _interior_chain_nodes(outs: list[Node]) -> set[Node]:
     roots = set(outs)
     return {n for n, us in users.items()
             if n.op.name in ASSOCIATIVE_COMMUTATIVE and n not in roots
-            and all(_joins_chain(n, u, ()) for u in us)}
+            and len(set(us)) == 1 and _joins_chain(n, us[0], ())}  # shared: a root (no copies)
 
 
 def hashes_equal(a, b, *, named: bool = True) -> bool:

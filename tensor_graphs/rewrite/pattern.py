@@ -23,6 +23,7 @@ rewrite keeps them (``x*y + z`` matches ``a + p*q + b`` as x=p, y=q, z=a or z=b)
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -174,18 +175,34 @@ def match(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
 def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
                  partial: bool = True) -> Iterator[Match]:
     """Every match rooted at ``node`` (commutative alternatives included)."""
-    if (partial and isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
-            and node.op.name == pattern.op and _attrs_ok(pattern, node)):
-        pterms = _pattern_terms(pattern)
-        terms = chain_terms(node)
-        if len(pterms) < len(terms):
-            for b, used in _match_terms(pterms, terms, {}, uses, exact=False):
-                bound = dict(b)
-                if pattern.name is not None:
-                    bound[pattern.name] = node
+    if (isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
+            and node.op.name == pattern.op):
+        if not _attrs_ok(pattern, node):
+            return
+        pterms, terms = _pattern_terms(pattern), _root_chain_terms(node)
+        exact = len(pterms) == len(terms)
+        if exact or partial:
+            b = {} if pattern.name is None else {pattern.name: node}
+            for bound, used in _match_terms(pterms, terms, b, uses, exact=exact):
                 yield Match(bound, tuple(t for k, t in enumerate(terms) if k not in used))
+        return
     for b in _match(pattern, node, {}, uses):
         yield Match(b)
+
+
+_last_chain: tuple | None = None
+
+
+def _root_chain_terms(node: Node) -> tuple[Node, ...]:
+    """chain_terms(node), remembered for the last node asked: a table tries several rules on
+    one node in a row, and a long chain (a residual stream) costs O(length) to flatten."""
+    global _last_chain
+    last = _last_chain
+    if last is not None and last[0] is node:
+        return last[1]
+    terms = tuple(chain_terms(node))
+    _last_chain = (node, terms)
+    return terms
 
 
 def _attrs_ok(p: OpPat, node: Node) -> bool:
@@ -202,6 +219,12 @@ def _attrs_ok(p: OpPat, node: Node) -> bool:
 
 
 def _pattern_terms(p: OpPat) -> list[Pat]:
+    """The terms of an associative-commutative pattern, most specific first (constants and
+    ops, then guarded variables, then bare variables): matching tries a chain's terms for each
+    pattern term in turn, so putting the selective ones first keeps a miss at O(terms)."""
+    found = _terms_cache.get(p)
+    if found is not None:
+        return found
     terms, stack = [], [p]
     while stack:
         q = stack.pop()
@@ -210,13 +233,25 @@ def _pattern_terms(p: OpPat) -> list[Pat]:
             stack.extend(reversed(q.inputs))
         else:
             terms.append(q)
+    terms.sort(key=_specificity)
+    _terms_cache[p] = terms
     return terms
+
+
+def _specificity(p: Pat) -> int:
+    if not isinstance(p, Var):
+        return 0
+    guarded = (p.dtype, p.rank, p.shape, p.const, p.where) != (None,) * 5 or p.single_use
+    return 1 if guarded else 2
+
+
+_terms_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
     if isinstance(p, Var):
         if p.name in b:
-            if b[p.name] is n:
+            if b[p.name] is n and p.accepts(n, uses):  # each occurrence's guards hold
                 yield b
         elif p.accepts(n, uses):
             yield {**b, p.name: n}
