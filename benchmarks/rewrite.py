@@ -1,4 +1,6 @@
-"""Rewrite benchmarks on a 12-layer GPT-2-style graph (GPT-2 small's sizes), as a table.
+"""Rewrite benchmarks, as a table: canonicalize + simplify and repeated-block discovery on a
+12-layer GPT-2-style graph (GPT-2 small's sizes), and equivalents per second on a 50-node
+expression.
 
     python benchmarks/rewrite.py [--repeats N]
 
@@ -62,8 +64,44 @@ def bench_repeated_blocks(repeats: int) -> list[Row]:
     return rows
 
 
+def bench_canonicalize_simplify(repeats: int) -> list[Row]:
+    """tg.canonicalize then tg.simplify: target < 0.5 s."""
+    rows = []
+    for name, graph in gpt2_graphs().items():
+        seconds, out = median_time(lambda g=graph: tg.simplify(tg.canonicalize(g)), repeats)
+        rows.append(Row("canonicalize+simplify", name, len(tg.nodes(graph)), seconds, 0.5,
+                        f"{len(tg.nodes(out))} nodes after"))
+    return rows
+
+
+def fifty_node_expression():
+    """An expression of about 50 nodes on which every equivalence rule applies somewhere."""
+    x = tg.input("x", (16, 64))
+    w = [tg.weight(f"w{i}", s) for i, s in enumerate([(64, 64), (64, 8), (8, 64), (64, 16)])]
+    h = x
+    for m in w:
+        h = h @ m  # a left-deep chain of four matmuls: reassociation matters here
+    a, b, c, d, e = (tg.input(n, (16, 16)) for n in "abcde")
+    s = a * (b + c) + tg.exp(a) * tg.exp(d) + b * c * e + a * b * d + c + e
+    t = tg.transpose(h @ tg.weight("wt", (16, 16)))
+    return (s * h + t + tg.maximum(tg.maximum(a, b), tg.maximum(c, d))
+            + tg.exp(h + e) * (d + e * b) + a * c + b * tg.exp(c) * d).sum(axis=-1)
+
+
+def bench_equivalents(repeats: int, limit: int = 300) -> list[Row]:
+    """tg.rewrite.equivalents breadth-first over all rules: equivalents per second."""
+    y = fifty_node_expression()
+    seconds, count = median_time(
+        lambda: sum(1 for _ in tg.rewrite.equivalents(y, limit=limit, time_limit=30.0)),
+        min(repeats, 3))
+    return [Row("equivalents", "50-node expression", len(tg.nodes(y)), seconds, None,
+                f"{count} equivalents: {count / seconds:.0f} per second")]
+
+
 BENCHMARKS: list[Callable[[int], list[Row]]] = [
+    bench_canonicalize_simplify,
     bench_repeated_blocks,
+    bench_equivalents,
 ]
 
 

@@ -292,6 +292,10 @@ def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses,
     """Injective assignments of pattern terms to chain terms (bijective when ``exact``)."""
     if exact and len(pterms) != len(terms) or len(pterms) > len(terms):
         return
+    dtype = terms[0].dtype  # a chain's terms share its dtype: a dtype guard decides for all
+    if any(isinstance(p, Var) and p.dtype is not None and not _dtype_ok(p.dtype, dtype)
+           for p in pterms):
+        return
     seen_results: set = set()
 
     def go(k: int, b: dict, used: frozenset[int]):

@@ -180,7 +180,8 @@ def as_constant(value: np.ndarray, dtype: DType) -> Node:
     """A constant node of ``dtype`` holding ``value`` exactly (narrow storage when it fits)."""
     value = np.asarray(value)
     if dtype.is_float and dtype != dtypes.float64:
-        narrow = value.astype(dtype.np_dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            narrow = value.astype(dtype.np_dtype)
         if np.array_equal(narrow.astype(np.float64), value, equal_nan=True):
             value = narrow
     return builder.constant(value, dtype)
@@ -196,6 +197,8 @@ def fold(x: Node) -> Node | None:
 
 
 # ---------------------------------------------------------------------------- rule tables
+# A rule whose replacement is ``x`` itself (reshape(x) -> x) relies on Rule.rewrite, which
+# declines any replacement of another shape or dtype: it fires only where it is an identity.
 x, y, c = pat.var("x"), pat.var("y"), pat.var("c")
 ix = pat.var("x", dtype="int")
 ibx = pat.var("x", dtype=("int", "bool"))
@@ -250,8 +253,9 @@ pm_algebra = pat.RuleTable("algebra", [
     pat.rule(pat.neg(pat.neg(x)), lambda x: x),
     # maximum(x, x) -> x
     pat.rule(pat.maximum(x, x), lambda x: x),
-    # x | x -> x and x & x -> x on bool (add and mul of bools)
+    # x | x -> x on bool (add of bools)
     pat.rule(bx + bx, lambda x: x),
+    # x & x -> x on bool (mul of bools)
     pat.rule(bx * bx, lambda x: x),
     # pow(x, 1) -> x
     pat.rule(pat.pow(x, one), lambda x, one: x),
