@@ -7,6 +7,7 @@ Every function returns a hash-consed Node; promotion shows up as explicit cast n
 from __future__ import annotations
 
 import builtins
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,41 +153,64 @@ def promote(*values: TensorLike, op: str = "op") -> list[Node]:
 
 
 # ---------------------------------------------------------------------------- elementwise
+def pattern_aware(op: str):
+    """Called with a pattern (``tg.pat`` object), the builder builds the pattern ``op(...)``
+    instead of a node: that is how ``@tg.kernel(lambda a, b: tg.exp(a) * b)`` traces the
+    reference graph it implements."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if builtins.any(getattr(a, "is_pattern", False) for a in (*args, *kwargs.values())):
+                from tensor_graphs.rewrite.pattern import op as pattern_op
+
+                return pattern_op(op, *args, **kwargs)
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
 def _float_input(x: TensorLike) -> Node:
     x = as_node(x)
     return x if x.dtype.is_float else cast(x, dtypes.float32)
 
 
+@pattern_aware("neg")
 def neg(x: TensorLike) -> Node:
     """-x."""
     return _make("neg", (as_node(x),))
 
 
+@pattern_aware("exp")
 def exp(x: TensorLike) -> Node:
     """e**x (ints are promoted to float32)."""
     return _make("exp", (_float_input(x),))
 
 
+@pattern_aware("log")
 def log(x: TensorLike) -> Node:
     """Natural logarithm."""
     return _make("log", (_float_input(x),))
 
 
+@pattern_aware("sqrt")
 def sqrt(x: TensorLike) -> Node:
     """Square root."""
     return _make("sqrt", (_float_input(x),))
 
 
+@pattern_aware("reciprocal")
 def reciprocal(x: TensorLike) -> Node:
     """1/x."""
     return _make("reciprocal", (_float_input(x),))
 
 
+@pattern_aware("sin")
 def sin(x: TensorLike) -> Node:
     """Sine."""
     return _make("sin", (_float_input(x),))
 
 
+@pattern_aware("erf")
 def erf(x: TensorLike) -> Node:
     """The error function."""
     return _make("erf", (_float_input(x),))
@@ -197,7 +221,7 @@ def _binary(op: str):
         return _make(op, promote(a, b, op=op))
     fn.__name__ = fn.__qualname__ = op
     fn.__doc__ = OPS[op].doc
-    return fn
+    return pattern_aware(op)(fn)
 
 
 add = _binary("add")
@@ -207,12 +231,14 @@ equal = _binary("equal")
 less = _binary("less")
 
 
+@pattern_aware("pow")
 def pow(a: TensorLike, b: TensorLike) -> Node:  # noqa: A001 - the public name
     """a ** b; an int tensor to a float power becomes float."""
     a, b = promote(a, b, op="pow")
     return _make("pow", (a, b))
 
 
+@pattern_aware("where")
 def where(cond: TensorLike, a: TensorLike, b: TensorLike) -> Node:
     """cond ? a : b elementwise; cond must be bool."""
     cond = as_node(cond)
@@ -522,6 +548,7 @@ def gather(x: TensorLike, indices: TensorLike, axis: int = 0) -> Node:
     return _make("gather", (x, indices), axis=normalize_axis(axis, x.ndim, "gather"))
 
 
+@pattern_aware("matmul")
 def matmul(a: TensorLike, b: TensorLike) -> Node:
     """Matrix product with numpy's batching and broadcasting."""
     return _make("matmul", promote(a, b, op="matmul"))

@@ -47,6 +47,8 @@ def composite(example: Callable[[], tuple | dict], name: str | None = None):
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             values = bound.arguments
+            if any(getattr(v, "is_pattern", False) for v in values.values()):
+                return _pattern(op, values, set(kwargs))
             tensors = [values[p] for p in op.params]
             like = next((t.dtype for t in tensors if isinstance(t, Node)), None)
             nodes = [None if t is None else as_node(t, like) for t in tensors]
@@ -75,6 +77,21 @@ def composite(example: Callable[[], tuple | dict], name: str | None = None):
         return build
 
     return decorate
+
+
+def _pattern(op: Op, values: dict, explicit: set[str]):
+    """The pattern ``op(...)`` (tracing a kernel's reference graph). Attributes constrain the
+    match — defaults too, so ``tg.gelu(x)`` means the erf form — except float parameters left
+    at their default (eps, alpha...): those are the kernel's to read from the matched node.
+    Absent optional tensors must be absent."""
+    from tensor_graphs.rewrite.pattern import OpPat, as_pat
+
+    given = tuple(p for p in op.params if values[p] is not None)
+    attrs = {k: values[k] for k, default in op.attr_defaults.items()
+             if k in explicit or not isinstance(default, float)}
+    if op.optional and given != op.params:
+        attrs["args"] = given
+    return OpPat(op.name, tuple(as_pat(values[p]) for p in given), attrs)
 
 
 def _normalize_axis_attr(axis, rank: int, op: str):

@@ -23,6 +23,7 @@ rewrite keeps them (``x*y + z`` matches ``a + p*q + b`` as x=p, y=q, z=a or z=b)
 
 from __future__ import annotations
 
+import builtins
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class RewriteError(TensorGraphsError):
 
 class Pat:
     """Base of pattern nodes; operators build OpPats."""
+
+    is_pattern = True  # tg.* builders given a pattern build a pattern (see builder.pattern_aware)
 
     def __add__(self, o): return OpPat("add", (self, as_pat(o)))  # noqa: E704
     def __radd__(self, o): return OpPat("add", (as_pat(o), self))  # noqa: E704
@@ -210,6 +213,9 @@ def _attrs_ok(p: OpPat, node: Node) -> bool:
         if key not in node.attrs:
             return False
         got = node.attrs[key]
+        if key == "axis" and isinstance(want, int) and not isinstance(want, bool) and want < 0 \
+                and node.inputs:
+            want = want % builtins.max(node.inputs[0].ndim, 1)  # stored non-negative on nodes
         if callable(want) and not isinstance(want, dtypes.DType):
             if not want(got):
                 return False
