@@ -6,13 +6,17 @@
     tg.evaluate(y, {"x": X, "w": W}, dtype="float64")
 """
 
-from tensor_graphs import rewrite  # noqa: E402,F401  (tg.rewrite.apply, ...)
+from tensor_graphs import kernels, rewrite  # noqa: E402,F401  (tg.rewrite.apply, ...)
+from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
     ArgumentError,
     DecompositionError,
+    DeviceError,
     DTypeError,
     EvaluationError,
     FeedError,
+    KernelConstraintError,
+    KernelVerificationError,
     SerializationError,
     ShapeError,
     StateError,
@@ -36,6 +40,7 @@ from tensor_graphs.ir.evaluate import evaluate  # noqa: F401
 from tensor_graphs.ir.graph import decompose, format_graph, nodes  # noqa: F401
 from tensor_graphs.ir.node import Node, Op  # noqa: F401
 from tensor_graphs.ir.serialize import load, save  # noqa: F401
+from tensor_graphs.kernels.registry import kernel  # noqa: E402,F401
 from tensor_graphs.rewrite import pattern as pat  # noqa: E402,F401  (tg.pat.var, ...)
 from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
     canonical_hash,
@@ -48,7 +53,9 @@ __version__ = "0.1.0"
 __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+    "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
+    "simplify", "kernels", "kernel", "Device",
     "TensorGraphsError", "ArgumentError", "ShapeError", "DTypeError", "FeedError",
-    "DecompositionError", "StateError", "EvaluationError", "SerializationError", "save", "load",
-    "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash", "simplify",
+    "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
+    "StateError", "EvaluationError", "SerializationError",
 ]

@@ -39,3 +39,15 @@ class EvaluationError(TensorGraphsError):
 
 class SerializationError(TensorGraphsError):
     """A graph file that is not a tensor_graphs file, or of an unknown version."""
+
+
+class KernelConstraintError(TensorGraphsError, ValueError):
+    """A kernel called with inputs outside its constraints (dtype, rank, layout, shape)."""
+
+
+class KernelVerificationError(TensorGraphsError):
+    """A kernel whose outputs disagree with the float64 reference beyond its tolerance."""
+
+
+class DeviceError(TensorGraphsError, ValueError):
+    """An unknown or unavailable device."""
