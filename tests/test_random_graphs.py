@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensor_graphs as tg
+from tensor_graphs.numerics import relative_error as _rel_err
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -141,9 +142,6 @@ def _apply_step(data, pool):
     return x[i], a[i]
 
 
-def _rel_err(got, ref):
-    num, den = np.linalg.norm(np.ravel(got - ref)), np.linalg.norm(np.ravel(ref))
-    return 0.0 if num == 0 else num / max(den, 1e-300)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

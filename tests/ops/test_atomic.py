@@ -22,6 +22,7 @@ import sympy
 import tensor_graphs as tg
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS
+from tensor_graphs.numerics import relative_error as rel_err
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # nan/inf inputs on purpose
@@ -72,10 +73,6 @@ def sample(dtype: str, shape, rng, specials: str = "all", low: int = -100, high:
 
 
 # ------------------------------------------------------------------------------ checks
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    num, den = np.linalg.norm((got - ref).ravel()), np.linalg.norm(ref.ravel())
-    return 0.0 if num == 0 else (num / den if den else math.inf)
 
 
 def check_close(got, ref, tol: float, what: str = "") -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tensor_graphs as tg
+from tensor_graphs.numerics import relative_error as rel_err
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -15,11 +16,6 @@ F = torch.nn.functional
 REDUCTIONS = ["none", "mean", "sum"]
 
 
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    denom = np.linalg.norm(ref)
-    return float(np.linalg.norm(got - ref) / (denom if denom else 1.0))
 
 
 def t(a):

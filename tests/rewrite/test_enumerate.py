@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensor_graphs as tg
+from tensor_graphs.numerics import relative_error as rel_error
 from tensor_graphs.rewrite import enumerate as en
 
 RULES = {r.name: r for r in en.pm_equivalents}
@@ -27,11 +28,6 @@ def feeds_for(outputs, seed=0, low=0.1, high=0.6):
             if n.op.name == "input"}
 
 
-def rel_error(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape
-    scale = np.linalg.norm(ref)
-    return np.linalg.norm(got - ref) / (scale if scale else 1.0)
 
 
 def assert_same_values(x, y, seed=0, tol=1e-9):
