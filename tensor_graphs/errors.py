@@ -45,6 +45,15 @@ class KernelConstraintError(TensorGraphsError, ValueError):
     """A kernel called with inputs outside its constraints (dtype, rank, layout, shape)."""
 
 
+class CCompileError(TensorGraphsError, RuntimeError):
+    """The C compiler failed on a kernel's source; the message carries the compiler's output."""
+
+    def __init__(self, message: str, output: str = "", command: tuple = ()):
+        super().__init__(message)
+        self.output = output
+        self.command = tuple(command)
+
+
 class KernelVerificationError(TensorGraphsError):
     """A kernel whose outputs disagree with the float64 reference beyond its tolerance."""
 

@@ -4,6 +4,13 @@
 against the float64 reference; ``tg.kernels.load`` admits a file of kernels after verifying it.
 """
 
+# Backends register their kernels on import; the C backend compiles nothing until first use.
+from tensor_graphs.kernels import numpy  # noqa: F401  (first: the fallback)
+from tensor_graphs.kernels import c  # noqa: F401
+# torch is optional: without it tensor_graphs.kernels.torch registers nothing (and it never
+# imports torch itself until a torch kernel runs); copy registers the copy_to kernels.
+from tensor_graphs.kernels import torch  # noqa: F401
+from tensor_graphs.kernels import copy  # noqa: F401
 from tensor_graphs.kernels.registry import (  # noqa: F401
     Kernel,
     all,

@@ -28,6 +28,7 @@ only after verification, and the planner verifies a kernel before its first use.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import inspect
 from collections.abc import Callable, Iterable, Sequence
@@ -64,6 +65,7 @@ class Kernel:
     view: bool = False
     doc: str = ""
     source_hash: str = field(default="", compare=False)
+    signatures: object = None  # verification cases for fused patterns (see kernels.verify)
 
     @property
     def op(self) -> str | None:
@@ -89,7 +91,7 @@ class Kernel:
             if self.ranks is not None and len(shape) not in self.ranks:
                 return (f"input '{name}' has rank {len(shape)} (shape {tuple(shape)}); accepts "
                         f"rank {' or '.join(map(str, self.ranks))}")
-        if self.contiguous and contiguous is not None and not all(contiguous):
+        if self.contiguous and contiguous is not None and not builtins.all(contiguous):
             bad = [n for n, c in zip(self.inputs, contiguous) if not c]
             return f"input(s) {bad} are not C-contiguous; this kernel needs contiguous inputs"
         if self.where is not None:
@@ -133,7 +135,13 @@ _KERNELS: dict[str, Kernel] = {}
 _BY_OP: dict[str | None, list[Kernel]] = {}
 
 
+_PENDING: list | None = None  # set by kernels.load: collect kernels instead of registering
+
+
 def register(k: Kernel, replace: bool = False) -> Kernel:
+    if _PENDING is not None:  # tg.kernels.load registers them only after verification
+        _PENDING.append((k, replace))
+        return k
     if k.name in _KERNELS and not replace:
         raise ArgumentError(f"a kernel named '{k.name}' is already registered "
                             f"({_KERNELS[k.name].backend}); pick another name")
@@ -183,7 +191,8 @@ def matching(node: Node, uses=None, backends: Iterable[str] | None = None
 def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu",
            dtypes: Iterable | None = None, ranks: Iterable[int] | None = None,
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,
-           inplace: int | None = None, view: bool = False, replace: bool = False):
+           inplace: int | None = None, view: bool = False, replace: bool = False,
+           signatures=None):
     """Register the decorated function as a kernel for ``pattern`` (see the module docstring)."""
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}; use one of {BACKENDS}")
@@ -207,7 +216,7 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
             ranks=None if ranks is None else tuple(ranks), contiguous=contiguous, where=where,
             tolerance=float(tolerance), inplace=inplace, view=view,
             doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
-            source_hash=source_hash(fn))
+            source_hash=source_hash(fn), signatures=signatures)
         return register(k, replace=replace)
 
     return decorate
@@ -255,14 +264,21 @@ def pattern_vars(p: pat.Pat) -> list[pat.Var]:
     return out
 
 
-def describe(p: pat.Pat) -> str:
-    """A pattern as readable text: ``add(mul(a, b), c)``."""
+def describe(p: pat.Pat, _seen: set | None = None) -> str:
+    """A pattern as readable text: ``add(mul(a, b), c)``. A named (shared) sub-pattern is
+    written in full once, as ``name:op(...)``, and by its name after that."""
+    seen = set() if _seen is None else _seen
     if isinstance(p, pat.Var):
         return p.name
     if isinstance(p, pat.Const):
         return repr(p.value)
-    args = [describe(i) for i in p.inputs]
+    if p.name is not None and p.name in seen:
+        return p.name
+    args = [describe(i, seen) for i in p.inputs]
     args += [f"{k}={v!r}" for k, v in p.attrs.items()]
+    if p.name is not None:
+        seen.add(p.name)
+        return f"{p.name}:{p.op}({', '.join(args)})"
     return f"{p.op}({', '.join(args)})"
 
 

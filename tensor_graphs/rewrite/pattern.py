@@ -269,7 +269,9 @@ def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
     if n.op.name != p.op or not _attrs_ok(p, n):
         return
     if p.name is not None:
-        if p.name in b and b[p.name] is not n:
+        if p.name in b:  # a shared sub-pattern, matched in full where it was bound
+            if b[p.name] is n:
+                yield b
             return
         b = {**b, p.name: n}
     if p.op in ASSOCIATIVE_COMMUTATIVE:

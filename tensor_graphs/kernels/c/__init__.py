@@ -1,0 +1,22 @@
+"""The C backend: kernels written in C, compiled with the system compiler on first use.
+
+``build.py`` compiles and caches libraries (``load_library``; also used by the generated-C
+code generator); ``lib.py`` loads this folder's own ``*.c`` files lazily; ``unary.py``,
+``norms.py``, ``matmul.py`` and ``attention.py`` register the kernels (``c_<what>``).
+Importing registers them and compiles nothing: a missing or failing compiler shows up as
+``available() is False`` and as a failed ``where`` constraint on every C kernel, so the
+planner uses other backends.
+"""
+
+from tensor_graphs.errors import CCompileError  # noqa: F401
+from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
+    attention,
+    matmul,
+    norms,
+    unary,
+)
+from tensor_graphs.kernels.c.build import (  # noqa: F401
+    available,
+    load_library,
+    unavailable_reason,
+)

@@ -1,0 +1,119 @@
+"""C scaled dot-product attention (float32): plain and tiled flash-style, causal, GQA, mask.
+
+Inputs are (batch, heads, seq, dim) or (heads, seq, dim), C-contiguous; k/v may have fewer
+heads than q (grouped-query attention); the additive float mask broadcasts to
+(batch, heads, Sq, Sk) and is read through strides (never expanded). Eight kernels cover
+{plain, flash} x {no mask, mask} x {not causal, causal}; ``scale`` must be the default
+1/sqrt(dim) (the pattern says so). ``c_flash_attention*`` never holds more than 64 x 64 scores
+per thread, for long sequences; the plain one keeps 4 x Sk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from tensor_graphs.errors import TensorGraphsError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.lib import F32, I32, I64, P, ptr
+from tensor_graphs.kernels.c.unary import where_ok
+from tensor_graphs.kernels.registry import kernel
+
+LIB = "attention"
+SOURCE = lib.source(LIB)
+FLASH_BLOCK = 64
+
+
+def _fits(has_mask: bool):
+    def fits(shapes, dtypes, attrs):
+        q, k, v = (tuple(s) for s in shapes[:3])
+        if len(q) not in (3, 4) or len(k) != len(q) or len(v) != len(q):
+            return f"q, k, v must all be rank 3 or all rank 4, got {q}, {k}, {v}"
+        if not (q[:-3] == k[:-3] == v[:-3]):
+            return f"q, k, v need equal batch dims (no broadcasting), got {q}, {k}, {v}"
+        hq, sq, d = q[-3:]
+        hkv, sk, dk = k[-3:]
+        if v[-3] != hkv or v[-2] != sk:
+            return f"k and v need the same heads and sequence length, got {k}, {v}"
+        if dk != d:
+            return f"q and k need the same head dim, got {q}, {k}"
+        if hkv == 0 or hq % hkv:
+            return f"q heads ({hq}) must be a multiple of k/v heads ({hkv})"
+        if sk == 0 or d == 0:
+            return "needs at least one key and a non-empty head dim"
+        if has_mask:
+            m = tuple(shapes[3])
+            full = q[:-1] + (sk,)
+            try:
+                ok = len(m) <= len(full) and np.broadcast_shapes(m, full) == full
+            except ValueError:
+                ok = False
+            if not ok:
+                return f"attn_mask {m} must broadcast to the scores' shape {full}"
+        return True
+
+    return where_ok(LIB, fits)
+
+
+def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK):
+    rank3 = q.ndim == 3
+    q4, k4, v4 = (x[None] if rank3 else x for x in (q, k, v))
+    b, hq, sq, d = q4.shape
+    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    out = np.empty((b, hq, sq, dv), dtype=np.float32)
+    strides = (ctypes.c_int64 * 4)(0, 0, 0, 0)
+    mask_ptr = None
+    if mask is not None:
+        full = np.broadcast_to(mask, q.shape[:-1] + (sk,))
+        if rank3:
+            full = full[None]
+        strides = (ctypes.c_int64 * 4)(*(s // full.itemsize for s in full.strides))
+        mask_ptr = ptr(full)
+    scale = 1.0 / math.sqrt(d)
+    args = [ptr(q4), ptr(k4), ptr(v4), mask_ptr, strides, ptr(out),
+            b, hq, hkv, sq, sk, d, dv, scale, int(causal)]
+    types = [P, P, P, P, ctypes.POINTER(ctypes.c_int64), P, I64, I64, I64, I64, I64, I64, I64,
+             F32, I32]
+    if flash:
+        fn = lib.func(LIB, "tg_flash_attention_f32", *types, I64)
+        args.append(block)
+    else:
+        fn = lib.func(LIB, "tg_attention_f32", *types)
+    fn.restype = ctypes.c_int
+    if fn(*args) != 0:
+        raise TensorGraphsError("C attention: out of memory for its K/V copies")
+    return out[0] if rank3 else out
+
+
+def _register(flash: bool, has_mask: bool, causal: bool):
+    name = "c_" + ("flash_" if flash else "") + "attention" + ("_mask" if has_mask else "") + \
+        ("_causal" if causal else "")
+    if has_mask:
+        def pattern(q, k, v, attn_mask):
+            return tg.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=causal)
+
+        def run(q, k, v, attn_mask):
+            return attention(q, k, v, attn_mask, causal, flash)
+    else:
+        def pattern(q, k, v):
+            return tg.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def run(q, k, v):
+            return attention(q, k, v, None, causal, flash)
+
+    run.__doc__ = (("tiled flash-style (online softmax, 64 x 64 blocks)" if flash else
+                    "plain (4 query rows x all keys)") + " attention" +
+                   (", additive mask" if has_mask else "") + (", causal" if causal else "") +
+                   ", GQA")
+    run.source_text = SOURCE + f"\n/* {name} */"
+    kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
+           where=_fits(has_mask), tolerance=1e-5)(run)
+
+
+for _flash in (False, True):
+    for _mask in (False, True):
+        for _causal in (False, True):
+            _register(_flash, _mask, _causal)

@@ -1,0 +1,74 @@
+/* Matrix products through OpenBLAS (scipy-openblas32: symbols prefixed scipy_), with a fused
+ * epilogue: C = act(A @ op(B) + bias), row-major. op(B) = B (K, N) or B^T for B (N, K) (torch's
+ * linear weight). batch > 1 repeats with element strides sa, sb, sc (sb = 0: a shared B). */
+#include "tg_common.h"
+#include <cblas.h>
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3 };
+
+#define TG_EPILOGUE(NAME, T, RELU, GELU, GELU_TANH)                                          \
+    static void NAME(T *restrict c, const T *restrict bias, int64_t m, int64_t n, int act) { \
+        int64_t rows = m;                                                                    \
+        _Pragma("omp parallel for schedule(static) num_threads(tg_nthreads) if(rows * n > TG_PAR_MIN)") \
+        for (int64_t i = 0; i < rows; i++) {                                                 \
+            T *ci = c + i * n;                                                               \
+            if (bias) {                                                                      \
+                _Pragma("omp simd")                                                          \
+                for (int64_t j = 0; j < n; j++) ci[j] += bias[j];                            \
+            }                                                                                \
+            if (act == ACT_RELU) {                                                           \
+                _Pragma("omp simd")                                                          \
+                for (int64_t j = 0; j < n; j++) ci[j] = RELU(ci[j]);                         \
+            } else if (act == ACT_GELU) {                                                    \
+                _Pragma("omp simd")                                                          \
+                for (int64_t j = 0; j < n; j++) ci[j] = GELU(ci[j]);                         \
+            } else if (act == ACT_GELU_TANH) {                                               \
+                _Pragma("omp simd")                                                          \
+                for (int64_t j = 0; j < n; j++) ci[j] = GELU_TANH(ci[j]);                    \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+static inline double tg_relu_d(double x) { return x < 0.0 ? 0.0 : x; }
+TG_EPILOGUE(epilogue_f32, float, tg_reluf, tg_gelu_erf, tg_gelu_tanh)
+TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
+
+void tg_gemm_f32(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                 int64_t m, int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc,
+                 int trans_b, int act) {
+    for (int64_t p = 0; p < batch; p++) {
+        if (m > 0 && n > 0) {
+            if (k > 0)
+                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                                  (blasint)m, (blasint)n, (blasint)k, 1.0f, a + p * sa,
+                                  (blasint)k, b + p * sb, (blasint)(trans_b ? k : n), 0.0f,
+                                  c + p * sc, (blasint)n);
+            else
+                memset(c + p * sc, 0, sizeof(float) * (size_t)(m * n));
+        }
+        if (bias || act) epilogue_f32(c + p * sc, bias, m, n, act);
+    }
+}
+
+void tg_gemm_f64(const double *a, const double *b, const double *bias, double *c, int64_t batch,
+                 int64_t m, int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc,
+                 int trans_b, int act) {
+    for (int64_t p = 0; p < batch; p++) {
+        if (m > 0 && n > 0) {
+            if (k > 0)
+                scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                                  (blasint)m, (blasint)n, (blasint)k, 1.0, a + p * sa,
+                                  (blasint)k, b + p * sb, (blasint)(trans_b ? k : n), 0.0,
+                                  c + p * sc, (blasint)n);
+            else
+                memset(c + p * sc, 0, sizeof(double) * (size_t)(m * n));
+        }
+        if (bias || act) epilogue_f64(c + p * sc, bias, m, n, act);
+    }
+}
+
+/* the BLAS alone, for the benchmark's "raw sgemm" row */
+void tg_raw_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k) {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n,
+                      (blasint)k, 1.0f, a, (blasint)k, b, (blasint)n, 0.0f, c, (blasint)n);
+}

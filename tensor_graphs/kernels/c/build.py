@@ -1,0 +1,253 @@
+"""Compile C source into a shared library, cache it on disk, load it with ctypes.
+
+``load_library(name, source, extra_flags=())`` is the one entry point the C kernels and the
+generated-C code generator use. It compiles with the system C compiler (``$CC``, else ``cc``,
+else ``gcc``) using ``-O3 -march=native -fPIC -shared`` (+ ``-fopenmp`` when the compiler has
+OpenMP). Never ``-ffast-math``: NaN and inf must propagate through every kernel.
+
+The library is cached under ``$TG_CACHE_DIR/c`` (default ``~/.cache/tensor_graphs/c``, or
+``$XDG_CACHE_HOME/tensor_graphs/c``) under a key that covers the source, the flags, the
+compiler's version and the CPU (model and feature flags, since ``-march=native`` depends on
+them). A compile writes to a temporary file in the same folder and ``os.replace``\\ s it into
+place, so concurrent processes never load a half-written library; two processes that compile
+the same source at once both succeed (the last rename wins, both files are identical).
+
+A failed compile raises ``CCompileError`` carrying the compiler's output. ``available()`` says
+whether the C backend can be used at all (a compiler that builds and loads a trivial library),
+and ``unavailable_reason()`` why not; the planner then uses other backends.
+
+Sanitizer builds: ``TG_C_SANITIZE=address`` adds ``-fsanitize=address -fno-omit-frame-pointer
+-g`` (and is part of the cache key). Loading such a library into CPython needs the ASan runtime
+preloaded — see docs/ARCHITECTURE.md, "C backend".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tensor_graphs.errors import CCompileError
+
+# -fno-math-errno and -fno-trapping-math change no result (NaN and inf still propagate; only
+# errno and FP exception flags are not kept) but let GCC vectorise selects and sqrt.
+BASE_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
+              "-fno-trapping-math")
+SANITIZERS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer", "-g")}
+
+_lock = threading.RLock()
+_loaded: dict[str, ctypes.CDLL] = {}
+_facts: dict[str, object] = {}
+# counts, for tests and diagnostics: libraries compiled, found on disk, found in this process
+stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def cache_dir() -> Path:
+    """The folder that holds compiled libraries (created on demand)."""
+    root = os.environ.get("TG_CACHE_DIR")
+    if root:
+        base = Path(root).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = (Path(xdg) if xdg else Path.home() / ".cache") / "tensor_graphs"
+    path = base / "c"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / f"tensor_graphs-{os.getuid()}" / "c"
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback
+
+
+def compiler() -> str | None:
+    """The C compiler's path, or None when there is none."""
+    for cand in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cand:
+            found = shutil.which(cand)
+            if found:
+                return found
+    return None
+
+
+def compiler_version() -> str:
+    """The compiler's ``--version`` output (part of the cache key)."""
+    with _lock:
+        cc = compiler()
+        key = f"version:{cc}"
+        if key not in _facts:
+            try:
+                out = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                     timeout=60).stdout if cc else ""
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            _facts[key] = f"{os.path.realpath(cc) if cc else None}\n{out.strip()}"
+        return _facts[key]
+
+
+def cpu_fingerprint() -> str:
+    """The CPU's model and feature flags (``-march=native`` code depends on both)."""
+    if "cpu" not in _facts:
+        text = platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                info = f.read()
+            first = info.split("\n\n")[0]
+            keep = [ln for ln in first.splitlines()
+                    if ln.split(":")[0].strip() in ("vendor_id", "cpu family", "model",
+                                                    "model name", "flags", "Features",
+                                                    "CPU implementer", "CPU part")]
+            text += "\n" + "\n".join(keep)
+        except OSError:
+            text += "\n" + platform.processor()
+        _facts["cpu"] = text
+    return _facts["cpu"]
+
+
+def sanitize_flags() -> tuple[str, ...]:
+    """Flags asked for by ``TG_C_SANITIZE`` (empty when unset)."""
+    which = os.environ.get("TG_C_SANITIZE", "").strip()
+    if not which:
+        return ()
+    flags: list[str] = []
+    for part in which.split(","):
+        part = part.strip()
+        flags.extend(SANITIZERS.get(part, (f"-fsanitize={part}",)))
+    return tuple(flags)
+
+
+def openmp_flags() -> tuple[str, ...]:
+    """``("-fopenmp",)`` when the compiler builds and links OpenMP code, else ``()``."""
+    with _lock:
+        if "openmp" not in _facts:
+            src = "#include <omp.h>\nint tg_omp_probe(void) { return omp_get_max_threads(); }\n"
+            try:
+                _compile_to(src, ("-fopenmp",), cache_dir() / "omp_probe_check.so", keep=False)
+                _facts["openmp"] = ("-fopenmp",)
+            except CCompileError:
+                _facts["openmp"] = ()
+        return _facts["openmp"]
+
+
+def flags_for(extra_flags: Sequence[str] = ()) -> tuple[str, ...]:
+    """The full flag list a library is compiled with (extra flags come after the source)."""
+    return BASE_FLAGS + openmp_flags() + sanitize_flags() + tuple(extra_flags)
+
+
+def cache_key(source: str, extra_flags: Sequence[str] = ()) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for part in (source, "\0".join(flags_for(extra_flags)), compiler_version(),
+                 cpu_fingerprint(), "v1"):
+        h.update(part.encode())
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def library_path(name: str, source: str, extra_flags: Sequence[str] = ()) -> Path:
+    """Where the library for this source and these flags is (or would be) cached."""
+    safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:60] or "lib"
+    return cache_dir() / f"{safe}-{cache_key(source, extra_flags)}.so"
+
+
+def load_library(name: str, source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """Compile ``source`` (unless cached) and load it. Raises ``CCompileError`` on failure."""
+    if compiler() is None:
+        raise CCompileError(f"cannot compile C library '{name}': no C compiler found "
+                            f"(set $CC, or install gcc)")
+    path = library_path(name, source, extra_flags)
+    key = str(path)
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is not None:
+            stats["memory_hits"] += 1
+            return lib
+        if path.exists():
+            stats["disk_hits"] += 1
+        else:
+            _compile_to(source, tuple(openmp_flags()) + sanitize_flags(), path,
+                        extra_flags=tuple(extra_flags), name=name)
+            stats["compiled"] += 1
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            hint = ""
+            if sanitize_flags():
+                hint = (" (a sanitizer build needs its runtime preloaded: "
+                        "LD_PRELOAD=$(cc -print-file-name=libasan.so))")
+            raise CCompileError(f"compiled C library '{name}' but could not load it: {e}{hint}",
+                                output=str(e)) from None
+        lib._tg_path = str(path)  # noqa: SLF001 - for diagnostics
+        _loaded[key] = lib
+        return lib
+
+
+def _compile_to(source: str, mode_flags: tuple[str, ...], dest: Path, *,
+                extra_flags: tuple[str, ...] = (), name: str = "probe", keep: bool = True) -> None:
+    cc = compiler()
+    if cc is None:
+        raise CCompileError("no C compiler found (set $CC, or install gcc)")
+    folder = dest.parent
+    fd, src_path = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".c", dir=folder)
+    tmp_out = src_path[:-2] + ".so.tmp"
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        cmd = [cc, *BASE_FLAGS, *mode_flags, src_path, "-o", tmp_out, *extra_flags, "-lm"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise CCompileError(f"could not run the C compiler for '{name}': {e}",
+                                output=str(e), command=tuple(cmd)) from None
+        if res.returncode != 0:
+            output = (res.stdout + res.stderr).strip()
+            tail = output if len(output) < 4000 else output[:1500] + "\n...\n" + output[-2500:]
+            raise CCompileError(f"C compiler failed on '{name}' (exit {res.returncode}):\n"
+                                f"{' '.join(cmd)}\n{tail}", output=output, command=tuple(cmd))
+        if keep:
+            os.replace(tmp_out, dest)  # atomic: readers see the old file or the whole new one
+    finally:
+        for p in (src_path, tmp_out):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+_PROBE = "int tg_c_probe(int x) { return x + 1; }\n"
+
+
+def available() -> bool:
+    """True when the C backend can be used: a compiler builds and loads a trivial library."""
+    return unavailable_reason() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why the C backend cannot be used, or None when it can (probed once per process)."""
+    with _lock:
+        if "reason" not in _facts:
+            try:
+                lib = load_library("tg_probe", _PROBE)
+                lib.tg_c_probe.restype = ctypes.c_int
+                lib.tg_c_probe.argtypes = [ctypes.c_int]
+                ok = lib.tg_c_probe(41) == 42
+                _facts["reason"] = None if ok else "the probe library returned a wrong value"
+            except CCompileError as e:
+                _facts["reason"] = str(e)
+            except OSError as e:
+                _facts["reason"] = f"cannot write the C library cache: {e}"
+        return _facts["reason"]
+
+
+def mark_unavailable(reason: str) -> None:
+    """Record that the C backend is unusable (e.g. its own kernels failed to build)."""
+    with _lock:
+        _facts["reason"] = reason

@@ -1,0 +1,137 @@
+"""C row kernels over the last axis (float32): softmax, layer_norm, rms_norm, rotary embedding."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.lib import F32, I64, P, ptr
+from tensor_graphs.kernels.c.unary import where_ok
+from tensor_graphs.kernels.registry import kernel
+
+LIB = "norms"
+SOURCE = lib.source(LIB)
+
+
+def _rows(x: np.ndarray) -> tuple[int, int]:
+    n = x.shape[-1] if x.ndim else 1
+    return (x.size // n if n else 0), n
+
+
+def _has_axis(shapes, dtypes, attrs):
+    if len(shapes[0]) == 0:
+        return "needs an input with at least one axis (the last axis is the row)"
+    return True
+
+
+def _params_fit(shapes, dtypes, attrs):
+    if len(shapes[0]) == 0:
+        return "needs an input with at least one axis (the normalised one)"
+    d = shapes[0][-1]
+    for s in shapes[1:]:
+        if tuple(s) != (d,):
+            return f"weight and bias must have shape ({d},) (the last axis of x), got {tuple(s)}"
+    return True
+
+
+def _src(fn):
+    fn.source_text = SOURCE
+    return fn
+
+
+@kernel(lambda x: tg.softmax(x), backend="c", name="c_softmax", dtypes=("float32",),
+        contiguous=True, where=where_ok(LIB, _has_axis), tolerance=1e-6)
+@_src
+def c_softmax(x):
+    """softmax over the last axis, one row per thread chunk."""
+    out = np.empty_like(x)
+    rows, n = _rows(x)
+    lib.func(LIB, "tg_softmax_f32", P, P, I64, I64)(ptr(x), ptr(out), rows, n)
+    return out
+
+
+def _layer_norm(x, weight=None, bias=None, eps=1e-5):
+    out = np.empty_like(x)
+    rows, n = _rows(x)
+    fn = lib.func(LIB, "tg_layer_norm_f32", P, P, P, P, I64, I64, F32)
+    fn(ptr(x), ptr(weight),
+       ptr(bias), ptr(out), rows, n, float(eps))
+    return out
+
+
+@kernel(lambda x, weight, bias: tg.layer_norm(x, weight, bias), backend="c",
+        name="c_layer_norm", dtypes=("float32",), contiguous=True,
+        where=where_ok(LIB, _params_fit), tolerance=1e-5)
+@_src
+def c_layer_norm(x, weight, bias, eps=1e-5):
+    """layer_norm over the last axis with weight and bias (two-pass mean/variance)."""
+    return _layer_norm(x, weight, bias, eps)
+
+
+@kernel(lambda x: tg.layer_norm(x), backend="c", name="c_layer_norm_plain",
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+@_src
+def c_layer_norm_plain(x, eps=1e-5):
+    """layer_norm over the last axis without weight and bias."""
+    return _layer_norm(x, None, None, eps)
+
+
+def _rms_norm(x, weight=None, eps=1e-6):
+    out = np.empty_like(x)
+    rows, n = _rows(x)
+    fn = lib.func(LIB, "tg_rms_norm_f32", P, P, P, I64, I64, F32)
+    fn(ptr(x), ptr(weight), ptr(out), rows, n,
+       float(eps))
+    return out
+
+
+@kernel(lambda x, weight: tg.rms_norm(x, weight), backend="c", name="c_rms_norm",
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+@_src
+def c_rms_norm(x, weight, eps=1e-6):
+    """rms_norm over the last axis with a weight."""
+    return _rms_norm(x, weight, eps)
+
+
+@kernel(lambda x: tg.rms_norm(x), backend="c", name="c_rms_norm_plain", dtypes=("float32",),
+        contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+@_src
+def c_rms_norm_plain(x, eps=1e-6):
+    """rms_norm over the last axis without a weight."""
+    return _rms_norm(x, None, eps)
+
+
+def _strip_ones(shape) -> tuple:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _rotary_fits(shapes, dtypes, attrs):
+    xs, cs, ss = (tuple(s) for s in shapes)
+    if len(xs) < 2 or xs[-1] % 2:
+        return f"x must be (..., seq, d) with an even d, got {xs}"
+    want = xs[-2:]
+    for name, s in (("cos", cs), ("sin", ss)):
+        stripped = _strip_ones(s)
+        if len(s) > len(xs) or stripped != want[len(want) - len(stripped):] \
+                or len(stripped) < 1 or stripped[-1] != xs[-1]:
+            return (f"{name} must be (seq, d) = {want}, optionally with leading 1s, got {s}")
+    return True
+
+
+@kernel(lambda x, cos, sin: tg.rotary_embedding(x, cos, sin), backend="c", name="c_rotary",
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _rotary_fits), tolerance=1e-6)
+@_src
+def c_rotary(x, cos, sin):
+    """Rotary embedding (HF rotate_half); cos/sin (seq, d) shared by the leading axes."""
+    seq, d = x.shape[-2], x.shape[-1]
+    c = np.ascontiguousarray(np.broadcast_to(cos.reshape(_strip_ones(cos.shape)), (seq, d)))
+    s = np.ascontiguousarray(np.broadcast_to(sin.reshape(_strip_ones(sin.shape)), (seq, d)))
+    out = np.empty_like(x)
+    outer = x.size // (seq * d) if seq * d else 0
+    fn = lib.func(LIB, "tg_rotary_f32", P, P, P, P, I64, I64, I64)
+    fn(ptr(x), ptr(c), ptr(s), ptr(out), outer, seq, d)
+    return out

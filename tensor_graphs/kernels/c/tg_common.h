@@ -1,0 +1,179 @@
+/* Shared by the C kernels (inlined into each source before compiling, so the cache key
+ * covers it): the thread count, and branch-free float32 math that GCC vectorises.
+ * No -ffast-math anywhere: every function here propagates NaN and gives the right inf/0. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <stddef.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int tg_nthreads = 1;
+void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }
+int tg_get_threads(void) { return tg_nthreads; }
+
+/* elementwise loops go parallel above this many elements */
+#define TG_PAR_MIN 32768
+#define TG_INLINE static inline __attribute__((always_inline))
+
+/* exp(x), float32, ~1 ulp; NaN -> NaN, +inf -> inf, -inf -> 0, subnormal results kept. */
+TG_INLINE float tg_expf(float x) {
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    xc = xc != xc ? 0.0f : xc;  /* NaN: compute anything defined, return x below */
+    float fn = floorf(xc * log2e + 0.5f);
+    float r = xc - fn * ln2_hi;
+    r = r - fn * ln2_lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t n = (int32_t)fn;
+    int32_t n1 = n >> 1, n2 = n - n1;  /* two steps: both halves are normal numbers */
+    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    float y = p * s1 * s2;
+    return x != x ? x : y;
+}
+
+/* tanh(x), float32, ~2 ulp: odd polynomial near 0 (no cancellation), exp form elsewhere. */
+TG_INLINE float tg_tanhf(float x) {
+    float ax = fabsf(x);
+    float z = x * x;
+    float ps = -5.70498872745e-3f;
+    ps = ps * z + 2.06390887954e-2f;
+    ps = ps * z - 5.37397155531e-2f;
+    ps = ps * z + 1.33314422036e-1f;
+    ps = ps * z - 3.33332819422e-1f;
+    float small = ps * z * x + x;
+    float e = tg_expf(-2.0f * ax);
+    float big = copysignf((1.0f - e) / (1.0f + e), x);
+    return ax < 0.625f ? small : big;
+}
+
+/* 1 / (1 + exp(-x)) without overflow: e = exp(-|x|). */
+TG_INLINE float tg_sigmoidf(float x) {
+    float e = tg_expf(-fabsf(x));
+    float p = 1.0f / (1.0f + e);
+    return x < 0.0f ? e * p : p;
+}
+
+/* erf(|z|) pieces, float32, <= 2e-7 relative: z * P(z^2) on [0, 1), and
+ * erfc(z) = exp(-z^2) * G(1/z) on [1, 4] (erf is 1.0f beyond 3.92). */
+TG_INLINE float tg_erf_small(float z) {
+    float z2 = z * z;
+    float p = 7.93335129856132e-05f;
+    p = p * z2 - 0.0008034809143282473f;
+    p = p * z2 + 0.005191214848309755f;
+    p = p * z2 - 0.02685539796948433f;
+    p = p * z2 + 0.11283625662326813f;
+    p = p * z2 - 0.3761262893676758f;
+    p = p * z2 + 1.128379225730896f;
+    return z * p;
+}
+
+TG_INLINE float tg_erfc_big(float z) { /* z >= 1 */
+    float zc = z > 4.0f ? 4.0f : z;
+    float t = 1.0f / zc;
+    float g = 0.02995467372238636f;
+    g = g * t - 0.17485463619232178f;
+    g = g * t + 0.42493295669555664f;
+    g = g * t - 0.5164400339126587f;
+    g = g * t + 0.21872596442699432f;
+    g = g * t + 0.24245591461658478f;
+    g = g * t - 0.38063472509384155f;
+    g = g * t + 0.021706419065594673f;
+    g = g * t + 0.5616064071655273f;
+    g = g * t + 0.00013063674850855023f;
+    float r = tg_expf(-z * z) * g;
+    return z > 4.0f ? 0.0f * r : r;  /* keeps NaN */
+}
+
+TG_INLINE float tg_erff(float x) {
+    float z = fabsf(x);
+    float e = z < 1.0f ? tg_erf_small(z) : 1.0f - tg_erfc_big(z);
+    return copysignf(e, x);
+}
+
+/* x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); for x < 0 the erfc form avoids cancellation. */
+TG_INLINE float tg_gelu_erf(float x) {
+    float z = fabsf(x) * 0.70710678118654752f;
+    float e_small = tg_erf_small(z);
+    float c_big = tg_erfc_big(z);  /* erfc(z), z >= 1 */
+    float one_plus = z < 1.0f ? (x < 0.0f ? 1.0f - e_small : 1.0f + e_small)
+                              : (x < 0.0f ? c_big : 2.0f - c_big);
+    return 0.5f * x * one_plus;
+}
+
+TG_INLINE float tg_gelu_tanh(float x) {
+    float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tg_tanhf(inner));
+}
+
+TG_INLINE float tg_siluf(float x) { return x * tg_sigmoidf(x); }
+
+TG_INLINE float tg_reluf(float x) { return x < 0.0f ? 0.0f : x; }  /* NaN stays NaN */
+
+/* Row reductions with 32 independent partial results (four 8-lane vectors): a single
+ * accumulator would wait on the add latency each step. Each partial is its own sum, so GCC
+ * vectorises without reassociating (no -ffast-math). */
+#define TG_LANES 32
+/* the sum of 32 partials as a tree (vector adds first, not 32 dependent scalar adds) */
+TG_INLINE float tg_fold(float *acc) {
+    for (int t = 0; t < 16; t++) acc[t] += acc[t + 16];
+    for (int t = 0; t < 8; t++) acc[t] += acc[t + 8];
+    for (int t = 0; t < 4; t++) acc[t] += acc[t + 4];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+TG_INLINE float tg_row_sum(const float *restrict x, int64_t n) {
+    float acc[TG_LANES] = {0};
+    int64_t j = 0;
+    for (; j + TG_LANES <= n; j += TG_LANES)
+        for (int t = 0; t < TG_LANES; t++) acc[t] += x[j + t];
+    float s = 0.0f;
+    for (; j < n; j++) s += x[j];
+    return s + tg_fold(acc);
+}
+TG_INLINE float tg_row_sumsq(const float *restrict x, int64_t n, float shift) {
+    float acc[TG_LANES] = {0};
+    int64_t j = 0;
+    for (; j + TG_LANES <= n; j += TG_LANES)
+        for (int t = 0; t < TG_LANES; t++) {
+            float d = x[j + t] - shift;
+            acc[t] += d * d;
+        }
+    float s = 0.0f;
+    for (; j < n; j++) s += (x[j] - shift) * (x[j] - shift);
+    return s + tg_fold(acc);
+}
+/* max ignoring NaN (a NaN row still comes out NaN through exp(x - max)) */
+TG_INLINE float tg_row_max(const float *restrict x, int64_t n) {
+    float acc[TG_LANES];
+    for (int t = 0; t < TG_LANES; t++) acc[t] = -INFINITY;
+    int64_t j = 0;
+    for (; j + TG_LANES <= n; j += TG_LANES)
+        for (int t = 0; t < TG_LANES; t++) acc[t] = x[j + t] > acc[t] ? x[j + t] : acc[t];
+    for (int w = 16; w >= 1; w /= 2)
+        for (int t = 0; t < w; t++) acc[t] = acc[t + w] > acc[t] ? acc[t + w] : acc[t];
+    float m = acc[0];
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+/* float64 versions through libm (exact enough, scalar) */
+static inline double tg_sigmoid(double x) {
+    double e = exp(-fabs(x));
+    double p = 1.0 / (1.0 + e);
+    return x < 0.0 ? e * p : p;
+}
+static inline double tg_gelu_erf_d(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752); }
+static inline double tg_gelu_tanh_d(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}

@@ -1,0 +1,99 @@
+"""C elementwise kernels: unary ops (float32 vectorised, float64 via libm), SwiGLU, fast tanh.
+
+Each takes contiguous inputs of one dtype and returns a new array of the same shape. The
+float32 math (exp, tanh, sigmoid, erf, gelu) is branch-free C in ``tg_common.h`` that GCC
+vectorises; ``c_tanh_fast`` is a Pade approximation (no exp) with a declared tolerance of 1e-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.lib import I64, P, ptr
+from tensor_graphs.kernels.registry import kernel
+
+LIB = "elementwise"
+SOURCE = lib.source(LIB)
+_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+
+
+def where_ok(lib_name: str, extra=None):
+    """A ``where`` constraint: the library builds, all inputs share a dtype, then ``extra``."""
+
+    def where(shapes, dtypes, attrs):
+        reason = lib.failure(lib_name)
+        if reason is not None:
+            return reason
+        if len(set(dtypes)) > 1:
+            return (f"inputs must share one dtype, got "
+                    f"{', '.join(sorted({d.name for d in dtypes}))}")
+        return True if extra is None else extra(shapes, dtypes, attrs)
+
+    return where
+
+
+def same_shape(shapes, dtypes, attrs):
+    if len({tuple(s) for s in shapes}) > 1:
+        return f"inputs must have one shape (no broadcasting), got {list(map(tuple, shapes))}"
+    return True
+
+
+def _unary(symbol: str):
+    def run(x):
+        out = np.empty_like(x)
+        fn = lib.func(LIB, f"tg_{symbol}_{_SUFFIX[x.dtype]}", P, P, I64)
+        fn(ptr(x), ptr(out), x.size)
+        return out
+
+    run.source_text = SOURCE
+    run.__doc__ = f"{symbol} in C (float32 vectorised, float64 through libm)."
+    return run
+
+
+# op or pattern, kernel name, C symbol
+_UNARY = [
+    ("neg", "c_neg", "neg"),
+    ("reciprocal", "c_reciprocal", "reciprocal"),
+    ("sqrt", "c_sqrt", "sqrt"),
+    ("exp", "c_exp", "exp"),
+    ("log", "c_log", "log"),
+    ("tanh", "c_tanh", "tanh"),
+    ("sigmoid", "c_sigmoid", "sigmoid"),
+    ("erf", "c_erf", "erf"),
+    ("relu", "c_relu", "relu"),
+    ("silu", "c_silu", "silu"),
+    (lambda x: tg.gelu(x), "c_gelu", "gelu"),
+    (lambda x: tg.gelu(x, approximate="tanh"), "c_gelu_tanh", "gelu_tanh"),
+]
+
+for _pattern, _name, _symbol in _UNARY:
+    kernel(_pattern, backend="c", name=_name, dtypes=("float32", "float64"), contiguous=True,
+           where=where_ok(LIB), tolerance=1e-6)(_unary(_symbol))
+
+
+def _fast_tanh(x):
+    out = np.empty_like(x)
+    lib.func(LIB, "tg_tanh_fast_f32", P, P, I64)(ptr(x), ptr(out), x.size)
+    return out
+
+
+_fast_tanh.source_text = SOURCE
+_fast_tanh.__doc__ = "tanh by a Pade (7, 6) approximation: no exp, |error| <= 1e-4."
+kernel("tanh", backend="c", name="c_tanh_fast", dtypes=("float32",), contiguous=True,
+       where=where_ok(LIB), tolerance=1e-3)(_fast_tanh)
+
+
+def _swiglu(a, b):
+    out = np.empty_like(a)
+    fn = lib.func(LIB, f"tg_swiglu_{_SUFFIX[a.dtype]}", P, P, P, I64)
+    fn(ptr(a), ptr(b), ptr(out), a.size)
+    return out
+
+
+_swiglu.source_text = SOURCE
+_swiglu.__doc__ = "silu(a) * b (SwiGLU's gate), same-shape contiguous inputs."
+kernel(lambda a, b: tg.silu(a) * b, backend="c", name="c_swiglu",
+       dtypes=("float32", "float64"), contiguous=True, where=where_ok(LIB, same_shape),
+       tolerance=1e-6)(_swiglu)

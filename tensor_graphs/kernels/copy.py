@@ -1,0 +1,131 @@
+"""copy_to kernels: a value moved to another device is a kernel like any other.
+
+How copies are represented
+- A copy kernel has the pattern ``copy_to(x)`` and backend "copy". Its ``where`` constraint
+  accepts the node's target (the ``device`` attribute: "cpu", "cuda", "cuda:N") by kind, and
+  its ``device`` is the kind of memory its *result* lives in.
+- Where the value comes from is not in the graph (the planner decides where each value lives),
+  so every copy kernel also has a route, ``placement(kernel) -> (source kind, target kind)``,
+  and ``route(source, target)`` names the kernel for a move between two devices. For other
+  kernels ``placement`` is ``(kernel.device, kernel.device)``: inputs and result on its device.
+- ``cost_hint(kernel)`` is 0.0 for a move within one device's memory (nothing is copied, so
+  nothing needs measuring) and None otherwise: the planner costs a real copy from the database
+  like any kernel, by its input signature (shape, dtype).
+
+Devices, not backends, own memory: numpy, C and torch-CPU kernels all take and return host
+numpy arrays (torch views them without copying), so no copy is ever needed between those
+backends. ``copy_same_memory`` covers a ``copy_to`` whose value is already on its target: it
+returns its input (a view, zero cost). With a usable GPU (torch with CUDA):
+``copy_host_to_cuda`` (numpy array -> torch CUDA tensor), ``copy_cuda_to_host`` (-> numpy),
+``copy_cuda_to_cuda`` (between two GPUs) and ``copy_same_memory_cuda``. The copies are
+synchronous; the values are the same bits (tolerance ``EXACT``).
+"""
+
+from __future__ import annotations
+
+from tensor_graphs.devices import as_device
+from tensor_graphs.errors import ArgumentError, DeviceError
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.registry import Kernel, kernel
+
+EXACT = 1e-12
+
+ROUTES: dict[str, tuple[str, str]] = {}  # kernel name -> (source kind, target kind)
+SAME_MEMORY: set[str] = set()  # copies that move nothing (cost 0)
+
+
+def _kind(device) -> str:
+    return str(device).partition(":")[0]
+
+
+def _to(kind: str):
+    """A where-constraint: the copy_to node's target device is of this kind."""
+
+    def target_is(shapes, dtypes, attrs):
+        target = attrs.get("device", "cpu")
+        return True if _kind(target) == kind else f"copies to {kind}, not to {target!r}"
+
+    target_is.__name__ = f"target_is_{kind}"
+    return target_is
+
+
+def copy_kernel(name: str, source: str, target: str, same_memory: bool = False):
+    """Register ``fn`` as the copy kernel ``name`` for moves from ``source`` to ``target``."""
+
+    def decorate(fn) -> Kernel:
+        k = kernel("copy_to", backend="copy", name=name, device=target, where=_to(target),
+                   tolerance=EXACT, view=same_memory)(fn)
+        ROUTES[name] = (source, target)
+        if same_memory:
+            SAME_MEMORY.add(name)
+        return k
+
+    return decorate
+
+
+@copy_kernel("copy_same_memory", "cpu", "cpu", same_memory=True)
+def copy_same_memory(x):
+    """The value is already in host memory: numpy, C and torch-CPU kernels share it as is."""
+    return x
+
+
+def _register_cuda() -> None:
+    from tensor_graphs.kernels.torch import convert
+
+    @copy_kernel("copy_same_memory_cuda", "cuda", "cuda", same_memory=True)
+    def copy_same_memory_cuda(x):
+        """The value is already on this GPU."""
+        return x
+
+    @copy_kernel("copy_host_to_cuda", "cpu", "cuda")
+    def copy_host_to_cuda(x, device):
+        """numpy array -> torch tensor on the target GPU (viewed as a CPU tensor first)."""
+        return convert.to_torch(x).to(device)
+
+    @copy_kernel("copy_cuda_to_host", "cuda", "cpu")
+    def copy_cuda_to_host(x):
+        """torch CUDA tensor -> numpy array in host memory."""
+        return convert.to_numpy(x.cpu())
+
+    @copy_kernel("copy_cuda_to_cuda", "cuda", "cuda")
+    def copy_cuda_to_cuda(x, device):
+        """Between two GPUs (peer to peer where the driver allows)."""
+        return x.to(device)
+
+
+def _cuda_usable() -> bool:
+    try:
+        from tensor_graphs.kernels.torch import cuda_available
+    except ImportError:  # pragma: no cover - the package is always there
+        return False
+    return cuda_available()
+
+
+if _cuda_usable():
+    _register_cuda()
+
+
+def placement(k: Kernel) -> tuple[str, str]:
+    """(where the kernel's inputs live, where its result lives), as device kinds."""
+    return ROUTES.get(k.name, (k.device, k.device))
+
+
+def cost_hint(k: Kernel) -> float | None:
+    """0.0 for a copy that moves nothing; None when the cost must come from measurements."""
+    return 0.0 if k.name in SAME_MEMORY else None
+
+
+def route(source, target) -> Kernel:
+    """The copy kernel that moves a value from device ``source`` to device ``target``
+    (Devices or names: "cpu", "cuda:0"). Raises DeviceError when no kernel can."""
+    src, dst = as_device(source), as_device(target)
+    if src.name == dst.name:
+        name = "copy_same_memory" if src.kind == "cpu" else "copy_same_memory_cuda"
+    else:
+        name = {("cpu", "cuda"): "copy_host_to_cuda", ("cuda", "cpu"): "copy_cuda_to_host",
+                ("cuda", "cuda"): "copy_cuda_to_cuda"}[(src.kind, dst.kind)]
+    try:
+        return registry.get(name)
+    except ArgumentError:
+        raise DeviceError(f"no copy kernel from {src.name} to {dst.name}: {name} is not "
+                          "registered (it needs torch with a usable CUDA GPU)") from None

@@ -1,0 +1,120 @@
+"""numpy <-> torch without copies, and torch imported only when first used.
+
+``to_torch`` views a numpy array as a CPU tensor (``torch.from_numpy``: same memory, any
+non-negative strides, read-only arrays too); ``to_numpy`` views a CPU tensor as an array
+(``Tensor.numpy``: same memory). bfloat16 travels as its 16 bits (an int16 view on both sides,
+ml_dtypes' bfloat16 in numpy), so it is zero-copy too. Only arrays torch cannot describe are
+copied: negative strides (``x[::-1]``), strides that are not a multiple of the item size, and
+non-native byte order.
+
+Importing torch costs seconds, so this package never imports it at ``import tensor_graphs``:
+``torch`` here is a stand-in that imports the real module on first attribute access (the first
+torch kernel call) and then replaces itself in the namespace that holds it. At that moment the
+process-wide thread setting (``tensor_graphs.threads``) is applied to torch too; the kernels
+never set thread counts themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import ml_dtypes
+import numpy as np
+
+from tensor_graphs.ir import dtypes as _dtypes
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class Lazy:
+    """A module imported on first attribute access; it then replaces this stand-in under
+    ``name`` in ``namespace`` (a module's globals), so later lookups cost nothing extra."""
+
+    def __init__(self, module: str, namespace: dict, name: str):
+        self._module, self._namespace, self._name = module, namespace, name
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self._module)
+        if self._module.split(".")[0] == "torch":
+            _on_torch_import()
+        self._namespace[self._name] = module
+        return getattr(module, attr)
+
+
+_torch_ready = False
+
+
+def _on_torch_import() -> None:
+    """torch was just imported: let it follow the one thread setting of the process."""
+    global _torch_ready
+    if _torch_ready:
+        return
+    _torch_ready = True
+    try:
+        from tensor_graphs import threads
+    except ImportError:  # pragma: no cover - threads is part of the package
+        return
+    threads.set_num_threads(threads.get_num_threads())
+
+
+torch = Lazy("torch", globals(), "torch")
+
+
+def is_tensor(value) -> bool:
+    return type(value).__module__ == "torch" and hasattr(value, "data_ptr")
+
+
+def to_torch(a):
+    """A CPU tensor sharing memory with numpy array ``a`` (tensors pass through unchanged)."""
+    if not isinstance(a, np.ndarray):
+        if is_tensor(a):
+            return a
+        a = np.asarray(a)
+    dt = a.dtype
+    if dt == _BF16:
+        return to_torch(a.view(np.int16)).view(torch.bfloat16)
+    size = dt.itemsize
+    if not dt.isnative or any(s < 0 or s % size for s in a.strides):
+        a = np.ascontiguousarray(a, dtype=dt.newbyteorder("="))  # torch cannot view these
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    with warnings.catch_warnings():  # kernels never write to their inputs
+        warnings.simplefilter("ignore")
+        return torch.from_numpy(a)
+
+
+def to_numpy(t) -> np.ndarray:
+    """A numpy array sharing memory with CPU tensor ``t``."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def to_host(value) -> np.ndarray:
+    """Any tensor (CPU or CUDA) or array as a numpy array on the host (a copy from a GPU)."""
+    if is_tensor(value):
+        return to_numpy(value.detach().cpu())
+    return np.asarray(value)
+
+
+def to_cuda(value, device="cuda"):
+    """A numpy array (or tensor) copied to a CUDA device (``"cuda"``, ``"cuda:1"``...)."""
+    return to_torch(value).to(str(device))
+
+
+def torch_dtype(dtype):
+    """The torch dtype of one of our dtypes (a DType, its name or a numpy dtype)."""
+    return getattr(torch, _TORCH_NAMES[_dtypes.as_dtype(dtype).name])
+
+
+_TORCH_NAMES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int32": "int32",
+                "int64": "int64", "float16": "float16", "bfloat16": "bfloat16",
+                "float32": "float32", "float64": "float64"}
+
+
+def dtype_of(value) -> _dtypes.DType:
+    """Our dtype of a numpy array or a torch tensor."""
+    if is_tensor(value):
+        return _dtypes.BY_NAME[str(value.dtype).removeprefix("torch.")]
+    return _dtypes.as_dtype(np.asarray(value).dtype)

@@ -1,0 +1,667 @@
+"""The torch kernels: one function per op on torch tensors (see ``base.torch_kernel``).
+
+Each function has the exact semantics of our op (its numpy reference or its decomposition);
+where torch differs, the function says how it bridges the gap, and where it cannot (values
+torch leaves undefined), the kernel's ``where`` constraint turns those inputs away.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tensor_graphs.kernels.torch.base import (
+    ALL,
+    EXACT,
+    FLOAT,
+    HALF_TOL,
+    INT,
+    NUMERIC,
+    REDUCTION,
+    given,
+    torch_kernel,
+)
+from tensor_graphs.kernels.torch.convert import Lazy, torch_dtype
+
+torch = Lazy("torch", globals(), "torch")
+F = Lazy("torch.nn.functional", globals(), "F")
+
+
+def _same_dtype(shapes, dtypes, attrs):
+    return True if len(set(dtypes)) <= 1 else "inputs must share one dtype"
+
+
+def _no_symbols(shapes) -> bool:
+    return all(isinstance(d, int) for s in shapes for d in s)
+
+
+# ---------------------------------------------------------------------------- unary atomic
+@torch_kernel("neg", dtypes=NUMERIC, tolerance=EXACT)
+def neg(x):
+    return torch.neg(x)
+
+
+@torch_kernel("exp")
+def exp(x):
+    return torch.exp(x)
+
+
+@torch_kernel("log")
+def log(x):
+    return torch.log(x)
+
+
+@torch_kernel("sqrt")
+def sqrt(x):
+    return torch.sqrt(x)
+
+
+@torch_kernel("reciprocal")
+def reciprocal(x):
+    return torch.reciprocal(x)
+
+
+@torch_kernel("sin")
+def sin(x):
+    return torch.sin(x)
+
+
+@torch_kernel("erf")
+def erf(x):
+    return torch.erf(x)
+
+
+# ---------------------------------------------------------------------------- binary atomic
+@torch_kernel("add", dtypes=("bool",) + INT + FLOAT)
+def add(a, b):
+    """a + b; logical or on bool (as our add)."""
+    return torch.logical_or(a, b) if a.dtype == torch.bool else torch.add(a, b)
+
+
+@torch_kernel("mul", dtypes=("bool",) + INT + FLOAT)
+def mul(a, b):
+    """a * b; logical and on bool (as our mul)."""
+    return torch.logical_and(a, b) if a.dtype == torch.bool else torch.mul(a, b)
+
+
+@torch_kernel("maximum", dtypes=ALL, tolerance=EXACT)
+def maximum(a, b):
+    return torch.maximum(a, b)
+
+
+@torch_kernel("pow", "pow")
+def pow_(a, b):
+    return torch.pow(a, b)
+
+
+@torch_kernel("equal", dtypes=ALL, tolerance=EXACT)
+def equal(a, b):
+    return torch.eq(a, b)
+
+
+@torch_kernel("less", dtypes=ALL, tolerance=EXACT)
+def less(a, b):
+    return torch.lt(a, b)
+
+
+@torch_kernel("where", dtypes=None, tolerance=EXACT)
+def where(cond, a, b):
+    return torch.where(cond, a, b)
+
+
+def _cast_ok(shapes, dtypes, attrs):
+    src, dst = dtypes[0], attrs.get("dtype")
+    if dst is None or dst.is_low_precision:
+        return "casts to float16/bfloat16 round: left to the numpy and C kernels"
+    if src.is_float and dst.is_int:
+        return "float to int casts are undefined for nan, inf and out-of-range values"
+    return True
+
+
+@torch_kernel("cast", dtypes=None, where=_cast_ok, tolerance=1e-7)
+def cast(x, dtype):
+    """Any dtype to bool (nonzero is True, nan too), int or float32/float64; float to int is
+    left out (C and torch leave nan and out-of-range values undefined)."""
+    return x.to(torch_dtype(dtype), copy=True)
+
+
+# ---------------------------------------------------------------------------- reductions
+def _axes(x, axis):
+    """Our axis attribute (None, an int or a sorted tuple) as a tuple of dims."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    return (axis,) if isinstance(axis, int) else tuple(axis)
+
+
+@torch_kernel("sum", "sum", dtypes=INT + FLOAT, tolerance=REDUCTION)
+def sum_(x, axes, keepdims):
+    """Sum in x's own dtype (ints wrap as in numpy); axes=() reduces nothing (torch's
+    dim=() would reduce everything)."""
+    if not axes:
+        return x.clone()
+    return torch.sum(x, dim=tuple(axes), keepdim=keepdims, dtype=x.dtype)
+
+
+@torch_kernel("max", "max", dtypes=ALL, tolerance=EXACT)
+def max_(x, axes, keepdims):
+    """Maximum over axes; nan propagates (torch.amax)."""
+    if not axes:
+        return x.clone()
+    return torch.amax(x, dim=tuple(axes), keepdim=keepdims)
+
+
+@torch_kernel("mean", tolerance=REDUCTION, half=HALF_TOL)
+def mean(x, axis, keepdims):
+    return torch.mean(x, dim=_axes(x, axis), keepdim=keepdims)
+
+
+def _var_ok(shapes, dtypes, attrs):
+    axis = attrs.get("axis")
+    axes = range(len(shapes[0])) if axis is None else (axis,) if isinstance(axis, int) else axis
+    if _no_symbols(shapes):
+        if math.prod(shapes[0][a] for a in axes) <= attrs.get("correction", 0):
+            return "needs more elements than the correction (the variance is undefined)"
+    return True
+
+
+@torch_kernel("var", where=_var_ok, tolerance=REDUCTION)
+def var(x, axis, keepdims, correction):
+    return torch.var(x, dim=_axes(x, axis), correction=correction, keepdim=keepdims)
+
+
+@torch_kernel("min", "min", dtypes=ALL, tolerance=EXACT)
+def min_(x, axis, keepdims):
+    """Minimum over axes; nan propagates (torch.amin)."""
+    return torch.amin(x, dim=_axes(x, axis), keepdim=keepdims)
+
+
+def _arg_extreme(x, axis, keepdims, fn):
+    if x.dtype == torch.bool:
+        x = x.to(torch.uint8)
+    if axis is None:  # our reference flattens: keepdims gives shape (1,)
+        return fn(x.reshape(-1), dim=0, keepdim=keepdims)
+    return fn(x, dim=axis, keepdim=keepdims)
+
+
+@torch_kernel("argmax", dtypes=ALL, tolerance=EXACT)
+def argmax(x, axis, keepdims):
+    """Index of the first maximum; the first nan counts as the maximum (as in numpy)."""
+    return _arg_extreme(x, axis, keepdims, torch.argmax)
+
+
+@torch_kernel("argmin", dtypes=ALL, tolerance=EXACT)
+def argmin(x, axis, keepdims):
+    """Index of the first minimum; the first nan counts as the minimum (as in numpy)."""
+    return _arg_extreme(x, axis, keepdims, torch.argmin)
+
+
+@torch_kernel("cumsum", dtypes=INT + FLOAT, tolerance=REDUCTION)
+def cumsum(x, axis):
+    return torch.cumsum(x, dim=axis, dtype=x.dtype)
+
+
+@torch_kernel("logsumexp", tolerance=REDUCTION)
+def logsumexp(x, axis, keepdims):
+    return torch.logsumexp(x, dim=axis, keepdim=keepdims)
+
+
+@torch_kernel("softmax", tolerance=REDUCTION, half=HALF_TOL)
+def softmax(x, axis):
+    return torch.softmax(x, dim=axis)
+
+
+@torch_kernel("log_softmax", tolerance=REDUCTION, half=HALF_TOL)
+def log_softmax(x, axis):
+    return torch.log_softmax(x, dim=axis)
+
+
+# ------------------------------------------------------------------ elementwise composites
+@torch_kernel("sub", dtypes=INT + FLOAT, where=_same_dtype)
+def sub(a, b):
+    return torch.sub(a, b)
+
+
+@torch_kernel("div", where=_same_dtype)
+def div(a, b):
+    return torch.div(a, b)
+
+
+@torch_kernel("minimum", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def minimum(a, b):
+    return torch.minimum(a, b)
+
+
+@torch_kernel("abs", "abs", dtypes=NUMERIC, tolerance=EXACT)
+def abs_(x):
+    return torch.abs(x)
+
+
+@torch_kernel("sign", dtypes=NUMERIC, tolerance=EXACT)
+def sign(x):
+    """-1, 0 or 1; nan stays nan (torch.sign gives 0 for nan)."""
+    s = torch.sign(x)
+    return torch.where(torch.isnan(x), x, s) if x.is_floating_point() else s
+
+
+@torch_kernel("square", dtypes=INT + FLOAT)
+def square(x):
+    return torch.mul(x, x)
+
+
+@torch_kernel("rsqrt")
+def rsqrt(x):
+    return torch.rsqrt(x)
+
+
+@torch_kernel("clamp")
+def clamp(x, min, max):  # noqa: A002 - torch's names
+    """Clip to [min, max] (either may be None); nan propagates; min > max gives max."""
+    return torch.clamp(x, min=min, max=max)
+
+
+@torch_kernel("relu", dtypes=NUMERIC, tolerance=EXACT)
+def relu(x):
+    return torch.relu(x)
+
+
+@torch_kernel("sigmoid", half=HALF_TOL)
+def sigmoid(x):
+    return torch.sigmoid(x)
+
+
+@torch_kernel("tanh", half=HALF_TOL)
+def tanh(x):
+    return torch.tanh(x)
+
+
+@torch_kernel("gelu", half=HALF_TOL)
+def gelu(x, approximate):
+    """x * Phi(x), erf form ("none") or tanh form ("tanh"), as the node says."""
+    return F.gelu(x, approximate=approximate)
+
+
+@torch_kernel("silu", half=HALF_TOL)
+def silu(x):
+    return F.silu(x)
+
+
+@torch_kernel("elu")
+def elu(x, alpha):
+    return F.elu(x, alpha=alpha)
+
+
+@torch_kernel("selu")
+def selu(x):
+    return torch.selu(x)
+
+
+@torch_kernel("softplus")
+def softplus(x, beta, threshold):
+    return F.softplus(x, beta=beta, threshold=threshold)
+
+
+@torch_kernel("logical_not", dtypes=("bool",), tolerance=EXACT)
+def logical_not(x):
+    return torch.logical_not(x)
+
+
+@torch_kernel("logical_and", dtypes=("bool",), tolerance=EXACT)
+def logical_and(a, b):
+    return torch.logical_and(a, b)
+
+
+@torch_kernel("logical_or", dtypes=("bool",), tolerance=EXACT)
+def logical_or(a, b):
+    return torch.logical_or(a, b)
+
+
+@torch_kernel("greater", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def greater(a, b):
+    return torch.gt(a, b)
+
+
+@torch_kernel("less_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def less_equal(a, b):
+    return torch.le(a, b)
+
+
+@torch_kernel("greater_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def greater_equal(a, b):
+    return torch.ge(a, b)
+
+
+@torch_kernel("not_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def not_equal(a, b):
+    return torch.ne(a, b)
+
+
+@torch_kernel("isnan", dtypes=ALL, tolerance=EXACT)
+def isnan(x):
+    return torch.isnan(x)
+
+
+# ---------------------------------------------------------------------------- movement
+@torch_kernel("reshape", dtypes=ALL, contiguous=True, view=True, tolerance=EXACT)
+def reshape(x, shape):
+    """A view (contiguous inputs only, so it never copies)."""
+    return x.view(tuple(shape))
+
+
+@torch_kernel("permute", dtypes=ALL, view=True, tolerance=EXACT)
+def permute(x, perm):
+    return x.permute(tuple(perm))
+
+
+@torch_kernel("expand", dtypes=ALL, view=True, tolerance=EXACT)
+def expand(x, shape):
+    return x.expand(tuple(shape))
+
+
+def _positive_steps(shapes, dtypes, attrs):
+    if any(s < 0 for s in attrs.get("steps", ())):
+        return "negative steps (torch views have no negative strides)"
+    return True
+
+
+@torch_kernel("slice", "slice", dtypes=ALL, view=True, where=_positive_steps,
+              tolerance=EXACT)
+def slice_(x, starts, stops, steps):
+    """x[start:stop:step] per axis as a view (positive steps; bounds already normalised)."""
+    return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
+
+
+@torch_kernel("pad", dtypes=ALL, tolerance=EXACT)
+def pad(x, pads, value):
+    """Constant padding: our pads are (before, after) per axis; F.pad wants them last axis
+    first, flattened."""
+    flat = [int(v) for lo_hi in reversed(pads) for v in lo_hi]
+    if not any(flat):
+        return x.clone()
+    return F.pad(x, flat, mode="constant", value=value)
+
+
+def _gather_ok(shapes, dtypes, attrs):
+    return True if dtypes[1].is_int else "indices must be integers"
+
+
+@torch_kernel("gather", dtypes=None, where=_gather_ok, tolerance=EXACT)
+def gather(x, indices, axis):
+    """numpy's take along one axis; an index outside [0, size) raises (IndexError)."""
+    if indices.dtype not in (torch.int32, torch.int64):
+        indices = indices.to(torch.int64)
+    flat = torch.index_select(x, axis, indices.reshape(-1))
+    return flat.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+
+@torch_kernel("matmul", tolerance=REDUCTION, half=HALF_TOL)
+def matmul(a, b):
+    return torch.matmul(a, b)
+
+
+@torch_kernel("iota", dtypes=None, tolerance=EXACT)
+def iota(length, dtype):
+    return torch.arange(int(length), dtype=torch_dtype(dtype))
+
+
+# ---------------------------------------------------------------------------- nn
+def _norm_ok(shapes, dtypes, attrs):
+    if len(set(dtypes)) > 1:
+        return "x and its weight/bias must share one dtype"
+    if len(shapes[0]) == 0:
+        return "x needs an axis to normalise"
+    return True
+
+
+def _layer_norm_ok(shapes, dtypes, attrs):
+    if dtypes[0].is_low_precision and shapes[0] and shapes[0][-1] == 1:
+        return "a size-1 axis normalises to exactly 0; torch's half kernels leave ~1e-7 there"
+    return _norm_ok(shapes, dtypes, attrs)
+
+
+@torch_kernel("layer_norm", where=_layer_norm_ok, tolerance=REDUCTION, half=HALF_TOL)
+def layer_norm(x, weight, bias, eps):
+    """Over the last axis with weight and bias (biased variance)."""
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+@torch_kernel(given("layer_norm", "x", "weight"), "layer_norm_weight", where=_layer_norm_ok,
+              tolerance=REDUCTION, half=HALF_TOL)
+def layer_norm_weight(x, weight, eps):
+    return F.layer_norm(x, x.shape[-1:], weight, None, eps)
+
+
+@torch_kernel(given("layer_norm", "x", "bias"), "layer_norm_bias", where=_layer_norm_ok,
+              tolerance=REDUCTION, half=HALF_TOL)
+def layer_norm_bias(x, bias, eps):
+    return F.layer_norm(x, x.shape[-1:], None, bias, eps)
+
+
+@torch_kernel(given("layer_norm", "x"), "layer_norm_plain", where=_layer_norm_ok,
+              tolerance=REDUCTION, half=HALF_TOL)
+def layer_norm_plain(x, eps):
+    return F.layer_norm(x, x.shape[-1:], None, None, eps)
+
+
+@torch_kernel("rms_norm", where=_norm_ok, tolerance=REDUCTION, half=HALF_TOL)
+def rms_norm(x, weight, eps):
+    """x / sqrt(mean(x**2) + eps) * weight over the last axis."""
+    return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+
+@torch_kernel(given("rms_norm", "x"), "rms_norm_plain", where=_norm_ok, tolerance=REDUCTION,
+              half=HALF_TOL)
+def rms_norm_plain(x, eps):
+    return F.rms_norm(x, x.shape[-1:], None, eps)
+
+
+def _linear_ok(shapes, dtypes, attrs):
+    if len(set(dtypes)) > 1:
+        return "x, weight and bias must share one dtype"
+    if len(shapes[1]) != 2:
+        return "weight must be 2-D (out_features, in_features)"
+    if len(shapes) > 2 and len(shapes[2]) != 1:
+        return "bias must be 1-D (out_features,)"
+    return True
+
+
+@torch_kernel("linear", where=_linear_ok, tolerance=REDUCTION, half=HALF_TOL)
+def linear(x, weight, bias):
+    return F.linear(x, weight, bias)
+
+
+@torch_kernel(given("linear", "x", "weight"), "linear_nobias", where=_linear_ok,
+              tolerance=REDUCTION, half=HALF_TOL)
+def linear_nobias(x, weight):
+    return F.linear(x, weight)
+
+
+def _embedding_ok(shapes, dtypes, attrs):
+    return True if dtypes[0].is_int else "ids must be integers"
+
+
+@torch_kernel("embedding", dtypes=None, where=_embedding_ok, tolerance=EXACT)
+def embedding(ids, table):
+    """Rows of table; an id outside [0, rows) raises (IndexError)."""
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.to(torch.int64)
+    return F.embedding(ids, table)
+
+
+def _attention_ok(shapes, dtypes, attrs):
+    q, k, v = shapes[:3]
+    if len({len(q), len(k), len(v)}) != 1 or len(q) not in (3, 4):
+        return "q, k and v must all be (batch, heads, seq, dim) or (heads, seq, dim)"
+    if q[:-3] != k[:-3] or k[:-3] != v[:-3]:
+        return "q, k and v must have one batch size (no broadcasting of the batch axis)"
+    if len(shapes) > 3:
+        if len(shapes[3]) > len(q):
+            return "attn_mask has more axes than the scores"
+        if not (dtypes[3].is_bool or dtypes[3].is_float):
+            return "attn_mask must be bool or float"
+    if len(set(dtypes[:3])) > 1:
+        return "q, k and v must share one dtype"
+    hq, hkv = q[-3], k[-3]
+    if isinstance(hq, int) and isinstance(hkv, int) and (hkv == 0 or hq % hkv):
+        return "the query heads must be a multiple of the kv heads"
+    return True
+
+
+def _attention(q, k, v, mask, is_causal, scale):
+    """Our sdpa through torch's: is_causal combined with a mask becomes one mask (torch
+    rejects the pair), and rows with nothing to attend to give 0 (safe softmax)."""
+    sq, sk = q.shape[-2], k.shape[-2]
+    if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    empty = None  # rows that attend to nothing, broadcast against the output
+    if mask is not None:
+        if is_causal:
+            causal = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+            mask = mask & causal if mask.dtype == torch.bool else \
+                mask.masked_fill(~causal, float("-inf"))
+            is_causal = False
+        blocked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
+        empty = blocked.all(dim=-1, keepdim=True)
+    gqa = q.shape[-3] != k.shape[-3]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                         scale=scale, enable_gqa=gqa)
+    if empty is not None and bool(empty.any()):
+        out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
+
+
+@torch_kernel(given("scaled_dot_product_attention", "q", "k", "v"),
+              "scaled_dot_product_attention", where=_attention_ok, tolerance=REDUCTION,
+              half=HALF_TOL)
+def scaled_dot_product_attention(q, k, v, is_causal, scale):
+    """softmax(q k^T * scale) v, causal or not; GQA through enable_gqa."""
+    return _attention(q, k, v, None, is_causal, scale)
+
+
+@torch_kernel("scaled_dot_product_attention", "scaled_dot_product_attention_mask", typed=3,
+              where=_attention_ok, tolerance=REDUCTION, half=HALF_TOL)
+def scaled_dot_product_attention_mask(q, k, v, attn_mask, is_causal, scale):
+    """With a bool (True = attend) or float (added) mask; fully masked rows give 0."""
+    return _attention(q, k, v, attn_mask, is_causal, scale)
+
+
+@torch_kernel("rotary_embedding", where=_same_dtype)
+def rotary_embedding(x, cos, sin):
+    """x * cos + rotate_half(x) * sin (Hugging Face's rotate_half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@torch_kernel("triu", dtypes=ALL, tolerance=EXACT)
+def triu(x, diagonal):
+    return torch.triu(x, diagonal)
+
+
+@torch_kernel("tril", dtypes=ALL, tolerance=EXACT)
+def tril(x, diagonal):
+    return torch.tril(x, diagonal)
+
+
+@torch_kernel("tile", dtypes=ALL, tolerance=EXACT)
+def tile(x, reps):
+    """numpy.tile; always a new tensor (torch.tile of all-ones reps may return x itself)."""
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    return torch.tile(x, reps).clone() if all(r == 1 for r in reps) else torch.tile(x, reps)
+
+
+# ---------------------------------------------------------------------------- conv, pooling
+def _conv_ok(shapes, dtypes, attrs):
+    if len(set(dtypes)) > 1:
+        return "x, weight and bias must share one dtype"
+    return True
+
+
+@torch_kernel("conv2d", where=_conv_ok, tolerance=REDUCTION, cuda_tolerance=5e-3)
+def conv2d(x, weight, bias, stride, padding, dilation, groups):
+    """torch's conv2d. On CUDA, float32 convolutions use TF32 under torch's default settings
+    (cudnn.allow_tf32), hence the CUDA kernel's larger tolerance."""
+    return F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                    groups=groups)
+
+
+@torch_kernel(given("conv2d", "x", "weight"), "conv2d_nobias", where=_conv_ok,
+              tolerance=REDUCTION, cuda_tolerance=5e-3)
+def conv2d_nobias(x, weight, stride, padding, dilation, groups):
+    return F.conv2d(x, weight, None, stride=stride, padding=padding, dilation=dilation,
+                    groups=groups)
+
+
+@torch_kernel("max_pool2d", dtypes=NUMERIC, tolerance=EXACT)
+def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """Max over windows; nan propagates."""
+    return F.max_pool2d(x, kernel_size, stride=stride, padding=padding, dilation=dilation,
+                        ceil_mode=ceil_mode)
+
+
+@torch_kernel("avg_pool2d", tolerance=REDUCTION)
+def avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+               divisor_override):
+    return F.avg_pool2d(x, kernel_size, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                        count_include_pad=count_include_pad, divisor_override=divisor_override)
+
+
+@torch_kernel("adaptive_avg_pool2d", tolerance=REDUCTION)
+def adaptive_avg_pool2d(x, output_size):
+    return F.adaptive_avg_pool2d(x, output_size)
+
+
+def _interpolate_ok(shapes, dtypes, attrs):
+    mode = attrs.get("mode")
+    if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area"):
+        return f"mode {mode!r}"
+    if mode.startswith("nearest") and len(shapes[0]) != 4 and dtypes[0].name != "float32":
+        return "torch's float64 nearest kernels for 1-d and 3-d inputs round differently"
+    return True
+
+
+@torch_kernel("interpolate", where=_interpolate_ok, tolerance=REDUCTION)
+def interpolate(x, size, scale_factor, mode, align_corners, recompute_scale_factor):
+    return F.interpolate(x, size=size, scale_factor=scale_factor, mode=mode,
+                         align_corners=align_corners,
+                         recompute_scale_factor=recompute_scale_factor)
+
+
+def _channel_norm_ok(shapes, dtypes, attrs):
+    if len(set(dtypes)) > 1:
+        return "x and its parameters must share one dtype"
+    return True
+
+
+@torch_kernel("group_norm", where=_channel_norm_ok, tolerance=REDUCTION)
+def group_norm(x, weight, bias, num_groups, eps):
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
+@torch_kernel(given("group_norm", "x"), "group_norm_plain", where=_channel_norm_ok,
+              tolerance=REDUCTION)
+def group_norm_plain(x, num_groups, eps):
+    return F.group_norm(x, num_groups, None, None, eps)
+
+
+@torch_kernel("batch_norm", where=_channel_norm_ok, tolerance=REDUCTION)
+def batch_norm(x, running_mean, running_var, weight, bias, eps):
+    """Inference batch norm (running statistics) over channel axis 1."""
+    return F.batch_norm(x, running_mean, running_var, weight, bias, training=False, eps=eps)
+
+
+@torch_kernel(given("batch_norm", "x", "running_mean", "running_var"), "batch_norm_plain",
+              where=_channel_norm_ok, tolerance=REDUCTION)
+def batch_norm_plain(x, running_mean, running_var, eps):
+    return F.batch_norm(x, running_mean, running_var, None, None, training=False, eps=eps)
+
+
+# ---------------------------------------------------------------------------- losses
+@torch_kernel(given("mse_loss", "input", "target"), "mse_loss", where=_same_dtype,
+              tolerance=REDUCTION)
+def mse_loss(input, target, reduction):  # noqa: A002 - torch's name
+    return F.mse_loss(input, target, reduction=reduction)
+
+
+@torch_kernel(given("l1_loss", "input", "target"), "l1_loss", where=_same_dtype,
+              tolerance=REDUCTION)
+def l1_loss(input, target, reduction):  # noqa: A002 - torch's name
+    return F.l1_loss(input, target, reduction=reduction)
+

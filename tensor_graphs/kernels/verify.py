@@ -1,0 +1,563 @@
+"""Kernel verification: a kernel is admitted only after it matches the float64 reference.
+
+    report = tg.kernels.verify(kernel)         # or a kernel's name
+    report.ok, report.max_rel_error, report.shapes, report.failures
+    tg.kernels.verify(kernel, strict=True)     # raises tg.KernelVerificationError
+
+For each case (``kernels.signatures``: shapes of sizes 1, 7, 33 and 1025, broadcasting, every
+dtype the kernel takes, the attributes' common forms) the verifier builds the kernel's pattern
+as a graph — pattern variables become ``tg.input`` leaves of the case's shapes and dtypes —,
+skips the case when the kernel does not match it (its constraints reject it), draws fresh
+random inputs (never zeros; ints in range where they index), evaluates the graph with the
+reference interpreter in float64 and calls the kernel. Where the constraints allow, one case
+also runs with strided (non-contiguous) inputs and one with a broadcast (stride-0) input; for
+elementwise patterns one case mixes NaN, +-inf and large magnitudes into the float inputs.
+
+Checks on each call: the result is an array of the node's shape and dtype; it shares no memory
+with an input (unless the kernel is declared ``view=True``, input 0, or ``inplace=i``, input
+i); the inputs are unchanged; NaN and +-inf sit where the reference (rounded to the output
+dtype) has them; and the finite part agrees by the one error measure of the project, the
+norm-wise relative error ``||got - ref|| / ||ref||``. The heap is poisoned (a block of 0xFF
+bytes, NaN as floats, freed just before the call) so a kernel that leaves part of a freshly
+allocated output unwritten is likely to show NaNs; a kernel taking an ``out`` keyword gets a
+NaN-filled buffer.
+
+Tolerance: the declared tolerance bounds the error on float32 and float64 outputs. A float16
+or bfloat16 output cannot be closer to the float64 reference than its own rounding, so there
+the verifier allows ``max(tolerance, 2 * unit roundoff)`` (2**-10 and 2**-7).
+
+Reports are cached in memory per (kernel name, source hash, tolerance, seed): a kernel is
+verified once per process unless its source changes. ``seed=None`` draws fresh inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, KernelVerificationError, TensorGraphsError
+from tensor_graphs.ir import builder as _builder
+from tensor_graphs.ir import dtypes as _dtypes
+from tensor_graphs.ir.composite import _normalize_axis_attr
+from tensor_graphs.ir.evaluate import evaluate
+from tensor_graphs.ir.graph import decompose, nodes
+from tensor_graphs.ir.node import COMPOSITE, Node
+from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels import signatures as sig
+from tensor_graphs.kernels.signatures import Case, Spec
+from tensor_graphs.rewrite import pattern as pat
+
+LOW_PRECISION_BUDGET = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+BIG = {"float16": 6.0e4, "bfloat16": 1.0e30, "float32": 1.0e30, "float64": 1.0e300}
+ELEMENTWISE = set(UNARY) | set(BINARY) | {"where", "cast"}
+
+
+@dataclass
+class CaseResult:
+    case: str
+    error: float
+    ok: bool
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class VerificationReport:
+    """What ``verify`` tried and found. ``shapes``: the cases run (inputs, attrs, layout);
+    ``failures``: one line per failed case; ``rejected``: cases the constraints declined."""
+
+    kernel: str
+    backend: str
+    tolerance: float
+    ok: bool = True
+    max_rel_error: float = 0.0
+    shapes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    results: list[CaseResult] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why nothing ran (no device for it)
+    seconds: float = 0.0
+    by_dtype: dict[str, float] = field(default_factory=dict)  # max error per output dtype
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"{self.kernel}: not verified ({self.skipped})"
+        verdict = "ok" if self.ok else "FAILED"
+        low = {d: e for d, e in self.by_dtype.items() if d in LOW_PRECISION_BUDGET}
+        extra = "".join(f", {d} {e:.2g}" for d, e in low.items())
+        return (f"{self.kernel}: {verdict}, max relative error {self.max_rel_error:.3g} "
+                f"(tolerance {self.tolerance:g}{extra}) over {len(self.results)} cases, "
+                f"{self.seconds:.2f} s")
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        lines += [f"  - {f}" for f in self.failures[:10]]
+        if len(self.failures) > 10:
+            lines.append(f"  ... and {len(self.failures) - 10} more failures")
+        return "\n".join(lines)
+
+
+_CACHE: dict[tuple, VerificationReport] = {}
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def verify(kernel, strict: bool = False, seed: int | None = None) -> VerificationReport:
+    """Check ``kernel`` (a Kernel or a registered name) against the float64 reference; see the
+    module docstring. ``strict=True`` raises KernelVerificationError (with ``.report``)."""
+    k = registry.get(kernel) if isinstance(kernel, str) else kernel
+    if not isinstance(k, registry.Kernel):
+        raise ArgumentError(f"verify: expected a kernel or a kernel name, got {kernel!r}")
+    key = (k.name, k.source_hash, k.tolerance, seed, id(k.fn))
+    report = _CACHE.get(key)
+    if report is None:
+        report = _verify(k, np.random.default_rng(seed))
+        _CACHE[key] = report
+    if strict and not report.ok:
+        raise verification_error([report])
+    return report
+
+
+def verification_error(reports: list[VerificationReport]) -> KernelVerificationError:
+    """One KernelVerificationError for failed reports (``.report``: the first, ``.reports``)."""
+    parts = []
+    for r in reports:
+        detail = r.skipped or "; ".join(r.failures[:3]) or "no failure recorded"
+        parts.append(f"kernel {r.kernel} ({r.backend}) failed verification: {detail}")
+    hint = ("fix the kernel, declare a larger tolerance= if the error is expected, or narrow "
+            "its constraints (dtypes=, ranks=, where=) to the inputs it handles")
+    err = KernelVerificationError("\n".join(parts) + f"\n({hint})")
+    err.report = reports[0]
+    err.reports = list(reports)
+    return err
+
+
+# ---------------------------------------------------------------------------- building cases
+@dataclass
+class Built:
+    root: Node
+    leaves: dict[str, Node]  # case input name -> leaf
+    bound: list[Node]  # the kernel's inputs, in order, as matched
+
+
+def build_case(k: registry.Kernel, case: Case) -> Built | str:
+    """The case's graph for the kernel's pattern, or why it does not fit (a string)."""
+    leaves = {}
+    for name, spec in case.specs.items():
+        make = _builder.state if spec.leaf == "state" else _builder.input
+        try:
+            leaves[name] = make(name, spec.shape, spec.dtype)
+        except TensorGraphsError as exc:
+            return f"bad signature for '{name}': {exc}"
+    try:
+        root = instantiate(k.pattern, leaves, case.attrs)
+    except TensorGraphsError as exc:
+        return f"the pattern does not build: {exc}"
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        return f"the pattern does not build: {type(exc).__name__}: {exc}"
+    if any(not isinstance(d, int) for d in root.shape):
+        return "symbolic result shape"
+    m = k.match(root)
+    if m is None:
+        reason = None
+        try:
+            bound = [leaves[v] for v in k.inputs]
+            reason = k.constraint_failure([b.shape for b in bound], [b.dtype for b in bound],
+                                          dict(root.attrs))
+        except KeyError:
+            pass
+        return f"rejected: {reason or 'the pattern does not match'}"
+    return Built(root, leaves, [m.bindings[v] for v in k.inputs])
+
+
+def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bool = True,
+                like=None) -> Node:
+    """The graph a pattern describes: variables are ``leaves``, scalars constants of their
+    siblings' dtype, ops built with their attributes (the pattern's fixed values win over
+    ``root_attrs``; predicates keep the case's value and are checked by matching)."""
+    if isinstance(p, pat.Var):
+        if p.name not in leaves:
+            raise ArgumentError(f"no input for pattern variable '{p.name}'")
+        return leaves[p.name]
+    if isinstance(p, pat.Const):
+        return _builder.constant(p.value, like or _dtypes.float32)
+    if not isinstance(p, pat.OpPat):
+        raise ArgumentError(f"cannot build pattern {p!r}")
+    children: list[Node | None] = [None] * len(p.inputs)
+    for i, c in enumerate(p.inputs):
+        if not isinstance(c, pat.Const):
+            children[i] = instantiate(c, leaves, root_attrs, False)
+    dtype = next((c.dtype for c in children if c is not None), None)
+    for i, c in enumerate(p.inputs):
+        if isinstance(c, pat.Const):
+            children[i] = instantiate(c, leaves, root_attrs, False, dtype)
+    attrs = {k: v for k, v in p.attrs.items()
+             if not (callable(v) and not isinstance(v, _dtypes.DType))}
+    if _root:
+        attrs = {**{k: v for k, v in root_attrs.items() if k not in attrs}, **attrs}
+    op = OPS.get(p.op)
+    if op is None:
+        raise ArgumentError(f"unknown op '{p.op}' in the pattern")
+    if op.kind == COMPOSITE:
+        full = {k: v for k, v in op.attr_defaults.items() if k not in attrs}
+        full.update(attrs)
+        if "axis" in full and children:
+            full["axis"] = _normalize_axis_attr(full["axis"], children[0].ndim, op.name)
+        if op.optional and tuple(full.get("args", op.params)) == op.params:
+            full.pop("args", None)
+        missing = [k for k, v in full.items() if v is _EMPTY]
+        if missing:
+            raise ArgumentError(f"{op.name}: attribute(s) {missing} need a value")
+        return Node.make(op, tuple(children), full)
+    full = {**op.attr_defaults, **attrs}
+    return Node.make(op, tuple(children), full)
+
+
+_EMPTY = __import__("inspect").Parameter.empty
+
+
+def kernel_cases(k: registry.Kernel) -> list[Case]:
+    """Every case verify tries for ``k`` (before the constraints' verdicts)."""
+    root = k.pattern
+    single = isinstance(root, pat.OpPat) and not any(isinstance(i, pat.OpPat)
+                                                    for i in root.inputs)
+    if k.signatures is not None:
+        cases = sig.from_signatures(k)
+    elif single and root.op in sig.GENERATORS:
+        cases = sig.op_cases(k)
+    else:
+        cases = []
+    if not cases and isinstance(root, pat.OpPat):
+        cases = sig.template_cases(k, lambda c: _or_none(build_case(k, c)))
+    return cases
+
+
+def _or_none(built):
+    return built if isinstance(built, Built) else None
+
+
+def _with_variants(k: registry.Kernel, cases: list[tuple[Case, Built]]) -> list[tuple]:
+    """Add the layout variants (strided, broadcast) and special values (elementwise)."""
+    out = list(cases)
+    if not cases:
+        return out
+    main = cases[0][0].specs and next(iter(cases[0][0].specs.values())).dtype
+
+    def pick(pred):
+        for c, b in cases:
+            if pred(c):
+                return c, b
+        return None
+
+    def sized(c):
+        total = sig._elements(c.specs.values())
+        return 8 <= total <= 20000 and all(s.dtype == main or s.dtype in ("bool", "int64",
+                                           "int32") for s in c.specs.values())
+
+    if not k.contiguous:
+        base = pick(lambda c: sized(c) and any(len(s.shape) >= 1 and s.shape[-1] > 1
+                                               for s in c.specs.values()))
+        if base is not None:
+            out.append((_replace(base[0], layout="strided"), base[1]))
+        base = pick(lambda c: sized(c) and any(len(s.shape) >= 1 and s.shape[0] > 1
+                                               for s in c.specs.values()))
+        if base is not None:
+            out.append((_replace(base[0], layout="broadcast"), base[1]))
+    if _is_elementwise(cases[0][1].root):
+        floats = [(c, b) for c, b in cases if sized(c)
+                  and any(s.dtype in sig.FLOATS for s in c.specs.values())]
+        for c, b in floats[:1]:
+            out.append((_replace(c, special=True), b))
+        low = [(c, b) for c, b in cases if any(s.dtype == "float16" for s in c.specs.values())]
+        for c, b in low[:1]:
+            out.append((_replace(c, special=True), b))
+    return out
+
+
+def _replace(c: Case, **changes) -> Case:
+    return Case(dict(c.specs), dict(c.attrs), c.note, changes.get("layout", c.layout),
+                changes.get("special", c.special))
+
+
+def _is_elementwise(root: Node) -> bool:
+    """Only elementwise atomic ops (no float-to-int cast: NaN has no int value)."""
+    for n in nodes(decompose(root)):
+        if n.op.is_leaf:
+            continue
+        if n.op.name not in ELEMENTWISE:
+            return False
+        if n.op.name == "cast" and n.dtype.is_int and n.inputs[0].dtype.is_float:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------- values
+def draw(spec: Spec, rng: np.random.Generator, special: bool = False) -> np.ndarray:
+    """Fresh random values for one input (never zeros; see Spec for the kinds)."""
+    dtype = _dtypes.as_dtype(spec.dtype)
+    shape = spec.shape
+    if dtype.is_bool:
+        return rng.random(shape) < 0.6
+    if dtype.is_int:
+        if spec.values == "index":
+            return rng.integers(0, max(spec.high, 1), shape).astype(dtype.np_dtype)
+        if dtype.name == "uint8" or spec.values in ("positive", "near_one"):
+            return rng.integers(1, 10, shape).astype(dtype.np_dtype)
+        v = rng.integers(1, 10, shape) * rng.choice([-1, 1], shape)
+        return v.astype(dtype.np_dtype)
+    if spec.values == "ties":
+        v = rng.choice([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0], shape)
+    elif spec.values == "near_one":
+        v = rng.uniform(0.6, 1.4, shape) * rng.choice([-1.0, 1.0], shape)
+    elif spec.values == "index":
+        v = rng.integers(0, max(spec.high, 1), shape).astype(np.float64)
+    else:
+        v = rng.standard_normal(shape)
+        v = np.where(np.abs(v) < 0.05, np.copysign(0.05, v) + v, v)
+        if spec.values == "positive":
+            v = np.abs(v)
+    if special and v.size:
+        big = BIG[dtype.name]
+        mask = rng.random(shape) < 0.25
+        picks = rng.choice(np.array([np.nan, np.inf, -np.inf, big, -big, 1e4, -1e4]), shape)
+        v = np.where(mask, picks, v)
+    with np.errstate(over="ignore"):
+        return np.asarray(v).astype(dtype.np_dtype)
+
+
+def _layout(a: np.ndarray, layout: str, first: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(what the kernel gets, what the reference gets)."""
+    if layout == "strided" and a.ndim >= 1 and a.shape[-1] > 1:
+        buf = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+        buf[..., 1::2] = a  # garbage-free neighbours: the same values, shifted
+        buf[..., 0::2] = a
+        return buf[..., ::2], a
+    if layout == "broadcast" and first and a.ndim >= 1 and a.shape[0] > 1:
+        view = np.broadcast_to(a[:1], a.shape)
+        return view, np.ascontiguousarray(view)
+    return a, a
+
+
+# ---------------------------------------------------------------------------- comparing
+def relative_error(got, ref) -> float:
+    """The norm-wise relative error ||got - ref|| / ||ref|| over the finite part (inf when
+    NaN/inf positions differ): the one error measure of the project."""
+    return compare(np.asarray(got), np.asarray(ref))[0]
+
+
+def compare(got: np.ndarray, ref: np.ndarray) -> tuple[float, str | None]:
+    """(error, problem): ``ref`` is the float64 reference; NaN and +-inf must sit where ``ref``
+    rounded to got's dtype has them; the rest is compared by norm-wise relative error."""
+    g = np.asarray(got).astype(np.float64)
+    r = np.asarray(ref).astype(np.float64)
+    if got.dtype.kind in "fV":
+        with np.errstate(over="ignore"):
+            rounded = np.asarray(ref).astype(got.dtype).astype(np.float64)
+    else:
+        rounded = r
+    nan_g, nan_r = np.isnan(g), np.isnan(r)
+    if (nan_g != nan_r).any():
+        i = _first(nan_g != nan_r)
+        return np.inf, f"nan mismatch at index {i}: got {g[i]!r}, reference {r[i]!r}"
+    inf_g, inf_r = np.isinf(g), np.isinf(rounded)
+    if (inf_g != inf_r).any() or (g[inf_g] != rounded[inf_g]).any():
+        i = _first((inf_g != inf_r) | (inf_g & (g != rounded)))
+        return np.inf, f"inf mismatch at index {i}: got {g[i]!r}, reference {r[i]!r}"
+    fin = ~(nan_r | inf_r)
+    gf, rf = g[fin], r[fin]
+    if gf.size == 0:
+        return 0.0, None
+    scale = np.max(np.abs(rf))
+    if scale == 0:
+        diff = np.max(np.abs(gf))
+        return (0.0 if diff == 0 else np.inf), None
+    err = float(np.linalg.norm((gf - rf) / scale) / np.linalg.norm(rf / scale))
+    return err, None
+
+
+def _first(mask: np.ndarray):
+    idx = np.argwhere(mask)[0]
+    return tuple(int(i) for i in idx)
+
+
+def _worst(got: np.ndarray, ref: np.ndarray) -> str:
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    d = np.where(np.isfinite(g) & np.isfinite(r), np.abs(g - r), 0.0)
+    if d.size == 0:
+        return ""
+    i = np.unravel_index(int(np.argmax(d)), d.shape)
+    return f" (largest difference at index {tuple(map(int, i))}: got {g[i]:.9g}, " \
+           f"reference {r[i]:.9g})"
+
+
+def budget(k: registry.Kernel, dtype: np.dtype) -> float:
+    low = LOW_PRECISION_BUDGET.get(_dtypes.from_numpy(dtype).name, 0.0) \
+        if _dtypes.from_numpy(dtype) is not None else 0.0
+    return max(k.tolerance, low)
+
+
+# ---------------------------------------------------------------------------- running
+class _Skip(Exception):
+    pass
+
+
+def _device_io(k: registry.Kernel):
+    """(to the kernel's device, back to numpy)."""
+    if k.device == "cpu":
+        return (lambda a: a), _to_numpy
+    try:
+        import torch
+
+        from tensor_graphs.kernels.torch.convert import to_torch
+    except ImportError as exc:
+        raise _Skip(f"{k.device} kernels need torch ({exc})") from None
+    if not torch.cuda.is_available():
+        raise _Skip("no CUDA device on this machine")
+    return (lambda a: to_torch(a).to("cuda")), _to_numpy
+
+
+def _to_numpy(value):
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        from tensor_graphs.kernels.torch.convert import to_numpy
+
+        return to_numpy(value.detach().cpu())
+    return value
+
+
+def _poison(nbytes: int) -> None:
+    if nbytes > 0:
+        block = np.empty(nbytes, np.uint8)
+        block.fill(0xFF)
+        del block
+
+
+def _verify(k: registry.Kernel, rng: np.random.Generator) -> VerificationReport:
+    start = time.perf_counter()
+    report = VerificationReport(k.name, k.backend, k.tolerance)
+    try:
+        to_device, from_device = _device_io(k)
+    except _Skip as exc:
+        report.ok, report.skipped = False, str(exc)
+        return report
+    try:
+        raw = kernel_cases(k)
+    except TensorGraphsError as exc:
+        report.ok = False
+        report.failures.append(f"cannot make inputs for it: {exc}")
+        return report
+    built, seen = [], set()
+    for case in raw:
+        b = build_case(k, case)
+        if isinstance(b, str):
+            report.rejected.append(f"{case.describe()}: {b}")
+            continue
+        key = (case.describe(), tuple(sorted((n, repr(v)) for n, v in b.root.attrs.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        built.append((case, b))
+    if not built:
+        report.ok = False
+        shown = "; ".join(report.rejected[:3]) or "no signatures"
+        report.failures.append(
+            f"no case fits the kernel's pattern and constraints ({len(raw)} tried: {shown}); "
+            "give the kernel signatures=[{input: shape, ...}] to say what it accepts")
+        report.seconds = time.perf_counter() - start
+        return report
+    for case, b in _with_variants(k, built):
+        result = _run_case(k, case, b, rng, to_device, from_device)
+        report.results.append(result)
+        report.shapes.append(result.case)
+        out = b.root.dtype.name
+        report.by_dtype[out] = max(report.by_dtype.get(out, 0.0), result.error)
+        if not result.ok:
+            report.ok = False
+            report.failures.append(f"{result.case}: {result.message}")
+    judged = [e for d, e in report.by_dtype.items() if d not in LOW_PRECISION_BUDGET]
+    report.max_rel_error = max(judged or report.by_dtype.values())
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _run_case(k, case: Case, b: Built, rng, to_device, from_device) -> CaseResult:
+    label = case.describe()
+    values, feeds = {}, {}
+    first = True
+    for name, spec in case.specs.items():
+        raw = draw(spec, rng, case.special)
+        given, fed = _layout(raw, case.layout, first)
+        if case.layout == "broadcast" and given is not raw:
+            first = False
+        values[name], feeds[name] = given, fed
+    by_leaf = {id(leaf): name for name, leaf in b.leaves.items()}
+    try:
+        ref = evaluate(b.root, feeds, dtype="float64")
+        inputs = []
+        for node in b.bound:
+            name = by_leaf.get(id(node))
+            inputs.append(values[name] if name is not None else
+                          evaluate(node, {n: feeds[n] for n in feeds}))
+    except TensorGraphsError as exc:
+        return CaseResult(label, np.inf, False, f"the reference failed: {exc}")
+    attrs = dict(b.root.attrs)
+    saved = [np.array(a, copy=True) for a in inputs]
+    shape = tuple(b.root.shape)
+    want = b.root.dtype.np_dtype
+    if "out" in k.attrs:
+        attrs["out"] = np.full(shape, np.nan, want) if want.kind == "f" else np.empty(shape, want)
+    args = [to_device(a) for a in inputs]
+    _poison(int(np.prod(shape, dtype=np.int64)) * want.itemsize)
+    t0 = time.perf_counter()
+    try:
+        with np.errstate(all="ignore"):
+            got = k(*args, **attrs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the kernel is a finding
+        return CaseResult(label, np.inf, False, f"raised {type(exc).__name__}: {exc}")
+    seconds = time.perf_counter() - t0
+    got = from_device(got)
+    if not isinstance(got, np.ndarray):
+        return CaseResult(label, np.inf, False,
+                          f"returned {type(got).__name__}, not a numpy array")
+    if got.shape != shape:
+        return CaseResult(label, np.inf, False,
+                          f"returned shape {got.shape}, expected {shape}")
+    if got.dtype != want:
+        return CaseResult(label, np.inf, False,
+                          f"returned dtype {got.dtype}, expected {want}")
+    for i, a in enumerate(inputs):
+        if (k.view and i == 0) or k.inplace == i:
+            continue
+        if _shares(got, a):
+            return CaseResult(label, np.inf, False,
+                              f"the result shares memory with input '{k.inputs[i]}'; return a "
+                              "new array (or declare view=True / inplace=)")
+    for i, (a, s) in enumerate(zip(inputs, saved)):
+        if k.inplace != i and not _same_bytes(a, s):
+            return CaseResult(label, np.inf, False, f"modified its input '{k.inputs[i]}'")
+    err, problem = compare(got, ref)
+    if problem is not None:
+        return CaseResult(label, err, False, problem, seconds)
+    allowed = budget(k, got.dtype)
+    if not err <= allowed:
+        return CaseResult(label, err, False, f"relative error {err:.3g} > tolerance "
+                          f"{allowed:.3g}{_worst(got, ref)}", seconds)
+    return CaseResult(label, err, True, "", seconds)
+
+
+def _shares(a: np.ndarray, b: np.ndarray) -> bool:
+    try:
+        return bool(np.shares_memory(a, b, max_work=10_000))
+    except np.exceptions.TooHardError:
+        return bool(np.may_share_memory(a, b))
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
