@@ -30,7 +30,134 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--show", type=int, default=40,
                       help="how many lines of the graph listing to print (default 40)")
     demo.set_defaults(run=_demo)
+    _add_kernels(sub)
     return parser
+
+
+# ---------------------------------------------------------------------------- tg kernels ...
+def _kernels_list(args: argparse.Namespace) -> int:
+    from tensor_graphs import kernels
+    from tensor_graphs.kernels.registry import describe
+
+    rows = [k for k in kernels.all()
+            if (not args.backend or k.backend in args.backend)
+            and (not args.op or k.op in args.op)
+            and (not args.name or args.name in k.name)]
+    table = [("name", "backend", "device", "pattern", "tolerance")]
+    table += [(k.name, k.backend, k.device, describe(k.pattern), f"{k.tolerance:g}")
+              for k in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    for i, row in enumerate(table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        if i == 0:
+            print("  ".join("-" * w for w in widths) + "  " + "-" * 9)
+    print(f"\n{len(rows)} kernels" + (f" (of {len(kernels.all())})" if len(rows) !=
+                                       len(kernels.all()) else ""))
+    return 0
+
+
+def _kernels_verify(args: argparse.Namespace) -> int:
+    from tensor_graphs import kernels
+    from tensor_graphs.errors import TensorGraphsError
+
+    if args.file:
+        try:
+            admitted = kernels.load(args.file)
+        except TensorGraphsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            for k in getattr(exc, "admitted", []):
+                print(f"admitted {k.name}")
+            return 1
+        for k in admitted:
+            print(f"admitted {k.name}: {kernels.verify(k).summary()}")
+        if not admitted:
+            print(f"{args.file} defines no kernels")
+        return 0
+    chosen = []
+    for name in args.names or [k.name for k in kernels.all()]:
+        matches = [k for k in kernels.all() if k.name == name] or \
+            [k for k in kernels.all() if name in k.name or k.backend == name]
+        if not matches:
+            print(f"error: no kernel named or matching '{name}' (tg kernels list shows them)",
+                  file=sys.stderr)
+            return 2
+        chosen += [k for k in matches if k not in chosen]
+    if args.backend:
+        chosen = [k for k in chosen if k.backend in args.backend]
+    failed = skipped = 0
+    for i, k in enumerate(chosen, 1):
+        report = kernels.verify(k, seed=args.seed)
+        mark = "skip" if report.skipped else ("ok" if report.ok else "FAIL")
+        print(f"[{i}/{len(chosen)}] {mark:4} {report.summary()}", flush=True)
+        if report.skipped:
+            skipped += 1
+        elif not report.ok:
+            failed += 1
+            for line in report.failures[:5]:
+                print(f"        {line}")
+        if args.verbose:
+            for line in report.shapes:
+                print(f"        tried: {line}")
+    print(f"{len(chosen) - failed - skipped} passed, {failed} failed"
+          + (f", {skipped} not verified (their device is not on this machine)" if skipped else ""))
+    return 1 if failed else 0
+
+
+def _kernels_prompt(args: argparse.Namespace) -> int:
+    from tensor_graphs import kernels
+    from tensor_graphs.errors import TensorGraphsError
+
+    try:
+        print(kernels.prompt(args.pattern, name=args.name, backend=args.backend), end="")
+    except TensorGraphsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_kernels(sub) -> None:
+    kern = sub.add_parser(
+        "kernels", help="list, verify and write kernels (tg kernels --help)",
+        description="Kernels implement a pattern (an op or a fused subgraph) on a backend "
+                    "(numpy, c, torch, ...). Every kernel is checked against the float64 "
+                    "reference before it is used.")
+    ksub = kern.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND")
+    kern.set_defaults(run=lambda args: (kern.print_help(), 0)[1])
+
+    ls = ksub.add_parser("list", help="table of registered kernels",
+                         description="One row per registered kernel: name, backend, device "
+                                     "kind, the pattern it implements and its declared "
+                                     "tolerance (norm-wise relative error).")
+    ls.add_argument("--backend", action="append", help="only this backend (repeatable)")
+    ls.add_argument("--op", action="append", help="only kernels rooted at this op (repeatable)")
+    ls.add_argument("--name", help="only kernels whose name contains this text")
+    ls.set_defaults(run=_kernels_list)
+
+    ver = ksub.add_parser(
+        "verify", help="check kernels against the float64 reference",
+        description="Runs each kernel on fresh random inputs (sizes 1, 7, 33, 1025; broadcast, "
+                    "strided; NaN/inf for elementwise kernels) and compares with the float64 "
+                    "reference by norm-wise relative error. Exits 1 when any kernel fails.")
+    ver.add_argument("names", nargs="*", metavar="NAME",
+                     help="kernel names (or parts of names, or a backend); default: all")
+    ver.add_argument("--backend", action="append", help="only this backend (repeatable)")
+    ver.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    ver.add_argument("--file", help="load this Python file of @tg.kernel definitions: verify "
+                                    "its kernels and admit those that pass")
+    ver.add_argument("-v", "--verbose", action="store_true", help="list every case tried")
+    ver.set_defaults(run=_kernels_verify)
+
+    pr = ksub.add_parser(
+        "prompt", help="print a request to write a kernel for a pattern",
+        description="Prints the pattern's reference graph (and its atomic decomposition), the "
+                    "kernel signature expected and how it will be verified: text ready to hand "
+                    "to a person or a language model. PATTERN is an op name (layer_norm), a "
+                    "kernel name, or an expression whose free names are the inputs "
+                    "('gelu(x @ w + b)', 'lambda a, b, c: a * b + c').")
+    pr.add_argument("pattern", metavar="PATTERN", help="op name, kernel name or expression")
+    pr.add_argument("--name", help="the kernel's name in the template (default my_<op>)")
+    pr.add_argument("--backend", default="numpy", help="backend in the template (numpy)")
+    pr.set_defaults(run=_kernels_prompt)
 
 
 def main(argv: list[str] | None = None) -> int:

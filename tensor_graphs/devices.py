@@ -1,13 +1,18 @@
 """Devices are values: a name ("cpu", "cuda:0") and a capacity in bytes.
 
 A device is memory, not a backend: numpy, C and torch-CPU kernels all run on ``cpu`` and share
-its memory (no copies between them); torch-CUDA and Triton kernels would share ``cuda:N``.
-Capacity is detected (physical memory, or the cgroup limit when smaller; the GPU's memory) and
-can be overridden: ``tg.Device("cpu", capacity=8 << 30)``.
+its memory (no copies between them); torch-CUDA and Triton kernels would share ``cuda:N``
+(``Device.backends`` lists the backends with kernels for a device). A kernel's ``device`` is a
+device *kind*; moving a value between devices is a copy_to kernel (``kernels/copy.py``).
+Capacity is detected (physical memory, or the cgroup limit when smaller, cgroup v2 or v1; the
+GPU's memory) and can be overridden: ``tg.Device("cpu", capacity=8 << 30)``. ``allocated`` is
+what tensor_graphs holds on the device now, whichever backend allocated it: allocators report
+through ``track``, per device name, so every ``Device`` value of one device sees one count.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 
@@ -32,9 +37,11 @@ class Device:
         idx = int(index or 0)
         if capacity is None:
             capacity = _detect_capacity(kind, idx)
-        elif not isinstance(capacity, int) or capacity <= 0:
+        elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) \
+                or capacity <= 0:
             raise DeviceError(f"device capacity must be a positive number of bytes, "
                               f"got {capacity!r}")
+        capacity = int(capacity)
         for slot, value in (("name", "cpu" if kind == "cpu" else f"cuda:{idx}"), ("kind", kind),
                             ("index", idx), ("capacity", capacity)):
             object.__setattr__(self, slot, value)
@@ -47,6 +54,20 @@ class Device:
         """Bytes tensor_graphs currently holds on this device (arenas, weights, state)."""
         return _allocated.get(self.name, 0)
 
+    @property
+    def free(self) -> int:
+        """capacity - allocated: what tensor_graphs may still take (other programs aside)."""
+        return self.capacity - self.allocated
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends with kernels registered for this device's kind (they share its
+        memory): ("c", "numpy", "torch") on a CPU with torch installed."""
+        from tensor_graphs.kernels import registry
+
+        return tuple(sorted({k.backend for k in registry.all()
+                             if k.device == self.kind and k.backend != "copy"}))
+
     def __eq__(self, other) -> bool:
         return isinstance(other, Device) and (self.name, self.capacity) == (other.name,
                                                                              other.capacity)
@@ -58,10 +79,15 @@ class Device:
         return f"Device({self.name!r}, capacity={self.capacity})"
 
 
-def track(device: Device, nbytes: int) -> None:
+def track(device: Device | str, nbytes: int) -> None:
     """Allocators report what they take (positive) and give back (negative)."""
+    name = device.name if isinstance(device, Device) else Device(device).name
     with _lock:
-        _allocated[device.name] = _allocated.get(device.name, 0) + nbytes
+        total = _allocated.get(name, 0) + int(nbytes)
+        if total < 0:
+            raise DeviceError(f"{name}: {-int(nbytes)} bytes given back but only "
+                              f"{total - int(nbytes)} were allocated (an allocator frees twice)")
+        _allocated[name] = total
 
 
 def as_device(value: Device | str) -> Device:
@@ -87,11 +113,13 @@ def _detect_capacity(kind: str, index: int) -> int:
             raise DeviceError(f"cuda:{index} does not exist: {torch.cuda.device_count()} GPU(s)")
         return int(torch.cuda.get_device_properties(index).total_memory)
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
+    for path in ("/sys/fs/cgroup/memory.max",  # cgroup v2 ("max" when unlimited)
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # v1 (a huge number)
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
         if limit.isdigit():
             return min(physical, int(limit))
-    except OSError:
-        pass
     return physical

@@ -23,6 +23,8 @@ synchronous; the values are the same bits (tolerance ``EXACT``).
 
 from __future__ import annotations
 
+import numpy as np
+
 from tensor_graphs.devices import as_device
 from tensor_graphs.errors import ArgumentError, DeviceError
 from tensor_graphs.kernels import registry
@@ -49,12 +51,21 @@ def _to(kind: str):
     return target_is
 
 
+def _signatures(target: str):
+    """Verification cases with the target device set (the generic copy_to cases go to cpu)."""
+    device = "cpu" if target == "cpu" else "cuda:0"
+    shapes = [(1,), (7, 33), (1025,), (), (2, 3, 4)]
+    return [{"x": (s, dt), "attrs": {"device": device}}
+            for dt in ("float32", "bfloat16", "int64", "bool") for s in shapes]
+
+
 def copy_kernel(name: str, source: str, target: str, same_memory: bool = False):
     """Register ``fn`` as the copy kernel ``name`` for moves from ``source`` to ``target``."""
 
     def decorate(fn) -> Kernel:
         k = kernel("copy_to", backend="copy", name=name, device=target, where=_to(target),
-                   tolerance=EXACT, view=same_memory)(fn)
+                   tolerance=EXACT, view=same_memory,
+                   signatures=None if target == "cpu" else _signatures(target))(fn)
         ROUTES[name] = (source, target)
         if same_memory:
             SAME_MEMORY.add(name)
@@ -66,7 +77,7 @@ def copy_kernel(name: str, source: str, target: str, same_memory: bool = False):
 @copy_kernel("copy_same_memory", "cpu", "cpu", same_memory=True)
 def copy_same_memory(x):
     """The value is already in host memory: numpy, C and torch-CPU kernels share it as is."""
-    return x
+    return np.asarray(x)  # the array itself (a numpy scalar becomes a 0-d array)
 
 
 def _register_cuda() -> None:
@@ -80,17 +91,29 @@ def _register_cuda() -> None:
     @copy_kernel("copy_host_to_cuda", "cpu", "cuda")
     def copy_host_to_cuda(x, device):
         """numpy array -> torch tensor on the target GPU (viewed as a CPU tensor first)."""
-        return convert.to_torch(x).to(device)
+        return _moved(x, device)
 
     @copy_kernel("copy_cuda_to_host", "cuda", "cpu")
     def copy_cuda_to_host(x):
-        """torch CUDA tensor -> numpy array in host memory."""
-        return convert.to_numpy(x.cpu())
+        """torch CUDA tensor -> numpy array in host memory (always a new array)."""
+        if not convert.is_tensor(x):
+            return np.array(x, copy=True)
+        out = x.detach().cpu()
+        if out.data_ptr() == x.data_ptr():  # it was in host memory already
+            out = out.clone()
+        return convert.to_numpy(out)
 
     @copy_kernel("copy_cuda_to_cuda", "cuda", "cuda")
     def copy_cuda_to_cuda(x, device):
         """Between two GPUs (peer to peer where the driver allows)."""
-        return x.to(device)
+        return _moved(x, device)
+
+    def _moved(x, device):
+        """x on ``device``, always a new tensor (``Tensor.to`` returns x itself when it is
+        already there)."""
+        t = convert.to_torch(x)
+        out = t.to(str(device))
+        return out.clone() if out is t else out
 
 
 def _cuda_usable() -> bool:

@@ -19,7 +19,9 @@ pattern's variables positionally (in the order of the traced function's paramete
 op's tensor parameters) and, as keyword arguments, any attributes of the matched root node it
 names in its signature (``def c_softmax(x, axis)``). It returns a new array; ``inplace=i`` says
 it may write its result into input i's buffer and ``view=True`` that it returns a view of
-input 0 (both matter to the memory planner).
+input 0 (both matter to the memory planner). ``signatures=[{"x": (7, 33), "w": ((33, 5),
+"float64"), "attrs": {...}}, ...]`` tells the verifier which inputs to try, for fused patterns
+whose shapes it cannot guess (``kernels/signatures.py``).
 
 Registration does not verify (that would run every kernel at import): ``tg.kernels.verify``
 does, the test suite verifies every registered kernel, ``tg.kernels.load`` admits a user's file

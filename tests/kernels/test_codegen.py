@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import tensor_graphs as tg
@@ -18,6 +18,14 @@ from tensor_graphs.numerics import relative_error
 
 pytestmark = pytest.mark.skipif(not build.available(),
                                 reason=f"no C compiler: {build.unavailable_reason()}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_generated_kernels():
+    """Generated kernels are registered as they are made; take them out of the registry
+    after this module so other tests (docs, coverage) see the hand-written set."""
+    yield
+    cg.clear_cache()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -59,6 +67,9 @@ def assert_close_to_reference(got, root, feeds, exact_native=False):
     rr = cg.evaluate_rounded(region, [feeds[n.name] for n in region.inputs])
     if got.dtype.kind != "f":
         ok = _same(got, r32) | _same(got, r64.astype(got.dtype)) | _same(got, rr)
+        if cg._rounding_decides(region):  # a last-bit difference of expf & co. moved a cut
+            assert (~ok).sum() <= max(1, ok.size // 100)
+            return
         assert ok.all(), f"differs at {np.argwhere(~ok)[:5].tolist()}: {got[~ok][:5]} vs " \
                          f"{r32[~ok][:5]}"
         return
@@ -115,16 +126,17 @@ def elementwise_graphs(draw):
     leaves = [tg.input(f"in{i}", _sub_shape(draw, out), dtypes[i]) for i in range(n_in)]
     pool = list(leaves)
     built = None
-    for _ in range(draw(st.integers(1, 7))):
-        kind = draw(st.sampled_from(("unary", "binary", "binary", "scalar", "where", "cast")))
-        a = draw(st.sampled_from(pool))
+    for step in range(draw(st.integers(2, 8))):
+        kind = draw(st.sampled_from(("binary", "unary", "scalar", "unary", "where", "cast",
+                                     "binary")))
+        a = pool[-1] if step else draw(st.sampled_from(pool))  # a chain: the root uses all
         b = draw(st.sampled_from(pool))
         if kind == "unary":
-            op = draw(st.sampled_from(FLOAT_UNARY + ("neg",)))
+            op = draw(st.sampled_from(FLOAT_UNARY))
             x = a if a.dtype.is_float or (op == "neg" and a.dtype.is_int) else _as(a, "float32")
             built = getattr(tg, op)(x) if op != "neg" else -x
         elif kind in ("binary", "scalar"):
-            op = draw(st.sampled_from(BINARY))
+            op = draw(st.sampled_from(BINARY + ("add", "mul")))
             if kind == "scalar":
                 b = draw(st.sampled_from((2, 3, -1, 0.5, -2.5, 1.0, True)))
                 b_dtype = None
@@ -166,9 +178,12 @@ def test_random_elementwise_graphs_match_the_reference(case):
     used = {n for n in tg.nodes(root) if n.op.is_leaf}
     feeds = {leaf.name: _values(rng, tuple(leaf.shape), leaf.dtype.name, special)
              for leaf in leaves if leaf in used}
-    k = cg.fuse_elementwise(root, verify=False)
+    k = cg.fuse_elementwise(root, verify=False, register=False)
     region = cg.elementwise_region(root)
     assert all(n.op.is_leaf for n in region.inputs)
+    event(f"output {root.dtype.name}")
+    for op in region.ops:
+        event(f"op {op}")
     args = [feeds[n.name] for n in region.inputs]
     try:
         tg.evaluate(root, feeds)
@@ -325,6 +340,20 @@ def test_integer_wraparound(dtype):
         assert_close_to_reference(got, y, feeds, exact_native=True)
 
 
+def test_pow_with_scalar_exponents_as_numpy():
+    """numpy computes x ** 0.5, x ** 2 and x ** -1 with a scalar exponent as sqrt, square and
+    reciprocal: pow(-inf, 0.5) is nan there and pow(-0.0, 0.5) is -0.0 (C's pow: inf, +0.0)."""
+    x = tg.input("x", (9,))
+    X = np.array([-np.inf, -0.0, 0.0, np.nan, -2.0, 3.0, 1e30, np.inf, 1e-30], np.float32)
+    for e in (0.5, 2.0, -1.0, 3.0, -0.5):
+        y = tg.pow(x, e)
+        k = cg.fuse_elementwise(y)
+        got, ref = k(X), tg.evaluate(y, {"x": X})
+        assert np.array_equal(got, ref, equal_nan=True), (e, got, ref)
+        assert np.array_equal(np.signbit(got), np.signbit(ref)), (e, got, ref)
+    assert "sqrtf(" in cg.emit_c(cg.elementwise_region(tg.pow(x, 0.5))).source
+
+
 def test_integer_pow_wraps_and_refuses_negative_exponents():
     a, b = tg.input("a", (4,), "int8"), tg.input("b", (4,), "int8")
     k = cg.fuse_elementwise(tg.pow(a, b))
@@ -354,6 +383,13 @@ def test_casts():
         y = i.astype(target)
         _, got = run_region(y, {"i": I_})
         assert_close_to_reference(got, y, {"i": I_}, exact_native=True)
+    # float -> int -> float must give +0.0 for x in (-1, 0): GCC's -fno-trapping-math rewrite
+    # of (float)(int)x as trunc(x) gives -0.0 (and 1/that is -inf)
+    r = tg.input("r", (1025,), "float32")
+    y = tg.reciprocal(r.astype("int32").astype("float32"))
+    R = -np.linspace(0.01, 0.99, 1025).astype(np.float32)
+    _, got = run_region(y, {"r": R})
+    assert (got == np.inf).all()
     bo = tg.input("bo", (3,), "bool")
     y = bo.astype("float32") * 2.0 + bo.astype("int32").astype("float32")
     _, got = run_region(y, {"bo": np.array([True, False, True])})
@@ -364,14 +400,14 @@ def test_where_with_broadcast_condition_and_bool_arithmetic():
     c = tg.input("c", (7, 1), "bool")
     a, b = tg.input("a", (33,)), tg.input("b", (7, 33))
     m = tg.input("m", (7, 33), "bool")
-    y = tg.where(tg.logical_and(c, m) if hasattr(tg, "logical_and") else c * m, a, b)
+    y = tg.where(tg.logical_and(c, m), a, b)
     rng = np.random.default_rng(4)
     feeds = {"c": rng.random((7, 1)) < 0.5, "a": _values(rng, (33,), "float32"),
              "b": _values(rng, (7, 33), "float32"), "m": rng.random((7, 33)) < 0.5}
     y = tg.decompose(y)
     _, got = run_region(y, feeds)
     assert_close_to_reference(got, y, feeds, exact_native=True)
-    z = tg.decompose(tg.logical_or(c, m) if hasattr(tg, "logical_or") else c + m)
+    z = tg.decompose(tg.logical_or(c, m))
     _, got = run_region(z, feeds)
     assert_close_to_reference(got, z, feeds, exact_native=True)
 
@@ -387,16 +423,17 @@ def test_float64_kernels_and_transcendentals():
 
 
 # ---------------------------------------------------------------------------- regions
-def test_region_stops_at_non_elementwise_nodes_and_inlines_uniform_constants():
+def test_region_stops_at_non_elementwise_nodes_and_inlines_scalar_constants():
     x, w = tg.input("x", (4, 8)), tg.weight("w", (8, 5))
     b = tg.weight("b", (5,))
     h = x @ w
     table = tg.constant(np.arange(5, dtype=np.float32))  # not uniform: an input
-    twos = tg.constant(np.full((4, 1), 2.0, np.float32))  # uniform: inlined, shape kept
-    y = tg.decompose(tg.exp(h + b) * twos + table)
+    twos = tg.constant(np.full((4, 1), 2.0, np.float32))  # not 0-d: an input (its shape counts)
+    y = tg.decompose(tg.exp(h + b) * twos + table - 0.5)
     region = cg.elementwise_region(y)
     assert h in region.inputs and b in region.inputs and table in region.inputs
-    assert twos in region.constants
+    assert twos in region.inputs
+    assert [abs(c.attrs["value"].array.item()) for c in region.constants] == [0.5]
     assert all(n.op.name in cg.ELEMENTWISE for n in region.nodes)
     nodes, inputs = region  # unpacks as (nodes, inputs)
     assert inputs == region.inputs
@@ -404,9 +441,10 @@ def test_region_stops_at_non_elementwise_nodes_and_inlines_uniform_constants():
     rng = np.random.default_rng(6)
     H, B = rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal(5).astype(
         np.float32)
-    args = {h: H, b: B, table: np.arange(5, dtype=np.float32)}
+    args = {h: H, b: B, table: np.arange(5, dtype=np.float32), twos: np.full((4, 1), 2.0,
+                                                                              np.float32)}
     got = k(*[args[n] for n in region.inputs])
-    ref = np.exp(H + B) * 2 + np.arange(5)
+    ref = np.exp(H + B) * 2 + np.arange(5) - 0.5
     assert relative_error(got, ref) < 1e-6
     # explicit inputs are boundaries too, in the caller's order
     e = y.inputs[0].inputs[0] if y.inputs[0].op.name == "mul" else y.inputs[1].inputs[0]
@@ -456,10 +494,12 @@ def test_constraints_name_the_kernel():
 def test_check_kernel_rejects_a_wrong_function():
     a = tg.input("a", (7,))
     region = cg.elementwise_region(tg.exp(a) * 2.0)
-    report = cg.check_kernel(lambda x: np.exp(x) * 2.001, region)
+    with np.errstate(all="ignore"):
+        report = cg.check_kernel(lambda x: np.exp(x) * 2.001, region)
     assert not report.ok and report.max_rel_error > 1e-4
-    report = cg.check_kernel(lambda x: (np.exp(x.astype(np.float64)) * 2).astype(np.float32),
-                             region)
+    with np.errstate(all="ignore"):
+        report = cg.check_kernel(
+            lambda x: (np.exp(x.astype(np.float64)) * 2).astype(np.float32), region)
     assert report.ok, report.message
     assert any(1025 in s[0] for s in report.shapes if s and s[0])
 
@@ -536,3 +576,62 @@ def test_verification_runs_before_registration():
     if verify is not None:
         report = verify(k)
         assert report.ok, report
+
+
+def test_scalar_constants_do_not_match_larger_constants():
+    a = tg.input("a", (4,))
+    k = cg.fuse_elementwise(tg.exp(a) * 2.0)
+    assert any(kk is k for kk, _ in tg.kernels.matching(tg.exp(a) * 2.0))
+    wide = tg.exp(a) * tg.constant(np.full((5, 4), 2.0, np.float32))  # would broadcast to (5, 4)
+    assert wide.shape == (5, 4)
+    assert not any(kk is k for kk, _ in tg.kernels.matching(wide))
+
+
+def test_libraries_follow_the_thread_setting_and_use_vector_math():
+    from tensor_graphs import threads
+
+    x = tg.input("x", (33, 1025))
+    y = tg.exp(x) * tg.sin(x)
+    k = cg.fuse_elementwise(y)
+    source = k.fn.source_text
+    assert "num_threads(tg_nthreads)" in source and "tg_set_threads" in source
+    if {"expf", "sinf"} <= cg.vector_math_functions():
+        assert "__simd__" in source and "-lmvec" in cg.emit_c(cg.elementwise_region(y)).flags
+    X = np.random.default_rng(11).standard_normal((33, 1025)).astype(np.float32)
+    before = threads.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            threads.set_num_threads(n)
+            results.append(k(X))
+        assert np.array_equal(results[0], results[1])  # elementwise: no reduction order
+    finally:
+        threads.set_num_threads(before)
+
+
+def test_compile_failure_is_a_tensor_graphs_error(monkeypatch):
+    x = tg.input("x", (3,))
+    y = tg.exp(x) * 1.2345678  # a constant no other test uses: not compiled before
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    with pytest.raises(tg.errors.CCompileError):
+        cg.fuse_elementwise(y)
+    monkeypatch.undo()
+    assert cg.fuse_elementwise(y) is not None
+
+
+def test_shared_subexpressions_are_named_sub_patterns():
+    """A node used twice is one named sub-pattern: the pattern stays linear in the region and
+    matching does not walk every path through the DAG (2**20 paths here)."""
+    import time
+
+    x = tg.input("x", (7,))
+    z = x
+    for _ in range(20):
+        z = tg.exp(-z) * tg.sin(z)  # z feeds neg and sin, not the next mul chain
+    k = cg.fuse_elementwise(z)
+    assert k.pattern_size < 200 <= cg.MAX_PATTERN_MATCH
+    start = time.perf_counter()
+    m = k.match(z)
+    assert m is not None and m.bindings["x0"] is x
+    assert time.perf_counter() - start < 30  # (exponential: hours)
+    assert len(tg.kernels.describe(k.pattern)) < 5000

@@ -6,43 +6,45 @@
  *
  * Both variants first copy K transposed (D x Skp) and V padded (Skp x Dvp) per kv head, so the
  * micro-kernels below read aligned, zero-padded rows (Skp, Dvp: multiples of 16):
- *  - tg_attention_f32: per block of 4 query rows, scores against all keys, an exact softmax,
- *    then P @ V (a 4 x Sk buffer per thread).
- *  - tg_flash_attention_f32: query blocks of 64 rows x key blocks of `bk` keys with an online
- *    softmax (running max, sum, rescaled accumulator): never more than 64 x bk scores, and
- *    each K/V block is reused by 64 query rows while it is in cache. */
+ *  - tg_attention_f32: per block of 6 query rows, scores against all keys, an exact softmax,
+ *    then P @ V (a 6 x Sk buffer per thread).
+ *  - tg_flash_attention_f32: query blocks of 60 rows x key blocks of `bk` keys with an online
+ *    softmax (running max, sum, rescaled accumulator): never more than 6 x bk scores, and
+ *    each K/V block is reused by 60 query rows while it is in cache. */
 #include "tg_common.h"
 #include <stdlib.h>
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
-#define TG_R 4
-#define TG_BQ 64
+#define TG_R 6
+#define TG_BQ 60 /* a multiple of TG_R */
 
 static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }
 
 /* 64-byte aligned, size rounded up to a multiple of 64 (as C11 aligned_alloc wants) */
 static void *tg_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 127) & ~(size_t)63); }
 
-/* s[r][j] = scale * sum_d q[r][d] * kt[d][j] for j in [0, n), n a multiple of 16 */
+/* s[r][j] = scale * sum_d q[r][d] * kt[d][j] for j in [0, n), n a multiple of 16.
+ * TG_R x 16 outputs in 2 * TG_R vector accumulators (12 with TG_R = 6: enough independent
+ * FMAs in flight to cover their latency). */
 TG_INLINE void scores_block(const float *const q[TG_R], const float *kt, int64_t ldk, int64_t d_,
                             int64_t n, float scale, float *s, int64_t lds) {
     for (int64_t j = 0; j < n; j += 16) {
-        v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-        const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+        v8 a0[TG_R], a1[TG_R];
+        for (int r = 0; r < TG_R; r++) a0[r] = a1[r] = (v8){0};
         for (int64_t d = 0; d < d_; d++) {
             const float *kr = kt + d * ldk + j;
             v8 k0 = *(const v8u *)kr, k1 = *(const v8u *)(kr + 8);
-            float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
-            a00 += x0 * k0; a01 += x0 * k1;
-            a10 += x1 * k0; a11 += x1 * k1;
-            a20 += x2 * k0; a21 += x2 * k1;
-            a30 += x3 * k0; a31 += x3 * k1;
+            for (int r = 0; r < TG_R; r++) {
+                float x = q[r][d];
+                a0[r] += x * k0;
+                a1[r] += x * k1;
+            }
         }
-        *(v8u *)(s + 0 * lds + j) = a00 * scale; *(v8u *)(s + 0 * lds + j + 8) = a01 * scale;
-        *(v8u *)(s + 1 * lds + j) = a10 * scale; *(v8u *)(s + 1 * lds + j + 8) = a11 * scale;
-        *(v8u *)(s + 2 * lds + j) = a20 * scale; *(v8u *)(s + 2 * lds + j + 8) = a21 * scale;
-        *(v8u *)(s + 3 * lds + j) = a30 * scale; *(v8u *)(s + 3 * lds + j + 8) = a31 * scale;
+        for (int r = 0; r < TG_R; r++) {
+            *(v8u *)(s + r * lds + j) = a0[r] * scale;
+            *(v8u *)(s + r * lds + j + 8) = a1[r] * scale;
+        }
     }
 }
 
@@ -50,20 +52,24 @@ TG_INLINE void scores_block(const float *const q[TG_R], const float *kt, int64_t
 TG_INLINE void pv_block(const float *p, int64_t ldp, const float *v, int64_t ldv, int64_t n,
                         int64_t dvp, float *acc, int64_t lda) {
     for (int64_t c = 0; c < dvp; c += 16) {
-        float *o0 = acc + c, *o1 = acc + lda + c, *o2 = acc + 2 * lda + c, *o3 = acc + 3 * lda + c;
-        v8 a00 = *(v8u *)o0, a01 = *(v8u *)(o0 + 8), a10 = *(v8u *)o1, a11 = *(v8u *)(o1 + 8);
-        v8 a20 = *(v8u *)o2, a21 = *(v8u *)(o2 + 8), a30 = *(v8u *)o3, a31 = *(v8u *)(o3 + 8);
+        v8 a0[TG_R], a1[TG_R];
+        for (int r = 0; r < TG_R; r++) {
+            a0[r] = *(v8u *)(acc + r * lda + c);
+            a1[r] = *(v8u *)(acc + r * lda + c + 8);
+        }
         for (int64_t j = 0; j < n; j++) {
             const float *vr = v + j * ldv + c;
             v8 v0 = *(const v8u *)vr, v1 = *(const v8u *)(vr + 8);
-            float p0 = p[j], p1 = p[ldp + j], p2 = p[2 * ldp + j], p3 = p[3 * ldp + j];
-            a00 += p0 * v0; a01 += p0 * v1;
-            a10 += p1 * v0; a11 += p1 * v1;
-            a20 += p2 * v0; a21 += p2 * v1;
-            a30 += p3 * v0; a31 += p3 * v1;
+            for (int r = 0; r < TG_R; r++) {
+                float x = p[r * ldp + j];
+                a0[r] += x * v0;
+                a1[r] += x * v1;
+            }
         }
-        *(v8u *)o0 = a00; *(v8u *)(o0 + 8) = a01; *(v8u *)o1 = a10; *(v8u *)(o1 + 8) = a11;
-        *(v8u *)o2 = a20; *(v8u *)(o2 + 8) = a21; *(v8u *)o3 = a30; *(v8u *)(o3 + 8) = a31;
+        for (int r = 0; r < TG_R; r++) {
+            *(v8u *)(acc + r * lda + c) = a0[r];
+            *(v8u *)(acc + r * lda + c + 8) = a1[r];
+        }
     }
 }
 
@@ -153,8 +159,7 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const float
                     const float *mr = i < sq ? mask_row(&a, bi, h, i) : NULL;
                     if (mr)
                         for (int64_t j = 0; j < lim; j++) sr[j] += mr[j * a.ms[3]];
-                    float m = -INFINITY;
-                    for (int64_t j = 0; j < lim; j++) m = sr[j] > m ? sr[j] : m;
+                    float m = tg_row_max(sr, lim);
                     float shift = (mask && m == -INFINITY) ? 0.0f : m;
                     float sum = 0.0f;
                     _Pragma("omp simd reduction(+:sum)")
@@ -235,7 +240,8 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                             if (mr)
                                 for (int64_t j = 0; j < lim; j++) sr[j] += mr[(j0 + j) * a.ms[3]];
                             float m = i < q1 ? ms[lr] : -INFINITY;
-                            for (int64_t j = 0; j < lim; j++) m = sr[j] > m ? sr[j] : m;
+                            float bm = tg_row_max(sr, lim);
+                            m = bm > m ? bm : m;
                             if (m == -INFINITY) { /* nothing to attend to yet */
                                 for (int64_t j = 0; j < jn; j++) sr[j] = 0.0f;
                                 continue;
@@ -258,7 +264,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                             }
                         }
                         /* rows past q1 have zero probabilities: their accumulator rows
-                         * (still inside the 64-row buffer) stay unused */
+                         * (still inside the TG_BQ-row buffer) stay unused */
                         pv_block(s, bk, vp + j0 * a.dvp, a.dvp, jn, a.dvp,
                                  acc + (i0 - q0) * a.dvp, a.dvp);
                     }

@@ -129,7 +129,23 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
                    f"{')' if act else ''} through OpenBLAS, epilogue fused.")
     run.source_text = SOURCE + f"\n/* {name} */"
     kernel(pattern, backend="c", name=name, dtypes=("float32", "float64"), contiguous=True,
-           where=_where(linear, has_bias), tolerance=1e-5)(run)
+           where=_where(linear, has_bias), tolerance=1e-5,
+           signatures=_signatures(linear, has_bias))(run)
+
+
+def _signatures(linear: bool, has_bias: bool) -> list[dict]:
+    """Verification cases (m, k, n) at sizes 1, 7, 33, 1025, batched, and float64."""
+    out = []
+    for m, k, n, lead, dt in ((1, 1, 1, (), "float32"), (7, 33, 9, (), "float32"),
+                              (5, 1025, 33, (), "float32"), (33, 7, 1025, (2,), "float32"),
+                              (7, 33, 9, (3,), "float64")):
+        a = (lead + (m, k), dt)
+        b = ((n, k) if linear else (k, n), dt)
+        sig = {"x": a, "weight": b} if linear else {"a": a, "b": b}
+        if has_bias:
+            sig["bias"] = ((n,), dt)
+        out.append(sig)
+    return out
 
 
 _register("c_matmul", False, False, None)

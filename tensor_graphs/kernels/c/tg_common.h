@@ -112,9 +112,10 @@ TG_INLINE float tg_gelu_erf(float x) {
     return 0.5f * x * one_plus;
 }
 
+/* 0.5 x (1 + tanh(u)) = x * sigmoid(2u): no cancellation in 1 + tanh(u) for x << 0 */
 TG_INLINE float tg_gelu_tanh(float x) {
-    float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tg_tanhf(inner));
+    float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);
+    return x * tg_sigmoidf(u2);
 }
 
 TG_INLINE float tg_siluf(float x) { return x * tg_sigmoidf(x); }
@@ -175,5 +176,5 @@ static inline double tg_sigmoid(double x) {
 }
 static inline double tg_gelu_erf_d(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752); }
 static inline double tg_gelu_tanh_d(double x) {
-    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    return x * tg_sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x));
 }

@@ -3,8 +3,9 @@
 float16/bfloat16 compute in float32 and round once, as the reference does; erf, which numpy
 lacks, is a vectorised float64 series / continued fraction. Movement ops (reshape, permute,
 expand, slice) return views of their input (``view=True``), everything else a new array.
-Tolerances: 1e-7 for correctly rounded ops (one rounding of the exact result), 1e-6 for the
-transcendental functions and reductions, 1e-6 for matmul (BLAS accumulation order).
+Tolerances: 1e-12 for ops that do not round (movement, comparisons, max, neg: bit-exact),
+1e-7 for correctly rounded ops (one rounding of the exact result), 1e-6 for the transcendental
+functions, reductions and matmul (BLAS accumulation order).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from tensor_graphs.kernels.numpy._util import (
     ALL,
     CONCAT_ARITIES,
     FLOATS,
-    INTS,
     NUMBERS,
     erf,
     out,
@@ -27,6 +27,7 @@ from tensor_graphs.kernels.numpy._util import (
 from tensor_graphs.kernels.registry import kernel
 from tensor_graphs.rewrite import pattern as pat
 
+NONE = 1e-12  # no rounding at all: the result is bit-exact
 EXACT = 1e-7  # one rounding of the exact result: at most 2**-24 relative on float32
 CLOSE = 1e-6
 
@@ -41,7 +42,7 @@ def _unary(name: str, fn, dtypes, tolerance: float, doc: str):
            tolerance=tolerance)(run)
 
 
-_unary("neg", np.negative, NUMBERS, EXACT, "-x with numpy (ints wrap like the reference).")
+_unary("neg", np.negative, NUMBERS, NONE, "-x with numpy (ints wrap like the reference).")
 _unary("exp", np.exp, FLOATS, CLOSE, "e**x with numpy.")
 _unary("log", np.log, FLOATS, CLOSE, "Natural log with numpy (log 0 = -inf, log(x<0) = nan).")
 _unary("sqrt", np.sqrt, FLOATS, EXACT, "Square root with numpy (correctly rounded).")
@@ -88,10 +89,10 @@ def _less(a, b):
 for _name, _fn, _dtypes, _tol, _doc in (
     ("add", _add, ALL, EXACT, "a + b with numpy (logical or on bool)."),
     ("mul", _mul, ALL, EXACT, "a * b with numpy (logical and on bool)."),
-    ("maximum", _maximum, ALL, EXACT, "Elementwise max with numpy; nan propagates."),
+    ("maximum", _maximum, ALL, NONE, "Elementwise max with numpy; nan propagates."),
     ("pow", _pow, NUMBERS, CLOSE, "a ** b with numpy."),
-    ("equal", _equal, ALL, EXACT, "a == b with numpy."),
-    ("less", _less, ALL, EXACT, "a < b with numpy."),
+    ("equal", _equal, ALL, NONE, "a == b with numpy."),
+    ("less", _less, ALL, NONE, "a < b with numpy."),
 ):
     with_signature(_fn, ["a", "b"], {}, _doc, source=_name)
     kernel(_name, backend="numpy", name=f"numpy_{_name}", dtypes=_dtypes, where=same_dtype,
@@ -104,7 +105,7 @@ def _ab_same_dtype(shapes, dtypes, attrs):
     return True
 
 
-@kernel("where", backend="numpy", name="numpy_where", where=_ab_same_dtype, tolerance=EXACT)
+@kernel("where", backend="numpy", name="numpy_where", where=_ab_same_dtype, tolerance=NONE)
 def numpy_where(cond, a, b):
     """cond ? a : b with numpy.where (broadcasting)."""
     return out(np.where(cond, a, b), a.dtype)
@@ -130,31 +131,31 @@ def numpy_sum(x, axes, keepdims):
         return out(np.sum(a, axis=tuple(axes), keepdims=keepdims, dtype=a.dtype), x.dtype)
 
 
-@kernel("max", backend="numpy", name="numpy_max", tolerance=EXACT)
+@kernel("max", backend="numpy", name="numpy_max", tolerance=NONE)
 def numpy_max(x, axes, keepdims):
     """Maximum over axes with numpy; nan propagates."""
     return np.array(np.max(up(x), axis=tuple(axes), keepdims=keepdims), dtype=x.dtype)
 
 
-@kernel("reshape", backend="numpy", name="numpy_reshape", view=True, tolerance=EXACT)
+@kernel("reshape", backend="numpy", name="numpy_reshape", view=True, tolerance=NONE)
 def numpy_reshape(x, shape):
     """Row-major reshape: a view when the layout allows, else a copy."""
     return np.reshape(x, tuple(shape))
 
 
-@kernel("permute", backend="numpy", name="numpy_permute", view=True, tolerance=EXACT)
+@kernel("permute", backend="numpy", name="numpy_permute", view=True, tolerance=NONE)
 def numpy_permute(x, perm):
     """Axis permutation: a strided view."""
     return np.transpose(x, tuple(perm))
 
 
-@kernel("expand", backend="numpy", name="numpy_expand", view=True, tolerance=EXACT)
+@kernel("expand", backend="numpy", name="numpy_expand", view=True, tolerance=NONE)
 def numpy_expand(x, shape):
     """Broadcast size-1 axes: a read-only view with zero strides."""
     return np.broadcast_to(x, tuple(shape))
 
 
-@kernel("slice", backend="numpy", name="numpy_slice", view=True, tolerance=EXACT)
+@kernel("slice", backend="numpy", name="numpy_slice", view=True, tolerance=NONE)
 def numpy_slice(x, starts, stops, steps):
     """Strided window: a view (negative steps too; a stop of -1 means before index 0)."""
     index = tuple(slice(0, 0) if a < 0 else slice(a, None if c < 0 else c, s)
@@ -162,7 +163,7 @@ def numpy_slice(x, starts, stops, steps):
     return x[index]
 
 
-@kernel("pad", backend="numpy", name="numpy_pad", tolerance=EXACT)
+@kernel("pad", backend="numpy", name="numpy_pad", tolerance=NONE)
 def numpy_pad(x, pads, value):
     """Constant padding with numpy.pad."""
     return out(np.pad(up(x), [tuple(p) for p in pads], constant_values=value), x.dtype)
@@ -175,14 +176,14 @@ for _n in CONCAT_ARITIES:
                          source=f"concat {_n}")
     kernel(pat.OpPat("concat", tuple(pat.var(v) for v in _names)), backend="numpy",
            name="numpy_concat" if _n == 2 else f"numpy_concat_{_n}", where=same_dtype,
-           tolerance=EXACT)(_fn)
+           tolerance=NONE)(_fn)
 
 
 def _index_dtype(shapes, dtypes, attrs):
     return True if dtypes[1].is_int else f"indices must be ints, got {dtypes[1].name}"
 
 
-@kernel("gather", backend="numpy", name="numpy_gather", where=_index_dtype, tolerance=EXACT)
+@kernel("gather", backend="numpy", name="numpy_gather", where=_index_dtype, tolerance=NONE)
 def numpy_gather(x, indices, axis):
     """numpy.take along one axis; an index outside [0, size) raises EvaluationError."""
     size = x.shape[axis]
@@ -201,7 +202,7 @@ def numpy_matmul(a, b):
         return out(np.matmul(up(a), up(b)), a.dtype)
 
 
-@kernel("iota", backend="numpy", name="numpy_iota", tolerance=EXACT)
+@kernel("iota", backend="numpy", name="numpy_iota", tolerance=NONE)
 def numpy_iota(length, dtype):
     """0, 1, ..., length-1 in the given dtype."""
     return np.arange(length).astype(dtype.np_dtype)
@@ -212,14 +213,14 @@ def _to_cpu(shapes, dtypes, attrs):
     return True if device == "cpu" else f"copies to the cpu only, not to {device}"
 
 
-@kernel("copy_to", backend="numpy", name="numpy_copy_to", where=_to_cpu, tolerance=EXACT)
+@kernel("copy_to", backend="numpy", name="numpy_copy_to", where=_to_cpu, tolerance=NONE)
 def numpy_copy_to(x, device):
     """A copy in host memory (the target device is the cpu)."""
     return np.array(x, copy=True)
 
 
 @kernel("state_update", backend="numpy", name="numpy_state_update", where=same_dtype,
-        tolerance=EXACT)
+        tolerance=NONE)
 def numpy_state_update(state, value, axis, offset):
     """A new version of the state with value written at offset along axis (may grow it)."""
     if offset > state.shape[axis]:

@@ -32,7 +32,8 @@ from tensor_graphs.kernels.numpy._util import (
 from tensor_graphs.kernels.registry import kernel
 
 TOL = 1e-6
-EXACT = 1e-7
+EXACT = 1e-7  # one rounding
+NONE = 1e-12  # no rounding: bit-exact
 
 
 def numpy_kernel(op: str, dtypes=FLOATS, where=same_dtype, tolerance: float = TOL, **kw):
@@ -55,7 +56,7 @@ def numpy_div(a, b):
         return out(np.divide(up(a), up(b)), a.dtype)
 
 
-@numpy_kernel("minimum", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("minimum", dtypes=ALL, tolerance=NONE)
 def numpy_minimum(a, b):
     """Elementwise min; nan propagates."""
     return out(np.minimum(up(a), up(b)), a.dtype)
@@ -64,7 +65,7 @@ def numpy_minimum(a, b):
 def _compare(name: str, fn, doc: str):
     run = with_signature(lambda a, b: out(fn(up(a), up(b)), np.bool_), ["a", "b"], {}, doc,
                          source=name)
-    numpy_kernel(name, dtypes=ALL, tolerance=EXACT)(run)
+    numpy_kernel(name, dtypes=ALL, tolerance=NONE)(run)
 
 
 _compare("greater", np.greater, "a > b.")
@@ -73,37 +74,37 @@ _compare("greater_equal", np.greater_equal, "a >= b (false with nan).")
 _compare("not_equal", np.not_equal, "a != b (true with nan).")
 
 
-@numpy_kernel("logical_not", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("logical_not", dtypes=ALL, tolerance=NONE)
 def numpy_logical_not(x):
     """not x (nonzero is true)."""
-    return np.logical_not(x != 0)
+    return np.asarray(np.logical_not(x != 0))
 
 
-@numpy_kernel("logical_and", dtypes=ALL, where=None, tolerance=EXACT)
+@numpy_kernel("logical_and", dtypes=ALL, where=None, tolerance=NONE)
 def numpy_logical_and(a, b):
     """a and b (nonzero is true)."""
-    return np.logical_and(a != 0, b != 0)
+    return np.asarray(np.logical_and(a != 0, b != 0))
 
 
-@numpy_kernel("logical_or", dtypes=ALL, where=None, tolerance=EXACT)
+@numpy_kernel("logical_or", dtypes=ALL, where=None, tolerance=NONE)
 def numpy_logical_or(a, b):
     """a or b (nonzero is true)."""
-    return np.logical_or(a != 0, b != 0)
+    return np.asarray(np.logical_or(a != 0, b != 0))
 
 
-@numpy_kernel("isnan", dtypes=NUMBERS, tolerance=EXACT)
+@numpy_kernel("isnan", dtypes=NUMBERS, tolerance=NONE)
 def numpy_isnan(x):
     """x is nan."""
     return np.asarray(np.isnan(up(x)))
 
 
-@numpy_kernel("abs", dtypes=NUMBERS, tolerance=EXACT)
+@numpy_kernel("abs", dtypes=NUMBERS, tolerance=NONE)
 def numpy_abs(x):
     """|x| (ints wrap at the minimum, like the reference)."""
     return out(np.abs(up(x)), x.dtype)
 
 
-@numpy_kernel("sign", dtypes=NUMBERS, tolerance=EXACT)
+@numpy_kernel("sign", dtypes=NUMBERS, tolerance=NONE)
 def numpy_sign(x):
     """-1, 0 or 1; nan stays nan."""
     return out(np.sign(up(x)), x.dtype)
@@ -146,7 +147,7 @@ def numpy_clamp(x, min, max):  # noqa: A002 - the op's attribute names
     return out(y, x.dtype)
 
 
-@numpy_kernel("relu", dtypes=NUMBERS, tolerance=EXACT)
+@numpy_kernel("relu", dtypes=NUMBERS, tolerance=NONE)
 def numpy_relu(x):
     """max(x, 0); nan propagates."""
     return out(np.maximum(up(x), np.zeros((), up(x).dtype)), x.dtype)
@@ -246,7 +247,7 @@ def numpy_var(x, axis, keepdims, correction):
                    x.dtype)
 
 
-@numpy_kernel("min", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("min", dtypes=ALL, tolerance=NONE)
 def numpy_min(x, axis, keepdims):
     """Minimum; nan propagates."""
     return out(np.min(up(x), axis=_axis(axis), keepdims=keepdims), x.dtype)
@@ -260,13 +261,13 @@ def _arg(fn, x, axis, keepdims):
     return np.asarray(fn(a, axis=axis, keepdims=keepdims), np.int64)
 
 
-@numpy_kernel("argmax", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("argmax", dtypes=ALL, tolerance=NONE)
 def numpy_argmax(x, axis, keepdims):
     """Index of the first maximum (int64); a nan counts as the maximum."""
     return _arg(np.argmax, x, axis, keepdims)
 
 
-@numpy_kernel("argmin", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("argmin", dtypes=ALL, tolerance=NONE)
 def numpy_argmin(x, axis, keepdims):
     """Index of the first minimum (int64); a nan counts as the minimum."""
     return _arg(np.argmin, x, axis, keepdims)
@@ -274,9 +275,9 @@ def numpy_argmin(x, axis, keepdims):
 
 @numpy_kernel("prod", dtypes=NUMBERS)
 def numpy_prod(x, axis, keepdims):
-    """Product (ints wrap)."""
+    """Product (floats multiply in float64 and round once, ints wrap)."""
     with np.errstate(all="ignore"):
-        a = up(x)
+        a = x if x.dtype.kind in "iu" else x.astype(np.float64)
         return out(np.prod(a, axis=_axis(axis), keepdims=keepdims, dtype=a.dtype), x.dtype)
 
 
@@ -379,7 +380,7 @@ def _int_ids(shapes, dtypes, attrs):
     return True
 
 
-@kernel("embedding", backend="numpy", name="numpy_embedding", where=_int_ids, tolerance=EXACT)
+@kernel("embedding", backend="numpy", name="numpy_embedding", where=_int_ids, tolerance=NONE)
 def numpy_embedding(ids, table):
     """Rows of the table picked by ids (numpy.take); an id out of range raises."""
     n = table.shape[0]
@@ -453,13 +454,13 @@ def numpy_rotary_embedding(x, cos, sin):
         return out(h * up(cos) + rotated * up(sin), x.dtype)
 
 
-@numpy_kernel("triu", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("triu", dtypes=ALL, tolerance=NONE)
 def numpy_triu(x, diagonal):
     """Upper triangle of the last two axes (numpy.triu)."""
     return np.triu(x, k=diagonal)
 
 
-@numpy_kernel("tril", dtypes=ALL, tolerance=EXACT)
+@numpy_kernel("tril", dtypes=ALL, tolerance=NONE)
 def numpy_tril(x, diagonal):
     """Lower triangle of the last two axes (numpy.tril)."""
     return np.tril(x, k=diagonal)

@@ -3,14 +3,17 @@
 Each evaluates the op's own node with the reference interpreter in float64 and rounds the
 result once to the node's dtype, so its error is one rounding: at most 2**-24 relative on
 float32 outputs. They are declared with a tolerance of 1e-7, so any tolerance >= 1e-7 on
-float32 outputs always has a path, whatever other backends offer. They are slow (the
-interpreter expands composites on every call): the planner's last resort, and the oracle a
-person can read.
+float32 outputs always has a path, whatever other backends offer. They are slow (float64,
+one numpy call per atomic op of the decomposition, which is cached per node): the planner's
+last resort, and the oracle a person can read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +21,7 @@ from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.builder import input as _input
 from tensor_graphs.ir.builder import state as _state
 from tensor_graphs.ir.evaluate import evaluate
+from tensor_graphs.ir.graph import decompose
 from tensor_graphs.ir.node import Node, Op
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import CONCAT_ARITIES, op_pattern, variants, with_signature
@@ -32,34 +36,75 @@ def _to_cpu(shapes, dtypes, attrs):
     return True if device == "cpu" else f"computes in host memory; the target is {device}"
 
 
-def exact_function(op: Op, given: tuple[str, ...], names: tuple[str, ...] | None = None):
+class ExactFunction:
     """``fn(*arrays, **attrs)``: the node ``op(arrays, attrs)`` evaluated in float64, rounded
     once to its dtype. ``given`` are the op's tensor parameters present (optional ones may be
-    absent), ``names`` the kernel's parameter names (concat: x0, x1, ...)."""
-    names = tuple(names or given)
-    subset = op.optional and tuple(given) != op.params
+    absent), ``names`` the kernel's parameter names (concat: x0, x1, ...).
 
-    def run(*arrays, **attrs):
+    A class rather than a closure: the registry hashes a kernel function's source, and
+    re-reading this file for each of a hundred exact kernels took a quarter of a second at
+    import; ``source_text`` (the op's defining module, hashed once per file) stands in."""
+
+    def __init__(self, op: Op, given: tuple[str, ...], names: tuple[str, ...] | None = None):
+        self.op, self.given, self.names = op, tuple(given), tuple(names or given)
+        self.subset = bool(op.optional) and self.given != op.params
+        self.__qualname__ = self.__name__ = f"numpy_exact_{op.name}"
+
+    def __call__(self, *arrays, **attrs):
         leaves = []
-        for name, a in zip(names, arrays):
+        for name, a in zip(self.names, arrays):
             dtype = _dtypes.from_numpy(a.dtype)
-            make = _state if op.name == "state_update" and name == "state" else _input
+            make = _state if self.op.name == "state_update" and name == "state" else _input
             leaves.append(make(name, a.shape, dtype))
-        if subset:
-            attrs["args"] = tuple(given)
-        node = Node.make(op, tuple(leaves), attrs)
-        result = evaluate(node, dict(zip(names, arrays)), dtype="float64")
+        if self.subset:
+            attrs["args"] = self.given
+        node = Node.make(self.op, tuple(leaves), attrs)
+        result = evaluate(atomic_graph(node), dict(zip(self.names, arrays)), dtype="float64")
         return np.asarray(result).astype(node.dtype.np_dtype)
 
-    return run
+
+def exact_function(op: Op, given: tuple[str, ...], names: tuple[str, ...] | None = None):
+    """An ExactFunction for ``op`` with the tensors ``given``."""
+    return ExactFunction(op, given, names)
+
+
+_ATOMIC: OrderedDict[Node, Node] = OrderedDict()
+_ATOMIC_SIZE = 256
+
+
+def atomic_graph(node: Node) -> Node:
+    """``decompose(node)``, remembered for the last few hundred nodes: expanding a composite
+    costs more than evaluating it on small inputs, and kernels run on the same nodes again."""
+    found = _ATOMIC.get(node)
+    if found is None:
+        found = _ATOMIC[node] = decompose(node)
+        if len(_ATOMIC) > _ATOMIC_SIZE:
+            _ATOMIC.popitem(last=False)
+    else:
+        _ATOMIC.move_to_end(node)
+    return found
+
+
+_FILE_DIGESTS: dict[str, str] = {}
 
 
 def _source(op: Op) -> str:
-    fn = op.decompose or op.reference
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return op.name
+    """What identifies the op's meaning for the kernel's source hash: a digest of the file that
+    defines its decomposition (or reference) and of this one, read once per file."""
+    parts = [op.name]
+    for fn in (op.decompose or op.reference, ExactFunction.__call__):
+        try:
+            path = inspect.getsourcefile(fn) or ""
+        except TypeError:
+            path = ""
+        if path not in _FILE_DIGESTS:
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                data = path.encode()
+            _FILE_DIGESTS[path] = hashlib.blake2b(data, digest_size=8).hexdigest()
+        parts.append(_FILE_DIGESTS[path])
+    return ":".join(parts)
 
 
 def _register(op: Op, given, names, suffix: str, pattern) -> None:

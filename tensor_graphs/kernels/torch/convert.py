@@ -67,26 +67,39 @@ def is_tensor(value) -> bool:
 
 def to_torch(a):
     """A CPU tensor sharing memory with numpy array ``a`` (tensors pass through unchanged)."""
-    if not isinstance(a, np.ndarray):
+    global _readonly_seen
+    if type(a) is not np.ndarray:
         if is_tensor(a):
             return a
         a = np.asarray(a)
-    dt = a.dtype
-    if dt == _BF16:
+    if a.dtype == _BF16:
         return to_torch(a.view(np.int16)).view(torch.bfloat16)
-    size = dt.itemsize
-    if not dt.isnative or any(s < 0 or s % size for s in a.strides):
-        a = np.ascontiguousarray(a, dtype=dt.newbyteorder("="))  # torch cannot view these
-    if a.flags.writeable:
+    if not a.flags.writeable and not _readonly_seen:
+        # torch warns once per process that it cannot mark the tensor read-only; the kernels
+        # never write to their inputs, so that first warning is silenced (and there is no other)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = _from_numpy(a)
+        _readonly_seen = True
+        return out
+    return _from_numpy(a)
+
+
+_readonly_seen = False
+
+
+def _from_numpy(a: np.ndarray):
+    try:
         return torch.from_numpy(a)
-    with warnings.catch_warnings():  # kernels never write to their inputs
-        warnings.simplefilter("ignore")
-        return torch.from_numpy(a)
+    except (ValueError, TypeError, RuntimeError):
+        # negative strides (x[::-1]), strides that are not a multiple of the item size, or a
+        # foreign byte order: torch cannot view these, so they are copied
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("=")))
 
 
 def to_numpy(t) -> np.ndarray:
     """A numpy array sharing memory with CPU tensor ``t``."""
-    if t.dtype == torch.bfloat16:
+    if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()
 

@@ -1,0 +1,178 @@
+"""Render docs/kernels.md, the kernel coverage report, from the kernel registry.
+
+    python -m tensor_graphs.kernels.docs            # (re)write docs/kernels.md
+    python -m tensor_graphs.kernels.docs --check    # exit 1 when docs/kernels.md is stale
+    python -m tensor_graphs.kernels.docs --print    # print the rendered page
+
+The page is a pure function of the kernels the package registers at import on a machine
+without a GPU: kernels of user files, tests and the generated-C code generator (registered on
+demand) are left out, and so are CUDA kernels (registered only where a GPU is usable; they
+mirror the torch CPU kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import tensor_graphs  # noqa: F401  (registers every op and kernel)
+from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops.atomic import ATOMIC_OPS
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.registry import Kernel, describe
+from tensor_graphs.rewrite import pattern as pat
+
+DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "kernels.md"
+COMMAND = "python -m tensor_graphs.kernels.docs"
+BACKENDS = ("numpy", "c", "torch", "copy")
+
+INTRO = f"""\
+# Kernels
+
+<!-- Generated from the kernel registry by `{COMMAND}`; do not edit by hand. -->
+
+A kernel implements a *pattern* — one op, atomic or composite, or a fused subgraph — on a
+backend, with constraints (dtypes, ranks, contiguity, shape predicates) and a declared
+*tolerance*: the largest norm-wise relative error ‖got − ref‖ / ‖ref‖ against the float64
+reference it may show on float32/float64 outputs (float16/bfloat16 outputs are allowed their
+own rounding, see `tensor_graphs/kernels/verify.py`). Every kernel below is verified by the
+test suite (`tests/kernels/test_verify_all.py`) and by `tg kernels verify`.
+
+- `numpy_<op>`: the numpy backend, always available; every atomic op and the common
+  composites, at the op's own dtype semantics.
+- `numpy_exact_<op>`: every op, computed by the reference interpreter in float64 and rounded
+  once (tolerance 1e-7): any tolerance >= 1e-7 on float32 outputs always has a path.
+- `c_*`: C kernels (compiled on first use, BLAS from `scipy-openblas32`); `torch_*`: torch on
+  the CPU (`torch_cuda_*` mirror them on a GPU and are registered only there);
+  `copy_*`: moves between devices (`copy_to`).
+- A pattern has a fixed arity: an op with optional tensors has one kernel per combination
+  given (`_no_bias` ...), and `concat` kernels exist for 2, 3 and 4 inputs (`_3`, `_4`).
+
+Regenerate with `{COMMAND}` after adding kernels; `tests/kernels/test_docs_kernels.py` fails
+when this page is stale. `tg kernels list` shows the same registry as a table.
+"""
+
+
+def documented() -> list[Kernel]:
+    """The kernels this page lists (see the module docstring)."""
+    generated: set[int] = set()
+    try:
+        from tensor_graphs.kernels.c import codegen
+
+        generated = {id(k) for k in codegen.cached_kernels()}
+    except ImportError:  # pragma: no cover - codegen is part of the package
+        pass
+    out = []
+    for k in registry.all():
+        module = getattr(k.fn, "__module__", "") or ""
+        if id(k) in generated or k.device != "cpu" or not module.startswith("tensor_graphs."):
+            continue
+        out.append(k)
+    return out
+
+
+def _plain(k: Kernel) -> bool:
+    """The pattern is the op over distinct variables with no attribute constraints."""
+    p = k.pattern
+    return (isinstance(p, pat.OpPat) and not p.attrs and p.op in OPS
+            and all(isinstance(i, pat.Var) for i in p.inputs)
+            and len(p.inputs) == len(OPS[p.op].params))
+
+
+def _single(k: Kernel) -> bool:
+    p = k.pattern
+    return isinstance(p, pat.OpPat) and not any(isinstance(i, pat.OpPat) for i in p.inputs)
+
+
+def _cell_entry(k: Kernel) -> str:
+    """``name`` tolerance, and what narrows the pattern: the inputs given (an op with optional
+    tensors), pinned attributes, scalar or repeated operands."""
+    text = f"`{k.name}` {k.tolerance:g}"
+    if _plain(k):
+        return text
+    p = k.pattern
+    parts = []
+    if "args" in p.attrs or len(p.inputs) != len(OPS[p.op].params) or \
+            not all(isinstance(i, pat.Var) for i in p.inputs):
+        parts.append(", ".join(describe(i) for i in p.inputs))
+    parts += [f"{a}={v!r}" if not callable(v) else f"{a}: a predicate"
+              for a, v in p.attrs.items() if a != "args"]
+    return f"{text} ({_escape('; '.join(parts))})"
+
+
+def _escape(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render() -> str:
+    kernels = documented()
+    backends = [b for b in BACKENDS if any(k.backend == b for k in kernels)]
+    backends += sorted({k.backend for k in kernels} - set(backends))
+    by_op: dict[str, list[Kernel]] = {}
+    fused = []
+    for k in kernels:
+        if _single(k) and k.op in OPS:
+            by_op.setdefault(k.op, []).append(k)
+        else:
+            fused.append(k)
+    lines = [INTRO, "## Summary", "", "| backend | kernels | ops covered |", "|---|---|---|"]
+    for b in backends:
+        ks = [k for k in kernels if k.backend == b]
+        ops = {k.op for k in ks if _single(k)}
+        lines.append(f"| {b} | {len(ks)} | {len(ops)} |")
+    composites = sorted(n for n, op in OPS.items() if op.kind == "composite"
+                        and op.decompose.__module__.startswith("tensor_graphs."))
+    atomic = [n for n in ATOMIC_OPS if n in OPS]
+    uncovered = [n for n in atomic + composites
+                 if not any(k.backend != "numpy" or not k.name.startswith("numpy_exact")
+                            for k in by_op.get(n, []))]
+    lines += ["", f"{len(kernels)} kernels; {len(atomic)} atomic and {len(composites)} "
+              f"composite ops. Ops with only the exact kernel (and their decomposition): "
+              + (", ".join(f"`{n}`" for n in uncovered) or "none") + ".", ""]
+    header = "| op | kind | " + " | ".join(backends) + " |"
+    rule = "|---|---|" + "---|" * len(backends)
+    for title, names in (("Atomic ops", atomic), ("Composite ops", composites)):
+        lines += [f"## {title}", "", header, rule]
+        for name in names:
+            ks = by_op.get(name, [])
+            cells = ["<br>".join(_cell_entry(k) for k in ks if k.backend == b) or "—"
+                     for b in backends]
+            lines.append(f"| `{name}` | {OPS[name].kind} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Fused kernels", "",
+              "Kernels whose pattern covers several ops (one kernel, one pass over memory).", ""]
+    if fused:
+        lines += ["| pattern | backend | kernel | tolerance |", "|---|---|---|---|"]
+        for k in sorted(fused, key=lambda k: (describe(k.pattern), k.backend, k.name)):
+            lines.append(f"| `{_escape(describe(k.pattern))}` | {k.backend} | `{k.name}` | "
+                         f"{k.tolerance:g} |")
+    else:
+        lines.append("None registered.")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--print", action="store_true", help="print the page instead")
+    parser.add_argument("--output", type=Path, default=DOCS_PATH, help="where to write it")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    if args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
+        if current != text:
+            print(f"{args.output} is stale; run `{COMMAND}`", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text, encoding="utf-8")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
