@@ -10,6 +10,7 @@ from tensor_graphs import kernels, rewrite  # noqa: E402,F401  (tg.rewrite.apply
 from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
     ArgumentError,
+    CCompileError,
     DecompositionError,
     DeviceError,
     DTypeError,
@@ -55,7 +56,7 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device",
-    "TensorGraphsError", "ArgumentError", "ShapeError", "DTypeError", "FeedError",
+    "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError",
 ]

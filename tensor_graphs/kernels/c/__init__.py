@@ -20,3 +20,8 @@ from tensor_graphs.kernels.c.build import (  # noqa: F401
     load_library,
     unavailable_reason,
 )
+from tensor_graphs.kernels.c.codegen import (  # noqa: F401,E402  (generated C, on demand)
+    elementwise_region,
+    emit_c,
+    fuse_elementwise,
+)
