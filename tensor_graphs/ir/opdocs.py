@@ -12,12 +12,12 @@ leak into the page.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from pathlib import Path
 
 import tensor_graphs  # noqa: F401  (registers every op)
+from tensor_graphs import docgen
 from tensor_graphs.ir.node import Op
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS, LEAF_OPS
@@ -121,31 +121,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true",
-                      help="exit with status 1 when the file differs from the op table")
-    mode.add_argument("--print", action="store_true", help="print the page instead")
-    parser.add_argument("--output", type=Path, default=DOCS_PATH, help="default: docs/ops.md")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.print:
-        sys.stdout.write(text)
-        return 0
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
-        if current != text:
-            print(f"{args.output} is stale; run `{COMMAND}` to regenerate it", file=sys.stderr)
-            return 1
-        print(f"{args.output} is up to date")
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    if not args.output.exists() or args.output.read_text(encoding="utf-8") != text:
-        args.output.write_text(text, encoding="utf-8")
-        print(f"wrote {args.output}")
-    else:
-        print(f"{args.output} is up to date")
-    return 0
+    return docgen.main(render, DOCS_PATH, COMMAND, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

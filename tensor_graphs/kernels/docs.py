@@ -12,11 +12,11 @@ mirror the torch CPU kernels).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import tensor_graphs  # noqa: F401  (registers every op and kernel)
+from tensor_graphs import docgen
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS
 from tensor_graphs.kernels import registry
@@ -153,25 +153,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    parser.add_argument("--print", action="store_true", help="print the page instead")
-    parser.add_argument("--output", type=Path, default=DOCS_PATH, help="where to write it")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.print:
-        sys.stdout.write(text)
-        return 0
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
-        if current != text:
-            print(f"{args.output} is stale; run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text, encoding="utf-8")
-    print(f"wrote {args.output}")
-    return 0
+    return docgen.main(render, DOCS_PATH, COMMAND, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensor_graphs.errors import EvaluationError
+from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import (
     ALL,
     CONCAT_ARITIES,
@@ -223,15 +224,4 @@ def numpy_copy_to(x, device):
         tolerance=NONE)
 def numpy_state_update(state, value, axis, offset):
     """A new version of the state with value written at offset along axis (may grow it)."""
-    if offset > state.shape[axis]:
-        raise EvaluationError(f"numpy_state_update: offset {offset} is past the active length "
-                              f"{state.shape[axis]} on axis {axis}")
-    end = offset + value.shape[axis]
-    shape = list(state.shape)
-    shape[axis] = max(shape[axis], end)
-    result = np.zeros(shape, state.dtype)
-    result[tuple(slice(0, n) for n in state.shape)] = state
-    index = [slice(None)] * state.ndim
-    index[axis] = slice(offset, end)
-    result[tuple(index)] = value
-    return result
+    return OPS["state_update"].reference([state, value], {"axis": axis, "offset": offset})
