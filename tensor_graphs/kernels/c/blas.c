@@ -33,39 +33,26 @@ static inline double tg_relu_d(double x) { return x < 0.0 ? 0.0 : x; }
 TG_EPILOGUE(epilogue_f32, float, tg_reluf, tg_gelu_erf, tg_gelu_tanh)
 TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
 
-void tg_gemm_f32(const float *a, const float *b, const float *bias, float *c, int64_t batch,
-                 int64_t m, int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc,
-                 int trans_b, int act) {
-    for (int64_t p = 0; p < batch; p++) {
-        if (m > 0 && n > 0) {
-            if (k > 0)
-                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                                  (blasint)m, (blasint)n, (blasint)k, 1.0f, a + p * sa,
-                                  (blasint)k, b + p * sb, (blasint)(trans_b ? k : n), 0.0f,
-                                  c + p * sc, (blasint)n);
-            else
-                memset(c + p * sc, 0, sizeof(float) * (size_t)(m * n));
-        }
-        if (bias || act) epilogue_f32(c + p * sc, bias, m, n, act);
+/* c[p] = a[p] @ b[p] (b transposed when trans_b), then bias and activation, for each batch p */
+#define TG_GEMM(NAME, T, GEMM, ONE, ZERO, EPILOGUE)                                           \
+    void NAME(const T *a, const T *b, const T *bias, T *c, int64_t batch, int64_t m,          \
+              int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc, int trans_b, int act) { \
+        for (int64_t p = 0; p < batch; p++) {                                                 \
+            if (m > 0 && n > 0) {                                                             \
+                if (k > 0)                                                                    \
+                    GEMM(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,    \
+                         (blasint)m, (blasint)n, (blasint)k, ONE, a + p * sa, (blasint)k,     \
+                         b + p * sb, (blasint)(trans_b ? k : n), ZERO, c + p * sc,            \
+                         (blasint)n);                                                         \
+                else                                                                          \
+                    memset(c + p * sc, 0, sizeof(T) * (size_t)(m * n));                       \
+            }                                                                                 \
+            if (bias || act) EPILOGUE(c + p * sc, bias, m, n, act);                           \
+        }                                                                                     \
     }
-}
 
-void tg_gemm_f64(const double *a, const double *b, const double *bias, double *c, int64_t batch,
-                 int64_t m, int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc,
-                 int trans_b, int act) {
-    for (int64_t p = 0; p < batch; p++) {
-        if (m > 0 && n > 0) {
-            if (k > 0)
-                scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                                  (blasint)m, (blasint)n, (blasint)k, 1.0, a + p * sa,
-                                  (blasint)k, b + p * sb, (blasint)(trans_b ? k : n), 0.0,
-                                  c + p * sc, (blasint)n);
-            else
-                memset(c + p * sc, 0, sizeof(double) * (size_t)(m * n));
-        }
-        if (bias || act) epilogue_f64(c + p * sc, bias, m, n, act);
-    }
-}
+TG_GEMM(tg_gemm_f32, float, scipy_cblas_sgemm, 1.0f, 0.0f, epilogue_f32)
+TG_GEMM(tg_gemm_f64, double, scipy_cblas_dgemm, 1.0, 0.0, epilogue_f64)
 
 /* the BLAS alone, for the benchmark's "raw sgemm" row */
 void tg_raw_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k) {
