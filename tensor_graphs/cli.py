@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tensor_graphs.db.cli import add_db_commands
+
 
 def _demo(args: argparse.Namespace) -> int:
     from tensor_graphs import demo
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how many lines of the graph listing to print (default 40)")
     demo.set_defaults(run=_demo)
     _add_kernels(sub)
+    add_db_commands(sub)
     return parser
 
 

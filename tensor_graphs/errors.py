@@ -60,3 +60,8 @@ class KernelVerificationError(TensorGraphsError):
 
 class DeviceError(TensorGraphsError, ValueError):
     """An unknown or unavailable device."""
+
+
+class DatabaseError(TensorGraphsError):
+    """A measurement database that cannot be used: corrupt, another application's, newer, or
+    read-only when asked to record; the message names the file and what to do."""

@@ -1,0 +1,181 @@
+"""``tg db``: inspect, share and prune the measurement database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from tensor_graphs.errors import TensorGraphsError
+
+DB_HELP = ("the database file (default: $TG_DB, else ~/.cache/tensor_graphs/"
+           "measurements.sqlite; ':memory:' for an empty one)")
+
+
+def add_db_commands(sub) -> None:
+    """Register ``tg db stats | show | export | import | prune`` on the ``tg`` subparsers."""
+    db = sub.add_parser(
+        "db", help="inspect, export, import and prune kernel measurements (tg db --help)",
+        description="The measurement database holds kernel timings on this hardware (SQLite, "
+                    "one row per kernel x input signature x hardware). The planner reads it; "
+                    "`tg profile` and compile(profile='missing') write it.")
+    dsub = db.add_subparsers(dest="db_command", metavar="SUBCOMMAND")
+    db.set_defaults(run=lambda args: (db.print_help(), 0)[1])
+
+    def command(name: str, help: str, description: str, run) -> argparse.ArgumentParser:
+        p = dsub.add_parser(name, help=help, description=description)
+        p.add_argument("--db", metavar="PATH", help=DB_HELP)
+        p.set_defaults(run=lambda args: _guard(run, args))
+        return p
+
+    command("stats", "counts: rows, kernels, hardware, failures, stale rows",
+            "Summarises the database: its file, schema version and revision, how many rows, "
+            "kernels and failures it holds, rows per hardware key, and how many rows are "
+            "stale (their kernel's source changed since they were measured).", _stats)
+    show = command("show", "table of measurements, most recent first",
+                   "One line per measurement: when, kernel, input signature, runs, median / "
+                   "min / max time, error against the float64 reference, and the device. "
+                   "Failed kernels show their error message.", _show)
+    show.add_argument("--kernel", help="only this kernel (exact name)")
+    show.add_argument("--limit", type=int, default=30,
+                      help="at most this many rows (default 30; 0 for all)")
+    exp = command("export", "write measurements as JSON lines",
+                  "Writes every measurement as one JSON object per line, to share with "
+                  "another machine or keep as a backup; `tg db import` merges it back.",
+                  _export)
+    exp.add_argument("file", metavar="FILE", help="output file, '-' for stdout")
+    imp = command("import", "merge measurements from JSON lines",
+                  "Adds the measurements of a `tg db export` file, skipping rows already "
+                  "present (exact duplicates), so importing twice changes nothing.", _import)
+    imp.add_argument("file", metavar="FILE", help="input file, '-' for stdin")
+    prune = command("prune", "delete stale, old or failed measurements",
+                    "Deletes the rows selected by the options (at least one is needed). "
+                    "Stale rows are still used as rough estimates, so pruning them is "
+                    "optional.", _prune)
+    prune.add_argument("--stale", action="store_true",
+                       help="rows measured with an older source of a kernel registered now")
+    prune.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="rows recorded more than DAYS days ago")
+    prune.add_argument("--failures", action="store_true",
+                       help="rows that record a kernel raising during profiling")
+
+
+def _guard(run, args: argparse.Namespace) -> int:
+    try:
+        return run(args)
+    except (TensorGraphsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _open(args: argparse.Namespace):
+    from tensor_graphs.db.store import open_db
+
+    return open_db(args.db)
+
+
+def _current_hashes() -> dict[str, str]:
+    from tensor_graphs import kernels
+
+    return {k.name: k.source_hash for k in kernels.all()}
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for i, row in enumerate([header, *rows]):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def fmt_seconds(t: float | None) -> str:
+    """A duration for people: 12.3us, 4.56ms, 1.20s ('-' for none)."""
+    if t is None or math.isnan(t):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(t) >= scale:
+            return f"{t / scale:.3g}{unit}"
+    return f"{t * 1e9:.3g}ns"
+
+
+def short_signature(text: str) -> str:
+    """``float32[64x64], float32[64] axis=-1`` for a signature_text (else the text itself)."""
+    try:
+        sig = json.loads(text)
+        ins = [f"{dtype}[{'x'.join(map(str, shape))}]" for shape, dtype in sig["inputs"]]
+        attrs = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sig["attrs"].items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return text
+    return " ".join([", ".join(ins), *attrs]).strip()
+
+
+def _stats(args: argparse.Namespace) -> int:
+    db = _open(args)
+    s = db.stats(_current_hashes())
+    note = f"  (read-only: {db.readonly_reason})" if db.readonly else ""
+    print(f"database   {s['path']}{note}")
+    print(f"schema     v{s['schema']}, revision {s['revision']}")
+    print(f"rows       {s['rows']} ({s['kernels']} kernels, {s['failures']} failures, "
+          f"{s['stale']} stale)")
+    if s["rows"]:
+        print(f"recorded   {_date(s['oldest'])} .. {_date(s['newest'])}")
+    print(f"calibrated {s['calibrations']} device(s)")
+    if s["hardware"]:
+        print()
+        _table([(h["key"], str(h["rows"]), h["device"], h["libs"]) for h in s["hardware"]],
+               ("hardware", "rows", "device", "libs"))
+    return 0
+
+
+def _date(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _show(args: argparse.Namespace) -> int:
+    db = _open(args)
+    rows = db.rows(kernel=args.kernel, limit=args.limit or None)
+    table = []
+    for m in rows:
+        err = "-" if m.error is None else f"{m.error:.2g}"
+        median = fmt_seconds(m.median) if m.ok else "FAILED"
+        note = (m.failure or "").splitlines()[0][:80] if not m.ok and m.failure else ""
+        table.append((_date(m.when), m.kernel, short_signature(m.signature), str(m.runs),
+                      median, fmt_seconds(m.min), fmt_seconds(m.max), err, m.hardware.key,
+                      note))
+    if table:
+        _table(table, ("when", "kernel", "signature", "runs", "median", "min", "max", "error",
+                       "hardware", ""))
+    total = db.stats()["rows"] if not args.kernel else len(db.rows(kernel=args.kernel))
+    print(f"\n{len(rows)} of {total} rows" + (f" of kernel {args.kernel}" if args.kernel
+                                              else ""))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    db = _open(args)
+    n = db.export_jsonl(sys.stdout if args.file == "-" else args.file)
+    if args.file != "-":
+        print(f"exported {n} rows to {args.file}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    db = _open(args)
+    n = db.import_jsonl(sys.stdin if args.file == "-" else args.file)
+    print(f"imported {n} new rows into {db.path}")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    if not (args.stale or args.older_than is not None or args.failures):
+        print("error: say what to prune: --stale, --older-than DAYS and/or --failures",
+              file=sys.stderr)
+        return 2
+    db = _open(args)
+    n = db.prune(stale_hashes=_current_hashes() if args.stale else None,
+                 older_than=None if args.older_than is None else args.older_than * 86400,
+                 failures=args.failures)
+    print(f"pruned {n} rows from {db.path}")
+    return 0

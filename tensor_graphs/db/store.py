@@ -1,0 +1,578 @@
+"""The measurement database: kernel timings on this hardware, in one SQLite file.
+
+Only kernel measurements are stored (never graphs): a row is a hardware key (machine, device,
+libs), a kernel name and the hash of its source, an input signature, and the timing and error
+of that kernel on those inputs. Several processes may write at once (WAL and a busy timeout;
+every ``record`` is its own committed transaction, so a killed writer loses nothing it
+committed and leaves no lock). A file we did not make, or one that is not SQLite at all, is
+refused with a ``DatabaseError`` and never touched; a file or directory we may not write is
+opened read-only, so planning still works. ``db.revision`` changes with every write: the plan
+cache keys on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from tensor_graphs.db.hardware import Hardware, current
+from tensor_graphs.errors import DatabaseError
+
+APPLICATION_ID = 0x54474442  # "TGDB": marks a file as ours (PRAGMA application_id)
+SQLITE_HEADER = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 60_000
+
+# MIGRATIONS[i] takes a file from user_version i to i + 1; append, never edit.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (  # v1: measurements and the revision counter
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO meta (key, value) VALUES ('revision', 0)",
+        """CREATE TABLE measurements (
+            id INTEGER PRIMARY KEY,
+            machine TEXT NOT NULL, device TEXT NOT NULL, libs TEXT NOT NULL,
+            kernel TEXT NOT NULL, source_hash TEXT NOT NULL, signature TEXT NOT NULL,
+            runs INTEGER NOT NULL, median REAL, min REAL, max REAL, error REAL,
+            "when" REAL NOT NULL)""",
+    ),
+    (  # v2: failed kernels, the lookup index, device calibration
+        "ALTER TABLE measurements ADD COLUMN failure TEXT",
+        "CREATE INDEX measurements_lookup ON measurements (kernel, device, libs, signature)",
+        """CREATE TABLE calibration (
+            device TEXT NOT NULL, libs TEXT NOT NULL, rates TEXT NOT NULL,
+            "when" REAL NOT NULL, PRIMARY KEY (device, libs))""",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_COLUMNS = ("machine", "device", "libs", "kernel", "source_hash", "signature", "runs",
+            "median", "min", "max", "error", "failure", '"when"')
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM measurements"
+_FIELDS = ("kernel", "source_hash", "signature", "runs", "median", "min", "max", "error",
+           "failure", "when", "machine", "device", "libs")  # the JSON-lines record
+
+
+def signature_text(inputs: Iterable[tuple[Sequence[int], Any]],
+                   attrs: Mapping[str, Any] | None = None) -> str:
+    """Canonical JSON for a kernel call: inputs as ([shape], dtype name), attrs with sorted
+    keys, tuples as lists, floats by exact repr; equal calls give byte-equal text."""
+    ins = [[[int(d) for d in shape], dtype if isinstance(dtype, str)
+            else getattr(dtype, "name", str(dtype))] for shape, dtype in inputs]
+    return json.dumps({"attrs": _jsonable(dict(attrs or {})), "inputs": ins},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _jsonable(value.item())
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else str(value)  # dtypes by name; sympy by str
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One kernel timed on one input signature (seconds). A kernel that raised while being
+    profiled has ``failure`` set and NaN timings. ``hardware=None`` means this machine's CPU
+    key at record time; ``when=0`` means now."""
+
+    kernel: str
+    source_hash: str
+    signature: str
+    runs: int
+    median: float
+    min: float
+    max: float
+    error: float | None
+    failure: str | None = None
+    hardware: Hardware | None = None
+    when: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True for a successful measurement (not a recorded failure)."""
+        return self.failure is None
+
+
+def _nan_to_none(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def _none_to_nan(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _from_row(row: Sequence) -> Measurement:
+    machine, device, libs, kernel, shash, sig, runs, med, lo, hi, err, fail, when = row
+    return Measurement(kernel, shash, sig, runs, _none_to_nan(med), _none_to_nan(lo),
+                       _none_to_nan(hi), err, fail, Hardware(machine, device, libs), when)
+
+
+class Database:
+    """A measurement database at ``path`` (a file path or ":memory:"); see the module doc."""
+
+    def __init__(self, path: str | os.PathLike = ":memory:"):
+        self.path = str(path)
+        self.readonly = False
+        self.readonly_reason: str | None = None
+        self.open_mode = "memory"  # "rw", "ro", "immutable", or "memory" (also private copies)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        if self.path == ":memory:":
+            self._conn = _connect(":memory:")
+            self._migrate()
+        else:
+            self._open_file(Path(os.path.expanduser(self.path)))
+
+    # ------------------------------------------------------------------ opening
+    def _open_file(self, p: Path) -> None:
+        _check_header(p)
+        reason = _not_writable(p)
+        if reason is None:
+            try:
+                self._conn = _connect(str(p))
+                self._validate(p)
+                self._enable_wal()
+                self._migrate()
+                self.open_mode = "rw"
+                return
+            except sqlite3.OperationalError as exc:  # a read-only mount os.access missed
+                if "readonly" not in str(exc) and "unable to open" not in str(exc):
+                    raise DatabaseError(f"cannot open the measurement database {p}: {exc}; "
+                                        "check the file or use another one (TG_DB=path or "
+                                        "db=...)") from exc
+                self.close()
+                reason = f"SQLite could not write it ({exc})"
+            except sqlite3.DatabaseError as exc:
+                self.close()
+                raise _corrupt(p, exc) from exc
+        self.readonly, self.readonly_reason = True, reason
+        if not p.exists():  # nothing to read, nowhere to write: plan without measurements
+            self._conn = _connect(":memory:")
+            self._migrate()
+            return
+        try:
+            self._conn, self.open_mode = _connect_readonly(p)
+            version = self._validate(p)
+            if version < SCHEMA_VERSION:  # migrate a private in-memory copy
+                mem = _connect(":memory:")
+                self._conn.backup(mem)
+                self._conn.close()
+                self._conn, self.open_mode = mem, "memory"
+                self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise _corrupt(p, exc) from exc
+
+    def _validate(self, p: Path) -> int:
+        """Raise unless the file is ours (or empty); return its schema version. Reads only."""
+        conn = self._conn
+        conn.execute("BEGIN")  # one snapshot: another process may be initialising the file
+        try:
+            app = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        finally:
+            conn.execute("COMMIT")
+        if app != APPLICATION_ID and (app != 0 or tables or version != 0):
+            self.close()
+            listed = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+            raise DatabaseError(
+                f"{p} is an SQLite database of another application (application_id {app}, "
+                f"tables: {listed or 'none'}), not a tensor_graphs measurement database; it "
+                "was left untouched. Point TG_DB or db= at another file.")
+        if version > SCHEMA_VERSION:
+            self.close()
+            raise DatabaseError(
+                f"{p} was written by a newer tensor_graphs (schema version {version}; this "
+                f"version reads up to {SCHEMA_VERSION}); it was left untouched. Upgrade "
+                "tensor_graphs or point TG_DB or db= at another file.")
+        return version
+
+    def _enable_wal(self) -> None:
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:  # changing the journal mode needs a moment with no other connection
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                break  # (a file system without WAL support keeps its old mode: fine)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) \
+                        or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable across process kills
+
+    def _migrate(self) -> None:
+        conn = self._conn
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")  # re-read: another process may have migrated it
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
+
+    def close(self) -> None:
+        """Close the connection (the last writer's close also checkpoints the WAL file)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Database({self.path!r}{', readonly' if self.readonly else ''})"
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                raise DatabaseError(f"the measurement database {self.path} is closed")
+            try:
+                yield self._conn
+            except sqlite3.DatabaseError as exc:
+                raise DatabaseError(f"reading the measurement database {self.path} failed: "
+                                    f"{exc}") from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One committed transaction; the revision goes up when it changed any row."""
+        if self.readonly:
+            raise DatabaseError(
+                f"the measurement database {self.path} is read-only ({self.readonly_reason}), "
+                "so nothing can be recorded; point TG_DB or db= at a writable file (check "
+                "db.readonly first to plan without recording)")
+        with self._read() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                before = conn.total_changes
+                yield conn
+                if conn.total_changes != before:
+                    conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'revision'")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    # ------------------------------------------------------------------ writing
+    def record(self, m: Measurement) -> Measurement:
+        """Store one measurement in its own transaction; returns it with hardware and when."""
+        m = _complete(m)
+        with self._write() as conn:
+            _insert(conn, m)
+        return m
+
+    def record_many(self, ms: Iterable[Measurement]) -> int:
+        """Store several measurements in one transaction; returns how many."""
+        rows = [_complete(m) for m in ms]
+        if not rows:
+            return 0
+        with self._write() as conn:
+            for m in rows:
+                _insert(conn, m)
+        return len(rows)
+
+    def set_calibration(self, hardware: Hardware | None, rates: Mapping[str, float]) -> None:
+        """Store the device's measured peak rates (replacing earlier ones)."""
+        hw = hardware or current()
+        with self._write() as conn:
+            conn.execute('INSERT OR REPLACE INTO calibration (device, libs, rates, "when") '
+                         "VALUES (?, ?, ?, ?)",
+                         (hw.device, hw.libs, json.dumps(dict(rates), sort_keys=True),
+                          time.time()))
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def revision(self) -> int:
+        """A counter every write increments (part of the plan cache key)."""
+        with self._read() as conn:
+            return conn.execute("SELECT value FROM meta WHERE key = 'revision'").fetchone()[0]
+
+    def lookup(self, kernel: str, signature: str, hardware: Hardware | None = None,
+               source_hash: str | None = None) -> Measurement | None:
+        """The most recent row for kernel + signature on the same device and libs (failures
+        included: check ``.ok``), preferring rows of ``source_hash`` if given, then rows of
+        this machine. The caller decides staleness by comparing ``source_hash``."""
+        hw = hardware or current()
+        with self._read() as conn:
+            row = conn.execute(
+                f"{_SELECT} WHERE kernel = ? AND device = ? AND libs = ? AND signature = ? "
+                'ORDER BY source_hash = ? DESC, machine = ? DESC, "when" DESC, id DESC '
+                "LIMIT 1", (kernel, hw.device, hw.libs, signature, source_hash or "",
+                            hw.machine)).fetchone()
+        return None if row is None else _from_row(row)
+
+    def rows_for(self, kernel: str, hardware: Hardware | None = None) -> list[Measurement]:
+        """Every successful row of ``kernel`` on the same device and libs (any machine, any
+        source hash), oldest first: the points the cost model interpolates between."""
+        hw = hardware or current()
+        with self._read() as conn:
+            rows = conn.execute(
+                f"{_SELECT} WHERE kernel = ? AND device = ? AND libs = ? AND failure IS NULL "
+                'ORDER BY "when", id', (kernel, hw.device, hw.libs)).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def calibration(self, hardware: Hardware | None = None) -> dict | None:
+        """The peak rates stored for this device and libs, or None before calibration."""
+        hw = hardware or current()
+        with self._read() as conn:
+            row = conn.execute("SELECT rates FROM calibration WHERE device = ? AND libs = ?",
+                               (hw.device, hw.libs)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def rows(self, kernel: str | None = None, limit: int | None = None) -> list[Measurement]:
+        """Rows (of one kernel, if given), most recent first."""
+        where, args = ("WHERE kernel = ?", [kernel]) if kernel else ("", [])
+        sql = f'{_SELECT} {where} ORDER BY "when" DESC, id DESC'
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", [*args, int(limit)]
+        with self._read() as conn:
+            return [_from_row(r) for r in conn.execute(sql, args)]
+
+    def stats(self, current_hashes: Mapping[str, str] | None = None) -> dict:
+        """Counts: rows, kernels, failures, per-hardware rows, calibrations, revision, and
+        (given {kernel: current source_hash}) how many rows are stale."""
+        with self._read() as conn:
+            rows, kernels, failures = conn.execute(
+                "SELECT count(*), count(DISTINCT kernel), count(failure) "
+                "FROM measurements").fetchone()
+            hardware = [{"key": Hardware(m, d, li).key, "machine": m, "device": d, "libs": li,
+                         "rows": n} for m, d, li, n in conn.execute(
+                "SELECT machine, device, libs, count(*) FROM measurements "
+                "GROUP BY machine, device, libs ORDER BY count(*) DESC")]
+            calibrations = conn.execute("SELECT count(*) FROM calibration").fetchone()[0]
+            span = conn.execute('SELECT min("when"), max("when") FROM measurements').fetchone()
+        out = {"path": self.path, "readonly": self.readonly, "schema": SCHEMA_VERSION,
+               "revision": self.revision, "rows": rows, "kernels": kernels,
+               "failures": failures, "hardware": hardware, "calibrations": calibrations,
+               "oldest": span[0], "newest": span[1]}
+        if current_hashes is not None:
+            out["stale"] = sum(n for _, _, n in self._stale(current_hashes))
+        return out
+
+    def _stale(self, current_hashes: Mapping[str, str]) -> list[tuple[str, str, int]]:
+        with self._read() as conn:
+            groups = conn.execute("SELECT kernel, source_hash, count(*) FROM measurements "
+                                  "GROUP BY kernel, source_hash").fetchall()
+        return [(k, h, n) for k, h, n in groups
+                if k in current_hashes and current_hashes[k] != h]
+
+    # ------------------------------------------------------------------ maintenance
+    def prune(self, stale_hashes: Mapping[str, str] | None = None,
+              older_than: float | None = None, failures: bool = False) -> int:
+        """Delete rows whose kernel's source changed (``stale_hashes`` = {kernel: current
+        hash}), rows older than ``older_than`` seconds, and/or failures; returns how many."""
+        stale = self._stale(stale_hashes) if stale_hashes else []
+        if not stale and older_than is None and not failures:
+            return 0
+        deleted = 0
+        with self._write() as conn:
+            for kernel, shash, _ in stale:
+                deleted += conn.execute("DELETE FROM measurements WHERE kernel = ? AND "
+                                        "source_hash = ?", (kernel, shash)).rowcount
+            if older_than is not None:
+                deleted += conn.execute('DELETE FROM measurements WHERE "when" < ?',
+                                        (time.time() - older_than,)).rowcount
+            if failures:
+                deleted += conn.execute("DELETE FROM measurements WHERE failure IS NOT NULL"
+                                        ).rowcount
+        return deleted
+
+    def export_jsonl(self, path_or_file: str | os.PathLike | IO[str]) -> int:
+        """Write every row as one JSON object per line (NaN as null); returns the count."""
+        with _text_file(path_or_file, "w") as f:
+            n = 0
+            for m in reversed(self.rows()):
+                record = {k: getattr(m, k, None) for k in _FIELDS}
+                record.update(machine=m.hardware.machine, device=m.hardware.device,
+                              libs=m.hardware.libs)
+                for k in ("median", "min", "max", "error"):
+                    record[k] = _nan_to_none(record[k])
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                n += 1
+        return n
+
+    def import_jsonl(self, path_or_file: str | os.PathLike | IO[str]) -> int:
+        """Merge rows written by ``export_jsonl``, skipping exact duplicates; returns how many
+        rows were new."""
+        with _text_file(path_or_file, "r") as f:
+            incoming = [_parse_line(line, i) for i, line in enumerate(f, 1) if line.strip()]
+        if not incoming:
+            return 0
+        added = 0
+        cond = " AND ".join(f"{c} IS ?" for c in _COLUMNS)
+        with self._write() as conn:
+            for m in incoming:
+                if conn.execute(f"SELECT 1 FROM measurements WHERE {cond} LIMIT 1",
+                                _values(m)).fetchone() is None:
+                    _insert(conn, m)
+                    added += 1
+        return added
+
+
+def _complete(m: Measurement) -> Measurement:
+    if not isinstance(m, Measurement):
+        raise DatabaseError(f"record() takes a Measurement, got {type(m).__name__}")
+    return replace(m, hardware=m.hardware or current(), when=m.when or time.time())
+
+
+def _values(m: Measurement) -> tuple:
+    hw = m.hardware
+    return (hw.machine, hw.device, hw.libs, m.kernel, m.source_hash, m.signature, int(m.runs),
+            _nan_to_none(m.median), _nan_to_none(m.min), _nan_to_none(m.max),
+            _nan_to_none(m.error), m.failure, float(m.when))
+
+
+def _insert(conn: sqlite3.Connection, m: Measurement) -> None:
+    conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES "
+                 f"({', '.join('?' * len(_COLUMNS))})", _values(m))
+
+
+def _parse_line(line: str, number: int) -> Measurement:
+    try:
+        d = json.loads(line)
+        hw = Hardware(str(d["machine"]), str(d["device"]), str(d["libs"]))
+        nums = {k: _none_to_nan(None if d.get(k) is None else float(d[k]))
+                for k in ("median", "min", "max")}
+        return Measurement(str(d["kernel"]), str(d["source_hash"]), str(d["signature"]),
+                           int(d["runs"]), error=None if d.get("error") is None
+                           else float(d["error"]), failure=d.get("failure"), hardware=hw,
+                           when=float(d["when"]), **nums)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatabaseError(f"line {number} is not a tensor_graphs measurement ({exc!r}); "
+                            "expected the JSON lines `tg db export` writes") from exc
+
+
+@contextmanager
+def _text_file(target, mode: str) -> Iterator[IO[str]]:
+    if isinstance(target, (str, os.PathLike)):
+        with open(target, mode, encoding="utf-8") as f:
+            yield f
+    else:
+        yield target
+
+
+def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
+    conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
+                           timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    return conn
+
+
+def _connect_readonly(p: Path) -> tuple[sqlite3.Connection, str]:
+    """mode=ro first; a WAL file in a directory we cannot write (no -shm) needs immutable=1."""
+    uri = p.absolute().as_uri()
+    error: Exception | None = None
+    for mode, query in (("ro", "mode=ro"), ("immutable", "immutable=1")):
+        conn = _connect(f"{uri}?{query}", uri=True)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn, mode
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            error = exc
+    raise sqlite3.OperationalError(f"cannot open read-only: {error}")
+
+
+def _not_writable(p: Path) -> str | None:
+    """Why we may not write the file (or create it), or None when we may."""
+    parent = p.parent
+    if not p.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"cannot create its directory: {exc.strerror}"
+    reasons = []
+    if p.exists() and not os.access(p, os.W_OK):
+        reasons.append("the file is not writable")
+    if not os.access(parent, os.W_OK):
+        reasons.append(f"its directory {parent} is not writable")
+    return "; ".join(reasons) or None
+
+
+def _check_header(p: Path) -> None:
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except IsADirectoryError as exc:
+        raise DatabaseError(f"{p} is a directory; the measurement database is a file (point "
+                            "TG_DB or db= at a file path)") from exc
+    except OSError as exc:
+        raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
+            from exc
+    if head and head != SQLITE_HEADER:
+        raise _corrupt(p, "no SQLite header")
+
+
+def _corrupt(p: Path, why) -> DatabaseError:
+    return DatabaseError(
+        f"{p} is not a tensor_graphs measurement database ({why}): it is corrupt or another "
+        "kind of file, and was left untouched. Move it away or point TG_DB or db= at another "
+        "path; a missing file is created fresh.")
+
+
+# --------------------------------------------------------------------------- open_db
+_opened: dict[tuple[str, int], Database] = {}
+_opened_lock = threading.Lock()
+
+
+def default_path() -> Path:
+    """``$TG_DB``, else ``<user cache dir>/tensor_graphs/measurements.sqlite``."""
+    if os.environ.get("TG_DB"):
+        return Path(os.path.expanduser(os.environ["TG_DB"]))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "tensor_graphs" / "measurements.sqlite"
+
+
+def open_db(db: Database | str | os.PathLike | None = None) -> Database:
+    """A Database passes through; a path opens it (once per process); ":memory:" is always a
+    new database; None opens ``$TG_DB`` or the default file in the user cache directory."""
+    if isinstance(db, Database):
+        return db
+    if db is None:
+        db = default_path()
+    if str(db) == ":memory:":
+        return Database(":memory:")
+    key = (os.path.realpath(os.path.expanduser(str(db))), os.getpid())  # never across fork
+    with _opened_lock:
+        found = _opened.get(key)
+        if found is None or found.closed:
+            found = _opened[key] = Database(db)
+        return found
+
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "Database", "Measurement", "default_path",
+           "open_db", "signature_text"]

@@ -1,0 +1,97 @@
+"""`tg db stats | show | export | import | prune`."""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tensor_graphs import kernels
+from tensor_graphs.cli import main
+from tensor_graphs.db import Database, Measurement
+
+
+@pytest.fixture
+def filled(tmp_path, mk):
+    measurement = mk
+    path = tmp_path / "cli.sqlite"
+    k = kernels.all()[0]
+    with Database(path) as db:
+        db.record(measurement(kernel=k.name, source_hash=k.source_hash, n=4))
+        db.record(measurement(kernel=k.name, source_hash="edited-long-ago", n=8))
+        db.record(measurement(kernel="user_mul", n=4, when=time.time() - 40 * 86400))
+        db.record(Measurement("user_mul", "h", measurement(n=16).signature, 0, math.nan,
+                              math.nan, math.nan, None, failure="RuntimeError: boom\ntrace"))
+    return path, k.name
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_stats(filled, capsys):
+    path, _ = filled
+    code, out, _ = run(capsys, "db", "stats", "--db", str(path))
+    assert code == 0 and str(path) in out
+    assert "4 (2 kernels, 1 failures, 1 stale)" in out and "hardware" in out
+
+
+def test_show(filled, capsys):
+    path, name = filled
+    code, out, _ = run(capsys, "db", "show", "--db", str(path))
+    assert code == 0 and name in out and "user_mul" in out and "FAILED" in out
+    assert "RuntimeError: boom" in out and "trace" not in out and "4 of 4 rows" in out
+    assert "10us" in out  # the median, for people
+    code, out, _ = run(capsys, "db", "show", "--db", str(path), "--kernel", "user_mul",
+                       "--limit", "1")
+    assert code == 0 and name not in out.split("\n\n")[0] and "1 of 2 rows" in out
+
+
+def test_export_import(filled, tmp_path, capsys, monkeypatch):
+    path, _ = filled
+    target = tmp_path / "out.jsonl"
+    code, out, _ = run(capsys, "db", "export", "--db", str(path), str(target))
+    assert code == 0 and "exported 4 rows" in out
+    code, out, _ = run(capsys, "db", "export", "--db", str(path), "-")
+    assert code == 0 and out == target.read_text()
+    other = tmp_path / "other.sqlite"
+    code, out, _ = run(capsys, "db", "import", "--db", str(other), str(target))
+    assert code == 0 and "imported 4 new rows" in out
+    monkeypatch.setattr(sys, "stdin", io.StringIO(target.read_text()))
+    code, out, _ = run(capsys, "db", "import", "--db", str(other), "-")
+    assert code == 0 and "imported 0 new rows" in out
+    assert len(Database(other).rows()) == 4
+
+
+def test_prune(filled, capsys):
+    path, _ = filled
+    code, _, err = run(capsys, "db", "prune", "--db", str(path))
+    assert code == 2 and "--stale" in err
+    assert run(capsys, "db", "prune", "--db", str(path), "--stale")[1].startswith("pruned 1 ")
+    assert run(capsys, "db", "prune", "--db", str(path), "--failures")[1].startswith("pruned 1 ")
+    code, out, _ = run(capsys, "db", "prune", "--db", str(path), "--older-than", "30")
+    assert code == 0 and out.startswith("pruned 1 ")
+    assert len(Database(path).rows()) == 1
+
+
+def test_errors_and_env(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database at all" * 100)
+    code, _, err = run(capsys, "db", "stats", "--db", str(bad))
+    assert code == 1 and "error:" in err and str(bad) in err
+    monkeypatch.setenv("TG_DB", str(tmp_path / "env.sqlite"))
+    code, out, _ = run(capsys, "db", "show")
+    assert code == 0 and "0 of 0 rows" in out and (tmp_path / "env.sqlite").exists()
+
+
+def test_help_from_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "tensor_graphs.cli", "db", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    for word in ("stats", "show", "export", "import", "prune"):
+        assert word in out
