@@ -7,10 +7,12 @@
 """
 
 from tensor_graphs import kernels, rewrite  # noqa: E402,F401  (tg.rewrite.apply, ...)
+from tensor_graphs.compiler import compile, count_paths, paths  # noqa: F401,A004
 from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
     ArgumentError,
     CCompileError,
+    DatabaseError,
     DecompositionError,
     DeviceError,
     DTypeError,
@@ -18,6 +20,7 @@ from tensor_graphs.errors import (  # noqa: F401
     FeedError,
     KernelConstraintError,
     KernelVerificationError,
+    NoPathError,
     SerializationError,
     ShapeError,
     StateError,
@@ -55,8 +58,8 @@ __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
-    "simplify", "kernels", "kernel", "Device",
+    "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
-    "StateError", "EvaluationError", "SerializationError",
+    "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",
 ]

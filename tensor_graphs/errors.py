@@ -65,3 +65,8 @@ class DeviceError(TensorGraphsError, ValueError):
 class DatabaseError(TensorGraphsError):
     """A measurement database that cannot be used: corrupt, another application's, newer, or
     read-only when asked to record; the message names the file and what to do."""
+
+
+class NoPathError(TensorGraphsError):
+    """No way to compute a node within the tolerance (or at all): names the node and the most
+    accurate kernel there is."""

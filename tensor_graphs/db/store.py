@@ -50,14 +50,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
             device TEXT NOT NULL, libs TEXT NOT NULL, rates TEXT NOT NULL,
             "when" REAL NOT NULL, PRIMARY KEY (device, libs))""",
     ),
+    (  # v3: the call's work (flops, bytes moved), so the cost model can interpolate
+        "ALTER TABLE measurements ADD COLUMN flops REAL",
+        "ALTER TABLE measurements ADD COLUMN bytes REAL",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _COLUMNS = ("machine", "device", "libs", "kernel", "source_hash", "signature", "runs",
-            "median", "min", "max", "error", "failure", '"when"')
+            "median", "min", "max", "error", "failure", '"when"', "flops", "bytes")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM measurements"
 _FIELDS = ("kernel", "source_hash", "signature", "runs", "median", "min", "max", "error",
-           "failure", "when", "machine", "device", "libs")  # the JSON-lines record
+           "failure", "when", "machine", "device", "libs", "flops",
+           "bytes")  # the JSON-lines record
 
 
 def signature_text(inputs: Iterable[tuple[Sequence[int], Any]],
@@ -100,6 +105,8 @@ class Measurement:
     failure: str | None = None
     hardware: Hardware | None = None
     when: float = 0.0
+    flops: float | None = None  # the call's work, for interpolating other shapes
+    bytes: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -115,10 +122,15 @@ def _none_to_nan(x: float | None) -> float:
     return math.nan if x is None else x
 
 
+def _optional(x) -> float | None:
+    return None if x is None else float(x)
+
+
 def _from_row(row: Sequence) -> Measurement:
-    machine, device, libs, kernel, shash, sig, runs, med, lo, hi, err, fail, when = row
+    machine, device, libs, kernel, shash, sig, runs, med, lo, hi, err, fail, when, fl, by = row
     return Measurement(kernel, shash, sig, runs, _none_to_nan(med), _none_to_nan(lo),
-                       _none_to_nan(hi), err, fail, Hardware(machine, device, libs), when)
+                       _none_to_nan(hi), err, fail, Hardware(machine, device, libs), when,
+                       fl, by)
 
 
 class Database:
@@ -451,7 +463,8 @@ def _values(m: Measurement) -> tuple:
     hw = m.hardware
     return (hw.machine, hw.device, hw.libs, m.kernel, m.source_hash, m.signature, int(m.runs),
             _nan_to_none(m.median), _nan_to_none(m.min), _nan_to_none(m.max),
-            _nan_to_none(m.error), m.failure, float(m.when))
+            _nan_to_none(m.error), m.failure, float(m.when), _nan_to_none(m.flops),
+            _nan_to_none(m.bytes))
 
 
 def _insert(conn: sqlite3.Connection, m: Measurement) -> None:
@@ -468,7 +481,8 @@ def _parse_line(line: str, number: int) -> Measurement:
         return Measurement(str(d["kernel"]), str(d["source_hash"]), str(d["signature"]),
                            int(d["runs"]), error=None if d.get("error") is None
                            else float(d["error"]), failure=d.get("failure"), hardware=hw,
-                           when=float(d["when"]), **nums)
+                           when=float(d["when"]), flops=_optional(d.get("flops")),
+                           bytes=_optional(d.get("bytes")), **nums)
     except (ValueError, KeyError, TypeError) as exc:
         raise DatabaseError(f"line {number} is not a tensor_graphs measurement ({exc!r}); "
                             "expected the JSON lines `tg db export` writes") from exc

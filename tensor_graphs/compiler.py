@@ -1,0 +1,170 @@
+"""``tg.compile``, ``tg.paths``, ``tg.count_paths``: the pipeline, read top to bottom.
+
+    graph -> bind dims (the call's, or the bounds) -> simplify      planner/prepare.py
+          -> plan-cache lookup (replay the cached decisions)        planner/cache.py
+          -> else: options per slot, DP within tolerance            planner/search.py
+          -> profile="missing": measure what has no row, re-plan    profiler/
+          -> flat instruction list over numbered values             runtime/program.py
+
+Costs come from the measurement database (``db``: a path, ":memory:", a Database, or None for
+``$TG_DB`` / the user cache file) through one cost model per database, shared by every compile
+in the process so its in-memory answers are reused.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+
+from tensor_graphs.db import hardware as _hardware
+from tensor_graphs.db.cost import CostModel
+from tensor_graphs.db.store import Database, open_db
+from tensor_graphs.devices import as_device
+from tensor_graphs.errors import ArgumentError
+from tensor_graphs.ir.graph import _as_list
+from tensor_graphs.ir.node import Node
+from tensor_graphs.planner import cache
+from tensor_graphs.planner.plan import Plan
+from tensor_graphs.planner.prepare import as_symbols, prepare, symbols
+from tensor_graphs.planner.search import Planner
+from tensor_graphs.runtime.program import CompiledGraph
+
+PROFILE_MODES = ("never", "missing")
+DEFAULT_TOLERANCE = 1e-5
+_cost_models: dict[int, CostModel] = {}
+
+
+def cost_model(db: Database, kinds: Sequence[str]) -> CostModel:
+    model = _cost_models.get(id(db))
+    if model is None or model.db is not db:
+        model = _cost_models[id(db)] = CostModel(db, {})
+    for kind in kinds:
+        if kind not in model.hardware:
+            model.hardware[kind] = _hardware.current(kind)
+    model.refresh()
+    return model
+
+
+class PlanSettings:
+    """What a compile fixed (device, tolerance, database, profiling, backends, a lock file);
+    called with dims, it returns the plan for them."""
+
+    def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
+                 backends: Sequence[str] | None, decisions: Sequence[str] | None = None):
+        self.outputs = outputs
+        self.device = as_device(device)
+        self.kinds = tuple(dict.fromkeys((self.device.kind, "cpu")))
+        self.tolerance = _check_tolerance(tolerance)
+        if profile not in PROFILE_MODES:
+            raise ArgumentError(f"profile must be one of {PROFILE_MODES}, got {profile!r}")
+        self.profile = profile
+        self.db = open_db(db)
+        self.backends = None if backends is None else tuple(backends)
+        self.decisions = None if decisions is None else tuple(decisions)
+
+    def planner(self, prepared: list[Node]) -> Planner:
+        return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
+                       tolerance=self.tolerance, backends=self.backends)
+
+    def __call__(self, dims: Mapping, stats: dict) -> Plan:
+        prepared = prepare(self.outputs, dims)
+        planner = self.planner(prepared)
+        if self.decisions is not None:
+            plan = planner.replay(self.decisions)
+            stats["replayed"] += 1
+        else:
+            key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db)
+            found = cache.get(key)
+            if found is not None:
+                plan = planner.replay(found)
+                stats["plan_cache_hits"] += 1
+            else:
+                plan = planner.plan()
+                stats["planner_runs"] += 1
+                if self.profile == "missing":
+                    from tensor_graphs.profiler.missing import profile_missing
+
+                    stats["measured"] += profile_missing(planner, self.db)
+                    planner = self.planner(prepared)
+                    plan = planner.plan()
+                    key = cache.key(prepared, self.device.name, self.tolerance, self.backends,
+                                    self.db)
+                cache.put(key, plan.decisions)
+        for name in ("slots", "options", "estimates"):
+            stats[name] += planner.stats[name]
+        return plan
+
+
+def _check_tolerance(tolerance) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) \
+            or not tolerance > 0:
+        raise ArgumentError(f"tolerance must be a positive number (a norm-wise relative error "
+                            f"such as 1e-5), got {tolerance!r}")
+    return float(tolerance)
+
+
+def _outputs(graph) -> tuple[list[Node], bool]:
+    outs = _as_list(graph)
+    if not outs or not all(isinstance(o, Node) for o in outs):
+        raise ArgumentError("compile: give a node or a list of nodes (the graph's outputs)")
+    return outs, isinstance(graph, Node)
+
+
+def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: A001
+            db: Database | str | None = None, profile: str = "never",
+            bounds: Mapping[str, int] | None = None, plan: str | None = None,
+            backends: Sequence[str] | None = None) -> CompiledGraph:
+    """Plan ``graph`` for ``device`` and return a program that runs it.
+
+    - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
+    - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
+    - ``profile``: "never" plans from what the database knows; "missing" first measures every
+      kernel call the plan considers that has no row, then plans;
+    - ``bounds``: values for symbolic dims to plan for now (otherwise a graph with symbolic
+      dims is planned on its first call, once per distinct dims);
+    - ``plan``: a lock file from ``prog.save_plan``: reused without re-planning;
+    - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``).
+    """
+    outs, single = _outputs(graph)
+    decisions = None
+    if plan is not None:
+        from tensor_graphs.planner.lockfile import load
+
+        decisions = load(plan, outs, device, tolerance)
+    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions)
+    prog = CompiledGraph(outs, single, settings)
+    free = symbols(outs)
+    dims = as_symbols(bounds or {})
+    unknown = sorted(str(s) for s in dims if s not in free)
+    if unknown:
+        raise ArgumentError(f"bounds name dims {unknown} that the graph does not use; its "
+                            f"dims are {sorted(map(str, free)) or 'none'}")
+    if free <= set(dims):
+        prog._executable(dims)
+    return prog
+
+
+def _planner_for(graph, device, tolerance, db, dims, backends) -> Planner:
+    outs, _ = _outputs(graph)
+    settings = PlanSettings(outs, device, tolerance, db, "never", backends)
+    free = symbols(outs)
+    values = as_symbols(dims)
+    missing = sorted(str(s) for s in free - set(values))
+    if missing:
+        raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
+                            f"{missing[0]}=128")
+    return settings.planner(prepare(outs, values))
+
+
+def paths(graph, device="cpu", tolerance: float = 1.0, db=None,
+          backends: Sequence[str] | None = None, **dims) -> Iterator[Plan]:
+    """Every valid path for ``graph`` lazily (each a ``Plan``: ``.cost``, ``.kernels``,
+    ``.steps``), the cheapest option first at every decision. ``tolerance`` defaults to 1:
+    every kernel counts."""
+    return _planner_for(graph, device, tolerance, db, dims, backends).paths()
+
+
+def count_paths(graph, device="cpu", tolerance: float = 1.0, db=None,
+                backends: Sequence[str] | None = None, **dims) -> int:
+    """How many paths ``tg.paths`` yields, counted without enumerating them."""
+    return _planner_for(graph, device, tolerance, db, dims, backends).count()

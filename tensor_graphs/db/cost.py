@@ -1,0 +1,209 @@
+"""The cost model: how long one kernel call takes, answered from the measurement database.
+
+Every answer is an ``Estimate`` that says where it came from, in order of trust:
+
+1. ``measured``: a row for this kernel (same source hash) and this exact input signature on
+   this hardware; its uncertainty is the spread of the measured runs.
+2. ``interpolated``: no exact row, but the same kernel was measured on other shapes with the
+   same dtypes and ranks. Time is fitted against roofline work (``work`` below: the larger of
+   flops / peak flop rate and bytes / peak bandwidth) on the nearest measured signatures, as a
+   straight line in log-log space (a power law; one point scales linearly past the backend's
+   call overhead). Uncertainty grows with the distance to the nearest measurement.
+3. ``stale``: only rows of an edited kernel (another source hash) for this signature: a rough
+   guide, with a wide uncertainty.
+4. ``estimated``: a roofline estimate from the device's peak rates, calibrated once per machine
+   (``calibrate``, stored in the database; built-in defaults before that) plus the backend's
+   call overhead.
+
+A copy within one device's memory costs nothing (``free``). Answers are cached in memory until
+the database changes (``refresh``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensor_graphs.db.features import Features
+
+# Built-in rates for a machine that was never calibrated: a modest two-core CPU.
+DEFAULT_RATES = {"flops": 50e9, "bytes": 10e9}
+# Seconds one call costs beyond its work: Python dispatch, argument checks, thread start-up.
+OVERHEAD = {"numpy": 3e-6, "c": 2e-6, "torch": 6e-6, "triton": 20e-6, "copy": 1e-6}
+EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter
+EXACT_OVERHEAD = 40e-6
+UNCERTAINTY = {"measured": 1.1, "interpolated": 1.5, "stale": 3.0, "estimated": 4.0, "free": 1.0}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A predicted time in seconds, where it came from, and a multiplicative uncertainty: the
+    true time is expected within ``seconds / uncertainty .. seconds * uncertainty``."""
+
+    seconds: float
+    source: str  # measured | interpolated | stale | estimated | free
+    uncertainty: float
+
+    def __str__(self) -> str:
+        return f"{_fmt(self.seconds)} ({self.source}, x{self.uncertainty:.2g})"
+
+
+FREE = Estimate(0.0, "free", 1.0)
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def is_exact_kernel(kernel) -> bool:
+    """numpy_exact_* kernels evaluate the reference in float64: correct, and slow."""
+    from tensor_graphs.kernels.numpy.exact import ExactFunction
+
+    return isinstance(kernel.fn, ExactFunction)
+
+
+class CostModel:
+    """Answers ``estimate(kernel, signature, features)`` from one database on one machine."""
+
+    def __init__(self, db, hardware):
+        self.db = db
+        self.hardware = hardware  # {device kind: Hardware}
+        self._cache: dict = {}
+        self._rows: dict = {}
+        self._rates: dict = {}
+        self.revision = db.revision if db is not None else 0
+
+    def refresh(self) -> None:
+        """Forget cached answers when the database has new rows."""
+        revision = self.db.revision if self.db is not None else 0
+        if revision != self.revision:
+            self._cache.clear()
+            self._rows.clear()
+            self._rates.clear()
+            self.revision = revision
+
+    def rates(self, kind: str) -> dict:
+        found = self._rates.get(kind)
+        if found is None:
+            stored = self.db.calibration(self.hardware[kind]) if self.db is not None else None
+            found = {**DEFAULT_RATES, **(stored or {})}
+            self._rates[kind] = found
+        return found
+
+    def work(self, feats: Features, kind: str) -> float:
+        """Roofline seconds: the larger of compute time and memory time at peak rates."""
+        rates = self.rates(kind)
+        return max(feats.flops / rates["flops"], feats.bytes / rates["bytes"], 1e-12)
+
+    def estimate(self, kernel, signature: str, feats: Features) -> Estimate:
+        key = (kernel.name, signature)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._estimate(kernel, signature, feats)
+            self._cache[key] = found
+        return found
+
+    def _estimate(self, kernel, signature: str, feats: Features) -> Estimate:
+        hw = self.hardware[kernel.device]
+        stale = None
+        if self.db is not None:
+            row = self.db.lookup(kernel.name, signature, hw)
+            if row is not None and row.failure is None and math.isfinite(row.median):
+                if row.source_hash == kernel.source_hash:
+                    spread = row.max / row.median if row.median > 0 else 1.0
+                    return Estimate(row.median, "measured",
+                                    max(UNCERTAINTY["measured"], min(spread, 2.0)))
+                stale = row
+            fitted = self._interpolate(kernel, signature, feats)
+            if fitted is not None:
+                return fitted
+        if stale is not None:
+            return Estimate(stale.median, "stale", UNCERTAINTY["stale"])
+        return self._roofline(kernel, feats)
+
+    def _roofline(self, kernel, feats: Features) -> Estimate:
+        seconds = OVERHEAD.get(kernel.backend, 5e-6) + self.work(feats, kernel.device)
+        if is_exact_kernel(kernel):
+            seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
+        return Estimate(seconds, "estimated", UNCERTAINTY["estimated"])
+
+    def _measured_rows(self, kernel, signature: str) -> list[tuple[float, float]]:
+        """(work, seconds) of this kernel's current rows with the same dtypes and ranks."""
+        want = _shape_class(signature)
+        key = (kernel.name, want)
+        found = self._rows.get(key)
+        if found is None:
+            found = []
+            for r in self.db.rows_for(kernel.name, self.hardware[kernel.device]):
+                flops, moved = getattr(r, "flops", None), getattr(r, "bytes", None)
+                if (r.source_hash != kernel.source_hash or r.failure is not None
+                        or flops is None or moved is None or not r.median > 0
+                        or _shape_class(r.signature) != want):
+                    continue
+                found.append((self.work(Features(flops, moved, 0.0), kernel.device), r.median))
+            self._rows[key] = found
+        return found
+
+    def _interpolate(self, kernel, signature: str, feats: Features) -> Estimate | None:
+        rows = self._measured_rows(kernel, signature)
+        if not rows:
+            return None
+        w = self.work(feats, kernel.device)
+        by_work: dict[float, list[float]] = {}
+        for rw, seconds in rows:
+            by_work.setdefault(rw, []).append(seconds)
+        points = sorted(((rw, float(np.median(ts))) for rw, ts in by_work.items()),
+                        key=lambda p: abs(math.log(p[0] / w)))[:4]
+        distance = abs(math.log(points[0][0] / w))
+        if len(points) == 1:
+            (rw, seconds), = points
+            overhead = min(OVERHEAD.get(kernel.backend, 5e-6), 0.5 * seconds)
+            predicted = overhead + (seconds - overhead) * (w / rw)
+        else:
+            xs = np.log([p[0] for p in points])
+            ys = np.log([p[1] for p in points])
+            slope, intercept = np.polyfit(xs, ys, 1)
+            slope = min(max(slope, 0.0), 1.3)  # time never shrinks with work, nor explodes
+            intercept = float(np.mean(ys - slope * xs))
+            predicted = math.exp(intercept + slope * math.log(w))
+        inside = min(p[0] for p in points) <= w <= max(p[0] for p in points)
+        uncertainty = UNCERTAINTY["interpolated"] * (1.0 if inside else 1.0 + distance / 3)
+        return Estimate(predicted, "interpolated", round(uncertainty, 3))
+
+
+def _shape_class(signature: str) -> tuple:
+    """The dtypes and ranks of a signature's inputs: rows of the same class interpolate."""
+    inputs = json.loads(signature).get("inputs", [])
+    return tuple((len(shape), dtype) for shape, dtype in inputs)
+
+
+def calibrate(db, hardware, seconds: float = 0.3) -> dict:
+    """Measure this machine's peak rates (float32 matrix product flops, copy bandwidth) and
+    store them in the database for ``hardware``; returns the rates."""
+    rng = np.random.default_rng(0)
+    n = 512
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    src = np.ones(8 << 20, dtype=np.float32)  # 32 MB: past the caches
+    dst = np.empty_like(src)
+    best_mm, best_copy = math.inf, math.inf
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        a @ b
+        t1 = time.perf_counter()
+        np.copyto(dst, src)
+        t2 = time.perf_counter()
+        best_mm, best_copy = min(best_mm, t1 - t0), min(best_copy, t2 - t1)
+        if t2 > deadline:
+            break
+    rates = {"flops": 2.0 * n ** 3 / best_mm, "bytes": 2.0 * src.nbytes / best_copy}
+    if db is not None and not db.readonly:
+        db.set_calibration(hardware, rates)
+    return rates

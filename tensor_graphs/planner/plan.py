@@ -1,0 +1,186 @@
+"""What the planner decides: slots, options, steps and the plan a program runs.
+
+- A ``Slot`` is a value on a device kind: (node, "cpu"). ``moved`` says whether the value may
+  arrive by a copy from another device (a copy's own input must be made where it is, so copies
+  never chain).
+- An ``Option`` is one way to fill a slot: a kernel (which may cover several nodes), a copy from
+  another device, the decomposition of a composite, an equivalent rewritten node, or a leaf
+  (fed, bound or constant). Its ``needs`` are the slots it reads.
+- A ``Plan`` is one option per needed slot, in execution order: ``steps`` (kernels and copies,
+  what runs), ``aliases`` (a composite's value is its decomposition's value; a node's value
+  is its rewrite's value) and ``leaves``.
+
+How errors combine along a path: each step's error is its kernel's declared tolerance (the
+verified bound on its norm-wise relative error against the float64 reference computed from the
+same inputs; a float16/bfloat16 result adds its own rounding). A plan is within ``tolerance``
+when every step is; the plan's ``error`` is its largest step error. Steps are not summed: the
+float32 rounding that compounds through a deep graph depends on the graph's conditioning and
+happens in any float32 execution, the reference's included, so the tolerance bounds what each
+kernel may add beyond exactly rounded arithmetic on its own inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from tensor_graphs.db.cost import Estimate, _fmt
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape
+
+
+class Slot(NamedTuple):
+    node: Node
+    device: str  # device kind: "cpu", "cuda"
+    moved: bool = True  # may be filled by a copy from another device
+
+
+KERNEL, COPY, DECOMPOSE, REWRITE, LEAF = "kernel", "copy", "decompose", "rewrite", "leaf"
+
+
+@dataclass(frozen=True, eq=False)
+class Option:
+    """One way to fill a slot (see the module doc). ``label`` identifies it in a lock file."""
+
+    how: str  # kernel | copy | decompose | rewrite | leaf
+    slot: Slot
+    needs: tuple[Slot, ...] = ()
+    kernel: object = None  # the Kernel, for kernel and copy options
+    covers: tuple[Node, ...] = ()  # nodes a kernel computes (its root last)
+    attrs: Mapping = field(default_factory=dict)  # keyword attributes the kernel reads
+    estimate: Estimate | None = None
+    error: float = 0.0
+    signature: str = ""
+    features: object = None
+    label: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return self.how in (KERNEL, COPY)
+
+    @property
+    def seconds(self) -> float:
+        return self.estimate.seconds if self.estimate is not None else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One kernel call of a plan: ``kernel`` computes ``nodes`` (root last) from ``inputs``."""
+
+    kernel: object
+    node: Node
+    device: str
+    inputs: tuple[Slot, ...]
+    nodes: tuple[Node, ...]
+    attrs: Mapping
+    estimate: Estimate
+    error: float
+    signature: str
+    features: object = None
+
+    @property
+    def cost(self) -> float:
+        return self.estimate.seconds
+
+    @property
+    def source(self) -> str:
+        return self.estimate.source
+
+    @property
+    def is_copy(self) -> bool:
+        return self.kernel.backend == "copy"
+
+    def __repr__(self) -> str:
+        return f"<Step {self.kernel.name} -> {self.node.op.name} {format_shape(self.node.shape)}>"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Steps in execution order plus how every needed value is found (see the module doc)."""
+
+    steps: tuple[Step, ...]
+    outputs: tuple[Slot, ...]
+    aliases: Mapping[Slot, Slot]
+    leaves: tuple[Slot, ...]
+    decisions: tuple[str, ...]  # option labels in extraction order: the lock file's content
+    tolerance: float
+
+    @property
+    def cost(self) -> float:
+        """Predicted seconds of one run: the sum of the steps' estimates."""
+        return sum(s.cost for s in self.steps)
+
+    @property
+    def error(self) -> float:
+        return max((s.error for s in self.steps), default=0.0)
+
+    @property
+    def kernels(self) -> list[str]:
+        return [s.kernel.name for s in self.steps]
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i):
+        return self.steps[i]
+
+    def resolve(self, slot: Slot) -> Slot:
+        """The slot that actually holds ``slot``'s value (following decompositions, rewrites)."""
+        seen = 0
+        while slot in self.aliases:
+            slot = self.aliases[slot]
+            seen += 1
+            if seen > 10_000:  # pragma: no cover - the planner never makes cycles
+                raise RuntimeError("alias cycle in a plan")
+        return slot
+
+    def explain(self, limit: int | None = None) -> str:
+        return explain(self, limit)
+
+    def __repr__(self) -> str:
+        return f"<Plan {len(self.steps)} steps, predicted {_fmt(self.cost)}>"
+
+
+def explain(plan: Plan, limit: int | None = None) -> str:
+    """The plan as a table: one row per step (copies included), then totals by backend and by
+    cost source, and which parts rest on estimates rather than measurements."""
+    rows = [("#", "kernel", "backend", "computes", "shape", "time", "source", "error")]
+    for i, s in enumerate(plan.steps):
+        if limit is not None and i >= limit:
+            break
+        ops = [n.op.name for n in s.nodes]
+        computes = ops[-1] if len(ops) == 1 else f"{ops[-1]} (+{len(ops) - 1} fused)"
+        if s.is_copy:
+            computes = f"copy to {s.device}"
+        rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
+                     format_shape(s.node.shape), _fmt(s.cost), s.source, f"{s.error:.0e}"))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if limit is not None and len(plan.steps) > limit:
+        lines.append(f"... {len(plan.steps) - limit} more steps")
+    by_backend: dict[str, list[float]] = {}
+    by_source: dict[str, list[float]] = {}
+    for s in plan.steps:
+        by_backend.setdefault(s.kernel.backend, []).append(s.cost)
+        by_source.setdefault(s.source, []).append(s.cost)
+    fused = sum(1 for s in plan.steps if len(s.nodes) > 1)
+    copies = sum(1 for s in plan.steps if s.is_copy)
+    lines.append("")
+    lines.append(f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
+                 f"{_fmt(plan.cost)}, largest step error {plan.error:.1e} "
+                 f"(tolerance {plan.tolerance:g})")
+    lines.append("by backend: " + ", ".join(
+        f"{b} {len(v)} steps {_fmt(sum(v))}" for b, v in sorted(by_backend.items())))
+    lines.append("by source:  " + ", ".join(
+        f"{k} {len(v)} steps {_fmt(sum(v))}" for k, v in sorted(by_source.items())))
+    guessed = sum(len(v) for k, v in by_source.items() if k in ("estimated", "stale"))
+    if guessed:
+        lines.append(f"{guessed} of {len(plan.steps)} steps rest on estimates, not "
+                     "measurements: `tg profile` or tg.compile(..., profile='missing') "
+                     "measures them")
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""Turn the user's graph into the one the planner sees: concrete shapes, simplified.
+
+Kernels' constraints and costs need numbers, so symbolic dims are bound first (to the values of
+this call, or to the compile's ``bounds``): every leaf and attribute that mentions a dim is
+rebuilt with its value, and hash-consing rebuilds the rest. Then ``tg.simplify`` folds
+movement chains, identities and constants. Leaves keep their names, so feeds still match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import sympy
+
+from tensor_graphs.ir.graph import nodes
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import dim_symbol, free_symbols, resolve
+from tensor_graphs.rewrite.simplify import simplify
+
+
+def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
+    """The symbolic dims the graph's shapes and attributes mention."""
+    found: set[sympy.Symbol] = set()
+    for n in nodes(list(outputs)):
+        found |= free_symbols(tuple(n.shape))
+        for v in n.attrs.values():
+            if isinstance(v, (sympy.Basic, tuple)):
+                found |= free_symbols(v)
+    return found
+
+
+def as_symbols(dims: Mapping) -> dict[sympy.Symbol, int]:
+    return {(k if isinstance(k, sympy.Symbol) else dim_symbol(str(k))): int(v)
+            for k, v in dims.items()}
+
+
+def specialize(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
+    """The graph with every symbolic dim replaced by its value in ``dims``."""
+    values = as_symbols(dims)
+    mapped: dict[Node, Node] = {}
+    for n in nodes(list(outputs)):
+        attrs = {k: resolve(v, values) if isinstance(v, (sympy.Basic, tuple)) else v
+                 for k, v in n.attrs.items()}
+        inputs = tuple(mapped[i] for i in n.inputs)
+        same = inputs == n.inputs and all(attrs[k] is v or attrs[k] == v
+                                         for k, v in n.attrs.items())
+        mapped[n] = n if same else Node.make(n.op, inputs, attrs, n.name)
+    return [mapped[o] for o in outputs]
+
+
+def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
+    """Concrete shapes, then simplified: what the planner plans."""
+    return list(simplify(specialize(outputs, dims)))

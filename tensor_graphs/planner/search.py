@@ -1,0 +1,443 @@
+"""Path search: every way to compute a graph, the cheapest one within tolerance, and counts.
+
+For every slot (a node's value on a device kind, ``plan.Slot``) the planner lists its options
+(``plan.Option``): each kernel whose pattern matches a subgraph rooted at the node (fused
+kernels included; a fused kernel's inner nodes must have no other users), the decomposition of
+a composite (planned like any graph: its nodes get options too), equivalent forms of the node
+under ``PLANNING_RULES`` (matrix-product reassociation and transposition, a bounded number of
+rewrites deep), a copy from another device, or the leaf itself.
+
+``best`` is dynamic programming over slots: an option's cost is its step's estimate plus the
+cost of the slots it needs, each divided among that value's users (a shared value is computed
+once). Options whose error exceeds the tolerance are dropped (see ``plan`` for how errors
+combine). ``extract`` turns the chosen options into a ``Plan`` by a depth-first walk from the
+outputs; the same walk replays a lock file's decisions. ``paths`` enumerates every consistent
+choice lazily, cheapest-first at each decision; ``count`` counts them without enumerating
+(dynamic programming over the set of values still needed, consumers before producers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from tensor_graphs.db.cost import FREE, CostModel
+from tensor_graphs.db.features import features
+from tensor_graphs.db.store import signature_text
+from tensor_graphs.errors import NoPathError
+from tensor_graphs.ir.dtypes import DType
+from tensor_graphs.ir.graph import nodes, use_counts
+from tensor_graphs.ir.node import ConstValue, Node, expand_composite
+from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.kernels import copy as copies
+from tensor_graphs.kernels import registry
+from tensor_graphs.planner.plan import (
+    COPY,
+    DECOMPOSE,
+    KERNEL,
+    LEAF,
+    REWRITE,
+    Option,
+    Plan,
+    Slot,
+    Step,
+)
+from tensor_graphs.rewrite.enumerate import pm_matmul, rewrites
+
+PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheaper matmul chain)
+MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
+LOCAL = "local"  # a movable slot filled by the value made on the same device
+LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+INF = math.inf
+
+
+def json_attr(value):
+    """An attribute value as JSON for a measurement signature."""
+    if isinstance(value, DType):
+        return value.name
+    if isinstance(value, ConstValue):
+        return f"const:{hash(value) & 0xFFFFFFFF:08x}"
+    if isinstance(value, tuple):
+        return [json_attr(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
+    """The measurement signature of a kernel call: its inputs' shapes and dtypes and the root
+    node's attributes (the database key next to the kernel's name)."""
+    return signature_text([(a.shape, a.dtype.name) for a in arguments],
+                          {k: json_attr(v) for k, v in attrs.items()})
+
+
+def step_error(kernel, dtype: DType) -> float:
+    return max(kernel.tolerance, LOW_PRECISION_ROUNDING.get(dtype.name, 0.0))
+
+
+class Planner:
+    """Options, best choices, paths and counts for one prepared graph (concrete shapes)."""
+
+    def __init__(self, outputs: Sequence[Node], *, target: str, cost: CostModel,
+                 tolerance: float, backends: Sequence[str] | None = None,
+                 weights_on: str | None = None):
+        self.outputs = list(outputs)
+        self.target = target
+        self.kinds = tuple(dict.fromkeys((target, "cpu")))
+        self.cost = cost
+        self.tolerance = tolerance
+        self.backends = None if backends is None else set(backends) | {"copy"}
+        self.weights_on = weights_on or target
+        self.uses = use_counts(self.outputs)
+        self.depth: dict[Node, int] = {n: 0 for n in self.uses}
+        self._options: dict[Slot, list[Option]] = {}
+        self._rejected: dict[Slot, list[Option]] = {}
+        self._best: dict[Slot, tuple[float, Option | None]] = {}
+        self._active: set[Slot] = set()
+        self._decomposed: dict[Node, Node] = {}
+        self.stats = {"slots": 0, "options": 0, "estimates": 0}
+
+    # ------------------------------------------------------------------------ options
+    @property
+    def output_slots(self) -> list[Slot]:
+        return [Slot(o, "cpu", True) for o in self.outputs]
+
+    def options(self, slot: Slot) -> list[Option]:
+        """The slot's options within tolerance, in a fixed order."""
+        found = self._options.get(slot)
+        if found is None:
+            found, rejected = [], []
+            for opt in self._all_options(slot):
+                (found if opt.error <= self.tolerance else rejected).append(opt)
+            self._options[slot] = found
+            self._rejected[slot] = rejected
+            self.stats["slots"] += 1
+            self.stats["options"] += len(found)
+        return found
+
+    def _all_options(self, slot: Slot) -> list[Option]:
+        node, kind, moved = slot
+        if moved:
+            out = [Option(LOCAL, slot, (Slot(node, kind, False),), label=LOCAL)]
+            for other in self.kinds:
+                if other != kind:
+                    out.extend(self._copy(slot, other))
+            return out
+        if node.op.is_leaf:
+            return self._leaf(slot)
+        out = self._kernels(slot)
+        if not node.op.is_atomic:
+            d = self._decomposition(node)
+            out.append(Option(DECOMPOSE, slot, (Slot(d, kind, False),), label=DECOMPOSE))
+        out.extend(self._rewrites(slot))
+        return out
+
+    def _leaf(self, slot: Slot) -> list[Option]:
+        kind = slot.node.op.name
+        home = {"input": "cpu", "weight": self.weights_on, "state": self.weights_on}.get(kind)
+        if home is not None and home != slot.device:
+            return []
+        return [Option(LEAF, slot, label=LEAF)]
+
+    def _kernels(self, slot: Slot) -> list[Option]:
+        node, kind, _ = slot
+        out = []
+        for k, m in registry.matching(node, self.uses):
+            if self.backends is not None and k.backend not in self.backends:
+                continue
+            source, result = copies.placement(k)
+            if result != kind:
+                continue
+            args = _arguments(k, m)
+            covers = _region(node, args)
+            if not covers or not self._exclusive(covers, node):
+                continue
+            attrs = {a: node.attrs[a] for a in k.attrs if a in node.attrs}
+            sig = signature(args, node.attrs)
+            feats = features(covers, args, node)
+            hint = copies.cost_hint(k)
+            est = FREE if hint == 0.0 else self.cost.estimate(k, sig, feats)
+            self.stats["estimates"] += 1
+            out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
+                              covers, attrs, est, step_error(k, node.dtype), sig, feats,
+                              label=f"kernel:{k.name}"))
+        return out
+
+    def _exclusive(self, covers: tuple[Node, ...], root: Node) -> bool:
+        """A fused kernel may cover inner nodes only when nothing else reads them."""
+        if len(covers) == 1:
+            return True
+        inside = set(covers)
+        reads: dict[Node, int] = {}
+        for n in covers:
+            for i in n.inputs:
+                if i in inside:
+                    reads[i] = reads.get(i, 0) + 1
+        return all(reads.get(n, 0) >= self.uses.get(n, 0) for n in covers if n is not root
+                   and not n.op.is_leaf)
+
+    def _copy(self, slot: Slot, other: str) -> list[Option]:
+        k = copies.route(other, slot.device)
+        args = (slot.node,)
+        sig = signature(args, {"device": slot.device})
+        feats = features((), args, slot.node)
+        est = FREE if copies.cost_hint(k) == 0.0 else self.cost.estimate(k, sig, feats)
+        return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), {}, est,
+                       step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}")]
+
+    def _decomposition(self, node: Node) -> Node:
+        d = self._decomposed.get(node)
+        if d is None:
+            d = expand_composite(node.op, node.inputs, node.attrs)
+            self._decomposed[node] = d
+            self._adopt(d, self.depth.get(node, 0))
+        return d
+
+    def _adopt(self, root: Node, depth: int) -> None:
+        """Count the users of a new subgraph's nodes (an expansion or a rewrite)."""
+        local = use_counts(root)
+        for n, c in local.items():
+            if n not in self.uses:
+                self.uses[n] = c
+                self.depth[n] = depth
+
+    def _rewrites(self, slot: Slot) -> list[Option]:
+        node = slot.node
+        depth = self.depth.get(node, 0)
+        if depth >= MAX_REWRITE_DEPTH:
+            return []
+        out = []
+        for rule in PLANNING_RULES.candidates(node):
+            for i, other in enumerate(rewrites(rule, node, self.uses)):
+                known = self.depth.get(other)
+                if known is not None and known <= depth:
+                    continue  # rewriting back: the rewrite graph stays acyclic
+                self._adopt(other, depth + 1)
+                self.depth[other] = depth + 1
+                out.append(Option(REWRITE, slot, (Slot(other, slot.device, False),),
+                                  label=f"rewrite:{rule.name}:{i}"))
+        return out
+
+    # ------------------------------------------------------------------------ best
+    def best(self, slot: Slot) -> tuple[float, Option | None]:
+        """(amortised cost, chosen option) of the cheapest way to fill ``slot``."""
+        found = self._best.get(slot)
+        if found is not None:
+            return found
+        if slot in self._active:  # a rewrite cycle: never cheaper than what started it
+            return INF, None
+        self._active.add(slot)
+        result: tuple[float, Option | None] = (INF, None)
+        for opt in self.options(slot):
+            total = self.total(opt)
+            if total < result[0]:
+                result = (total, opt)
+        self._active.discard(slot)
+        self._best[slot] = result
+        return result
+
+    def total(self, opt: Option) -> float:
+        total = opt.seconds
+        for need in opt.needs:
+            cost, _ = self.best(need)
+            if cost == INF:
+                return INF
+            total += cost / max(self.uses.get(need.node, 1), 1)
+        return total
+
+    def solve(self) -> float:
+        """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost."""
+        for n in nodes(self.outputs):
+            for kind in self.kinds:
+                self.best(Slot(n, kind, False))
+                self.best(Slot(n, kind, True))
+        costs = [self.best(s)[0] for s in self.output_slots]
+        if any(c == INF for c in costs):
+            raise self.no_path_error()
+        return sum(costs)
+
+    def plan(self) -> Plan:
+        self.solve()
+        return self.extract(lambda slot: self.best(slot)[1])
+
+    def replay(self, decisions: Sequence[str]) -> Plan:
+        """The plan whose options are ``decisions`` (a lock file), in extraction order."""
+        queue = list(reversed(decisions))
+
+        def choose(slot: Slot) -> Option:
+            if not queue:
+                raise NoPathError("the plan file has fewer decisions than this graph needs; "
+                                  "it was saved for another graph")
+            label = queue.pop()
+            for opt in self.options(slot) + self._rejected.get(slot, []):
+                if opt.label == label:
+                    return opt
+            raise NoPathError(f"the plan file chooses {label!r} for {_describe(slot.node)}, "
+                              "which is not available here (another graph, kernel set or "
+                              "device); re-plan without plan=")
+
+        plan = self.extract(choose)
+        if queue:
+            raise NoPathError(f"the plan file has {len(queue)} decisions more than this graph "
+                              "needs; it was saved for another graph")
+        return plan
+
+    def extract(self, choose: Callable[[Slot], Option | None]) -> Plan:
+        """Walk from the outputs choosing an option per needed slot; steps in execution order."""
+        chosen: dict[Slot, Option] = {}
+        steps: list[Step] = []
+        aliases: dict[Slot, Slot] = {}
+        leaves: list[Slot] = []
+        decisions: list[str] = []
+        stack: list[tuple[Slot, bool]] = [(s, False) for s in reversed(self.output_slots)]
+        while stack:
+            slot, ready = stack.pop()
+            if ready:
+                opt = chosen[slot]
+                if opt.runs:
+                    steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
+                                      opt.covers, opt.attrs, opt.estimate, opt.error,
+                                      opt.signature, opt.features))
+                elif opt.how == LEAF:
+                    leaves.append(slot)
+                else:
+                    aliases[slot] = opt.needs[0]
+                continue
+            if slot in chosen:
+                continue
+            opt = choose(slot)
+            if opt is None:
+                raise self.no_path_error()
+            chosen[slot] = opt
+            decisions.append(opt.label)
+            stack.append((slot, True))
+            stack.extend((need, False) for need in reversed(opt.needs) if need not in chosen)
+        return Plan(tuple(steps), tuple(self.output_slots), aliases, tuple(leaves),
+                    tuple(decisions), self.tolerance)
+
+    # ------------------------------------------------------------------------ errors
+    def no_path_error(self) -> NoPathError:
+        for n in nodes(self.outputs):
+            slot = Slot(n, self.target if not n.op.is_leaf else self._home(n), False)
+            if self.best(slot)[0] < INF:
+                continue
+            if any(self.best(Slot(i, k, True))[0] == INF for i in n.inputs
+                   for k in self.kinds[:1]):
+                continue  # an input is the problem: report the first failing node
+            rejected = sorted(self._rejected.get(slot, []), key=lambda o: o.error)
+            if rejected:
+                o = rejected[0]
+                return NoPathError(
+                    f"no path computes {_describe(n)} within tolerance {self.tolerance:g}: the "
+                    f"most accurate kernel available, {o.kernel.name}, has error "
+                    f"{o.error:.1e}; use tolerance >= {o.error:.1e} or register a more "
+                    "accurate kernel")
+            return NoPathError(
+                f"no kernel on {', '.join(self.kinds)} computes {_describe(n)} "
+                f"(backends {sorted(self.backends) if self.backends else 'all'}); register "
+                "one with @tg.kernel or allow more backends")
+        return NoPathError("no path computes the graph's outputs on the host")
+
+    def _home(self, leaf: Node) -> str:
+        return "cpu" if leaf.op.name == "input" else self.weights_on
+
+    # ------------------------------------------------------------------------ paths
+    def _ranked(self, slot: Slot) -> list[Option]:
+        ranked = [(self.total(o), i, o) for i, o in enumerate(self.options(slot))]
+        return [o for t, i, o in sorted(ranked, key=lambda r: (r[0], r[1])) if t < INF]
+
+    def paths(self) -> Iterator[Plan]:
+        """Every valid path, lazily; at each decision the cheapest option first (so the first
+        path is the best plan)."""
+        self.solve()
+        start = tuple(dict.fromkeys(self.output_slots))
+        stack = [(start, {}, iter(self._ranked(start[0])))]
+        while stack:
+            pending, decided, options = stack[-1]
+            opt = next(options, None)
+            if opt is None:
+                stack.pop()
+                continue
+            now = {**decided, pending[0]: opt}
+            rest = tuple(dict.fromkeys(s for s in pending[1:] + opt.needs if s not in now))
+            if not rest:
+                yield self.extract(now.__getitem__)
+                continue
+            stack.append((rest, now, iter(self._ranked(rest[0]))))
+
+    def count(self) -> int:
+        """How many paths ``paths`` yields, without enumerating them."""
+        self.solve()
+        order = self._slot_order()
+        states: dict[frozenset, int] = {frozenset(self.output_slots): 1}
+        for slot in order:
+            nxt: dict[frozenset, int] = {}
+            for state, c in states.items():
+                if slot not in state:
+                    nxt[state] = nxt.get(state, 0) + c
+                    continue
+                rest = state - {slot}
+                for opt in self._ranked(slot):
+                    key = rest | frozenset(opt.needs)
+                    nxt[key] = nxt.get(key, 0) + c
+            states = nxt
+        return sum(c for state, c in states.items() if not state)
+
+    def _slot_order(self) -> list[Slot]:
+        """Every slot a valid option can reach, consumers before producers."""
+        post: list[Slot] = []
+        seen: set[Slot] = set()
+        for root in self.output_slots:
+            if root in seen:
+                continue
+            seen.add(root)
+            stack = [(root, iter(self._needed(root)))]
+            while stack:
+                slot, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    stack.pop()
+                    post.append(slot)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, iter(self._needed(nxt))))
+        return post[::-1]
+
+    def _needed(self, slot: Slot) -> list[Slot]:
+        return [n for o in self._ranked(slot) for n in o.needs]
+
+
+def _arguments(k, m) -> list[Node]:
+    arguments = getattr(k, "arguments", None)
+    if arguments is not None:
+        return list(arguments(m))
+    return [m.bindings[v] for v in k.inputs]
+
+
+def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
+    """The nodes a kernel computes: everything under ``root`` above its arguments (constants a
+    pattern matched are inside), in topological order, root last."""
+    stop = set(arguments)
+    order: list[Node] = []
+    seen: set[Node] = set()
+    stack = [(root, False)]
+    while stack:
+        n, ready = stack.pop()
+        if ready:
+            order.append(n)
+            continue
+        if n in seen or n in stop:
+            continue
+        seen.add(n)
+        if n.op.is_leaf and n.op.name not in ("constant", "dim"):
+            return ()  # the pattern reached a fed leaf it does not take: not a valid cover
+        stack.append((n, True))
+        stack.extend((i, False) for i in reversed(n.inputs))
+    return tuple(order)
+
+
+def _describe(n: Node) -> str:
+    ins = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in n.inputs)
+    return f"{n.op.name}({ins}) -> {format_shape(n.shape)} {n.dtype.name}"

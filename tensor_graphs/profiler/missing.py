@@ -1,0 +1,76 @@
+"""``profile="missing"``: measure every kernel call a plan considered that has no row.
+
+The planner has already listed every option of every slot it visited; the calls worth
+measuring are its kernel options whose estimate is not a measurement on this hardware (one per
+kernel and signature). The float64-reference kernels (numpy_exact_*) are measured only where a
+slot has nothing else. Each kernel is verified (``tg.kernels.verify``) before its first
+measurement; one that fails verification is recorded as a failure and never measured.
+"""
+
+from __future__ import annotations
+
+from tensor_graphs.db.cost import is_exact_kernel
+from tensor_graphs.planner.plan import KERNEL, Option
+from tensor_graphs.planner.search import Planner
+from tensor_graphs.profiler.measure import Call, measure
+from tensor_graphs.profiler.progress import Progress
+
+_verified: dict[str, str | None] = {}  # kernel name -> None when it passed, else the reason
+
+
+def calls_to_measure(planner: Planner) -> list[Option]:
+    """The planner's kernel options without a measurement, one per (kernel, signature)."""
+    found: dict[tuple[str, str], Option] = {}
+    for options in planner._options.values():
+        alternatives = [o for o in options if o.how == KERNEL]
+        for o in alternatives:
+            if o.estimate.source in ("measured", "free") or o.kernel.device != "cpu":
+                continue
+            if is_exact_kernel(o.kernel) and len(alternatives) > 1:
+                continue
+            found.setdefault((o.kernel.name, o.signature), o)
+    return [found[k] for k in sorted(found)]
+
+
+def verified(kernel) -> str | None:
+    """None when ``kernel`` passes verification (cached per process), else why not."""
+    if kernel.name not in _verified:
+        from tensor_graphs.kernels.verify import verify
+
+        try:
+            report = verify(kernel)
+            _verified[kernel.name] = None if report.ok else report.summary()
+        except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
+            _verified[kernel.name] = f"{type(exc).__name__}: {exc}"
+    return _verified[kernel.name]
+
+
+def call_of(o: Option) -> Call:
+    args = tuple(n.node for n in o.needs)
+    return Call(o.kernel, o.slot.node, args, dict(o.attrs), o.signature,
+                o.features.flops, o.features.bytes)
+
+
+def profile_missing(planner: Planner, db, progress: bool = True) -> int:
+    """Measure and record what the planner's options miss; returns how many rows were added."""
+    if db.readonly:
+        return 0
+    from tensor_graphs.db.store import Measurement
+
+    todo = calls_to_measure(planner)
+    bar = Progress(len(todo), "profiling") if progress else None
+    added = 0
+    for o in todo:
+        failure = verified(o.kernel)
+        if failure is not None:
+            m = Measurement(o.kernel.name, o.kernel.source_hash, o.signature, 0, float("nan"),
+                            float("nan"), float("nan"), None, f"verification failed: {failure}")
+        else:
+            m = measure(call_of(o))
+        db.record(m)
+        added += 1
+        if bar is not None:
+            bar.step(o.kernel.name)
+    if bar is not None:
+        bar.close()
+    return added

@@ -1,0 +1,1 @@
+"""Running plans: CompiledGraph (runtime/program.py)."""

@@ -1,0 +1,183 @@
+"""CompiledGraph: a planned graph that runs, called like a function.
+
+A call validates its feeds exactly as ``tg.evaluate`` does (names, kinds, shapes, dims), picks
+the plan for the dims it binds (planned at compile time, or on the first call with new dims
+when the graph has symbolic dims and no bounds), and runs that plan's steps as a flat list:
+each instruction calls a kernel function on the values of earlier slots and drops every value
+after its last use. Weights are bound once (``bind``) in the user's layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, EvaluationError, FeedError, ShapeError
+from tensor_graphs.ir.evaluate import bind_feeds
+from tensor_graphs.ir.graph import leaves
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape, is_static, resolve
+from tensor_graphs.planner.plan import Plan, Slot
+
+
+@dataclass(frozen=True, eq=False)
+class Instruction:
+    fn: object
+    args: tuple[int, ...]  # value indices
+    attrs: dict
+    out: int
+    free: tuple[int, ...]  # values whose last use is here
+    name: str  # the kernel's name, for errors
+    shape: tuple  # the result's expected shape
+
+
+class Executable:
+    """One plan flattened: leaf loaders, instructions over numbered values, outputs."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        index: dict[Slot, int] = {}
+
+        def slot_index(slot: Slot) -> int:
+            slot = plan.resolve(slot)
+            if slot not in index:
+                index[slot] = len(index)
+            return index[slot]
+
+        self.leaves = [(slot_index(s), s.node) for s in plan.leaves]
+        steps = [(tuple(slot_index(i) for i in s.inputs), slot_index(Slot(s.node, s.device,
+                                                                            False)), s)
+                 for s in plan.steps]
+        self.outputs = [slot_index(s) for s in plan.outputs]
+        last: dict[int, int] = {}
+        for pos, (args, _, _) in enumerate(steps):
+            for a in args:
+                last[a] = pos
+        keep = set(self.outputs)
+        self.instructions = []
+        for pos, (args, out, s) in enumerate(steps):
+            free = tuple(sorted({a for a in args if last[a] == pos and a not in keep}))
+            self.instructions.append(Instruction(s.kernel.fn, args, dict(s.attrs), out, free,
+                                                 s.kernel.name, tuple(int(d) for d in
+                                                                      s.node.shape)))
+        self.size = len(index)
+
+    def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping) -> list[np.ndarray]:
+        values: list = [None] * self.size
+        for i, node in self.leaves:
+            values[i] = leaf_value(node, arrays, dims)
+        with np.errstate(all="ignore"):
+            for ins in self.instructions:
+                try:
+                    out = ins.fn(*[values[a] for a in ins.args], **ins.attrs)
+                except Exception as exc:
+                    shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
+                    raise EvaluationError(f"kernel {ins.name} failed on inputs of shapes "
+                                          f"{shapes}: {type(exc).__name__}: {exc}") from exc
+                if tuple(np.shape(out)) != ins.shape:
+                    raise EvaluationError(f"kernel {ins.name} returned shape "
+                                          f"{format_shape(np.shape(out))}, the plan expects "
+                                          f"{format_shape(ins.shape)}")
+                values[ins.out] = out
+                for f in ins.free:
+                    values[f] = None
+        return [values[i] for i in self.outputs]
+
+
+def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping) -> np.ndarray:
+    kind = node.op.name
+    if kind == "constant":
+        return node.attrs["value"].array.astype(node.dtype.np_dtype, copy=False)
+    if kind == "dim":
+        return np.asarray(resolve(node.attrs["expr"], dims), dtype=node.dtype.np_dtype)
+    return np.ascontiguousarray(arrays[node.name], dtype=node.dtype.np_dtype)
+
+
+class CompiledGraph:
+    """``prog(**feeds)`` runs the plan; see ``tg.compile``. Attributes: ``plan`` (the steps),
+    ``stats`` (planner runs, plan-cache hits, slots, options), ``explain()``, ``bind()``,
+    ``save_plan()``."""
+
+    def __init__(self, outputs: list[Node], single: bool, planner):
+        self._outputs = outputs
+        self._single = single
+        self._planner = planner  # dims -> Plan, with the compile's settings and cache
+        self._leaves = leaves(outputs)
+        self._by_name = {leaf.name: leaf for leaf in self._leaves}
+        self._bound: dict[str, np.ndarray] = {}
+        self._executables: dict[tuple, Executable] = {}
+        self._last: Executable | None = None
+        self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
+                                      "replayed": 0, "slots": 0, "options": 0,
+                                      "estimates": 0, "measured": 0, "calls": 0}
+
+    # ------------------------------------------------------------------------ planning
+    def _executable(self, dims: Mapping) -> Executable:
+        key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
+        found = self._executables.get(key)
+        if found is None:
+            plan = self._planner(dict(dims), self.stats)
+            found = self._executables[key] = Executable(plan)
+            self.stats["plans"] += 1
+        self._last = found
+        return found
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the last call (or the one made at compile time)."""
+        if self._last is None:
+            raise ArgumentError("this program has symbolic dims and no bounds, so nothing is "
+                                "planned until the first call (or compile with bounds=...)")
+        return self._last.plan
+
+    def explain(self, limit: int | None = None) -> str:
+        return self.plan.explain(limit)
+
+    def save_plan(self, path) -> None:
+        from tensor_graphs.planner.lockfile import save
+
+        save(self.plan, path, self._planner)
+
+    # ------------------------------------------------------------------------ weights
+    def bind(self, **arrays) -> CompiledGraph:
+        """Give weights (and initial states) once, in the user's layout; later calls use them.
+        Returns the program, so ``prog.bind(...)(x=...)`` reads well."""
+        for name, value in arrays.items():
+            leaf = self._by_name.get(name)
+            if leaf is None or leaf.op.name == "input":
+                known = sorted(n for n, lf in self._by_name.items() if lf.op.name != "input")
+                what = "an input: feed it at call time" if leaf is not None else "unknown"
+                raise FeedError(f"bind: '{name}' is {what}; the graph's weights and states "
+                                f"are {known or 'none'}")
+            array = np.asarray(value)
+            if is_static(leaf.shape) and array.shape != tuple(leaf.shape):
+                raise ShapeError(f"bind: weight '{name}' has shape {format_shape(array.shape)}"
+                                 f", the graph declares {format_shape(leaf.shape)}")
+            bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
+            self._bound[name] = np.ascontiguousarray(array, dtype=leaf.dtype.np_dtype)
+        return self
+
+    # ------------------------------------------------------------------------ running
+    def __call__(self, **feeds):
+        overlap = sorted(set(feeds) & set(self._bound))
+        if overlap:
+            raise FeedError(f"{overlap} are bound weights; pass them to bind(), not the call")
+        unbound = sorted(n for n, lf in self._by_name.items()
+                         if lf.op.name != "input" and n not in self._bound and n not in feeds)
+        if unbound:
+            raise FeedError(f"weight(s) {unbound} are not bound: call prog.bind("
+                            + ", ".join(f"{n}=..." for n in unbound) + ") first")
+        arrays, dims = bind_feeds(self._leaves, {**self._bound, **feeds}, lift=False)
+        exe = self._executable(dims)
+        self.stats["calls"] += 1
+        results = exe.run(arrays, dims)
+        fed = {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()}
+        out, seen = [], set()
+        for r in results:
+            r = np.asarray(r)
+            own = r.flags.owndata and r.base is None and id(r) not in fed and id(r) not in seen
+            seen.add(id(r))
+            out.append(r if own else r.copy())
+        return out[0] if self._single else out
