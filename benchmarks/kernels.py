@@ -1,6 +1,6 @@
 """C kernels against numpy and torch eager on GPT-2-sized shapes (seq 128, d 768, 12 heads).
 
-    python benchmarks/kernels.py [--repeats 15] [--threads N] [--quick]
+    python benchmarks/kernels.py [--repeats 15] [--threads N] [--quick] [--only TEXT]
 
 C times are of the kernel function itself (its constraints are checked once beforehand, as a
 compiled plan does). Everything runs in one process with one thread setting
@@ -84,6 +84,9 @@ def np_rotary(x, cos, sin):
 
 
 def np_attention(q, k_, v, mask=None, causal=False):
+    group = q.shape[-3] // k_.shape[-3]
+    if group > 1:  # grouped-query attention: each kv head serves `group` q heads
+        k_, v = np.repeat(k_, group, axis=-3), np.repeat(v, group, axis=-3)
     s = q @ np.swapaxes(k_, -1, -2) / np.float32(math.sqrt(q.shape[-1]))
     if mask is not None:
         s = s + mask
@@ -108,6 +111,7 @@ def cases(rng, quick: bool):
     wl, bl = f(D, D) * np.float32(0.03), f(D)
     scores = f(1, HEADS, SEQ, SEQ)
     q, kk, v = f(1, HEADS, SEQ, HD), f(1, HEADS, SEQ, HD), f(1, HEADS, SEQ, HD)
+    kg, vg = f(1, HEADS // 3, SEQ, HD), f(1, HEADS // 3, SEQ, HD)  # GQA: 4 kv heads
     mask = f(1, 1, SEQ, SEQ)
     xr, cos, sin = f(1, HEADS, SEQ, HD), f(SEQ, HD), f(SEQ, HD)
     g = f(SEQ, FF)
@@ -167,6 +171,11 @@ def cases(rng, quick: bool):
         lambda *a: np_attention(*a, causal=True), sdpa(is_causal=True), att_flops // 2)
     add("attention + mask", "c_attention_mask", (q, kk, v, mask), np_attention, sdpa(),
         att_flops)
+    add("attention GQA (12 q, 4 kv heads)", "c_attention", (q, kg, vg), np_attention,
+        sdpa(enable_gqa=True), att_flops)
+    add("attention GQA causal", "c_attention_causal", (q, kg, vg),
+        lambda *a: np_attention(*a, causal=True), sdpa(enable_gqa=True, is_causal=True),
+        att_flops // 2)
     add("flash attention", "c_flash_attention", (q, kk, v), np_attention, sdpa(), att_flops)
     add("flash attention causal", "c_flash_attention_causal", (q, kk, v),
         lambda *a: np_attention(*a, causal=True), sdpa(is_causal=True), att_flops // 2)
@@ -178,6 +187,8 @@ def cases(rng, quick: bool):
             lambda *a: np_attention(*a, causal=True), sdpa(is_causal=True), lf)
         add(f"flash attention causal, seq {n}", "c_flash_attention_causal", (ql, kl, vl),
             lambda *a: np_attention(*a, causal=True), sdpa(is_causal=True), lf)
+        add(f"flash attention, seq {n}", "c_flash_attention", (ql, kl, vl), np_attention,
+            sdpa(), 2 * lf)
     return out
 
 
@@ -211,6 +222,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="skip the long-sequence rows")
+    ap.add_argument("--only", metavar="TEXT", default=None,
+                    help="only the kernel rows whose name contains TEXT (and no matmul or "
+                         "generated-C sections unless TEXT is in 'matmul' or 'generated')")
     args = ap.parse_args(argv)
     if args.threads:
         threads.set_num_threads(args.threads)
@@ -219,6 +233,8 @@ def main(argv=None):
     n = threads.get_num_threads()
     rng = np.random.default_rng(0)
     rows = cases(rng, args.quick)
+    if args.only:
+        rows = [r for r in rows if args.only in r[0]]
     print(f"# C kernels vs numpy {np.__version__} and torch "
           f"{torch.__version__ if torch else '(absent)'}; {n} thread(s) "
           f"(OpenBLAS, OpenMP, torch); {args.repeats} interleaved repeats; times in us")
@@ -244,8 +260,10 @@ def main(argv=None):
         gf = f"{flops / med[0] / 1e9:7.1f}" if flops else "      -"
         print(f"{name:38s} {fmt(med[0])} {lo * 1e6:8.1f}-{hi * 1e6:<8.1f} {fmt(med[1])} "
               f"{fmt(med[2])} {r_np} {r_t} {gf}")
-    blas_vs_raw(args.repeats)
-    fused_codegen(args.repeats)
+    if not args.only or args.only in "matmul":
+        blas_vs_raw(args.repeats)
+    if not args.only or args.only in "generated":
+        fused_codegen(args.repeats)
 
 
 def blas_vs_raw(repeats):

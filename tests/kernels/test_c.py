@@ -185,7 +185,10 @@ def _attn(rng, b, hq, hkv, sq, sk, d, dv=None, mask=None):
 
 
 ATTN_SHAPES = [(1, 1, 1, 1, 1, 1), (2, 4, 2, 7, 7, 8), (1, 6, 2, 33, 33, 64),
-               (1, 2, 1, 5, 70, 16), (1, 4, 4, 130, 129, 64)]
+               (1, 2, 1, 5, 70, 16), (1, 4, 4, 130, 129, 64),
+               # head dim 20: 8 x 8 transposes plus a scalar rest when packing K; 45 keys: a
+               # partly padded panel; 17 and 140 rows: partial row groups, several row blocks
+               (1, 2, 2, 17, 45, 20), (2, 3, 1, 140, 37, 12)]
 
 
 @pytest.mark.parametrize("flash", [False, True])
@@ -229,6 +232,54 @@ def test_flash_equals_plain_on_long_sequences(causal, rng):
     ref = reference(lambda q, k, v: tg.scaled_dot_product_attention(q, k, v, is_causal=causal),
                     ["q", "k", "v"], [q, k, v])
     assert rel(flash, ref) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [16, 48])
+def test_flash_key_blocks_with_mask_gqa(block, causal, rng):
+    """Several key blocks (small `block`): the online softmax's rescaling, causal groups that
+    skip blocks, masked rows that see nothing in the first blocks, fully masked rows."""
+    from tensor_graphs.kernels.c.attention import attention
+    q, k, v, m = _attn(rng, 2, 4, 2, 75, 90, 24, dv=40, mask=(1, 4, 75, 90))
+    m[..., :3, :] = -np.inf  # rows that see nothing
+    m[..., 5:9, :50] = -np.inf  # rows that see nothing in the first blocks
+    got = attention(q, k, v, m, causal, flash=True, block=block)
+    ref = reference(lambda q, k, v, m: tg.scaled_dot_product_attention(q, k, v, m,
+                                                                       is_causal=causal),
+                    ["q", "k", "v", "m"], [q, k, v, m])
+    assert rel(got, ref) < 1e-5
+    np.testing.assert_array_equal(got[..., :3, :], 0.0)
+    plain = attention(q, k, v, m, causal, flash=False)
+    assert rel(got, plain) < 2e-6
+
+
+@pytest.mark.parametrize("flash", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_nan_propagates(masked, flash, rng):
+    from tensor_graphs.kernels.c.attention import attention
+    q, k, v, m = _attn(rng, 1, 2, 2, 20, 300, 16, mask=(20, 300))
+    q[0, 0, 3, 5] = np.nan  # a NaN query: its row's output is NaN
+    k[0, 1, 290, 0] = np.nan  # a NaN key in the last key block: every row of head 1
+    got = attention(q, k, v, m if masked else None, False, flash=flash, block=64)
+    assert np.isnan(got[0, 0, 3]).all()
+    assert np.isnan(got[0, 1]).all()
+    others = np.delete(got[0, 0], 3, axis=0)
+    assert np.isfinite(others).all()
+
+
+def test_attention_concurrent_calls(rng):
+    """Python threads calling at once (ctypes releases the GIL): the packed-K/V buffer kept
+    between calls is taken by one call at a time, the others allocate their own."""
+    from concurrent.futures import ThreadPoolExecutor
+    shapes = [(1, 4, 2, 70, 70, 32), (1, 2, 2, 130, 129, 64), (2, 3, 3, 9, 40, 8)]
+    cases = [(name, _attn(rng, *s)) for s in shapes
+             for name in ("c_attention", "c_flash_attention_causal")]
+    want = [registry.get(name)(*arrays) for name, arrays in cases]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda c: registry.get(c[0])(*c[1]), cases * 4))
+            for i, g in enumerate(got):
+                np.testing.assert_array_equal(g, want[i % len(cases)])
 
 
 # ----------------------------------------------------------------------------- constraints

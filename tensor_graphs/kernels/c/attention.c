@@ -4,72 +4,187 @@
  * through four element strides (0 = broadcast) over (B, Hq, Sq, Sk). With a mask, a row with
  * nothing to attend to gives 0 (the reference's safe softmax).
  *
- * Both variants first copy K transposed (D x Skp) and V padded (Skp x Dvp) per kv head, so the
- * micro-kernels below read aligned, zero-padded rows (Skp, Dvp: multiples of 16):
- *  - tg_attention_f32: per block of 6 query rows, scores against all keys, an exact softmax,
- *    then P @ V (a 6 x Sk buffer per thread).
- *  - tg_flash_attention_f32: query blocks of 60 rows x key blocks of `bk` keys with an online
- *    softmax (running max, sum, rescaled accumulator): never more than 6 x bk scores, and
- *    each K/V block is reused by 60 query rows while it is in cache. */
+ * Layout (as a BLAS packs its operands): K and V are packed per kv head into panels 16 floats
+ * wide, K^T as [Sk/16][D][16] and V as [Dv/16][Sk][16] (zero-padded), so both micro-kernels
+ * stream one contiguous, 64-byte aligned panel. The work is split into tasks of (batch, q head,
+ * block of <= TG_BQ query rows), run by the threads with a dynamic schedule in one parallel
+ * region; the first task that needs a kv head packs it (no barrier between packing and
+ * computing). The packed K/V buffer is kept between calls (no page faults each call). Within a
+ * task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
+ * for each panel, over all groups of TG_R query rows, in 6 x 16 register-blocked micro-kernels
+ * (12 vector accumulators, ~80-90% of the FMA peak from L1).
+ *  - tg_attention_f32: the task's scores against all the keys it needs (TG_BQ x Sk per
+ *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row.
+ *  - tg_flash_attention_f32: the keys in blocks of `bk` with an online softmax (running max,
+ *    sum, rescaled accumulator): never more than TG_BQ x bk scores per thread, for long
+ *    sequences; seq x seq is never materialised.
+ * Causal rows skip the panels past their last key (per group of TG_R rows). The softmax's exp
+ * is softmax_exp below: ~1 ulp, vectorised, for arguments <= 0.
+ *
+ * Why not OpenBLAS sgemm per tile: the scipy-openblas32 build is threaded with pthreads; called
+ * from inside an OpenMP region it still starts its own threads (oversubscribing the cores)
+ * and warns "Detect OpenMP Loop and this application may hang". */
 #include "tg_common.h"
+#include <sched.h>
 #include <stdlib.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-#define TG_R 6
-#define TG_BQ 60 /* a multiple of TG_R */
+typedef float v8 __attribute__((vector_size(32)));            /* 32-byte aligned */
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment */
+#define TG_R 6   /* query rows per micro-kernel call */
+#define TG_BQ 66 /* query rows per task at most (11 groups of TG_R) */
+#define TG_W 16  /* panel width (two 8-lane vectors) */
 
 static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }
+static inline int64_t imin(int64_t x, int64_t y) { return x < y ? x : y; }
+static inline int64_t imax(int64_t x, int64_t y) { return x > y ? x : y; }
 
 /* 64-byte aligned, size rounded up to a multiple of 64 (as C11 aligned_alloc wants) */
 static void *tg_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 127) & ~(size_t)63); }
 
-/* s[r][j] = scale * sum_d q[r][d] * kt[d][j] for j in [0, n), n a multiple of 16.
- * TG_R x 16 outputs in 2 * TG_R vector accumulators (12 with TG_R = 6: enough independent
- * FMAs in flight to cover their latency). */
-TG_INLINE void scores_block(const float *const q[TG_R], const float *kt, int64_t ldk, int64_t d_,
-                            int64_t n, float scale, float *s, int64_t lds) {
-    for (int64_t j = 0; j < n; j += 16) {
-        v8 a0[TG_R], a1[TG_R];
-        for (int r = 0; r < TG_R; r++) a0[r] = a1[r] = (v8){0};
-        for (int64_t d = 0; d < d_; d++) {
-            const float *kr = kt + d * ldk + j;
-            v8 k0 = *(const v8u *)kr, k1 = *(const v8u *)(kr + 8);
-            for (int r = 0; r < TG_R; r++) {
-                float x = q[r][d];
-                a0[r] += x * k0;
-                a1[r] += x * k1;
-            }
+/* The packed K/V buffer is kept between calls (up to TG_KEEP bytes): a fresh one each call
+ * costs a page fault per 4 KiB (glibc maps and unmaps blocks this large), ~10% of a GPT-2 sized
+ * call. One buffer per process, taken with an atomic flag; a concurrent call (another Python
+ * thread: ctypes releases the GIL) allocates its own. Not under AddressSanitizer, so that each
+ * call's buffer is exactly its size and an overrun is caught. */
+#ifdef __SANITIZE_ADDRESS__
+#define TG_KEEP ((size_t)0)
+#else
+#define TG_KEEP ((size_t)64 << 20)
+#endif
+static float *ws_buf = NULL;
+static size_t ws_size = 0;
+static int ws_busy = 0;
+
+static float *ws_take(size_t bytes, int *owned) {
+    *owned = 1;
+    if (bytes <= TG_KEEP && !__atomic_exchange_n(&ws_busy, 1, __ATOMIC_ACQUIRE)) {
+        if (ws_size < bytes) {
+            free(ws_buf);
+            ws_buf = tg_alloc(bytes);
+            ws_size = ws_buf ? bytes : 0;
         }
-        for (int r = 0; r < TG_R; r++) {
-            *(v8u *)(s + r * lds + j) = a0[r] * scale;
-            *(v8u *)(s + r * lds + j + 8) = a1[r] * scale;
+        if (ws_buf) {
+            *owned = 0;
+            return ws_buf;
         }
+        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    return tg_alloc(bytes);
+}
+
+static void ws_give(float *p, int owned) {
+    if (owned)
+        free(p);
+    else
+        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
+}
+
+/* exp(x) for the softmax's arguments, x = score - running max <= 0 (or NaN, or -inf), ~1 ulp:
+ * tg_expf's reduction and polynomial, with n = round(x / ln 2) and 2^n taken from the bits of
+ * x / ln 2 + 1.5 * 2^23 (no float-to-int conversion, no clamp, no overflow or subnormal steps).
+ * -inf -> 0, NaN -> NaN (it flows through the arithmetic); results below exp(-87) ~ 1.6e-38 become 0 (a
+ * row's largest term is 1, so such a term moves no sum or output by more than ~1e-38
+ * relative). */
+TG_INLINE float softmax_exp(float x) {
+    const float log2e = 1.44269504088896341f, shifter = 12582912.0f; /* 1.5 * 2^23 */
+    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    /* no clamp: below -87 (-inf included) the result is replaced by 0 at the end */
+    float t = x * log2e + shifter; /* round to nearest: the low bits hold n */
+    float fn = t - shifter;        /* n in [-126, 0] for x in [-87, 0] */
+    float r = x - fn * ln2_hi;
+    r = r - fn * ln2_lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t tb;
+    memcpy(&tb, &t, 4);
+    uint32_t sb = (tb + (127u - 0x4B400000u)) << 23; /* the bits of 2^n */
+    float sc;
+    memcpy(&sc, &sb, 4);
+    return x < -87.0f ? 0.0f : p * sc;
+}
+
+/* max of x[0:n] ignoring NaN (a NaN row still comes out NaN through exp(x - max)); -inf when
+ * n == 0. maxps(x, m) keeps m when x is NaN, so the vectorised reduction ignores NaN too. */
+TG_INLINE float row_max(const float *restrict x, int64_t n) {
+    float m = -INFINITY;
+    _Pragma("omp simd reduction(max:m)")
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+/* s[r][0:16] = scale * sum_d q[r][d] * panel[d][0:16] for r < NR (panel: [D][16], aligned) */
+TG_INLINE void scores_k(const int nr, const float *const *q, const float *panel, int64_t d_,
+                        float scale, float *s, int64_t lds) {
+    v8 a0[TG_R], a1[TG_R];
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = (v8){0};
+    for (int64_t d = 0; d < d_; d++) {
+        v8 k0 = *(const v8 *)(panel + d * TG_W), k1 = *(const v8 *)(panel + d * TG_W + 8);
+        for (int r = 0; r < nr; r++) {
+            float x = q[r][d];
+            a0[r] += x * k0;
+            a1[r] += x * k1;
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        *(v8 *)(s + r * lds) = a0[r] * scale;
+        *(v8 *)(s + r * lds + 8) = a1[r] * scale;
     }
 }
 
-/* acc[r][c] += sum_{j < n} p[r][j] * v[j][c] for c in [0, dvp), dvp a multiple of 16 */
-TG_INLINE void pv_block(const float *p, int64_t ldp, const float *v, int64_t ldv, int64_t n,
-                        int64_t dvp, float *acc, int64_t lda) {
-    for (int64_t c = 0; c < dvp; c += 16) {
-        v8 a0[TG_R], a1[TG_R];
-        for (int r = 0; r < TG_R; r++) {
-            a0[r] = *(v8u *)(acc + r * lda + c);
-            a1[r] = *(v8u *)(acc + r * lda + c + 8);
+/* acc[r][0:16] (+)= sum_{j < n} p[r][j] * panel[j][0:16] for r < NR (panel: [n][16],
+ * aligned); `=` when `fresh` */
+TG_INLINE void pv_k(const int nr, const float *p, int64_t ldp, const float *panel, int64_t n,
+                    float *acc, int64_t lda, int fresh) {
+    v8 a0[TG_R], a1[TG_R];
+    for (int r = 0; r < nr; r++) {
+        a0[r] = fresh ? (v8){0} : *(v8 *)(acc + r * lda);
+        a1[r] = fresh ? (v8){0} : *(v8 *)(acc + r * lda + 8);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        v8 v0 = *(const v8 *)(panel + j * TG_W), v1 = *(const v8 *)(panel + j * TG_W + 8);
+        for (int r = 0; r < nr; r++) {
+            float x = p[r * ldp + j];
+            a0[r] += x * v0;
+            a1[r] += x * v1;
         }
-        for (int64_t j = 0; j < n; j++) {
-            const float *vr = v + j * ldv + c;
-            v8 v0 = *(const v8u *)vr, v1 = *(const v8u *)(vr + 8);
-            for (int r = 0; r < TG_R; r++) {
-                float x = p[r * ldp + j];
-                a0[r] += x * v0;
-                a1[r] += x * v1;
-            }
-        }
-        for (int r = 0; r < TG_R; r++) {
-            *(v8u *)(acc + r * lda + c) = a0[r];
-            *(v8u *)(acc + r * lda + c + 8) = a1[r];
-        }
+    }
+    for (int r = 0; r < nr; r++) {
+        *(v8 *)(acc + r * lda) = a0[r];
+        *(v8 *)(acc + r * lda + 8) = a1[r];
+    }
+}
+
+/* the micro-kernels for 1..TG_R rows, each compiled with a constant row count */
+static void scores_tile(int nr, const float *const *q, const float *panel, int64_t d,
+                        float scale, float *s, int64_t lds) {
+    switch (nr) {
+    case 6: scores_k(6, q, panel, d, scale, s, lds); break;
+    case 5: scores_k(5, q, panel, d, scale, s, lds); break;
+    case 4: scores_k(4, q, panel, d, scale, s, lds); break;
+    case 3: scores_k(3, q, panel, d, scale, s, lds); break;
+    case 2: scores_k(2, q, panel, d, scale, s, lds); break;
+    default: scores_k(1, q, panel, d, scale, s, lds); break;
+    }
+}
+
+static void pv_tile(int nr, const float *p, int64_t ldp, const float *panel, int64_t n,
+                    float *acc, int64_t lda, int fresh) {
+    switch (nr) {
+    case 6: pv_k(6, p, ldp, panel, n, acc, lda, fresh); break;
+    case 5: pv_k(5, p, ldp, panel, n, acc, lda, fresh); break;
+    case 4: pv_k(4, p, ldp, panel, n, acc, lda, fresh); break;
+    case 3: pv_k(3, p, ldp, panel, n, acc, lda, fresh); break;
+    case 2: pv_k(2, p, ldp, panel, n, acc, lda, fresh); break;
+    default: pv_k(1, p, ldp, panel, n, acc, lda, fresh); break;
     }
 }
 
@@ -80,38 +195,89 @@ typedef struct {
     int64_t ms[4];
     float scale;
     int causal;
-    float *kt, *vp; /* (B, Hkv, D, Skp) and (B, Hkv, Skp, Dvp) */
+    float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
 } attn_t;
 
-/* copy K transposed and V padded, zeros in the padding */
-static int prepare(attn_t *a) {
-    int64_t nh = a->b * a->hkv;
-    a->kt = tg_alloc(sizeof(float) * (size_t)(nh * a->d * a->skp));
-    a->vp = tg_alloc(sizeof(float) * (size_t)(nh * a->skp * a->dvp));
-    if (!a->kt || !a->vp) {
-        free(a->kt);
-        free(a->vp);
-        return -1;
-    }
-    _Pragma("omp parallel for schedule(static) num_threads(tg_nthreads) if(nh * a->sk * a->d > TG_PAR_MIN)")
-    for (int64_t h = 0; h < nh; h++) {
-        const float *kh = a->k + h * a->sk * a->d, *vh = a->v + h * a->sk * a->dv;
-        float *kt = a->kt + h * a->d * a->skp, *vp = a->vp + h * a->skp * a->dvp;
-        for (int64_t d = 0; d < a->d; d++) {
-            for (int64_t j = 0; j < a->sk; j++) kt[d * a->skp + j] = kh[j * a->d + d];
-            for (int64_t j = a->sk; j < a->skp; j++) kt[d * a->skp + j] = 0.0f;
-        }
-        for (int64_t j = 0; j < a->skp; j++) {
-            float *row = vp + j * a->dvp;
+#ifdef __AVX__
+/* dst[c * ldd + r] = src[r * lds + c] for an 8 x 8 block (unaligned rows) */
+TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
+/* pack kv head h (of B * Hkv): K^T and V into 16-wide panels, zeros in the padding */
+static void pack_head(const attn_t *a, int64_t h) {
+    const float *kh = a->k + h * a->sk * a->d, *vh = a->v + h * a->sk * a->dv;
+    float *kp = a->kp + h * a->skp * a->d, *vp = a->vp + h * a->dvp * a->sk;
+    for (int64_t jb = 0; jb < a->skp; jb += TG_W) {
+        float *panel = kp + jb * a->d;
+        int64_t d0 = 0;
+#ifdef __AVX__
+        if (jb + TG_W <= a->sk) /* 8 x 8 blocks of 8 keys x 8 dims, transposed */
+            for (; d0 + 8 <= a->d; d0 += 8) {
+                transpose8(kh + jb * a->d + d0, a->d, panel + d0 * TG_W, TG_W);
+                transpose8(kh + (jb + 8) * a->d + d0, a->d, panel + d0 * TG_W + 8, TG_W);
+            }
+#endif
+        for (int64_t j = jb; j < jb + TG_W; j++) {
             if (j < a->sk) {
-                memcpy(row, vh + j * a->dv, sizeof(float) * (size_t)a->dv);
-                memset(row + a->dv, 0, sizeof(float) * (size_t)(a->dvp - a->dv));
+                const float *row = kh + j * a->d;
+                for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = row[d];
             } else {
-                memset(row, 0, sizeof(float) * (size_t)a->dvp);
+                for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = 0.0f;
             }
         }
     }
-    return 0;
+    for (int64_t cb = 0; cb < a->dvp; cb += TG_W) {
+        float *panel = vp + cb * a->sk;
+        int64_t w = imin(TG_W, a->dv - cb);
+        if (w == TG_W) {
+            for (int64_t j = 0; j < a->sk; j++) {
+                const float *src = vh + j * a->dv + cb;
+                *(v8 *)(panel + j * TG_W) = *(const v8u *)src;
+                *(v8 *)(panel + j * TG_W + 8) = *(const v8u *)(src + 8);
+            }
+        } else {
+            for (int64_t j = 0; j < a->sk; j++)
+                for (int64_t c = 0; c < TG_W; c++)
+                    panel[j * TG_W + c] = c < w ? vh[j * a->dv + cb + c] : 0.0f;
+        }
+    }
+}
+
+/* Pack kv head h unless done: the first task that needs it packs it (state 0 -> 1 -> 2), a
+ * task that finds it being packed waits (rare: consecutive tasks are different q heads). No
+ * barrier between packing and computing, so a thread the OS has descheduled holds up the
+ * others only through the kv head it is packing. */
+static void ensure_packed(const attn_t *a, int *state, int64_t h) {
+    if (__atomic_load_n(&state[h], __ATOMIC_ACQUIRE) == 2) return;
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&state[h], &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        pack_head(a, h);
+        __atomic_store_n(&state[h], 2, __ATOMIC_RELEASE);
+        return;
+    }
+    while (__atomic_load_n(&state[h], __ATOMIC_ACQUIRE) != 2) sched_yield();
 }
 
 /* the keys query row i may see: [0, limit) */
@@ -123,6 +289,102 @@ static inline const float *mask_row(const attn_t *a, int64_t b, int64_t h, int64
     return a->mask ? a->mask + b * a->ms[0] + h * a->ms[1] + i * a->ms[2] : NULL;
 }
 
+/* the task's query rows: blocks of equal size (a multiple of TG_R), at most TG_BQ rows */
+static inline int64_t block_rows(int64_t sq) {
+    int64_t nqb = (sq + TG_BQ - 1) / TG_BQ;
+    int64_t rows = (sq + nqb - 1) / nqb;
+    return (rows + TG_R - 1) / TG_R * TG_R;
+}
+
+/* scores of query rows [q0, q1) (of head bh) against keys [j0, j0 + jn), scaled, into
+ * s[(i - q0) * lds + (j - j0)]: panel by panel, each panel against all groups of TG_R rows that
+ * can see some key in it. j0 is a multiple of TG_W. */
+static void task_scores(const attn_t *a, const float *q, const float *kp, int64_t q0,
+                        int64_t q1, int64_t j0, int64_t jn, float *s, int64_t lds) {
+    const int64_t d = a->d;
+    for (int64_t jb = 0; jb < jn; jb += TG_W) {
+        const float *panel = kp + (j0 + jb) * d;
+        for (int64_t i0 = q0; i0 < q1; i0 += TG_R) {
+            int nr = (int)imin(TG_R, q1 - i0);
+            if (key_limit(a, i0 + nr - 1) <= j0 + jb) continue; /* causal: past every row */
+            const float *qr[TG_R];
+            for (int r = 0; r < nr; r++) qr[r] = q + (i0 + r) * d;
+            scores_tile(nr, qr, panel, d, a->scale, s + (i0 - q0) * lds + jb, lds);
+        }
+    }
+}
+
+/* acc[(i - q0)][0:dvp] (+)= p[(i - q0)][0:n_i] @ V[j0 : j0 + n_i] with n_i the keys the row's
+ * group needs in this block (the rows' probabilities past their own limit are 0); `=` when
+ * `fresh` (then every group must need some key: n_i >= 1) */
+static void task_pv(const attn_t *a, const float *vp, int64_t q0, int64_t q1, int64_t j0,
+                    int64_t jn, const float *p, int64_t ldp, float *acc, int fresh) {
+    for (int64_t cb = 0; cb < a->dvp; cb += TG_W) {
+        const float *panel = vp + cb * a->sk + j0 * TG_W;
+        for (int64_t i0 = q0; i0 < q1; i0 += TG_R) {
+            int nr = (int)imin(TG_R, q1 - i0);
+            int64_t n = imin(key_limit(a, i0 + nr - 1) - j0, jn);
+            if (n <= 0) continue;
+            pv_tile(nr, p + (i0 - q0) * ldp, ldp, panel, n, acc + (i0 - q0) * a->dvp + cb,
+                    a->dvp, fresh);
+        }
+    }
+}
+
+/* the number of keys row i's group (of TG_R rows from q0) needs in the block [j0, j0 + jn) */
+static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_t i, int64_t j0,
+                                 int64_t jn) {
+    int64_t last = imin(q0 + ((i - q0) / TG_R + 1) * TG_R, q1) - 1;
+    return imax(0, imin(key_limit(a, last) - j0, jn));
+}
+
+#ifdef _OPENMP
+#define TG_THREAD_NUM() omp_get_thread_num()
+#else
+#define TG_THREAD_NUM() 0
+#endif
+
+/* Runs every task with the body (__VA_ARGS__) in one parallel region, each task packing its kv
+ * head first if no task has. Tasks go block-major (t -> q-block t / (B * Hq), head
+ * t % (B * Hq)), so the first tasks pack different kv heads. One workspace: packed K, packed V,
+ * PER_THREAD floats for each thread, the packing states. Returns 0, or -1 when out of
+ * memory. */
+#define TG_ATTENTION_DRIVER(A, PER_THREAD, ...)                                                \
+    do {                                                                                       \
+        int64_t nh_ = (A).b * (A).hkv, kfl_ = nh_ * (A).skp * (A).d;                           \
+        int64_t vfl_ = nh_ * (A).dvp * (A).sk, per_ = round16(PER_THREAD);                     \
+        int nthr_ = tg_nthreads, owned_;                                                       \
+        int64_t total_ = kfl_ + vfl_ + nthr_ * per_ + round16(nh_);                            \
+        float *ws_ = ws_take(sizeof(float) * (size_t)total_, &owned_);                         \
+        if (!ws_) return -1;                                                                   \
+        (A).kp = ws_;                                                                          \
+        (A).vp = ws_ + kfl_; /* multiples of 16 floats: all 64-byte aligned */                 \
+        int *state_ = (int *)(ws_ + kfl_ + vfl_ + nthr_ * per_);                               \
+        memset(state_, 0, sizeof(int) * (size_t)nh_);                                          \
+        int64_t bq_ = block_rows((A).sq), nqb_ = ((A).sq + bq_ - 1) / bq_;                     \
+        int64_t nbh_ = (A).b * (A).hq, tasks_ = nbh_ * nqb_, group_ = (A).hq / (A).hkv;        \
+        int64_t work_ = (A).b * (A).hq * (A).sq * (A).sk * (A).d;                              \
+        _Pragma("omp parallel num_threads(nthr_) if(work_ > 8 * TG_PAR_MIN)")                  \
+        {                                                                                      \
+            float *buf = ws_ + kfl_ + vfl_ + TG_THREAD_NUM() * per_;                           \
+            _Pragma("omp for schedule(dynamic)")                                               \
+            for (int64_t t_ = 0; t_ < tasks_; t_++) {                                          \
+                int64_t bh = t_ % nbh_, q0 = (t_ / nbh_) * bq_;                                \
+                int64_t q1 = imin(q0 + bq_, (A).sq);                                           \
+                int64_t bi = bh / (A).hq, h = bh % (A).hq;                                     \
+                int64_t kvh = bi * (A).hkv + h / group_;                                       \
+                ensure_packed(&(A), state_, kvh);                                              \
+                const float *qh = (A).q + bh * (A).sq * (A).d;                                 \
+                const float *kp = (A).kp + kvh * (A).skp * (A).d;                              \
+                const float *vp = (A).vp + kvh * (A).dvp * (A).sk;                             \
+                float *oh = (A).out + bh * (A).sq * (A).dv;                                    \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        }                                                                                      \
+        ws_give(ws_, owned_);                                                                  \
+        return 0;                                                                              \
+    } while (0)
+
 int tg_attention_f32(const float *q, const float *k, const float *v, const float *mask,
                      const int64_t *mask_strides, float *out, int64_t b, int64_t hq, int64_t hkv,
                      int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int causal) {
@@ -130,61 +392,37 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const float
                 {0, 0, 0, 0}, scale, causal, NULL, NULL};
     if (mask)
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
-    if (prepare(&a)) return -1;
-    int64_t nblk = (sq + TG_R - 1) / TG_R, tasks = b * hq * nblk, group = hq / hkv;
-    int failed = 0;
-    _Pragma("omp parallel num_threads(tg_nthreads) if(tasks * sk * d > TG_PAR_MIN)")
-    {
-        float *s = tg_alloc(sizeof(float) * (size_t)(TG_R * a.skp + TG_R * a.dvp));
-        if (!s) {
-            _Pragma("omp atomic write")
-            failed = 1;
-        } else {
-            float *acc = s + TG_R * a.skp;
-            _Pragma("omp for schedule(static)")
-            for (int64_t t = 0; t < tasks; t++) {
-                int64_t bh = t / nblk, i0 = (t % nblk) * TG_R;
-                int64_t bi = bh / hq, h = bh % hq, kvh = bi * hkv + h / group;
-                const float *qrows[TG_R];
-                for (int r = 0; r < TG_R; r++) {
-                    int64_t i = i0 + r < sq ? i0 + r : sq - 1;
-                    qrows[r] = q + (bh * sq + i) * d;
-                }
-                int64_t n = key_limit(&a, i0 + TG_R - 1 < sq ? i0 + TG_R - 1 : sq - 1);
-                int64_t np = round16(n);
-                scores_block(qrows, a.kt + kvh * d * a.skp, a.skp, d, np, scale, s, a.skp);
-                for (int r = 0; r < TG_R; r++) {
-                    float *sr = s + r * a.skp;
-                    int64_t i = i0 + r, lim = i < sq ? key_limit(&a, i) : 0;
-                    const float *mr = i < sq ? mask_row(&a, bi, h, i) : NULL;
-                    if (mr)
-                        for (int64_t j = 0; j < lim; j++) sr[j] += mr[j * a.ms[3]];
-                    float m = tg_row_max(sr, lim);
-                    float shift = (mask && m == -INFINITY) ? 0.0f : m;
-                    float sum = 0.0f;
-                    _Pragma("omp simd reduction(+:sum)")
-                    for (int64_t j = 0; j < lim; j++) {
-                        float e = tg_expf(sr[j] - shift);
-                        sr[j] = e;
-                        sum += e;
-                    }
-                    /* safe softmax with a mask: divide by max(sum, 1), NaN stays NaN */
-                    float inv = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
-                    for (int64_t j = 0; j < lim; j++) sr[j] *= inv;
-                    for (int64_t j = lim; j < np; j++) sr[j] = 0.0f;
-                    memset(acc + r * a.dvp, 0, sizeof(float) * (size_t)a.dvp);
-                }
-                pv_block(s, a.skp, a.vp + kvh * a.skp * a.dvp, a.dvp, n, a.dvp, acc, a.dvp);
-                for (int r = 0; r < TG_R && i0 + r < sq; r++)
-                    memcpy(out + (bh * sq + i0 + r) * dv, acc + r * a.dvp,
-                           sizeof(float) * (size_t)dv);
+    /* per thread: scores (TG_BQ x Skp), accumulator (TG_BQ x Dvp), 1/sum (TG_BQ) */
+    TG_ATTENTION_DRIVER(a, TG_BQ * (a.skp + a.dvp + 1), {
+        float *s = buf, *acc = s + TG_BQ * a.skp, *inv = acc + TG_BQ * a.dvp;
+        int64_t kend = key_limit(&a, q1 - 1);
+        task_scores(&a, qh, kp, q0, q1, 0, kend, s, a.skp);
+        for (int64_t i = q0; i < q1; i++) {
+            float *sr = s + (i - q0) * a.skp;
+            int64_t lim = key_limit(&a, i), n = group_keys(&a, q0, q1, i, 0, kend);
+            const float *mr = mask_row(&a, bi, h, i);
+            if (mr)
+                for (int64_t j = 0; j < lim; j++) sr[j] += mr[j * a.ms[3]];
+            float m = row_max(sr, lim);
+            float shift = (mask && m == -INFINITY) ? 0.0f : m;
+            float sum = 0.0f;
+            _Pragma("omp simd reduction(+:sum)")
+            for (int64_t j = 0; j < lim; j++) {
+                float e = softmax_exp(sr[j] - shift);
+                sr[j] = e;
+                sum += e;
             }
-            free(s);
+            for (int64_t j = lim; j < n; j++) sr[j] = 0.0f;
+            /* safe softmax with a mask: divide by max(sum, 1), NaN stays NaN */
+            inv[i - q0] = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
         }
-    }
-    free(a.kt);
-    free(a.vp);
-    return failed ? -1 : 0;
+        task_pv(&a, vp, q0, q1, 0, kend, s, a.skp, acc, 1); /* every row sees >= 1 key */
+        for (int64_t i = q0; i < q1; i++) {
+            const float *ar = acc + (i - q0) * a.dvp;
+            float *o = oh + i * dv, c = inv[i - q0];
+            for (int64_t x = 0; x < dv; x++) o[x] = ar[x] * c;
+        }
+    });
 }
 
 int tg_flash_attention_f32(const float *q, const float *k, const float *v, const float *mask,
@@ -195,93 +433,64 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                 {0, 0, 0, 0}, scale, causal, NULL, NULL};
     if (mask)
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
-    bk = round16(bk < 16 ? 16 : bk);
-    if (prepare(&a)) return -1;
-    int64_t nqb = (sq + TG_BQ - 1) / TG_BQ, tasks = b * hq * nqb, group = hq / hkv;
-    int failed = 0;
-    _Pragma("omp parallel num_threads(tg_nthreads) if(tasks * sk * d > TG_PAR_MIN)")
-    {
-        /* scores (R x bk), state m, l (BQ), accumulator (BQ x Dvp) */
-        float *s = tg_alloc(sizeof(float) * (size_t)(TG_R * bk + 2 * TG_BQ + TG_BQ * a.dvp));
-        if (!s) {
-            _Pragma("omp atomic write")
-            failed = 1;
-        } else {
-            float *ms = s + TG_R * bk, *ls = ms + TG_BQ, *acc = ls + TG_BQ;
-            _Pragma("omp for schedule(static)")
-            for (int64_t t = 0; t < tasks; t++) {
-                int64_t bh = t / nqb, q0 = (t % nqb) * TG_BQ;
-                int64_t q1 = q0 + TG_BQ < sq ? q0 + TG_BQ : sq;
-                int64_t bi = bh / hq, h = bh % hq, kvh = bi * hkv + h / group;
-                const float *kt = a.kt + kvh * d * a.skp, *vp = a.vp + kvh * a.skp * a.dvp;
-                for (int64_t r = 0; r < TG_BQ; r++) {
-                    ms[r] = -INFINITY;
-                    ls[r] = 0.0f;
+    bk = round16(bk < TG_W ? TG_W : bk);
+    /* per thread: scores (TG_BQ x bk), accumulator (TG_BQ x Dvp), running max and sum
+     * (TG_BQ each); the first two 64-byte aligned */
+    TG_ATTENTION_DRIVER(a, TG_BQ * (bk + a.dvp + 2), {
+        float *s = buf, *acc = s + TG_BQ * bk, *ms = acc + TG_BQ * a.dvp, *ls = ms + TG_BQ;
+        for (int64_t r = 0; r < TG_BQ; r++) {
+            ms[r] = -INFINITY;
+            ls[r] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)((q1 - q0) * a.dvp));
+        int64_t kend = key_limit(&a, q1 - 1);
+        for (int64_t j0 = 0; j0 < kend; j0 += bk) {
+            int64_t jn = imin(bk, kend - j0);
+            task_scores(&a, qh, kp, q0, q1, j0, jn, s, bk);
+            for (int64_t i = q0; i < q1; i++) {
+                int64_t lr = i - q0, n = group_keys(&a, q0, q1, i, j0, jn);
+                if (n == 0) continue; /* causal: the row's group needs no key here */
+                float *sr = s + lr * bk;
+                int64_t lim = imax(0, imin(key_limit(&a, i) - j0, jn));
+                const float *mr = lim ? mask_row(&a, bi, h, i) : NULL;
+                if (mr)
+                    for (int64_t j = 0; j < lim; j++) sr[j] += mr[(j0 + j) * a.ms[3]];
+                float mold = ms[lr], bm = row_max(sr, lim);
+                float m = bm > mold ? bm : mold;
+                if (m == -INFINITY) { /* nothing to attend to yet (NaN scores: NaN out) */
+                    int nan = 0;
+                    for (int64_t j = 0; j < lim; j++) nan |= sr[j] != sr[j];
+                    if (nan) ls[lr] = NAN;
+                    for (int64_t j = 0; j < n; j++) sr[j] = 0.0f;
+                    continue;
                 }
-                memset(acc, 0, sizeof(float) * (size_t)(TG_BQ * a.dvp));
-                int64_t kend = key_limit(&a, q1 - 1);
-                for (int64_t j0 = 0; j0 < kend; j0 += bk) {
-                    int64_t jn = j0 + bk < kend ? bk : kend - j0;
-                    for (int64_t i0 = q0; i0 < q1; i0 += TG_R) {
-                        const float *qrows[TG_R];
-                        for (int r = 0; r < TG_R; r++) {
-                            int64_t i = i0 + r < q1 ? i0 + r : q1 - 1;
-                            qrows[r] = q + (bh * sq + i) * d;
-                        }
-                        if (key_limit(&a, i0 + TG_R - 1 < q1 ? i0 + TG_R - 1 : q1 - 1) <= j0)
-                            continue; /* causal: this block is past every row here */
-                        scores_block(qrows, kt + j0, a.skp, d, round16(jn), scale, s, bk);
-                        for (int r = 0; r < TG_R; r++) {
-                            float *sr = s + r * bk;
-                            int64_t i = i0 + r, lr = i - q0;
-                            int64_t lim = i < q1 ? key_limit(&a, i) - j0 : 0;
-                            lim = lim < 0 ? 0 : (lim > jn ? jn : lim);
-                            const float *mr = (i < q1 && lim) ? mask_row(&a, bi, h, i) : NULL;
-                            if (mr)
-                                for (int64_t j = 0; j < lim; j++) sr[j] += mr[(j0 + j) * a.ms[3]];
-                            float m = i < q1 ? ms[lr] : -INFINITY;
-                            float bm = tg_row_max(sr, lim);
-                            m = bm > m ? bm : m;
-                            if (m == -INFINITY) { /* nothing to attend to yet */
-                                for (int64_t j = 0; j < jn; j++) sr[j] = 0.0f;
-                                continue;
-                            }
-                            float corr = ms[lr] == -INFINITY ? 0.0f : tg_expf(ms[lr] - m);
-                            float sum = 0.0f;
-                            _Pragma("omp simd reduction(+:sum)")
-                            for (int64_t j = 0; j < lim; j++) {
-                                float e = tg_expf(sr[j] - m);
-                                sr[j] = e;
-                                sum += e;
-                            }
-                            for (int64_t j = lim; j < jn; j++) sr[j] = 0.0f;
-                            ms[lr] = m;
-                            ls[lr] = ls[lr] * corr + sum;
-                            if (corr != 1.0f) {
-                                float *ar = acc + lr * a.dvp;
-                                _Pragma("omp simd")
-                                for (int64_t c = 0; c < a.dvp; c++) ar[c] *= corr;
-                            }
-                        }
-                        /* rows past q1 have zero probabilities: their accumulator rows
-                         * (still inside the TG_BQ-row buffer) stay unused */
-                        pv_block(s, bk, vp + j0 * a.dvp, a.dvp, jn, a.dvp,
-                                 acc + (i0 - q0) * a.dvp, a.dvp);
-                    }
+                float corr = mold == -INFINITY ? 0.0f : softmax_exp(mold - m);
+                float sum = 0.0f;
+                _Pragma("omp simd reduction(+:sum)")
+                for (int64_t j = 0; j < lim; j++) {
+                    float e = softmax_exp(sr[j] - m);
+                    sr[j] = e;
+                    sum += e;
                 }
-                for (int64_t i = q0; i < q1; i++) {
-                    int64_t lr = i - q0;
-                    float l = ls[lr];
-                    /* safe softmax with a mask: a row that saw nothing gives 0 */
-                    float inv = (mask && ms[lr] == -INFINITY) ? 0.0f : 1.0f / l;
-                    float *o = out + (bh * sq + i) * dv;
-                    for (int64_t c = 0; c < dv; c++) o[c] = acc[lr * a.dvp + c] * inv;
+                for (int64_t j = lim; j < n; j++) sr[j] = 0.0f;
+                ms[lr] = m;
+                ls[lr] = ls[lr] * corr + sum;
+                if (corr != 1.0f) {
+                    float *ar = acc + lr * a.dvp;
+                    _Pragma("omp simd")
+                    for (int64_t c = 0; c < a.dvp; c++) ar[c] *= corr;
                 }
             }
-            free(s);
+            task_pv(&a, vp, q0, q1, j0, jn, s, bk, acc, 0);
         }
-    }
-    free(a.kt);
-    free(a.vp);
-    return failed ? -1 : 0;
+        for (int64_t i = q0; i < q1; i++) {
+            int64_t lr = i - q0;
+            /* safe softmax with a mask: a row that saw nothing gives 0 (a NaN sum stays) */
+            float l = ls[lr];
+            float inv = (mask && ms[lr] == -INFINITY && l == 0.0f) ? 0.0f : 1.0f / l;
+            const float *ar = acc + lr * a.dvp;
+            float *o = oh + i * dv;
+            for (int64_t x = 0; x < dv; x++) o[x] = ar[x] * inv;
+        }
+    });
 }

@@ -4,8 +4,11 @@ Inputs are (batch, heads, seq, dim) or (heads, seq, dim), C-contiguous; k/v may 
 heads than q (grouped-query attention); the additive float mask broadcasts to
 (batch, heads, Sq, Sk) and is read through strides (never expanded). Eight kernels cover
 {plain, flash} x {no mask, mask} x {not causal, causal}; ``scale`` must be the default
-1/sqrt(dim) (the pattern says so). ``c_flash_attention*`` never holds more than 64 x 64 scores
-per thread, for long sequences; the plain one keeps 4 x Sk.
+1/sqrt(dim) (the pattern says so). K and V are packed once per call into 16-wide panels and
+both products run on register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of
+<= 66 query rows); see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
+``FLASH_BLOCK`` with an online softmax and never holds more than 66 x FLASH_BLOCK scores per
+thread, for long sequences; the plain one keeps 66 x Sk.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from tensor_graphs.kernels.registry import kernel
 
 LIB = "attention"
 SOURCE = lib.source(LIB)
-FLASH_BLOCK = 64
+FLASH_BLOCK = 256  # keys per block: one block up to GPT-2's 128-256 tokens, L2-sized tiles
 
 
 def _fits(has_mask: bool):
@@ -104,8 +107,8 @@ def _register(flash: bool, has_mask: bool, causal: bool):
         def run(q, k, v):
             return attention(q, k, v, None, causal, flash)
 
-    run.__doc__ = (("tiled flash-style (online softmax, 64 x 64 blocks)" if flash else
-                    "plain (4 query rows x all keys)") + " attention" +
+    run.__doc__ = ((f"tiled flash-style (online softmax, 66 x {FLASH_BLOCK} blocks)" if flash
+                    else "plain (66 query rows x all keys)") + " attention" +
                    (", additive mask" if has_mask else "") + (", causal" if causal else "") +
                    ", GQA")
     run.source_text = SOURCE + f"\n/* {name} */"
