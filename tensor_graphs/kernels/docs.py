@@ -46,8 +46,9 @@ test suite (`tests/kernels/test_verify_all.py`) and by `tg kernels verify`.
 - `c_*`: C kernels (compiled on first use, BLAS from `scipy-openblas32`); `torch_*`: torch on
   the CPU (`torch_cuda_*` mirror them on a GPU and are registered only there);
   `copy_*`: moves between devices (`copy_to`).
-- A pattern has a fixed arity: an op with optional tensors has one kernel per combination
-  given (`_no_bias` ...), and `concat` kernels exist for 2, 3 and 4 inputs (`_3`, `_4`).
+- An op with optional tensors has one kernel per combination given (`_no_bias` ...): a
+  pattern fixes which inputs are present. A variadic pattern (`pat.many`) covers any number
+  of inputs: the `concat` kernels (`concat(*xs)`) take a concat of 1, 2, 9 or more tensors.
 
 Regenerate with `{COMMAND}` after adding kernels; `tests/kernels/test_docs_kernels.py` fails
 when this page is stale. `tg kernels list` shows the same registry as a table.
@@ -76,7 +77,7 @@ def _plain(k: Kernel) -> bool:
     """The pattern is the op over distinct variables with no attribute constraints."""
     p = k.pattern
     return (isinstance(p, pat.OpPat) and not p.attrs and p.op in OPS
-            and all(isinstance(i, pat.Var) for i in p.inputs)
+            and all(isinstance(i, (pat.Var, pat.Many)) for i in p.inputs)
             and len(p.inputs) == len(OPS[p.op].params))
 
 
@@ -94,7 +95,7 @@ def _cell_entry(k: Kernel) -> str:
     p = k.pattern
     parts = []
     if "args" in p.attrs or len(p.inputs) != len(OPS[p.op].params) or \
-            not all(isinstance(i, pat.Var) for i in p.inputs):
+            not all(isinstance(i, (pat.Var, pat.Many)) for i in p.inputs):
         parts.append(", ".join(describe(i) for i in p.inputs))
     parts += [f"{a}={v!r}" if not callable(v) else f"{a}: a predicate"
               for a, v in p.attrs.items() if a != "args"]

@@ -23,6 +23,7 @@ from tensor_graphs.ir.graph import decompose, format_graph, nodes
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.registry import Kernel, describe, pattern_vars
+from tensor_graphs.kernels.signatures import VARIADIC_ARITIES
 from tensor_graphs.kernels.verify import (
     Built,
     build_case,
@@ -99,7 +100,9 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
     are the inputs ("gelu(x @ w + b)", "softmax(x, axis=-1)"); a pattern object or a function
     of pattern variables works too."""
     if isinstance(text, pat.Pat):
-        names = tuple(v.name for v in pattern_vars(text))
+        found = pattern_vars(text)  # fixed variables first, a variadic one (pat.many) last
+        names = tuple(v.name for v in found if isinstance(v, pat.Var)) + tuple(
+            v.name for v in found if isinstance(v, pat.Many))
         return text, names, "pattern"
     if callable(text) and not isinstance(text, str):
         built, names = registry.trace_pattern(text, ())
@@ -107,10 +110,7 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
     if not isinstance(text, str) or not text.strip():
         raise ArgumentError(f"a pattern is an op name or an expression, got {text!r}")
     text = text.strip()
-    if text in OPS and not OPS[text].is_leaf:
-        if OPS[text].variadic:  # a pattern has a fixed arity: ask for the 2-input form
-            built = pat.OpPat(text, (pat.var("x0"), pat.var("x1")))
-            return built, ("x0", "x1"), f"lambda x0, x1: tg.pat.{text}(x0, x1)"
+    if text in OPS and not OPS[text].is_leaf:  # a variadic op: op(*xs), any number of inputs
         built, names = registry.trace_pattern(text, ())
         return built, names, repr(text)
     if text in registry._KERNELS:
@@ -181,6 +181,8 @@ def prompt(pattern, name: str | None = None, backend: str = "numpy") -> str:
         isinstance(i, pat.OpPat) for i in built.inputs) else "fused"
     fname = name or f"my_{label}"
     attr_names = _attr_names(built)
+    star = registry._variadic_name(built)  # the function takes it as *name
+    params = [f"*{n}" if n == star else n for n in names]
     probe = Kernel(name=fname, pattern=built, backend=backend, device="cpu",
                    fn=lambda *a, **k: None, inputs=names, attrs=tuple(attr_names))
     examples: list[tuple] = []
@@ -216,14 +218,17 @@ def prompt(pattern, name: str | None = None, backend: str = "numpy") -> str:
     lines += ["## The kernel expected", "", "```python", "import numpy as np",
               "import tensor_graphs as tg", "",
               f"@tg.kernel({spelled}, backend={backend!r}, name={fname!r})",
-              f"def {fname}({', '.join(list(names) + attr_names)}):",
+              f"def {fname}({', '.join(params + attr_names)}):",
               f'    """{describe(built)}."""',
               "    ...  # compute with numpy (or call your library)",
               "    return result  # a new array", "```", ""]
     lines += ["- Positional parameters: the inputs, in this order: "
-              + ", ".join(f"`{n}`" for n in names) + "; numpy arrays (they may be "
+              + ", ".join(f"`{n}`" for n in params) + "; numpy arrays (they may be "
               "non-contiguous or broadcast views: pass `contiguous=True` to @tg.kernel if the "
               "kernel needs C-contiguous inputs)."]
+    if star is not None:
+        lines += [f"- `*{star}` is variadic: one array per input of the node, any number of "
+                  f"them (the verifier tries {', '.join(map(str, VARIADIC_ARITIES))})."]
     if attr_names:
         shown = ", ".join(f"`{a}`" for a in attr_names)
         lines += [f"- After them, the root node's attributes it needs, by name: {shown} "

@@ -23,6 +23,28 @@ input 0 (both matter to the memory planner). ``signatures=[{"x": (7, 33), "w": (
 "float64"), "attrs": {...}}, ...]`` tells the verifier which inputs to try, for fused patterns
 whose shapes it cannot guess (``kernels/signatures.py``).
 
+Variadic kernels. A pattern may hold one ``pat.many(name)`` operand, which binds the tuple of
+the node's inputs it covers; the kernel function takes it as its ``*name`` parameter, after
+the fixed variables. So one kernel covers a concat of any number of inputs:
+
+    @tg.kernel("concat", backend="numpy")        # a variadic op's name: concat(*xs)
+    def numpy_concat(*xs, axis):
+        return np.concatenate(xs, axis=axis)
+
+    @tg.kernel(lambda *xs: tg.pat.concat(*xs), backend="numpy")   # the same pattern
+    @tg.kernel(tg.pat.concat(tg.pat.many("xs", dtype="float")), backend="numpy")
+
+``Kernel.inputs`` names the pattern's variables (``("xs",)``; the variadic one, if any, last:
+``Kernel.variadic``), and ``match.bindings["xs"]`` is a tuple of nodes. **How to call a
+kernel on a match** (fixed or variadic alike): ``Kernel.arguments(match)`` is the flat list of
+nodes to pass positionally, a variadic binding spread in place, and
+
+    k.fn(*[value_of[n] for n in k.arguments(m)], **{a: node.attrs[a] for a in k.attrs})
+
+For a fixed-arity kernel ``arguments(m) == [m.bindings[v] for v in k.inputs]``. Constraints
+(``dtypes``, ``ranks``, ``contiguous``, ``where``) see the flat list too: ``where`` gets one
+shape and one dtype per argument, ``inplace=i`` counts arguments.
+
 Registration does not verify (that would run every kernel at import): ``tg.kernels.verify``
 does, the test suite verifies every registered kernel, ``tg.kernels.load`` admits a user's file
 only after verification, and the planner verifies a kernel before its first use.
@@ -33,6 +55,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import inspect
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -75,6 +98,46 @@ class Kernel:
         return self.pattern.op if isinstance(self.pattern, pat.OpPat) else None
 
     @property
+    def variadic(self) -> str | None:
+        """The name of the pattern's ``pat.many`` variable (the last of ``inputs``; the function
+        takes it as ``*name``), or None for a fixed-arity kernel."""
+        return _variadic_name(self.pattern)
+
+    def arguments(self, match: pat.Match) -> list[Node]:
+        """The nodes to pass to ``fn`` positionally for ``match``, in order: each variable's
+        node, a variadic variable's tuple spread in place (see the module docstring)."""
+        out: list[Node] = []
+        for v in self.inputs:
+            bound = match.bindings[v]
+            if isinstance(bound, tuple):
+                out.extend(bound)
+            else:
+                out.append(bound)
+        return out
+
+    def argument_names(self, count: int) -> list[str]:
+        """A name for each of ``count`` arguments: the variables, ``xs[0]``, ``xs[1]``, ... for
+        the elements of a variadic one (the names verification cases use)."""
+        if self.variadic is None:
+            return list(self.inputs)
+        fixed = list(self.inputs[:-1])
+        return fixed + [element_name(self.inputs[-1], i) for i in range(count - len(fixed))]
+
+    def arity_failure(self, count: int) -> str | None:
+        """Why ``count`` arguments do not fit the pattern's arity, or None."""
+        star = self.variadic
+        if star is None:
+            if count != len(self.inputs):
+                return (f"takes {len(self.inputs)} inputs ({', '.join(self.inputs)}), "
+                        f"got {count}")
+            return None
+        least = len(self.inputs) - 1 + _many(self.pattern).min
+        if count < least:
+            shown = ", ".join(self.inputs[:-1] + ("*" + star,))
+            return f"takes at least {least} inputs ({shown}), got {count}"
+        return None
+
+    @property
     def fused(self) -> bool:
         """True when the pattern covers more than one op."""
         root = self.pattern
@@ -83,10 +146,13 @@ class Kernel:
     def constraint_failure(self, shapes: Sequence[tuple], dtypes: Sequence[DType],
                            attrs: dict | None = None, contiguous: Sequence[bool] | None = None
                            ) -> str | None:
-        """Why these inputs are outside the kernel's constraints, or None when they fit."""
-        if len(shapes) != len(self.inputs):
-            return f"takes {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(shapes)}"
-        for name, shape, dtype in zip(self.inputs, shapes, dtypes):
+        """Why these inputs (one shape and dtype per argument, as ``arguments`` lists them) are
+        outside the kernel's constraints, or None when they fit."""
+        reason = self.arity_failure(len(shapes))
+        if reason is not None:
+            return reason
+        names = self.argument_names(len(shapes))
+        for name, shape, dtype in zip(names, shapes, dtypes):
             if self.dtypes is not None and dtype not in self.dtypes:
                 return (f"input '{name}' has dtype {dtype.name}; accepts "
                         f"{', '.join(d.name for d in self.dtypes)}")
@@ -94,7 +160,7 @@ class Kernel:
                 return (f"input '{name}' has rank {len(shape)} (shape {tuple(shape)}); accepts "
                         f"rank {' or '.join(map(str, self.ranks))}")
         if self.contiguous and contiguous is not None and not builtins.all(contiguous):
-            bad = [n for n, c in zip(self.inputs, contiguous) if not c]
+            bad = [n for n, c in zip(names, contiguous) if not c]
             return f"input(s) {bad} are not C-contiguous; this kernel needs contiguous inputs"
         if self.where is not None:
             verdict = self.where(tuple(map(tuple, shapes)), tuple(dtypes), dict(attrs or {}))
@@ -114,6 +180,7 @@ class Kernel:
             raise KernelConstraintError(f"kernel {self.name} ({self.backend}): {reason}")
 
     def __call__(self, *arrays, **attrs):
+        """``fn(*arrays, **attrs)`` after ``check``: arrays as ``arguments`` orders them."""
         self.check(arrays, attrs)
         return self.fn(*arrays, **{k: v for k, v in attrs.items() if k in self.attrs})
 
@@ -121,7 +188,7 @@ class Kernel:
         """The match of this kernel's pattern rooted at ``node`` that fits its constraints."""
         for m in pat.iter_matches(self.pattern, node, uses, partial=False):
             try:
-                bound = [m.bindings[v] for v in self.inputs]
+                bound = self.arguments(m)
             except KeyError:
                 continue
             if self.constraint_failure([b.shape for b in bound], [b.dtype for b in bound],
@@ -204,13 +271,25 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
         raise ArgumentError(f"tolerance must be a positive number, got {tolerance!r}")
 
     def decorate(fn: Callable) -> Kernel:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        compiled, var_names = trace_pattern(pattern, [p.name for p in params])
-        if len(params) < len(var_names):
-            raise ArgumentError(f"kernel {name or fn.__name__} takes {len(params)} arguments but "
+        every = list(inspect.signature(fn).parameters.values())
+        star = next((p.name for p in every if p.kind == p.VAR_POSITIONAL), None)
+        params = [p for p in every if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        compiled, var_names = trace_pattern(pattern, [p.name for p in params], star)
+        label = name or fn.__name__
+        variadic = _variadic_name(compiled)
+        fixed = len(var_names) - (variadic is not None)
+        if variadic is not None and star is None:
+            raise ArgumentError(f"kernel {label}: its pattern has the variadic input "
+                                f"'{variadic}'; the function takes it as *{variadic}")
+        if variadic is None and star is not None and \
+                builtins.any(p.kind == p.KEYWORD_ONLY for p in every):
+            raise ArgumentError(f"kernel {label}: *{star} takes a variadic input, but the "
+                                "pattern has none (use pat.many or a variadic op's name)")
+        if len(params) < fixed or builtins.any(p.kind == p.KEYWORD_ONLY
+                                               for p in params[:fixed]):
+            raise ArgumentError(f"kernel {label} takes {len(params)} arguments but "
                                 f"its pattern has {len(var_names)} inputs {list(var_names)}")
-        keywords = tuple(p.name for p in params[len(var_names):])  # attributes it reads
+        keywords = tuple(p.name for p in params[fixed:])  # attributes it reads
         k = Kernel(
             name=name or fn.__name__, pattern=compiled, backend=backend, device=device, fn=fn,
             inputs=var_names, attrs=keywords,
@@ -224,40 +303,66 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
     return decorate
 
 
-def trace_pattern(pattern, fn_params: Sequence[str]) -> tuple[pat.Pat, tuple[str, ...]]:
+def trace_pattern(pattern, fn_params: Sequence[str], star: str | None = None
+                  ) -> tuple[pat.Pat, tuple[str, ...]]:
     """The pattern and its variables in kernel-argument order, from an op name, a function of
-    pattern variables, or a pattern (whose variables the kernel function's first parameters
-    name). The kernel function's parameters after those are attributes."""
+    pattern variables, or a pattern (whose fixed variables the kernel function's first
+    parameters name, and whose ``pat.many`` variable its ``*star`` parameter names). The
+    kernel function's parameters after those are attributes. A variadic op's name gives
+    ``op(*params)`` with one ``pat.many``; a function with ``*args`` gets a ``pat.many``."""
     if isinstance(pattern, str):
         if pattern not in OPS or OPS[pattern].is_leaf:
             raise ArgumentError(f"unknown op {pattern!r} for a kernel pattern")
         op = OPS[pattern]
         names = op.params
-        built = pat.OpPat(op.name, tuple(pat.var(n) for n in names))
+        if op.variadic:
+            built = pat.OpPat(op.name, tuple(pat.many(n) for n in names))
+        else:
+            built = pat.OpPat(op.name, tuple(pat.var(n) for n in names))
         return built, tuple(names)
     if isinstance(pattern, pat.Pat):
-        found = {v.name for v in pattern_vars(pattern)}
-        names = tuple(fn_params[:len(found)])
-        if set(names) != found:
+        found = pattern_vars(pattern)
+        fixed = {v.name for v in found if isinstance(v, pat.Var)}
+        varargs = [v.name for v in found if isinstance(v, pat.Many)]
+        names = tuple(fn_params[:len(fixed)])
+        if set(names) != fixed:
             raise ArgumentError(f"the kernel function's parameters {list(names)} must name the "
-                                f"pattern's variables {sorted(found)}")
+                                f"pattern's variables {sorted(fixed)}")
+        if varargs:
+            if len(set(varargs)) > 1:
+                raise ArgumentError(f"a kernel pattern has at most one pat.many variable, got "
+                                    f"{sorted(set(varargs))}")
+            if star is not None and star != varargs[0]:
+                raise ArgumentError(f"the kernel function's *{star} must name the pattern's "
+                                    f"variadic variable '{varargs[0]}'")
+            if varargs[0] in fixed:
+                raise ArgumentError(f"'{varargs[0]}' is both a pat.var and a pat.many")
+            names += (varargs[0],)
         return pattern, names
     if callable(pattern):
-        params = [p.name for p in inspect.signature(pattern).parameters.values()]
-        built = pattern(*(pat.var(n) for n in params))
+        sig = list(inspect.signature(pattern).parameters.values())
+        params = [p.name for p in sig if p.kind != p.VAR_POSITIONAL]
+        star_p = [p.name for p in sig if p.kind == p.VAR_POSITIONAL]
+        args = [pat.var(n) for n in params] + [pat.many(n) for n in star_p]
+        built = pattern(*args)
         if not isinstance(built, pat.Pat):
             raise ArgumentError("a kernel pattern function must build a pattern from its "
                                 "arguments (operators and tg.* calls on them)")
-        return built, tuple(params)
+        return built, tuple(params + star_p)
     raise ArgumentError(f"a kernel pattern is an op name, a function or a tg.pat pattern, "
                         f"not {type(pattern).__name__}")
 
 
-def pattern_vars(p: pat.Pat) -> list[pat.Var]:
-    out, seen, stack = [], set(), [p]
+def pattern_vars(p: pat.Pat) -> list[pat.Var | pat.Many]:
+    """The pattern's variables (``Var``s and ``Many``s), each once, in first-seen order. A
+    sub-pattern shared in a DAG is walked once (generated C patterns share heavily)."""
+    out, seen, stack, visited = [], set(), [p], set()
     while stack:
         q = stack.pop()
-        if isinstance(q, pat.Var):
+        if id(q) in visited:
+            continue
+        visited.add(id(q))
+        if isinstance(q, (pat.Var, pat.Many)):
             if q.name not in seen:
                 seen.add(q.name)
                 out.append(q)
@@ -266,12 +371,36 @@ def pattern_vars(p: pat.Pat) -> list[pat.Var]:
     return out
 
 
+def element_name(name: str, i: int) -> str:
+    """The name of element ``i`` of the variadic variable ``name``: ``xs[3]``."""
+    return f"{name}[{i}]"
+
+
+def _many(p: pat.Pat) -> pat.Many | None:
+    """The pattern's ``pat.many`` variable (remembered per pattern object), or None."""
+    try:
+        return _MANY[p]
+    except KeyError:
+        found = _MANY[p] = next((v for v in pattern_vars(p) if isinstance(v, pat.Many)), None)
+        return found
+
+
+_MANY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _variadic_name(p: pat.Pat) -> str | None:
+    found = _many(p)
+    return None if found is None else found.name
+
+
 def describe(p: pat.Pat, _seen: set | None = None) -> str:
-    """A pattern as readable text: ``add(mul(a, b), c)``. A named (shared) sub-pattern is
-    written in full once, as ``name:op(...)``, and by its name after that."""
+    """A pattern as readable text: ``add(mul(a, b), c)``, ``concat(*xs)``. A named (shared)
+    sub-pattern is written in full once, as ``name:op(...)``, and by its name after that."""
     seen = set() if _seen is None else _seen
     if isinstance(p, pat.Var):
         return p.name
+    if isinstance(p, pat.Many):
+        return f"*{p.name}"
     if isinstance(p, pat.Const):
         return repr(p.value)
     if p.name is not None and p.name in seen:

@@ -14,6 +14,11 @@ that applies:
    patterns: the first assignments under which the pattern builds and the kernel accepts it,
    then scaled to several sizes.
 
+A variadic kernel (a ``pat.many`` input, see the registry) is tried at several arities
+(``VARIADIC_ARITIES``: 1, 2, 5 and 9 inputs where its pattern allows that many): its cases key
+the elements ``xs[0]``, ``xs[1]``, ... (``registry.element_name``), and a signature gives the
+variadic input a list of shapes (``{"xs": [(2, 3), (4, 3)]}``).
+
 The verifier builds each case's graph, skips the cases the kernel's constraints reject, and
 fails a kernel that rejects them all.
 """
@@ -33,6 +38,7 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 INTS = ("int32", "int64", "int8", "uint8")
 NUMBERS = FLOATS + INTS
 ALL = NUMBERS + ("bool",)
+VARIADIC_ARITIES = (1, 2, 5, 9)  # the input counts a variadic kernel is verified on
 
 
 @dataclass(frozen=True)
@@ -469,15 +475,27 @@ def op_cases(kernel, limit_other: int = 2) -> list[Case]:
     if not allowed:  # the generator's dtypes miss the kernel's: try the kernel's own
         allowed = [d.name for d in kernel.dtypes or ()]
     out: list[Case] = []
+    star = _star(root)
+    if star is None:
+        arities = [len(root.inputs)]
+    else:
+        least = len(root.inputs) - 1 + root.inputs[star].min
+        arities = [n for n in VARIADIC_ARITIES if n >= least] or [least]
     for rank, dt in enumerate(allowed):
-        made = gen(dt, len(root.inputs))
-        if rank:
-            made = sorted(made, key=lambda c: _elements(c.inputs))[:limit_other]
-        for c in made:
-            specs = _positional(root, op, given, c.inputs)
-            if specs is not None:
-                out.append(Case(specs, dict(c.attrs), c.note))
+        for arity in arities:
+            made = gen(dt, arity)
+            if rank:
+                made = sorted(made, key=lambda c: _elements(c.inputs))[:limit_other]
+            for c in made:
+                specs = _positional(root, op, given, c.inputs)
+                if specs is not None:
+                    out.append(Case(specs, dict(c.attrs), c.note))
     return out
+
+
+def _star(root: pat.OpPat) -> int | None:
+    """The position of the root's ``pat.many`` operand, or None."""
+    return next((i for i, q in enumerate(root.inputs) if isinstance(q, pat.Many)), None)
 
 
 def _elements(specs) -> int:
@@ -498,10 +516,24 @@ def _positional(root: pat.OpPat, op, given, inputs) -> dict[str, Spec] | None:
     else:
         by_param = dict(zip(op.params, inputs))
         chosen = [by_param.get(p) for p in given]
-    if len(chosen) != len(root.inputs) or any(c is None for c in chosen):
+    if any(c is None for c in chosen):
         return None
+    star = _star(root)
+    if star is None:
+        if len(chosen) != len(root.inputs):
+            return None
+        slots = list(root.inputs)
+    else:
+        from tensor_graphs.kernels.registry import element_name
+
+        many = root.inputs[star]
+        count = len(chosen) - (len(root.inputs) - 1)
+        if count < many.min:
+            return None
+        slots = list(root.inputs[:star]) + [pat.Var(element_name(many.name, i))
+                                            for i in range(count)] + list(root.inputs[star + 1:])
     specs = {}
-    for p, spec in zip(root.inputs, chosen):
+    for p, spec in zip(slots, chosen):
         if isinstance(p, pat.Var):
             if p.name in specs and specs[p.name] != spec:
                 return None
@@ -511,7 +543,10 @@ def _positional(root: pat.OpPat, op, given, inputs) -> dict[str, Spec] | None:
 
 def from_signatures(kernel) -> list[Case]:
     """Cases from the kernel's ``signatures=``: dicts of input name -> shape, (shape, dtype)
-    or Spec, with an optional "attrs" dict for the root node."""
+    or Spec (a variadic input: a list of those), with an optional "attrs" dict for the root
+    node."""
+    from tensor_graphs.kernels.registry import element_name
+
     sigs = kernel.signatures() if callable(kernel.signatures) else kernel.signatures
     out = []
     for sig in sigs:
@@ -524,7 +559,15 @@ def from_signatures(kernel) -> list[Case]:
             if name not in sig:
                 raise ArgumentError(f"kernel {kernel.name}: signature {sig!r} has no entry for "
                                     f"input '{name}'")
-            specs[name] = as_spec(sig[name])
+            if name == kernel.variadic:
+                entries = sig[name]
+                if not isinstance(entries, list):
+                    raise ArgumentError(f"kernel {kernel.name}: the variadic input '{name}' "
+                                        f"takes a list of shapes, got {entries!r}")
+                for i, entry in enumerate(entries):
+                    specs[element_name(name, i)] = as_spec(entry)
+            else:
+                specs[name] = as_spec(sig[name])
         out.append(Case(specs, attrs, "signatures="))
     return out
 
@@ -555,6 +598,10 @@ def template_cases(kernel, build: Callable, max_assignments: int = 2) -> list[Ca
     outer broadcast (a result with a size twice), the most distinct sizes, the fewest size-1
     axes (so x @ w + b gives x (M, K), w (K, N), b (N,))."""
     names = list(kernel.inputs)
+    if kernel.variadic is not None:  # its elements are searched as variables of their own
+        from tensor_graphs.kernels.registry import _many
+
+        names = kernel.argument_names(len(names) - 1 + max(2, _many(kernel.pattern).min))
     roles = variable_roles(kernel.pattern)
     dtype = "float32"
     if kernel.dtypes is not None and _dtypes.float32 not in kernel.dtypes:

@@ -5,7 +5,8 @@
     tg.kernels.verify(kernel, strict=True)     # raises tg.KernelVerificationError
 
 For each case (``kernels.signatures``: shapes of sizes 1, 7, 33 and 1025, broadcasting, every
-dtype the kernel takes, the attributes' common forms) the verifier builds the kernel's pattern
+dtype the kernel takes, the attributes' common forms; a variadic kernel at 1, 2, 5 and 9
+inputs) the verifier builds the kernel's pattern
 as a graph — pattern variables become ``tg.input`` leaves of the case's shapes and dtypes —,
 skips the case when the kernel does not match it (its constraints reject it), draws fresh
 random inputs (never zeros; ints in range where they index), evaluates the graph with the
@@ -159,7 +160,7 @@ def verification_error(reports: list[VerificationReport]) -> KernelVerificationE
 class Built:
     root: Node
     leaves: dict[str, Node]  # case input name -> leaf
-    bound: list[Node]  # the kernel's inputs, in order, as matched
+    bound: list[Node]  # the kernel's arguments, in order, as matched (Kernel.arguments)
 
 
 def build_case(k: registry.Kernel, case: Case) -> Built | str:
@@ -183,13 +184,27 @@ def build_case(k: registry.Kernel, case: Case) -> Built | str:
     if m is None:
         reason = None
         try:
-            bound = [leaves[v] for v in k.inputs]
+            bound = [leaves[v] for v in k.argument_names(_count(k, leaves))]
             reason = k.constraint_failure([b.shape for b in bound], [b.dtype for b in bound],
                                           dict(root.attrs))
         except KeyError:
             pass
         return f"rejected: {reason or 'the pattern does not match'}"
-    return Built(root, leaves, [m.bindings[v] for v in k.inputs])
+    return Built(root, leaves, k.arguments(m))
+
+
+def _count(k: registry.Kernel, leaves: dict[str, Node]) -> int:
+    """How many arguments a case's leaves give ``k`` (a variadic input: its elements)."""
+    if k.variadic is None:
+        return len(k.inputs)
+    return len(k.inputs) - 1 + _elements(k.variadic, leaves)
+
+
+def _elements(name: str, leaves: dict) -> int:
+    count = 0
+    while registry.element_name(name, count) in leaves:
+        count += 1
+    return count
 
 
 def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bool = True,
@@ -205,6 +220,15 @@ def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bo
         return _builder.constant(p.value, like or _dtypes.float32)
     if not isinstance(p, pat.OpPat):
         raise ArgumentError(f"cannot build pattern {p!r}")
+    if any(isinstance(c, pat.Many) for c in p.inputs):  # its elements: xs[0], xs[1], ...
+        spread = []
+        for c in p.inputs:
+            if isinstance(c, pat.Many):
+                spread += [pat.Var(registry.element_name(c.name, i))
+                           for i in range(_elements(c.name, leaves))]
+            else:
+                spread.append(c)
+        p = pat.OpPat(p.op, tuple(spread), p.attrs, p.name)
     children: list[Node | None] = [None] * len(p.inputs)
     memo = {} if _memo is None else _memo  # a sub-pattern shared in a DAG is built once
     for i, c in enumerate(p.inputs):
@@ -552,7 +576,8 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
     label = case.describe()
     values, feeds = {}, {}
     first = True
-    writes = {k.inputs[k.inplace]} if k.inplace is not None else set()
+    names = k.argument_names(len(b.bound))
+    writes = {names[k.inplace]} if k.inplace is not None else set()
     for name, spec in case.specs.items():
         raw = draw(spec, rng, case.special)
         given, fed = _layout(raw, case.layout, first and name not in writes)
@@ -601,11 +626,11 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
             continue
         if _shares(got, a):
             return CaseResult(label, np.inf, False,
-                              f"the result shares memory with input '{k.inputs[i]}'; return a "
+                              f"the result shares memory with input '{names[i]}'; return a "
                               "new array (or declare view=True / inplace=)")
     for i, (a, s) in enumerate(zip(inputs, saved)):
         if k.inplace != i and not _same_bytes(a, s):
-            return CaseResult(label, np.inf, False, f"modified its input '{k.inputs[i]}'")
+            return CaseResult(label, np.inf, False, f"modified its input '{names[i]}'")
     native = None
 
     def own_dtypes():  # the reference evaluated in the graph's own dtypes (no float64)

@@ -14,6 +14,13 @@ patterns become these) or an ``OpPat`` (an op applied to sub-patterns, with opti
 constraints, optionally bound to a name itself). ``pat.<op>(...)`` builds an ``OpPat`` for any
 registered op; ``+ - * / @ ** -x`` build add/sub/mul/div/matmul/pow/neg.
 
+A ``Many`` (``pat.many("xs", min=1, **guards)``) is a variadic operand: as an input of an
+``OpPat`` it binds the whole tuple of the node's inputs it covers, ``bindings["xs"] = (n0, n1,
+...)``, every one passing the guards. ``pat.concat(pat.many("xs"))`` matches a concat of any
+number of inputs; ``pat.concat(x, pat.many("rest"))`` one whose first input binds ``x`` and
+whose other inputs (at least one) bind ``rest``. An ``OpPat`` has at most one ``Many`` among its
+inputs, and associative-commutative ops take none (their chains are matched as multisets).
+
 Matching is commutative-aware: operands of commutative ops are tried in both orders, and an
 associative-commutative op (add, mul, maximum) matches the multiset of terms of a chain, so one
 pattern covers every operand order and grouping. At the root of a match, a pattern with k terms
@@ -98,6 +105,21 @@ class Var(Pat):
 
 
 @dataclass(frozen=True, eq=False)
+class Many(Pat):
+    """A variadic operand: binds the tuple of the node's inputs it covers (at least ``min``),
+    each passing the guards of ``each`` (a Var named like the Many)."""
+
+    name: str
+    min: int = 1
+    each: Var | None = None  # per-element guards (dtype, rank, shape, const, single_use, where)
+
+    def accepts(self, nodes_: Sequence[Node], uses: Mapping[Node, int] | None) -> bool:
+        if len(nodes_) < self.min:
+            return False
+        return self.each is None or builtins.all(self.each.accepts(n, uses) for n in nodes_)
+
+
+@dataclass(frozen=True, eq=False)
 class Const(Pat):
     """A constant node whose every element equals ``value`` (any dtype, any broadcast shape)."""
 
@@ -122,6 +144,14 @@ def var(name: str, **guards) -> Var:
     return Var(name, **guards)
 
 
+def many(name: str, min: int = 1, **guards) -> Many:  # noqa: A002 - reads as min=
+    """A variadic operand binding a tuple of nodes (see the module docstring); the guards are
+    ``var``'s and hold for every element."""
+    if not isinstance(min, int) or isinstance(min, bool) or min < 0:
+        raise ArgumentError(f"pat.many: min must be a non-negative int, got {min!r}")
+    return Many(name, min, Var(name, **guards) if guards else None)
+
+
 def as_pat(value) -> Pat:
     if isinstance(value, Pat):
         return value
@@ -134,7 +164,20 @@ def op(name: str, *inputs, **attrs) -> OpPat:
     """``op("reshape", x, shape=...)``: the op ``name`` over sub-patterns."""
     if name not in OPS:
         raise ArgumentError(f"unknown op '{name}' in a pattern")
-    return OpPat(name, tuple(as_pat(i) for i in inputs), attrs)
+    made = tuple(as_pat(i) for i in inputs)
+    check_many(name, made)
+    return OpPat(name, made, attrs)
+
+
+def check_many(op_name: str, inputs: Sequence[Pat]) -> None:
+    """An OpPat's inputs hold at most one Many, and none under an associative-commutative op."""
+    count = sum(isinstance(i, Many) for i in inputs)
+    if count > 1:
+        raise ArgumentError(f"pattern {op_name}(...) has {count} pat.many operands; at most one "
+                            "can say how many inputs it covers")
+    if count and op_name in ASSOCIATIVE_COMMUTATIVE:
+        raise ArgumentError(f"pat.many cannot be an operand of '{op_name}': an associative-"
+                            "commutative chain is matched as a multiset of terms")
 
 
 def __getattr__(name: str):
@@ -165,7 +208,10 @@ def constant_equals(node: Node, value) -> bool:
 # ---------------------------------------------------------------------------- matching
 @dataclass(frozen=True)
 class Match:
-    bindings: dict[str, Node]
+    """``bindings`` maps each variable (and bound OpPat) to its node, each ``Many`` to a tuple
+    of nodes."""
+
+    bindings: dict[str, Node | tuple[Node, ...]]
     rest: tuple[Node, ...] = ()  # unmatched terms of an associative-commutative root
 
 
@@ -189,6 +235,9 @@ def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = Non
             for bound, used in _match_terms(pterms, terms, b, uses, exact=exact):
                 yield Match(bound, tuple(t for k, t in enumerate(terms) if k not in used))
         return
+    if isinstance(pattern, Many):
+        raise ArgumentError(f"pat.many('{pattern.name}') matches only as an operand of an op "
+                            "pattern (pat.concat(pat.many('xs')))")
     for b in _match(pattern, node, {}, uses):
         yield Match(b)
 
@@ -266,6 +315,9 @@ def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
         if constant_equals(n, p.value):
             yield b
         return
+    if isinstance(p, Many):
+        raise ArgumentError(f"pat.many('{p.name}') matches only as an operand of a "
+                            "non-associative op pattern")
     if n.op.name != p.op or not _attrs_ok(p, n):
         return
     if p.name is not None:
@@ -278,13 +330,34 @@ def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
         for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n), b, uses, exact=True):
             yield bound
         return
-    if len(p.inputs) != len(n.inputs):
+    star = next((i for i, q in enumerate(p.inputs) if isinstance(q, Many)), None)
+    if star is None and len(p.inputs) != len(n.inputs) \
+            or star is not None and len(p.inputs) - 1 > len(n.inputs):
         return
     orders = [n.inputs]
-    if p.op in COMMUTATIVE and n.inputs[0] is not n.inputs[1]:
+    if p.op in COMMUTATIVE and len(n.inputs) == 2 and n.inputs[0] is not n.inputs[1]:
         orders.append(n.inputs[::-1])
     for inputs in orders:
-        yield from _match_seq(p.inputs, inputs, b, uses)
+        if star is None:
+            yield from _match_seq(p.inputs, inputs, b, uses)
+            continue
+        tail = len(p.inputs) - star - 1  # fixed operands after the Many
+        covered = tuple(inputs[star:len(inputs) - tail])
+        for b1 in _match_many(p.inputs[star], covered, b, uses):
+            yield from _match_seq(p.inputs[:star] + p.inputs[star + 1:],
+                                  inputs[:star] + inputs[len(inputs) - tail:], b1, uses)
+
+
+def _match_many(p: Many, covered: tuple[Node, ...], b: dict, uses) -> Iterator[dict]:
+    if not p.accepts(covered, uses):
+        return
+    if p.name in b:  # a repeated Many: the same nodes in the same order
+        bound = b[p.name]
+        if isinstance(bound, tuple) and len(bound) == len(covered) and builtins.all(
+                x is y for x, y in zip(bound, covered)):
+            yield b
+        return
+    yield {**b, p.name: covered}
 
 
 def _match_seq(pats: Sequence[Pat], nodes_: Sequence[Node], b: dict, uses) -> Iterator[dict]:
@@ -423,6 +496,6 @@ def apply(outputs, table: RuleTable, max_steps: int = 10_000):
             return outs[0] if single else outs
 
 
-__all__ = ["Pat", "Var", "Const", "OpPat", "Match", "Rule", "RuleTable", "RewriteError", "var",
-           "op", "as_pat", "match", "iter_matches", "rule", "apply", "same_type",
+__all__ = ["Pat", "Var", "Many", "Const", "OpPat", "Match", "Rule", "RuleTable", "RewriteError",
+           "var", "many", "op", "as_pat", "match", "iter_matches", "rule", "apply", "same_type",
            "constant_equals"]

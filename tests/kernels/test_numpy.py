@@ -64,14 +64,29 @@ def test_optional_tensor_variants_match_their_nodes():
     assert "numpy_linear" in names and "numpy_linear_no_bias" not in names
 
 
-def test_concat_kernels_by_arity():
-    parts = [tg.input(f"p{i}", (2, i + 1)) for i in range(3)]
-    names = {k.name for k, _ in tg.kernels.matching(tg.concat(parts, axis=1))}
-    assert {"numpy_concat_3", "numpy_exact_concat_3"} <= names
-    assert "numpy_concat" not in names
-    arrays = [np.full((2, i + 1), float(i), np.float32) for i in range(3)]
-    got = registry.get("numpy_concat_3")(*arrays, axis=1)
-    np.testing.assert_array_equal(got, np.concatenate(arrays, axis=1))
+@pytest.mark.parametrize("count", [2, 3, 9])
+def test_one_variadic_concat_kernel_covers_every_arity(count):
+    parts = [tg.input(f"p{i}", (2, i + 1)) for i in range(count)]
+    node = tg.concat(parts, axis=1)
+    found = {k.name: (k, m) for k, m in tg.kernels.matching(node)}
+    assert {"numpy_concat", "numpy_exact_concat", "torch_concat"} <= set(found)
+    arrays = [np.full((2, i + 1), float(i), np.float32) for i in range(count)]
+    feeds = {f"p{i}": a for i, a in enumerate(arrays)}
+    for name in ("numpy_concat", "numpy_exact_concat", "torch_concat"):
+        k, m = found[name]
+        assert k.inputs == ("xs",) and k.variadic == "xs" and k.attrs == ("axis",)
+        assert m.bindings["xs"] == tuple(parts) and k.arguments(m) == parts
+        # the planner's call: positional arguments from arguments(), attributes by name
+        got = k.fn(*[feeds[n.name] for n in k.arguments(m)],
+                   **{a: node.attrs[a] for a in k.attrs})
+        np.testing.assert_array_equal(got, np.concatenate(arrays, axis=1))
+    with pytest.raises(KernelConstraintError, match="share one dtype"):
+        registry.get("numpy_concat")(arrays[0], arrays[1].astype(np.float64), axis=1)
+
+
+def test_the_fixed_arity_concat_kernels_are_gone():
+    names = {k.name for k in tg.kernels.all()}
+    assert not {"numpy_concat_3", "numpy_concat_4", "numpy_exact_concat_3"} & names
 
 
 def test_low_precision_computes_in_float32_and_rounds_once():

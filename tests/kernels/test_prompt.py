@@ -73,16 +73,19 @@ def test_a_kernel_written_from_the_template_loads(tmp_path):
         registry.unregister("prompted_fma")
 
 
-def test_prompt_for_the_variadic_concat_asks_for_two_inputs(tmp_path):
+def test_prompt_for_the_variadic_concat_asks_for_any_number_of_inputs(tmp_path):
     text = tg.kernels.prompt("concat", name="prompted_concat")
-    assert "@tg.kernel(lambda x0, x1: tg.pat.concat(x0, x1)" in text
+    assert "@tg.kernel('concat'" in text and "def prompted_concat(*xs, axis):" in text
+    assert "`*xs` is variadic" in text
     header = next(line for line in text.splitlines() if line.startswith("@tg.kernel("))
     path = tmp_path / "concat.py"
     path.write_text(f"import numpy as np\nimport tensor_graphs as tg\n\n{header}\n"
-                    "def prompted_concat(x0, x1, axis):\n"
-                    "    return np.concatenate([x0, x1], axis=axis)\n")
+                    "def prompted_concat(*xs, axis):\n"
+                    "    return np.concatenate(xs, axis=axis)\n")
     try:
         (k,) = tg.kernels.load(path)
-        assert k.inputs == ("x0", "x1") and k.attrs == ("axis",)
+        assert k.inputs == ("xs",) and k.variadic == "xs" and k.attrs == ("axis",)
+        parts = [tg.input(f"p{i}", (2, 3)) for i in range(6)]
+        assert k.match(tg.concat(parts, axis=0)) is not None
     finally:
         registry.unregister("prompted_concat")

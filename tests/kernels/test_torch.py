@@ -85,7 +85,7 @@ def run_kernel(k, node, feeds):
     float64 reference. Returns (output, inputs)."""
     matched = dict(tg.kernels.matching(node, backends=["torch"]))
     assert k in matched, f"{k.name} does not match {tg.format_graph(node)}"
-    bound = [matched[k].bindings[v] for v in k.inputs]
+    bound = k.arguments(matched[k])  # a variadic input spread in place
     args = tg.evaluate(bound, only(bound, feeds)) if bound else []
     attrs = {a: node.attrs[a] for a in k.attrs}
     got = k(*args, **attrs)
@@ -311,6 +311,9 @@ CASES = {
                               tg.pad(b((n, 3), dt), (0, 1, 2, 0), value=1)],
             ("bool", "int8") + FLOATS),
     "gather": (_gather, ("bool", "int32") + FLOATS),
+    "concat": (lambda b, n, dt: [tg.concat([b((n, 3), dt), b((2, 3), dt)]),
+                                 tg.concat([b((2, i + 1, n), dt) for i in range(9)], axis=1)],
+               ("bool", "int8") + FLOATS),
     "matmul": (lambda b, n, dt: [b((n, 5), dt) @ b((5, 3), dt),
                                  b((2, n, 4), dt) @ b((4, n), dt),
                                  b((n,), dt) @ b((3, n, 2), dt),
@@ -409,7 +412,7 @@ def _turned_away(k, node) -> bool:
     m = next(iter(tg.pat.iter_matches(k.pattern, node, partial=False)), None)
     if m is None or any(v not in m.bindings for v in k.inputs):
         return False
-    bound = [m.bindings[v] for v in k.inputs]
+    bound = k.arguments(m)
     return k.constraint_failure([b.shape for b in bound], [b.dtype for b in bound],
                                 dict(node.attrs)) is not None
 

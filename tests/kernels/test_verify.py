@@ -194,3 +194,53 @@ def test_a_kernel_for_an_absent_device_is_not_verified():
     report = tg.kernels.verify(make("tanh", cuda_tanh, device="cuda"), seed=0)
     assert report.skipped and not report.ok and not report.results
     assert "not verified" in report.summary()
+
+
+def test_variadic_kernels_are_verified_on_several_arities():
+    for name in ("numpy_concat", "numpy_exact_concat", "torch_concat"):
+        if name == "torch_concat" and name not in {k.name for k in tg.kernels.all()}:
+            continue  # no torch here
+        report = tg.kernels.verify(name, seed=0)
+        assert report.ok, report
+        counts = {case.split(" [")[0].count("xs[") for case in report.shapes}
+        assert {1, 2, 5, 9} <= counts
+        assert any("xs[8] (2, 3, 4)" in case for case in report.shapes)
+        assert any("strided" in case for case in report.shapes)
+
+
+def test_a_wrong_variadic_kernel_fails_verification():
+    def drops_the_last(*xs, axis):
+        return np.concatenate(xs[:2], axis=axis)  # right for one or two inputs only
+
+    report = tg.kernels.verify(make("concat", drops_the_last), seed=0)
+    assert not report.ok
+    assert any("xs[4]" in f for f in report.failures)
+
+    def good(*xs, axis):
+        return np.concatenate(xs, axis=axis)
+
+    assert tg.kernels.verify(make("concat", good, dtypes=("float32",)), seed=0).ok
+
+
+def test_variadic_signatures_give_a_list_of_shapes():
+    def good(*xs, axis):
+        return np.concatenate(xs, axis=axis)
+
+    k = make(tg.pat.concat(tg.pat.many("xs", dtype="float")), good,
+             signatures=[{"xs": [(2, 3), (4, 3), ((1, 3), "float32")], "attrs": {"axis": 0}}])
+    report = tg.kernels.verify(k, seed=0)
+    assert report.ok, report
+    assert report.shapes[0].startswith("xs[0] (2, 3) float32; xs[1] (4, 3) float32; xs[2]")
+    bad = make(tg.pat.concat(tg.pat.many("xs")), good, signatures=[{"xs": (2, 3)}])
+    assert not tg.kernels.verify(bad, seed=0).ok  # a variadic entry is a list of shapes
+
+
+def test_a_fused_variadic_pattern_is_verified_from_templates():
+    def concat_exp(a, *xs, axis):  # concat(exp(a), *xs): a fixed input, then the variadic
+        return np.concatenate([np.exp(a), *xs], axis=axis)
+
+    k = make(lambda a, *xs: tg.pat.concat(tg.exp(a), *xs), concat_exp)
+    assert k.inputs == ("a", "xs") and k.variadic == "xs" and k.fused and k.attrs == ("axis",)
+    report = tg.kernels.verify(k, seed=0)
+    assert report.ok and report.results, report
+    assert report.shapes[0].startswith("a ") and "xs[1]" in report.shapes[0]

@@ -251,3 +251,65 @@ def test_apply_ping_pong_raises():
     ])
     with pytest.raises(tg.rewrite.RewriteError, match="fixed point"):
         tg.rewrite.apply(tg.exp(a) + b, ping_pong)
+
+
+# ---------------------------------------------------------------------------- variadic operands
+def test_many_binds_the_tuple_of_a_variadic_nodes_inputs():
+    xs = pat.many("xs")
+    for count in (1, 2, 5, 9):
+        parts = tuple(tg.input(f"v{i}", (2, 3)) for i in range(count))
+        node = mk("concat", *parts, axis=0)
+        assert bindings(pat.concat(xs), node) == {"xs": parts}
+    e = tg.exp(a)
+    node = mk("concat", e, b, c, d, axis=0)
+    assert bindings(pat.concat(pat.exp(x), xs), node) == {"x": a, "xs": (b, c, d)}
+    assert bindings(pat.concat(xs, y), node) == {"xs": (e, b, c), "y": d}
+    assert bindings(pat.concat(x, xs, y), node) == {"x": e, "xs": (b, c), "y": d}
+    assert pat.match(pat.concat(pat.exp(x), xs), mk("concat", a, b, axis=0)) is None
+    assert bindings(pat.concat(pat.many("xs", min=0), x), mk("concat", a, axis=0)) == {
+        "xs": (), "x": a}
+    assert pat.match(pat.concat(xs, x), mk("concat", a, axis=0)) is None  # min=1
+    assert pat.match(pat.concat(pat.many("xs", min=3)), mk("concat", a, b, axis=0)) is None
+    assert pat.match(pat.concat(xs, axis=1), mk("concat", a, b, axis=0)) is None  # attrs
+
+
+def test_many_guards_hold_for_every_element_and_repeats_must_agree():
+    node = mk("concat", a, b, n_int.astype("float32"), axis=0)
+    assert pat.match(pat.concat(pat.many("xs", where=lambda v: v.op.name == "input")),
+                     node) is None
+    assert pat.match(pat.concat(pat.many("xs", dtype="float", rank=2)), node) is not None
+    assert pat.match(pat.concat(pat.many("xs", rank=1)), node) is None
+    uses = use_counts([node])
+    assert pat.match(pat.concat(pat.many("xs", single_use=True)), node, uses=uses) is not None
+    with pytest.raises(tg.ArgumentError):
+        pat.match(pat.concat(pat.many("xs", single_use=True)), node)  # needs use counts
+    inner = mk("concat", a, b, axis=1)
+    twice = mk("concat", inner, mk("concat", a, b, axis=1), axis=0)
+    same = pat.concat(pat.concat(pat.many("xs")), pat.concat(pat.many("xs")))
+    assert bindings(same, twice) == {"xs": (a, b)}
+    other = mk("concat", inner, mk("concat", b, a, axis=1), axis=0)
+    assert pat.match(same, other) is None  # the same nodes, in the same order
+
+
+def test_many_is_an_operand_of_a_non_associative_op_only():
+    with pytest.raises(tg.ArgumentError):
+        pat.concat(pat.many("xs"), pat.many("ys"))
+    with pytest.raises(tg.ArgumentError):
+        pat.add(pat.many("xs"), x)
+    with pytest.raises(tg.ArgumentError):
+        pat.match(pat.many("xs"), a)
+    with pytest.raises(tg.ArgumentError):
+        pat.many("xs", min=-1)
+
+
+def test_a_rule_gets_the_tuple():
+    # concat(neg(p), neg(q), ...) -> neg(concat(p, q, ...)): the builder sees a tuple
+    def pull(xs):
+        if all(v.op.name == "neg" for v in xs):
+            return tg.neg(tg.concat([v.inputs[0] for v in xs], axis=0))
+        return None
+
+    table = pat.RuleTable("pull", [pat.rule(pat.concat(pat.many("xs")), pull)])
+    parts = [tg.neg(tg.input(f"w{i}", (2,))) for i in range(5)]
+    out = tg.rewrite.apply(tg.concat(parts, axis=0), table)
+    assert out.op.name == "neg" and len(out.inputs[0].inputs) == 5

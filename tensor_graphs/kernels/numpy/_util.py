@@ -79,11 +79,14 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def with_signature(fn: Callable, params: Sequence[str], attrs: dict, doc: str = "",
-                   source: str = "") -> Callable:
-    """``fn(*arrays, **attrs)`` presented as ``fn(p1, p2, ..., *, a1=..., ...)``: the registry
-    reads the tensor parameters and the attributes the kernel takes from the signature."""
+                   source: str = "", varargs: str | None = None) -> Callable:
+    """``fn(*arrays, **attrs)`` presented as ``fn(p1, p2, ..., *varargs, a1=..., ...)``: the
+    registry reads the tensor parameters (``varargs``: a variadic input, see the registry) and
+    the attributes the kernel takes from the signature."""
     empty = inspect.Parameter.empty
     sig = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
+    if varargs is not None:
+        sig.append(inspect.Parameter(varargs, inspect.Parameter.VAR_POSITIONAL))
     sig += [inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY,
                               default=empty if d is empty else d) for a, d in attrs.items()]
     fn.__signature__ = inspect.Signature(sig)
@@ -93,8 +96,8 @@ def with_signature(fn: Callable, params: Sequence[str], attrs: dict, doc: str = 
 
 
 def variants(op: Op) -> list[tuple[tuple[str, ...], str]]:
-    """The tensor-parameter subsets a kernel can cover (a pattern has a fixed arity): every
-    subset of the optional parameters, each with the kernel-name suffix saying what is absent.
+    """The tensor-parameter subsets a kernel can cover (a fixed-arity pattern): every subset
+    of the optional parameters, each with the kernel-name suffix saying what is absent.
     The full form comes first and has no suffix."""
     optional = [p for p in op.params if p in op.optional]
     out = []
@@ -112,5 +115,3 @@ def op_pattern(op: Op, given: Sequence[str], names: Sequence[str] | None = None)
     attrs = {} if tuple(given) == op.params else {"args": tuple(given)}
     return pat.OpPat(op.name, tuple(pat.var(n) for n in names), attrs)
 
-
-CONCAT_ARITIES = (2, 3, 4)  # a pattern has a fixed arity; concat kernels exist for these

@@ -16,7 +16,6 @@ from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import (
     ALL,
-    CONCAT_ARITIES,
     FLOATS,
     NUMBERS,
     erf,
@@ -26,7 +25,6 @@ from tensor_graphs.kernels.numpy._util import (
     with_signature,
 )
 from tensor_graphs.kernels.registry import kernel
-from tensor_graphs.rewrite import pattern as pat
 
 NONE = 1e-12  # no rounding at all: the result is bit-exact
 EXACT = 1e-7  # one rounding of the exact result: at most 2**-24 relative on float32
@@ -170,14 +168,10 @@ def numpy_pad(x, pads, value):
     return out(np.pad(up(x), [tuple(p) for p in pads], constant_values=value), x.dtype)
 
 
-for _n in CONCAT_ARITIES:
-    _names = [f"x{i}" for i in range(_n)]
-    _fn = with_signature(lambda *xs, axis: np.concatenate(xs, axis=axis), _names,
-                         {"axis": 0}, f"Join {_n} tensors along an axis (numpy.concatenate).",
-                         source=f"concat {_n}")
-    kernel(pat.OpPat("concat", tuple(pat.var(v) for v in _names)), backend="numpy",
-           name="numpy_concat" if _n == 2 else f"numpy_concat_{_n}", where=same_dtype,
-           tolerance=NONE)(_fn)
+@kernel("concat", backend="numpy", name="numpy_concat", where=same_dtype, tolerance=NONE)
+def numpy_concat(*xs, axis):
+    """Join any number of tensors along an axis (numpy.concatenate; variadic: concat(*xs))."""
+    return np.concatenate(xs, axis=axis)
 
 
 def _index_dtype(shapes, dtypes, attrs):

@@ -24,9 +24,8 @@ from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import decompose
 from tensor_graphs.ir.node import Node, Op
 from tensor_graphs.ir.ops import OPS
-from tensor_graphs.kernels.numpy._util import CONCAT_ARITIES, op_pattern, variants, with_signature
+from tensor_graphs.kernels.numpy._util import op_pattern, variants, with_signature
 from tensor_graphs.kernels.registry import kernel
-from tensor_graphs.rewrite import pattern as pat
 
 TOLERANCE = 1e-7
 
@@ -39,7 +38,8 @@ def _to_cpu(shapes, dtypes, attrs):
 class ExactFunction:
     """``fn(*arrays, **attrs)``: the node ``op(arrays, attrs)`` evaluated in float64, rounded
     once to its dtype. ``given`` are the op's tensor parameters present (optional ones may be
-    absent), ``names`` the kernel's parameter names (concat: x0, x1, ...).
+    absent), ``names`` the kernel's parameter names. A variadic op (concat) takes any number of
+    arrays, named x0, x1, ... for the interpreter.
 
     A class rather than a closure: the registry hashes a kernel function's source, and
     re-reading this file for each of a hundred exact kernels took a quarter of a second at
@@ -51,15 +51,16 @@ class ExactFunction:
         self.__qualname__ = self.__name__ = f"numpy_exact_{op.name}"
 
     def __call__(self, *arrays, **attrs):
+        names = tuple(f"x{i}" for i in range(len(arrays))) if self.op.variadic else self.names
         leaves = []
-        for name, a in zip(self.names, arrays):
+        for name, a in zip(names, arrays):
             dtype = _dtypes.from_numpy(a.dtype)
             make = _state if self.op.name == "state_update" and name == "state" else _input
             leaves.append(make(name, a.shape, dtype))
         if self.subset:
             attrs["args"] = self.given
         node = Node.make(self.op, tuple(leaves), attrs)
-        result = evaluate(atomic_graph(node), dict(zip(self.names, arrays)), dtype="float64")
+        result = evaluate(atomic_graph(node), dict(zip(names, arrays)), dtype="float64")
         return np.asarray(result).astype(node.dtype.np_dtype)
 
 
@@ -110,26 +111,25 @@ def _source(op: Op) -> str:
 def _register(op: Op, given, names, suffix: str, pattern) -> None:
     attrs = {k: v for k, v in op.attr_defaults.items()}
     doc = f"{op.name} by the float64 reference interpreter, rounded once (exact)."
-    fn = with_signature(exact_function(op, given, names), names, attrs, doc, source=_source(op))
+    fixed, star = (names, None) if not op.variadic else ((), names[0])
+    fn = with_signature(exact_function(op, given, names), fixed, attrs, doc, source=_source(op),
+                        varargs=star)
     kernel(pattern, backend="numpy", name=f"numpy_exact_{op.name}{suffix}", tolerance=TOLERANCE,
            where=_to_cpu if op.name == "copy_to" else None)(fn)
 
 
 def register_all() -> None:
-    """One exact kernel per op and per combination of its optional tensors (concat: per
-    arity). Ops registered later (by a user) can call this again: existing names are kept."""
+    """One exact kernel per op and per combination of its optional tensors (a variadic op:
+    one kernel for any number of inputs, ``op(*xs)``). Ops registered later (by a user) can
+    call this again: existing names are kept."""
     from tensor_graphs.kernels.registry import _KERNELS
 
     for op in list(OPS.values()):
         if op.is_leaf:
             continue
         if op.variadic:
-            for n in CONCAT_ARITIES:
-                names = tuple(f"x{i}" for i in range(n))
-                suffix = "" if n == 2 else f"_{n}"
-                if f"numpy_exact_{op.name}{suffix}" not in _KERNELS:
-                    pattern = pat.OpPat(op.name, tuple(pat.var(v) for v in names))
-                    _register(op, names, names, suffix, pattern)
+            if f"numpy_exact_{op.name}" not in _KERNELS:
+                _register(op, op.params, op.params, "", op.name)
             continue
         for given, suffix in variants(op):
             if f"numpy_exact_{op.name}{suffix}" not in _KERNELS:

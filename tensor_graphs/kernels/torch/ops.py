@@ -378,6 +378,12 @@ def pad(x, pads, value):
     return F.pad(x, flat, mode="constant", value=value)
 
 
+@torch_kernel("concat", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
+def concat(*xs, axis):
+    """torch.cat of any number of tensors (variadic: concat(*xs)); always a new tensor."""
+    return torch.cat(xs, dim=axis)
+
+
 def _gather_ok(shapes, dtypes, attrs):
     return True if dtypes[1].is_int else "indices must be integers"
 
