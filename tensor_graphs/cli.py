@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from tensor_graphs.db.cli import add_db_commands
+from tensor_graphs.profiler.cli import add_plan_commands
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -18,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tg",
         description="tensor_graphs: write a tensor program as a graph of a few atomic ops, "
-                    "evaluate it exactly with the numpy reference, and (in later releases) run "
-                    "the fastest verified plan for this machine.",
+                    "evaluate it exactly with the numpy reference, and run the fastest "
+                    "verified plan for this machine, chosen from a database of kernel "
+                    "measurements (tg profile fills it; tg explain shows a plan).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     _add_kernels(sub)
     add_db_commands(sub)
+    add_plan_commands(sub)
     return parser
 
 

@@ -128,7 +128,9 @@ class CostModel:
         return self._roofline(kernel, feats)
 
     def _roofline(self, kernel, feats: Features) -> Estimate:
-        seconds = OVERHEAD.get(kernel.backend, 5e-6) + self.work(feats, kernel.device)
+        seconds = OVERHEAD.get(kernel.backend, 5e-6)
+        if not kernel.view:  # a view moves no data
+            seconds += self.work(feats, kernel.device)
         if is_exact_kernel(kernel):
             seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
         return Estimate(seconds, "estimated", UNCERTAINTY["estimated"])

@@ -186,7 +186,7 @@ class Kernel:
 
     def match(self, node: Node, uses=None) -> pat.Match | None:
         """The match of this kernel's pattern rooted at ``node`` that fits its constraints."""
-        for m in pat.iter_matches(self.pattern, node, uses, partial=False):
+        for m in pat.iter_matches(self.pattern, node, uses, partial=False, flat=False):
             try:
                 bound = self.arguments(m)
             except KeyError:

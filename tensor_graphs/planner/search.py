@@ -150,7 +150,7 @@ class Planner:
             source, result = copies.placement(k)
             if result != kind:
                 continue
-            args = _arguments(k, m)
+            args = k.arguments(m)
             covers = _region(node, args)
             if not covers or not self._exclusive(covers, node):
                 continue
@@ -407,13 +407,6 @@ class Planner:
 
     def _needed(self, slot: Slot) -> list[Slot]:
         return [n for o in self._ranked(slot) for n in o.needs]
-
-
-def _arguments(k, m) -> list[Node]:
-    arguments = getattr(k, "arguments", None)
-    if arguments is not None:
-        return list(arguments(m))
-    return [m.bindings[v] for v in k.inputs]
 
 
 def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:

@@ -90,20 +90,26 @@ def measure(call: Call, *, repeats: int = 5, min_sample: float = 2e-3, max_secon
 
 
 def _time(fn, repeats: int, min_sample: float, max_seconds: float) -> list[float]:
-    """Seconds per call: a warm-up, then samples of enough calls to last ``min_sample``."""
-    t0 = time.perf_counter()
+    """Seconds per call: a warm-up, then enough calls per sample to last ``min_sample`` (found
+    by doubling, so one slow first call does not shrink every sample to a single call)."""
+    start = time.perf_counter()
     fn()  # warm-up (caches, lazy compilation, thread pools)
-    first = time.perf_counter() - t0
-    if first > max_seconds / 2:
-        return [first]
-    calls = max(1, int(min_sample / max(first, 1e-7)))
-    samples: list[float] = []
-    deadline = time.perf_counter() + max_seconds
-    for _ in range(repeats):
-        start = time.perf_counter()
+    if time.perf_counter() - start > max_seconds / 2:
+        return [time.perf_counter() - start]
+    calls, batch = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        samples.append((time.perf_counter() - start) / calls)
-        if time.perf_counter() > deadline:
+        batch = time.perf_counter() - t0
+        if batch >= min_sample or time.perf_counter() - start > max_seconds / 4:
             break
+        calls *= 2
+    samples = [batch / calls]
+    deadline = start + max_seconds
+    while len(samples) < repeats and time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls)
     return samples

@@ -10,6 +10,7 @@ measurement; one that fails verification is recorded as a failure and never meas
 from __future__ import annotations
 
 from tensor_graphs.db.cost import is_exact_kernel
+from tensor_graphs.db.store import Measurement
 from tensor_graphs.planner.plan import KERNEL, Option
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler.measure import Call, measure
@@ -51,23 +52,26 @@ def call_of(o: Option) -> Call:
                 o.features.flops, o.features.bytes)
 
 
+def measure_option(o: Option) -> Measurement:
+    """Verify the option's kernel (once per process), then measure its call; a kernel that
+    fails verification gives a failure row and is never timed."""
+    failure = verified(o.kernel)
+    if failure is None:
+        return measure(call_of(o))
+    nan = float("nan")
+    return Measurement(o.kernel.name, o.kernel.source_hash, o.signature, 0, nan, nan, nan, None,
+                       f"verification failed: {failure}")
+
+
 def profile_missing(planner: Planner, db, progress: bool = True) -> int:
     """Measure and record what the planner's options miss; returns how many rows were added."""
     if db.readonly:
         return 0
-    from tensor_graphs.db.store import Measurement
-
     todo = calls_to_measure(planner)
     bar = Progress(len(todo), "profiling") if progress else None
     added = 0
     for o in todo:
-        failure = verified(o.kernel)
-        if failure is not None:
-            m = Measurement(o.kernel.name, o.kernel.source_hash, o.signature, 0, float("nan"),
-                            float("nan"), float("nan"), None, f"verification failed: {failure}")
-        else:
-            m = measure(call_of(o))
-        db.record(m)
+        db.record(measure_option(o))
         added += 1
         if bar is not None:
             bar.step(o.kernel.name)

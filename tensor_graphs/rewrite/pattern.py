@@ -222,9 +222,14 @@ def match(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
 
 
 def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
-                 partial: bool = True) -> Iterator[Match]:
-    """Every match rooted at ``node`` (commutative alternatives included)."""
-    if (isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
+                 partial: bool = True, flat: bool = True) -> Iterator[Match]:
+    """Every match rooted at ``node`` (commutative alternatives included).
+
+    ``flat``: associative-commutative chains (add, mul, maximum) are matched as flat term
+    lists, so ``x + y`` matches any two terms of ``a + b + c`` (rewrite rules want that). With
+    ``flat=False`` every node is matched as built, as a commutative binary op: what kernels
+    need, since a kernel computes exactly the nodes it covers."""
+    if (flat and isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
             and node.op.name == pattern.op):
         if not _attrs_ok(pattern, node):
             return
@@ -232,13 +237,13 @@ def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = Non
         exact = len(pterms) == len(terms)
         if exact or partial:
             b = {} if pattern.name is None else {pattern.name: node}
-            for bound, used in _match_terms(pterms, terms, b, uses, exact=exact):
+            for bound, used in _match_terms(pterms, terms, b, uses, exact=exact, flat=flat):
                 yield Match(bound, tuple(t for k, t in enumerate(terms) if k not in used))
         return
     if isinstance(pattern, Many):
         raise ArgumentError(f"pat.many('{pattern.name}') matches only as an operand of an op "
                             "pattern (pat.concat(pat.many('xs')))")
-    for b in _match(pattern, node, {}, uses):
+    for b in _match(pattern, node, {}, uses, flat):
         yield Match(b)
 
 
@@ -303,7 +308,7 @@ def _specificity(p: Pat) -> int:
 _terms_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
+def _match(p: Pat, n: Node, b: dict, uses, flat: bool = True) -> Iterator[dict]:
     if isinstance(p, Var):
         if p.name in b:
             if b[p.name] is n and p.accepts(n, uses):  # each occurrence's guards hold
@@ -326,8 +331,9 @@ def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
                 yield b
             return
         b = {**b, p.name: n}
-    if p.op in ASSOCIATIVE_COMMUTATIVE:
-        for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n), b, uses, exact=True):
+    if flat and p.op in ASSOCIATIVE_COMMUTATIVE:
+        for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n), b, uses, exact=True,
+                                     flat=flat):
             yield bound
         return
     star = next((i for i, q in enumerate(p.inputs) if isinstance(q, Many)), None)
@@ -339,13 +345,13 @@ def _match(p: Pat, n: Node, b: dict, uses) -> Iterator[dict]:
         orders.append(n.inputs[::-1])
     for inputs in orders:
         if star is None:
-            yield from _match_seq(p.inputs, inputs, b, uses)
+            yield from _match_seq(p.inputs, inputs, b, uses, flat)
             continue
         tail = len(p.inputs) - star - 1  # fixed operands after the Many
         covered = tuple(inputs[star:len(inputs) - tail])
         for b1 in _match_many(p.inputs[star], covered, b, uses):
             yield from _match_seq(p.inputs[:star] + p.inputs[star + 1:],
-                                  inputs[:star] + inputs[len(inputs) - tail:], b1, uses)
+                                  inputs[:star] + inputs[len(inputs) - tail:], b1, uses, flat)
 
 
 def _match_many(p: Many, covered: tuple[Node, ...], b: dict, uses) -> Iterator[dict]:
@@ -360,16 +366,17 @@ def _match_many(p: Many, covered: tuple[Node, ...], b: dict, uses) -> Iterator[d
     yield {**b, p.name: covered}
 
 
-def _match_seq(pats: Sequence[Pat], nodes_: Sequence[Node], b: dict, uses) -> Iterator[dict]:
+def _match_seq(pats: Sequence[Pat], nodes_: Sequence[Node], b: dict, uses,
+               flat: bool = True) -> Iterator[dict]:
     if not pats:
         yield b
         return
-    for b1 in _match(pats[0], nodes_[0], b, uses):
-        yield from _match_seq(pats[1:], nodes_[1:], b1, uses)
+    for b1 in _match(pats[0], nodes_[0], b, uses, flat):
+        yield from _match_seq(pats[1:], nodes_[1:], b1, uses, flat)
 
 
-def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses,
-                 exact: bool) -> Iterator[tuple[dict, frozenset[int]]]:
+def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses, exact: bool,
+                 flat: bool = True) -> Iterator[tuple[dict, frozenset[int]]]:
     """Injective assignments of pattern terms to chain terms (bijective when ``exact``)."""
     if exact and len(pterms) != len(terms) or len(pterms) > len(terms):
         return
@@ -388,7 +395,7 @@ def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses,
             if j in used or id(t) in tried:  # equal terms are interchangeable
                 continue
             tried.add(id(t))
-            for b1 in _match(pterms[k], t, b, uses):
+            for b1 in _match(pterms[k], t, b, uses, flat):
                 yield from go(k + 1, b1, used | {j})
 
     for bound, used in go(0, b, frozenset()):

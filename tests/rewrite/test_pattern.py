@@ -313,3 +313,16 @@ def test_a_rule_gets_the_tuple():
     parts = [tg.neg(tg.input(f"w{i}", (2,))) for i in range(5)]
     out = tg.rewrite.apply(tg.concat(parts, axis=0), table)
     assert out.op.name == "neg" and len(out.inputs[0].inputs) == 5
+
+
+def test_structural_matching_keeps_chains_as_built():
+    a, b, c = (tg.input(n, (3,)) for n in "abc")
+    chain = (a + b) + c
+    x, y = tg.pat.var("x"), tg.pat.var("y")
+    flat = list(tg.pat.iter_matches(x + y, chain, partial=False))
+    assert flat == []  # three terms, a two-term pattern: no exact flat match
+    built = list(tg.pat.iter_matches(x + y, chain, partial=False, flat=False))
+    pairs = {(m.bindings["x"], m.bindings["y"]) for m in built}
+    assert pairs == {(a + b, c), (c, a + b)}  # commutative, the inner sum as one operand
+    fma = tg.pat.var("p") * tg.pat.var("q") + tg.pat.var("r")
+    assert list(tg.pat.iter_matches(fma, c + a * b, partial=False, flat=False))

@@ -1,0 +1,259 @@
+"""The planner: options, paths, counts, tolerance, the database deciding, lock files, caching."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.db.features import features
+from tensor_graphs.db.store import Measurement, open_db
+from tensor_graphs.kernels import registry
+from tensor_graphs.planner import cache
+from tensor_graphs.planner.search import signature
+
+RNG = np.random.default_rng(0)
+
+
+def rows_for_tanh(db, shape, times: dict[str, float]):
+    """Record a measured time for each named tanh kernel on a float32 ``shape``."""
+    x = tg.input("x", shape)
+    node = tg.tanh(x)
+    sig = signature([x], node.attrs)
+    for name, seconds in times.items():
+        k = registry.get(name)
+        db.record(Measurement(name, k.source_hash, sig, 5, seconds, seconds, seconds, 1e-8))
+
+
+def test_tanh_has_numpy_c_torch_and_decomposition_paths():
+    x = tg.input("x", (4, 16))
+    y = tg.tanh(x)
+    seen = set()
+    decomposed = 0
+    for i, p in enumerate(tg.paths(y, db=":memory:")):
+        assert p.cost >= 0 and p.kernels
+        if len(p.kernels) == 1:
+            seen.add(p.kernels[0])
+        else:
+            decomposed += 1
+        if i > 400:
+            break
+    assert {"numpy_tanh", "c_tanh", "c_tanh_fast"} <= seen
+    if any(k.backend == "torch" for k in tg.kernels.all()):
+        assert "torch_tanh" in seen
+    assert decomposed > 0  # the decomposition's own sub-paths
+    assert tg.count_paths(y, db=":memory:") > 400
+
+
+@pytest.mark.parametrize("build", [
+    lambda x, y: x * y,
+    lambda x, y: tg.exp(x) + y,
+    lambda x, y: (x * y) + tg.exp(x * y),  # a shared value
+    lambda x, y: tg.sigmoid(x) * y,
+])
+def test_count_equals_enumeration(build):
+    x, y = tg.input("x", (3, 5)), tg.input("y", (3, 5))
+    g = build(x, y)
+    listed = list(tg.paths(g, db=":memory:", backends=("numpy", "c")))
+    assert tg.count_paths(g, db=":memory:", backends=("numpy", "c")) == len(listed)
+    assert len({tuple(p.decisions) for p in listed}) == len(listed)  # all distinct
+
+
+def test_the_first_path_is_the_plan():
+    x = tg.input("x", (8, 8))
+    g = tg.sigmoid(x) * x
+    db = open_db(":memory:")
+    first = next(iter(tg.paths(g, db=db, tolerance=1e-5)))
+    prog = tg.compile(g, db=db, tolerance=1e-5)
+    assert first.kernels == prog.plan.kernels
+
+
+def test_the_database_decides_and_swapping_rows_flips_the_plan():
+    shape = (32, 64)
+    x = tg.input("x", shape)
+    fast, slow = 1e-7, 1e-5
+    db = open_db(":memory:")
+    others = {"torch_tanh": slow} if "torch_tanh" in {k.name for k in tg.kernels.all()} else {}
+    rows_for_tanh(db, shape, {"numpy_tanh": fast, "c_tanh": 100 * fast, **others})
+    cache.clear()
+    assert tg.compile(tg.tanh(x), db=db).plan.kernels == ["numpy_tanh"]
+    step = tg.compile(tg.tanh(x), db=db).plan.steps[0]
+    assert step.source == "measured" and step.cost == pytest.approx(fast)
+    rows_for_tanh(db, shape, {"numpy_tanh": 100 * fast, "c_tanh": fast})  # newer rows win
+    assert tg.compile(tg.tanh(x), db=db).plan.kernels == ["c_tanh"]
+
+
+def test_tolerance_picks_the_approximation_only_when_allowed():
+    shape = (64, 256)
+    x = tg.input("x", shape)
+    db = open_db(":memory:")
+    rows_for_tanh(db, shape, {"c_tanh_fast": 1e-6, "c_tanh": 4e-6, "numpy_tanh": 8e-6})
+    loose = tg.compile(tg.tanh(x), db=db, tolerance=1e-2)
+    assert loose.plan.kernels == ["c_tanh_fast"]
+    tight = tg.compile(tg.tanh(x), db=db, tolerance=1e-7)
+    assert "c_tanh_fast" not in tight.plan.kernels and tight.plan.kernels
+    assert tight.plan.error <= 1e-7
+    X = RNG.standard_normal(shape).astype(np.float32)
+    ref = np.tanh(X.astype(np.float64))
+    assert tg.numerics.relative_error(tight(x=X), ref) <= 1e-7
+    assert tg.numerics.relative_error(loose(x=X), ref) <= 1e-2
+
+
+def test_no_path_within_tolerance_names_the_node_and_the_best_error():
+    x = tg.input("x", (4, 4))
+    with pytest.raises(tg.NoPathError, match=r"tanh.*\(4, 4\).*1\.0e-07"):
+        tg.compile(tg.tanh(x), db=":memory:", tolerance=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"device": "tpu"}, tg.DeviceError),
+    ({"tolerance": -1e-3}, tg.ArgumentError),
+    ({"tolerance": 0}, tg.ArgumentError),
+    ({"profile": "always"}, tg.ArgumentError),
+    ({"bounds": {"nope": 3}}, tg.ArgumentError),
+])
+def test_bad_arguments(kwargs, error):
+    x = tg.input("x", (4, 4))
+    with pytest.raises(error):
+        tg.compile(tg.tanh(x), db=":memory:", **kwargs)
+
+
+def test_reassociation_is_planned_when_much_cheaper():
+    a = tg.input("a", (400, 8))
+    b = tg.weight("b", (8, 400))
+    c = tg.weight("c", (400, 8))
+    y = (a @ b) @ c  # 2*400*400*8*2 flops; a @ (b @ c) is ~100x fewer
+    prog = tg.compile(y, db=":memory:")
+    shapes = [tuple(s.node.shape) for s in prog.plan.steps]
+    assert (8, 8) in shapes and (400, 400) not in shapes
+    A, B, C = (RNG.standard_normal(s).astype(np.float32) for s in ((400, 8), (8, 400), (400, 8)))
+    prog.bind(b=B, c=C)
+    ref = (A.astype(np.float64) @ B) @ C
+    assert tg.numerics.relative_error(prog(a=A), ref) < 1e-5
+
+
+def test_plans_are_deterministic_and_lock_files_replay(tmp_path):
+    x = tg.input("x", ("batch", 16))
+    w = tg.weight("w", (16, 8))
+    y = tg.softmax(tg.gelu(x @ w), axis=-1)
+    db = open_db(":memory:")
+    cache.clear()
+    first = tg.compile(y, db=db, bounds={"batch": 4})
+    cache.clear()
+    second = tg.compile(y, db=db, bounds={"batch": 4})
+    assert first.plan.decisions == second.plan.decisions
+    path = tmp_path / "plan.json"
+    first.save_plan(path)
+    cache.clear()
+    third = tg.compile(y, db=db, bounds={"batch": 4}, plan=str(path))
+    assert third.stats["planner_runs"] == 0 and third.stats["replayed"] == 1
+    assert third.plan.kernels == first.plan.kernels
+    other = tg.tanh(tg.input("z", (3,)))
+    with pytest.raises(tg.TensorGraphsError, match="plan file"):
+        tg.compile(other, db=db, plan=str(path))
+
+
+def test_plan_cache_hits_for_the_same_structure_with_other_names():
+    cache.clear()
+    db = open_db(":memory:")
+    g1 = tg.relu(tg.input("a", (5, 7)) * tg.input("b", (5, 7)))
+    g2 = tg.relu(tg.input("c", (5, 7)) * tg.input("d", (5, 7)))
+    p1 = tg.compile(g1, db=db)
+    p2 = tg.compile(g2, db=db)
+    assert p1.stats["planner_runs"] == 1 and p2.stats["plan_cache_hits"] == 1
+    a, b = RNG.standard_normal((2, 5, 7)).astype(np.float32)
+    np.testing.assert_allclose(p2(c=a, d=b), np.maximum(a * b, 0), rtol=1e-6)
+
+
+def test_symbolic_dims_plan_on_first_call_and_validate_feeds():
+    x = tg.input("x", ("n", 4))
+    w = tg.weight("w", (4, 3))
+    prog = tg.compile([x @ w, tg.exp(x).sum(axis=0)], db=":memory:")
+    with pytest.raises(tg.ArgumentError):
+        prog.plan  # noqa: B018 - nothing planned yet
+    W = RNG.standard_normal((4, 3)).astype(np.float32)
+    with pytest.raises(tg.FeedError, match="not bound"):
+        prog(x=np.ones((2, 4), np.float32))
+    prog.bind(w=W)
+    for n in (2, 5, 2):
+        X = RNG.standard_normal((n, 4)).astype(np.float32)
+        got = prog(x=X)
+        ref = tg.evaluate([x @ w, tg.exp(x).sum(axis=0)], {"x": X, "w": W}, dtype="float64")
+        for g, r in zip(got, ref):
+            assert tg.numerics.relative_error(g, r) < 1e-5
+    assert prog.stats["plans"] == 2
+    with pytest.raises(tg.FeedError):
+        prog(x=np.ones((2, 4), np.float32), y=1)
+    with pytest.raises(tg.ShapeError):
+        prog(x=np.ones((2, 5), np.float32))
+    with pytest.raises(tg.ShapeError):
+        prog.bind(w=np.ones((3, 3), np.float32))
+
+
+def test_outputs_never_alias_inputs_or_each_other():
+    x = tg.input("x", (4,))
+    prog = tg.compile([x.reshape(2, 2), x.reshape(2, 2)], db=":memory:")
+    X = np.arange(4, dtype=np.float32)
+    a, b = prog(x=X)
+    a[0, 0] = 99
+    assert X[0] == 0 and b[0, 0] == 0
+
+
+def test_profile_missing_records_rows_and_failures():
+    calls = []
+
+    @tg.kernel("tanh", backend="numpy", name="test_broken_tanh", dtypes=("float32",))
+    def broken(x):
+        calls.append(1)
+        raise RuntimeError("broken on purpose")
+
+    try:
+        db = open_db(":memory:")
+        x = tg.input("x", (8, 8))
+        prog = tg.compile(tg.tanh(x), db=db, profile="missing", backends=("numpy",))
+        assert prog.stats["measured"] > 0
+        rows = {m.kernel: m for m in db.rows()}
+        assert rows["numpy_tanh"].ok and rows["numpy_tanh"].error < 1e-6
+        assert not rows["test_broken_tanh"].ok
+        assert "test_broken_tanh" not in prog.plan.kernels
+        X = RNG.standard_normal((8, 8)).astype(np.float32)
+        np.testing.assert_allclose(prog(x=X), np.tanh(X), rtol=1e-6)
+        assert all(s.source == "measured" for s in prog.plan.steps)
+    finally:
+        registry.unregister("test_broken_tanh")
+
+
+def test_interpolation_is_within_2x_on_held_out_shapes():
+    from tensor_graphs import threads
+    from tensor_graphs.db.cost import CostModel
+    from tensor_graphs.db.hardware import current
+    from tensor_graphs.profiler.measure import Call, measure
+
+    k = registry.get("numpy_matmul")
+    db = open_db(":memory:")
+    before = threads.get_num_threads()
+    threads.set_num_threads(1)  # one thread: a busy machine slows it evenly, not in bursts
+    try:
+        _check_interpolation(k, db, CostModel, current, Call, measure)
+    finally:
+        threads.set_num_threads(before)
+
+
+def _check_interpolation(k, db, CostModel, current, Call, measure):  # noqa: N803
+    def call(n):
+        a, b = tg.input("a", (n, n)), tg.input("b", (n, n))
+        node = a @ b
+        f = features([node], [a, b], node)
+        return Call(k, node, (a, b), {}, signature([a, b], node.attrs), f.flops, f.bytes), f
+
+    for n in (64, 128, 256):
+        db.record(measure(call(n)[0], repeats=7))
+    model = CostModel(db, {"cpu": current("cpu")})
+    for n in (100, 200):
+        c, f = call(n)
+        predicted = model.estimate(k, c.signature, f)
+        assert predicted.source == "interpolated"
+        actual = min(measure(c, repeats=7).median for _ in range(2))
+        ratio = predicted.seconds / actual
+        assert 0.5 <= ratio <= 2.0, (n, predicted, actual)
+    assert math.isfinite(predicted.uncertainty)
