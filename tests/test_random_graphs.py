@@ -178,3 +178,9 @@ def test_random_graph_matches_numpy(data):
     again = tg.evaluate(tg.decompose(outputs), {k: v for k, v in feeds.items() if k in used})
     for g, h in zip(got, again):
         np.testing.assert_array_equal(g, h)
+    # the planned program (any backend, default tolerance) computes the same values too
+    prog = tg.compile(outputs, db=":memory:")
+    planned = prog(**{k: v for k, v in feeds.items() if k in used})
+    for node, p, r in zip(outputs, planned, refs):
+        assert p.shape == r.shape
+        assert _rel_err(p, r) <= 1e-6, (tg.format_graph(node), prog.explain())

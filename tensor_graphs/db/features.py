@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tensor_graphs.ir import builder
 from tensor_graphs.ir.graph import decompose, nodes
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import prod_int
@@ -19,6 +20,7 @@ from tensor_graphs.ir.shapes import prod_int
 MOVEMENT = {"reshape", "permute", "expand", "slice", "pad", "concat", "gather", "copy_to",
             "cast", "iota", "state_update"}
 REDUCTIONS = {"sum", "max", "cumsum"}
+SUBSET_READERS = {"gather", "embedding", "slice"}  # read about as much as they write
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ def _composite_flops(op: str, attrs, signature: tuple, node: Node) -> float:
     key = (op, attrs, signature)
     found = _FLOPS_CACHE.get(key)
     if found is None:
-        found = sum(atomic_flops(n) for n in nodes(decompose(node)))
+        alone = Node.make(node.op, tuple(builder.input(f"in{i}", x.shape, x.dtype)
+                                          for i, x in enumerate(node.inputs)), node.attrs)
+        found = sum(atomic_flops(n) for n in nodes(decompose(alone)))  # not what feeds it
         _FLOPS_CACHE[key] = found
     return found
 
@@ -76,5 +80,9 @@ def _composite_flops(op: str, attrs, signature: tuple, node: Node) -> float:
 def features(covered: Iterable[Node], arguments: Iterable[Node], result: Node) -> Features:
     """The features of one kernel call that computes ``covered`` nodes from ``arguments``."""
     flops = sum(node_flops(n) for n in covered)
-    moved = sum(nbytes(a) for a in set(arguments)) + nbytes(result)
+    out = nbytes(result)
+    if result.op.name in SUBSET_READERS:  # reads rows of a table, not all of it
+        moved = sum(min(nbytes(a), out) for a in set(arguments)) + out
+    else:
+        moved = sum(nbytes(a) for a in set(arguments)) + out
     return Features(float(flops), float(moved), float(numel(result)))

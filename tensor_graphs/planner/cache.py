@@ -1,26 +1,43 @@
 """The plan cache: decisions of plans already made in this process, by what decides them.
 
-A key is (structural hash of the prepared graph, its shapes and dtypes — the hash covers them —,
-device, tolerance, backends, database file and revision). Leaf names are abstracted by the
-structural hash, so two graphs that differ only in names share a plan; a hit replays the
-stored decisions on the new graph (no cost lookups, no search). A new measurement changes the
-database revision, so plans made before it are not reused.
+A key is (the prepared graph's structure, device, tolerance, backends, database and its
+revision). The structure is an ordered digest: ops, attributes, shapes, dtypes and which input
+feeds which position, with leaf names left out, so two graphs that differ only in names share
+a plan. Operand order is kept (unlike ``structural_hash``, which sorts commutative operands):
+a hit replays the stored decisions by walking the new graph in the same order (no cost
+lookups, no search). A new measurement changes the database revision, so plans made before it
+are not reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.rewrite.canonical import structural_hash
 
 LIMIT = 256
 _plans: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
 
 
 def key(prepared: Sequence[Node], device: str, tolerance: float, backends, db) -> tuple:
-    return (structural_hash(list(prepared)), device, tolerance, backends, db.path, db.revision)
+    where = id(db) if db.path == ":memory:" else db.path
+    return (structure(prepared), device, tolerance, backends, where, db.revision)
+
+
+def structure(outputs: Sequence[Node]) -> str:
+    """An ordered digest of the graph with leaf names abstracted (see the module doc)."""
+    order = nodes(list(outputs))
+    index = {n: i for i, n in enumerate(order)}
+    h = hashlib.blake2b(digest_size=16)
+    for n in order:
+        attrs = n.attrs._key if not n.op.is_leaf or n.op.name in ("constant", "dim") else ()
+        h.update(repr((n.op.name, attrs, tuple(map(str, n.shape)), n.dtype.name,
+                       tuple(index[i] for i in n.inputs))).encode())
+    h.update(repr([index[o] for o in outputs]).encode())
+    return h.hexdigest()
 
 
 def get(k: tuple) -> tuple[str, ...] | None:

@@ -8,8 +8,8 @@ under ``PLANNING_RULES`` (matrix-product reassociation and transposition, a boun
 rewrites deep), a copy from another device, or the leaf itself.
 
 ``best`` is dynamic programming over slots: an option's cost is its step's estimate plus the
-cost of the slots it needs, each divided among that value's users (a shared value is computed
-once). Options whose error exceeds the tolerance are dropped (see ``plan`` for how errors
+steps of the slots only it needs, each counted once; values the graph shares are costed where
+they are made (``total``). Options whose error exceeds the tolerance are dropped (see ``plan`` for how errors
 combine). ``extract`` turns the chosen options into a ``Plan`` by a depth-first walk from the
 outputs; the same walk replays a lock file's decisions. ``paths`` enumerates every consistent
 choice lazily, cheapest-first at each decision; ``count`` counts them without enumerating
@@ -91,10 +91,11 @@ class Planner:
         self.backends = None if backends is None else set(backends) | {"copy"}
         self.weights_on = weights_on or target
         self.uses = use_counts(self.outputs)
+        self.shared = {n for n, c in self.uses.items() if c > 1}
         self.depth: dict[Node, int] = {n: 0 for n in self.uses}
         self._options: dict[Slot, list[Option]] = {}
         self._rejected: dict[Slot, list[Option]] = {}
-        self._best: dict[Slot, tuple[float, Option | None]] = {}
+        self._best: dict[Slot, tuple[float, Option | None, frozenset]] = {}
         self._active: set[Slot] = set()
         self._decomposed: dict[Node, Node] = {}
         self.stats = {"slots": 0, "options": 0, "estimates": 0}
@@ -222,30 +223,50 @@ class Planner:
 
     # ------------------------------------------------------------------------ best
     def best(self, slot: Slot) -> tuple[float, Option | None]:
-        """(amortised cost, chosen option) of the cheapest way to fill ``slot``."""
+        """(cost, chosen option) of the cheapest way to fill ``slot``: the step times of the
+        slot and of everything only it needs (see ``total``)."""
+        found = self._best.get(slot)
+        if found is None:
+            found = self._solve_slot(slot)
+        return found[0], found[1]
+
+    def _solve_slot(self, slot: Slot) -> tuple[float, Option | None, frozenset]:
         found = self._best.get(slot)
         if found is not None:
             return found
         if slot in self._active:  # a rewrite cycle: never cheaper than what started it
-            return INF, None
+            return INF, None, frozenset()
         self._active.add(slot)
-        result: tuple[float, Option | None] = (INF, None)
+        result: tuple[float, Option | None, frozenset] = (INF, None, frozenset())
         for opt in self.options(slot):
-            total = self.total(opt)
+            total, closure = self._total(opt)
             if total < result[0]:
-                result = (total, opt)
+                result = (total, opt, closure)
         self._active.discard(slot)
         self._best[slot] = result
         return result
 
     def total(self, opt: Option) -> float:
-        total = opt.seconds
+        """The option's cost: its own step plus the steps of every slot it needs that nothing
+        else in the graph needs, each counted once. Values the graph shares (used more than
+        once) and leaves are boundaries: computed once whatever a consumer chooses, so they
+        are costed where they are made, not split among consumers."""
+        return self._total(opt)[0]
+
+    def _total(self, opt: Option) -> tuple[float, frozenset]:
+        closure: set[Slot] = set()
         for need in opt.needs:
-            cost, _ = self.best(need)
+            cost, _, below = self._solve_slot(need)
             if cost == INF:
-                return INF
-            total += cost / max(self.uses.get(need.node, 1), 1)
-        return total
+                return INF, frozenset()
+            if not self._boundary(need.node):
+                closure.add(need)
+                closure |= below
+        total = opt.seconds + sum(self._best[s][1].seconds for s in closure)
+        return total, frozenset(closure)
+
+    def _boundary(self, node: Node) -> bool:
+        return node.op.is_leaf or node in self.shared
 
     def solve(self) -> float:
         """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost."""

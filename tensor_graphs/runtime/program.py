@@ -31,6 +31,7 @@ class Instruction:
     free: tuple[int, ...]  # values whose last use is here
     name: str  # the kernel's name, for errors
     shape: tuple  # the result's expected shape
+    contiguous: bool  # the kernel reads its inputs as dense C-order buffers
 
 
 class Executable:
@@ -59,9 +60,9 @@ class Executable:
         self.instructions = []
         for pos, (args, out, s) in enumerate(steps):
             free = tuple(sorted({a for a in args if last[a] == pos and a not in keep}))
-            self.instructions.append(Instruction(s.kernel.fn, args, dict(s.attrs), out, free,
-                                                 s.kernel.name, tuple(int(d) for d in
-                                                                      s.node.shape)))
+            self.instructions.append(Instruction(
+                s.kernel.fn, args, dict(s.attrs), out, free, s.kernel.name,
+                tuple(int(d) for d in s.node.shape), s.kernel.contiguous))
         self.size = len(index)
 
     def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping) -> list[np.ndarray]:
@@ -70,8 +71,11 @@ class Executable:
             values[i] = leaf_value(node, arrays, dims)
         with np.errstate(all="ignore"):
             for ins in self.instructions:
+                args = [values[a] for a in ins.args]
+                if ins.contiguous:  # views (a permute, a slice) are made dense first
+                    args = [dense(a) for a in args]
                 try:
-                    out = ins.fn(*[values[a] for a in ins.args], **ins.attrs)
+                    out = ins.fn(*args, **ins.attrs)
                 except Exception as exc:
                     shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
                     raise EvaluationError(f"kernel {ins.name} failed on inputs of shapes "
@@ -86,13 +90,20 @@ class Executable:
         return [values[i] for i in self.outputs]
 
 
+def dense(a, dtype=None) -> np.ndarray:
+    """``a`` as a C-contiguous array (itself when it already is; 0-d stays 0-d, unlike
+    ``np.ascontiguousarray``)."""
+    a = np.asarray(a, dtype=dtype)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping) -> np.ndarray:
     kind = node.op.name
     if kind == "constant":
         return node.attrs["value"].array.astype(node.dtype.np_dtype, copy=False)
     if kind == "dim":
         return np.asarray(resolve(node.attrs["expr"], dims), dtype=node.dtype.np_dtype)
-    return np.ascontiguousarray(arrays[node.name], dtype=node.dtype.np_dtype)
+    return dense(arrays[node.name], node.dtype.np_dtype)
 
 
 class CompiledGraph:
@@ -156,7 +167,7 @@ class CompiledGraph:
                 raise ShapeError(f"bind: weight '{name}' has shape {format_shape(array.shape)}"
                                  f", the graph declares {format_shape(leaf.shape)}")
             bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
-            self._bound[name] = np.ascontiguousarray(array, dtype=leaf.dtype.np_dtype)
+            self._bound[name] = dense(array, leaf.dtype.np_dtype)
         return self
 
     # ------------------------------------------------------------------------ running
