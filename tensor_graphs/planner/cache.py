@@ -33,7 +33,8 @@ def structure(outputs: Sequence[Node]) -> str:
     index = {n: i for i, n in enumerate(order)}
     h = hashlib.blake2b(digest_size=16)
     for n in order:
-        attrs = n.attrs._key if not n.op.is_leaf or n.op.name in ("constant", "dim") else ()
+        named = n.op.is_leaf and n.op.name not in ("constant", "dim")
+        attrs = () if named else hash(n.attrs)  # exact values (constants by their bytes)
         h.update(repr((n.op.name, attrs, tuple(map(str, n.shape)), n.dtype.name,
                        tuple(index[i] for i in n.inputs))).encode())
     h.update(repr([index[o] for o in outputs]).encode())
