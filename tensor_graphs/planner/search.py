@@ -10,10 +10,11 @@ rewrites deep), a copy from another device, or the leaf itself.
 ``best`` is dynamic programming over slots: an option's cost is its step's estimate plus the
 steps of the slots only it needs, each counted once; values the graph shares are costed where
 they are made (``total``). Options whose error exceeds the tolerance are dropped (see
-``plan`` for how errors combine). ``extract`` turns the chosen options into a ``Plan`` by a depth-first walk from the
-outputs; the same walk replays a lock file's decisions. ``paths`` enumerates every consistent
-choice lazily, cheapest-first at each decision; ``count`` counts them without enumerating
-(dynamic programming over the set of values still needed, consumers before producers).
+``plan`` for how errors combine). ``extract`` turns the chosen options into a ``Plan`` by a
+depth-first walk from the outputs; the same walk replays a lock file's decisions. ``paths``
+enumerates every consistent choice lazily, cheapest-first at each decision; ``count`` counts
+them without enumerating (dynamic programming over the set of values still needed, consumers
+before producers).
 """
 
 from __future__ import annotations
