@@ -62,9 +62,9 @@ class PlanSettings:
         self.backends = None if backends is None else tuple(backends)
         self.decisions = None if decisions is None else tuple(decisions)
 
-    def planner(self, prepared: list[Node]) -> Planner:
+    def planner(self, prepared: list[Node], blocks: bool = True) -> Planner:
         return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
-                       tolerance=self.tolerance, backends=self.backends)
+                       tolerance=self.tolerance, backends=self.backends, blocks=blocks)
 
     def __call__(self, dims: Mapping, stats: dict) -> Plan:
         prepared = prepare(self.outputs, dims)
@@ -84,13 +84,16 @@ class PlanSettings:
                 if self.profile == "missing":
                     from tensor_graphs.profiler.missing import profile_missing
 
-                    stats["measured"] += profile_missing(planner, self.db)
+                    everything = self.planner(prepared, blocks=False)  # every option seen
+                    everything.solve()
+                    stats["measured"] += profile_missing(everything, self.db)
                     planner = self.planner(prepared)
                     plan = planner.plan()
                     key = cache.key(prepared, self.device.name, self.tolerance, self.backends,
                                     self.db)
                 cache.put(key, plan.decisions)
-        for name in ("slots", "options", "estimates"):
+        for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
+                     "block_cache_hits"):
             stats[name] += planner.stats[name]
         return plan
 
@@ -153,7 +156,7 @@ def _planner_for(graph, device, tolerance, db, dims, backends) -> Planner:
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
                             f"{missing[0]}=128")
-    return settings.planner(prepare(outs, values))
+    return settings.planner(prepare(outs, values), blocks=False)
 
 
 def paths(graph, device="cpu", tolerance: float = 1.0, db=None,

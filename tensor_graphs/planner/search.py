@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from tensor_graphs.db.cost import FREE, CostModel
+from tensor_graphs.db.cost import FREE, CostModel, Estimate
 from tensor_graphs.db.features import features
 from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError
+from tensor_graphs.ir import builder
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
@@ -45,6 +46,7 @@ from tensor_graphs.planner.plan import (
 )
 from tensor_graphs.rewrite.enumerate import pm_matmul, rewrites
 
+BLOCK = "block"
 PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheaper matmul chain)
 MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
@@ -83,8 +85,10 @@ class Planner:
 
     def __init__(self, outputs: Sequence[Node], *, target: str, cost: CostModel,
                  tolerance: float, backends: Sequence[str] | None = None,
-                 weights_on: str | None = None):
+                 weights_on: str | None = None, blocks: bool = False,
+                 output_device: str = "cpu"):
         self.outputs = list(outputs)
+        self.output_device = output_device
         self.target = target
         self.kinds = tuple(dict.fromkeys((target, "cpu")))
         self.cost = cost
@@ -99,12 +103,17 @@ class Planner:
         self._best: dict[Slot, tuple[float, Option | None, frozenset]] = {}
         self._active: set[Slot] = set()
         self._decomposed: dict[Node, Node] = {}
-        self.stats = {"slots": 0, "options": 0, "estimates": 0}
+        self.stats = {"slots": 0, "options": 0, "estimates": 0, "blocks": 0,
+                      "blocks_planned": 0, "block_cache_hits": 0}
+        self._blocks: dict[Node, BlockInstancePlan] = {}
+        self._inside: set[Node] = set()
+        if blocks:
+            self._find_blocks()
 
     # ------------------------------------------------------------------------ options
     @property
     def output_slots(self) -> list[Slot]:
-        return [Slot(o, "cpu", True) for o in self.outputs]
+        return [Slot(o, self.output_device, True) for o in self.outputs]
 
     def options(self, slot: Slot) -> list[Option]:
         """The slot's options within tolerance, in a fixed order."""
@@ -129,6 +138,8 @@ class Planner:
             return out
         if node.op.is_leaf:
             return self._leaf(slot)
+        if node in self._blocks and kind == self.target:
+            return [self._blocks[node].option(slot, self)]
         out = self._kernels(slot)
         if not node.op.is_atomic:
             d = self._decomposition(node)
@@ -198,12 +209,27 @@ class Planner:
         return d
 
     def _adopt(self, root: Node, depth: int) -> None:
-        """Count the users of a new subgraph's nodes (an expansion or a rewrite)."""
-        local = use_counts(root)
-        for n, c in local.items():
-            if n not in self.uses:
-                self.uses[n] = c
-                self.depth[n] = depth
+        """Count the users of a new subgraph's nodes (an expansion or a rewrite); the walk
+        stops at nodes already known, so it costs the new part only."""
+        if root in self.uses:
+            return
+        new: list[Node] = []
+        stack, seen = [root], {root}
+        while stack:
+            n = stack.pop()
+            new.append(n)
+            for i in n.inputs:
+                if i not in self.uses and i not in seen:
+                    seen.add(i)
+                    stack.append(i)
+        for n in new:
+            self.uses[n] = 0
+            self.depth[n] = depth
+        self.uses[root] = 1
+        for n in new:
+            for i in n.inputs:
+                if i in seen:
+                    self.uses[i] += 1
 
     def _rewrites(self, slot: Slot) -> list[Option]:
         node = slot.node
@@ -221,6 +247,28 @@ class Planner:
                 out.append(Option(REWRITE, slot, (Slot(other, slot.device, False),),
                                   label=f"rewrite:{rule.name}:{i}"))
         return out
+
+    def _find_blocks(self) -> None:
+        """Plan each distinct repeated block once (see ``BlockInstancePlan``)."""
+        from tensor_graphs.rewrite.blocks import find_repeated_blocks
+
+        shared: dict = {}
+        claimed: set[Node] = set()
+        for group in find_repeated_blocks(self.outputs):
+            for inst in group.instances:
+                if inst.nodes & claimed or any(o in self._blocks for o in inst.outputs):
+                    continue
+                outer = inst.inputs + inst.leaves
+                holders = [_placeholder(i, n) for i, n in enumerate(outer)]
+                abstract = _abstract(inst.outputs, dict(zip(outer, holders)))
+                if abstract is None:
+                    continue
+                claimed |= inst.nodes
+                record = BlockInstancePlan(inst, abstract, dict(zip(holders, outer)), shared)
+                for o in inst.outputs:
+                    self._blocks[o] = record
+                self.stats["blocks"] += 1
+        self._inside = claimed - set(self._blocks)
 
     # ------------------------------------------------------------------------ best
     def best(self, slot: Slot) -> tuple[float, Option | None]:
@@ -272,6 +320,8 @@ class Planner:
     def solve(self) -> float:
         """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost."""
         for n in nodes(self.outputs):
+            if n in self._inside:
+                continue  # planned with its block
             for kind in self.kinds:
                 self.best(Slot(n, kind, False))
                 self.best(Slot(n, kind, True))
@@ -293,6 +343,8 @@ class Planner:
                 raise NoPathError("the plan file has fewer decisions than this graph needs; "
                                   "it was saved for another graph")
             label = queue.pop()
+            if label.startswith(BLOCK + ":") and slot.node in self._blocks:
+                return self._blocks[slot.node].option(slot, self, label)
             for opt in self.options(slot) + self._rejected.get(slot, []):
                 if opt.label == label:
                     return opt
@@ -313,12 +365,17 @@ class Planner:
         aliases: dict[Slot, Slot] = {}
         leaves: list[Slot] = []
         decisions: list[str] = []
+        emitted: set[int] = set()  # block instances whose steps are in
         stack: list[tuple[Slot, bool]] = [(s, False) for s in reversed(self.output_slots)]
         while stack:
             slot, ready = stack.pop()
             if ready:
                 opt = chosen[slot]
-                if opt.runs:
+                if opt.how == BLOCK:
+                    if id(opt.kernel) not in emitted:
+                        emitted.add(id(opt.kernel))
+                        opt.kernel.emit(steps, aliases)
+                elif opt.runs:
                     steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
                                       opt.covers, opt.attrs, opt.estimate, opt.error,
                                       opt.signature, opt.features))
@@ -456,3 +513,106 @@ def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
 def _describe(n: Node) -> str:
     ins = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in n.inputs)
     return f"{n.op.name}({ins}) -> {format_shape(n.shape)} {n.dtype.name}"
+
+
+# ---------------------------------------------------------------------------- repeated blocks
+class BlockInstancePlan:
+    """One instance of a repeated block, planned through its abstract form.
+
+    The abstract form replaces the instance's inputs and exclusive leaves by placeholder leaves
+    named by position; hash-consing makes every instance of a group build the same abstract
+    nodes, so the block is planned once (a sub-planner over the abstract outputs) and each
+    instance's steps are that plan with its placeholders mapped back (``concrete``). Kernels
+    inside the block cannot fuse across its boundary, and its inside is not enumerated by
+    ``paths`` (which plans without blocks)."""
+
+    def __init__(self, inst, abstract: tuple[Node, ...], mapping: dict[Node, Node], shared):
+        self.inst = inst
+        self.abstract = abstract
+        self.mapping = dict(mapping)  # placeholder -> concrete node
+        self.shared = shared  # {abstract outputs: sub-plan}, one per group
+        self.plan: Plan | None = None
+        self._concrete: dict[Node, Node] = {}
+
+    def sub_plan(self, planner: Planner, decisions: Sequence[str] | None) -> Plan:
+        if self.plan is not None:
+            return self.plan
+        found = self.shared.get(self.abstract)
+        if found is not None and (decisions is None or found.decisions == tuple(decisions)):
+            planner.stats["block_cache_hits"] += 1
+            self.plan = found
+            return found
+        sub = Planner(self.abstract, target=planner.target, cost=planner.cost,
+                      tolerance=planner.tolerance, backends=planner.backends,
+                      weights_on=planner.weights_on, output_device=planner.target)
+        self.plan = sub.plan() if decisions is None else sub.replay(decisions)
+        planner.stats["blocks_planned"] += 1
+        for key in ("slots", "options", "estimates"):
+            planner.stats[key] += sub.stats[key]
+        self.shared.setdefault(self.abstract, self.plan)
+        return self.plan
+
+    def option(self, slot: Slot, planner: Planner, label: str | None = None) -> Option:
+        decisions = None if label is None else label[len(BLOCK) + 1:].split("|")
+        plan = self.sub_plan(planner, decisions)
+        needs = tuple(Slot(self.concrete(s.node), s.device, s.moved) for s in plan.leaves)
+        est = Estimate(plan.cost, "block", 1.0)
+        return Option(BLOCK, slot, needs, self, (), {}, est, plan.error,
+                      label=BLOCK + ":" + "|".join(plan.decisions))
+
+    def concrete(self, n: Node) -> Node:
+        """The instance's node for an abstract node of the sub-plan."""
+        found = self.mapping.get(n) or self._concrete.get(n)
+        if found is not None:
+            return found
+        order = [m for m in nodes(n) if m not in self.mapping and m not in self._concrete]
+        for m in order:
+            inputs = tuple(self.mapping.get(i) or self._concrete[i] for i in m.inputs)
+            self._concrete[m] = m if inputs == m.inputs else Node.make(m.op, inputs, m.attrs,
+                                                                      m.name)
+        return self._concrete[n]
+
+    def _slot(self, s: Slot) -> Slot:
+        return Slot(self.concrete(s.node), s.device, s.moved)
+
+    def emit(self, steps: list[Step], aliases: dict[Slot, Slot]) -> None:
+        """Append the instance's steps (the sub-plan's, mapped) and aliases."""
+        plan = self.plan
+        for st in plan.steps:
+            steps.append(Step(st.kernel, self.concrete(st.node), st.device,
+                              tuple(self._slot(i) for i in st.inputs),
+                              tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
+                              st.error, st.signature, st.features))
+        for a, b in plan.aliases.items():
+            aliases[self._slot(a)] = self._slot(b)
+
+
+PLACEHOLDER_KIND = {"weight": builder.weight, "state": builder.state}  # else an input
+
+
+def _placeholder(i: int, node: Node) -> Node:
+    make = PLACEHOLDER_KIND.get(node.op.name, builder.input)
+    return make(f"%block{i}", node.shape, node.dtype)
+
+
+def _abstract(outputs: Sequence[Node], mapping: dict[Node, Node]) -> tuple[Node, ...] | None:
+    """The region above ``mapping``'s keys rebuilt on its values; None when the walk leaves
+    the region (reaches a computed node that is not a mapped input)."""
+    built: dict[Node, Node] = dict(mapping)
+    stack: list[tuple[Node, bool]] = [(o, False) for o in outputs]
+    while stack:
+        n, ready = stack.pop()
+        if n in built:
+            continue
+        if ready:
+            inputs = tuple(built[i] for i in n.inputs)
+            built[n] = n if inputs == n.inputs else Node.make(n.op, inputs, n.attrs, n.name)
+            continue
+        if n.op.is_leaf:
+            if n.op.name not in ("constant", "dim"):
+                return None  # a named leaf that is not a placeholder
+            built[n] = n
+            continue
+        stack.append((n, True))
+        stack.extend((i, False) for i in n.inputs if i not in built)
+    return tuple(built[o] for o in outputs)

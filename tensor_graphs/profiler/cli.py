@@ -79,7 +79,8 @@ def _paths(args) -> int:
 
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
-    planner = _settings(args, graph).planner(prepare(_settings(args, graph).outputs, dims))
+    settings = _settings(args, graph)
+    planner = settings.planner(prepare(settings.outputs, dims), blocks=False)
     print(f"{planner.count()} paths; the {args.limit} cheapest-first:")
     for i, plan in enumerate(planner.paths()):
         if i >= args.limit:

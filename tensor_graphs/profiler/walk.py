@@ -101,10 +101,10 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     db = settings.db
     deadline = None if budget is None else time.monotonic() + budget
     prepared = prepare(outputs, dims)
-    planner = settings.planner(prepared)
+    planner = settings.planner(prepared, blocks=False)  # every option of every slot
     if db.calibration(planner.cost.hardware["cpu"]) is None and not db.readonly:
         calibrate(db, planner.cost.hardware["cpu"])
-        planner = settings.planner(prepared)
+        planner = settings.planner(prepared, blocks=False)
     default = planner.plan()
     todo = calls_to_measure(planner)
     report.skipped = sum(1 for opts in planner._options.values() for o in opts
@@ -123,7 +123,7 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
             bar.step(o.kernel.name)
     if bar is not None:
         bar.close()
-    planner = settings.planner(prepared)
+    planner = settings.planner(prepared, blocks=False)
     rng = np.random.default_rng(seed)
     feeds = random_feeds(prepared, rng)
     results = [PathResult("default", default, default.cost)]

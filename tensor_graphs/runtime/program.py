@@ -122,7 +122,8 @@ class CompiledGraph:
         self._last: Executable | None = None
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
                                       "replayed": 0, "slots": 0, "options": 0,
-                                      "estimates": 0, "measured": 0, "calls": 0}
+                                      "estimates": 0, "measured": 0, "calls": 0, "blocks": 0,
+                                      "blocks_planned": 0, "block_cache_hits": 0}
 
     # ------------------------------------------------------------------------ planning
     def _executable(self, dims: Mapping) -> Executable:

@@ -257,3 +257,52 @@ def _check_interpolation(k, db, CostModel, current, Call, measure):  # noqa: N80
         ratio = predicted.seconds / actual
         assert 0.5 <= ratio <= 2.0, (n, predicted, actual)
     assert math.isfinite(predicted.uncertainty)
+
+
+def _small_gpt(layers):
+    from tensor_graphs.demo import gpt2_style
+
+    return gpt2_style(layers, d_model=64, heads=4, vocab=97, n_ctx=32)
+
+
+def test_repeated_blocks_are_planned_once_and_run_correctly():
+    from tensor_graphs.demo import random_feeds
+
+    cache.clear()
+    y = _small_gpt(4)
+    dims = {"batch": 2, "seq": 8}
+    db = open_db(":memory:")
+    prog = tg.compile(y, db=db, bounds=dims)
+    assert prog.stats["blocks"] == 4
+    assert prog.stats["blocks_planned"] == 1 and prog.stats["block_cache_hits"] == 3
+    names = ("c_layer_norm", "c_attention_causal")
+    kernels = prog.plan.kernels
+    assert all(kernels.count(n) >= 4 for n in names if n in {k.name for k in tg.kernels.all()})
+    feeds = random_feeds(y, dims)
+    feeds["ids"] = RNG.integers(0, 97, (2, 8))
+    prog.bind(**{k: v for k, v in feeds.items() if k != "ids"})
+    ref = tg.evaluate(y, feeds, dtype="float64")
+    assert tg.numerics.relative_error(prog(ids=feeds["ids"]), ref) < 1e-4
+    # the same kernels as planning every node on its own
+    from tensor_graphs.compiler import PlanSettings
+    from tensor_graphs.planner.prepare import prepare
+
+    settings = PlanSettings([y], "cpu", 1e-5, db, "never", None)
+    flat = settings.planner(prepare([y], dims), blocks=False).plan()
+    assert sorted(flat.kernels) == sorted(kernels)
+    # a lock file replays the blocks too
+    cache.clear()
+    again = tg.compile(y, db=db, bounds=dims)
+    assert again.stats["plan_cache_hits"] == 0 and again.plan.decisions == prog.plan.decisions
+
+
+def test_lock_files_replay_blocks(tmp_path):
+    y = _small_gpt(3)
+    dims = {"batch": 1, "seq": 4}
+    db = open_db(":memory:")
+    prog = tg.compile(y, db=db, bounds=dims)
+    prog.save_plan(tmp_path / "p.json")
+    cache.clear()
+    again = tg.compile(y, db=db, bounds=dims, plan=str(tmp_path / "p.json"))
+    assert again.stats["planner_runs"] == 0 and again.stats["blocks_planned"] == 1
+    assert again.plan.kernels == prog.plan.kernels
