@@ -30,8 +30,9 @@ import numpy as np
 
 from tensor_graphs.db.features import Features
 
-# Built-in rates for a machine that was never calibrated: a modest two-core CPU.
-DEFAULT_RATES = {"flops": 50e9, "bytes": 10e9}
+# Built-in rates for a machine that was never calibrated: a modest two-core CPU. "dispatch" is
+# what the runtime spends per step around the kernel call itself (seconds).
+DEFAULT_RATES = {"flops": 50e9, "bytes": 10e9, "dispatch": 3e-6}
 # Seconds one call costs beyond its work: Python dispatch, argument checks, thread start-up.
 OVERHEAD = {"numpy": 3e-6, "c": 2e-6, "torch": 6e-6, "triton": 20e-6, "copy": 1e-6}
 EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter
@@ -185,9 +186,35 @@ def _shape_class(signature: str) -> tuple:
     return tuple((len(shape), dtype) for shape, dtype in inputs)
 
 
+def dispatch_overhead(steps: int = 64, repeats: int = 7) -> float:
+    """Seconds the runtime adds per step: a chain of ``steps`` one-element products run as a
+    compiled program, minus the kernel calls themselves, per step (median of ``repeats``)."""
+    from tensor_graphs.compiler import compile as compile_graph
+    from tensor_graphs.ir import builder
+    from tensor_graphs.kernels.registry import get
+
+    x = y = builder.input("x", (1,))
+    for _ in range(steps):
+        y = y * x  # nothing for simplify to fold
+    prog = compile_graph(y, db=":memory:", backends=("numpy",))
+    kernel = get(prog.plan.steps[0].kernel.name).fn
+    a = np.ones(1, np.float32)
+    per_step = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        prog(x=a)
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            kernel(a, a)
+        t2 = time.perf_counter()
+        per_step.append(max((t1 - t0) - (t2 - t1), 0.0) / steps)
+    return float(np.median(per_step))
+
+
 def calibrate(db, hardware, seconds: float = 0.3) -> dict:
-    """Measure this machine's peak rates (float32 matrix product flops, copy bandwidth) and
-    store them in the database for ``hardware``; returns the rates."""
+    """Measure this machine's peak rates (float32 matrix product flops, copy bandwidth) and the
+    runtime's dispatch cost per step, and store them in the database for ``hardware``; returns
+    the rates."""
     rng = np.random.default_rng(0)
     n = 512
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -205,7 +232,8 @@ def calibrate(db, hardware, seconds: float = 0.3) -> dict:
         best_mm, best_copy = min(best_mm, t1 - t0), min(best_copy, t2 - t1)
         if t2 > deadline:
             break
-    rates = {"flops": 2.0 * n ** 3 / best_mm, "bytes": 2.0 * src.nbytes / best_copy}
+    rates = {"flops": 2.0 * n ** 3 / best_mm, "bytes": 2.0 * src.nbytes / best_copy,
+             "dispatch": dispatch_overhead()}
     if db is not None and not db.readonly:
         db.set_calibration(hardware, rates)
     return rates

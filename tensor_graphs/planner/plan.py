@@ -105,10 +105,15 @@ class Plan:
     leaves: tuple[Slot, ...]
     decisions: tuple[str, ...]  # option labels in extraction order: the lock file's content
     tolerance: float
+    dispatch: float = 0.0  # seconds the runtime spends per step besides the kernel itself
 
     @property
     def cost(self) -> float:
-        """Predicted seconds of one run: the sum of the steps' estimates."""
+        """Predicted seconds of one run: the steps' estimates plus the runtime's dispatch."""
+        return self.kernel_cost + self.dispatch * len(self.steps)
+
+    @property
+    def kernel_cost(self) -> float:
         return sum(s.cost for s in self.steps)
 
     @property
@@ -172,8 +177,9 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     copies = sum(1 for s in plan.steps if s.is_copy)
     lines.append("")
     lines.append(f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
-                 f"{_fmt(plan.cost)}, largest step error {plan.error:.1e} "
-                 f"(tolerance {plan.tolerance:g})")
+                 f"{_fmt(plan.cost)} (kernels {_fmt(plan.kernel_cost)} + dispatch "
+                 f"{_fmt(plan.dispatch * len(plan.steps))}), largest step error "
+                 f"{plan.error:.1e} (tolerance {plan.tolerance:g})")
     lines.append("by backend: " + ", ".join(
         f"{b} {len(v)} steps {_fmt(sum(v))}" for b, v in sorted(by_backend.items())))
     lines.append("by source:  " + ", ".join(

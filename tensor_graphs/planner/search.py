@@ -95,6 +95,7 @@ class Planner:
         self.tolerance = tolerance
         self.backends = None if backends is None else set(backends) | {"copy"}
         self.weights_on = weights_on or target
+        self.dispatch = cost.rates(target).get("dispatch", 0.0)
         self.uses = use_counts(self.outputs)
         self.shared = {n for n, c in self.uses.items() if c > 1}
         self.depth: dict[Node, int] = {n: 0 for n in self.uses}
@@ -311,8 +312,15 @@ class Planner:
             if not self._boundary(need.node):
                 closure.add(need)
                 closure |= below
-        total = opt.seconds + sum(self._best[s][1].seconds for s in closure)
+        total = self._own(opt) + sum(self._own(self._best[s][1]) for s in closure)
         return total, frozenset(closure)
+
+    def _own(self, opt: Option) -> float:
+        """An option's own seconds; a step that runs also costs the runtime's dispatch, so
+        fewer, fused steps win ties."""
+        if opt.runs and opt.estimate is not FREE:
+            return opt.seconds + self.dispatch
+        return opt.seconds
 
     def _boundary(self, node: Node) -> bool:
         return node.op.is_leaf or node in self.shared
@@ -394,7 +402,7 @@ class Planner:
             stack.append((slot, True))
             stack.extend((need, False) for need in reversed(opt.needs) if need not in chosen)
         return Plan(tuple(steps), tuple(self.output_slots), aliases, tuple(leaves),
-                    tuple(decisions), self.tolerance)
+                    tuple(decisions), self.tolerance, self.dispatch)
 
     # ------------------------------------------------------------------------ errors
     def no_path_error(self) -> NoPathError:

@@ -38,25 +38,30 @@ class Call:
     bytes: float = 0.0
 
 
-def region_graph(call: Call) -> tuple[Node, list[str]]:
-    """The computed subgraph with the kernel's arguments as fresh input leaves a0, a1, ..."""
-    names = [f"a{i}" for i in range(len(call.arguments))]
-    leaves = {arg: builder.input(name, arg.shape, arg.dtype)
-              for name, arg in zip(names, call.arguments)}
+def region_graph(call: Call) -> tuple[Node, dict[Node, str]]:
+    """The computed subgraph with the kernel's distinct arguments as fresh input leaves a0,
+    a1, ... (an argument passed twice, as in ``x * x``, is one leaf)."""
+    names: dict[Node, str] = {}
+    for arg in call.arguments:
+        names.setdefault(arg, f"a{len(names)}")
+    leaves = {arg: builder.input(name, arg.shape, arg.dtype) for arg, name in names.items()}
     return substitute(call.node, leaves), names
 
 
-def random_inputs(call: Call, rng: np.random.Generator) -> list[np.ndarray]:
-    """Normal floats, zero integers (valid indices and offsets for any size), random bools."""
-    out = []
+def random_inputs(call: Call, rng: np.random.Generator) -> dict[Node, np.ndarray]:
+    """Per distinct argument: normal floats, zero integers (valid indices and offsets for any
+    size), random bools."""
+    out: dict[Node, np.ndarray] = {}
     for a in call.arguments:
+        if a in out:
+            continue
         shape = tuple(int(d) for d in a.shape)
         if a.dtype.is_float:
-            out.append(rng.standard_normal(shape).astype(a.dtype.np_dtype))
+            out[a] = rng.standard_normal(shape).astype(a.dtype.np_dtype)
         elif a.dtype.name == "bool":
-            out.append(rng.random(shape) < 0.5)
+            out[a] = rng.random(shape) < 0.5
         else:
-            out.append(np.zeros(shape, dtype=a.dtype.np_dtype))
+            out[a] = np.zeros(shape, dtype=a.dtype.np_dtype)
     return out
 
 
@@ -70,9 +75,10 @@ def measure(call: Call, *, repeats: int = 5, min_sample: float = 2e-3, max_secon
     try:
         rng = np.random.default_rng(seed)
         graph, names = region_graph(call)
-        arrays = random_inputs(call, rng)
+        values = random_inputs(call, rng)
+        arrays = [values[a] for a in call.arguments]
         with np.errstate(all="ignore"):
-            ref = evaluate(graph, dict(zip(names, arrays)), dtype="float64")
+            ref = evaluate(graph, {names[a]: v for a, v in values.items()}, dtype="float64")
             got = k.fn(*arrays, **call.attrs)
         got = np.asarray(got)
         if got.shape != ref.shape:

@@ -73,17 +73,16 @@ class Executable:
             for ins in self.instructions:
                 args = [values[a] for a in ins.args]
                 if ins.contiguous:  # views (a permute, a slice) are made dense first
-                    args = [dense(a) for a in args]
+                    args = [a if a.flags.c_contiguous else dense(a) for a in args]
                 try:
                     out = ins.fn(*args, **ins.attrs)
+                    if out.shape != ins.shape:
+                        raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
+                                         f"expects {format_shape(ins.shape)}")
                 except Exception as exc:
                     shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
-                    raise EvaluationError(f"kernel {ins.name} failed on inputs of shapes "
-                                          f"{shapes}: {type(exc).__name__}: {exc}") from exc
-                if tuple(np.shape(out)) != ins.shape:
-                    raise EvaluationError(f"kernel {ins.name} returned shape "
-                                          f"{format_shape(np.shape(out))}, the plan expects "
-                                          f"{format_shape(ins.shape)}")
+                    raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shapes}: "
+                                          f"{type(exc).__name__}: {exc}") from exc
                 values[ins.out] = out
                 for f in ins.free:
                     values[f] = None

@@ -306,3 +306,13 @@ def test_lock_files_replay_blocks(tmp_path):
     again = tg.compile(y, db=db, bounds=dims, plan=str(tmp_path / "p.json"))
     assert again.stats["planner_runs"] == 0 and again.stats["blocks_planned"] == 1
     assert again.plan.kernels == prog.plan.kernels
+
+
+def test_measuring_a_kernel_that_takes_one_value_twice():
+    from tensor_graphs.profiler.measure import Call, measure
+
+    x = tg.input("x", (8, 8))
+    node = x * x
+    k = registry.get("numpy_mul")
+    m = measure(Call(k, node, (x, x), {}, signature([x, x], node.attrs)), repeats=2)
+    assert m.ok and m.error < 1e-6 and m.median > 0
