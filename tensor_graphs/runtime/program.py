@@ -34,6 +34,9 @@ class Instruction:
     contiguous: bool  # the kernel reads its inputs as dense C-order buffers
 
 
+STATIC_LEAVES = ("weight", "constant", "dim")  # fixed for a binding and dims
+
+
 class Executable:
     """One plan flattened: leaf loaders, instructions over numbered values, outputs."""
 
@@ -52,41 +55,79 @@ class Executable:
                                                                             False)), s)
                  for s in plan.steps]
         self.outputs = [slot_index(s) for s in plan.outputs]
+        # Steps that read only weights and constants (a transposed or re-laid-out weight)
+        # run once per binding, not per call: the prelude.
+        static = {i for i, node in self.leaves if node.op.name in STATIC_LEAVES}
+        prelude, main = [], []
+        for args, out, s in steps:
+            if all(a in static for a in args):
+                static.add(out)
+                prelude.append((args, out, s))
+            else:
+                main.append((args, out, s))
+        self.prelude = self._instructions(prelude, keep=static)
+        self.instructions = self._instructions(main, keep=static | set(self.outputs))
+        needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
+        self.static = sorted(i for i in static if i in needed)
+        self._static_values: list | None = None
+        self.size = len(index)
+
+    @staticmethod
+    def _instructions(steps, keep: set[int]) -> list[Instruction]:
         last: dict[int, int] = {}
         for pos, (args, _, _) in enumerate(steps):
             for a in args:
                 last[a] = pos
-        keep = set(self.outputs)
-        self.instructions = []
-        for pos, (args, out, s) in enumerate(steps):
+        out = []
+        for pos, (args, result, s) in enumerate(steps):
             free = tuple(sorted({a for a in args if last[a] == pos and a not in keep}))
-            self.instructions.append(Instruction(
-                s.kernel.fn, args, dict(s.attrs), out, free, s.kernel.name,
-                tuple(int(d) for d in s.node.shape), s.kernel.contiguous))
-        self.size = len(index)
+            out.append(Instruction(s.kernel.fn, args, dict(s.attrs), result, free,
+                                   s.kernel.name, tuple(int(d) for d in s.node.shape),
+                                   s.kernel.contiguous))
+        return out
 
-    def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping) -> list[np.ndarray]:
+    def invalidate(self) -> None:
+        """Weights changed: the prelude runs again on the next call."""
+        self._static_values = None
+
+    def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping,
+            cache_static: bool = True) -> list[np.ndarray]:
+        """One call. ``cache_static``: the weights are the bound ones, so the prelude's results
+        from an earlier call stand (False when a call feeds weights itself)."""
         values: list = [None] * self.size
         for i, node in self.leaves:
-            values[i] = leaf_value(node, arrays, dims)
-        with np.errstate(all="ignore"):
-            for ins in self.instructions:
-                args = [values[a] for a in ins.args]
-                if ins.contiguous:  # views (a permute, a slice) are made dense first
-                    args = [a if a.flags.c_contiguous else dense(a) for a in args]
-                try:
-                    out = ins.fn(*args, **ins.attrs)
-                    if out.shape != ins.shape:
-                        raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
-                                         f"expects {format_shape(ins.shape)}")
-                except Exception as exc:
-                    shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
-                    raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shapes}: "
-                                          f"{type(exc).__name__}: {exc}") from exc
-                values[ins.out] = out
-                for f in ins.free:
-                    values[f] = None
+            if node.op.name not in STATIC_LEAVES or self._static_values is None \
+                    or not cache_static:
+                values[i] = leaf_value(node, arrays, dims)
+        if self._static_values is None or not cache_static:
+            _execute(self.prelude, values)
+            static = [(i, values[i]) for i in self.static]
+            if cache_static:
+                self._static_values = static
+        for i, v in self._static_values if cache_static else ():
+            values[i] = v
+        _execute(self.instructions, values)
         return [values[i] for i in self.outputs]
+
+
+def _execute(instructions: list[Instruction], values: list) -> None:
+    with np.errstate(all="ignore"):
+        for ins in instructions:
+            args = [values[a] for a in ins.args]
+            if ins.contiguous:  # views (a permute, a slice) are made dense first
+                args = [a if a.flags.c_contiguous else dense(a) for a in args]
+            try:
+                out = ins.fn(*args, **ins.attrs)
+                if out.shape != ins.shape:
+                    raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
+                                     f"expects {format_shape(ins.shape)}")
+            except Exception as exc:
+                shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
+                raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shapes}: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+            values[ins.out] = out
+            for f in ins.free:
+                values[f] = None
 
 
 def dense(a, dtype=None) -> np.ndarray:
@@ -168,6 +209,8 @@ class CompiledGraph:
                                  f", the graph declares {format_shape(leaf.shape)}")
             bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
             self._bound[name] = dense(array, leaf.dtype.np_dtype)
+        for exe in self._executables.values():
+            exe.invalidate()
         return self
 
     # ------------------------------------------------------------------------ running
@@ -183,8 +226,10 @@ class CompiledGraph:
         arrays, dims = bind_feeds(self._leaves, {**self._bound, **feeds}, lift=False)
         exe = self._executable(dims)
         self.stats["calls"] += 1
-        results = exe.run(arrays, dims)
+        fed_weights = any(self._by_name[n].op.name == "weight" for n in feeds)
+        results = exe.run(arrays, dims, cache_static=not fed_weights)
         fed = {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()}
+        fed |= {id(v) for _, v in exe._static_values or ()}  # kept for later calls
         out, seen = [], set()
         for r in results:
             r = np.asarray(r)
