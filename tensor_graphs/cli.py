@@ -172,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 0
-    return args.run(args)
+    from tensor_graphs.errors import TensorGraphsError
+
+    try:
+        return args.run(args)
+    except TensorGraphsError as exc:  # a message for the user, not a traceback
+        print(f"tg {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
