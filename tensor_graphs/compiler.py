@@ -20,7 +20,7 @@ from tensor_graphs.db import hardware as _hardware
 from tensor_graphs.db.cost import CostModel
 from tensor_graphs.db.store import Database, open_db
 from tensor_graphs.devices import as_device
-from tensor_graphs.errors import ArgumentError
+from tensor_graphs.errors import ArgumentError, NoPathError, ShapeError
 from tensor_graphs.ir.graph import _as_list
 from tensor_graphs.ir.node import Node
 from tensor_graphs.planner import cache
@@ -50,8 +50,11 @@ class PlanSettings:
     called with dims, it returns the plan for them."""
 
     def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
-                 backends: Sequence[str] | None, decisions: Sequence[str] | None = None):
+                 backends: Sequence[str] | None, decisions: Sequence[str] | None = None,
+                 bounds: Mapping | None = None):
         self.outputs = outputs
+        self.bounds = as_symbols(bounds or {})
+        self.bound_decisions: tuple[str, ...] | None = None  # the plan made at the bounds
         self.device = as_device(device)
         self.kinds = tuple(dict.fromkeys((self.device.kind, "cpu")))
         self.tolerance = _check_tolerance(tolerance)
@@ -67,11 +70,16 @@ class PlanSettings:
                        tolerance=self.tolerance, backends=self.backends, blocks=blocks)
 
     def __call__(self, dims: Mapping, stats: dict) -> Plan:
+        dims = as_symbols(dims)
+        self._check_bounds(dims)
         prepared = prepare(self.outputs, dims)
         planner = self.planner(prepared)
+        below = self.bound_decisions is not None and dims != self.bounds
         if self.decisions is not None:
             plan = planner.replay(self.decisions)
             stats["replayed"] += 1
+        elif below and (plan := self._replay(planner, self.bound_decisions)) is not None:
+            stats["replayed"] += 1  # a value under the bounds: the bounds' plan, no search
         else:
             key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db)
             found = cache.get(key)
@@ -92,10 +100,27 @@ class PlanSettings:
                     key = cache.key(prepared, self.device.name, self.tolerance, self.backends,
                                     self.db)
                 cache.put(key, plan.decisions)
+        if self.bounds and dims == self.bounds:
+            self.bound_decisions = plan.decisions
         for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
                      "block_cache_hits"):
             stats[name] += planner.stats[name]
         return plan
+
+
+    def _check_bounds(self, dims: Mapping) -> None:
+        over = [f"{s}={dims[s]} (bound {b})" for s, b in self.bounds.items()
+                if s in dims and dims[s] > b]
+        if over:
+            raise ShapeError(f"{', '.join(over)}: above the bounds this program was compiled "
+                             "for; compile again with larger bounds=")
+
+    @staticmethod
+    def _replay(planner: Planner, decisions) -> Plan | None:
+        try:
+            return planner.replay(decisions)
+        except NoPathError:  # the smaller shapes simplified differently: plan them
+            return None
 
 
 def _check_tolerance(tolerance) -> float:
@@ -123,8 +148,10 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
     - ``profile``: "never" plans from what the database knows; "missing" first measures every
       kernel call the plan considers that has no row, then plans;
-    - ``bounds``: values for symbolic dims to plan for now (otherwise a graph with symbolic
-      dims is planned on its first call, once per distinct dims);
+    - ``bounds``: largest values of symbolic dims: planned now, and any smaller values reuse
+      that plan's decisions (replayed: no search, ``prog.stats["planner_runs"]`` stays 1);
+      a larger value raises ShapeError. Without bounds, a graph with symbolic dims is planned
+      on its first call, once per distinct dims;
     - ``plan``: a lock file from ``prog.save_plan``: reused without re-planning;
     - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``).
     """
@@ -134,7 +161,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
         from tensor_graphs.planner.lockfile import load
 
         decisions = load(plan, outs, device, tolerance)
-    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions)
+    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions, bounds)
     prog = CompiledGraph(outs, single, settings)
     free = symbols(outs)
     dims = as_symbols(bounds or {})

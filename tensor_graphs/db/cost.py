@@ -38,6 +38,7 @@ OVERHEAD = {"numpy": 3e-6, "c": 2e-6, "torch": 6e-6, "triton": 20e-6, "copy": 1e
 EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter
 EXACT_OVERHEAD = 40e-6
 UNCERTAINTY = {"measured": 1.1, "interpolated": 1.5, "stale": 3.0, "estimated": 4.0, "free": 1.0}
+# "failed": the kernel raised or failed verification on this signature; infinite, never chosen
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Estimate:
     true time is expected within ``seconds / uncertainty .. seconds * uncertainty``."""
 
     seconds: float
-    source: str  # measured | interpolated | stale | estimated | free
+    source: str  # measured | interpolated | stale | estimated | free | failed
     uncertainty: float
 
     def __str__(self) -> str:
@@ -114,7 +115,10 @@ class CostModel:
         hw = self.hardware[kernel.device]
         stale = None
         if self.db is not None:
-            row = self.db.lookup(kernel.name, signature, hw)
+            row = self.db.lookup(kernel.name, signature, hw, kernel.source_hash)
+            if row is not None and row.failure is not None \
+                    and row.source_hash == kernel.source_hash:
+                return Estimate(math.inf, "failed", 1.0)  # it raised here: never planned
             if row is not None and row.failure is None and math.isfinite(row.median):
                 if row.source_hash == kernel.source_hash:
                     spread = row.max / row.median if row.median > 0 else 1.0

@@ -334,3 +334,20 @@ def test_weight_only_steps_run_once_per_binding():
     np.testing.assert_allclose(prog(x=X)[1], np.exp(W), rtol=1e-6)
     prog.bind(w=2 * W)  # a new binding recomputes the prelude
     np.testing.assert_allclose(prog(x=X)[0], X @ np.exp(2 * W).T, rtol=1e-5)
+
+
+def test_bounds_plan_once_for_every_value_below_them():
+    y = _small_gpt(2)
+    from tensor_graphs.demo import random_feeds
+
+    db = open_db(":memory:")
+    prog = tg.compile(y, db=db, bounds={"batch": 1, "seq": 16})
+    feeds = random_feeds(y, {"batch": 1, "seq": 16})
+    prog.bind(**{k: v for k, v in feeds.items() if k != "ids"})
+    for seq in (4, 9, 16, 4):
+        ids = RNG.integers(0, 97, (1, seq))
+        ref = tg.evaluate(y, {**feeds, "ids": ids}, dtype="float64")
+        assert tg.numerics.relative_error(prog(ids=ids), ref) < 1e-4
+    assert prog.stats["planner_runs"] == 1 and prog.stats["replayed"] == 2
+    with pytest.raises(tg.ShapeError, match="seq=17 .bound 16."):
+        prog(ids=RNG.integers(0, 97, (1, 17)))
