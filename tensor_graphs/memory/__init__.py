@@ -1,0 +1,32 @@
+"""Static memory planning: liveness of a plan's values, one arena per device with an offset
+for every transient buffer, totals per device and OutOfMemory before anything runs.
+
+    mp = plan_memory(prog.plan)      # a MemoryPlan
+    mp.totals()                      # {"cpu": arena + weights + state}
+    check_fits(mp, {"cpu": tg.Device("cpu", capacity=2**30)})   # raises OutOfMemory
+"""
+
+from tensor_graphs.memory.arena import ALIGNMENT, STRATEGIES, assign_offsets, overlapping_pairs
+from tensor_graphs.memory.errors import OutOfMemory
+from tensor_graphs.memory.liveness import (
+                                           Buffer,
+                                           Liveness,
+                                           Value,
+                                           analyze,
+                                           max_live_lower_bound,
+                                           no_reuse_total,
+                                           static_keys,
+)
+from tensor_graphs.memory.plan import (
+                                           MemoryPlan,
+                                           Placement,
+                                           Tensor,
+                                           check_fits,
+                                           format_bytes,
+                                           plan_memory,
+)
+
+__all__ = ["ALIGNMENT", "STRATEGIES", "Buffer", "Liveness", "MemoryPlan", "OutOfMemory",
+           "Placement", "Tensor", "Value", "analyze", "assign_offsets", "check_fits",
+           "format_bytes", "max_live_lower_bound", "no_reuse_total", "overlapping_pairs",
+           "plan_memory", "static_keys"]

@@ -1,0 +1,232 @@
+"""MemoryPlan: where every value of a plan lives, and what a program needs per device.
+
+``plan_memory(plan)`` runs the liveness analysis (``memory.liveness``) and places the transient
+buffers of each device in one arena (``memory.arena``). ``check_fits`` compares the totals with
+devices' free bytes and raises ``OutOfMemory`` before anything runs.
+
+Device keys are the plan's device kinds ("cpu", "cuda"), as in ``Step.device``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.memory.arena import ALIGNMENT, assign_offsets
+from tensor_graphs.memory.errors import OutOfMemory
+from tensor_graphs.memory.liveness import (
+    ARENA,
+    INPUT,
+    STATE,
+    WEIGHT,
+    Buffer,
+    Liveness,
+    analyze,
+    max_live_lower_bound,
+    no_reuse_total,
+)
+from tensor_graphs.planner.plan import Plan, Slot
+
+
+class Placement(NamedTuple):
+    """Where one value lives. ``kind``: arena, weight, state or input. For arena values
+    ``offset`` is the byte offset of the value's first element ([0, ..., 0]) in its device's
+    arena; otherwise it is relative to the start of the value's own buffer. ``strides`` are in
+    bytes. ``alias_of`` is the value that owns the buffer (a view's source, or the input an
+    in-place kernel overwrote); None when the value owns its bytes. ``buffer`` is the buffer's
+    id in ``MemoryPlan.liveness.buffers``; ``first``/``last`` the value's own lifetime."""
+
+    device: str
+    kind: str
+    offset: int
+    nbytes: int
+    strides: tuple[int, ...] | None
+    alias_of: Slot | None
+    buffer: int
+    first: int
+    last: int
+
+
+class Tensor(NamedTuple):
+    """A buffer that owns bytes, described for messages."""
+
+    op: str
+    shape: tuple
+    dtype: str
+    nbytes: int
+    device: str
+    kind: str  # arena, scratch, weight, state
+
+    def __str__(self) -> str:
+        return (f"{self.op} {format_shape(self.shape)} {self.dtype} {format_bytes(self.nbytes)}"
+                f" ({self.kind})")
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryPlan:
+    """Per value: a ``Placement``; per device: arena, weights, state and input bytes; the
+    arena's lower bound and no-reuse size, and which strategy placed it."""
+
+    placements: Mapping[Slot, Placement]
+    buffer_offsets: Mapping[int, int]  # arena buffer id -> byte offset
+    arena: Mapping[str, int]
+    weights: Mapping[str, int]  # weight/constant/dim leaves + prelude results kept
+    state: Mapping[str, int]
+    inputs: Mapping[str, int]  # the caller's arrays (not counted in totals)
+    lower_bound: Mapping[str, int]  # max-live lower bound of each arena
+    no_reuse: Mapping[str, int]  # each arena without any reuse
+    strategy: Mapping[str, str]
+    liveness: Liveness
+    alignment: int = ALIGNMENT
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted(set(self.arena) | set(self.weights) | set(self.state))
+
+    def total(self, device: str) -> int:
+        """Bytes the program holds on ``device``: arena + weights + state."""
+        return self.arena.get(device, 0) + self.weights.get(device, 0) \
+            + self.state.get(device, 0)
+
+    def totals(self) -> dict[str, int]:
+        """{device: arena + weights + state}: what ``prog.memory()`` returns."""
+        return {d: self.total(d) for d in self.devices}
+
+    def ratio(self, device: str) -> float:
+        """Arena size over its max-live lower bound (1.0 is optimal)."""
+        lb = self.lower_bound.get(device, 0)
+        return self.arena.get(device, 0) / lb if lb else 1.0
+
+    def largest(self, n: int = 3, device: str | None = None) -> list[Tensor]:
+        """The ``n`` largest buffers that own bytes (arena, scratch, weights, state), largest
+        first; on ``device`` only when given."""
+        found = []
+        for b in self.liveness.buffers:
+            if b.kind == INPUT or b.nbytes == 0 or (device is not None and b.device != device):
+                continue
+            kind = "scratch" if b.scratch else b.kind
+            found.append((b.nbytes, -b.id, Tensor(b.node.op.name, tuple(b.node.shape),
+                                                  b.node.dtype.name, b.nbytes, b.device, kind)))
+        found.sort(key=lambda t: (-t[0], -t[1]))
+        return [t for _, _, t in found[:n]]
+
+    def summary(self) -> str:
+        rows = []
+        for d in self.devices:
+            rows.append(f"{d}: {format_bytes(self.total(d))} = arena "
+                        f"{format_bytes(self.arena.get(d, 0))} (lower bound "
+                        f"{format_bytes(self.lower_bound.get(d, 0))}, {self.ratio(d):.3f}x; "
+                        f"no reuse {format_bytes(self.no_reuse.get(d, 0))}; "
+                        f"{self.strategy.get(d, '-')}) + weights "
+                        f"{format_bytes(self.weights.get(d, 0))} + state "
+                        f"{format_bytes(self.state.get(d, 0))}")
+        return "\n".join(rows)
+
+    def __repr__(self) -> str:
+        return "<MemoryPlan " + ", ".join(f"{d}: {format_bytes(self.total(d))}"
+                                          for d in self.devices) + ">"
+
+
+def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
+                alignment: int = ALIGNMENT, scratch: bool = True) -> MemoryPlan:
+    """Liveness plus arena offsets for ``plan`` (shapes must be concrete: a plan made for
+    dims or bounds). ``static_keys``: values computed once per binding (default: the rule of
+    ``Executable``'s prelude); ``scratch``: plan the dense copies of strided inputs that
+    ``contiguous`` kernels make."""
+    live = analyze(plan, static_keys, scratch=scratch)
+    arena, lower, no_reuse, strategy = {}, {}, {}, {}
+    weights: dict[str, int] = {}
+    state: dict[str, int] = {}
+    inputs: dict[str, int] = {}
+    buffer_offsets: dict[int, int] = {}
+    for device in live.devices:
+        bufs = live.arena_buffers(device)
+        if bufs:
+            offsets, size, name = assign_offsets(bufs, alignment)
+            buffer_offsets.update(offsets)
+            arena[device], strategy[device] = size, name
+            lower[device] = max_live_lower_bound(bufs, alignment)
+            no_reuse[device] = no_reuse_total(bufs, alignment)
+    needed = _needed_static(live)
+    for b in live.buffers:
+        if b.kind == WEIGHT and (b.node.op.kind == "leaf" or b.id in needed):
+            weights[b.device] = weights.get(b.device, 0) + b.nbytes
+        elif b.kind == STATE:
+            state[b.device] = state.get(b.device, 0) + b.nbytes
+        elif b.kind == INPUT:
+            inputs[b.device] = inputs.get(b.device, 0) + b.nbytes
+    placements = {}
+    for key, v in live.values.items():
+        b = v.buffer
+        itemsize = v.node.dtype.itemsize
+        base = buffer_offsets.get(b.id, 0) if b.kind == ARENA else 0
+        owner = b.values[0] if b.values else key
+        placements[key] = Placement(
+            v.device, b.kind, base + v.offset * itemsize, v.nbytes,
+            None if v.strides is None else tuple(s * itemsize for s in v.strides),
+            None if owner == key else owner, b.id, v.first, v.last)
+    return MemoryPlan(placements, buffer_offsets, arena, weights, state, inputs, lower,
+                      no_reuse, strategy, live, alignment)
+
+
+def _needed_static(live: Liveness) -> set[int]:
+    """Ids of static buffers that a per-call step or an output reads (kept after the
+    prelude, as ``Executable.static``)."""
+    needed = set()
+    for key, ins in live.steps:
+        if key in live.static:
+            continue
+        for k in ins:
+            v = live.values.get(k)
+            if v is not None and v.buffer.kind == WEIGHT:
+                needed.add(v.buffer.id)
+    for v in live.values.values():
+        if v.last == live.end and v.buffer.kind == WEIGHT:
+            needed.add(v.buffer.id)
+    return needed
+
+
+def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:
+    """Raise ``OutOfMemory`` when a device of ``memory_plan`` lacks the bytes it needs.
+    ``devices`` maps a device kind ("cpu") or name ("cuda:0") to a ``tg.Device``; a device
+    kind of the plan with no entry is not checked. Available bytes: capacity - allocated."""
+    for kind in memory_plan.devices:
+        device = devices.get(kind)
+        if device is None:
+            device = next((d for d in devices.values() if getattr(d, "kind", None) == kind),
+                          None)
+        if device is None:
+            continue
+        required = memory_plan.total(kind)
+        available = device.capacity - device.allocated
+        if required <= available:
+            continue
+        largest = memory_plan.largest(3, kind)
+        held = f", {format_bytes(device.allocated)} already allocated" if device.allocated else ""
+        parts = [f"arena {format_bytes(memory_plan.arena.get(kind, 0))}",
+                 f"weights {format_bytes(memory_plan.weights.get(kind, 0))}"]
+        if memory_plan.state.get(kind):
+            parts.append(f"state {format_bytes(memory_plan.state[kind])}")
+        tensors = "; ".join(str(t) for t in largest) or "none"
+        raise OutOfMemory(
+            f"out of memory on {device.name}: the program needs {format_bytes(required)} "
+            f"({' + '.join(parts)}) but {format_bytes(max(available, 0))} are available "
+            f"(capacity {format_bytes(device.capacity)}{held}). Largest tensors: {tensors}. "
+            f"Use a smaller batch or sequence length (or smaller bounds=...), or a device "
+            f"with a larger capacity (tg.Device({device.name!r}, capacity=...)).",
+            device=device.name, required=required, available=available, largest=largest)
+
+
+def format_bytes(n: int) -> str:
+    if n < 1000:
+        return f"{n} B"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12)):
+        if n < scale * 1000 or unit == "TB":
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"  # pragma: no cover
+
+
+def arena_buffers(memory_plan: MemoryPlan, device: str | None = None) -> list[Buffer]:
+    return memory_plan.liveness.arena_buffers(device)
