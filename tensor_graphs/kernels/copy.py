@@ -143,12 +143,25 @@ def route(source, target) -> Kernel:
     (Devices or names: "cpu", "cuda:0"). Raises DeviceError when no kernel can."""
     src, dst = as_device(source), as_device(target)
     if src.name == dst.name:
-        name = "copy_same_memory" if src.kind == "cpu" else "copy_same_memory_cuda"
-    else:
-        name = {("cpu", "cuda"): "copy_host_to_cuda", ("cuda", "cpu"): "copy_cuda_to_host",
-                ("cuda", "cuda"): "copy_cuda_to_cuda"}[(src.kind, dst.kind)]
+        return route_kind(src.kind, src.kind)
+    if src.kind == dst.kind:  # two GPUs
+        return _registered("copy_cuda_to_cuda", src.name, dst.name)
+    return route_kind(src.kind, dst.kind)
+
+
+_BY_KINDS = {("cpu", "cpu"): "copy_same_memory", ("cuda", "cuda"): "copy_same_memory_cuda",
+             ("cpu", "cuda"): "copy_host_to_cuda", ("cuda", "cpu"): "copy_cuda_to_host"}
+
+
+def route_kind(source: str, target: str) -> Kernel:
+    """The copy kernel between device kinds (the planner's view: "cpu", "cuda"); the same
+    kind means the value is already there."""
+    return _registered(_BY_KINDS[(source, target)], source, target)
+
+
+def _registered(name: str, source: str, target: str) -> Kernel:
     try:
         return registry.get(name)
     except ArgumentError:
-        raise DeviceError(f"no copy kernel from {src.name} to {dst.name}: {name} is not "
+        raise DeviceError(f"no copy kernel from {source} to {target}: {name} is not "
                           "registered (it needs torch with a usable CUDA GPU)") from None

@@ -158,9 +158,10 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         if limit is not None and i >= limit:
             break
         ops = [n.op.name for n in s.nodes]
-        computes = ops[-1] if len(ops) == 1 else f"{ops[-1]} (+{len(ops) - 1} fused)"
         if s.is_copy:
             computes = f"copy to {s.device}"
+        else:
+            computes = ops[-1] if len(ops) == 1 else f"{ops[-1]} (+{len(ops) - 1} fused)"
         rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
                      format_shape(s.node.shape), _fmt(s.cost), s.source, f"{s.error:.0e}"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

@@ -193,7 +193,7 @@ class Planner:
                    and not n.op.is_leaf)
 
     def _copy(self, slot: Slot, other: str) -> list[Option]:
-        k = copies.route(other, slot.device)
+        k = copies.route_kind(other, slot.device)
         args = (slot.node,)
         sig = signature(args, {"device": slot.device})
         feats = features((), args, slot.node)

@@ -213,6 +213,28 @@ class CompiledGraph:
             exe.invalidate()
         return self
 
+    def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> CompiledGraph:
+        """Bind every weight the file holds, by name (``rename`` maps file names to leaf names,
+        or to None to skip one). The file is memory-mapped and each tensor copied once into
+        its final buffer; weights the graph has but the file lacks raise before anything is
+        bound (bind them with ``bind`` first to allow that). ``strict``: the file may hold
+        nothing else."""
+        from tensor_graphs.runtime.weights import read_safetensors
+
+        wanted = {n: (tuple(int(d) for d in leaf.shape), leaf.dtype)
+                  for n, leaf in self._by_name.items()
+                  if leaf.op.name != "input" and n not in self._bound}
+        unsized = sorted(n for n, leaf in self._by_name.items()
+                         if n in wanted and not is_static(leaf.shape))
+        if unsized:
+            raise ShapeError(f"bind_safetensors: weights {unsized} have symbolic shapes; bind "
+                             "them with prog.bind(...)")
+        arrays = read_safetensors(path, wanted, strict=strict, rename=rename)
+        self._bound.update(arrays)  # read_safetensors checked names, shapes and dtypes
+        for exe in self._executables.values():
+            exe.invalidate()
+        return self
+
     # ------------------------------------------------------------------------ running
     def __call__(self, **feeds):
         overlap = sorted(set(feeds) & set(self._bound))
