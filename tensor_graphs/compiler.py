@@ -186,6 +186,28 @@ def _planner_for(graph, device, tolerance, db, dims, backends) -> Planner:
     return settings.planner(prepare(outs, values), blocks=False)
 
 
+def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, db=None,
+                    backends: Sequence[str] | None = None, **dims) -> dict[str, int]:
+    """Bytes per device (arena + weights + state) the graph's plan needs for these dims, from
+    the plan alone: nothing runs and nothing is allocated."""
+    from tensor_graphs.memory import plan_memory
+
+    outs, _ = _outputs(graph)
+    settings = PlanSettings(outs, device, tolerance, db, "never", backends)
+    values = as_symbols(dims)
+    missing = sorted(str(s) for s in symbols(outs) - set(values))
+    if missing:
+        raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
+                            f"{missing[0]}=128")
+    return plan_memory(settings(values, _counters())).totals()
+
+
+def _counters() -> dict:
+    return {k: 0 for k in ("planner_runs", "plan_cache_hits", "replayed", "measured", "slots",
+                           "options", "estimates", "blocks", "blocks_planned",
+                           "block_cache_hits")}
+
+
 def paths(graph, device="cpu", tolerance: float = 1.0, db=None,
           backends: Sequence[str] | None = None, **dims) -> Iterator[Plan]:
     """Every valid path for ``graph`` lazily (each a ``Plan``: ``.cost``, ``.kernels``,

@@ -170,8 +170,14 @@ class CompiledGraph:
         key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
         found = self._executables.get(key)
         if found is None:
+            from tensor_graphs.memory import check_fits, plan_memory
+
             plan = self._planner(dict(dims), self.stats)
+            memory = plan_memory(plan)
+            device = self._planner.device
+            check_fits(memory, {device.kind: device})  # OutOfMemory before anything runs
             found = self._executables[key] = Executable(plan)
+            found.memory = memory
             self.stats["plans"] += 1
         self._last = found
         return found
@@ -186,6 +192,12 @@ class CompiledGraph:
 
     def explain(self, limit: int | None = None) -> str:
         return self.plan.explain(limit)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes per device of the current plan: arena (transient values, reused after their
+        last use) + weights (and weight-only results) + state; known before anything runs."""
+        self.plan  # noqa: B018 - raises when nothing is planned yet
+        return self._last.memory.totals()
 
     def save_plan(self, path) -> None:
         from tensor_graphs.planner.lockfile import save

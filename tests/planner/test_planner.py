@@ -422,3 +422,26 @@ def test_bind_safetensors_binds_every_weight_by_name(tmp_path):
     prog.bind_safetensors(tmp_path / "m.safetensors", rename=lambda n: n.removeprefix("model."))
     X = RNG.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(prog(x=X), X @ W + B, rtol=1e-5)
+
+
+def test_memory_is_known_before_running_and_too_little_raises_early():
+    y = _small_gpt(2)
+    dims = {"batch": 2, "seq": 8}
+    estimate = tg.estimate_memory(y, db=":memory:", **dims)
+    prog = tg.compile(y, db=":memory:", bounds=dims)
+    assert prog.memory() == estimate and estimate["cpu"] > 0
+    calls = []
+
+    @tg.kernel("layer_norm", backend="numpy", name="test_spy_layer_norm", dtypes=("float32",))
+    def spy(x, weight, bias, eps):
+        calls.append(1)
+        raise AssertionError("no kernel may run before the memory check")
+
+    try:
+        small = tg.Device("cpu", capacity=estimate["cpu"] // 2)
+        with pytest.raises(tg.OutOfMemory, match="cpu.*needs.*available") as info:
+            tg.compile(y, db=":memory:", device=small, bounds=dims)
+        assert info.value.required == estimate["cpu"] and info.value.largest
+        assert not calls
+    finally:
+        registry.unregister("test_spy_layer_norm")
