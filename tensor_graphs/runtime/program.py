@@ -9,11 +9,13 @@ after its last use. Weights are bound once (``bind``) in the user's layout.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_graphs.devices import track
 from tensor_graphs.errors import ArgumentError, EvaluationError, FeedError, ShapeError
 from tensor_graphs.ir.evaluate import bind_feeds
 from tensor_graphs.ir.graph import leaves
@@ -32,6 +34,8 @@ class Instruction:
     name: str  # the kernel's name, for errors
     shape: tuple  # the result's expected shape
     contiguous: bool  # the kernel reads its inputs as dense C-order buffers
+    place: tuple | None = None  # (device, byte offset, dtype): write the result into the arena
+    fresh: bool = True  # the kernel returns a new array (not a view, not into the arena)
 
 
 STATIC_LEAVES = ("weight", "constant", "dim")  # fixed for a binding and dims
@@ -40,8 +44,9 @@ STATIC_LEAVES = ("weight", "constant", "dim")  # fixed for a binding and dims
 class Executable:
     """One plan flattened: leaf loaders, instructions over numbered values, outputs."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, memory=None):
         self.plan = plan
+        self.memory = memory  # the MemoryPlan: arena offsets of transient values
         index: dict[Slot, int] = {}
 
         def slot_index(slot: Slot) -> int:
@@ -66,14 +71,14 @@ class Executable:
             else:
                 main.append((args, out, s))
         self.prelude = self._instructions(prelude, keep=static)
-        self.instructions = self._instructions(main, keep=static | set(self.outputs))
+        self.instructions = self._instructions(main, keep=static | set(self.outputs), arena=True)
         needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
         self.static = sorted(i for i in static if i in needed)
         self._static_values: list | None = None
+        self.arenas: dict[str, np.ndarray] = {}
         self.size = len(index)
 
-    @staticmethod
-    def _instructions(steps, keep: set[int]) -> list[Instruction]:
+    def _instructions(self, steps, keep: set[int], arena: bool = False) -> list[Instruction]:
         last: dict[int, int] = {}
         for pos, (args, _, _) in enumerate(steps):
             for a in args:
@@ -81,10 +86,41 @@ class Executable:
         out = []
         for pos, (args, result, s) in enumerate(steps):
             free = tuple(sorted({a for a in args if last[a] == pos and a not in keep}))
+            place = self._place(s) if arena else None
             out.append(Instruction(s.kernel.fn, args, dict(s.attrs), result, free,
                                    s.kernel.name, tuple(int(d) for d in s.node.shape),
-                                   s.kernel.contiguous))
+                                   s.kernel.contiguous, place,
+                                   place is None and not s.kernel.view))
         return out
+
+    def _place(self, step) -> tuple | None:
+        """Where the step writes its result in the arena, for kernels that take ``out=``."""
+        if self.memory is None or not getattr(step.kernel, "writes_out", False):
+            return None
+        p = self.memory.placements.get(self.plan.resolve(Slot(step.node, step.device, False)))
+        dtype = step.node.dtype.np_dtype
+        if p is None or p.kind != "arena" or not p.nbytes or (
+                p.alias_of is not None and step.kernel.inplace is None):
+            return None
+        if p.strides is not None and p.strides != _c_strides(step.node.shape, dtype):
+            return None
+        return (p.device, p.offset, dtype)
+
+    def _arena_outputs(self) -> list:
+        """Per instruction, the arena array it writes into (None: the kernel allocates)."""
+        found = getattr(self, "_outs", None)
+        if found is None:
+            arenas = {d: np.empty(n, np.uint8) for d, n in self.memory.arena.items()} \
+                if self.memory is not None else {}
+            found = self._outs = [
+                None if ins.place is None else np.ndarray(
+                    ins.shape, ins.place[2], buffer=arenas[ins.place[0]], offset=ins.place[1])
+                for ins in self.instructions]
+            self.arenas = arenas
+            for device, arena in arenas.items():  # Device.allocated counts them until freed
+                track(device, arena.nbytes)
+                weakref.finalize(self, track, device, -arena.nbytes)
+        return found
 
     def invalidate(self) -> None:
         """Weights changed: the prelude runs again on the next call."""
@@ -106,18 +142,29 @@ class Executable:
                 self._static_values = static
         for i, v in self._static_values if cache_static else ():
             values[i] = v
-        _execute(self.instructions, values)
+        _execute(self.instructions, values, self._arena_outputs(), self.arenas)
         return [values[i] for i in self.outputs]
 
 
-def _execute(instructions: list[Instruction], values: list) -> None:
+def _execute(instructions: list[Instruction], values: list, outs=None, arenas=None) -> None:
+    """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
+    arena place) or None. A kernel that allocates but hands back memory inside an arena (an
+    undeclared alias of an input) gets its result copied out, so arena reuse stays safe."""
+    outs = outs or [None] * len(instructions)
+    regions = list((arenas or {}).values())
     with np.errstate(all="ignore"):
-        for ins in instructions:
+        for ins, buf in zip(instructions, outs):
             args = [values[a] for a in ins.args]
             if ins.contiguous:  # views (a permute, a slice) are made dense first
                 args = [a if a.flags.c_contiguous else dense(a) for a in args]
             try:
-                out = ins.fn(*args, **ins.attrs)
+                if buf is not None:
+                    out = ins.fn(*args, out=buf, **ins.attrs)
+                else:
+                    out = ins.fn(*args, **ins.attrs)
+                    if ins.fresh and regions and any(np.may_share_memory(out, r)
+                                                     for r in regions):
+                        out = out.copy()
                 if out.shape != ins.shape:
                     raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
                                      f"expects {format_shape(ins.shape)}")
@@ -128,6 +175,18 @@ def _execute(instructions: list[Instruction], values: list) -> None:
             values[ins.out] = out
             for f in ins.free:
                 values[f] = None
+
+
+def _c_strides(shape, dtype) -> tuple[int, ...]:
+    return _strides(tuple(int(d) for d in shape), np.dtype(dtype).itemsize)
+
+
+def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
 
 
 def dense(a, dtype=None) -> np.ndarray:
@@ -176,8 +235,7 @@ class CompiledGraph:
             memory = plan_memory(plan)
             device = self._planner.device
             check_fits(memory, {device.kind: device})  # OutOfMemory before anything runs
-            found = self._executables[key] = Executable(plan)
-            found.memory = memory
+            found = self._executables[key] = Executable(plan, memory)
             self.stats["plans"] += 1
         self._last = found
         return found
