@@ -162,8 +162,8 @@ def _execute(instructions: list[Instruction], values: list, outs=None, arenas=No
                     out = ins.fn(*args, out=buf, **ins.attrs)
                 else:
                     out = ins.fn(*args, **ins.attrs)
-                    if ins.fresh and regions and any(np.may_share_memory(out, r)
-                                                     for r in regions):
+                    if ins.fresh and regions and out.base is not None and any(
+                            np.may_share_memory(out, r) for r in regions):
                         out = out.copy()
                 if out.shape != ins.shape:
                     raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
