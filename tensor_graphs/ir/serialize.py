@@ -39,13 +39,13 @@ import json
 import math
 import os
 import re
-import tempfile
 
 import ml_dtypes
 import numpy as np
 import sympy
 
 from tensor_graphs.errors import SerializationError, TensorGraphsError
+from tensor_graphs.files import atomic_write
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import nodes as topo_nodes
@@ -116,22 +116,8 @@ def _structure(outputs):
 
 
 def _write_atomic(path: str, text: str) -> None:
-    """Write to a temporary file next to ``path``, then rename it over ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 class _Encoder:

@@ -10,12 +10,10 @@ device and tolerance at once and the graph when the plan is replayed.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 
 from tensor_graphs.devices import as_device
 from tensor_graphs.errors import ArgumentError, SerializationError
+from tensor_graphs.files import atomic_write
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner.plan import Plan
 
@@ -30,11 +28,8 @@ def save(plan: Plan, path, settings) -> None:
         "kernels": {s.kernel.name: s.kernel.source_hash for s in plan.steps},
         "decisions": list(plan.decisions),
     }
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent or ".")
-    with os.fdopen(fd, "w") as f:
+    with atomic_write(path) as f:  # never a half-written lock file
         json.dump(data, f, indent=1)
-    os.replace(tmp, target)  # never a half-written lock file
 
 
 def load(path, outputs, device, tolerance) -> list[str]:

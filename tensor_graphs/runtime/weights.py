@@ -24,10 +24,8 @@ import math
 import mmap
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -39,6 +37,7 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
+from tensor_graphs.files import atomic_write
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -383,24 +382,13 @@ def write_safetensors(path, arrays: Mapping[str, np.ndarray],
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp",
-                               dir=str(target.parent) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
-            for _name, code, a in items:
-                if a.size == 0:
-                    continue
-                want = SAFETENSORS_DTYPES[code]
-                if a.dtype != want:  # big-endian input
-                    a = a.astype(want)
-                f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for _name, code, a in items:
+            if a.size == 0:
+                continue
+            want = SAFETENSORS_DTYPES[code]
+            if a.dtype != want:  # big-endian input
+                a = a.astype(want)
+            f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
