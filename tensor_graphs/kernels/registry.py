@@ -45,6 +45,29 @@ For a fixed-arity kernel ``arguments(m) == [m.bindings[v] for v in k.inputs]``. 
 (``dtypes``, ``ranks``, ``contiguous``, ``where``) see the flat list too: ``where`` gets one
 shape and one dtype per argument, ``inplace=i`` counts arguments.
 
+Writing into a given buffer (``writes_out=True``). A compiled program keeps every transient
+value at a planned offset in one arena per device, so a kernel may be handed the buffer its
+result goes to. The contract of a kernel declared ``writes_out=True``:
+
+- ``k.fn(*args, out=buf, **attrs)`` writes the result into ``buf`` and returns ``buf``
+  itself (the very object, not a copy or a view of it). ``buf`` is a writeable C-contiguous
+  numpy array of the result's exact shape and dtype (0-d for a 0-d result), possibly holding
+  garbage; it does not overlap any input, unless the kernel is declared ``inplace=i`` and
+  ``buf`` is input i's buffer (then input i may be read and written in place).
+- Called without ``out`` (or with ``out=None``) it allocates its result as every kernel does.
+- The function takes ``out`` as a keyword parameter (``def c_exp(x, *, out=None)``); ``out``
+  is not an attribute (``Kernel.attrs`` leaves it out), and no kernel without ``writes_out``
+  may name a parameter ``out``.
+- The runtime passes ``out`` only to kernels with ``writes_out``; view kernels
+  (``view=True``) never take it. ``Kernel.__call__(*arrays, out=buf, **attrs)`` checks the
+  buffer (shape and dtype are the caller's business; writeable and C-contiguous are checked)
+  and passes it on.
+
+``tg.kernels.verify`` checks the contract: each case of a ``writes_out`` kernel is also run
+with a poisoned (NaN / 0xFF-filled) ``out`` buffer, which must come back as the result, holding
+exactly what the call without ``out`` returned (and, for ``inplace=i``, with ``out`` being a
+copy of input i passed as that input).
+
 Registration does not verify (that would run every kernel at import): ``tg.kernels.verify``
 does, the test suite verifies every registered kernel, ``tg.kernels.load`` admits a user's file
 only after verification, and the planner verifies a kernel before its first use.
@@ -88,6 +111,7 @@ class Kernel:
     tolerance: float = 1e-6
     inplace: int | None = None
     view: bool = False
+    writes_out: bool = False  # fn(*args, out=buf, **attrs) fills buf and returns it
     doc: str = ""
     source_hash: str = field(default="", compare=False)
     signatures: object = None  # verification cases for fused patterns (see kernels.verify)
@@ -179,10 +203,21 @@ class Kernel:
         if reason is not None:
             raise KernelConstraintError(f"kernel {self.name} ({self.backend}): {reason}")
 
-    def __call__(self, *arrays, **attrs):
-        """``fn(*arrays, **attrs)`` after ``check``: arrays as ``arguments`` orders them."""
+    def __call__(self, *arrays, out=None, **attrs):
+        """``fn(*arrays, **attrs)`` after ``check``: arrays as ``arguments`` orders them.
+        ``out=buf`` (only for a ``writes_out`` kernel) writes the result into ``buf``."""
         self.check(arrays, attrs)
-        return self.fn(*arrays, **{k: v for k, v in attrs.items() if k in self.attrs})
+        kw = {k: v for k, v in attrs.items() if k in self.attrs}
+        if out is None:
+            return self.fn(*arrays, **kw)
+        if not self.writes_out:
+            raise ArgumentError(f"kernel {self.name} does not write into a given buffer "
+                                "(declared without writes_out=True); call it without out=")
+        flags = getattr(out, "flags", None)
+        if flags is None or not (flags.writeable and flags.c_contiguous):
+            raise ArgumentError(f"kernel {self.name}: out must be a writeable C-contiguous "
+                                f"numpy array, got {type(out).__name__}")
+        return self.fn(*arrays, out=out, **kw)
 
     def match(self, node: Node, uses=None) -> pat.Match | None:
         """The match of this kernel's pattern rooted at ``node`` that fits its constraints."""
@@ -261,8 +296,9 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
            dtypes: Iterable | None = None, ranks: Iterable[int] | None = None,
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,
            inplace: int | None = None, view: bool = False, replace: bool = False,
-           signatures=None):
-    """Register the decorated function as a kernel for ``pattern`` (see the module docstring)."""
+           signatures=None, writes_out: bool = False):
+    """Register the decorated function as a kernel for ``pattern`` (see the module docstring;
+    ``writes_out=True``: the function takes ``out=`` and writes its result there)."""
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}; use one of {BACKENDS}")
     if device not in DEVICE_KINDS:
@@ -270,12 +306,28 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
     if not (isinstance(tolerance, (int, float)) and tolerance > 0):
         raise ArgumentError(f"tolerance must be a positive number, got {tolerance!r}")
 
+    if writes_out and view:
+        raise ArgumentError("a view kernel (view=True) returns a view of its input; it cannot "
+                            "also write into a given buffer (writes_out=True)")
+
     def decorate(fn: Callable) -> Kernel:
         every = list(inspect.signature(fn).parameters.values())
+        label = name or fn.__name__
+        takes_out = builtins.any(p.name == "out" and p.kind in (p.KEYWORD_ONLY,
+                                                               p.POSITIONAL_OR_KEYWORD)
+                                 for p in every)
+        if writes_out and not (takes_out or builtins.any(p.kind == p.VAR_KEYWORD
+                                                         for p in every)):
+            raise ArgumentError(f"kernel {label} is declared writes_out=True; its function "
+                                "must take an out= keyword (out=None: allocate)")
+        if takes_out and not writes_out:
+            raise ArgumentError(f"kernel {label} takes a parameter named 'out'; declare "
+                                "writes_out=True if it writes into a given buffer ('out' "
+                                "is not an attribute)")
+        every = [p for p in every if p.name != "out"]
         star = next((p.name for p in every if p.kind == p.VAR_POSITIONAL), None)
         params = [p for p in every if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         compiled, var_names = trace_pattern(pattern, [p.name for p in params], star)
-        label = name or fn.__name__
         variadic = _variadic_name(compiled)
         fixed = len(var_names) - (variadic is not None)
         if variadic is not None and star is None:
@@ -296,7 +348,7 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
             dtypes=None if dtypes is None else tuple(_dtypes.as_dtype(d) for d in dtypes),
             ranks=None if ranks is None else tuple(ranks), contiguous=contiguous, where=where,
             tolerance=float(tolerance), inplace=inplace, view=view,
-            doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
+            writes_out=bool(writes_out), doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
             source_hash=source_hash(fn), signatures=signatures)
         return register(k, replace=replace)
 

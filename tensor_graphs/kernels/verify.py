@@ -22,8 +22,14 @@ dtype) has them, or where the same graph evaluated in its own dtypes has them (a
 inside a fused float32 pattern); and the finite part agrees by the one error measure of the
 project, the norm-wise relative error ``||got - ref|| / ||ref||``. The heap is poisoned (a
 block of 0xFF bytes, NaN as floats, freed just before the call) so a kernel that leaves part
-of a freshly allocated output unwritten is likely to show NaNs; a kernel taking an ``out``
-keyword gets a NaN-filled buffer.
+of a freshly allocated output unwritten is likely to show NaNs.
+
+A kernel declared ``writes_out`` (see the registry) is called a second time in each case with
+``out=`` a poisoned buffer (NaN for floats, 0xFF bytes otherwise) of the result's shape and
+dtype: it must return that very buffer, leave its inputs alone and hold exactly what the first
+call returned (NaN where it returned NaN). For an ``inplace=i`` kernel whose input i has the
+result's shape and dtype, a third call passes a copy of input i both as input i and as
+``out``: the same result must come back in that buffer.
 
 Tolerance: the declared tolerance bounds the error on float32 and float64 outputs. A float16
 or bfloat16 output cannot be closer to the float64 reference than its own rounding: there the
@@ -598,8 +604,6 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
     saved = [np.array(a, copy=True) for a in inputs]
     shape = tuple(b.root.shape)
     want = b.root.dtype.np_dtype
-    if "out" in k.attrs:
-        attrs["out"] = np.full(shape, np.nan, want) if want.kind == "f" else np.empty(shape, want)
     args = [to_device(a) for a in inputs]
     _poison(int(np.prod(shape, dtype=np.int64)) * want.itemsize)
     t0 = time.perf_counter()
@@ -655,7 +659,63 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
     if not err <= allowed:
         return CaseResult(label, err, False, f"relative error {err:.3g} > tolerance "
                           f"{allowed:.3g}{_worst(got, ref)}", seconds, allowed)
+    if k.writes_out and "cuda" not in {_kind(d) for d in _placement(k)}:  # out: numpy
+        problem = _check_out(k, call, args, attrs, inputs, saved, got, names)
+        if problem is not None:
+            return CaseResult(label, err, False, problem, seconds, allowed)
     return CaseResult(label, err, True, "", seconds, allowed)
+
+
+def poisoned(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous buffer of garbage: NaN for floats, 0xFF bytes otherwise."""
+    buf = np.empty(shape, dtype)
+    if dtype.kind in "fc" or dtype == _dtypes.bfloat16.np_dtype:
+        buf.fill(np.nan)
+    else:
+        buf.reshape(-1).view(np.uint8).fill(0xFF)
+    return buf
+
+
+def _check_out(k, call, args, attrs, inputs, saved, want: np.ndarray, names) -> str | None:
+    """Why the ``out=`` calls of a ``writes_out`` kernel break the contract, or None."""
+    trials = [("out=<poisoned buffer>", list(args), poisoned(want.shape, want.dtype))]
+    i = k.inplace
+    if i is not None and i < len(inputs) and isinstance(inputs[i], np.ndarray) \
+            and inputs[i].shape == want.shape and inputs[i].dtype == want.dtype:
+        buf = np.array(inputs[i], order="C", copy=True)
+        trial_args = list(args)
+        trial_args[i] = buf
+        trials.append((f"out=<a copy of input '{names[i]}'> passed as that input", trial_args,
+                       buf))
+    for what, trial_args, buf in trials:
+        try:
+            with np.errstate(all="ignore"):
+                got = call(trial_args, {**attrs, "out": buf})
+        except Exception as exc:  # noqa: BLE001 - any failure of the kernel is a finding
+            return f"with {what}: raised {type(exc).__name__}: {exc}"
+        if got is not buf:
+            kind = type(got).__name__
+            return (f"with {what}: returned a different {kind} (writes_out kernels must "
+                    "write into out and return out itself)")
+        for j, (a, s) in enumerate(zip(inputs, saved)):
+            if trial_args[j] is a and not _same_bytes(a, s):
+                return f"with {what}: modified its input '{names[j]}'"
+        if not _identical(buf, want):
+            bad = _first(~_equal_mask(buf, want)) if buf.ndim else ()
+            return (f"with {what}: out holds other values than the call without out "
+                    f"returned (first at index {bad}: {buf[bad]!r} instead of {want[bad]!r})")
+    return None
+
+
+def _equal_mask(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "fcV" or a.dtype == _dtypes.bfloat16.np_dtype:
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        return (x == y) | (np.isnan(x) & np.isnan(y))
+    return np.asarray(a == b)
+
+
+def _identical(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.all(_equal_mask(a, b)))
 
 
 def _shares(a: np.ndarray, b: np.ndarray) -> bool:

@@ -8,7 +8,8 @@ heads than q (grouped-query attention); the additive float mask broadcasts to
 both products run on register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of
 <= 66 query rows); see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
 ``FLASH_BLOCK`` with an online softmax and never holds more than 66 x FLASH_BLOCK scores per
-thread, for long sequences; the plain one keeps 66 x Sk.
+thread, for long sequences; the plain one keeps 66 x Sk. Each writes into ``out=`` when given one
+(``writes_out``: see the registry).
 """
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ def _fits(has_mask: bool):
     return where_ok(LIB, fits)
 
 
-def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK):
+def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None):
     rank3 = q.ndim == 3
     q4, k4, v4 = (x[None] if rank3 else x for x in (q, k, v))
     b, hq, sq, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
-    out = np.empty((b, hq, sq, dv), dtype=np.float32)
+    out = lib.output(out, q.shape[:-1] + (dv,), np.float32)  # (b,) hq, sq, dv
     strides = (ctypes.c_int64 * 4)(0, 0, 0, 0)
     mask_ptr = None
     if mask is not None:
@@ -88,7 +89,7 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK):
     fn.restype = ctypes.c_int
     if fn(*args) != 0:
         raise TensorGraphsError("C attention: out of memory for its K/V copies")
-    return out[0] if rank3 else out
+    return out
 
 
 def _register(flash: bool, has_mask: bool, causal: bool):
@@ -98,14 +99,14 @@ def _register(flash: bool, has_mask: bool, causal: bool):
         def pattern(q, k, v, attn_mask):
             return tg.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=causal)
 
-        def run(q, k, v, attn_mask):
-            return attention(q, k, v, attn_mask, causal, flash)
+        def run(q, k, v, attn_mask, *, out=None):
+            return attention(q, k, v, attn_mask, causal, flash, out=out)
     else:
         def pattern(q, k, v):
             return tg.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        def run(q, k, v):
-            return attention(q, k, v, None, causal, flash)
+        def run(q, k, v, *, out=None):
+            return attention(q, k, v, None, causal, flash, out=out)
 
     run.__doc__ = ((f"tiled flash-style (online softmax, 66 x {FLASH_BLOCK} blocks)" if flash
                     else "plain (66 query rows x all keys)") + " attention" +
@@ -113,7 +114,7 @@ def _register(flash: bool, has_mask: bool, causal: bool):
                    ", GQA")
     run.source_text = SOURCE + f"\n/* {name} */"
     kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
-           where=_fits(has_mask), tolerance=1e-5)(run)
+           where=_fits(has_mask), tolerance=1e-5, writes_out=True)(run)
 
 
 for _flash in (False, True):

@@ -603,8 +603,9 @@ def _layout(arrays: Sequence[np.ndarray], shape: tuple[int, ...]):
 
 
 def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
-    """The Python function of a compiled region: numpy arrays in, a new array out. The call
-    layout (output shape, merged dims, strides) is remembered per input shapes and strides."""
+    """The Python function of a compiled region: numpy arrays in, a new array out (or the
+    ``out=`` buffer filled: ``writes_out``, see the registry). The call layout (output shape,
+    merged dims, strides) is remembered per input shapes and strides."""
     cfn = getattr(lib, emitted.symbol)
     cfn.restype = ctypes.c_int
     cfn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -631,7 +632,7 @@ def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
         dims_a = np.asarray(dims, np.int64)
         return shape, copy, len(dims), dims_a.ctypes.data, st.ctypes.data, (dims_a, st)
 
-    def fused(*arrays):
+    def fused(*arrays, out=None):
         if len(arrays) != nin:
             raise KernelConstraintError(f"{description}: takes {nin} inputs, got {len(arrays)}")
         arrs = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
@@ -646,7 +647,8 @@ def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
         shape, copy, nd, dims_p, st_p, _ = found  # (the arrays keep the pointers valid)
         if any(copy):
             arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
-        out = np.empty(shape, out_np)
+        if out is None:
+            out = np.empty(shape, out_np)
         if out.size == 0:
             return out
         ptrs = ptr_array(*[a.ctypes.data for a in arrs], out.ctypes.data)
@@ -1084,6 +1086,7 @@ def _build(region: Region, emitted: Emitted, digest: bytes) -> FusedKernel:
         name=name, pattern=pattern, backend="c", device="cpu", fn=fn, inputs=var_names,
         signatures=region_signatures(region),
         dtypes=tuple(dict.fromkeys(in_dtypes)) or None, where=where, tolerance=tolerance,
+        writes_out=True,
         doc=f"{summary}: {text if len(text) <= 1000 else text[:1000] + '...'}",
         source_hash=registry.source_hash(fn), region_digest=digest, pattern_size=size,
         summary=summary)

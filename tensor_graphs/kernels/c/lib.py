@@ -102,6 +102,12 @@ _from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
 
+def output(out: np.ndarray | None, shape, dtype) -> np.ndarray:
+    """The buffer a kernel writes its result to: ``out`` when the caller gave one (the
+    ``writes_out`` contract: C-contiguous, of the result's shape and dtype), else a new one."""
+    return np.empty(shape, dtype) if out is None else out
+
+
 def ptr(a: np.ndarray | None) -> int | None:
     """The address of an array's data (None for None). ``a.ctypes.data`` costs ~3 us a call;
     this ~1 us for a writable contiguous array, falling back for the others."""

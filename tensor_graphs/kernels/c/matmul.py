@@ -2,7 +2,8 @@
 
 ``c_matmul`` (a @ b), ``c_matmul_bias`` (a @ b + bias) and ``c_linear`` (x @ w.T + b, torch's
 (out, in) weight layout, no transposed copy) call ``cblas_sgemm``/``dgemm`` once (or once per
-batch entry for batched operands with equal batch dims); ``*_relu``, ``*_gelu`` and
+batch entry for batched operands with equal batch dims; each writes into ``out=`` when given
+one, ``writes_out``); ``*_relu``, ``*_gelu`` and
 ``*_gelu_tanh`` apply the activation and the bias in one pass over the output. The library
 links ``libscipy_openblas.so`` by path with an rpath, so no system BLAS is needed.
 """
@@ -88,10 +89,10 @@ def _where(linear: bool, has_bias: bool):
     return where_ok(LIB, fits)
 
 
-def gemm(a, b, bias=None, act=None, linear=False):
+def gemm(a, b, bias=None, act=None, linear=False, out=None):
     plan = (plan_linear if linear else plan_matmul)(a.shape, b.shape)
     batch, m, n, k, sa, sb, sc, out_shape = plan
-    out = np.empty(out_shape, dtype=a.dtype)
+    out = lib.output(out, out_shape, a.dtype)
     suffix = "f32" if a.dtype == np.float32 else "f64"
     fn = lib.func(LIB, f"tg_gemm_{suffix}", P, P, P, P, I64, I64, I64, I64, I64, I64, I64, I32,
                   I32)
@@ -118,11 +119,11 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
                    else (lambda a, b: build(a @ b)))
 
     if has_bias:
-        def run(a, b, bias):
-            return gemm(a, b, bias, act, linear)
+        def run(a, b, bias, *, out=None):
+            return gemm(a, b, bias, act, linear, out)
     else:
-        def run(a, b):
-            return gemm(a, b, None, act, linear)
+        def run(a, b, *, out=None):
+            return gemm(a, b, None, act, linear, out)
 
     what = "x @ weight.T" if linear else "a @ b"
     run.__doc__ = (f"{act + '(' if act else ''}{what}{' + bias' if has_bias else ''}"
@@ -130,7 +131,7 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
     run.source_text = SOURCE + f"\n/* {name} */"
     kernel(pattern, backend="c", name=name, dtypes=("float32", "float64"), contiguous=True,
            where=_where(linear, has_bias), tolerance=1e-5,
-           signatures=_signatures(linear, has_bias))(run)
+           signatures=_signatures(linear, has_bias), writes_out=True)(run)
 
 
 def _signatures(linear: bool, has_bias: bool) -> list[dict]:

@@ -1,4 +1,6 @@
-"""C row kernels over the last axis (float32): softmax, layer_norm, rms_norm, rotary embedding."""
+"""C row kernels over the last axis (float32): softmax, layer_norm, rms_norm, rotary embedding.
+
+Each writes into ``out=`` when given one (``writes_out``: see the registry)."""
 
 from __future__ import annotations
 
@@ -41,18 +43,18 @@ def _src(fn):
 
 
 @kernel(lambda x: tg.softmax(x), backend="c", name="c_softmax", dtypes=("float32",),
-        contiguous=True, where=where_ok(LIB, _has_axis), tolerance=1e-6)
+        contiguous=True, where=where_ok(LIB, _has_axis), tolerance=1e-6, writes_out=True)
 @_src
-def c_softmax(x):
+def c_softmax(x, *, out=None):
     """softmax over the last axis, one row per thread chunk."""
-    out = np.empty_like(x)
+    out = lib.output(out, x.shape, x.dtype)
     rows, n = _rows(x)
     lib.func(LIB, "tg_softmax_f32", P, P, I64, I64)(ptr(x), ptr(out), rows, n)
     return out
 
 
-def _layer_norm(x, weight=None, bias=None, eps=1e-5):
-    out = np.empty_like(x)
+def _layer_norm(x, weight=None, bias=None, eps=1e-5, out=None):
+    out = lib.output(out, x.shape, x.dtype)
     rows, n = _rows(x)
     fn = lib.func(LIB, "tg_layer_norm_f32", P, P, P, P, I64, I64, F32)
     fn(ptr(x), ptr(weight),
@@ -62,23 +64,25 @@ def _layer_norm(x, weight=None, bias=None, eps=1e-5):
 
 @kernel(lambda x, weight, bias: tg.layer_norm(x, weight, bias), backend="c",
         name="c_layer_norm", dtypes=("float32",), contiguous=True,
-        where=where_ok(LIB, _params_fit), tolerance=1e-5)
+        where=where_ok(LIB, _params_fit), tolerance=1e-5,
+        writes_out=True)
 @_src
-def c_layer_norm(x, weight, bias, eps=1e-5):
+def c_layer_norm(x, weight, bias, eps=1e-5, *, out=None):
     """layer_norm over the last axis with weight and bias (two-pass mean/variance)."""
-    return _layer_norm(x, weight, bias, eps)
+    return _layer_norm(x, weight, bias, eps, out)
 
 
 @kernel(lambda x: tg.layer_norm(x), backend="c", name="c_layer_norm_plain",
-        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5,
+        writes_out=True)
 @_src
-def c_layer_norm_plain(x, eps=1e-5):
+def c_layer_norm_plain(x, eps=1e-5, *, out=None):
     """layer_norm over the last axis without weight and bias."""
-    return _layer_norm(x, None, None, eps)
+    return _layer_norm(x, None, None, eps, out)
 
 
-def _rms_norm(x, weight=None, eps=1e-6):
-    out = np.empty_like(x)
+def _rms_norm(x, weight=None, eps=1e-6, out=None):
+    out = lib.output(out, x.shape, x.dtype)
     rows, n = _rows(x)
     fn = lib.func(LIB, "tg_rms_norm_f32", P, P, P, I64, I64, F32)
     fn(ptr(x), ptr(weight), ptr(out), rows, n,
@@ -87,19 +91,21 @@ def _rms_norm(x, weight=None, eps=1e-6):
 
 
 @kernel(lambda x, weight: tg.rms_norm(x, weight), backend="c", name="c_rms_norm",
-        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5,
+        writes_out=True)
 @_src
-def c_rms_norm(x, weight, eps=1e-6):
+def c_rms_norm(x, weight, eps=1e-6, *, out=None):
     """rms_norm over the last axis with a weight."""
-    return _rms_norm(x, weight, eps)
+    return _rms_norm(x, weight, eps, out)
 
 
 @kernel(lambda x: tg.rms_norm(x), backend="c", name="c_rms_norm_plain", dtypes=("float32",),
-        contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5)
+        contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5,
+        writes_out=True)
 @_src
-def c_rms_norm_plain(x, eps=1e-6):
+def c_rms_norm_plain(x, eps=1e-6, *, out=None):
     """rms_norm over the last axis without a weight."""
-    return _rms_norm(x, None, eps)
+    return _rms_norm(x, None, eps, out)
 
 
 def _strip_ones(shape) -> tuple:
@@ -123,14 +129,15 @@ def _rotary_fits(shapes, dtypes, attrs):
 
 
 @kernel(lambda x, cos, sin: tg.rotary_embedding(x, cos, sin), backend="c", name="c_rotary",
-        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _rotary_fits), tolerance=1e-6)
+        dtypes=("float32",), contiguous=True, where=where_ok(LIB, _rotary_fits), tolerance=1e-6,
+        writes_out=True)
 @_src
-def c_rotary(x, cos, sin):
+def c_rotary(x, cos, sin, *, out=None):
     """Rotary embedding (HF rotate_half); cos/sin (seq, d) shared by the leading axes."""
     seq, d = x.shape[-2], x.shape[-1]
     c = np.ascontiguousarray(np.broadcast_to(cos.reshape(_strip_ones(cos.shape)), (seq, d)))
     s = np.ascontiguousarray(np.broadcast_to(sin.reshape(_strip_ones(sin.shape)), (seq, d)))
-    out = np.empty_like(x)
+    out = lib.output(out, x.shape, x.dtype)
     outer = x.size // (seq * d) if seq * d else 0
     fn = lib.func(LIB, "tg_rotary_f32", P, P, P, P, I64, I64, I64)
     fn(ptr(x), ptr(c), ptr(s), ptr(out), outer, seq, d)

@@ -1,6 +1,7 @@
 """C elementwise kernels: unary ops (float32 vectorised, float64 via libm), SwiGLU, fast tanh.
 
-Each takes contiguous inputs of one dtype and returns a new array of the same shape. The
+Each takes contiguous inputs of one dtype and returns a new array of the same shape, or writes
+into ``out=`` (``writes_out``: see the registry). The
 float32 math (exp, tanh, sigmoid, erf, gelu) is branch-free C in ``tg_common.h`` that GCC
 vectorises; ``c_tanh_fast`` is a Pade approximation (no exp) with a declared tolerance of 1e-3.
 """
@@ -41,8 +42,8 @@ def same_shape(shapes, dtypes, attrs):
 
 
 def _unary(symbol: str):
-    def run(x):
-        out = np.empty_like(x)
+    def run(x, *, out=None):
+        out = lib.output(out, x.shape, x.dtype)
         fn = lib.func(LIB, f"tg_{symbol}_{_SUFFIX[x.dtype]}", P, P, I64)
         fn(ptr(x), ptr(out), x.size)
         return out
@@ -70,11 +71,11 @@ _UNARY = [
 
 for _pattern, _name, _symbol in _UNARY:
     kernel(_pattern, backend="c", name=_name, dtypes=("float32", "float64"), contiguous=True,
-           where=where_ok(LIB), tolerance=1e-6)(_unary(_symbol))
+           where=where_ok(LIB), tolerance=1e-6, writes_out=True)(_unary(_symbol))
 
 
-def _fast_tanh(x):
-    out = np.empty_like(x)
+def _fast_tanh(x, *, out=None):
+    out = lib.output(out, x.shape, x.dtype)
     lib.func(LIB, "tg_tanh_fast_f32", P, P, I64)(ptr(x), ptr(out), x.size)
     return out
 
@@ -82,11 +83,11 @@ def _fast_tanh(x):
 _fast_tanh.source_text = SOURCE
 _fast_tanh.__doc__ = "tanh by a Pade (7, 6) approximation: no exp, |error| <= 1e-4."
 kernel("tanh", backend="c", name="c_tanh_fast", dtypes=("float32",), contiguous=True,
-       where=where_ok(LIB), tolerance=1e-3)(_fast_tanh)
+       where=where_ok(LIB), tolerance=1e-3, writes_out=True)(_fast_tanh)
 
 
-def _swiglu(a, b):
-    out = np.empty_like(a)
+def _swiglu(a, b, *, out=None):
+    out = lib.output(out, a.shape, a.dtype)
     fn = lib.func(LIB, f"tg_swiglu_{_SUFFIX[a.dtype]}", P, P, P, I64)
     fn(ptr(a), ptr(b), ptr(out), a.size)
     return out
@@ -96,4 +97,4 @@ _swiglu.source_text = SOURCE
 _swiglu.__doc__ = "silu(a) * b (SwiGLU's gate), same-shape contiguous inputs."
 kernel(lambda a, b: tg.silu(a) * b, backend="c", name="c_swiglu",
        dtypes=("float32", "float64"), contiguous=True, where=where_ok(LIB, same_shape),
-       tolerance=1e-6)(_swiglu)
+       tolerance=1e-6, writes_out=True)(_swiglu)
