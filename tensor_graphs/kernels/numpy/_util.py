@@ -34,6 +34,24 @@ def out(value, dtype) -> np.ndarray:
     return arr
 
 
+def into(value, dtype, dest: np.ndarray | None = None) -> np.ndarray:
+    """``out(value, dtype)``, or ``value`` written into ``dest`` (cast as ``astype`` would,
+    broadcast) and ``dest`` itself returned: the ``writes_out`` contract (see the registry)."""
+    if dest is None:
+        return out(value, dtype)
+    np.copyto(dest, value, casting="unsafe")
+    return dest
+
+
+def ufunc(fn, dtype, dest: np.ndarray | None, *args, **kw) -> np.ndarray:
+    """``fn(*args)`` as ``dtype``, written into ``dest`` when given: straight through the
+    ufunc's ``out=`` unless an argument is float16/bfloat16 (those compute in float32 and
+    round once, as without ``dest``, so both paths give identical results)."""
+    if dest is not None and not any(getattr(a, "dtype", None) in LOW for a in args):
+        return fn(*args, out=dest, **kw)
+    return into(fn(*(up(a) for a in args), **kw), dtype, dest)
+
+
 def same_dtype(shapes, dtypes, attrs):
     """A ``where`` constraint: every input has one dtype (mixed dtypes take another path)."""
     if len(set(dtypes)) > 1:
@@ -79,16 +97,19 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def with_signature(fn: Callable, params: Sequence[str], attrs: dict, doc: str = "",
-                   source: str = "", varargs: str | None = None) -> Callable:
+                   source: str = "", varargs: str | None = None,
+                   writes_out: bool = False) -> Callable:
     """``fn(*arrays, **attrs)`` presented as ``fn(p1, p2, ..., *varargs, a1=..., ...)``: the
     registry reads the tensor parameters (``varargs``: a variadic input, see the registry) and
-    the attributes the kernel takes from the signature."""
+    the attributes the kernel takes from the signature; ``writes_out`` adds ``out=None``."""
     empty = inspect.Parameter.empty
     sig = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
     if varargs is not None:
         sig.append(inspect.Parameter(varargs, inspect.Parameter.VAR_POSITIONAL))
     sig += [inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY,
                               default=empty if d is empty else d) for a, d in attrs.items()]
+    if writes_out:
+        sig.append(inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None))
     fn.__signature__ = inspect.Signature(sig)
     fn.__doc__ = doc
     fn.source_text = source  # registry.source_hash adds this to the wrapper's own source

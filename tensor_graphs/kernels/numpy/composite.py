@@ -4,12 +4,17 @@ Each computes what the op's decomposition means, in one pass of numpy calls inst
 call per atomic op: float16/bfloat16 compute in float32 and round once at the end (so they are
 more accurate than the op-by-op reference, never less). Inputs of one dtype only (the
 ``same_dtype`` constraint); mixed dtypes and the rarer composites take the exact kernels or
-the decomposition. Ops with optional tensors get one kernel per combination of given tensors
-(``numpy_layer_norm``, ``numpy_layer_norm_no_bias``, ...): a pattern has a fixed arity.
+the decomposition. Every one writes into ``out=`` when given one (``writes_out``, see the
+registry): the elementwise ufuncs, softmax, layer_norm, rms_norm and linear compute straight
+into it, the others copy their result there (``_copying``: one more pass). Ops with optional
+tensors get one kernel per combination of given tensors (``numpy_layer_norm``,
+``numpy_layer_norm_no_bias``, ...): a pattern has a fixed arity.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -20,11 +25,14 @@ from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import (
     ALL,
     FLOATS,
+    LOW,
     NUMBERS,
     erf,
+    into,
     op_pattern,
     out,
     same_dtype,
+    ufunc,
     up,
     variants,
     with_signature,
@@ -37,34 +45,54 @@ NONE = 1e-12  # no rounding: bit-exact
 
 
 def numpy_kernel(op: str, dtypes=FLOATS, where=same_dtype, tolerance: float = TOL, **kw):
-    return kernel(op, backend="numpy", name=f"numpy_{op}", dtypes=dtypes, where=where,
-                  tolerance=tolerance, **kw)
+    register = kernel(op, backend="numpy", name=f"numpy_{op}", dtypes=dtypes, where=where,
+                      tolerance=tolerance, writes_out=True, **kw)
+    return lambda fn: register(_copying(fn))
+
+
+def _copying(fn):
+    """``fn`` as a ``writes_out`` kernel function: a function that takes ``out`` itself is
+    returned as is; any other computes its result and copies it into ``out`` when given one."""
+    sig = inspect.signature(fn)
+    if "out" in sig.parameters:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args, out=None, **kw):
+        result = fn(*args, **kw)
+        return result if out is None else into(result, out.dtype, out)
+
+    keyword = inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None)
+    run.__signature__ = sig.replace(parameters=[*sig.parameters.values(), keyword])
+    del run.__wrapped__  # the registry reads run's own signature
+    run.source_text = inspect.getsource(fn) + getattr(fn, "source_text", "")
+    return run
 
 
 # ---------------------------------------------------------------------------- elementwise
 @numpy_kernel("sub", dtypes=NUMBERS, tolerance=EXACT)
-def numpy_sub(a, b):
+def numpy_sub(a, b, *, out=None):
     """a - b (ints wrap)."""
     with np.errstate(all="ignore"):
-        return out(np.subtract(up(a), up(b)), a.dtype)
+        return ufunc(np.subtract, a.dtype, out, a, b)
 
 
 @numpy_kernel("div", tolerance=EXACT)
-def numpy_div(a, b):
+def numpy_div(a, b, *, out=None):
     """a / b, correctly rounded (float inputs)."""
     with np.errstate(all="ignore"):
-        return out(np.divide(up(a), up(b)), a.dtype)
+        return ufunc(np.divide, a.dtype, out, a, b)
 
 
 @numpy_kernel("minimum", dtypes=ALL, tolerance=NONE)
-def numpy_minimum(a, b):
+def numpy_minimum(a, b, *, out=None):
     """Elementwise min; nan propagates."""
-    return out(np.minimum(up(a), up(b)), a.dtype)
+    return ufunc(np.minimum, a.dtype, out, a, b)
 
 
 def _compare(name: str, fn, doc: str):
-    run = with_signature(lambda a, b: out(fn(up(a), up(b)), np.bool_), ["a", "b"], {}, doc,
-                         source=name)
+    run = with_signature(lambda a, b, out=None: ufunc(fn, np.bool_, out, a, b), ["a", "b"], {},
+                         doc, source=name, writes_out=True)
     numpy_kernel(name, dtypes=ALL, tolerance=NONE)(run)
 
 
@@ -99,9 +127,9 @@ def numpy_isnan(x):
 
 
 @numpy_kernel("abs", dtypes=NUMBERS, tolerance=NONE)
-def numpy_abs(x):
+def numpy_abs(x, *, out=None):
     """|x| (ints wrap at the minimum, like the reference)."""
-    return out(np.abs(up(x)), x.dtype)
+    return ufunc(np.abs, x.dtype, out, x)
 
 
 @numpy_kernel("sign", dtypes=NUMBERS, tolerance=NONE)
@@ -111,10 +139,10 @@ def numpy_sign(x):
 
 
 @numpy_kernel("square", dtypes=NUMBERS, tolerance=EXACT)
-def numpy_square(x):
+def numpy_square(x, *, out=None):
     """x * x (ints wrap)."""
     with np.errstate(all="ignore"):
-        return out(np.multiply(up(x), up(x)), x.dtype)
+        return ufunc(np.multiply, x.dtype, out, x, x)
 
 
 @numpy_kernel("rsqrt")
@@ -167,9 +195,9 @@ def numpy_sigmoid(x):
 
 
 @numpy_kernel("tanh")
-def numpy_tanh(x):
+def numpy_tanh(x, *, out=None):
     """numpy.tanh."""
-    return out(np.tanh(up(x)), x.dtype)
+    return ufunc(np.tanh, x.dtype, out, x)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -301,12 +329,14 @@ def numpy_logsumexp(x, axis, keepdims):
 
 
 @numpy_kernel("softmax")
-def numpy_softmax(x, axis):
+def numpy_softmax(x, axis, *, out=None):
     """exp(x - max) / sum(exp(x - max)) along an axis."""
     with np.errstate(all="ignore"):
         a = up(x)
         e = np.exp(a - np.max(a, axis=axis, keepdims=True))
-        return out(e / np.sum(e, axis=axis, keepdims=True), x.dtype)
+        if out is not None and x.dtype not in LOW:
+            return np.divide(e, np.sum(e, axis=axis, keepdims=True), out=out)
+        return into(e / np.sum(e, axis=axis, keepdims=True), x.dtype, out)
 
 
 @numpy_kernel("log_softmax")
@@ -327,21 +357,28 @@ def _variants(op_name: str, core, attrs: dict, doc: str, where=same_dtype, dtype
         def run(*arrays, _given=given, **kw):
             return core(**dict(zip(_given, arrays)), **kw)
 
-        with_signature(run, given, attrs, doc, source=f"{op_name}{suffix}")
+        with_signature(run, given, attrs, doc, source=f"{op_name}{suffix}", writes_out=True)
         kernel(op_pattern(op, given), backend="numpy", name=f"numpy_{op_name}{suffix}",
-               dtypes=dtypes, where=where, tolerance=tolerance)(run)
+               dtypes=dtypes, where=where, tolerance=tolerance, writes_out=True)(run)
 
 
-def _layer_norm(x, weight=None, bias=None, *, eps):
+def _direct(x, out) -> bool:
+    """Whether a kernel computes straight into ``out`` (given, and x not float16/bfloat16,
+    which compute in float32 and round once at the end)."""
+    return out is not None and x.dtype not in LOW
+
+
+def _layer_norm(x, weight=None, bias=None, *, eps, out=None):
     with np.errstate(all="ignore"):
         h = up(x)
         c = h - np.mean(h, axis=-1, keepdims=True)
-        y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+        d = np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+        y = np.divide(c, d, out=out if _direct(x, out) else None)
         if weight is not None:
-            y = y * up(weight)
+            y = np.multiply(y, up(weight), out=y)
         if bias is not None:
-            y = y + up(bias)
-        return out(y, x.dtype)
+            y = np.add(y, up(bias), out=y)
+        return y if y is out else into(y, x.dtype, out)
 
 
 _variants("layer_norm", _layer_norm, {"eps": 1e-5},
@@ -349,26 +386,27 @@ _variants("layer_norm", _layer_norm, {"eps": 1e-5},
           "float64 math).")
 
 
-def _rms_norm(x, weight=None, *, eps):
+def _rms_norm(x, weight=None, *, eps, out=None):
     with np.errstate(all="ignore"):
         h = up(x)
-        y = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + eps)
+        d = np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + eps)
+        y = np.divide(h, d, out=out if _direct(x, out) else None)
         if weight is not None:
-            y = y * up(weight)
-        return out(y, x.dtype)
+            y = np.multiply(y, up(weight), out=y)
+        return y if y is out else into(y, x.dtype, out)
 
 
 _variants("rms_norm", _rms_norm, {"eps": 1e-6},
           "x / sqrt(mean(x**2) + eps) * weight over the last axis.")
 
 
-def _linear(x, weight, bias=None):
+def _linear(x, weight, bias=None, *, out=None):
     with np.errstate(all="ignore"):
         w = up(weight)
-        y = np.matmul(up(x), w.T if w.ndim == 2 else w)
+        y = np.matmul(up(x), w.T if w.ndim == 2 else w, out=out if _direct(x, out) else None)
         if bias is not None:
-            y = y + up(bias)
-        return out(y, x.dtype)
+            y = np.add(y, up(bias), out=y)
+        return y if y is out else into(y, x.dtype, out)
 
 
 _variants("linear", _linear, {}, "x @ weight.T + bias with numpy.matmul (BLAS).")
@@ -380,18 +418,21 @@ def _int_ids(shapes, dtypes, attrs):
     return True
 
 
-@kernel("embedding", backend="numpy", name="numpy_embedding", where=_int_ids, tolerance=NONE)
-def numpy_embedding(ids, table):
+@kernel("embedding", backend="numpy", name="numpy_embedding", where=_int_ids, tolerance=NONE,
+        writes_out=True)
+def numpy_embedding(ids, table, *, out=None):
     """Rows of the table picked by ids (numpy.take); an id out of range raises."""
     n = table.shape[0]
     if ids.size and (ids.min() < 0 or ids.max() >= n):
         bad = ids[(ids < 0) | (ids >= n)].flat[0]
         raise EvaluationError(f"numpy_embedding: id {bad} is out of range for a table of "
                               f"{n} rows")
+    if out is not None:  # in range (checked): "clip" writes out without a buffered copy
+        return np.take(table, ids, axis=0, out=out, mode="clip")
     return np.take(table, ids, axis=0)
 
 
-def _attention(q, k, v, attn_mask=None, *, is_causal, scale):
+def _attention(q, k, v, attn_mask=None, *, is_causal, scale, out=None):
     dtype = q.dtype
     q, k, v = up(q), up(k), up(v)
     sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -428,7 +469,7 @@ def _attention(q, k, v, attn_mask=None, *, is_causal, scale):
         o = np.matmul(probs, v)
     if groups > 1:
         o = o.reshape(o.shape[:-4] + (hq, sq, o.shape[-1]))
-    return out(o, dtype)
+    return into(o, dtype, out)
 
 
 def _qkv_same_dtype(shapes, dtypes, attrs):
@@ -472,7 +513,7 @@ def _pair(v):
     return (int(v), int(v))
 
 
-def _conv2d(x, weight, bias=None, *, stride, padding, dilation, groups):
+def _conv2d(x, weight, bias=None, *, stride, padding, dilation, groups, out=None):
     dtype = x.dtype
     h, w = up(x), up(weight)
     unbatched = h.ndim == 3
@@ -494,7 +535,7 @@ def _conv2d(x, weight, bias=None, *, stride, padding, dilation, groups):
     y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, cout, oh, ow)
     if bias is not None:
         y = y + up(bias)[:, None, None]
-    return out(y[0] if unbatched else y, dtype)
+    return into(y[0] if unbatched else y, dtype, out)
 
 
 _variants("conv2d", _conv2d, {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
