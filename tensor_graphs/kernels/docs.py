@@ -49,6 +49,9 @@ test suite (`tests/kernels/test_verify_all.py`) and by `tg kernels verify`.
 - An op with optional tensors has one kernel per combination given (`_no_bias` ...): a
   pattern fixes which inputs are present. A variadic pattern (`pat.many`) covers any number
   of inputs: the `concat` kernels (`concat(*xs)`) take a concat of 1, 2, 9 or more tensors.
+- *writes `out=`*: kernels declared `writes_out` also write their result into a buffer the
+  runtime gives them (`k.fn(*args, out=buf)` fills `buf` and returns it; see
+  `tensor_graphs/kernels/registry.py`): results can live at offsets of a planned arena.
 
 Regenerate with `{COMMAND}` after adding kernels; `tests/kernels/test_docs_kernels.py` fails
 when this page is stale. `tg kernels list` shows the same registry as a table.
@@ -117,11 +120,12 @@ def render() -> str:
             by_op.setdefault(k.op, []).append(k)
         else:
             fused.append(k)
-    lines = [INTRO, "## Summary", "", "| backend | kernels | ops covered |", "|---|---|---|"]
+    lines = [INTRO, "## Summary", "", "| backend | kernels | ops covered | writes `out=` |",
+             "|---|---|---|---|"]
     for b in backends:
         ks = [k for k in kernels if k.backend == b]
         ops = {k.op for k in ks if _single(k)}
-        lines.append(f"| {b} | {len(ks)} | {len(ops)} |")
+        lines.append(f"| {b} | {len(ks)} | {len(ops)} | {sum(k.writes_out for k in ks)} |")
     composites = sorted(n for n, op in OPS.items() if op.kind == "composite"
                         and op.decompose.__module__.startswith("tensor_graphs."))
     atomic = [n for n in ATOMIC_OPS if n in OPS]

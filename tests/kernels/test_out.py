@@ -198,3 +198,28 @@ def test_every_c_kernel_writes_out_and_no_view_kernel_does():
         if k.device == "cuda":
             assert not k.writes_out, k.name
 
+
+
+def test_torch_cpu_kernels_fill_a_numpy_buffer_through_a_tensor_view():
+    pytest.importorskip("torch")
+    bf16 = tg.bfloat16.np_dtype
+    add = tg.kernels.get("torch_add")
+    assert add.writes_out
+    a = np.arange(6, dtype=np.float32).reshape(2, 3).astype(bf16)
+    b = np.ones(3, dtype=np.float32).astype(bf16)
+    buf = poisoned((2, 3), bf16)
+    assert add(a, b, out=buf) is buf
+    np.testing.assert_array_equal(buf.astype(np.float32), (a.astype(np.float32) + 1))
+    flags = np.array([True, False])
+    buf = poisoned((2,), np.dtype(np.bool_))
+    assert add(flags, flags[::-1].copy(), out=buf) is buf and buf.tolist() == [True, True]
+
+
+def test_torch_functions_registered_on_cuda_lose_their_out_parameter():
+    import inspect
+
+    from tensor_graphs.kernels.torch import base, ops
+
+    plain = base._without_out(ops.exp)
+    assert "out" not in inspect.signature(plain).parameters
+    assert "out" in inspect.signature(ops.exp).parameters

@@ -8,6 +8,11 @@ node's attributes it names, and returns a new torch tensor. ``torch_kernel`` reg
 - ``torch_cuda_<label>`` on device "cuda", only when a GPU is usable (``CUDA``, set by the
   package before ``ops`` is imported): torch CUDA tensors in and out.
 
+``writes_out=True``: the function takes ``out=`` (a torch tensor, or None to allocate) and
+writes its result there (``torch.add(a, b, out=out)``); the CPU kernel then fills a given numpy
+``out`` buffer through its zero-copy tensor view and returns that buffer (the registry's
+``writes_out`` contract). CUDA kernels never take ``out``.
+
 Tolerances follow the verifier's convention: a kernel's tolerance bounds its error on float32
 and float64 outputs; a float16/bfloat16 output is allowed its own rounding on top
 (``max(tolerance, 2 * unit roundoff)``), so one kernel covers every float dtype. Kernels whose
@@ -17,6 +22,7 @@ result is exact in any dtype (movement, comparisons, max...) declare ``EXACT``.
 from __future__ import annotations
 
 import functools
+import inspect
 
 from tensor_graphs.kernels.registry import kernel
 from tensor_graphs.kernels.torch.convert import to_numpy, to_torch
@@ -37,7 +43,8 @@ CUDA: bool = False  # set by tensor_graphs.kernels.torch before ops.py registers
 def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int | None = None,
                  ranks=None, contiguous: bool = False, where=None,
                  tolerance: float = ELEMENTWISE, view: bool = False,
-                 cuda_tolerance: float | None = None, cuda=None, signatures=None):
+                 cuda_tolerance: float | None = None, cuda=None, signatures=None,
+                 writes_out: bool = False):
     """Register ``fn`` (torch tensors in, torch tensor out) as torch_<label> on the CPU and as
     torch_cuda_<label> when CUDA is usable.
 
@@ -57,10 +64,12 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
         constraints.update(backend="torch", ranks=ranks, contiguous=contiguous, view=view,
                            signatures=signatures)
         kernel(pattern, name=f"torch_{name}", device="cpu", tolerance=tolerance,
-               **constraints)(_on_cpu(fn, view))
+               writes_out=writes_out, **constraints)(_on_cpu(fn, view, writes_out))
         if CUDA and cuda is not False:
+            on_cuda = cuda or fn
             kernel(pattern, name=f"torch_cuda_{name}", device="cuda",
-                   tolerance=cuda_tolerance or tolerance, **constraints)(cuda or fn)
+                   tolerance=cuda_tolerance or tolerance, **constraints)(
+                       _without_out(on_cuda) if writes_out and on_cuda is fn else on_cuda)
         return fn
 
     return decorate
@@ -80,8 +89,22 @@ def _leading_dtypes(allowed, count: int, where):
     return check
 
 
-def _on_cpu(fn, view: bool):
-    """fn with numpy arrays in and out; the arrays and tensors share memory."""
+def _on_cpu(fn, view: bool, writes_out: bool = False):
+    """fn with numpy arrays in and out; the arrays and tensors share memory. With
+    ``writes_out``, a numpy ``out`` is viewed as a tensor, filled by fn and returned."""
+    if writes_out:
+        @functools.wraps(fn)
+        def into(*arrays, out=None, **attrs):
+            tensors = [to_torch(a) for a in arrays]
+            if out is None:
+                return to_numpy(fn(*tensors, **attrs))
+            target = to_torch(out)
+            result = fn(*tensors, out=target, **attrs)
+            if result is not target:  # a path of fn that allocated after all
+                target.copy_(result)
+            return out
+
+        return into
 
     @functools.wraps(fn)
     def run(*arrays, **attrs):
@@ -90,6 +113,19 @@ def _on_cpu(fn, view: bool):
             out.flags.writeable = False  # as numpy's own views: broadcast or of a read-only input
         return out
 
+    return run
+
+
+def _without_out(fn):
+    """fn presented without its ``out`` parameter (called without it, it allocates)."""
+
+    @functools.wraps(fn)
+    def run(*tensors, **attrs):
+        return fn(*tensors, **attrs)
+
+    sig = inspect.signature(fn)
+    run.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values()
+                                                if p.name != "out"])
     return run
 
 

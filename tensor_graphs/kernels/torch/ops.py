@@ -34,77 +34,81 @@ def _no_symbols(shapes) -> bool:
 
 
 # ---------------------------------------------------------------------------- unary atomic
-@torch_kernel("neg", dtypes=NUMERIC, tolerance=EXACT)
-def neg(x):
-    return torch.neg(x)
+@torch_kernel("neg", dtypes=NUMERIC, tolerance=EXACT, writes_out=True)
+def neg(x, *, out=None):
+    return torch.neg(x, out=out)
 
 
-@torch_kernel("exp")
-def exp(x):
-    return torch.exp(x)
+@torch_kernel("exp", writes_out=True)
+def exp(x, *, out=None):
+    return torch.exp(x, out=out)
 
 
-@torch_kernel("log")
-def log(x):
-    return torch.log(x)
+@torch_kernel("log", writes_out=True)
+def log(x, *, out=None):
+    return torch.log(x, out=out)
 
 
-@torch_kernel("sqrt")
-def sqrt(x):
-    return torch.sqrt(x)
+@torch_kernel("sqrt", writes_out=True)
+def sqrt(x, *, out=None):
+    return torch.sqrt(x, out=out)
 
 
-@torch_kernel("reciprocal")
-def reciprocal(x):
-    return torch.reciprocal(x)
+@torch_kernel("reciprocal", writes_out=True)
+def reciprocal(x, *, out=None):
+    return torch.reciprocal(x, out=out)
 
 
-@torch_kernel("sin")
-def sin(x):
-    return torch.sin(x)
+@torch_kernel("sin", writes_out=True)
+def sin(x, *, out=None):
+    return torch.sin(x, out=out)
 
 
-@torch_kernel("erf")
-def erf(x):
-    return torch.erf(x)
+@torch_kernel("erf", writes_out=True)
+def erf(x, *, out=None):
+    return torch.erf(x, out=out)
 
 
 # ---------------------------------------------------------------------------- binary atomic
-@torch_kernel("add", dtypes=("bool",) + INTS + FLOATS)
-def add(a, b):
+@torch_kernel("add", dtypes=("bool",) + INTS + FLOATS, writes_out=True)
+def add(a, b, *, out=None):
     """a + b; logical or on bool (as our add)."""
-    return torch.logical_or(a, b) if a.dtype == torch.bool else torch.add(a, b)
+    if a.dtype == torch.bool:
+        return torch.logical_or(a, b, out=out)
+    return torch.add(a, b, out=out)
 
 
-@torch_kernel("mul", dtypes=("bool",) + INTS + FLOATS)
-def mul(a, b):
+@torch_kernel("mul", dtypes=("bool",) + INTS + FLOATS, writes_out=True)
+def mul(a, b, *, out=None):
     """a * b; logical and on bool (as our mul)."""
-    return torch.logical_and(a, b) if a.dtype == torch.bool else torch.mul(a, b)
+    if a.dtype == torch.bool:
+        return torch.logical_and(a, b, out=out)
+    return torch.mul(a, b, out=out)
 
 
-@torch_kernel("maximum", dtypes=ALL, tolerance=EXACT)
-def maximum(a, b):
-    return torch.maximum(a, b)
+@torch_kernel("maximum", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def maximum(a, b, *, out=None):
+    return torch.maximum(a, b, out=out)
 
 
-@torch_kernel("pow", "pow")
-def pow_(a, b):
-    return torch.pow(a, b)
+@torch_kernel("pow", "pow", writes_out=True)
+def pow_(a, b, *, out=None):
+    return torch.pow(a, b, out=out)
 
 
-@torch_kernel("equal", dtypes=ALL, tolerance=EXACT)
-def equal(a, b):
-    return torch.eq(a, b)
+@torch_kernel("equal", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def equal(a, b, *, out=None):
+    return torch.eq(a, b, out=out)
 
 
-@torch_kernel("less", dtypes=ALL, tolerance=EXACT)
-def less(a, b):
-    return torch.lt(a, b)
+@torch_kernel("less", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def less(a, b, *, out=None):
+    return torch.lt(a, b, out=out)
 
 
-@torch_kernel("where", dtypes=None, tolerance=EXACT)
-def where(cond, a, b):
-    return torch.where(cond, a, b)
+@torch_kernel("where", dtypes=None, tolerance=EXACT, writes_out=True)
+def where(cond, a, b, *, out=None):
+    return torch.where(cond, a, b, out=out)
 
 
 def _cast_ok(shapes, dtypes, attrs):
@@ -116,10 +120,12 @@ def _cast_ok(shapes, dtypes, attrs):
     return True
 
 
-@torch_kernel("cast", dtypes=None, where=_cast_ok, tolerance=1e-7)
-def cast(x, dtype):
+@torch_kernel("cast", dtypes=None, where=_cast_ok, tolerance=1e-7, writes_out=True)
+def cast(x, dtype, *, out=None):
     """Any dtype to bool (nonzero is True, nan too), int or float (rounding to nearest even);
     float to int is left out (C and torch leave nan and out-of-range values undefined)."""
+    if out is not None:
+        return out.copy_(x)  # the same conversion as .to
     return x.to(torch_dtype(dtype), copy=True)
 
 
@@ -131,21 +137,21 @@ def _axes(x, axis):
     return (axis,) if isinstance(axis, int) else tuple(axis)
 
 
-@torch_kernel("sum", "sum", dtypes=INTS + FLOATS, tolerance=REDUCTION)
-def sum_(x, axes, keepdims):
+@torch_kernel("sum", "sum", dtypes=INTS + FLOATS, tolerance=REDUCTION, writes_out=True)
+def sum_(x, axes, keepdims, *, out=None):
     """Sum in x's own dtype (ints wrap as in numpy); axes=() reduces nothing (torch's
     dim=() would reduce everything)."""
     if not axes:
-        return x.clone()
-    return torch.sum(x, dim=tuple(axes), keepdim=keepdims, dtype=x.dtype)
+        return x.clone() if out is None else out.copy_(x)
+    return torch.sum(x, dim=tuple(axes), keepdim=keepdims, dtype=x.dtype, out=out)
 
 
-@torch_kernel("max", "max", dtypes=ALL, tolerance=EXACT)
-def max_(x, axes, keepdims):
+@torch_kernel("max", "max", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def max_(x, axes, keepdims, *, out=None):
     """Maximum over axes; nan propagates (torch.amax)."""
     if not axes:
-        return x.clone()
-    return torch.amax(x, dim=tuple(axes), keepdim=keepdims)
+        return x.clone() if out is None else out.copy_(x)
+    return torch.amax(x, dim=tuple(axes), keepdim=keepdims, out=out)
 
 
 @torch_kernel("mean", tolerance=REDUCTION)
@@ -203,35 +209,35 @@ def logsumexp(x, axis, keepdims):
     return torch.logsumexp(x, dim=_axes(x, axis), keepdim=keepdims)
 
 
-@torch_kernel("softmax", tolerance=REDUCTION)
-def softmax(x, axis):
-    return torch.softmax(x, dim=axis)
+@torch_kernel("softmax", tolerance=REDUCTION, writes_out=True)
+def softmax(x, axis, *, out=None):
+    return torch.softmax(x, dim=axis, out=out)
 
 
-@torch_kernel("log_softmax", tolerance=REDUCTION)
-def log_softmax(x, axis):
-    return torch.log_softmax(x, dim=axis)
+@torch_kernel("log_softmax", tolerance=REDUCTION, writes_out=True)
+def log_softmax(x, axis, *, out=None):
+    return torch.log_softmax(x, dim=axis, out=out)
 
 
 # ------------------------------------------------------------------ elementwise composites
-@torch_kernel("sub", dtypes=INTS + FLOATS, where=_same_dtype)
-def sub(a, b):
-    return torch.sub(a, b)
+@torch_kernel("sub", dtypes=INTS + FLOATS, where=_same_dtype, writes_out=True)
+def sub(a, b, *, out=None):
+    return torch.sub(a, b, out=out)
 
 
-@torch_kernel("div", where=_same_dtype)
-def div(a, b):
-    return torch.div(a, b)
+@torch_kernel("div", where=_same_dtype, writes_out=True)
+def div(a, b, *, out=None):
+    return torch.div(a, b, out=out)
 
 
-@torch_kernel("minimum", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
-def minimum(a, b):
-    return torch.minimum(a, b)
+@torch_kernel("minimum", dtypes=ALL, where=_same_dtype, tolerance=EXACT, writes_out=True)
+def minimum(a, b, *, out=None):
+    return torch.minimum(a, b, out=out)
 
 
-@torch_kernel("abs", "abs", dtypes=NUMERIC, tolerance=EXACT)
-def abs_(x):
-    return torch.abs(x)
+@torch_kernel("abs", "abs", dtypes=NUMERIC, tolerance=EXACT, writes_out=True)
+def abs_(x, *, out=None):
+    return torch.abs(x, out=out)
 
 
 @torch_kernel("sign", dtypes=NUMERIC, tolerance=EXACT)
@@ -241,14 +247,14 @@ def sign(x):
     return torch.where(torch.isnan(x), x, s) if x.is_floating_point() else s
 
 
-@torch_kernel("square", dtypes=INTS + FLOATS)
-def square(x):
-    return torch.mul(x, x)
+@torch_kernel("square", dtypes=INTS + FLOATS, writes_out=True)
+def square(x, *, out=None):
+    return torch.mul(x, x, out=out)
 
 
-@torch_kernel("rsqrt")
-def rsqrt(x):
-    return torch.rsqrt(x)
+@torch_kernel("rsqrt", writes_out=True)
+def rsqrt(x, *, out=None):
+    return torch.rsqrt(x, out=out)
 
 
 @torch_kernel("clamp")
@@ -262,14 +268,14 @@ def relu(x):
     return torch.relu(x)
 
 
-@torch_kernel("sigmoid")
-def sigmoid(x):
-    return torch.sigmoid(x)
+@torch_kernel("sigmoid", writes_out=True)
+def sigmoid(x, *, out=None):
+    return torch.sigmoid(x, out=out)
 
 
-@torch_kernel("tanh")
-def tanh(x):
-    return torch.tanh(x)
+@torch_kernel("tanh", writes_out=True)
+def tanh(x, *, out=None):
+    return torch.tanh(x, out=out)
 
 
 @torch_kernel("gelu")
@@ -298,39 +304,39 @@ def softplus(x, beta, threshold):
     return F.softplus(x, beta=beta, threshold=threshold)
 
 
-@torch_kernel("logical_not", dtypes=("bool",), tolerance=EXACT)
-def logical_not(x):
-    return torch.logical_not(x)
+@torch_kernel("logical_not", dtypes=("bool",), tolerance=EXACT, writes_out=True)
+def logical_not(x, *, out=None):
+    return torch.logical_not(x, out=out)
 
 
-@torch_kernel("logical_and", dtypes=("bool",), tolerance=EXACT)
-def logical_and(a, b):
-    return torch.logical_and(a, b)
+@torch_kernel("logical_and", dtypes=("bool",), tolerance=EXACT, writes_out=True)
+def logical_and(a, b, *, out=None):
+    return torch.logical_and(a, b, out=out)
 
 
-@torch_kernel("logical_or", dtypes=("bool",), tolerance=EXACT)
-def logical_or(a, b):
-    return torch.logical_or(a, b)
+@torch_kernel("logical_or", dtypes=("bool",), tolerance=EXACT, writes_out=True)
+def logical_or(a, b, *, out=None):
+    return torch.logical_or(a, b, out=out)
 
 
-@torch_kernel("greater", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
-def greater(a, b):
-    return torch.gt(a, b)
+@torch_kernel("greater", dtypes=ALL, where=_same_dtype, tolerance=EXACT, writes_out=True)
+def greater(a, b, *, out=None):
+    return torch.gt(a, b, out=out)
 
 
-@torch_kernel("less_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
-def less_equal(a, b):
-    return torch.le(a, b)
+@torch_kernel("less_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT, writes_out=True)
+def less_equal(a, b, *, out=None):
+    return torch.le(a, b, out=out)
 
 
-@torch_kernel("greater_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
-def greater_equal(a, b):
-    return torch.ge(a, b)
+@torch_kernel("greater_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT, writes_out=True)
+def greater_equal(a, b, *, out=None):
+    return torch.ge(a, b, out=out)
 
 
-@torch_kernel("not_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT)
-def not_equal(a, b):
-    return torch.ne(a, b)
+@torch_kernel("not_equal", dtypes=ALL, where=_same_dtype, tolerance=EXACT, writes_out=True)
+def not_equal(a, b, *, out=None):
+    return torch.ne(a, b, out=out)
 
 
 @torch_kernel("isnan", dtypes=ALL, tolerance=EXACT)
@@ -397,9 +403,11 @@ def gather(x, indices, axis):
     return flat.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 
 
-@torch_kernel("matmul", tolerance=REDUCTION)
-def matmul(a, b):
-    return torch.matmul(a, b)
+@torch_kernel("matmul", tolerance=REDUCTION, writes_out=True)
+def matmul(a, b, *, out=None):
+    if out is not None and min(a.ndim, b.ndim) == 1:  # torch resizes out there (deprecated)
+        return out.copy_(torch.matmul(a, b))
+    return torch.matmul(a, b, out=out)
 
 
 def iota_cuda(length, dtype):
