@@ -29,7 +29,7 @@ def case(label, layers, batch, seq, vocab=50257, backends=None):
     t0 = time.perf_counter()
     prog = tg.compile(y, db=":memory:", bounds={"batch": batch, "seq": seq}, backends=backends)
     t1 = time.perf_counter()
-    mp = plan_memory(prog.plan)
+    mp = plan_memory(prog.concrete_plan)
     t2 = time.perf_counter()
     d = "cpu"
     return (label, str(len(prog.plan.steps)), str(len(mp.liveness.arena_buffers(d))),

@@ -20,12 +20,12 @@ from tensor_graphs.db import hardware as _hardware
 from tensor_graphs.db.cost import CostModel
 from tensor_graphs.db.store import Database, open_db
 from tensor_graphs.devices import as_device
-from tensor_graphs.errors import ArgumentError, NoPathError, ShapeError
+from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir.graph import _as_list
 from tensor_graphs.ir.node import Node
 from tensor_graphs.planner import cache
 from tensor_graphs.planner.plan import Plan
-from tensor_graphs.planner.prepare import as_symbols, prepare, symbols
+from tensor_graphs.planner.prepare import as_symbols, prepare, prepare_symbolic, symbols
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.runtime.program import CompiledGraph
 
@@ -54,7 +54,6 @@ class PlanSettings:
                  bounds: Mapping | None = None):
         self.outputs = outputs
         self.bounds = as_symbols(bounds or {})
-        self.bound_decisions: tuple[str, ...] | None = None  # the plan made at the bounds
         self.device = as_device(device)
         self.kinds = tuple(dict.fromkeys((self.device.kind, "cpu")))
         self.tolerance = _check_tolerance(tolerance)
@@ -74,12 +73,9 @@ class PlanSettings:
         self._check_bounds(dims)
         prepared = prepare(self.outputs, dims)
         planner = self.planner(prepared)
-        below = self.bound_decisions is not None and dims != self.bounds
         if self.decisions is not None:
             plan = planner.replay(self.decisions)
             stats["replayed"] += 1
-        elif below and (plan := self._replay(planner, self.bound_decisions)) is not None:
-            stats["replayed"] += 1  # a value under the bounds: the bounds' plan, no search
         else:
             key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db)
             found = cache.get(key)
@@ -100,13 +96,43 @@ class PlanSettings:
                     key = cache.key(prepared, self.device.name, self.tolerance, self.backends,
                                     self.db)
                 cache.put(key, plan.decisions)
-        if self.bounds and dims == self.bounds:
-            self.bound_decisions = plan.decisions
         for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
                      "block_cache_hits"):
             stats[name] += planner.stats[name]
         return plan
 
+
+    def symbolic(self, bounds: Mapping, stats: dict) -> tuple[Plan, Plan]:
+        """The plan of the graph with its symbolic dims kept, costed at ``bounds``, and the same
+        plan at the bounds (for memory planning)."""
+        bounds = as_symbols(bounds)
+        if self.profile == "missing":  # measure at the bounds, then plan
+            from tensor_graphs.profiler.missing import profile_missing
+
+            everything = self.planner(prepare(self.outputs, bounds), blocks=False)
+            everything.solve()
+            stats["measured"] += profile_missing(everything, self.db)
+        prepared = prepare_symbolic(self.outputs)
+        planner = Planner(prepared, target=self.device.kind,
+                          cost=cost_model(self.db, self.kinds), tolerance=self.tolerance,
+                          backends=self.backends, blocks=True, dims=bounds)
+        key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
+                        bounds)
+        found = self.decisions or cache.get(key)
+        if found is not None:
+            plan = planner.replay(found)
+            stats["replayed" if self.decisions else "plan_cache_hits"] += 1
+        else:
+            plan = planner.plan()
+            stats["planner_runs"] += 1
+            cache.put(key, plan.decisions)
+        for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
+                     "block_cache_hits"):
+            stats[name] += planner.stats[name]
+        return plan, plan.at(bounds)
+
+    def check_bounds(self, dims: Mapping) -> None:
+        self._check_bounds(as_symbols(dims))
 
     def _check_bounds(self, dims: Mapping) -> None:
         over = [f"{s}={dims[s]} (bound {b})" for s, b in self.bounds.items()
@@ -114,13 +140,6 @@ class PlanSettings:
         if over:
             raise ShapeError(f"{', '.join(over)}: above the bounds this program was compiled "
                              "for; compile again with larger bounds=")
-
-    @staticmethod
-    def _replay(planner: Planner, decisions) -> Plan | None:
-        try:
-            return planner.replay(decisions)
-        except NoPathError:  # the smaller shapes simplified differently: plan them
-            return None
 
 
 def _check_tolerance(tolerance) -> float:
@@ -169,7 +188,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     if unknown:
         raise ArgumentError(f"bounds name dims {unknown} that the graph does not use; its "
                             f"dims are {sorted(map(str, free)) or 'none'}")
-    if free <= set(dims):
+    if free and free <= set(dims):
+        prog._plan_symbolic(dims)
+    elif free <= set(dims):
         prog._executable(dims)
     return prog
 
@@ -199,6 +220,8 @@ def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, d
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
                             f"{missing[0]}=128")
+    if symbols(outs):  # as tg.compile(..., bounds=dims) plans it
+        return plan_memory(settings.symbolic(values, _counters())[1]).totals()
     return plan_memory(settings(values, _counters())).totals()
 
 

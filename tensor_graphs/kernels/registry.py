@@ -82,11 +82,14 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import sympy
+
 from tensor_graphs.errors import ArgumentError, KernelConstraintError
 from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.shapes import resolve
 from tensor_graphs.rewrite import pattern as pat
 
 BACKENDS = ("numpy", "c", "torch", "triton", "copy")
@@ -219,15 +222,18 @@ class Kernel:
                                 f"numpy array, got {type(out).__name__}")
         return self.fn(*arrays, out=out, **kw)
 
-    def match(self, node: Node, uses=None) -> pat.Match | None:
-        """The match of this kernel's pattern rooted at ``node`` that fits its constraints."""
+    def match(self, node: Node, uses=None, dims=None) -> pat.Match | None:
+        """The match of this kernel's pattern rooted at ``node`` that fits its constraints.
+        ``dims`` gives symbolic dims values, so constraints see the shapes they will run at
+        (a program planned for bounds checks them at the bounds)."""
         for m in pat.iter_matches(self.pattern, node, uses, partial=False, flat=False):
             try:
                 bound = self.arguments(m)
             except KeyError:
                 continue
-            if self.constraint_failure([b.shape for b in bound], [b.dtype for b in bound],
-                                       dict(node.attrs)) is None:
+            shapes = [concrete(b.shape, dims) for b in bound]
+            if self.constraint_failure(shapes, [b.dtype for b in bound],
+                                       concrete_attrs(node.attrs, dims)) is None:
                 return m
         return None
 
@@ -278,15 +284,28 @@ def for_op(op_name: str) -> list[Kernel]:
     return list(_BY_OP.get(op_name, ())) + list(_BY_OP.get(None, ()))
 
 
-def matching(node: Node, uses=None, backends: Iterable[str] | None = None
+def concrete(shape, dims) -> tuple:
+    """``shape`` with symbolic dims replaced by their values in ``dims`` (as is without)."""
+    return tuple(shape) if not dims else tuple(resolve(tuple(shape), dims))
+
+
+def concrete_attrs(attrs, dims) -> dict:
+    if not dims:
+        return dict(attrs)
+    return {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
+            for k, v in attrs.items()}
+
+
+def matching(node: Node, uses=None, backends: Iterable[str] | None = None, dims=None
              ) -> list[tuple[Kernel, pat.Match]]:
-    """Every kernel whose pattern matches a subgraph rooted at ``node``, with its match."""
+    """Every kernel whose pattern matches a subgraph rooted at ``node``, with its match
+    (constraints checked at ``dims`` when the shapes are symbolic)."""
     allowed = None if backends is None else set(backends)
     out = []
     for k in for_op(node.op.name):
         if allowed is not None and k.backend not in allowed:
             continue
-        m = k.match(node, uses)
+        m = k.match(node, uses, dims)
         if m is not None:
             out.append((k, m))
     return out

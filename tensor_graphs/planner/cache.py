@@ -22,9 +22,12 @@ LIMIT = 256
 _plans: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
 
 
-def key(prepared: Sequence[Node], device: str, tolerance: float, backends, db) -> tuple:
+def key(prepared: Sequence[Node], device: str, tolerance: float, backends, db,
+        bounds=None) -> tuple:
+    """``bounds``: the dims a symbolic graph is costed at."""
     where = id(db) if db.path == ":memory:" else db.path
-    return (structure(prepared), device, tolerance, backends, where, db.revision)
+    costed_at = tuple(sorted((str(k), int(v)) for k, v in (bounds or {}).items()))
+    return (structure(prepared), device, tolerance, backends, where, db.revision, costed_at)
 
 
 def structure(outputs: Sequence[Node]) -> str:

@@ -25,9 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import sympy
+
 from tensor_graphs.db.cost import Estimate, _fmt
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.ir.shapes import format_shape, resolve
 
 
 class Slot(NamedTuple):
@@ -145,6 +147,37 @@ class Plan:
 
     def explain(self, limit: int | None = None) -> str:
         return explain(self, limit)
+
+    @property
+    def symbolic(self) -> bool:
+        return any(not isinstance(d, int) for s in self.steps for d in s.node.shape)
+
+    def at(self, dims: Mapping) -> Plan:
+        """The same plan with symbolic dims replaced by ``dims`` (symbol -> int): steps in the
+        same order, for what needs concrete shapes (memory planning at the bounds)."""
+        from tensor_graphs.planner.prepare import specialize_map
+
+        memo: dict[Node, Node] = {}
+        roots = [n for st in self.steps for n in (st.node, *st.nodes, *(i.node for i in
+                                                                        st.inputs))]
+        roots += [s.node for s in (*self.leaves, *self.outputs)]
+        roots += [s.node for pair in self.aliases.items() for s in pair]
+        specialize_map(roots, dims, memo)
+
+        def slot(s: Slot) -> Slot:
+            return Slot(memo[s.node], s.device, s.moved)
+
+        def attrs(values: Mapping) -> dict:
+            return {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
+                    for k, v in values.items()}
+
+        steps = tuple(Step(st.kernel, memo[st.node], st.device, tuple(map(slot, st.inputs)),
+                           tuple(memo[n] for n in st.nodes), attrs(st.attrs), st.estimate,
+                           st.error, st.signature, st.features) for st in self.steps)
+        return Plan(steps, tuple(map(slot, self.outputs)),
+                    {slot(a): slot(b) for a, b in self.aliases.items()},
+                    tuple(map(slot, self.leaves)), self.decisions, self.tolerance,
+                    self.dispatch)
 
     def __repr__(self) -> str:
         return f"<Plan {len(self.steps)} steps, predicted {_fmt(self.cost)}>"

@@ -36,18 +36,39 @@ def as_symbols(dims: Mapping) -> dict[sympy.Symbol, int]:
 
 def specialize(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
     """The graph with every symbolic dim replaced by its value in ``dims``."""
-    values = as_symbols(dims)
-    mapped: dict[Node, Node] = {}
-    for n in nodes(list(outputs)):
-        attrs = {k: resolve(v, values) if isinstance(v, (sympy.Basic, tuple)) else v
+    mapped = specialize_map(outputs, as_symbols(dims))
+    return [mapped[o] for o in outputs]
+
+
+def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = None
+                   ) -> dict[Node, Node]:
+    """Each node under ``roots`` -> its version with ``dims`` (symbol -> int) substituted.
+    ``memo`` carries earlier results: the walk stops at nodes it already has."""
+    mapped = {} if memo is None else memo
+    stack: list[tuple[Node, bool]] = [(r, False) for r in roots]
+    while stack:
+        n, ready = stack.pop()
+        if n in mapped:
+            continue
+        if not ready:
+            stack.append((n, True))
+            stack.extend((i, False) for i in n.inputs if i not in mapped)
+            continue
+        attrs = {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
                  for k, v in n.attrs.items()}
         inputs = tuple(mapped[i] for i in n.inputs)
         same = inputs == n.inputs and all(attrs[k] is v or attrs[k] == v
                                          for k, v in n.attrs.items())
         mapped[n] = n if same else Node.make(n.op, inputs, attrs, n.name)
-    return [mapped[o] for o in outputs]
+    return mapped
 
 
 def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
     """Concrete shapes, then simplified: what the planner plans."""
     return list(simplify(specialize(outputs, dims)))
+
+
+def prepare_symbolic(outputs: Sequence[Node]) -> list[Node]:
+    """Simplified with its symbolic dims kept: planned once for bounds, run for any values up
+    to them."""
+    return list(simplify(list(outputs)))

@@ -86,8 +86,10 @@ class Planner:
     def __init__(self, outputs: Sequence[Node], *, target: str, cost: CostModel,
                  tolerance: float, backends: Sequence[str] | None = None,
                  weights_on: str | None = None, blocks: bool = False,
-                 output_device: str = "cpu"):
+                 output_device: str = "cpu", dims: Mapping | None = None):
         self.outputs = list(outputs)
+        self.dims = dict(dims or {})  # values of symbolic dims: costs and constraints use them
+        self._twins: dict[Node, Node] = {}  # symbolic node -> node at ``dims``
         self.output_device = output_device
         self.target = target
         self.kinds = tuple(dict.fromkeys((target, "cpu")))
@@ -158,7 +160,7 @@ class Planner:
     def _kernels(self, slot: Slot) -> list[Option]:
         node, kind, _ = slot
         out = []
-        for k, m in registry.matching(node, self.uses):
+        for k, m in registry.matching(node, self.uses, dims=self.dims):
             if self.backends is not None and k.backend not in self.backends:
                 continue
             source, result = copies.placement(k)
@@ -169,8 +171,7 @@ class Planner:
             if not covers or not self._exclusive(covers, node):
                 continue
             attrs = {a: node.attrs[a] for a in k.attrs if a in node.attrs}
-            sig = signature(args, node.attrs)
-            feats = features(covers, args, node)
+            sig, feats = self._measure_key(covers, args, node)
             hint = copies.cost_hint(k)
             est = FREE if hint == 0.0 else self.cost.estimate(k, sig, feats)
             self.stats["estimates"] += 1
@@ -178,6 +179,21 @@ class Planner:
                               covers, attrs, est, step_error(k, node.dtype), sig, feats,
                               label=f"kernel:{k.name}"))
         return out
+
+    def _concrete(self, nodes_: Sequence[Node]) -> list[Node]:
+        """The nodes at ``self.dims`` (themselves when the graph has no symbolic dims)."""
+        if not self.dims:
+            return list(nodes_)
+        from tensor_graphs.planner.prepare import specialize_map
+
+        specialize_map(nodes_, self.dims, self._twins)
+        return [self._twins[n] for n in nodes_]
+
+    def _measure_key(self, covers, args, node) -> tuple[str, object]:
+        """The database signature and the work features of a kernel call, at ``self.dims``."""
+        twins = self._concrete([*covers, *args, node])
+        c_covers, c_args, c_node = twins[:len(covers)], twins[len(covers):-1], twins[-1]
+        return signature(c_args, c_node.attrs), features(c_covers, c_args, c_node)
 
     def _exclusive(self, covers: tuple[Node, ...], root: Node) -> bool:
         """A fused kernel may cover inner nodes only when nothing else reads them."""
@@ -195,8 +211,9 @@ class Planner:
     def _copy(self, slot: Slot, other: str) -> list[Option]:
         k = copies.route_kind(other, slot.device)
         args = (slot.node,)
-        sig = signature(args, {"device": slot.device})
-        feats = features((), args, slot.node)
+        (twin,) = self._concrete(args)
+        sig = signature((twin,), {"device": slot.device})
+        feats = features((), (twin,), twin)
         est = FREE if copies.cost_hint(k) == 0.0 else self.cost.estimate(k, sig, feats)
         return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), {}, est,
                        step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}")]
@@ -552,7 +569,8 @@ class BlockInstancePlan:
             return found
         sub = Planner(self.abstract, target=planner.target, cost=planner.cost,
                       tolerance=planner.tolerance, backends=planner.backends,
-                      weights_on=planner.weights_on, output_device=planner.target)
+                      weights_on=planner.weights_on, output_device=planner.target,
+                      dims=planner.dims)
         self.plan = sub.plan() if decisions is None else sub.replay(decisions)
         planner.stats["blocks_planned"] += 1
         for key in ("slots", "options", "estimates"):
@@ -570,12 +588,15 @@ class BlockInstancePlan:
 
     def concrete(self, n: Node) -> Node:
         """The instance's node for an abstract node of the sub-plan."""
-        found = self.mapping.get(n) or self._concrete.get(n)
+        found = self.mapping.get(n)
+        if found is None:
+            found = self._concrete.get(n)
         if found is not None:
             return found
         order = [m for m in nodes(n) if m not in self.mapping and m not in self._concrete]
         for m in order:
-            inputs = tuple(self.mapping.get(i) or self._concrete[i] for i in m.inputs)
+            inputs = tuple(self.mapping[i] if i in self.mapping else self._concrete[i]
+                           for i in m.inputs)
             self._concrete[m] = m if inputs == m.inputs else Node.make(m.op, inputs, m.attrs,
                                                                       m.name)
         return self._concrete[n]

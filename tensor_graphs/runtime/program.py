@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 
 from tensor_graphs.devices import track
 from tensor_graphs.errors import ArgumentError, EvaluationError, FeedError, ShapeError
 from tensor_graphs.ir.evaluate import bind_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.shapes import format_shape, is_static, resolve
+from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.planner.plan import Plan, Slot
 
 
@@ -28,25 +29,39 @@ from tensor_graphs.planner.plan import Plan, Slot
 class Instruction:
     fn: object
     args: tuple[int, ...]  # value indices
-    attrs: dict
+    attrs: dict  # may hold symbolic dims (a reshape to (batch, seq, 768)): see ``bound``
     out: int
     free: tuple[int, ...]  # values whose last use is here
     name: str  # the kernel's name, for errors
-    shape: tuple  # the result's expected shape
+    shape: tuple  # the result's expected shape (symbolic dims allowed)
     contiguous: bool  # the kernel reads its inputs as dense C-order buffers
-    place: tuple | None = None  # (device, byte offset, dtype): write the result into the arena
+    place: tuple | None = None  # (device, byte offset, bytes): write into the arena there
     fresh: bool = True  # the kernel returns a new array (not a view, not into the arena)
+    kernel: object = None
+    input_shapes: tuple = ()  # the kernel's arguments' shapes (symbolic), for constraints
+    dtypes: tuple = ()
+    dtype: object = None  # the result's numpy dtype
+
+
+class OutsideConstraintsError(Exception):
+    """A program planned for bounds meets dims where a chosen kernel does not apply."""
 
 
 STATIC_LEAVES = ("weight", "constant", "dim")  # fixed for a binding and dims
 
 
 class Executable:
-    """One plan flattened: leaf loaders, instructions over numbered values, outputs."""
+    """One plan flattened: leaf loaders, instructions over numbered values, outputs.
 
-    def __init__(self, plan: Plan, memory=None):
+    A plan made for bounds has symbolic shapes; ``bound(dims)`` resolves its attributes,
+    shapes and arena places for one set of dims (cached), and checks every kernel's
+    constraints there. The arena is laid out once, at the bounds: a value never needs more
+    bytes at smaller dims, so its place still fits (checked; otherwise it is allocated)."""
+
+    def __init__(self, plan: Plan, memory=None, twin: Plan | None = None):
         self.plan = plan
-        self.memory = memory  # the MemoryPlan: arena offsets of transient values
+        self.memory = memory  # the MemoryPlan of ``twin`` (the plan at the bounds)
+        self.twin = twin or plan
         index: dict[Slot, int] = {}
 
         def slot_index(slot: Slot) -> int:
@@ -57,69 +72,99 @@ class Executable:
 
         self.leaves = [(slot_index(s), s.node) for s in plan.leaves]
         steps = [(tuple(slot_index(i) for i in s.inputs), slot_index(Slot(s.node, s.device,
-                                                                            False)), s)
-                 for s in plan.steps]
+                                                                            False)), s, pos)
+                 for pos, s in enumerate(plan.steps)]
         self.outputs = [slot_index(s) for s in plan.outputs]
         # Steps that read only weights and constants (a transposed or re-laid-out weight)
-        # run once per binding, not per call: the prelude.
-        static = {i for i, node in self.leaves if node.op.name in STATIC_LEAVES}
+        # and do not depend on dims run once per binding, not per call: the prelude.
+        static = {i for i, node in self.leaves if _static_leaf(node)}
         prelude, main = [], []
-        for args, out, s in steps:
-            if all(a in static for a in args):
+        for args, out, s, pos in steps:
+            if all(a in static for a in args) and not _mentions_dims(s.node):
                 static.add(out)
-                prelude.append((args, out, s))
+                prelude.append((args, out, s, pos))
             else:
-                main.append((args, out, s))
+                main.append((args, out, s, pos))
         self.prelude = self._instructions(prelude, keep=static)
         self.instructions = self._instructions(main, keep=static | set(self.outputs), arena=True)
         needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
         self.static = sorted(i for i in static if i in needed)
+        self._static_set = set(self.static)
         self._static_values: list | None = None
         self.arenas: dict[str, np.ndarray] = {}
+        self._bindings: dict[tuple, tuple] = {}
         self.size = len(index)
 
     def _instructions(self, steps, keep: set[int], arena: bool = False) -> list[Instruction]:
         last: dict[int, int] = {}
-        for pos, (args, _, _) in enumerate(steps):
+        for i, (args, _, _, _) in enumerate(steps):
             for a in args:
-                last[a] = pos
+                last[a] = i
         out = []
-        for pos, (args, result, s) in enumerate(steps):
-            free = tuple(sorted({a for a in args if last[a] == pos and a not in keep}))
-            place = self._place(s) if arena else None
-            out.append(Instruction(s.kernel.fn, args, dict(s.attrs), result, free,
-                                   s.kernel.name, tuple(int(d) for d in s.node.shape),
-                                   s.kernel.contiguous, place,
-                                   place is None and not s.kernel.view))
+        for i, (args, result, s, pos) in enumerate(steps):
+            free = tuple(sorted({a for a in args if last[a] == i and a not in keep}))
+            place = self._place(s, pos) if arena else None
+            out.append(Instruction(
+                s.kernel.fn, args, dict(s.attrs), result, free, s.kernel.name,
+                tuple(s.node.shape), s.kernel.contiguous, place,
+                place is None and not s.kernel.view, s.kernel,
+                tuple(tuple(x.node.shape) for x in s.inputs),
+                tuple(x.node.dtype for x in s.inputs), s.node.dtype.np_dtype))
         return out
 
-    def _place(self, step) -> tuple | None:
+    def _place(self, step, pos: int) -> tuple | None:
         """Where the step writes its result in the arena, for kernels that take ``out=``."""
         if self.memory is None or not getattr(step.kernel, "writes_out", False):
             return None
-        p = self.memory.placements.get(self.plan.resolve(Slot(step.node, step.device, False)))
-        dtype = step.node.dtype.np_dtype
-        if p is None or p.kind != "arena" or not p.nbytes or (
-                p.alias_of is not None and step.kernel.inplace is None):
+        twin = self.twin.steps[pos]
+        p = self.memory.placements.get(self.twin.resolve(Slot(twin.node, twin.device, False)))
+        if p is None or p.kind != "arena" or not p.nbytes or p.alias_of is not None:
+            return None  # in-place results reuse their input's buffer: the kernel allocates
+        if p.strides is not None and p.strides != _c_strides(twin.node.shape,
+                                                              twin.node.dtype.np_dtype):
             return None
-        if p.strides is not None and p.strides != _c_strides(step.node.shape, dtype):
-            return None
-        return (p.device, p.offset, dtype)
+        return (p.device, p.offset, p.nbytes)
 
-    def _arena_outputs(self) -> list:
-        """Per instruction, the arena array it writes into (None: the kernel allocates)."""
-        found = getattr(self, "_outs", None)
-        if found is None:
-            arenas = {d: np.empty(n, np.uint8) for d, n in self.memory.arena.items()} \
-                if self.memory is not None else {}
-            found = self._outs = [
-                None if ins.place is None else np.ndarray(
-                    ins.shape, ins.place[2], buffer=arenas[ins.place[0]], offset=ins.place[1])
-                for ins in self.instructions]
-            self.arenas = arenas
-            for device, arena in arenas.items():  # Device.allocated counts them until freed
+    def _arenas(self) -> dict[str, np.ndarray]:
+        if not self.arenas and self.memory is not None:
+            self.arenas = {d: np.empty(n, np.uint8) for d, n in self.memory.arena.items()}
+            for device, arena in self.arenas.items():  # Device.allocated counts them
                 track(device, arena.nbytes)
                 weakref.finalize(self, track, device, -arena.nbytes)
+        return self.arenas
+
+    def bound(self, dims: Mapping) -> tuple[list, list, list]:
+        """Per instruction at ``dims``: attributes, result shape and arena array (or None).
+        Raises OutsideConstraintsError when a kernel's constraints fail there."""
+        key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
+        found = self._bindings.get(key)
+        if found is not None:
+            return found
+        arenas = self._arenas()
+        attrs, shapes, outs = [], [], []
+        for ins in self.instructions:
+            shape = tuple(int(d) for d in (resolve(ins.shape, dims) if dims else ins.shape))
+            if dims and ins.kernel is not None:
+                a = {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
+                     for k, v in ins.attrs.items()}
+                inputs = [resolve(x, dims) for x in ins.input_shapes]
+                reason = ins.kernel.constraint_failure(inputs, ins.dtypes, a)
+                if reason is not None:
+                    raise OutsideConstraintsError(f"{ins.name} at {dict(key)}: {reason}")
+            else:
+                a = ins.attrs
+            buf = None
+            if ins.place is not None:
+                device, offset, room = ins.place
+                if int(np.prod(shape)) * ins.dtype.itemsize <= room:
+                    buf = np.ndarray(shape, ins.dtype, buffer=arenas[device], offset=offset)
+            attrs.append(a)
+            shapes.append(shape)
+            outs.append(buf)
+        found = (attrs, shapes, outs)
+        if len(self._bindings) >= 64:
+            self._bindings.pop(next(iter(self._bindings)))
+        self._bindings[key] = found
         return found
 
     def invalidate(self) -> None:
@@ -130,47 +175,59 @@ class Executable:
             cache_static: bool = True) -> list[np.ndarray]:
         """One call. ``cache_static``: the weights are the bound ones, so the prelude's results
         from an earlier call stand (False when a call feeds weights itself)."""
+        attrs, shapes, outs = self.bound(dims)
         values: list = [None] * self.size
+        cached = cache_static and self._static_values is not None
         for i, node in self.leaves:
-            if node.op.name not in STATIC_LEAVES or self._static_values is None \
-                    or not cache_static:
+            if not (cached and i in self._static_set):
                 values[i] = leaf_value(node, arrays, dims)
         if self._static_values is None or not cache_static:
-            _execute(self.prelude, values)
+            _execute(self.prelude, values, [ins.attrs for ins in self.prelude],
+                     [ins.shape for ins in self.prelude], [None] * len(self.prelude), {})
             static = [(i, values[i]) for i in self.static]
             if cache_static:
                 self._static_values = static
         for i, v in self._static_values if cache_static else ():
             values[i] = v
-        _execute(self.instructions, values, self._arena_outputs(), self.arenas)
+        _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
         return [values[i] for i in self.outputs]
 
 
-def _execute(instructions: list[Instruction], values: list, outs=None, arenas=None) -> None:
+def _static_leaf(node: Node) -> bool:
+    """Weights, constants and dims that do not vary with the call's dims."""
+    return node.op.name in STATIC_LEAVES and not _mentions_dims(node)
+
+
+def _mentions_dims(node: Node) -> bool:
+    return bool(free_symbols(tuple(node.shape))) or any(
+        isinstance(v, (sympy.Basic, tuple)) and free_symbols(v) for v in node.attrs.values())
+
+
+def _execute(instructions: list[Instruction], values: list, attrs: list, shapes: list,
+             outs: list, arenas: Mapping) -> None:
     """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
     arena place) or None. A kernel that allocates but hands back memory inside an arena (an
     undeclared alias of an input) gets its result copied out, so arena reuse stays safe."""
-    outs = outs or [None] * len(instructions)
-    regions = list((arenas or {}).values())
+    regions = list(arenas.values())
     with np.errstate(all="ignore"):
-        for ins, buf in zip(instructions, outs):
+        for ins, kw, shape, buf in zip(instructions, attrs, shapes, outs):
             args = [values[a] for a in ins.args]
             if ins.contiguous:  # views (a permute, a slice) are made dense first
                 args = [a if a.flags.c_contiguous else dense(a) for a in args]
             try:
                 if buf is not None:
-                    out = ins.fn(*args, out=buf, **ins.attrs)
+                    out = ins.fn(*args, out=buf, **kw)
                 else:
-                    out = ins.fn(*args, **ins.attrs)
+                    out = ins.fn(*args, **kw)
                     if ins.fresh and regions and out.base is not None and any(
                             np.may_share_memory(out, r) for r in regions):
                         out = out.copy()
-                if out.shape != ins.shape:
+                if out.shape != shape:
                     raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
-                                     f"expects {format_shape(ins.shape)}")
+                                     f"expects {format_shape(shape)}")
             except Exception as exc:
-                shapes = ", ".join(format_shape(values[a].shape) for a in ins.args)
-                raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shapes}: "
+                shown = ", ".join(format_shape(values[a].shape) for a in ins.args)
+                raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shown}: "
                                       f"{type(exc).__name__}: {exc}") from exc
             values[ins.out] = out
             for f in ins.free:
@@ -218,6 +275,7 @@ class CompiledGraph:
         self._by_name = {leaf.name: leaf for leaf in self._leaves}
         self._bound: dict[str, np.ndarray] = {}
         self._executables: dict[tuple, Executable] = {}
+        self._symbolic: Executable | None = None
         self._last: Executable | None = None
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
                                       "replayed": 0, "slots": 0, "options": 0,
@@ -226,19 +284,43 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------------ planning
     def _executable(self, dims: Mapping) -> Executable:
+        if self._symbolic is not None:  # planned once for the bounds
+            self._planner.check_bounds(dims)
+            try:
+                self._symbolic.bound(dims)
+                self._last = self._symbolic
+                return self._symbolic
+            except OutsideConstraintsError:  # a kernel chosen at the bounds does not apply
+                self.stats["outside_bounds_plans"] = self.stats.get("outside_bounds_plans",
+                                                                    0) + 1
         key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
         found = self._executables.get(key)
         if found is None:
-            from tensor_graphs.memory import check_fits, plan_memory
-
             plan = self._planner(dict(dims), self.stats)
-            memory = plan_memory(plan)
-            device = self._planner.device
-            check_fits(memory, {device.kind: device})  # OutOfMemory before anything runs
-            found = self._executables[key] = Executable(plan, memory)
-            self.stats["plans"] += 1
+            found = self._executables[key] = self._load(plan, plan)
         self._last = found
         return found
+
+    def _plan_symbolic(self, bounds: Mapping) -> None:
+        """Plan the graph once with its symbolic dims, costed at ``bounds``: every call with
+        dims up to them runs this one program (``Executable.bound``)."""
+        plan, twin = self._planner.symbolic(bounds, self.stats)
+        self._symbolic = self._last = self._load(plan, twin)
+        self._symbolic.bound(self._planner.bounds)  # kernels' constraints at the bounds
+
+    def _load(self, plan: Plan, twin: Plan) -> Executable:
+        """The executable of ``plan``, memory-planned on ``twin`` (the plan at concrete dims);
+        raises OutOfMemory before anything runs."""
+        from tensor_graphs.memory import check_fits, plan_memory
+
+        memory = plan_memory(twin)
+        device = self._planner.device
+        check_fits(memory, {device.kind: device})
+        self.stats["plans"] += 1
+        return Executable(plan, memory, twin)
+
+    def _all_executables(self) -> list[Executable]:
+        return list(self._executables.values()) + ([self._symbolic] if self._symbolic else [])
 
     @property
     def plan(self) -> Plan:
@@ -247,6 +329,19 @@ class CompiledGraph:
             raise ArgumentError("this program has symbolic dims and no bounds, so nothing is "
                                 "planned until the first call (or compile with bounds=...)")
         return self._last.plan
+
+    @property
+    def concrete_plan(self) -> Plan:
+        """The plan with its symbolic dims at the bounds' values: what the memory plan lays
+        out (the plan itself when the graph has no symbolic dims)."""
+        self.plan  # noqa: B018 - raises when nothing is planned yet
+        return self._last.twin
+
+    @property
+    def memory_plan(self):
+        """The MemoryPlan of ``concrete_plan``: arena offsets, liveness, totals."""
+        self.plan  # noqa: B018
+        return self._last.memory
 
     def explain(self, limit: int | None = None) -> str:
         return self.plan.explain(limit)
@@ -279,7 +374,7 @@ class CompiledGraph:
                                  f", the graph declares {format_shape(leaf.shape)}")
             bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
             self._bound[name] = dense(array, leaf.dtype.np_dtype)
-        for exe in self._executables.values():
+        for exe in self._all_executables():
             exe.invalidate()
         return self
 
@@ -301,7 +396,7 @@ class CompiledGraph:
                              "them with prog.bind(...)")
         arrays = read_safetensors(path, wanted, strict=strict, rename=rename)
         self._bound.update(arrays)  # read_safetensors checked names, shapes and dtypes
-        for exe in self._executables.values():
+        for exe in self._all_executables():
             exe.invalidate()
         return self
 

@@ -241,7 +241,7 @@ def test_compiled_graph_and_out_of_memory():
     w = tg.weight("w", (64, 64))
     y = tg.relu(x @ w) @ w
     prog = tg.compile(y, db=":memory:")
-    mp = plan_memory(prog.plan)
+    mp = plan_memory(prog.concrete_plan)
     assert mp.totals()["cpu"] == mp.arena["cpu"] + mp.weights["cpu"]
     assert mp.weights["cpu"] >= 64 * 64 * 4
     big = tg.Device("cpu", capacity=1 << 40)
@@ -262,7 +262,7 @@ def test_compiled_graph_and_out_of_memory():
         check_fits(mp, {"cpu:any": small})  # found by its kind
     feeds = {"x": np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32),
              "w": np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)}
-    got = run_in_arena(prog.plan, mp, feeds)[0]
+    got = run_in_arena(prog.concrete_plan, mp, feeds)[0]
     np.testing.assert_allclose(got, prog(**feeds), rtol=1e-5, atol=1e-4)
 
 

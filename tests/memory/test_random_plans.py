@@ -107,7 +107,7 @@ def test_random_graph_memory_plan(data):
     feeds = {k: v for k, v in feeds.items() if k in used}
     backends = data.draw(st.sampled_from([None, ("numpy",)]))
     prog = tg.compile(outputs, db=":memory:", backends=backends)
-    plan = prog.plan
+    plan = prog.concrete_plan
     mp = plan_memory(plan)
     _check(plan, mp)
     got = run_in_arena(plan, mp, feeds)
@@ -122,11 +122,11 @@ def test_small_gpt2_runs_out_of_its_arena():
     y = gpt2_style(2, d_model=64, heads=4, vocab=97, n_ctx=32)
     for backends in (None, ("numpy",)):
         prog = tg.compile(y, db=":memory:", bounds={"batch": 2, "seq": 16}, backends=backends)
-        mp = plan_memory(prog.plan)
-        _check(prog.plan, mp)
+        mp = plan_memory(prog.concrete_plan)
+        _check(prog.concrete_plan, mp)
         feeds = random_feeds(y, {"batch": 2, "seq": 16})
         feeds["ids"] = np.random.default_rng(0).integers(0, 97, (2, 16))
-        got = run_in_arena(prog.plan, mp, feeds, {"batch": 2, "seq": 16})[0]
+        got = run_in_arena(prog.concrete_plan, mp, feeds, {"batch": 2, "seq": 16})[0]
         assert relative_error(got, prog(**feeds)) <= 1e-6
         assert mp.ratio("cpu") <= 1.5
 
@@ -134,8 +134,8 @@ def test_small_gpt2_runs_out_of_its_arena():
 @pytest.mark.slow
 def test_gpt2_small_arena_near_the_lower_bound():
     prog = tg.compile(gpt2_style(12), db=":memory:", bounds={"batch": 1, "seq": 128})
-    mp = plan_memory(prog.plan)
-    _check(prog.plan, mp)
+    mp = plan_memory(prog.concrete_plan)
+    _check(prog.concrete_plan, mp)
     assert mp.lower_bound["cpu"] <= mp.arena["cpu"] <= 1.5 * mp.lower_bound["cpu"]
     assert mp.arena["cpu"] < mp.no_reuse["cpu"]
     assert 124e6 * 4 <= mp.weights["cpu"] <= 130e6 * 4  # GPT-2 small's parameters, once

@@ -913,11 +913,11 @@ class FusedKernel(registry.Kernel):
     pattern_size: int = 0
     summary: str = ""
 
-    def match(self, node: Node, uses=None) -> pat.Match | None:
+    def match(self, node: Node, uses=None, dims=None) -> pat.Match | None:
         if node.op.name != self.op:
             return None
         if self.pattern_size <= MAX_PATTERN_MATCH:
-            m = super().match(node, uses)
+            m = super().match(node, uses, dims)
             if m is None:
                 return None
             # a Const stands for a 0-d constant here; a larger uniform constant matched
@@ -936,8 +936,9 @@ class FusedKernel(registry.Kernel):
         if region_digest(region) != self.region_digest:
             return None
         bindings = dict(zip(self.inputs, region.inputs))
-        if self.constraint_failure([b.shape for b in region.inputs],
-                                   [b.dtype for b in region.inputs], dict(node.attrs)):
+        if self.constraint_failure([registry.concrete(b.shape, dims) for b in region.inputs],
+                                   [b.dtype for b in region.inputs],
+                                   registry.concrete_attrs(node.attrs, dims)):
             return None
         return pat.Match(bindings)
 
