@@ -17,12 +17,19 @@ import numpy as np
 import sympy
 
 from tensor_graphs.devices import track
-from tensor_graphs.errors import ArgumentError, EvaluationError, FeedError, ShapeError
+from tensor_graphs.errors import (
+    ArgumentError,
+    EvaluationError,
+    FeedError,
+    ShapeError,
+    StateError,
+)
 from tensor_graphs.ir.evaluate import bind_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.planner.plan import Plan, Slot
+from tensor_graphs.runtime.state import State, kept_states
 
 
 @dataclass(frozen=True, eq=False)
@@ -277,6 +284,10 @@ class CompiledGraph:
         self._executables: dict[tuple, Executable] = {}
         self._symbolic: Executable | None = None
         self._last: Executable | None = None
+        self._kept = kept_states(outputs)  # output position -> (state name, axis)
+        self._states = {name: State(self._by_name[name], axis)
+                        for name, axis in self._kept.values()}
+        self._capacity: dict[str, int] = {}  # a kept state's length at the bounds
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
                                       "replayed": 0, "slots": 0, "options": 0,
                                       "estimates": 0, "measured": 0, "calls": 0, "blocks": 0,
@@ -305,6 +316,9 @@ class CompiledGraph:
         """Plan the graph once with its symbolic dims, costed at ``bounds``: every call with
         dims up to them runs this one program (``Executable.bound``)."""
         plan, twin = self._planner.symbolic(bounds, self.stats)
+        values = self._planner.bounds
+        for i, (name, axis) in self._kept.items():
+            self._capacity[name] = int(resolve(tuple(self._outputs[i].shape), values)[axis])
         self._symbolic = self._last = self._load(plan, twin)
         self._symbolic.bound(self._planner.bounds)  # kernels' constraints at the bounds
 
@@ -373,6 +387,10 @@ class CompiledGraph:
                 raise ShapeError(f"bind: weight '{name}' has shape {format_shape(array.shape)}"
                                  f", the graph declares {format_shape(leaf.shape)}")
             bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
+            if name in self._states:  # kept state: into its buffer, grown by later calls
+                self._states[name].set(dense(array, leaf.dtype.np_dtype),
+                                       self._capacity.get(name, 0))
+                continue
             self._bound[name] = dense(array, leaf.dtype.np_dtype)
         for exe in self._all_executables():
             exe.invalidate()
@@ -405,12 +423,16 @@ class CompiledGraph:
         overlap = sorted(set(feeds) & set(self._bound))
         if overlap:
             raise FeedError(f"{overlap} are bound weights; pass them to bind(), not the call")
+        kept = {n: st.prefix() for n, st in self._states.items()
+                if n not in feeds and st.buffer is not None}
         unbound = sorted(n for n, lf in self._by_name.items()
-                         if lf.op.name != "input" and n not in self._bound and n not in feeds)
+                         if lf.op.name != "input" and n not in self._bound and n not in feeds
+                         and n not in kept)
         if unbound:
-            raise FeedError(f"weight(s) {unbound} are not bound: call prog.bind("
-                            + ", ".join(f"{n}=..." for n in unbound) + ") first")
-        arrays, dims = bind_feeds(self._leaves, {**self._bound, **feeds}, lift=False)
+            raise FeedError(f"weight(s) or state(s) {unbound} are not bound: call prog.bind("
+                            + ", ".join(f"{n}=..." for n in unbound) + ") first (a state "
+                            "starts as what you bind, an empty cache included)")
+        arrays, dims = bind_feeds(self._leaves, {**self._bound, **kept, **feeds}, lift=False)
         exe = self._executable(dims)
         self.stats["calls"] += 1
         fed_weights = any(self._by_name[n].op.name == "weight" for n in feeds)
@@ -418,9 +440,25 @@ class CompiledGraph:
         fed = {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()}
         fed |= {id(v) for _, v in exe._static_values or ()}  # kept for later calls
         out, seen = [], set()
-        for r in results:
+        for i, r in enumerate(results):
             r = np.asarray(r)
+            if i in self._kept:  # the new state: kept, and shown read-only (no copy)
+                name = self._kept[i][0]
+                self._states[name].set(r, self._capacity.get(name, 0))
+                out.append(self._states[name].view())
+                continue
             own = r.flags.owndata and r.base is None and id(r) not in fed and id(r) not in seen
             seen.add(id(r))
             out.append(r if own else r.copy())
         return out[0] if self._single else out
+
+    def state(self, name: str) -> np.ndarray:
+        """The current value of a kept state (read-only view of its active prefix)."""
+        st = self._states.get(name)
+        if st is None:
+            raise FeedError(f"'{name}' is not a state this program keeps; it keeps "
+                            f"{sorted(self._states) or 'none'} (a state is kept when the graph "
+                            "returns a new version of it)")
+        if st.buffer is None:
+            raise StateError(f"state '{name}' has no value yet: prog.bind({name}=...)")
+        return st.view()

@@ -16,6 +16,7 @@ import numpy as np
 
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.kernels import storage
 from tensor_graphs.kernels.numpy._util import (
     ALL,
     FLOATS,
@@ -259,5 +260,14 @@ def numpy_copy_to(x, device, *, out=None):
 @kernel("state_update", backend="numpy", name="numpy_state_update", where=same_dtype,
         tolerance=NONE)
 def numpy_state_update(state, value, axis, offset):
-    """A new version of the state with value written at offset along axis (may grow it)."""
+    """A new version of the state with value written at offset along axis (may grow it).
+    Appending to a state a program keeps in its own buffer (``kernels.storage``) writes in
+    place and returns the longer prefix; anything else copies, as the reference does."""
+    if offset == state.shape[axis]:
+        longer = storage.grown(state, axis, offset + value.shape[axis])
+        if longer is not None:
+            index = [slice(None)] * state.ndim
+            index[axis] = slice(offset, offset + value.shape[axis])
+            longer[tuple(index)] = value
+            return longer
     return OPS["state_update"].reference([state, value], {"axis": axis, "offset": offset})

@@ -1,0 +1,75 @@
+"""Kept state (a KV cache): one buffer, appended in place, one plan for every length."""
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+
+RNG = np.random.default_rng(0)
+
+
+def cache_program(bounds=None):
+    kv = tg.state("kv", ("past", 4))
+    x = tg.input("x", ("seq", 4))
+    new = tg.state_update(kv, x, offset="past", axis=0)
+    old_sum = kv.sum(axis=0)  # reads the version before the update
+    score = (new @ tg.weight("w", (4, 1))).sum(axis=0)
+    prog = tg.compile([score, old_sum, new], db=":memory:", bounds=bounds)
+    return prog, [score, old_sum, new]
+
+
+def test_decode_appends_in_place_with_one_plan():
+    prog, outs = cache_program({"past": 30, "seq": 2})
+    W = RNG.standard_normal((4, 1)).astype(np.float32)
+    prog.bind(w=W, kv=np.zeros((0, 4), np.float32))
+    buffer = prog._states["kv"].buffer
+    seen = []
+    for step in range(6):
+        X = RNG.standard_normal((2 if step == 0 else 1, 4)).astype(np.float32)
+        before = np.concatenate(seen) if seen else np.zeros((0, 4), np.float32)
+        score, old_sum, state = prog(x=X)
+        seen.append(X)
+        ref = tg.evaluate(outs, {"x": X, "w": W, "kv": before}, dtype="float64")
+        assert tg.numerics.relative_error(score, ref[0]) < 1e-5
+        np.testing.assert_allclose(old_sum, ref[1], atol=1e-5)
+        np.testing.assert_array_equal(state, np.concatenate(seen))
+        assert not state.flags.writeable
+    assert prog._states["kv"].buffer is buffer  # never reallocated nor copied
+    assert buffer.shape == (32, 4)  # past + seq at the bounds
+    assert prog.stats["planner_runs"] == 1 and prog.stats["plans"] == 1
+    np.testing.assert_array_equal(prog.state("kv"), np.concatenate(seen))
+    with pytest.raises(tg.ShapeError, match="past=31"):
+        for _ in range(30):
+            prog(x=np.ones((1, 4), np.float32))
+
+
+def test_without_bounds_the_buffer_doubles():
+    prog, _ = cache_program()
+    prog.bind(w=np.ones((4, 1), np.float32), kv=np.zeros((1, 4), np.float32))
+    rows = [np.zeros((1, 4), np.float32)]
+    for _ in range(9):
+        X = RNG.standard_normal((1, 4)).astype(np.float32)
+        rows.append(X)
+        _, _, state = prog(x=X)
+    np.testing.assert_array_equal(state, np.concatenate(rows))
+    assert prog._states["kv"].buffer.shape[0] >= 10
+
+
+def test_state_errors_are_clear():
+    prog, _ = cache_program({"past": 8, "seq": 2})
+    prog.bind(w=np.ones((4, 1), np.float32))
+    with pytest.raises(tg.FeedError, match="kv"):
+        prog(x=np.ones((1, 4), np.float32))
+    with pytest.raises(tg.StateError, match="no value"):
+        prog.state("kv")
+    with pytest.raises(tg.FeedError, match="keeps"):
+        prog.state("w")
+
+
+def test_update_kernel_copies_user_arrays():
+    k = tg.kernels.get("numpy_state_update")
+    big = np.zeros((6, 4), np.float32)
+    view = big[:2]
+    out = k.fn(view, np.ones((1, 4), np.float32), axis=0, offset=2)
+    assert out.shape == (3, 4) and not np.shares_memory(out, big)
+    assert not big[2:].any()  # a user's array is never written past its view
