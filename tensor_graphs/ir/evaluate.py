@@ -88,15 +88,20 @@ def _bind_dims(by_name: dict[str, Node], arrays: dict[str, np.ndarray]) -> dict:
     dims: dict[sympy.Symbol, int] = {}
     where: dict[sympy.Symbol, str] = {}
     deferred = []
+    def expected(name: str) -> str:  # only built for an error message
+        return (f"expected shape {format_shape(by_name[name].shape)}, got "
+                f"{format_shape(arrays[name].shape)}")
+
     for name, leaf in by_name.items():
         shape = arrays[name].shape
-        expected = f"expected shape {format_shape(leaf.shape)}, got {format_shape(shape)}"
         if len(shape) != len(leaf.shape):
-            raise ShapeError(f"feed '{name}': {expected} (rank {len(leaf.shape)} vs {len(shape)})")
+            raise ShapeError(f"feed '{name}': {expected(name)} (rank {len(leaf.shape)} vs "
+                             f"{len(shape)})")
         for axis, (want, got) in enumerate(zip(leaf.shape, shape)):
             if isinstance(want, int):
                 if want != got:
-                    raise ShapeError(f"feed '{name}': {expected} (axis {axis}: {want} vs {got})")
+                    raise ShapeError(f"feed '{name}': {expected(name)} (axis {axis}: {want} vs "
+                                     f"{got})")
             elif isinstance(want, sympy.Symbol):
                 if want in dims and dims[want] != got:
                     raise ShapeError(f"feed '{name}': dim '{want}' is {got} on axis {axis}, but "
@@ -104,8 +109,8 @@ def _bind_dims(by_name: dict[str, Node], arrays: dict[str, np.ndarray]) -> dict:
                 dims.setdefault(want, got)
                 where.setdefault(want, name)
             else:
-                deferred.append((name, axis, want, got, expected))
-    for name, axis, want, got, expected in deferred:
+                deferred.append((name, axis, want, got))
+    for name, axis, want, got in deferred:
         value = want.xreplace(dims)
         free = sorted(value.free_symbols, key=str)
         if len(free) == 1:
@@ -116,7 +121,8 @@ def _bind_dims(by_name: dict[str, Node], arrays: dict[str, np.ndarray]) -> dict:
                 where[free[0]] = name
                 value = want.xreplace(dims)
         if not (value.is_Integer and int(value) == got):
-            raise ShapeError(f"feed '{name}': {expected} (axis {axis}: {want} = {value} vs {got})")
+            raise ShapeError(f"feed '{name}': {expected(name)} (axis {axis}: {want} = {value} vs "
+                             f"{got})")
     return dims
 
 

@@ -420,6 +420,10 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------------ running
     def __call__(self, **feeds):
+        unknown = sorted(set(feeds) - set(self._by_name))
+        if unknown:
+            raise FeedError(f"unknown feed(s) {unknown}; the graph's leaves are "
+                            f"{sorted(self._by_name) or 'none'}")
         overlap = sorted(set(feeds) & set(self._bound))
         if overlap:
             raise FeedError(f"{overlap} are bound weights; pass them to bind(), not the call")
@@ -432,7 +436,14 @@ class CompiledGraph:
             raise FeedError(f"weight(s) or state(s) {unbound} are not bound: call prog.bind("
                             + ", ".join(f"{n}=..." for n in unbound) + ") first (a state "
                             "starts as what you bind, an empty cache included)")
-        arrays, dims = bind_feeds(self._leaves, {**self._bound, **kept, **feeds}, lift=False)
+        # bound weights were checked by bind: only what this call brings is validated
+        given = {**kept, **feeds}
+        check = [lf for lf in self._leaves if lf.name in given
+                 or (lf.name in self._bound and not is_static(lf.shape))]
+        arrays, dims = bind_feeds(check, {lf.name: given.get(lf.name, self._bound.get(lf.name))
+                                          for lf in check}, lift=False)
+        for name, value in self._bound.items():
+            arrays.setdefault(name, value)
         exe = self._executable(dims)
         self.stats["calls"] += 1
         fed_weights = any(self._by_name[n].op.name == "weight" for n in feeds)
