@@ -9,6 +9,7 @@ after its last use. Weights are bound once (``bind``) in the user's layout.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +101,11 @@ class Executable:
         self._static_values: list | None = None
         self.arenas: dict[str, np.ndarray] = {}
         self._bindings: dict[tuple, tuple] = {}
+        self._resolvers: list | None = None
+        self.symbols = sorted(set().union(*(free_symbols(ins.shape) | free_symbols(
+            tuple(ins.input_shapes)) | free_symbols(tuple(v for v in ins.attrs.values()
+                                                          if isinstance(v, (sympy.Basic, tuple))))
+            for ins in self.instructions)) if self.instructions else set(), key=str)
         self.size = len(index)
 
     def _instructions(self, steps, keep: set[int], arena: bool = False) -> list[Instruction]:
@@ -148,22 +154,21 @@ class Executable:
         if found is not None:
             return found
         arenas = self._arenas()
+        if self._resolvers is None:
+            self._resolvers = [_InstructionResolver(ins, self.symbols)
+                               for ins in self.instructions]
+        values = tuple(int(dims[s]) for s in self.symbols)
         attrs, shapes, outs = [], [], []
-        for ins in self.instructions:
-            shape = tuple(int(d) for d in (resolve(ins.shape, dims) if dims else ins.shape))
-            if dims and ins.kernel is not None:
-                a = {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
-                     for k, v in ins.attrs.items()}
-                inputs = [resolve(x, dims) for x in ins.input_shapes]
-                reason = ins.kernel.constraint_failure(inputs, ins.dtypes, a)
+        for ins, r in zip(self.instructions, self._resolvers):
+            shape, a = r.shape(values), r.attrs(values)
+            if r.shape_dependent_check:  # a shape predicate may fail at other dims
+                reason = ins.kernel.constraint_failure(r.inputs(values), ins.dtypes, a)
                 if reason is not None:
                     raise OutsideConstraintsError(f"{ins.name} at {dict(key)}: {reason}")
-            else:
-                a = ins.attrs
             buf = None
             if ins.place is not None:
                 device, offset, room = ins.place
-                if int(np.prod(shape)) * ins.dtype.itemsize <= room:
+                if math.prod(shape) * ins.dtype.itemsize <= room:
                     buf = np.ndarray(shape, ins.dtype, buffer=arenas[device], offset=offset)
             attrs.append(a)
             shapes.append(shape)
@@ -198,6 +203,38 @@ class Executable:
             values[i] = v
         _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
         return [values[i] for i in self.outputs]
+
+
+def _resolver(value, symbols: list):
+    """A fast function of the dims' values (in ``symbols`` order) giving ``value`` with its
+    dims resolved: compiled once with sympy.lambdify, so a new sequence length costs
+    microseconds per instruction, not a symbolic substitution."""
+    if not free_symbols(value):
+        return lambda _: value
+    if isinstance(value, tuple) and all(not isinstance(v, tuple) for v in value):
+        fn = sympy.lambdify(symbols, list(value), "math")  # one call for a whole shape
+        return lambda d: tuple(int(v) for v in fn(*d))
+    if isinstance(value, tuple):
+        parts = [_resolver(v, symbols) for v in value]
+        return lambda d: tuple(p(d) for p in parts)
+    fn = sympy.lambdify(symbols, value, "math")
+    return lambda d: int(fn(*d))
+
+
+class _InstructionResolver:
+    """An instruction's shape, attributes and input shapes as functions of the dims."""
+
+    def __init__(self, ins: Instruction, symbols: list):
+        self.shape = _resolver(tuple(ins.shape), symbols)
+        symbolic = {k: _resolver(v, symbols) for k, v in ins.attrs.items()
+                    if isinstance(v, (sympy.Basic, tuple)) and free_symbols(v)}
+        fixed = dict(ins.attrs)
+        self.attrs = (lambda d: {**fixed, **{k: f(d) for k, f in symbolic.items()}}) \
+            if symbolic else (lambda _: fixed)
+        self.inputs = _resolver(tuple(ins.input_shapes), symbols)
+        k = ins.kernel
+        self.shape_dependent_check = k is not None and k.where is not None and bool(
+            free_symbols(tuple(ins.input_shapes)) or symbolic)
 
 
 def _static_leaf(node: Node) -> bool:
