@@ -64,72 +64,55 @@ class PlanSettings:
         self.backends = None if backends is None else tuple(backends)
         self.decisions = None if decisions is None else tuple(decisions)
 
-    def planner(self, prepared: list[Node], blocks: bool = True) -> Planner:
+    def planner(self, prepared: list[Node], blocks: bool = True,
+                dims: Mapping | None = None) -> Planner:
+        """A planner for ``prepared``; ``dims`` are the values a symbolic graph is costed at."""
         return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
-                       tolerance=self.tolerance, backends=self.backends, blocks=blocks)
+                       tolerance=self.tolerance, backends=self.backends, blocks=blocks,
+                       dims=dims)
 
     def __call__(self, dims: Mapping, stats: dict) -> Plan:
+        """The plan for these dims (the graph specialized to them)."""
         dims = as_symbols(dims)
         self._check_bounds(dims)
-        prepared = prepare(self.outputs, dims)
-        planner = self.planner(prepared)
-        if self.decisions is not None:
-            plan = planner.replay(self.decisions)
-            stats["replayed"] += 1
-        else:
-            key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db)
-            found = cache.get(key)
-            if found is not None:
-                plan = planner.replay(found)
-                stats["plan_cache_hits"] += 1
-            else:
-                plan = planner.plan()
-                stats["planner_runs"] += 1
-                if self.profile == "missing":
-                    from tensor_graphs.profiler.missing import profile_missing
-
-                    everything = self.planner(prepared, blocks=False)  # every option seen
-                    everything.solve()
-                    stats["measured"] += profile_missing(everything, self.db)
-                    planner = self.planner(prepared)
-                    plan = planner.plan()
-                    key = cache.key(prepared, self.device.name, self.tolerance, self.backends,
-                                    self.db)
-                cache.put(key, plan.decisions)
-        for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
-                     "block_cache_hits"):
-            stats[name] += planner.stats[name]
-        return plan
-
+        return self._plan(prepare(self.outputs, dims), None, dims, stats)
 
     def symbolic(self, bounds: Mapping, stats: dict) -> tuple[Plan, Plan]:
         """The plan of the graph with its symbolic dims kept, costed at ``bounds``, and the same
         plan at the bounds (for memory planning)."""
         bounds = as_symbols(bounds)
-        if self.profile == "missing":  # measure at the bounds, then plan
-            from tensor_graphs.profiler.missing import profile_missing
+        plan = self._plan(prepare_symbolic(self.outputs), bounds, bounds, stats)
+        return plan, plan.at(bounds)
 
-            everything = self.planner(prepare(self.outputs, bounds), blocks=False)
-            everything.solve()
-            stats["measured"] += profile_missing(everything, self.db)
-        prepared = prepare_symbolic(self.outputs)
-        planner = Planner(prepared, target=self.device.kind,
-                          cost=cost_model(self.db, self.kinds), tolerance=self.tolerance,
-                          backends=self.backends, blocks=True, dims=bounds)
-        key = cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
-                        bounds)
-        found = self.decisions or cache.get(key)
+    def _plan(self, prepared: list[Node], costed_at: Mapping | None, dims: Mapping,
+              stats: dict) -> Plan:
+        """Replay a lock file or a cached plan, else (after measuring what is missing, with
+        profile="missing") search."""
+        def key() -> tuple:
+            return cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
+                             costed_at)
+
+        planner = self.planner(prepared, dims=costed_at)
+        found = self.decisions or cache.get(key())
         if found is not None:
             plan = planner.replay(found)
             stats["replayed" if self.decisions else "plan_cache_hits"] += 1
         else:
+            if self.profile == "missing":
+                from tensor_graphs.profiler.missing import profile_missing
+
+                concrete = prepared if costed_at is None else prepare(self.outputs, dims)
+                everything = self.planner(concrete, blocks=False)  # every option it sees
+                everything.solve()
+                stats["measured"] += profile_missing(everything, self.db)
+                planner = self.planner(prepared, dims=costed_at)  # with the new rows
             plan = planner.plan()
             stats["planner_runs"] += 1
-            cache.put(key, plan.decisions)
+            cache.put(key(), plan.decisions)
         for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
                      "block_cache_hits"):
             stats[name] += planner.stats[name]
-        return plan, plan.at(bounds)
+        return plan
 
     def check_bounds(self, dims: Mapping) -> None:
         self._check_bounds(as_symbols(dims))
