@@ -98,6 +98,9 @@ class Executable:
         needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
         self.static = sorted(i for i in static if i in needed)
         self._static_set = set(self.static)
+        # a weight view (a transposed embedding, say) read by a kernel that needs dense input
+        self._dense_static = sorted({a for ins in self.instructions if ins.contiguous
+                                     for a in ins.args if a in self._static_set})
         self._static_values: list | None = None
         self.arenas: dict[str, np.ndarray] = {}
         self._bindings: dict[tuple, tuple] = {}
@@ -196,6 +199,8 @@ class Executable:
         if self._static_values is None or not cache_static:
             _execute(self.prelude, values, [ins.attrs for ins in self.prelude],
                      [ins.shape for ins in self.prelude], [None] * len(self.prelude), {})
+            for i in self._dense_static:  # made dense once per binding, not per call
+                values[i] = dense(values[i])
             static = [(i, values[i]) for i in self.static]
             if cache_static:
                 self._static_values = static
@@ -205,10 +210,21 @@ class Executable:
         return [values[i] for i in self.outputs]
 
 
+_RESOLVERS: dict = {}  # (value, symbols) -> resolver: the layers of a model share their shapes
+
+
 def _resolver(value, symbols: list):
     """A fast function of the dims' values (in ``symbols`` order) giving ``value`` with its
     dims resolved: compiled once with sympy.lambdify, so a new sequence length costs
     microseconds per instruction, not a symbolic substitution."""
+    key = (value, tuple(symbols))
+    found = _RESOLVERS.get(key)
+    if found is None:
+        found = _RESOLVERS[key] = _make_resolver(value, symbols)
+    return found
+
+
+def _make_resolver(value, symbols: list):
     if not free_symbols(value):
         return lambda _: value
     if isinstance(value, tuple) and all(not isinstance(v, tuple) for v in value):

@@ -468,3 +468,19 @@ def test_arena_results_survive_later_calls():
     assert not np.shares_memory(first, second)
     ref = tg.evaluate(y, {**feeds, "ids": b_ids}, dtype="float64")
     assert tg.numerics.relative_error(second, ref) < 1e-4
+
+
+def test_a_weight_view_is_made_dense_once_per_binding():
+    x = tg.input("x", (4, 16))
+    w = tg.weight("w", (8, 16))
+    prog = tg.compile(x @ w.permute(1, 0), db=":memory:", backends=("numpy", "c"))
+    exe = prog._executable({})
+    W = RNG.standard_normal((8, 16)).astype(np.float32)
+    X = RNG.standard_normal((4, 16)).astype(np.float32)
+    prog.bind(w=W)
+    np.testing.assert_allclose(prog(x=X), X @ W.T, rtol=1e-5)
+    if any(i.contiguous for i in exe.instructions):  # the plan reads the view densely
+        assert exe._dense_static
+        assert all(v.flags.c_contiguous for i, v in exe._static_values if i in
+                   exe._dense_static)
+    np.testing.assert_allclose(prog(x=X), X @ W.T, rtol=1e-5)
