@@ -311,6 +311,19 @@ def matching(node: Node, uses=None, backends: Iterable[str] | None = None, dims=
     return out
 
 
+def unregistered(pattern, fn: Callable, *, backend: str = "numpy", **options) -> Kernel:
+    """The Kernel ``@kernel(pattern, backend=..., **options)`` would register for ``fn``, without
+    registering it (tests and tools that must leave the registry as they found it)."""
+    global _PENDING
+    saved = _PENDING
+    _PENDING = []
+    try:
+        kernel(pattern, backend=backend, name=options.pop("name", fn.__name__), **options)(fn)
+        return _PENDING[0][0]
+    finally:
+        _PENDING = saved
+
+
 def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu",
            dtypes: Iterable | None = None, ranks: Iterable[int] | None = None,
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,

@@ -11,16 +11,7 @@ from tensor_graphs.errors import KernelVerificationError
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.verify import compare
 
-
-def make(pattern, fn, **options):
-    """A kernel object, not registered (so tests leave the registry as they found it)."""
-    saved = registry._PENDING
-    registry._PENDING = []
-    try:
-        registry.kernel(pattern, backend="numpy", name=fn.__name__, **options)(fn)
-        return registry._PENDING[0][0]
-    finally:
-        registry._PENDING = saved
+make = registry.unregistered  # a kernel object the registry does not keep
 
 
 def test_a_correct_kernel_passes_and_reports_what_it_tried():

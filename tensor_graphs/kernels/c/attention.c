@@ -91,19 +91,10 @@ static void ws_give(float *p, int owned) {
  * relative). */
 TG_INLINE float softmax_exp(float x) {
     const float log2e = 1.44269504088896341f, shifter = 12582912.0f; /* 1.5 * 2^23 */
-    const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
     /* no clamp: below -87 (-inf included) the result is replaced by 0 at the end */
     float t = x * log2e + shifter; /* round to nearest: the low bits hold n */
     float fn = t - shifter;        /* n in [-126, 0] for x in [-87, 0] */
-    float r = x - fn * ln2_hi;
-    r = r - fn * ln2_lo;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float p = tg_exp_reduced(x, fn);
     uint32_t tb;
     memcpy(&tb, &t, 4);
     uint32_t sb = (tb + (127u - 0x4B400000u)) << 23; /* the bits of 2^n */

@@ -17,14 +17,11 @@ int tg_get_threads(void) { return tg_nthreads; }
 #define TG_PAR_MIN 32768
 #define TG_INLINE static inline __attribute__((always_inline))
 
-/* exp(x), float32, ~1 ulp; NaN -> NaN, +inf -> inf, -inf -> 0, subnormal results kept. */
-TG_INLINE float tg_expf(float x) {
-    const float log2e = 1.44269504088896341f;
+/* e^(x - n ln 2) for n = fn, the integer nearest x / ln 2: Cody-Waite reduction (ln 2 in two
+ * parts) and a degree-6 polynomial, ~1 ulp. The exps below scale it by 2^n. */
+TG_INLINE float tg_exp_reduced(float x, float fn) {
     const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    xc = xc != xc ? 0.0f : xc;  /* NaN: compute anything defined, return x below */
-    float fn = floorf(xc * log2e + 0.5f);
-    float r = xc - fn * ln2_hi;
+    float r = x - fn * ln2_hi;
     r = r - fn * ln2_lo;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -32,7 +29,16 @@ TG_INLINE float tg_expf(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+/* exp(x), float32, ~1 ulp; NaN -> NaN, +inf -> inf, -inf -> 0, subnormal results kept. */
+TG_INLINE float tg_expf(float x) {
+    const float log2e = 1.44269504088896341f;
+    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    xc = xc != xc ? 0.0f : xc;  /* NaN: compute anything defined, return x below */
+    float fn = floorf(xc * log2e + 0.5f);
+    float p = tg_exp_reduced(xc, fn);
     int32_t n = (int32_t)fn;
     int32_t n1 = n >> 1, n2 = n - n1;  /* two steps: both halves are normal numbers */
     int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
