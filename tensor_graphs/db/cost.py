@@ -36,6 +36,9 @@ DEFAULT_RATES = {"flops": 50e9, "bytes": 10e9, "dispatch": 3e-6}
 # Seconds one call costs beyond its work: Python dispatch, argument checks, thread start-up.
 OVERHEAD = {"numpy": 3e-6, "c": 2e-6, "torch": 6e-6, "triton": 20e-6, "copy": 1e-6}
 EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter
+# numpy computes a composite (softmax, attention, a norm) as several whole-array passes, where
+# C and torch kernels make one: until measured, its work counts this many times
+NUMPY_COMPOSITE_PASSES = 3.0
 EXACT_OVERHEAD = 40e-6
 UNCERTAINTY = {"measured": 1.1, "interpolated": 1.5, "stale": 3.0, "estimated": 4.0, "free": 1.0}
 # "failed": the kernel raised or failed verification on this signature; infinite, never chosen
@@ -135,7 +138,9 @@ class CostModel:
     def _roofline(self, kernel, feats: Features) -> Estimate:
         seconds = OVERHEAD.get(kernel.backend, 5e-6)
         if not kernel.view:  # a view moves no data
-            seconds += self.work(feats, kernel.device)
+            passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \
+                _is_composite(kernel) else 1.0
+            seconds += passes * self.work(feats, kernel.device)
         if is_exact_kernel(kernel):
             seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
         return Estimate(seconds, "estimated", UNCERTAINTY["estimated"])
@@ -182,6 +187,13 @@ class CostModel:
         inside = min(p[0] for p in points) <= w <= max(p[0] for p in points)
         uncertainty = UNCERTAINTY["interpolated"] * (1.0 if inside else 1.0 + distance / 3)
         return Estimate(predicted, "interpolated", round(uncertainty, 3))
+
+
+def _is_composite(kernel) -> bool:
+    from tensor_graphs.ir.ops import OPS
+
+    op = OPS.get(kernel.op) if kernel.op else None
+    return op is not None and not op.is_atomic
 
 
 def _shape_class(signature: str) -> tuple:

@@ -56,6 +56,7 @@ class Option:
     signature: str = ""
     features: object = None
     label: str = ""
+    densify: float = 0.0  # seconds to make strided views dense for a contiguous kernel
 
     @property
     def runs(self) -> bool:
@@ -80,10 +81,11 @@ class Step:
     error: float
     signature: str
     features: object = None
+    densify: float = 0.0  # the runtime's copies of strided views this kernel reads densely
 
     @property
     def cost(self) -> float:
-        return self.estimate.seconds
+        return self.estimate.seconds + self.densify
 
     @property
     def source(self) -> str:
@@ -173,7 +175,8 @@ class Plan:
 
         steps = tuple(Step(st.kernel, memo[st.node], st.device, tuple(map(slot, st.inputs)),
                            tuple(memo[n] for n in st.nodes), attrs(st.attrs), st.estimate,
-                           st.error, st.signature, st.features) for st in self.steps)
+                           st.error, st.signature, st.features, st.densify)
+                      for st in self.steps)
         return Plan(steps, tuple(map(slot, self.outputs)),
                     {slot(a): slot(b) for a, b in self.aliases.items()},
                     tuple(map(slot, self.leaves)), self.decisions, self.tolerance,

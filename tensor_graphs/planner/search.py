@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tensor_graphs.db.cost import FREE, CostModel, Estimate
-from tensor_graphs.db.features import features
+from tensor_graphs.db.features import features, nbytes
 from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError
 from tensor_graphs.ir import builder
@@ -177,7 +177,8 @@ class Planner:
             self.stats["estimates"] += 1
             out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
                               covers, attrs, est, step_error(k, node.dtype), sig, feats,
-                              label=f"kernel:{k.name}"))
+                              label=f"kernel:{k.name}",
+                              densify=self._densify(args) if k.contiguous else 0.0))
         return out
 
     def _concrete(self, nodes_: Sequence[Node]) -> list[Node]:
@@ -194,6 +195,18 @@ class Planner:
         twins = self._concrete([*covers, *args, node])
         c_covers, c_args, c_node = twins[:len(covers)], twins[len(covers):-1], twins[-1]
         return signature(c_args, c_node.attrs), features(c_covers, c_args, c_node)
+
+    def _densify(self, args: Sequence[Node]) -> float:
+        """Seconds the runtime spends copying strided views (a permute, a slice) into dense
+        buffers for a kernel that reads its inputs densely: read and write at peak bandwidth.
+        A view of weights only is made dense once per binding, so it costs nothing per call."""
+        rate = self.cost.rates(self.target)["bytes"]
+        total = 0.0
+        for a in dict.fromkeys(args):
+            if _strided(a) and not _weights_only(a):
+                (twin,) = self._concrete([a])
+                total += 2 * nbytes(twin) / rate
+        return total
 
     def _exclusive(self, covers: tuple[Node, ...], root: Node) -> bool:
         """A fused kernel may cover inner nodes only when nothing else reads them."""
@@ -333,10 +346,10 @@ class Planner:
         return total, frozenset(closure)
 
     def _own(self, opt: Option) -> float:
-        """An option's own seconds; a step that runs also costs the runtime's dispatch, so
-        fewer, fused steps win ties."""
+        """An option's own seconds; a step that runs also costs the runtime's dispatch (so
+        fewer, fused steps win ties) and any densifying copies of its inputs."""
         if opt.runs and opt.estimate is not FREE:
-            return opt.seconds + self.dispatch
+            return opt.seconds + self.dispatch + opt.densify
         return opt.seconds
 
     def _boundary(self, node: Node) -> bool:
@@ -403,7 +416,7 @@ class Planner:
                 elif opt.runs:
                     steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
                                       opt.covers, opt.attrs, opt.estimate, opt.error,
-                                      opt.signature, opt.features))
+                                      opt.signature, opt.features, opt.densify))
                 elif opt.how == LEAF:
                     leaves.append(slot)
                 else:
@@ -513,6 +526,27 @@ class Planner:
         return [n for o in self._ranked(slot) for n in o.needs]
 
 
+STRIDED_VIEWS = {"permute", "slice", "expand"}  # views whose result is usually not dense
+MOVEMENT_VIEWS = STRIDED_VIEWS | {"reshape"}
+
+
+def _strided(node: Node) -> bool:
+    """The node is (a reshape of) a view that is usually not dense: a permute, slice or
+    expand, or a reshape of one that keeps it a view."""
+    while node.op.name in MOVEMENT_VIEWS:
+        if node.op.name in STRIDED_VIEWS:
+            return True
+        node = node.inputs[0]
+    return False
+
+
+def _weights_only(node: Node) -> bool:
+    """The node is a chain of views over a weight or constant (made dense once per binding)."""
+    while node.op.name in MOVEMENT_VIEWS:
+        node = node.inputs[0]
+    return node.op.name in ("weight", "constant")
+
+
 def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
     """The nodes a kernel computes: everything under ``root`` above its arguments (constants a
     pattern matched are inside), in topological order, root last."""
@@ -611,7 +645,7 @@ class BlockInstancePlan:
             steps.append(Step(st.kernel, self.concrete(st.node), st.device,
                               tuple(self._slot(i) for i in st.inputs),
                               tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
-                              st.error, st.signature, st.features))
+                              st.error, st.signature, st.features, st.densify))
         for a, b in plan.aliases.items():
             aliases[self._slot(a)] = self._slot(b)
 
