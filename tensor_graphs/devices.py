@@ -21,6 +21,7 @@ from tensor_graphs.errors import DeviceError
 KINDS = ("cpu", "cuda")
 _allocated: dict[str, int] = {}
 _lock = threading.Lock()
+_released: list[tuple[str, int]] = []  # from finalizers, applied under the lock later
 
 
 class Device:
@@ -52,7 +53,9 @@ class Device:
     @property
     def allocated(self) -> int:
         """Bytes tensor_graphs currently holds on this device (arenas, weights, state)."""
-        return _allocated.get(self.name, 0)
+        with _lock:
+            _apply_released()
+            return _allocated.get(self.name, 0)
 
     @property
     def free(self) -> int:
@@ -79,10 +82,24 @@ class Device:
         return f"Device({self.name!r}, capacity={self.capacity})"
 
 
+def release_later(device: str, nbytes: int) -> None:
+    """For finalizers: give ``nbytes`` back without taking the lock (a garbage collection can
+    run a finalizer while ``track`` holds it, in the same thread); applied at the next
+    ``track`` or ``allocated``."""
+    _released.append((device, int(nbytes)))
+
+
+def _apply_released() -> None:
+    while _released:
+        name, nbytes = _released.pop()
+        _allocated[name] = _allocated.get(name, 0) - nbytes
+
+
 def track(device: Device | str, nbytes: int) -> None:
     """Allocators report what they take (positive) and give back (negative)."""
     name = device.name if isinstance(device, Device) else Device(device).name
     with _lock:
+        _apply_released()
         total = _allocated.get(name, 0) + int(nbytes)
         if total < 0:
             raise DeviceError(f"{name}: {-int(nbytes)} bytes given back but only "

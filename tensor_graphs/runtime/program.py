@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from tensor_graphs.devices import track
+from tensor_graphs.devices import as_device, release_later, track
 from tensor_graphs.errors import (
     ArgumentError,
     EvaluationError,
@@ -146,7 +146,7 @@ class Executable:
             self.arenas = {d: np.empty(n, np.uint8) for d, n in self.memory.arena.items()}
             for device, arena in self.arenas.items():  # Device.allocated counts them
                 track(device, arena.nbytes)
-                weakref.finalize(self, track, device, -arena.nbytes)
+                weakref.finalize(self, release_later, as_device(device).name, arena.nbytes)
         return self.arenas
 
     def bound(self, dims: Mapping) -> tuple[list, list, list]:
