@@ -1,0 +1,174 @@
+"""tg.from_torch: torch.export'ed modules compiled and compared with torch on the same weights."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402,N812
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.frontend import TorchProgram, UnsupportedOpError, from_torch  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+TOL = 1e-4
+
+
+def _check(prog: TorchProgram, module, *args):
+    got = prog(*args)
+    with torch.no_grad():
+        ref = module(*(torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args))
+    if isinstance(ref, torch.Tensor):
+        ref, got = (ref,), (got,)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert isinstance(g, np.ndarray)
+        assert g.shape == tuple(r.shape)
+        assert relative_error(g, r.numpy()) <= TOL
+    return got
+
+
+class MLP(nn.Module):
+    def __init__(self, d=16, h=64):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block in plain torch."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = k.reshape(b, t, self.heads, -1).permute(0, 2, 1, 3)
+        v = v.view(b, t, self.heads, -1).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(a.transpose(1, 2).contiguous().view(b, t, d)))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Embedder(nn.Module):
+    def __init__(self, vocab=50, d=24):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.register_buffer("pos", torch.randn(16, d))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.emb(ids) + self.pos[: ids.shape[1]]
+        return torch.log_softmax(self.head(torch.tanh(h)), dim=-1), h.mean(dim=1)
+
+
+def test_mlp():
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(4, 16)
+    prog = from_torch(m, (x,))
+    _check(prog, m, x)
+    _check(prog, m, x.numpy())  # numpy in works too
+    assert {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"} <= {
+        n.name for n in tg.nodes(prog.program._outputs) if n.op.name == "weight"}
+
+
+def test_transformer_block_uses_fused_kernels():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 8, 32)
+    prog = from_torch(m, (x,))
+    _check(prog, m, x)
+    kernels = prog.program.plan.kernels
+    assert any("layer_norm" in k for k in kernels), kernels
+    assert any("attention" in k for k in kernels), kernels
+    assert "scaled_dot_product_attention" in prog.explain()
+
+
+def test_embedding_model_and_tuple_output():
+    torch.manual_seed(0)
+    m = Embedder().eval()
+    ids = torch.randint(0, 50, (3, 7))
+    prog = from_torch(m, (ids,))
+    out = _check(prog, m, ids)
+    assert isinstance(out, tuple) and len(out) == 2
+
+
+def test_dynamic_batch_and_seq():
+    torch.manual_seed(0)
+    m = Block().eval()
+    batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=32)
+    prog = from_torch(m, (torch.randn(2, 8, 32),), dynamic_shapes=({0: batch, 1: seq},))
+    x = next(n for n in tg.nodes(prog.program._outputs) if n.op.name == "input")
+    assert tuple(map(str, x.shape)) == ("batch", "seq", "32")
+    for b, t in ((2, 8), (3, 5), (1, 32)):
+        _check(prog, m, torch.randn(b, t, 32))
+    assert prog.program.stats["planner_runs"] == 1
+
+
+class Ops(nn.Module):
+    """Many mapped ops at once, each compared through the output."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 6))
+        self.ln = nn.LayerNorm((3, 6))
+
+    def forward(self, x, y):
+        a = torch.relu(x) - torch.sigmoid(y) * 2.0 + torch.exp(-x.abs()) / (y * y + 1.0)
+        b = torch.matmul(a, self.w) + torch.mm(a[0], self.w.t())
+        c = torch.bmm(b, b.transpose(1, 2)).softmax(-1)
+        d = torch.addmm(self.w[0], a[1], self.w)
+        e = torch.cat([x.unsqueeze(0), y.unsqueeze(0)], dim=0).sum(dim=(0, 2), keepdim=True)
+        f = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * x
+        g = F.silu(x).expand(2, 3, 3, 6).permute(1, 0, 2, 3).reshape(3, -1).squeeze()
+        h = self.ln(x) + x[:, 1:2].select(-1, 3).unsqueeze(-1) - 1 - x.clone().contiguous()
+        i = F.gelu(y) * torch.tanh(y) + torch.sqrt(y * y + 0.5) - x.neg() / 3
+        return c, d, e, f, g.t(), h, i, F.log_softmax(x, dim=0)
+
+
+def test_many_ops():
+    torch.manual_seed(0)
+    m = Ops().eval()
+    x, y = torch.randn(3, 3, 6), torch.randn(3, 3, 6)
+    _check(from_torch(m, (x, y)), m, x, y)
+
+
+def test_bad_arguments_name_the_argument():
+    m = MLP().eval()
+    prog = from_torch(m, (torch.randn(4, 16),))
+    with pytest.raises(tg.TensorGraphsError, match="expected 1 argument"):
+        prog(torch.randn(4, 16), torch.randn(4, 16))
+    with pytest.raises(tg.ShapeError, match="'x'"):
+        prog(torch.randn(4, 15))
+    with pytest.raises(tg.DTypeError, match="'x'"):
+        prog(np.zeros((4, 16)))
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        y = torch.cumprod(x, dim=-1)
+        z = torch.fft.fft(x).real
+        return torch.relu(y + z) + torch.cumprod(z, dim=0)
+
+
+def test_unsupported_ops_listed_in_one_error():
+    with pytest.raises(UnsupportedOpError) as info:
+        from_torch(Unsupported(), (torch.randn(4, 4),))
+    assert isinstance(info.value, tg.TensorGraphsError)
+    message = str(info.value)
+    assert "cumprod" in message and "fft" in message
+    assert "cumprod(x, dim=-1)" in message and "cumprod(z, dim=0)" in message  # each use
+    assert "test_torch_export.py" in message  # the source line of the op
+    ops = {op for op, _ in info.value.ops}
+    assert any("cumprod" in op for op in ops) and any("fft" in op for op in ops)
+    assert len(info.value.ops) >= 3
