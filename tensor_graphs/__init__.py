@@ -55,12 +55,22 @@ from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
 from tensor_graphs.rewrite.simplify import simplify  # noqa: E402,F401
 
 __version__ = "0.1.0"
+
+
+def from_torch(module, example_args, dynamic_shapes=None, **options):
+    """A PyTorch module as a compiled program, called like the module (see
+    ``tensor_graphs.frontend``). Imports torch only when called."""
+    from tensor_graphs.frontend import from_torch as load
+
+    return load(module, example_args, dynamic_shapes, **options)
+
+
 __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
-    "estimate_memory",
+    "estimate_memory", "from_torch",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",

@@ -627,7 +627,8 @@ def test_shared_subexpressions_are_named_sub_patterns():
     x = tg.input("x", (7,))
     z = x
     for _ in range(20):
-        z = tg.exp(-z) * tg.sin(z)  # z feeds neg and sin, not the next mul chain
+        z = tg.sin(-z) * tg.sin(z)  # z feeds neg and sin, not the next mul chain (bounded:
+        # exp(-z) * sin(z) overflows, and the sign of its inf differs in float32 and float64)
     k = cg.fuse_elementwise(z)
     assert k.pattern_size < 200 <= cg.MAX_PATTERN_MATCH
     start = time.perf_counter()
