@@ -1,323 +1,25 @@
 """PyTorch import: ``tg.from_torch(module, example_args)``.
 
-``torch.export`` gives an ATen graph; each node maps through the one table ``ATEN`` (an op
-overload or its packet -> ``fn(args, kwargs) -> value``) to our builders. Composites torch
-keeps whole (linear, layer_norm, gelu, softmax, scaled_dot_product_attention, ...) stay whole
-so the planner can pick fused kernels; nothing here knows any model.
-
-Table functions receive ``args`` (the positional arguments, fx nodes replaced by their
-values) and ``kwargs``: every argument of the overload's schema by name, defaults filled
-in. Python operators on sizes (``operator.mul`` on ``sym_size`` results) receive only
-``args``.
+``torch.export`` gives an ATen graph; each node maps through the one table
+``tensor_graphs.frontend.aten.ATEN`` to our builders. Composites torch keeps whole (linear,
+layer_norm, gelu, softmax, scaled_dot_product_attention, ...) stay whole so the planner can
+pick fused kernels; nothing here knows any model.
 """
 
 from __future__ import annotations
 
 import inspect
-import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, TensorGraphsError
+from tensor_graphs.frontend.aten import lookup
+from tensor_graphs.frontend.aten.common import UnsupportedOpError, dtype_name, torch_module
 
 
-class UnsupportedOpError(TensorGraphsError):
-    """A torch program uses ATen ops with no mapping; ``ops`` lists (op, location) pairs."""
-
-    def __init__(self, message: str, ops: Sequence[tuple[str, str]] = ()):
-        super().__init__(message)
-        self.ops = list(ops)
-
-
-# ---------------------------------------------------------------------------- helpers
-def _torch():
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - torch is an optional dependency
-        raise ArgumentError("tg.from_torch needs PyTorch: pip install torch") from e
-    return torch
-
-
-def _dtype_name(dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    return {"bool": "bool", "float": "float32", "double": "float64", "half": "float16",
-            "long": "int64", "int": "int32"}.get(name, name)
-
-
-def _same(x):
-    return x
-
-
-def _axes(dim):
-    """torch's dim argument (int, list, None or []) as our axis argument."""
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return None
-    return tuple(dim) if isinstance(dim, (list, tuple)) else dim
-
-
-def _cast(x, dtype):
-    return x if dtype is None else tg.cast(x, _dtype_name(dtype))
-
-
-def _scaled(x, factor):
-    return x if factor == 1 else x * factor
-
-
-def _end(value):
-    """A slice end of torch's 'to the end' sentinel (sys.maxsize) is None."""
-    return None if isinstance(value, int) and value >= 2 ** 62 else value
-
-
-def _slice(x, dim, start, end, step):
-    start = None if start == 0 else start
-    return tg.slice_axis(x, dim, start, _end(end), step)
-
-
-def _select(x, dim, index):
-    stop = None if index == -1 else index + 1
-    return tg.squeeze(tg.slice_axis(x, dim, index, stop), dim)
-
-
-def _split(x, sizes, dim):
-    out, start = [], 0
-    for size in sizes:
-        out.append(tg.slice_axis(x, dim, start, start + size))
-        start = start + size
-    return out
-
-
-def _split_size(x, size, dim):
-    n = x.shape[dim if dim >= 0 else x.ndim + dim]
-    if not isinstance(n, int):
-        raise ShapeError(f"split: axis {dim} of {x.shape} is symbolic; split by explicit sizes")
-    return _split(x, [min(size, n - s) for s in range(0, n, size)], dim)
-
-
-def _chunk(x, chunks, dim):
-    n = x.shape[dim if dim >= 0 else x.ndim + dim]
-    return _split_size(x, -(-n // chunks), dim)
-
-
-def _unbind(x, dim):
-    n = x.shape[dim if dim >= 0 else x.ndim + dim]
-    return [_select(x, dim, i) for i in range(n)]
-
-
-def _norm_shape(x, normalized_shape, params, fn):
-    """torch's norms over the trailing ``normalized_shape`` dims; ours over the last axis:
-    more than one trailing dim is flattened into one and back."""
-    k = len(normalized_shape)
-    if k == 0 or tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
-        raise ShapeError(f"normalized_shape {tuple(normalized_shape)} is not the trailing "
-                         f"dims of the input {x.shape}")
-    if k == 1:
-        return fn(x, *params)
-    flat = tg.reshape(x, tuple(x.shape[:x.ndim - k]) + (-1,))
-    y = fn(flat, *(None if p is None else tg.reshape(p, (-1,)) for p in params))
-    return tg.reshape(y, x.shape)
-
-
-def _layer_norm(a, kw):
-    return _norm_shape(kw["input"], kw["normalized_shape"], (kw["weight"], kw["bias"]),
-                       lambda x, w, b: tg.layer_norm(x, w, b, eps=kw["eps"]))
-
-
-def _rms_norm(a, kw):
-    x, eps = kw["input"], kw["eps"]
-    if eps is None:  # torch's default: the dtype's machine epsilon
-        eps = float(np.finfo(x.dtype.np_dtype).eps)
-    return _norm_shape(x, kw["normalized_shape"], (kw["weight"],),
-                       lambda x, w: tg.rms_norm(x, w, eps=eps))
-
-
-def _sdpa(a, kw):
-    if kw["dropout_p"]:
-        raise ArgumentError("scaled_dot_product_attention: dropout_p must be 0 (inference)")
-    return tg.scaled_dot_product_attention(kw["query"], kw["key"], kw["value"], kw["attn_mask"],
-                                           is_causal=kw["is_causal"], scale=kw["scale"])
-
-
-def _dropout(a, kw):
-    if kw["train"] and kw["p"]:
-        raise ArgumentError("dropout in training mode: call module.eval() before from_torch")
-    return kw["input"]
-
-
-def _div(a, kw):
-    mode = kw.get("rounding_mode")
-    if mode is not None:
-        raise ArgumentError(f"div: rounding_mode={mode!r} is not supported yet")
-    return tg.div(kw["self"], kw["other"])
-
-
-def _addmm(a, kw):
-    product = _scaled(tg.matmul(kw["mat1" if "mat1" in kw else "batch1"],
-                                kw["mat2" if "mat2" in kw else "batch2"]), kw["alpha"])
-    return _scaled(kw["self"], kw["beta"]) + product
-
-
-def _where(cond, a, b):
-    return tg.where(cond, a, b)
-
-
-def _conv2d(a, kw):
-    if isinstance(kw["padding"], str):
-        raise ArgumentError(f"conv2d: padding={kw['padding']!r} is not supported yet")
-    return tg.conv2d(kw["input"], kw["weight"], kw["bias"], stride=tuple(kw["stride"]),
-                     padding=tuple(kw["padding"]), dilation=tuple(kw["dilation"]),
-                     groups=kw["groups"])
-
-
-def _unary(fn):
-    return lambda a, kw: fn(kw["self"])
-
-
-def _binary(fn):
-    return lambda a, kw: fn(kw["self"], kw["other"])
-
-
-def _build_table() -> dict:
-    aten = _torch().ops.aten
-    table: dict = {
-        # linear algebra
-        aten.linear: lambda a, kw: tg.linear(kw["input"], kw["weight"], kw["bias"]),
-        aten.matmul: _binary(tg.matmul),
-        aten.mm: lambda a, kw: tg.matmul(kw["self"], kw["mat2"]),
-        aten.bmm: lambda a, kw: tg.matmul(kw["self"], kw["mat2"]),
-        aten.addmm: _addmm,
-        aten.baddbmm: _addmm,
-        # arithmetic
-        aten.add: lambda a, kw: kw["self"] + _scaled(kw["other"], kw["alpha"]),
-        aten.sub: lambda a, kw: kw["self"] - _scaled(kw["other"], kw["alpha"]),
-        aten.rsub: lambda a, kw: tg.sub(kw["other"], _scaled(kw["self"], kw["alpha"])),
-        aten.mul: _binary(tg.mul),
-        aten.div: _div,
-        aten.pow: lambda a, kw: tg.pow(kw["self"], kw["exponent"]),
-        aten.neg: _unary(tg.neg),
-        aten.maximum: _binary(tg.maximum),
-        aten.minimum: _binary(tg.minimum),
-        aten.clamp: lambda a, kw: tg.clamp(kw["self"], min=kw["min"], max=kw["max"]),
-        aten.clamp_min: lambda a, kw: tg.clamp(kw["self"], min=kw["min"]),
-        aten.clamp_max: lambda a, kw: tg.clamp(kw["self"], max=kw["max"]),
-        # elementwise functions
-        aten.exp: _unary(tg.exp),
-        aten.log: _unary(tg.log),
-        aten.sqrt: _unary(tg.sqrt),
-        aten.rsqrt: _unary(tg.rsqrt),
-        aten.reciprocal: _unary(tg.reciprocal),
-        aten.abs: _unary(tg.abs),
-        aten.sin: _unary(tg.sin),
-        aten.cos: _unary(tg.cos),
-        aten.erf: _unary(tg.erf),
-        aten.square: _unary(tg.square),
-        aten.tanh: _unary(tg.tanh),
-        aten.sigmoid: _unary(tg.sigmoid),
-        aten.relu: _unary(tg.relu),
-        aten.silu: _unary(tg.silu),
-        aten.gelu: lambda a, kw: tg.gelu(kw["self"], approximate=kw["approximate"]),
-        # comparisons and selection
-        aten.eq: _binary(tg.equal),
-        aten.ne: _binary(tg.not_equal),
-        aten.lt: _binary(tg.less),
-        aten.le: _binary(tg.less_equal),
-        aten.gt: _binary(tg.greater),
-        aten.ge: _binary(tg.greater_equal),
-        aten.logical_not: _unary(tg.logical_not),
-        aten.where: lambda a, kw: _where(kw["condition"], kw["self"], kw["other"]),
-        aten.masked_fill: lambda a, kw: _where(kw["mask"], kw["value"], kw["self"]),
-        aten.tril: lambda a, kw: tg.tril(kw["self"], diagonal=kw["diagonal"]),
-        aten.triu: lambda a, kw: tg.triu(kw["self"], diagonal=kw["diagonal"]),
-        # reductions and the softmax family
-        aten.sum: lambda a, kw: _cast(tg.sum(kw["self"], axis=_axes(kw.get("dim")),
-                                             keepdims=kw.get("keepdim", False)), kw["dtype"]),
-        aten.mean: lambda a, kw: tg.mean(_cast(kw["self"], kw["dtype"]),
-                                         axis=_axes(kw.get("dim")),
-                                         keepdims=kw.get("keepdim", False)),
-        aten.amax: lambda a, kw: tg.max(kw["self"], axis=_axes(kw["dim"]),
-                                        keepdims=kw["keepdim"]),
-        aten.amin: lambda a, kw: tg.min(kw["self"], axis=_axes(kw["dim"]),
-                                        keepdims=kw["keepdim"]),
-        aten.var.correction: lambda a, kw: tg.var(
-            kw["self"], axis=_axes(kw["dim"]), keepdims=kw["keepdim"],
-            correction=1 if kw["correction"] is None else kw["correction"]),
-        aten.cumsum: lambda a, kw: tg.cumsum(_cast(kw["self"], kw["dtype"]), axis=kw["dim"]),
-        aten.softmax.int: lambda a, kw: tg.softmax(_cast(kw["self"], kw["dtype"]),
-                                                   axis=kw["dim"]),
-        aten._softmax: lambda a, kw: tg.softmax(kw["self"], axis=kw["dim"]),
-        aten.log_softmax.int: lambda a, kw: tg.log_softmax(_cast(kw["self"], kw["dtype"]),
-                                                           axis=kw["dim"]),
-        aten._log_softmax: lambda a, kw: tg.log_softmax(kw["self"], axis=kw["dim"]),
-        # neural-network layers
-        aten.layer_norm: _layer_norm,
-        aten.rms_norm: _rms_norm,
-        aten.embedding: lambda a, kw: tg.embedding(kw["indices"], kw["weight"]),
-        aten.scaled_dot_product_attention: _sdpa,
-        aten.dropout: _dropout,
-        aten.conv2d.default: _conv2d,
-        aten.group_norm: lambda a, kw: tg.group_norm(kw["input"], kw["weight"], kw["bias"],
-                                                     num_groups=kw["num_groups"],
-                                                     eps=kw["eps"]),
-        # shapes and views
-        aten.view.default: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
-        aten._unsafe_view: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
-        aten.reshape: lambda a, kw: tg.reshape(kw["self"], tuple(kw["shape"])),
-        aten.flatten.using_ints: lambda a, kw: tg.flatten(kw["self"], kw["start_dim"],
-                                                          kw["end_dim"]),
-        aten.permute: lambda a, kw: tg.permute(kw["self"], tuple(kw["dims"])),
-        aten.transpose.int: lambda a, kw: tg.transpose(kw["self"], kw["dim0"], kw["dim1"]),
-        aten.t: lambda a, kw: tg.permute(kw["self"], tuple(range(kw["self"].ndim))[::-1]),
-        aten.expand: lambda a, kw: tg.expand(kw["self"], tuple(kw["size"])),
-        aten.unsqueeze: lambda a, kw: tg.unsqueeze(kw["self"], kw["dim"]),
-        aten.squeeze.default: lambda a, kw: tg.squeeze(kw["self"]),
-        aten.squeeze.dim: lambda a, kw: _squeeze(kw["self"], [kw["dim"]]),
-        aten.squeeze.dims: lambda a, kw: _squeeze(kw["self"], kw["dim"]),
-        aten.slice.Tensor: lambda a, kw: _slice(kw["self"], kw["dim"], kw["start"], kw["end"],
-                                                kw["step"]),
-        aten.select.int: lambda a, kw: _select(kw["self"], kw["dim"], kw["index"]),
-        aten.cat: lambda a, kw: tg.concat(list(kw["tensors"]), axis=kw["dim"]),
-        aten.split.Tensor: lambda a, kw: _split_size(kw["self"], kw["split_size"], kw["dim"]),
-        aten.split_with_sizes: lambda a, kw: _split(kw["self"], kw["split_sizes"], kw["dim"]),
-        aten.chunk: lambda a, kw: _chunk(kw["self"], kw["chunks"], kw["dim"]),
-        aten.unbind.int: lambda a, kw: _unbind(kw["self"], kw["dim"]),
-        # identities and casts
-        aten.contiguous: _unary(_same),
-        aten.clone: _unary(_same),
-        aten.alias: _unary(_same),
-        aten.detach: _unary(_same),
-        aten.lift_fresh_copy: _unary(_same),
-        aten._assert_tensor_metadata: lambda a, kw: None,
-        aten._to_copy: lambda a, kw: _cast(kw["self"], kw["dtype"]),
-        aten.to.dtype: lambda a, kw: _cast(kw["self"], kw["dtype"]),
-        aten.type_as: lambda a, kw: tg.cast(kw["self"], kw["other"].dtype),
-        # sizes
-        aten.sym_size.int: lambda a, kw: kw["self"].shape[kw["dim"]],
-        operator.getitem: lambda a, kw: a[0][a[1]],
-        operator.add: lambda a, kw: a[0] + a[1],
-        operator.sub: lambda a, kw: a[0] - a[1],
-        operator.mul: lambda a, kw: a[0] * a[1],
-        operator.floordiv: lambda a, kw: a[0] // a[1],
-        operator.neg: lambda a, kw: -a[0],
-    }
-    return table
-
-
-def _squeeze(x, dims):
-    keep = [d % x.ndim for d in dims if x.shape[d] == 1] if x.ndim else []
-    return tg.squeeze(x, tuple(keep)) if keep else x
-
-
-ATEN: dict = _build_table()
-
-
-def _lookup(target) -> Callable | None:
-    fn = ATEN.get(target)
-    if fn is None and hasattr(target, "overloadpacket"):
-        fn = ATEN.get(target.overloadpacket)
-    return fn
-
-
+# ---------------------------------------------------------------------------- fx nodes
 def _schema_kwargs(target, args, kwargs) -> dict:
     schema = getattr(target, "_schema", None)
     if schema is None:
@@ -389,7 +91,7 @@ def import_exported(exported, dim_names: Mapping | None = None):
     ``inputs``: the user inputs' ``tg.input`` leaves (or Python values) in call order;
     ``weights``: state-dict name -> numpy array; ``bounds``: dim name -> largest value.
     """
-    torch = _torch()
+    torch = torch_module()
     from torch.export.graph_signature import InputKind, OutputKind
 
     sig = exported.graph_signature
@@ -398,7 +100,7 @@ def import_exported(exported, dim_names: Mapping | None = None):
 
     unsupported: dict[str, list[str]] = {}
     for node in exported.graph.nodes:
-        if node.op == "call_function" and _lookup(node.target) is None:
+        if node.op == "call_function" and lookup(node.target) is None:
             unsupported.setdefault(_op_name(node.target), []).append(_location(node))
     if unsupported:
         lines = [f"  {op} at {loc}" for op, locs in unsupported.items() for loc in locs]
@@ -421,7 +123,7 @@ def import_exported(exported, dim_names: Mapping | None = None):
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             array = state[spec.target].detach().cpu().numpy().copy()
             weights[spec.target] = array
-            env[node] = tg.weight(spec.target, array.shape, _dtype_name(val.dtype))
+            env[node] = tg.weight(spec.target, array.shape, dtype_name(val.dtype))
             continue
         if spec.kind != InputKind.USER_INPUT:
             raise UnsupportedOpError(f"input '{node.name}' of kind {spec.kind.name} is not "
@@ -452,7 +154,7 @@ def import_exported(exported, dim_names: Mapping | None = None):
                     top = None
                 bounds[name] = top if top is not None and top < 2 ** 31 else int(hint)
             shape.append(symbols[key])
-        env[node] = tg.input(node.name, tuple(shape), _dtype_name(val.dtype))
+        env[node] = tg.input(node.name, tuple(shape), dtype_name(val.dtype))
         inputs.append(env[node])
 
     def value(a):
@@ -470,7 +172,7 @@ def import_exported(exported, dim_names: Mapping | None = None):
         args = value(tuple(node.args))
         kwargs = {k: value(v) for k, v in node.kwargs.items()}
         try:
-            env[node] = _lookup(node.target)(args, _schema_kwargs(node.target, args, kwargs))
+            env[node] = lookup(node.target)(args, _schema_kwargs(node.target, args, kwargs))
         except TensorGraphsError as e:
             e.add_note(f"while importing {_op_name(node.target)} at {_location(node)}")
             raise
@@ -507,7 +209,7 @@ class TorchProgram:
         return f"'{self._names[i]}'" if i < len(self._names) else f"#{i}"
 
     def __call__(self, *args):
-        torch = _torch()
+        torch = torch_module()
         import torch.utils._pytree as pytree
 
         flat, _ = pytree.tree_flatten(args)
@@ -549,7 +251,7 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
 
     Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
     """
-    torch = _torch()
+    torch = torch_module()
     if not isinstance(example_args, tuple):
         example_args = (example_args,) if isinstance(example_args, torch.Tensor) \
             else tuple(example_args)

@@ -1,0 +1,62 @@
+"""What every ATen table module shares: torch on demand, dtype names, argument helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensor_graphs as tg
+from tensor_graphs.errors import ArgumentError, TensorGraphsError
+
+
+class UnsupportedOpError(TensorGraphsError):
+    """A torch program uses ATen ops with no mapping; ``ops`` lists (op, location) pairs."""
+
+    def __init__(self, message: str, ops: Sequence[tuple[str, str]] = ()):
+        super().__init__(message)
+        self.ops = list(ops)
+
+
+def torch_module():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is an optional dependency
+        raise ArgumentError("tg.from_torch needs PyTorch: pip install torch") from e
+    return torch
+
+
+def dtype_name(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return {"bool": "bool", "float": "float32", "double": "float64", "half": "float16",
+            "long": "int64", "int": "int32"}.get(name, name)
+
+
+def same(x):
+    return x
+
+
+def axes(dim):
+    """torch's dim argument (int, list, None or []) as our axis argument."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    return tuple(dim) if isinstance(dim, (list, tuple)) else dim
+
+
+def cast(x, dtype):
+    return x if dtype is None else tg.cast(x, dtype_name(dtype))
+
+
+def scaled(x, factor):
+    return x if factor == 1 else x * factor
+
+
+def slice_end(value):
+    """A slice end of torch's 'to the end' sentinel (sys.maxsize) is None."""
+    return None if isinstance(value, int) and value >= 2 ** 62 else value
+
+
+def unary(fn):
+    return lambda a, kw: fn(kw["self"])
+
+
+def binary(fn):
+    return lambda a, kw: fn(kw["self"], kw["other"])
