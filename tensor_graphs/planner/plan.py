@@ -150,6 +150,9 @@ class Plan:
     def explain(self, limit: int | None = None) -> str:
         return explain(self, limit)
 
+    def summary(self) -> str:
+        return summary(self)
+
     @property
     def symbolic(self) -> bool:
         return any(not isinstance(d, int) for s in self.steps for d in s.node.shape)
@@ -205,6 +208,24 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if limit is not None and len(plan.steps) > limit:
         lines.append(f"... {len(plan.steps) - limit} more steps")
+    lines.append("")
+    lines += _totals(plan)
+    return "\n".join(lines)
+
+
+def summary(plan: Plan) -> str:
+    """The totals of ``explain`` without the table, plus which kernels compute a composite op
+    whole or several nodes fused, with counts: what a user checks first (did attention and the
+    norms land on fused kernels, and are the costs measured)."""
+    groups: dict[str, int] = {}
+    for s in plan.steps:
+        if not s.is_copy and (len(s.nodes) > 1 or not s.node.op.is_atomic):
+            groups[s.kernel.name] = groups.get(s.kernel.name, 0) + 1
+    fused = ", ".join(f"{name} x{n}" for name, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+    return "\n".join([*_totals(plan), f"fused or whole: {fused or 'none'}"])
+
+
+def _totals(plan: Plan) -> list[str]:
     by_backend: dict[str, list[float]] = {}
     by_source: dict[str, list[float]] = {}
     for s in plan.steps:
@@ -212,11 +233,10 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         by_source.setdefault(s.source, []).append(s.cost)
     fused = sum(1 for s in plan.steps if len(s.nodes) > 1)
     copies = sum(1 for s in plan.steps if s.is_copy)
-    lines.append("")
-    lines.append(f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
-                 f"{_fmt(plan.cost)} (kernels {_fmt(plan.kernel_cost)} + dispatch "
-                 f"{_fmt(plan.dispatch * len(plan.steps))}), largest step error "
-                 f"{plan.error:.1e} (tolerance {plan.tolerance:g})")
+    lines = [f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
+             f"{_fmt(plan.cost)} (kernels {_fmt(plan.kernel_cost)} + dispatch "
+             f"{_fmt(plan.dispatch * len(plan.steps))}), largest step error "
+             f"{plan.error:.1e} (tolerance {plan.tolerance:g})"]
     lines.append("by backend: " + ", ".join(
         f"{b} {len(v)} steps {_fmt(sum(v))}" for b, v in sorted(by_backend.items())))
     lines.append("by source:  " + ", ".join(
@@ -226,4 +246,4 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         lines.append(f"{guessed} of {len(plan.steps)} steps rest on estimates, not "
                      "measurements: `tg profile` or tg.compile(..., profile='missing') "
                      "measures them")
-    return "\n".join(lines)
+    return lines

@@ -484,3 +484,18 @@ def test_a_weight_view_is_made_dense_once_per_binding():
         assert all(v.flags.c_contiguous for i, v in exe._static_values if i in
                    exe._dense_static)
     np.testing.assert_allclose(prog(x=X), X @ W.T, rtol=1e-5)
+
+
+def test_summary_names_whole_and_fused_kernels():
+    """The summary lists kernels that compute a composite whole (layer_norm, gelu) and leaves
+    out those computing one atomic op; its totals are explain's."""
+    x = tg.input("x", (4, 16))
+    y = tg.layer_norm(tg.gelu(x)) + x
+    prog = tg.compile(y, db=":memory:", backends=("numpy",))
+    text = prog.plan.summary()
+    whole = {s.kernel.name for s in prog.plan.steps if s.node.op.name in ("layer_norm", "gelu")}
+    line = text.splitlines()[-1]
+    assert line.startswith("fused or whole: ") and whole
+    assert all(f"{name} x1" in line for name in whole)
+    assert not any(s.kernel.name in line for s in prog.plan.steps if s.node.op.name == "add")
+    assert text.splitlines()[0] in prog.explain()
