@@ -1,0 +1,220 @@
+"""Multi-head attention: grouped-query heads, rotary positions, causal masking, a KV cache.
+
+The cache is program state: each layer's keys and values live in a ``tg.state`` of shape
+(batch, kv_heads, past, head_dim) whose active length is the symbolic dim ``past``. A call
+writes its new keys at ``past`` (``tg.state_update``) and attends over the whole active prefix,
+so one compiled program serves the prefill (past = 0, seq = prompt length) and every decode
+step (seq = 1): nothing is re-planned per token. The program keeps a state when the graph
+returns its new version, which is why :class:`KVCache` collects them (``cache.updates``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, ShapeError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import as_dim, format_shape
+from tensor_graphs.nn.layers import Linear, RMSNorm, _join
+
+__all__ = ["positions", "RotaryEmbedding", "KVCache", "MultiHeadAttention"]
+
+
+def positions(seq, past=0) -> Node:
+    """Absolute positions ``past, ..., past + seq - 1`` (int64) of the tokens of this call."""
+    ids = tg.iota(seq)
+    past = as_dim(past)
+    return ids if past == 0 else ids + tg.size(past)
+
+
+class RotaryEmbedding:
+    """Rotary position embedding tables in transformers' layout (``rotate_half`` pairs).
+
+    ``inv_freq`` is computed as transformers does (float32 ``theta ** (2i / d)``), so the
+    angles match bit for bit; cos/sin are built in the graph from the positions, for any
+    (symbolic) length.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 10000.0):
+        if head_dim % 2:
+            raise ShapeError(f"RotaryEmbedding: head_dim must be even, got {head_dim}")
+        self.head_dim, self.theta = head_dim, float(theta)
+        exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+        self.inv_freq = (1.0 / np.power(np.float32(theta), exponent)).astype(np.float32)
+
+    def cos_sin(self, pos: Node) -> tuple[Node, Node]:
+        """(seq, head_dim) cos and sin tables for int positions of shape (seq,)."""
+        angles = tg.reshape(tg.cast(pos, "float32"), (pos.shape[0], 1)) * self.inv_freq
+        emb = tg.concat([angles, angles], axis=-1)
+        return tg.cos(emb), tg.sin(emb)
+
+    def __call__(self, x: Node, pos: Node) -> Node:
+        """Rotate x (..., seq, head_dim) by the angles of ``pos`` (seq,)."""
+        cos, sin = self.cos_sin(pos)
+        return tg.rotary_embedding(x, cos, sin)
+
+
+class KVCache:
+    """Each attention layer's keys and values as ``tg.state`` of length ``past``, at most
+    ``max_len`` tokens.
+
+    Build the graph with ``cache=`` on the model (or attention layers), then compile the logits
+    together with ``cache.updates`` (the new state versions: returning them makes the program
+    keep the buffers) under ``cache.bounds(batch, seq)``, and bind ``cache.empty(batch)``
+    before the first call. The program allocates each buffer once at its bound length
+    (``bounds["past"] + bounds["seq"]``) and appends in place.
+    """
+
+    def __init__(self, max_len: int, *, past: str = "past"):
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ArgumentError(f"KVCache: max_len must be a positive int, got {max_len!r}")
+        self.max_len, self.past = max_len, as_dim(past)
+        self._updates: dict[str, Node] = {}  # state name -> its new version
+
+    def append(self, name: str, k: Node, v: Node) -> tuple[Node, Node]:
+        """Write k, v (batch, kv_heads, seq, head_dim) after the cached tokens of layer
+        ``name``; returns all keys and values (batch, kv_heads, past + seq, head_dim)."""
+        out = []
+        for kind, new in (("k", k), ("v", v)):
+            b, h, _, d = new.shape
+            cached = tg.state(f"{name}.{kind}_cache", (b, h, self.past, d), new.dtype)
+            version = tg.state_update(cached, new, offset=self.past, axis=2)
+            self._updates[cached.name] = version
+            out.append(version)
+        return out[0], out[1]
+
+    @property
+    def updates(self) -> list[Node]:
+        """The new version of every cache state, to compile as outputs after the logits."""
+        return list(self._updates.values())
+
+    def names(self) -> list[str]:
+        return list(self._updates)
+
+    def bounds(self, batch: int, seq: int) -> dict[str, int]:
+        """Bounds for ``tg.compile``: prompts of up to ``seq`` tokens and decoding until the
+        cache holds ``max_len`` tokens (the last step runs at past = max_len - 1)."""
+        if seq > self.max_len:
+            raise ArgumentError(f"KVCache.bounds: seq={seq} exceeds max_len={self.max_len}")
+        return {"batch": batch, "seq": seq, str(self.past): self.max_len - 1}
+
+    def empty(self, batch: int) -> dict[str, np.ndarray]:
+        """Zero-length caches for ``prog.bind(**cache.empty(batch))`` (a new generation)."""
+        arrays = {}
+        for name, version in self._updates.items():
+            _, h, _, d = version.shape
+            arrays[name] = np.zeros((batch, int(h), 0, int(d)), version.dtype.np_dtype)
+        return arrays
+
+
+class MultiHeadAttention:
+    """Self-attention over (batch, seq, dim): projections, heads, RoPE, causal SDPA, output.
+
+    - ``kv_heads < heads``: grouped-query attention (k/v heads shared by groups of q heads).
+    - ``fused_qkv``: one projection producing [q | k | v] (GPT-2), sublayers ``c_attn`` and
+      ``c_proj``; otherwise ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (Llama). ``names``
+      overrides them (same order). ``transposed``: Conv1D weights (see :class:`Linear`).
+    - ``rope_theta``: rotary positions on q and k (None: none, e.g. GPT-2's learned positions).
+    - ``qk_norm_eps``: RMSNorm of each head's q and k before RoPE (Qwen3's q_norm, k_norm).
+    - ``bias`` for the q/k/v projections; ``out_bias`` (default: ``bias``) for the output.
+    """
+
+    def __init__(self, dim: int, heads: int, *, name: str, kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = False, out_bias: bool | None = None,
+                 fused_qkv: bool = False, transposed: bool = False,
+                 rope_theta: float | None = None, qk_norm_eps: float | None = None,
+                 causal: bool = True, names: tuple[str, ...] | None = None,
+                 dtype: str = "float32"):
+        kv_heads = heads if kv_heads is None else kv_heads
+        if heads % kv_heads:
+            raise ShapeError(f"MultiHeadAttention: heads ({heads}) must be a multiple of "
+                             f"kv_heads ({kv_heads})")
+        head_dim = dim // heads if head_dim is None else head_dim
+        self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
+        self.name, self.causal, self.fused_qkv = name, causal, fused_qkv
+        out_bias = bias if out_bias is None else out_bias
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        names = names or (("c_attn", "c_proj") if fused_qkv
+                          else ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if len(names) != (2 if fused_qkv else 4):
+            raise ArgumentError(f"MultiHeadAttention: names must be (qkv, out) when fused, else "
+                                f"(q, k, v, out); got {names!r}")
+
+        def proj(sub, n_in, n_out, b):
+            return Linear(n_in, n_out, name=_join(name, sub), bias=b, transposed=transposed,
+                          dtype=dtype)
+
+        if fused_qkv:
+            self.qkv = proj(names[0], dim, q_out + 2 * kv_out, bias)
+        else:
+            self.q, self.k, self.v = (proj(names[i], dim, n, bias)
+                                      for i, n in enumerate((q_out, kv_out, kv_out)))
+        self.out = proj(names[-1], q_out, dim, out_bias)
+        self.rope = RotaryEmbedding(head_dim, rope_theta) if rope_theta is not None else None
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, name=_join(name, "q_norm"), eps=qk_norm_eps,
+                                  dtype=dtype)
+            self.k_norm = RMSNorm(head_dim, name=_join(name, "k_norm"), eps=qk_norm_eps,
+                                  dtype=dtype)
+
+    def _project(self, x: Node) -> tuple[Node, Node, Node]:
+        if not self.fused_qkv:
+            return self.q(x), self.k(x), self.v(x)
+        qkv = self.qkv(x)
+        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return (tg.slice_axis(qkv, -1, 0, q_out),
+                tg.slice_axis(qkv, -1, q_out, q_out + kv_out),
+                tg.slice_axis(qkv, -1, q_out + kv_out, q_out + 2 * kv_out))
+
+    def __call__(self, x: Node, *, cache: KVCache | None = None) -> Node:
+        """x (batch, seq, dim) -> (batch, seq, dim). With ``cache``, the tokens of x follow the
+        ``cache.past`` cached ones: they are appended to the cache and attend to all of them."""
+        if x.ndim != 3:
+            raise ShapeError(f"{self.name}: attention takes (batch, seq, dim), got "
+                             f"{format_shape(x.shape)}")
+        batch, seq, _ = x.shape
+        q, k, v = self._project(x)
+
+        def heads(t, n, norm):  # (b, s, n*d) -> (b, n, s, d)
+            t = tg.reshape(t, (batch, seq, n, self.head_dim))
+            if norm is not None:
+                t = norm(t)
+            return tg.permute(t, (0, 2, 1, 3))
+
+        q = heads(q, self.heads, self.q_norm)
+        k = heads(k, self.kv_heads, self.k_norm)
+        v = heads(v, self.kv_heads, None)
+        past = cache.past if cache is not None else 0
+        if self.rope is not None:
+            pos = positions(seq, past)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+        if cache is None:
+            o = tg.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            k, v = cache.append(self.name, k, v)
+            mask = _offset_causal_mask(seq, past) if self.causal else None
+            o = tg.scaled_dot_product_attention(q, k, v, mask)
+        o = tg.reshape(tg.permute(o, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
+        return self.out(o)
+
+    def __repr__(self) -> str:
+        return (f"MultiHeadAttention({self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
+                f"head_dim={self.head_dim}, name={self.name!r}, "
+                f"rope={self.rope is not None}, qk_norm={self.q_norm is not None})")
+
+
+def _offset_causal_mask(seq, past) -> Node:
+    """Additive (seq, past + seq) mask: query i (at position past + i) sees keys j <= past + i.
+
+    Additive float (0 / -inf) rather than bool because that is the form the fused C attention
+    kernels take; every row keeps at least key 0, so no row is fully masked.
+    """
+    total = as_dim(past) + as_dim(seq)
+    row = tg.reshape(positions(seq, past), (seq, 1))
+    col = tg.reshape(tg.iota(total), (1, total))
+    return tg.where(tg.less(row, col), tg.constant(-math.inf, "float32"),
+                    tg.constant(0.0, "float32"))

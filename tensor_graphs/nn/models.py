@@ -1,0 +1,198 @@
+"""Decoder-only language models built from the layers: a GPT-2 and a Llama (Qwen3) style one.
+
+Weight names are transformers' state-dict keys (``transformer.h.0.attn.c_attn.weight``,
+``model.layers.0.self_attn.q_proj.weight``, ...), so a checkpoint written from the transformers
+model binds with ``prog.bind_safetensors(path)``. The one layout difference is GPT-2's Conv1D,
+whose weights are stored (in, out): those projections compute ``x @ W`` on the stored tensor
+(``Linear(transposed=True)``), so nothing is transposed or copied. GPT-2's LM head is the token
+embedding (tied): the graph reads ``transformer.wte.weight`` and ignores the file's duplicate
+``lm_head.weight``.
+
+``model(ids, cache=None)`` builds the logits (batch, seq, vocab) for int64 ``input_ids`` of
+shape (batch, seq), both symbolic by default. The configs are plain dataclasses;
+``from_hf(config)`` reads a transformers config object (duck-typed: no import of transformers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensor_graphs.errors import ArgumentError, ShapeError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, positions
+from tensor_graphs.nn.layers import MLP, Embedding, LayerNorm, Linear, RMSNorm, _join
+
+__all__ = ["TransformerBlock", "GPT2Config", "GPT2", "LlamaConfig", "Llama", "input_ids"]
+
+
+def input_ids(name: str = "input_ids", batch="batch", seq="seq") -> Node:
+    """The token ids input, (batch, seq) int64, symbolic unless given ints."""
+    return tg.input(name, (batch, seq), "int64")
+
+
+class TransformerBlock:
+    """Pre-norm residual block: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``."""
+
+    def __init__(self, attn: MultiHeadAttention, mlp: MLP, norm1, norm2):
+        self.attn, self.mlp, self.norm1, self.norm2 = attn, mlp, norm1, norm2
+
+    def __call__(self, x: Node, *, cache: KVCache | None = None) -> Node:
+        x = x + self.attn(self.norm1(x), cache=cache)
+        return x + self.mlp(self.norm2(x))
+
+    def __repr__(self) -> str:
+        return f"TransformerBlock({self.attn!r}, {self.mlp!r})"
+
+
+def _check_ids(ids: Node) -> None:
+    if ids.ndim != 2 or not ids.dtype.is_int:
+        raise ShapeError(f"input_ids must be (batch, seq) integers, got {ids.dtype.name} "
+                         f"{ids.shape}")
+
+
+# --------------------------------------------------------------------------------- GPT-2
+@dataclass(frozen=True)
+class GPT2Config:
+    """GPT-2 sizes; defaults are GPT-2 small (124M)."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024  # learned position table: the longest sequence
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None  # MLP width; None: 4 * n_embd
+    layer_norm_epsilon: float = 1e-5
+    activation: str = "gelu_new"  # tanh-approximated GELU
+    tie_word_embeddings: bool = True
+
+    @classmethod
+    def from_hf(cls, config) -> GPT2Config:
+        """From a transformers ``GPT2Config``."""
+        return cls(vocab_size=config.vocab_size, n_positions=config.n_positions,
+                   n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
+                   n_inner=config.n_inner, layer_norm_epsilon=config.layer_norm_epsilon,
+                   activation=config.activation_function,
+                   tie_word_embeddings=getattr(config, "tie_word_embeddings", True))
+
+
+class GPT2:
+    """GPT-2: token + learned position embeddings, pre-norm blocks with LayerNorm, fused-qkv
+    Conv1D attention and a GELU MLP, a final LayerNorm and the (tied) LM head."""
+
+    def __init__(self, config: GPT2Config, *, prefix: str = "transformer"):
+        c = self.config = config
+        eps = c.layer_norm_epsilon
+        self.wte = Embedding(c.vocab_size, c.n_embd, name=_join(prefix, "wte"))
+        self.wpe = Embedding(c.n_positions, c.n_embd, name=_join(prefix, "wpe"))
+        self.blocks = []
+        for i in range(c.n_layer):
+            h = _join(prefix, f"h.{i}")
+            attn = MultiHeadAttention(c.n_embd, c.n_head, name=f"{h}.attn", bias=True,
+                                      fused_qkv=True, transposed=True)
+            mlp = MLP(c.n_embd, c.n_inner or 4 * c.n_embd, name=f"{h}.mlp",
+                      activation=c.activation, transposed=True)
+            self.blocks.append(TransformerBlock(attn, mlp, LayerNorm(c.n_embd, name=f"{h}.ln_1",
+                                                                     eps=eps),
+                                                LayerNorm(c.n_embd, name=f"{h}.ln_2", eps=eps)))
+        self.ln_f = LayerNorm(c.n_embd, name=_join(prefix, "ln_f"), eps=eps)
+        self.lm_head = None if c.tie_word_embeddings else \
+            Linear(c.n_embd, c.vocab_size, name="lm_head", bias=False)
+
+    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None) -> Node:
+        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`)."""
+        ids = input_ids() if ids is None else ids
+        _check_ids(ids)
+        past = cache.past if cache is not None else 0
+        x = self.wte(ids) + self.wpe(positions(ids.shape[1], past))
+        for block in self.blocks:
+            x = block(x, cache=cache)
+        x = self.ln_f(x)
+        return self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
+
+
+# --------------------------------------------------------------------------------- Llama
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Llama-family sizes (also Mistral without sliding window, Qwen2, Qwen3)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None  # None: as many as query heads (no GQA)
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q/k/v projections
+    attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both)
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm per head on q and k before RoPE
+
+    @classmethod
+    def from_hf(cls, config) -> LlamaConfig:
+        """From a transformers Llama, Mistral, Qwen2 or Qwen3 config; raises for features these
+        layers do not build (scaled RoPE, sliding windows)."""
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) \
+            or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ArgumentError(f"LlamaConfig.from_hf: RoPE type {kind!r} is not supported "
+                                "(only the default, unscaled RoPE)")
+        if getattr(config, "use_sliding_window", False):
+            raise ArgumentError("LlamaConfig.from_hf: sliding-window attention is not supported")
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        model_type = getattr(config, "model_type", "llama")
+        qwen2 = model_type == "qwen2"  # q/k/v biases, none on o_proj
+        bias = qwen2 or bool(getattr(config, "attention_bias", False))
+        return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                   intermediate_size=config.intermediate_size,
+                   num_hidden_layers=config.num_hidden_layers,
+                   num_attention_heads=config.num_attention_heads,
+                   num_key_value_heads=getattr(config, "num_key_value_heads", None),
+                   head_dim=getattr(config, "head_dim", None), rms_norm_eps=config.rms_norm_eps,
+                   rope_theta=float(theta), hidden_act=config.hidden_act,
+                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                   attention_bias=bias, attention_out_bias=bias and not qwen2,
+                   mlp_bias=bool(getattr(config, "mlp_bias", False)),
+                   qk_norm=model_type.startswith("qwen3"))
+
+
+class Llama:
+    """Llama: token embedding, pre-norm blocks with RMSNorm, GQA attention with RoPE (and
+    Qwen3's q/k norms), a SwiGLU MLP, a final RMSNorm and the LM head."""
+
+    def __init__(self, config: LlamaConfig, *, prefix: str = "model"):
+        c = self.config = config
+        eps = c.rms_norm_eps
+        d = c.hidden_size
+        self.embed_tokens = Embedding(c.vocab_size, d, name=_join(prefix, "embed_tokens"))
+        self.blocks = []
+        for i in range(c.num_hidden_layers):
+            layer = _join(prefix, f"layers.{i}")
+            attn = MultiHeadAttention(d, c.num_attention_heads, name=f"{layer}.self_attn",
+                                      kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                                      bias=c.attention_bias, out_bias=c.attention_out_bias,
+                                      rope_theta=c.rope_theta,
+                                      qk_norm_eps=eps if c.qk_norm else None)
+            mlp = MLP(d, c.intermediate_size, name=f"{layer}.mlp", activation=c.hidden_act,
+                      gated=True, bias=c.mlp_bias)
+            self.blocks.append(TransformerBlock(
+                attn, mlp, RMSNorm(d, name=f"{layer}.input_layernorm", eps=eps),
+                RMSNorm(d, name=f"{layer}.post_attention_layernorm", eps=eps)))
+        self.norm = RMSNorm(d, name=_join(prefix, "norm"), eps=eps)
+        self.lm_head = None if c.tie_word_embeddings else \
+            Linear(d, c.vocab_size, name="lm_head", bias=False)
+
+    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None) -> Node:
+        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`)."""
+        ids = input_ids() if ids is None else ids
+        _check_ids(ids)
+        x = self.embed_tokens(ids)
+        for block in self.blocks:
+            x = block(x, cache=cache)
+        x = self.norm(x)
+        return self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
