@@ -123,10 +123,21 @@ class Executable:
             out.append(Instruction(
                 s.kernel.fn, args, dict(s.attrs), result, free, s.kernel.name,
                 tuple(s.node.shape), s.kernel.contiguous, place,
-                place is None and not s.kernel.view, s.kernel,
+                place is None and (not s.kernel.view or (arena and self._copies(s, pos))),
+                s.kernel,
                 tuple(tuple(x.node.shape) for x in s.inputs),
                 tuple(x.node.dtype for x in s.inputs), s.node.dtype.np_dtype))
         return out
+
+    def _copies(self, step, pos: int) -> bool:
+        """A view kernel (a reshape) that the memory plan, made at the bounds, lays out as a
+        copy: at smaller dims numpy may return a view of an arena buffer the plan reuses after
+        this step (a permuted (1, 1, H, D) is contiguous), so such a result is copied out."""
+        if self.memory is None:
+            return False
+        twin = self.twin.steps[pos]
+        p = self.memory.placements.get(self.twin.resolve(Slot(twin.node, twin.device, False)))
+        return p is not None and p.alias_of is None
 
     def _place(self, step, pos: int) -> tuple | None:
         """Where the step writes its result in the arena, for kernels that take ``out=``."""
