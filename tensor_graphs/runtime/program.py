@@ -468,14 +468,14 @@ class CompiledGraph:
         nothing else."""
         from tensor_graphs.runtime.weights import read_safetensors
 
-        wanted = {n: (tuple(int(d) for d in leaf.shape), leaf.dtype)
-                  for n, leaf in self._by_name.items()
-                  if leaf.op.name != "input" and n not in self._bound}
-        unsized = sorted(n for n, leaf in self._by_name.items()
-                         if n in wanted and not is_static(leaf.shape))
+        # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
+        wanted = {n: leaf for n, leaf in self._by_name.items()
+                  if leaf.op.name != "input" and n not in self._bound and n not in self._states}
+        unsized = sorted(n for n, leaf in wanted.items() if not is_static(leaf.shape))
         if unsized:
             raise ShapeError(f"bind_safetensors: weights {unsized} have symbolic shapes; bind "
                              "them with prog.bind(...)")
+        wanted = {n: (tuple(int(d) for d in leaf.shape), leaf.dtype) for n, leaf in wanted.items()}
         arrays = read_safetensors(path, wanted, strict=strict, rename=rename)
         self._bound.update(arrays)  # read_safetensors checked names, shapes and dtypes
         for exe in self._all_executables():
