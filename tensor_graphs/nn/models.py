@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, positions
 from tensor_graphs.nn.layers import MLP, Embedding, LayerNorm, Linear, RMSNorm, _join
 
@@ -48,7 +49,7 @@ class TransformerBlock:
 def _check_ids(ids: Node) -> None:
     if ids.ndim != 2 or not ids.dtype.is_int:
         raise ShapeError(f"input_ids must be (batch, seq) integers, got {ids.dtype.name} "
-                         f"{ids.shape}")
+                         f"{format_shape(ids.shape)}")
 
 
 # --------------------------------------------------------------------------------- GPT-2
@@ -103,6 +104,9 @@ class GPT2:
         """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`)."""
         ids = input_ids() if ids is None else ids
         _check_ids(ids)
+        if cache is not None and cache.max_len > self.config.n_positions:
+            raise ArgumentError(f"GPT2: a cache of {cache.max_len} tokens outruns the "
+                                f"{self.config.n_positions} learned positions")
         past = cache.past if cache is not None else 0
         x = self.wte(ids) + self.wpe(positions(ids.shape[1], past))
         for block in self.blocks:
