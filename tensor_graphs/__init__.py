@@ -65,12 +65,20 @@ def from_torch(module, example_args, dynamic_shapes=None, **options):
     return load(module, example_args, dynamic_shapes, **options)
 
 
+def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, **options):
+    """Greedy decoding of a transformers causal LM with a KV cache in ``tg.state`` (see
+    ``tensor_graphs.nn.generate``)."""
+    from tensor_graphs.nn.generate import generate as run
+
+    return run(causal_lm, input_ids, max_new_tokens, stream, **options)
+
+
 __all__ = [
     *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
-    "estimate_memory", "from_torch", "nn",
+    "estimate_memory", "from_torch", "generate", "nn",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",

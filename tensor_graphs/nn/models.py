@@ -46,6 +46,13 @@ class TransformerBlock:
         return f"TransformerBlock({self.attn!r}, {self.mlp!r})"
 
 
+def _last(x: Node) -> Node:
+    """The last position of (batch, seq, dim): generation needs only its logits, and the LM
+    head over every position is most of a prefill's work for a large vocabulary."""
+    seq = x.shape[1]
+    return tg.slice_axis(x, 1, seq - 1, seq)
+
+
 def _check_ids(ids: Node) -> None:
     if ids.ndim != 2 or not ids.dtype.is_int:
         raise ShapeError(f"input_ids must be (batch, seq) integers, got {ids.dtype.name} "
@@ -100,8 +107,10 @@ class GPT2:
         self.lm_head = None if c.tie_word_embeddings else \
             Linear(c.n_embd, c.vocab_size, name="lm_head", bias=False)
 
-    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None) -> Node:
-        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`)."""
+    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None,
+                 last_only: bool = False) -> Node:
+        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`); with
+        ``last_only`` (batch, 1, vocab), the head applied to the last position only."""
         ids = input_ids() if ids is None else ids
         _check_ids(ids)
         if cache is not None and cache.max_len > self.config.n_positions:
@@ -111,7 +120,7 @@ class GPT2:
         x = self.wte(ids) + self.wpe(positions(ids.shape[1], past))
         for block in self.blocks:
             x = block(x, cache=cache)
-        x = self.ln_f(x)
+        x = self.ln_f(_last(x) if last_only else x)
         return self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
 
 
@@ -191,12 +200,14 @@ class Llama:
         self.lm_head = None if c.tie_word_embeddings else \
             Linear(d, c.vocab_size, name="lm_head", bias=False)
 
-    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None) -> Node:
-        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`)."""
+    def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None,
+                 last_only: bool = False) -> Node:
+        """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`); with
+        ``last_only`` (batch, 1, vocab), the head applied to the last position only."""
         ids = input_ids() if ids is None else ids
         _check_ids(ids)
         x = self.embed_tokens(ids)
         for block in self.blocks:
             x = block(x, cache=cache)
-        x = self.norm(x)
+        x = self.norm(_last(x) if last_only else x)
         return self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)

@@ -1,0 +1,198 @@
+"""Greedy generation with a KV cache: ``tg.generate(causal_lm, input_ids, max_new_tokens)``.
+
+A transformers causal LM is rebuilt from its config with ``tg.nn``'s layers (the table
+``ARCHITECTURES``, by ``config.model_type``) and its state dict bound by name. Two programs are
+compiled once per :class:`Generator`, over the same cache layout (one ``tg.state`` per layer
+for keys and one for values):
+
+- *prefill*: the whole prompt (symbolic length up to ``max_prompt``) into an empty cache,
+  logits of the last position only;
+- *decode*: one token per step (static shape), attending over the cached prefix of symbolic
+  length ``past`` up to ``max_len - 1``; planned once at that bound, so a step never plans,
+  compiles or allocates, and runs the same instruction list at any cache length.
+
+After prefill its cache is bound into the decode program once (one copy of the prompt's keys
+and values); every decode step then appends in place. Everything is checked before any work:
+token ids against the vocabulary, the prompt and ``max_new_tokens`` against the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.graph import leaves
+from tensor_graphs.nn.attention import KVCache
+from tensor_graphs.nn.models import GPT2, GPT2Config, Llama, LlamaConfig
+
+# transformers model_type -> (reads its config, builds our model): what tg.generate accepts
+ARCHITECTURES: dict[str, tuple[Callable, type]] = {
+    "gpt2": (GPT2Config.from_hf, GPT2),
+    "llama": (LlamaConfig.from_hf, Llama),
+    "mistral": (LlamaConfig.from_hf, Llama),
+    "qwen2": (LlamaConfig.from_hf, Llama),
+    "qwen3": (LlamaConfig.from_hf, Llama),
+}
+
+
+def _positions_limit(config) -> int | None:
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings",
+                                                           None)
+
+
+class Generator:
+    """A prefill and a decode program for one model, batch size and cache length; call it
+    (or :meth:`stream`) for each prompt. Reuse it: building compiles both programs."""
+
+    def __init__(self, model, weights: Mapping[str, np.ndarray], *, vocab_size: int,
+                 max_len: int, max_prompt: int | None = None, batch: int = 1,
+                 eos_token_id=None, pad_token_id: int | None = None, **compile_options):
+        from tensor_graphs.compiler import compile as compile_graph
+
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ArgumentError(f"generate: max_len must be a positive int, got {max_len!r}")
+        max_prompt = max_len if max_prompt is None else max_prompt
+        if not 1 <= max_prompt <= max_len:
+            raise ArgumentError(f"generate: max_prompt={max_prompt} must be in 1..{max_len} "
+                                "(max_len)")
+        self.vocab_size, self.max_len, self.max_prompt, self.batch = (vocab_size, max_len,
+                                                                      max_prompt, batch)
+        self.eos = {int(e) for e in np.atleast_1d(eos_token_id)} if eos_token_id is not None \
+            else set()
+        self.pad = pad_token_id if pad_token_id is not None else min(self.eos, default=0)
+        options = {"db": None, **compile_options}
+
+        ids = tg.input("input_ids", (batch, "seq"), "int64")
+        prefill_cache = KVCache(max_len)
+        prefill_outputs = [model(ids, cache=prefill_cache, last_only=True),
+                           *prefill_cache.updates]
+        self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
+                                     **options)
+        token = tg.input("input_ids", (batch, 1), "int64")
+        decode_cache = KVCache(max_len)
+        decode_outputs = [model(token, cache=decode_cache), *decode_cache.updates]
+        self.decode = compile_graph(decode_outputs, bounds={"past": max_len - 1}, **options)
+        self.cache_names = decode_cache.names()
+        self._empty = prefill_cache.empty(batch)
+        for prog, outputs in ((self.prefill, prefill_outputs), (self.decode, decode_outputs)):
+            names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == "weight"}
+            missing = sorted(names - set(weights))
+            if missing:
+                raise ArgumentError(f"generate: the model's state dict lacks {missing[:5]}"
+                                    f"{' ...' if len(missing) > 5 else ''}")
+            prog.bind(**{n: weights[n] for n in names})
+
+    @classmethod
+    def from_transformers(cls, causal_lm, *, max_len: int, max_prompt: int | None = None,
+                          batch: int = 1, **compile_options) -> Generator:
+        """The generator of a transformers causal LM (``ARCHITECTURES`` lists the model
+        types), its weights taken from the module's state dict."""
+        config = causal_lm.config
+        kind = getattr(config, "model_type", None)
+        if kind not in ARCHITECTURES:
+            raise ArgumentError(f"generate: model type {kind!r} is not supported; supported: "
+                                f"{sorted(ARCHITECTURES)} (tg.from_torch imports other models "
+                                "for single forward passes)")
+        limit = _positions_limit(config)
+        if kind == "gpt2" and limit is not None and max_len > limit:
+            raise ShapeError(f"generate: {max_len} tokens outrun GPT-2's {limit} learned "
+                             "positions (shorten the prompt or max_new_tokens)")
+        read, build = ARCHITECTURES[kind]
+        weights = {}
+        for name, tensor in causal_lm.state_dict().items():
+            if tensor.is_floating_point() and str(tensor.dtype) != "torch.float32":
+                raise DTypeError(f"generate: weight '{name}' is {tensor.dtype}; tg.nn models "
+                                 "run in float32: call causal_lm.float() first")
+            weights[name] = tensor.detach().cpu().numpy()
+        gen = getattr(causal_lm, "generation_config", None)
+        return cls(build(read(config)), weights, vocab_size=config.vocab_size, max_len=max_len,
+                   max_prompt=max_prompt, batch=batch,
+                   eos_token_id=getattr(gen, "eos_token_id", None),
+                   pad_token_id=getattr(gen, "pad_token_id", None), **compile_options)
+
+    def _check(self, input_ids, max_new_tokens: int) -> np.ndarray:
+        if hasattr(input_ids, "detach"):
+            input_ids = input_ids.detach().cpu().numpy()
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ShapeError(f"generate: input_ids must be integer token ids of shape (batch, "
+                             f"seq), got {ids.dtype} {ids.shape}")
+        if ids.shape[0] != self.batch:
+            raise ShapeError(f"generate: this generator was built for batch {self.batch}, got "
+                             f"input_ids of shape {ids.shape}")
+        if ids.shape[1] < 1:
+            raise ShapeError("generate: the prompt is empty")
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ArgumentError(f"generate: token id {int(ids[where])} at {where} is outside "
+                                f"the vocabulary 0..{self.vocab_size - 1}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ArgumentError(f"generate: max_new_tokens must be a positive int, got "
+                                f"{max_new_tokens!r}")
+        if ids.shape[1] > self.max_prompt:
+            raise ShapeError(f"generate: the prompt has {ids.shape[1]} tokens, more than the "
+                             f"{self.max_prompt} this generator takes (max_prompt)")
+        cached = ids.shape[1] + max_new_tokens - 1  # the last new token is never fed back
+        if cached > self.max_len:
+            raise ShapeError(f"generate: {ids.shape[1]} prompt tokens + {max_new_tokens} new "
+                             f"ones need a cache of {cached} tokens; it holds {self.max_len} "
+                             "(build the generator with a larger max_len)")
+        return ids.astype(np.int64, copy=False)
+
+    def stream(self, input_ids, max_new_tokens: int) -> Iterator[np.ndarray]:
+        """Yield each step's tokens, shape (batch,), as soon as they are chosen. Checks the
+        input before any work, so a bad call leaves the caches as they were."""
+        ids = self._check(input_ids, max_new_tokens)
+        return self._tokens(ids, max_new_tokens)
+
+    def _tokens(self, ids: np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
+        self.prefill.bind(**self._empty)
+        logits = self.prefill(input_ids=ids)[0]
+        self.decode.bind(**{n: self.prefill.state(n) for n in self.cache_names})
+        done = np.zeros(self.batch, dtype=bool)
+        for step in range(max_new_tokens):
+            token = logits[:, -1].argmax(axis=-1).astype(np.int64)
+            token[done] = self.pad
+            yield token
+            done |= np.isin(token, list(self.eos))
+            if done.all() or step == max_new_tokens - 1:
+                return
+            logits = self.decode(input_ids=token[:, None])[0]
+
+    def __call__(self, input_ids, max_new_tokens: int) -> np.ndarray:
+        """The prompt followed by the greedy tokens, (batch, prompt + new), as transformers'
+        ``generate(do_sample=False)`` returns it (it stops early when every row ended)."""
+        ids = self._check(input_ids, max_new_tokens)
+        new = list(self._tokens(ids, max_new_tokens))
+        return np.concatenate([ids, np.stack(new, axis=1)], axis=1)
+
+
+def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, *,
+             max_len: int | None = None, **compile_options):
+    """Greedy decoding of a transformers causal LM with a KV cache held in ``tg.state``.
+
+    Returns the prompt and new tokens, (batch, prompt + new), like transformers' ``generate``;
+    ``stream=True`` returns an iterator of each step's tokens (batch,) instead. ``max_len``
+    (default: exactly prompt + max_new_tokens) sizes the cache. Builds a :class:`Generator`
+    each call; keep one (``Generator.from_transformers``) to reuse its compiled programs.
+    """
+    if hasattr(input_ids, "detach"):
+        input_ids = input_ids.detach().cpu().numpy()
+    ids = np.asarray(input_ids)
+    ids = ids[None, :] if ids.ndim == 1 else ids
+    if ids.ndim != 2:
+        raise ShapeError(f"generate: input_ids must have shape (batch, seq), got {ids.shape}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ArgumentError(f"generate: max_new_tokens must be a positive int, got "
+                            f"{max_new_tokens!r}")
+    needed = ids.shape[1] + max_new_tokens - 1
+    gen = Generator.from_transformers(causal_lm, max_len=max_len or max(needed, 1),
+                                      max_prompt=max(ids.shape[1], 1), batch=ids.shape[0],
+                                      **compile_options)
+    return gen.stream(ids, max_new_tokens) if stream else gen(ids, max_new_tokens)

@@ -1,0 +1,140 @@
+"""tg.generate: greedy tokens equal transformers' generate(do_sample=False); decode steps never
+plan or grow; bad input is refused before any work."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.nn import Generator  # noqa: E402
+
+VOCAB = 211
+NEW = 32
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB,
+                                  n_positions=300, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _qwen3():
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   vocab_size=VOCAB, initializer_range=0.3, bos_token_id=None,
+                                   eos_token_id=None)
+    return transformers.Qwen3ForCausalLM(cfg)
+
+
+MODELS = {"gpt2": _gpt2, "qwen3": _qwen3}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def lm(request):
+    torch.manual_seed(0)
+    return MODELS[request.param]().eval()
+
+
+def _expected(lm, prompt, new):
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        return lm.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                           attention_mask=torch.ones_like(ids)).numpy()
+
+
+def test_tokens_equal_transformers_greedy(lm):
+    prompt = np.random.default_rng(1).integers(0, VOCAB, (1, 9))
+    got = tg.generate(lm, prompt, NEW, db=":memory:")
+    expected = _expected(lm, prompt, NEW)
+    np.testing.assert_array_equal(got, expected)
+    assert len(set(got[0, 9:].tolist())) > 4, "weights too weak: greedy tokens barely change"
+
+
+def test_stream_yields_the_same_tokens_one_at_a_time(lm):
+    prompt = np.random.default_rng(2).integers(0, VOCAB, (1, 5))
+    steps = tg.generate(lm, torch.from_numpy(prompt), 12, stream=True, db=":memory:")
+    first = next(steps)  # produced before the rest are computed
+    assert first.shape == (1,)
+    tokens = np.concatenate([first, *steps])
+    np.testing.assert_array_equal(tokens, _expected(lm, prompt, 12)[0, 5:])
+
+
+def test_decode_never_plans_and_runs_a_flat_program(lm):
+    """One plan for every cache length: the same steps at 8 and at 256 cached tokens."""
+    gen = Generator.from_transformers(lm, max_len=260, max_prompt=8, db=":memory:")
+    prompt = np.random.default_rng(3).integers(0, VOCAB, (1, 8))
+    steps = gen.stream(prompt, 250)
+    next(steps)
+    sizes = {}
+    for _ in steps:
+        cached = gen.decode.state(gen.cache_names[0]).shape[2]
+        if cached in (9, 257):
+            sizes[cached] = (len(gen.decode.plan.steps), gen.decode.stats["plans"])
+    assert cached == 8 + 249 and gen.decode.stats["calls"] == 249
+    assert sizes[9] == sizes[257] == (sizes[9][0], 1)
+    assert gen.decode.stats["planner_runs"] == 1 and gen.prefill.stats["planner_runs"] == 1
+    # a second prompt reuses both programs
+    np.testing.assert_array_equal(gen(prompt, 6), _expected(lm, prompt, 6))
+    assert gen.decode.stats["planner_runs"] == 1 and gen.prefill.stats["plans"] == 1
+
+
+def test_stops_at_eos_like_transformers():
+    torch.manual_seed(0)
+    lm = _gpt2().eval()
+    prompt = np.random.default_rng(4).integers(0, VOCAB, (1, 6))
+    free = _expected(lm, prompt, 10)[0, 6:]
+    eos = int(free[3])  # the 4th greedy token ends the sequence
+    lm.generation_config.eos_token_id = eos
+    got = tg.generate(lm, prompt, 10, db=":memory:")
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        ref = lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                          attention_mask=torch.ones_like(ids)).numpy()
+    np.testing.assert_array_equal(got, ref)
+    assert got.shape[1] < 16 and got[0, -1] == eos
+
+
+def test_bad_input_is_refused_before_any_work(lm):
+    gen = Generator.from_transformers(lm, max_len=12, max_prompt=6, db=":memory:")
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (1, 6))
+    gen(prompt, 4)
+    name = gen.cache_names[0]
+    before = np.array(gen.decode.state(name))
+    calls = (gen.prefill.stats["calls"], gen.decode.stats["calls"])
+    bad = [
+        (tg.ShapeError, "more than the 6", lambda: gen(np.zeros((1, 7), np.int64), 1)),
+        (tg.ShapeError, "cache of 13 tokens", lambda: gen(prompt, 8)),
+        (tg.ArgumentError, "outside the vocabulary", lambda: gen(prompt + VOCAB, 2)),
+        (tg.ArgumentError, "outside the vocabulary", lambda: gen(-prompt - 1, 2)),
+        (tg.ArgumentError, "positive int", lambda: gen(prompt, 0)),
+        (tg.ShapeError, "batch 1", lambda: gen(np.zeros((2, 3), np.int64), 2)),
+        (tg.ShapeError, "integer token ids", lambda: gen(prompt.astype(np.float32), 2)),
+        (tg.ShapeError, "prompt is empty", lambda: gen(np.zeros((1, 0), np.int64), 2)),
+    ]
+    for error, text, call in bad:
+        with pytest.raises(error, match=text):
+            call()
+    with pytest.raises(tg.ShapeError, match="cache of 13 tokens"):
+        gen.stream(prompt, 8)  # refused when called, not when first iterated
+    assert (gen.prefill.stats["calls"], gen.decode.stats["calls"]) == calls
+    np.testing.assert_array_equal(gen.decode.state(name), before)
+
+
+def test_unsupported_models_and_dtypes_are_named():
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=50, is_decoder=True)
+    bert = transformers.BertLMHeadModel(cfg).eval()
+    with pytest.raises(tg.ArgumentError, match="model type 'bert' is not supported"):
+        tg.generate(bert, np.zeros((1, 3), np.int64), 2)
+    torch.manual_seed(0)
+    half = _gpt2().to(torch.bfloat16)
+    with pytest.raises(tg.DTypeError, match=r"causal_lm.float\(\)"):
+        tg.generate(half, np.zeros((1, 3), np.int64), 2)
+    with pytest.raises(tg.ShapeError, match="learned"):
+        Generator.from_transformers(_gpt2(), max_len=400)
