@@ -166,6 +166,12 @@ def test_matmul_variants(n, rng):
     check("c_linear_nobias", tg.linear, [f(n), f(9, n)])
     d = lambda *s: rng.standard_normal(s)  # noqa: E731  float64 through dgemm
     check("c_matmul_bias", lambda a, b, c: a @ b + c, [d(4, n), d(n, 9), d(9)])
+    # one row (a decode step): gemv, for both weight layouts, batched, shared or not
+    check("c_matmul", lambda a, b: a @ b, [f(2, 3, 1, n), f(2, 3, n, 6)])
+    check("c_matmul_bias_gelu_tanh", lambda a, b, c: tg.gelu(a @ b + c, approximate="tanh"),
+          [f(3, 1, n), f(n, 33), f(33)])
+    check("c_linear_nobias", tg.linear, [f(2, 1, n), f(33, n)])
+    check("c_linear", tg.linear, [d(1, n), d(7, n), d(7)])
 
 
 def test_matmul_nan_propagates():

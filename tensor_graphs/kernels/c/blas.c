@@ -33,13 +33,21 @@ static inline double tg_relu_d(double x) { return x < 0.0 ? 0.0 : x; }
 TG_EPILOGUE(epilogue_f32, float, tg_reluf, tg_gelu_erf, tg_gelu_tanh)
 TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
 
-/* c[p] = a[p] @ b[p] (b transposed when trans_b), then bias and activation, for each batch p */
-#define TG_GEMM(NAME, T, GEMM, ONE, ZERO, EPILOGUE)                                           \
+/* c[p] = a[p] @ b[p] (b transposed when trans_b), then bias and activation, for each batch p.
+ * One row (decoding a token) is a matrix-vector product: gemv reads B once at memory speed,
+ * where gemm's packing of a 1-row A costs several times more (measured: the 50257 x 768 LM head,
+ * 19 ms through sgemm, 5.4 ms through sgemv on 2 cores). */
+#define TG_GEMM(NAME, T, GEMM, GEMV, ONE, ZERO, EPILOGUE)                                     \
     void NAME(const T *a, const T *b, const T *bias, T *c, int64_t batch, int64_t m,          \
               int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc, int trans_b, int act) { \
         for (int64_t p = 0; p < batch; p++) {                                                 \
             if (m > 0 && n > 0) {                                                             \
-                if (k > 0)                                                                    \
+                if (k > 0 && m == 1)                                                          \
+                    GEMV(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans,                  \
+                         (blasint)(trans_b ? n : k), (blasint)(trans_b ? k : n), ONE,         \
+                         b + p * sb, (blasint)(trans_b ? k : n), a + p * sa, 1, ZERO,         \
+                         c + p * sc, 1);                                                      \
+                else if (k > 0)                                                               \
                     GEMM(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,    \
                          (blasint)m, (blasint)n, (blasint)k, ONE, a + p * sa, (blasint)k,     \
                          b + p * sb, (blasint)(trans_b ? k : n), ZERO, c + p * sc,            \
@@ -51,8 +59,8 @@ TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
         }                                                                                     \
     }
 
-TG_GEMM(tg_gemm_f32, float, scipy_cblas_sgemm, 1.0f, 0.0f, epilogue_f32)
-TG_GEMM(tg_gemm_f64, double, scipy_cblas_dgemm, 1.0, 0.0, epilogue_f64)
+TG_GEMM(tg_gemm_f32, float, scipy_cblas_sgemm, scipy_cblas_sgemv, 1.0f, 0.0f, epilogue_f32)
+TG_GEMM(tg_gemm_f64, double, scipy_cblas_dgemm, scipy_cblas_dgemv, 1.0, 0.0, epilogue_f64)
 
 /* the BLAS alone, for the benchmark's "raw sgemm" row */
 void tg_raw_sgemm(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k) {

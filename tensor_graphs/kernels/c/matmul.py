@@ -139,7 +139,8 @@ def _signatures(linear: bool, has_bias: bool) -> list[dict]:
     out = []
     for m, k, n, lead, dt in ((1, 1, 1, (), "float32"), (7, 33, 9, (), "float32"),
                               (5, 1025, 33, (), "float32"), (33, 7, 1025, (2,), "float32"),
-                              (7, 33, 9, (3,), "float64")):
+                              (7, 33, 9, (3,), "float64"), (1, 33, 1025, (3,), "float32"),
+                              (1, 1025, 7, (), "float64")):  # one row: gemv
         a = (lead + (m, k), dt)
         b = ((n, k) if linear else (k, n), dt)
         sig = {"x": a, "weight": b} if linear else {"a": a, "b": b}
