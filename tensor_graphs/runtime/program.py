@@ -29,7 +29,9 @@ from tensor_graphs.ir.evaluate import bind_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
+from tensor_graphs.kernels import storage
 from tensor_graphs.planner.plan import Plan, Slot
+from tensor_graphs.runtime import native as _native
 from tensor_graphs.runtime.state import State, kept_states
 
 
@@ -110,6 +112,10 @@ class Executable:
                                                           if isinstance(v, (sympy.Basic, tuple))))
             for ins in self.instructions)) if self.instructions else set(), key=str)
         self.size = len(index)
+        self._inputs = [(i, node) for i, node in self.leaves if node.op.name == "input"]
+        self._generation = 0  # counts prelude runs: a native recording holds their results
+        self.native = _native.NativeLoop()
+        self.shared_results = False  # the last run's results live in memory runs reuse
 
     def _instructions(self, steps, keep: set[int], arena: bool = False) -> list[Instruction]:
         last: dict[int, int] = {}
@@ -163,7 +169,7 @@ class Executable:
     def bound(self, dims: Mapping) -> tuple[list, list, list]:
         """Per instruction at ``dims``: attributes, result shape and arena array (or None).
         Raises OutsideConstraintsError when a kernel's constraints fail there."""
-        key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
+        key = dims_key(dims)
         found = self._bindings.get(key)
         if found is not None:
             return found
@@ -196,12 +202,39 @@ class Executable:
     def invalidate(self) -> None:
         """Weights changed: the prelude runs again on the next call."""
         self._static_values = None
+        self._generation += 1
 
     def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping,
-            cache_static: bool = True) -> list[np.ndarray]:
+            cache_static: bool = True, native: bool = True) -> list[np.ndarray]:
         """One call. ``cache_static``: the weights are the bound ones, so the prelude's results
-        from an earlier call stand (False when a call feeds weights itself)."""
+        from an earlier call stand (False when a call feeds weights itself). ``native``: the
+        native loop may run it (``runtime/native.py``); after the call ``native.last`` says
+        which loop ran and why, and ``shared_results`` whether the results must be copied."""
         attrs, shapes, outs = self.bound(dims)
+        loop, recorder = self.native, None
+        self.shared_results = False
+        if not (native and cache_static):
+            loop.last = ("python loop: the native loop is off for this call (prog.native is "
+                         "False, or the call feeds weights or states)")
+        elif self._static_values is not None:
+            key = dims_key(dims)
+            recording = loop.lookup(key, self._generation, arrays)
+            if recording is not None:
+                inputs = [dense(arrays[node.name], node.dtype.np_dtype)
+                          for _, node in self._inputs]
+                if recording.run(inputs) == 0:
+                    loop.last = (f"native loop: {recording.count} C calls in one foreign call")
+                    self.shared_results = True
+                    return list(recording.outputs)
+                # a C function reported an error: the Python loop runs it again and raises
+            elif loop.wants(key):
+                recorder = _native.Recorder()
+            else:
+                found = loop.recordings.get(key)
+                loop.last = found if isinstance(found, str) else \
+                    "python loop: first call with these dims (the next one is recorded)"
+        else:
+            loop.last = "python loop: the prelude runs (weights bound since the last call)"
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
         for i, node in self.leaves:
@@ -217,8 +250,56 @@ class Executable:
                 self._static_values = static
         for i, v in self._static_values if cache_static else ():
             values[i] = v
-        _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
-        return [values[i] for i in self.outputs]
+        if recorder is None:
+            _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
+            return [values[i] for i in self.outputs]
+        return self._record(recorder, arrays, dims, values, attrs, shapes, outs)
+
+    def _record(self, recorder, arrays, dims, values, attrs, shapes, outs) -> list:
+        """Run the Python loop while ``recorder`` notes the C calls; keep the recording when
+        the native loop can replay it (see ``runtime/native.py``)."""
+        from tensor_graphs.errors import CCompileError
+        from tensor_graphs.kernels.c import lib
+
+        key, loop = dims_key(dims), self.native
+        for arena in self.arenas.values():
+            recorder.fixed(arena)
+        for _, v in self._static_values:
+            recorder.fixed(v)
+        states = []
+        for i, node in self.leaves:
+            if i in self._static_set:
+                continue
+            v = values[i]
+            if node.op.name == "input":
+                recorder.input(v)
+            elif node.op.name == "state":
+                if v is not arrays[node.name]:
+                    recorder.fail(f"state '{node.name}' is not a dense prefix of its buffer")
+                recorder.fixed(v)
+                states.append((node.name, storage._root(v), v.__array_interface__["data"][0]))
+            else:
+                recorder.fixed(v)  # dims and constants of these dims: as recorded
+        if recorder.overlapping():  # an input shares bytes with another or with the program
+            _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
+            loop.last = "python loop: an input overlaps another input or the program's memory"
+            return [values[i] for i in self.outputs]
+        lib.recording = recorder
+        try:
+            _execute(self.instructions, values, attrs, shapes, outs, self.arenas, recorder)
+        finally:
+            lib.recording = None
+        results = [values[i] for i in self.outputs]
+        try:
+            recording = recorder.finish(results)
+        except (_native.NotNativeError, CCompileError) as exc:
+            loop.last = f"python loop: {exc}"
+            loop.store(key, loop.last)
+            return results
+        loop.store(key, (recording, self._generation, states))
+        loop.last = f"python loop: recorded {recording.count} C calls for the native loop"
+        self.shared_results = True  # kernel-allocated results are reused by later runs
+        return results
 
 
 _RESOLVERS: dict = {}  # (value, symbols) -> resolver: the layers of a model share their shapes
@@ -275,21 +356,24 @@ def _mentions_dims(node: Node) -> bool:
 
 
 def _execute(instructions: list[Instruction], values: list, attrs: list, shapes: list,
-             outs: list, arenas: Mapping) -> None:
+             outs: list, arenas: Mapping, recorder=None) -> None:
     """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
     arena place) or None. A kernel that allocates but hands back memory inside an arena (an
-    undeclared alias of an input) gets its result copied out, so arena reuse stays safe."""
+    undeclared alias of an input) gets its result copied out, so arena reuse stays safe.
+    ``recorder``: a native-loop recorder told about each instruction after it ran."""
     regions = list(arenas.values())
     with np.errstate(all="ignore"):
         for ins, kw, shape, buf in zip(instructions, attrs, shapes, outs):
-            args = [values[a] for a in ins.args]
+            given = args = [values[a] for a in ins.args]
             if ins.contiguous:  # views (a permute, a slice) are made dense first
                 args = [a if a.flags.c_contiguous else dense(a) for a in args]
+            if recorder is not None:
+                recorder.begin_step(ins.name)
             try:
                 if buf is not None:
-                    out = ins.fn(*args, out=buf, **kw)
+                    out = raw = ins.fn(*args, out=buf, **kw)
                 else:
-                    out = ins.fn(*args, **kw)
+                    out = raw = ins.fn(*args, **kw)
                     if ins.fresh and regions and out.base is not None and any(
                             np.may_share_memory(out, r) for r in regions):
                         out = out.copy()
@@ -300,9 +384,15 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
                 shown = ", ".join(format_shape(values[a].shape) for a in ins.args)
                 raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shown}: "
                                       f"{type(exc).__name__}: {exc}") from exc
+            if recorder is not None:
+                recorder.after(ins, kw, given, args, raw, out)
             values[ins.out] = out
             for f in ins.free:
                 values[f] = None
+
+
+def dims_key(dims: Mapping) -> tuple:
+    return tuple(sorted((str(k), int(v)) for k, v in dims.items()))
 
 
 def _c_strides(shape, dtype) -> tuple[int, ...]:
@@ -355,7 +445,11 @@ class CompiledGraph:
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
                                       "replayed": 0, "slots": 0, "options": 0,
                                       "estimates": 0, "measured": 0, "calls": 0, "blocks": 0,
-                                      "blocks_planned": 0, "block_cache_hits": 0}
+                                      "blocks_planned": 0, "block_cache_hits": 0,
+                                      "native_runs": 0}
+        # where every instruction is C, calls run as one foreign call (runtime/native.py);
+        # False keeps the Python loop (benchmarks compare the two)
+        self.native = True
 
     # ------------------------------------------------------------------------ planning
     def _executable(self, dims: Mapping) -> Executable:
@@ -422,7 +516,15 @@ class CompiledGraph:
         return self._last.memory
 
     def explain(self, limit: int | None = None) -> str:
-        return self.plan.explain(limit)
+        return self.plan.explain(limit) + f"\nloop: {self.loop}"
+
+    @property
+    def loop(self) -> str:
+        """Which loop ran the last call and why: "native loop: N C calls in one foreign call",
+        or "python loop: <reason>" (a numpy kernel, a copy per call, first sighting...)."""
+        if self._last is None:
+            return "python loop: not run yet"
+        return self._last.native.last
 
     def memory(self) -> dict[str, int]:
         """Bytes per device of the current plan: arena (transient values, reused after their
@@ -511,7 +613,11 @@ class CompiledGraph:
         exe = self._executable(dims)
         self.stats["calls"] += 1
         fed_weights = any(self._by_name[n].op.name == "weight" for n in feeds)
-        results = exe.run(arrays, dims, cache_static=not fed_weights)
+        only_inputs = all(self._by_name[n].op.name == "input" for n in feeds)
+        results = exe.run(arrays, dims, cache_static=not fed_weights,
+                          native=self.native and only_inputs)
+        if exe.native.last.startswith("native"):
+            self.stats["native_runs"] += 1
         fed = {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()}
         fed |= {id(v) for _, v in exe._static_values or ()}  # kept for later calls
         out, seen = [], set()
@@ -522,7 +628,8 @@ class CompiledGraph:
                 self._states[name].set(r, self._capacity.get(name, 0))
                 out.append(self._states[name].view())
                 continue
-            own = r.flags.owndata and r.base is None and id(r) not in fed and id(r) not in seen
+            own = not exe.shared_results and r.flags.owndata and r.base is None \
+                and id(r) not in fed and id(r) not in seen
             seen.add(id(r))
             out.append(r if own else r.copy())
         return out[0] if self._single else out

@@ -80,6 +80,7 @@ from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.atomic import BINARY, UNARY
 from tensor_graphs.ir.shapes import broadcast_shapes, dims_equal
 from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
 from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE
 
@@ -456,9 +457,11 @@ def emit_c(region: Region) -> Emitted:
         f"    const int64_t per_row = (inner + {tile} - 1) / {tile};",
         "    const int64_t ntiles = (n / inner) * per_row;",
         "    int bad = 0;",
-        f"    #pragma omp parallel for schedule(static) num_threads(tg_nthreads) "
-        f"if (n >= {PARALLEL_MIN})"
-        + (" reduction(|:bad)" if checks_pow else ""),
+    ]
+    pragma = ("    #pragma omp parallel for schedule(static) num_threads(tg_nthreads)"
+              + (" reduction(|:bad)" if checks_pow else ""))
+    head = len(lines)
+    lines += [
         "    for (int64_t t = 0; t < ntiles; t++) {",
         "        const int64_t row = t / per_row;",
         f"        const int64_t j0 = (t - row * per_row) * {tile};",
@@ -500,6 +503,13 @@ def emit_c(region: Region) -> Emitted:
         "        }",
         "        }",
         "    }",
+    ]
+    # small calls skip OpenMP entirely: even a parallel region switched off by an if clause
+    # costs about half a microsecond (the native loop runs thousands of such calls)
+    loop = lines[head:]
+    lines[head:] = [f"    if (n < {PARALLEL_MIN} || tg_nthreads <= 1) {{", *loop,
+                    "    } else {", pragma, *loop, "    }"]
+    lines += [
         "    return bad;",
         "}",
         "",
@@ -652,7 +662,9 @@ def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
         if out.size == 0:
             return out
         ptrs = ptr_array(*[a.ctypes.data for a in arrs], out.ctypes.data)
-        if cfn(out.size, nd, dims_p, st_p, ptrs):
+        rec = _clib.recording  # the native loop records the call; dims/strides are small blocks
+        call = cfn if rec is None else rec.wrap(cfn, found[5])
+        if call(out.size, nd, dims_p, st_p, ptrs):
             raise EvaluationError(f"{description}: pow: integers to negative integer powers "
                                   "are undefined")
         return out

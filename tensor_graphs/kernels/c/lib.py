@@ -6,6 +6,11 @@ registers it with ``tensor_graphs.threads``. ``func(lib_name, symbol, *argtypes)
 ctypes function with its argument types set. A library that fails to build is remembered, and
 ``failure(lib_name)`` returns the reason: the kernels' ``where`` constraints report it, so the
 planner uses other backends rather than crash.
+
+``recording``: while a compiled program records its C calls for the native loop
+(``runtime/native.py``), ``func`` returns the recorder's wrapper of the ctypes function, which
+notes the function, its argument types and values and then calls it. Kernels that call a ctypes
+function of their own (generated C) ask ``recording.wrap`` the same way.
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ def failure(name: str) -> str | None:
     return None
 
 
+recording = None  # a runtime.native.Recorder while a program records its C calls
+
+
 def func(lib_name: str, symbol: str, *argtypes):
     key = (lib_name, symbol)
     f = _funcs.get(key)
@@ -95,7 +103,8 @@ def func(lib_name: str, symbol: str, *argtypes):
         f.argtypes = list(argtypes)
         f.restype = None
         _funcs[key] = f
-    return f
+    rec = recording
+    return f if rec is None else rec.wrap(f)
 
 
 _from_buffer = ctypes.c_char.from_buffer
