@@ -234,6 +234,7 @@ class Executable:
                 loop.last = found if isinstance(found, str) else \
                     "python loop: first call with these dims (the next one is recorded)"
         else:
+            loop.wants(dims_key(dims))  # a sighting all the same: the next call records
             loop.last = "python loop: the prelude runs (weights bound since the last call)"
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
@@ -558,8 +559,9 @@ class CompiledGraph:
                                        self._capacity.get(name, 0))
                 continue
             self._bound[name] = dense(array, leaf.dtype.np_dtype)
-        for exe in self._all_executables():
-            exe.invalidate()
+        if any(name not in self._states for name in arrays):  # a kept state keeps its buffer:
+            for exe in self._all_executables():  # the prelude and recordings still hold
+                exe.invalidate()
         return self
 
     def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> CompiledGraph:
