@@ -529,9 +529,23 @@ class CompiledGraph:
 
     def memory(self) -> dict[str, int]:
         """Bytes per device of the current plan: arena (transient values, reused after their
-        last use) + weights (and weight-only results) + state; known before anything runs."""
+        last use) + weights (and weight-only results) + state; known before anything runs. A
+        kept state counts at its buffer's capacity (the length at the bounds, or what the
+        buffer holds once grown), not at the active length the plan binds."""
         self.plan  # noqa: B018 - raises when nothing is planned yet
-        return self._last.memory.totals()
+        memory = self._last.memory
+        totals = memory.totals()
+        for b in memory.liveness.buffers:  # kept states at the room their buffer holds
+            st = self._states.get(b.node.name) if b.node.op.name == "state" else None
+            if st is None or b.kind != "state":
+                continue
+            shape = [int(d) for d in b.node.shape]
+            shape[st.axis] = self._capacity.get(st.leaf.name, shape[st.axis])
+            room = math.prod(shape) * b.node.dtype.itemsize
+            if st.buffer is not None:
+                room = max(room, st.buffer.nbytes)
+            totals[b.device] = totals.get(b.device, 0) + max(room - b.nbytes, 0)
+        return totals
 
     def save_plan(self, path) -> None:
         from tensor_graphs.planner.lockfile import save

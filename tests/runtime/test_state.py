@@ -73,3 +73,23 @@ def test_update_kernel_copies_user_arrays():
     out = k.fn(view, np.ones((1, 4), np.float32), axis=0, offset=2)
     assert out.shape == (3, 4) and not np.shares_memory(out, big)
     assert not big[2:].any()  # a user's array is never written past its view
+
+
+def test_memory_counts_kept_state_at_its_capacity():
+    prog, _ = cache_program({"past": 30, "seq": 2})
+    planned = prog.memory_plan
+    assert planned.state["cpu"] == 30 * 4 * 4  # the state leaf at the bound of past
+    expected = planned.total("cpu") - 30 * 4 * 4 + 32 * 4 * 4  # the buffer holds past + seq
+    assert prog.memory() == {"cpu": expected}
+    prog.bind(w=np.ones((4, 1), np.float32), kv=np.zeros((0, 4), np.float32))
+    prog(x=np.ones((2, 4), np.float32))
+    assert prog.memory() == {"cpu": expected}  # the active length does not change it
+    assert prog._states["kv"].buffer.nbytes == 32 * 4 * 4
+
+    grow, _ = cache_program()  # no bounds: the buffer doubles, memory() says what it holds
+    grow.bind(w=np.ones((4, 1), np.float32), kv=np.zeros((3, 4), np.float32))
+    grow(x=np.ones((1, 4), np.float32))
+    held = grow._states["kv"].buffer.nbytes
+    assert held == 6 * 4 * 4
+    plan = grow.memory_plan
+    assert grow.memory() == {"cpu": plan.total("cpu") - plan.state["cpu"] + held}
