@@ -42,6 +42,7 @@ import numpy as np
 
 from tensor_graphs.kernels import storage
 
+RECORD_LOCK = threading.Lock()  # one recording at a time: lib.recording is process-wide
 RECORD_AFTER = 2  # record on the second call with the same dims: a decode loop never repeats
 MAX_RECORDINGS = 16
 COPY = ("void", ("void *", "void *", "void *"))  # the built-in strided copy: signature 0
@@ -113,6 +114,8 @@ class _Wrapped:
                 rec.note(self.fn, args, self.blocks)
             except NotNativeError as exc:
                 rec.fail(str(exc))
+            except Exception as exc:  # noqa: BLE001 - recording never breaks the run itself
+                rec.fail(f"cannot record a call: {type(exc).__name__}: {exc}")
         result = self.fn(*args)
         if rec.failure is None and result not in (None, 0):
             rec.fail(f"{getattr(self.fn, '__name__', 'a C function')} returned {result}")
@@ -162,10 +165,12 @@ class Recorder:
         return any(s < fe and fs < e for s, e in spans for fs, fe in self._regions)
 
     def _fixed_at(self, p: int) -> bool:
+        """``p`` lies inside fixed memory (strictly: a temporary may start where a region
+        ends)."""
         i = bisect.bisect_right(self._starts, p) - 1
-        if i >= 0 and p <= self._regions[i][1]:
+        if i >= 0 and p < self._regions[i][1]:
             return True
-        return any(s <= p <= e for s, e in self._regions)  # regions may nest
+        return any(s <= p < e for s, e in self._regions)  # regions may nest
 
     def _input_at(self, p: int) -> tuple[int, int] | None:
         for k, (s, e) in enumerate(self.inputs):
@@ -316,6 +321,8 @@ class Recorder:
                 self._set(where, self._resolve(p, where))
         except NotNativeError as exc:
             self.fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - recording never breaks the run itself
+            self.fail(f"cannot record: {type(exc).__name__}: {exc}")
 
     def _state_append(self, given: list, out: np.ndarray, attrs: Mapping) -> None:
         state, value = given[0], given[1]

@@ -227,8 +227,8 @@ class Executable:
                     self.shared_results = True
                     return list(recording.outputs)
                 # a C function reported an error: the Python loop runs it again and raises
-            elif loop.wants(key):
-                recorder = _native.Recorder()
+            elif loop.wants(key) and _native.RECORD_LOCK.acquire(blocking=False):
+                recorder = _native.Recorder()  # (another thread recording: not this call)
             else:
                 found = loop.recordings.get(key)
                 loop.last = found if isinstance(found, str) else \
@@ -254,7 +254,10 @@ class Executable:
         if recorder is None:
             _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
             return [values[i] for i in self.outputs]
-        return self._record(recorder, arrays, dims, values, attrs, shapes, outs)
+        try:
+            return self._record(recorder, arrays, dims, values, attrs, shapes, outs)
+        finally:
+            _native.RECORD_LOCK.release()
 
     def _record(self, recorder, arrays, dims, values, attrs, shapes, outs) -> list:
         """Run the Python loop while ``recorder`` notes the C calls; keep the recording when

@@ -154,15 +154,18 @@ def test_dense_copy_per_call_falls_back():
     assert "copied to a dense one" in prog.loop
 
 
-def test_state_append_under_the_native_loop():
+@pytest.mark.parametrize("strided", [False, True])
+def test_state_append_under_the_native_loop(strided):
     kv = tg.state("kv", ("past", 4))
-    x = tg.input("x", ("seq", 4))
+    x = tg.input("x", (4, "seq") if strided else ("seq", 4))
     w = tg.weight("w", (4, 3))
-    new = tg.state_update(kv, x, offset="past", axis=0)
+    # strided: the appended value is a transposed view, copied with strides by the runner
+    new = tg.state_update(kv, x.permute(1, 0) if strided else x, offset="past", axis=0)
     outs = [tg.softmax(new @ w), new]
     prog = tg.compile(outs, db=":memory:", bounds={"past": 16, "seq": 2})
     kinds = {s.kernel.name: s.kernel.backend for s in prog.plan.steps}
-    assert kinds.pop("numpy_state_update") == "numpy" and set(kinds.values()) == {"c"}
+    assert kinds.pop("numpy_state_update") == "numpy"
+    assert kinds.pop("numpy_permute", "numpy") == "numpy" and set(kinds.values()) == {"c"}
     W = RNG.standard_normal((4, 3)).astype(np.float32)
     prog.bind(w=W)
     start = RNG.standard_normal((1, 4)).astype(np.float32)
@@ -172,12 +175,13 @@ def test_state_append_under_the_native_loop():
         for step in range(3):
             X = RNG.standard_normal((2 if step == 0 else 1, 4)).astype(np.float32)
             before = np.concatenate(rows)
-            probs, state = prog(x=X)
+            probs, state = prog(x=np.ascontiguousarray(X.T) if strided else X)
             rows.append(X)
             if prompt >= 2:
                 assert prog.loop.startswith("native loop"), prog.loop
             np.testing.assert_array_equal(state, np.concatenate(rows))
-            ref = tg.evaluate(outs, {"x": X, "w": W, "kv": before}, dtype="float64")
+            fed = np.ascontiguousarray(X.T) if strided else X
+            ref = tg.evaluate(outs, {"x": fed, "w": W, "kv": before}, dtype="float64")
             assert relative_error(probs, ref[0]) <= 1e-5
         np.testing.assert_array_equal(prog.state("kv"), np.concatenate(rows))
 
@@ -204,3 +208,29 @@ def test_runner_source_covers_each_signature():
     text = native.runner_source(sigs)
     assert "case 1: ((void (*)(void *, int64_t, float))" in text
     assert "case 2: if (((int (*)(void *, int32_t, double))" in text
+
+
+def test_recorder_relocates_inputs_and_refuses_temporaries():
+    from types import SimpleNamespace
+
+    from tensor_graphs.kernels.c import lib
+
+    exp = lib.func("elementwise", "tg_exp_f32", lib.P, lib.P, lib.I64)
+    step = SimpleNamespace(kernel=SimpleNamespace(view=False, name="c_exp", backend="c"))
+    arena, x = np.zeros(64, np.float32), np.ones(8, np.float32)
+    rec = native.Recorder()
+    rec.fixed(arena)
+    rec.input(x)
+    placed = arena[8:14]
+    rec.wrap(exp)(lib.ptr(x[2:]), lib.ptr(placed), 6)
+    rec.after(step, {}, [x], [x], placed, placed)
+    assert rec.failure is None
+    assert rec.relocs == [(("arg", 0, 0), 0, 8)]  # input 0, 8 bytes in: patched per call
+    assert rec.records[0][2][1] == lib.ptr(arena) + 32  # fixed memory: an absolute address
+    scratch = np.empty(6, np.float32)  # a temporary the kernel made: not replayable
+    out = np.empty(6, np.float32)  # the kernel's own result buffer: kept by the recording
+    rec.wrap(exp)(lib.ptr(x), lib.ptr(scratch), 6)
+    rec.after(step, {}, [x], [x], out, out)
+    assert "outside the program's memory" in rec.failure
+    with pytest.raises(native.NotNativeError):
+        rec.finish([out])
