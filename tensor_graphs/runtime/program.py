@@ -4,7 +4,9 @@ A call validates its feeds exactly as ``tg.evaluate`` does (names, kinds, shapes
 the plan for the dims it binds (planned at compile time, or on the first call with new dims
 when the graph has symbolic dims and no bounds), and runs that plan's steps as a flat list:
 each instruction calls a kernel function on the values of earlier slots and drops every value
-after its last use. Weights are bound once (``bind``) in the user's layout.
+after its last use. Weights are bound once (``bind``) in the user's layout. Where every
+instruction is a C kernel, a dims binding seen before runs as one foreign call instead
+(``runtime/native.py``); ``prog.loop`` says which loop ran and why.
 """
 
 from __future__ import annotations
