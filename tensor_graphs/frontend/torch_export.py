@@ -106,7 +106,8 @@ def import_exported(exported, dim_names: Mapping | None = None):
         lines = [f"  {op} at {loc}" for op, locs in unsupported.items() for loc in locs]
         raise UnsupportedOpError(
             f"{len(unsupported)} ATen op(s) have no mapping to tensor_graphs ops:\n"
-            + "\n".join(lines) + "\nAdd them to tensor_graphs.frontend.torch_export.ATEN.",
+            + "\n".join(lines)
+            + "\nMap them in tensor_graphs.frontend.aten (one table module per domain).",
             [(op, loc) for op, locs in unsupported.items() for loc in locs])
 
     dim_names = dict(dim_names or {})

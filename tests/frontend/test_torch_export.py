@@ -172,3 +172,62 @@ def test_unsupported_ops_listed_in_one_error():
     ops = {op for op, _ in info.value.ops}
     assert any("cumprod" in op for op in ops) and any("fft" in op for op in ops)
     assert len(info.value.ops) >= 3
+
+
+class Indexing(nn.Module):
+    """Creation and indexing as transformers spells its masks: aranges over the symbolic
+    length, advanced indexing with broadcast index tensors, gather, diff, bool logic."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(64).reshape(2, 32) % 7)
+
+    def forward(self, x, ids):
+        n = x.shape[1]
+        pos = torch.arange(n) + 2
+        keep = pos[None, :, None] <= pos[None, None, :]  # (1, n, n) bool
+        both = x.new_ones((), dtype=torch.bool) & keep | torch.zeros(1, n, n, dtype=torch.bool)
+        rows = torch.arange(x.shape[0])[:, None]
+        picked = x[rows, ids]  # (b, n, d): broadcast index tensors on adjacent axes
+        middle = x[:, ids[0]]  # a whole leading axis, then an index
+        sel = x[..., torch.tensor([3, 0, -1])]  # a negative index counts from the end
+        g = torch.gather(x, 1, ids[:, :, None].expand(-1, -1, x.shape[2]))
+        types = torch.gather(self.table[:, :n].expand(x.shape[0], -1, -1)[:, 0], 1, ids)
+        d = torch.diff(x, dim=1, prepend=x[:, :1] * 0.5)
+        full = torch.full((1, n), 0.25) + torch.ones(1, n) + torch.zeros_like(x[..., 0])
+        masked = torch.where(both, x @ x.transpose(1, 2), torch.full_like(keep, -1.0,
+                                                                          dtype=x.dtype))
+        return masked, picked, middle, sel, g, types.float(), d, full, x.to(x.device) * 2
+
+
+def test_creation_and_indexing_over_a_dynamic_length():
+    torch.manual_seed(0)
+    m = Indexing().eval()
+    seq = torch.export.Dim("seq", max=20)
+    x, ids = torch.randn(2, 9, 5), torch.randint(0, 9, (2, 9))
+    prog = from_torch(m, (x, ids), dynamic_shapes=({1: seq}, {1: seq}))
+    for n in (9, 4, 20):
+        x, ids = torch.randn(2, n, 5), torch.randint(0, n, (2, n))
+        _check(prog, m, x, ids)
+    assert prog.program.stats["planner_runs"] == 1
+
+
+class Upsample(nn.Module):
+    def forward(self, x):
+        return (F.interpolate(x, scale_factor=2.0, mode="nearest"),
+                F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=False),
+                F.interpolate(x, size=(6, 9), mode="nearest-exact"))
+
+
+def test_upsampling():
+    x = torch.randn(1, 3, 4, 6)
+    _check(from_torch(Upsample(), (x,)), Upsample(), x)
+
+
+def test_integer_bit_operations_name_the_op():
+    class Bits(nn.Module):
+        def forward(self, x):
+            return x & (x + 1)
+
+    with pytest.raises(tg.DTypeError, match="only bool"):
+        from_torch(Bits(), (torch.arange(6),))

@@ -57,6 +57,16 @@ def _conv2d(a, kw):
                      groups=kw["groups"])
 
 
+def _upsample(mode):
+    def fn(a, kw):
+        size, scales = kw.get("output_size"), kw.get("scale_factors")
+        return tg.interpolate(kw["input"], size=None if size is None else tuple(size),
+                              scale_factor=None if size is not None or scales is None
+                              else tuple(scales), mode=mode,
+                              align_corners=kw.get("align_corners"))
+    return fn
+
+
 def table(aten) -> dict:
     return {
         # neural-network layers
@@ -66,6 +76,9 @@ def table(aten) -> dict:
         aten.scaled_dot_product_attention: _sdpa,
         aten.dropout: _dropout,
         aten.conv2d.default: _conv2d,
+        aten.upsample_nearest2d.vec: _upsample("nearest"),
+        aten._upsample_nearest_exact2d.vec: _upsample("nearest-exact"),
+        aten.upsample_bilinear2d.vec: _upsample("bilinear"),
         aten.group_norm: lambda a, kw: tg.group_norm(kw["input"], kw["weight"], kw["bias"],
                                                      num_groups=kw["num_groups"],
                                                      eps=kw["eps"]),

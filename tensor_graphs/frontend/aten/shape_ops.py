@@ -78,10 +78,13 @@ def table(aten) -> dict:
         aten.clone: unary(same),
         aten.alias: unary(same),
         aten.detach: unary(same),
+        aten.detach_: unary(same),
         aten.lift_fresh_copy: unary(same),
         aten._assert_tensor_metadata: lambda a, kw: None,
         aten._to_copy: lambda a, kw: cast(kw["self"], kw["dtype"]),
         aten.to.dtype: lambda a, kw: cast(kw["self"], kw["dtype"]),
+        aten.to.dtype_layout: lambda a, kw: cast(kw["self"], kw["dtype"]),
+        aten.to.device: lambda a, kw: cast(kw["self"], kw["dtype"]),
         aten.type_as: lambda a, kw: tg.cast(kw["self"], kw["other"].dtype),
         # sizes
         aten.sym_size.int: lambda a, kw: kw["self"].shape[kw["dim"]],
