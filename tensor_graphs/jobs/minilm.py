@@ -44,11 +44,21 @@ def encode(sentences: Sequence[str], max_seq: int = MAX_SEQ) -> tuple[np.ndarray
     return ids, mask
 
 
-def torch_embedder():
-    """The transformers model with sentence-transformers' pooling (mean over real tokens,
-    then L2 normalisation) as one torch module: what ``tg.from_torch`` imports."""
-    import torch
+def bert_model():
+    """transformers' BertModel with the real weights, eval mode, read from the package's
+    directory only (no hub look-up)."""
     from transformers import AutoModel
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # the weight-loading bar would interleave with our output
+    return AutoModel.from_pretrained(str(model_dir()), local_files_only=True).eval()
+
+
+def torch_embedder(token_embeddings: bool = False):
+    """The transformers model with sentence-transformers' pooling (mean over real tokens,
+    then L2 normalisation) as one torch module: what ``tg.from_torch`` imports. With
+    ``token_embeddings`` it returns ``(last_hidden_state, sentence_embeddings)``."""
+    import torch
 
     class SentenceEmbedder(torch.nn.Module):
         def __init__(self, encoder):
@@ -61,20 +71,38 @@ def torch_embedder():
             weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             norm = torch.sqrt((pooled * pooled).sum(dim=-1, keepdim=True))
-            return pooled / norm.clamp(min=1e-12)
+            pooled = pooled / norm.clamp(min=1e-12)
+            return (hidden, pooled) if token_embeddings else pooled
 
-    encoder = AutoModel.from_pretrained(str(model_dir()), local_files_only=True)
-    return SentenceEmbedder(encoder.eval()).eval()
+    return SentenceEmbedder(bert_model()).eval()
 
 
-def compile_embedder(max_batch: int = MAX_BATCH, max_seq: int = MAX_SEQ, **options):
+def sentence_transformer():
+    """sentence-transformers' own pipeline on the same directory (Transformer, mean Pooling,
+    Normalize), or None when the package is not installed: the independent reference."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    return SentenceTransformer(str(model_dir()), device="cpu", local_files_only=True)
+
+
+def compile_embedder(max_batch: int = MAX_BATCH, max_seq: int = MAX_SEQ,
+                     token_embeddings: bool = False, **options):
     """The embedder imported with symbolic batch and sequence dims (one plan for any input
-    up to the bounds); ``options`` go to ``tg.compile`` (db=, profile=, tolerance=...)."""
+    up to the bounds); returns ``(torch module, compiled program)``. ``options`` go to
+    ``tg.compile`` (db=, profile=, tolerance=...)."""
     import torch
 
     import tensor_graphs as tg
 
-    module = torch_embedder()
+    module = torch_embedder(token_embeddings)
     ids, mask = encode(["an example sentence", "and a second, longer example sentence"])
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     seq = torch.export.Dim("seq", min=1, max=max_seq)
