@@ -16,6 +16,36 @@ class UnsupportedOpError(TensorGraphsError):
         self.ops = list(ops)
 
 
+class Unavailable:
+    """An output of a multi-output ATen op with no tensor_graphs counterpart (max pooling's
+    indices, a norm's saved statistics). Exported graphs rarely use them; one that does fails
+    when it picks the output (``operator.getitem``) with ``message``."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"Unavailable({self.message!r})"
+
+
+def pick(values, index):
+    """``values[index]`` of a multi-output op, raising where that output is Unavailable."""
+    value = values[index]
+    if isinstance(value, Unavailable):
+        raise ArgumentError(value.message)
+    return value
+
+
+def ints(value, n: int | None = None) -> tuple:
+    """torch's int-list argument (an int, or a list of ints) as a tuple of n ints."""
+    if isinstance(value, (list, tuple)):
+        value = tuple(value)
+        if n is not None and len(value) == 1:
+            value = value * n
+        return value
+    return (value,) * (n or 1)
+
+
 def torch_module():
     try:
         import torch

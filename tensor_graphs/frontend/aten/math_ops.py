@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError
-from tensor_graphs.frontend.aten.common import axes, binary, cast, scaled, unary
+from tensor_graphs.frontend.aten.common import Unavailable, axes, binary, cast, scaled, unary
 
 
 def _div(a, kw):
@@ -22,6 +22,99 @@ def _addmm(a, kw):
 
 def _where(cond, a, b):
     return tg.where(cond, a, b)
+
+
+# ---------------------------------------------------------------------------- activations
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """torch's elu family: scale * x above 0, scale * alpha * (exp(input_scale * x) - 1)
+    below (celu and selu are members)."""
+    if input_scale == 1:
+        y = tg.elu(x, alpha=float(alpha))
+    else:  # exp of the clipped value: the branch not taken never overflows
+        y = tg.where(x > 0, x, (tg.exp(tg.minimum(x, 0.0) * input_scale) - 1.0) * alpha)
+    return scaled(y, scale)
+
+
+def _leaky(x, slope):
+    return tg.where(x > 0, x, x * slope)
+
+
+def _hardsigmoid(x):
+    return tg.clamp(x + 3.0, min=0.0, max=6.0) / 6.0
+
+
+def _rrelu(a, kw):
+    if kw["training"]:
+        raise ArgumentError("rrelu in training mode samples random slopes: call module.eval() "
+                            "before from_torch")
+    return _leaky(kw["self"], (kw["lower"] + kw["upper"]) / 2)
+
+
+def _prelu(a, kw):
+    x, w = kw["self"], kw["weight"]
+    if x.ndim >= 2 and w.ndim == 1:  # one slope per channel (axis 1), or a single one
+        w = tg.reshape(w, (w.shape[0],) + (1,) * (x.ndim - 2))
+    return _leaky(x, w)
+
+
+def _glu(a, kw):
+    x, dim = kw["self"], kw["dim"]
+    n = x.shape[dim]
+    if not isinstance(n, int) or n % 2:
+        raise ArgumentError(f"glu: axis {dim} of {x.shape} must be a concrete even size")
+    first = tg.slice_axis(x, dim, None, n // 2)
+    return first * tg.sigmoid(tg.slice_axis(x, dim, n // 2, None))
+
+
+def _shrink(kind):
+    def fn(a, kw):
+        x, lam = kw["self"], kw["lambd"]
+        inside = tg.logical_and(x >= -lam, x <= lam)
+        if kind == "hard":
+            return tg.where(inside, 0.0, x)
+        return tg.where(inside, 0.0, x - tg.sign(x) * lam)
+    return fn
+
+
+# ---------------------------------------------------------------------------- reductions
+def _extremum(reduce, arg, op):
+    def fn(a, kw):
+        x, dim, keep = kw["self"], kw["dim"], kw["keepdim"]
+        return (reduce(x, axis=dim, keepdims=keep), arg(x, axis=dim, keepdims=keep))
+    return fn
+
+
+def _correction(kw):
+    if "correction" in kw:
+        return 1 if kw["correction"] is None else kw["correction"]
+    return 1 if kw.get("unbiased", True) else 0
+
+
+def _var(a, kw):
+    return tg.var(kw["self"], axis=axes(kw.get("dim")), keepdims=kw.get("keepdim", False),
+                  correction=_correction(kw))
+
+
+def _vector_norm(a, kw):
+    x = cast(kw["self"], kw["dtype"])
+    order, axis, keep = kw["ord"], axes(kw["dim"]), kw["keepdim"]
+    if order == 2:
+        return tg.sqrt(tg.sum(x * x, axis=axis, keepdims=keep))
+    if order == 1:
+        return tg.sum(tg.abs(x), axis=axis, keepdims=keep)
+    if order == float("inf"):
+        return tg.max(tg.abs(x), axis=axis, keepdims=keep)
+    if order == float("-inf"):
+        return tg.min(tg.abs(x), axis=axis, keepdims=keep)
+    if order == 0:
+        return tg.sum(tg.cast(tg.not_equal(x, 0.0), x.dtype), axis=axis, keepdims=keep)
+    return tg.pow(tg.sum(tg.pow(tg.abs(x), float(order)), axis=axis, keepdims=keep),
+                  1.0 / order)
+
+
+def _log_sigmoid_forward(a, kw):
+    return (-tg.softplus(-kw["self"]),
+            Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
 
 
 def table(aten) -> dict:
@@ -62,6 +155,34 @@ def table(aten) -> dict:
         aten.relu: unary(tg.relu),
         aten.silu: unary(tg.silu),
         aten.gelu: lambda a, kw: tg.gelu(kw["self"], approximate=kw["approximate"]),
+        aten.hardtanh: lambda a, kw: tg.clamp(kw["self"], min=kw["min_val"],
+                                              max=kw["max_val"]),
+        aten.relu6: lambda a, kw: tg.clamp(kw["self"], min=0.0, max=6.0),
+        aten.leaky_relu: lambda a, kw: _leaky(kw["self"], kw["negative_slope"]),
+        aten.rrelu: _rrelu,
+        aten.prelu: _prelu,
+        aten._prelu_kernel: lambda a, kw: _leaky(kw["self"], kw["weight"]),
+        aten.elu: lambda a, kw: _elu(kw["self"], kw["alpha"], kw["scale"], kw["input_scale"]),
+        aten.celu: lambda a, kw: _elu(kw["self"], kw["alpha"], 1.0, 1.0 / kw["alpha"]),
+        aten.selu: unary(tg.selu),
+        aten.softplus: lambda a, kw: tg.softplus(kw["self"], beta=float(kw["beta"]),
+                                                 threshold=float(kw["threshold"])),
+        aten.mish: lambda a, kw: kw["self"] * tg.tanh(tg.softplus(kw["self"])),
+        aten.log_sigmoid: lambda a, kw: -tg.softplus(-kw["self"]),
+        aten.log_sigmoid_forward: _log_sigmoid_forward,
+        aten.hardsigmoid: lambda a, kw: _hardsigmoid(kw["self"]),
+        aten.hardswish: lambda a, kw: kw["self"] * _hardsigmoid(kw["self"]),
+        aten.threshold: lambda a, kw: tg.where(kw["self"] > kw["threshold"], kw["self"],
+                                               kw["value"]),
+        aten.glu: _glu,
+        aten.softshrink: _shrink("soft"),
+        aten.hardshrink: _shrink("hard"),
+        aten.sign: unary(tg.sign),
+        aten.addcmul: lambda a, kw: kw["self"] + scaled(kw["tensor1"] * kw["tensor2"],
+                                                        kw["value"]),
+        aten.addcdiv: lambda a, kw: kw["self"] + scaled(tg.div(kw["tensor1"], kw["tensor2"]),
+                                                        kw["value"]),
+        aten.lerp: lambda a, kw: kw["self"] + kw["weight"] * (kw["end"] - kw["self"]),
         # comparisons and selection
         aten.eq: binary(tg.equal),
         aten.ne: binary(tg.not_equal),
@@ -84,9 +205,23 @@ def table(aten) -> dict:
                                         keepdims=kw["keepdim"]),
         aten.amin: lambda a, kw: tg.min(kw["self"], axis=axes(kw["dim"]),
                                         keepdims=kw["keepdim"]),
-        aten.var.correction: lambda a, kw: tg.var(
-            kw["self"], axis=axes(kw["dim"]), keepdims=kw["keepdim"],
-            correction=1 if kw["correction"] is None else kw["correction"]),
+        aten.var: _var,
+        aten.std: lambda a, kw: tg.sqrt(_var(a, kw)),
+        aten.max.default: lambda a, kw: tg.max(kw["self"]),
+        aten.min.default: lambda a, kw: tg.min(kw["self"]),
+        aten.max.other: binary(tg.maximum),
+        aten.min.other: binary(tg.minimum),
+        aten.max.dim: _extremum(tg.max, tg.argmax, "max"),
+        aten.min.dim: _extremum(tg.min, tg.argmin, "min"),
+        aten.argmax: lambda a, kw: tg.argmax(kw["self"], axis=kw["dim"],
+                                             keepdims=kw["keepdim"]),
+        aten.argmin: lambda a, kw: tg.argmin(kw["self"], axis=kw["dim"],
+                                             keepdims=kw["keepdim"]),
+        aten.prod: lambda a, kw: tg.prod(cast(kw["self"], kw["dtype"]), axis=kw.get("dim"),
+                                         keepdims=kw.get("keepdim", False)),
+        aten.logsumexp: lambda a, kw: tg.logsumexp(kw["self"], axis=axes(kw["dim"]),
+                                                   keepdims=kw["keepdim"]),
+        aten.linalg_vector_norm: _vector_norm,
         aten.cumsum: lambda a, kw: tg.cumsum(cast(kw["self"], kw["dtype"]), axis=kw["dim"]),
         aten.softmax.int: lambda a, kw: tg.softmax(cast(kw["self"], kw["dtype"]),
                                                    axis=kw["dim"]),

@@ -7,6 +7,7 @@ import numpy as np
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, ShapeError
+from tensor_graphs.frontend.aten.common import Unavailable, ints
 
 
 def _norm_shape(x, normalized_shape, params, fn):
@@ -49,12 +50,247 @@ def _dropout(a, kw):
     return kw["input"]
 
 
-def _conv2d(a, kw):
-    if isinstance(kw["padding"], str):
-        raise ArgumentError(f"conv2d: padding={kw['padding']!r} is not supported yet")
-    return tg.conv2d(kw["input"], kw["weight"], kw["bias"], stride=tuple(kw["stride"]),
-                     padding=tuple(kw["padding"]), dilation=tuple(kw["dilation"]),
-                     groups=kw["groups"])
+def _same_padding(op, x, weight, dilation, nd):
+    """padding="same" (stride 1): total d*(k-1) per spatial dim, the odd one after; returns
+    the explicitly padded input (when asymmetric) and the symmetric padding."""
+    ks = tuple(weight.shape[2:])
+    pad, before, after = [], [], []
+    for k, d in zip(ks, dilation):
+        if not isinstance(k, int):
+            raise ShapeError(f"{op}: padding='same' needs a concrete kernel size, got {ks}")
+        total = d * (k - 1)
+        pad.append(total // 2)
+        before.append(0)
+        after.append(total - 2 * (total // 2))
+    if any(after):
+        extra = []
+        for b, a in zip(reversed(before), reversed(after)):
+            extra += [b, a]
+        x = tg.pad(x, extra)
+    return x, tuple(pad)
+
+
+def _conv(op, x, weight, bias, stride, padding, dilation, groups):
+    """torch's conv1d / conv2d (batched or not) on our conv2d: a 1-d convolution is a 2-d one
+    over a height of 1."""
+    nd = weight.ndim - 2
+    if nd not in (1, 2):
+        raise ArgumentError(f"{op}: {nd}-d convolution has no tensor_graphs op (conv1d and "
+                            "conv2d are supported); reshape it into conv2d calls")
+    if x.ndim not in (nd + 1, nd + 2):
+        raise ShapeError(f"{op}: expected a {nd + 2}-d (batched) or {nd + 1}-d input for a "
+                         f"weight of shape {weight.shape}, got {x.shape}")
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = tg.unsqueeze(x, 0)
+    stride, dilation = ints(stride, nd), ints(dilation, nd)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0,) * nd
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ArgumentError(f"{op}: padding='same' needs stride 1 (torch's rule), got "
+                                    f"stride={stride}")
+            x, padding = _same_padding(op, x, weight, dilation, nd)
+        else:
+            raise ArgumentError(f"{op}: padding={padding!r} is not supported; use 'valid', "
+                                "'same' or ints")
+    padding = ints(padding, nd)
+    if nd == 1:
+        x, weight = tg.unsqueeze(x, 2), tg.unsqueeze(weight, 2)
+        stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
+    y = tg.conv2d(x, weight, bias, stride=tuple(stride), padding=tuple(padding),
+                  dilation=tuple(dilation), groups=groups)
+    if nd == 1:
+        y = tg.squeeze(y, 2)
+    return tg.squeeze(y, 0) if unbatched else y
+
+
+def _dilate(x, axis, factor):
+    """Insert factor-1 zeros between neighbours along an axis (a transposed conv's input)."""
+    if factor == 1:
+        return x
+    n = x.shape[axis]
+    y = tg.unsqueeze(x, axis + 1)
+    pads = [0, 0] * (y.ndim - axis - 2) + [0, factor - 1]
+    y = tg.pad(y, pads)
+    shape = tuple(x.shape[:axis]) + (n * factor,) + tuple(x.shape[axis + 1:])
+    return tg.slice_axis(tg.reshape(y, shape), axis, None, n * factor - (factor - 1))
+
+
+def _conv_transpose(op, x, weight, bias, stride, padding, output_padding, groups, dilation):
+    """A transposed convolution as a convolution of the stride-dilated, padded input with the
+    flipped, in/out-swapped weight."""
+    nd = weight.ndim - 2
+    if nd not in (1, 2):
+        raise ArgumentError(f"{op}: {nd}-d transposed convolution has no tensor_graphs op "
+                            "(1-d and 2-d are supported)")
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = tg.unsqueeze(x, 0)
+    stride, padding = ints(stride, nd), ints(padding, nd)
+    output_padding, dilation = ints(output_padding, nd), ints(dilation, nd)
+    ks = tuple(weight.shape[2:])
+    if not all(isinstance(k, int) for k in ks) or not isinstance(weight.shape[0], int):
+        raise ShapeError(f"{op}: the weight's shape {weight.shape} must be concrete")
+    pads = []
+    for i in range(nd):
+        x = _dilate(x, 2 + i, stride[i])
+        edge = dilation[i] * (ks[i] - 1) - padding[i]
+        pads.append((edge, edge + output_padding[i]))
+    flat = []
+    for before, after in reversed(pads):
+        flat += [before, after]
+    x = tg.pad(x, flat)
+    cin, cout_g = weight.shape[0], weight.shape[1]
+    w = weight
+    for i in range(nd):
+        w = tg.slice_axis(w, 2 + i, None, None, -1)
+    w = tg.reshape(w, (groups, cin // groups, cout_g) + ks)
+    w = tg.permute(w, (0, 2, 1) + tuple(range(3, 3 + nd)))
+    w = tg.reshape(w, (groups * cout_g, cin // groups) + ks)
+    y = _conv(op, x, w, bias, 1, 0, dilation, groups)
+    return tg.squeeze(y, 0) if unbatched else y
+
+
+def _convolution(a, kw):
+    if kw["transposed"]:
+        return _conv_transpose("convolution", kw["input"], kw["weight"], kw["bias"],
+                               kw["stride"], kw["padding"], kw["output_padding"], kw["groups"],
+                               kw["dilation"])
+    if any(ints(kw["output_padding"])):
+        raise ArgumentError("convolution: output_padding is only meaningful when transposed")
+    return _conv("convolution", kw["input"], kw["weight"], kw["bias"], kw["stride"],
+                 kw["padding"], kw["dilation"], kw["groups"])
+
+
+def _conv_fn(op):
+    return lambda a, kw: _conv(op, kw["input"], kw["weight"], kw["bias"], kw["stride"],
+                               kw["padding"], kw["dilation"], kw["groups"])
+
+
+def _conv_transpose_fn(op):
+    return lambda a, kw: _conv_transpose(op, kw["input"], kw["weight"], kw["bias"],
+                                         kw["stride"], kw["padding"], kw["output_padding"],
+                                         kw["groups"], kw["dilation"])
+
+
+# ---------------------------------------------------------------------------- norms
+def _stats_unavailable(op):
+    return Unavailable(f"{op}: its saved statistics (outputs 1 and 2) have no tensor_graphs "
+                       "value; only the normalised output (output 0) is supported")
+
+
+def _batch_stats(x):
+    axes = (0,) + tuple(range(2, x.ndim))
+    return tg.mean(x, axis=axes), tg.var(x, axis=axes)
+
+
+def _batch_norm_value(op, x, weight, bias, mean, var, training, eps):
+    if training or mean is None or var is None:
+        if not training:
+            raise ArgumentError(f"{op}: inference without running statistics needs "
+                                "training=True (batch statistics)")
+        mean, var = _batch_stats(x)  # torch normalises with the batch's own statistics
+    return tg.batch_norm(x, mean, var, weight, bias, eps=eps)
+
+
+def _batch_norm(a, kw):
+    return _batch_norm_value("batch_norm", kw["input"], kw["weight"], kw["bias"],
+                             kw["running_mean"], kw["running_var"], kw["training"], kw["eps"])
+
+
+def _native_batch_norm(op, training=None):
+    def fn(a, kw):
+        train = kw.get("training", False) if training is None else training
+        y = _batch_norm_value(op, kw["input"], kw["weight"], kw["bias"], kw.get("running_mean"),
+                              kw.get("running_var"), train, kw["eps"])
+        return (y, _stats_unavailable(op), _stats_unavailable(op))
+    return fn
+
+
+def _instance_norm(a, kw):
+    x = kw["input"]
+    if not kw["use_input_stats"]:
+        return tg.batch_norm(x, kw["running_mean"], kw["running_var"], kw["weight"], kw["bias"],
+                             eps=kw["eps"])
+    c = x.shape[1]
+    if not isinstance(c, int):
+        raise ShapeError(f"instance_norm: the channel dim of {x.shape} must be concrete")
+    # instance norm is group norm with one channel per group
+    return tg.group_norm(x, kw["weight"], kw["bias"], num_groups=c, eps=kw["eps"])
+
+
+def _native_group_norm(a, kw):
+    y = tg.group_norm(kw["input"], kw["weight"], kw["bias"], num_groups=kw["group"],
+                      eps=kw["eps"])
+    return (y, _stats_unavailable("native_group_norm"), _stats_unavailable("native_group_norm"))
+
+
+def _native_layer_norm(a, kw):
+    y = _layer_norm(a, kw)
+    return (y, _stats_unavailable("native_layer_norm"), _stats_unavailable("native_layer_norm"))
+
+
+# ---------------------------------------------------------------------------- pooling
+def _pool(op, nd, fn, x, **attrs):
+    """A 1-d or 2-d pool (batched or not) on our 2-d pools: a 1-d pool runs over a height of
+    1, so each of its tuple attributes gains a leading neutral value."""
+    if x.ndim not in (nd + 1, nd + 2):
+        raise ShapeError(f"{op}: expected a {nd + 2}-d (batched) or {nd + 1}-d input, got "
+                         f"{x.shape}")
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = tg.unsqueeze(x, 0)
+    if nd == 1:
+        x = tg.unsqueeze(x, 2)
+        neutral = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1,
+                   "output_size": 1}
+        attrs = {k: (neutral[k],) + tuple(v) if isinstance(v, tuple) and k in neutral else v
+                 for k, v in attrs.items()}
+    y = fn(x, **attrs)
+    if nd == 1:
+        y = tg.squeeze(y, 2)
+    return tg.squeeze(y, 0) if unbatched else y
+
+
+def _stride(kw, nd):
+    s = kw["stride"]
+    return None if s is None or len(s) == 0 else ints(s, nd)
+
+
+def _max_pool(op, nd, indices=False):
+    def fn(a, kw):
+        y = _pool(op, nd, tg.max_pool2d, kw["self"], kernel_size=ints(kw["kernel_size"], nd),
+                  stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
+                  padding=ints(kw["padding"], nd), dilation=ints(kw["dilation"], nd),
+                  ceil_mode=kw["ceil_mode"])
+        if not indices:
+            return y
+        return (y, Unavailable(f"{op}: the indices output has no tensor_graphs op; pool "
+                               "without return_indices (F.max_pool2d(..., "
+                               "return_indices=False)) or take argmax explicitly"))
+    return fn
+
+
+def _avg_pool(op, nd):
+    def fn(a, kw):
+        return _pool(op, nd, tg.avg_pool2d, kw["self"],
+                     kernel_size=ints(kw["kernel_size"], nd),
+                     stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
+                     padding=ints(kw["padding"], nd), ceil_mode=kw["ceil_mode"],
+                     count_include_pad=kw["count_include_pad"],
+                     divisor_override=kw.get("divisor_override"))
+    return fn
+
+
+def _adaptive_avg_pool(op, nd):
+    def fn(a, kw):
+        size = ints(kw["output_size"], nd)
+        if any(s is None for s in size):  # None keeps the input's size
+            size = tuple(kw["self"].shape[-nd + i] if s is None else s for i, s in enumerate(size))
+        return _pool(op, nd, tg.adaptive_avg_pool2d, kw["self"], output_size=size)
+    return fn
 
 
 def _upsample(mode):
@@ -67,19 +303,67 @@ def _upsample(mode):
     return fn
 
 
+def _upsample_sized(mode):
+    """The overloads with a required output_size (after torch's decompositions)."""
+    def fn(a, kw):
+        return tg.interpolate(kw["self"], size=tuple(kw["output_size"]), mode=mode,
+                              align_corners=kw.get("align_corners"))
+    return fn
+
+
 def table(aten) -> dict:
     return {
         # neural-network layers
         aten.layer_norm: _layer_norm,
+        aten.native_layer_norm: _native_layer_norm,
         aten.rms_norm: _rms_norm,
         aten.embedding: lambda a, kw: tg.embedding(kw["indices"], kw["weight"]),
         aten.scaled_dot_product_attention: _sdpa,
         aten.dropout: _dropout,
-        aten.conv2d.default: _conv2d,
+        aten.feature_dropout: _dropout,
+        aten.alpha_dropout: _dropout,
+        aten.feature_alpha_dropout: _dropout,
+        # convolution
+        aten.conv1d.default: _conv_fn("conv1d"),
+        aten.conv1d.padding: _conv_fn("conv1d"),
+        aten.conv2d.default: _conv_fn("conv2d"),
+        aten.conv2d.padding: _conv_fn("conv2d"),
+        aten.convolution.default: _convolution,
+        aten.conv_transpose1d.default: _conv_transpose_fn("conv_transpose1d"),
+        aten.conv_transpose2d.input: _conv_transpose_fn("conv_transpose2d"),
+        # resampling
+        aten.upsample_nearest1d.vec: _upsample("nearest"),
         aten.upsample_nearest2d.vec: _upsample("nearest"),
+        aten.upsample_nearest3d.vec: _upsample("nearest"),
+        aten._upsample_nearest_exact1d.vec: _upsample("nearest-exact"),
         aten._upsample_nearest_exact2d.vec: _upsample("nearest-exact"),
+        aten.upsample_linear1d.vec: _upsample("linear"),
         aten.upsample_bilinear2d.vec: _upsample("bilinear"),
+        aten.upsample_trilinear3d.vec: _upsample("trilinear"),
+        aten.upsample_nearest1d.default: _upsample_sized("nearest"),
+        aten.upsample_nearest2d.default: _upsample_sized("nearest"),
+        aten.upsample_linear1d.default: _upsample_sized("linear"),
+        aten.upsample_bilinear2d.default: _upsample_sized("bilinear"),
+        # channel norms
         aten.group_norm: lambda a, kw: tg.group_norm(kw["input"], kw["weight"], kw["bias"],
                                                      num_groups=kw["num_groups"],
                                                      eps=kw["eps"]),
+        aten.native_group_norm: _native_group_norm,
+        aten.batch_norm: _batch_norm,
+        aten._native_batch_norm_legit_no_training: _native_batch_norm(
+            "_native_batch_norm_legit_no_training", training=False),
+        aten._native_batch_norm_legit.default: _native_batch_norm("_native_batch_norm_legit"),
+        aten._native_batch_norm_legit.no_stats: _native_batch_norm(
+            "_native_batch_norm_legit", training=True),
+        aten.native_batch_norm: _native_batch_norm("native_batch_norm"),
+        aten.instance_norm: _instance_norm,
+        # pooling
+        aten.max_pool1d: _max_pool("max_pool1d", 1),
+        aten.max_pool2d: _max_pool("max_pool2d", 2),
+        aten.max_pool2d_with_indices: _max_pool("max_pool2d_with_indices", 2, indices=True),
+        aten.avg_pool1d: _avg_pool("avg_pool1d", 1),
+        aten.avg_pool2d: _avg_pool("avg_pool2d", 2),
+        aten.adaptive_avg_pool1d: _adaptive_avg_pool("adaptive_avg_pool1d", 1),
+        aten.adaptive_avg_pool2d: _adaptive_avg_pool("adaptive_avg_pool2d", 2),
+        aten._adaptive_avg_pool2d: _adaptive_avg_pool("_adaptive_avg_pool2d", 2),
     }
