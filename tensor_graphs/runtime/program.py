@@ -426,6 +426,8 @@ def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping) -> n
         return node.attrs["value"].array.astype(node.dtype.np_dtype, copy=False)
     if kind == "dim":
         return np.asarray(resolve(node.attrs["expr"], dims), dtype=node.dtype.np_dtype)
+    if kind == "state":  # a kept state's active prefix: strided, appended in place, not copied
+        return np.asarray(arrays[node.name], node.dtype.np_dtype)
     return dense(arrays[node.name], node.dtype.np_dtype)
 
 

@@ -84,6 +84,37 @@ def test_decode_never_plans_and_runs_a_flat_program(lm):
     assert gen.decode.stats["planner_runs"] == 1 and gen.prefill.stats["plans"] == 1
 
 
+def test_decode_steps_allocate_nothing_that_grows_with_the_cache(lm):
+    """Every step appends to the kept caches in place: no buffer is reallocated, the device's
+    allocated bytes stay put, and what a step allocates (its logits, Python bookkeeping) does
+    not grow with the number of cached tokens; copying the caches would (a copy of one layer's
+    key cache at 200 tokens alone is 51 KB here)."""
+    import tracemalloc
+
+    gen = Generator.from_transformers(lm, max_len=240, max_prompt=8, db=":memory:")
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (1, 8))
+    steps = gen.stream(prompt, 230)
+    for _ in range(20):
+        next(steps)
+    buffers = [gen.decode._states[n].buffer for n in gen.cache_names]
+    allocated = tg.Device("cpu").allocated
+    one_cache = gen.decode.state(gen.cache_names[0]).nbytes // 20 * 200
+    tracemalloc.start()
+    try:
+        peaks = []
+        for _ in range(200):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            next(steps)
+            peaks.append(tracemalloc.get_traced_memory()[1] - before)
+    finally:
+        tracemalloc.stop()
+    assert all(gen.decode._states[n].buffer is b for n, b in zip(gen.cache_names, buffers))
+    assert tg.Device("cpu").allocated == allocated
+    early, late = np.median(peaks[:20]), np.median(peaks[-20:])
+    assert late < early + one_cache / 4, (early, late, one_cache)
+
+
 def test_stops_at_eos_like_transformers():
     torch.manual_seed(0)
     lm = _gpt2().eval()

@@ -184,6 +184,7 @@ typedef struct {
     float *out;
     int64_t b, hq, hkv, sq, sk, d, dv, skp, dvp;
     int64_t ms[4];
+    int64_t qs[3], ks[3], vs[3]; /* element strides of batch, head and row (last axis dense) */
     float scale;
     int causal;
     float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
@@ -217,7 +218,9 @@ TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd
 
 /* pack kv head h (of B * Hkv): K^T and V into 16-wide panels, zeros in the padding */
 static void pack_head(const attn_t *a, int64_t h) {
-    const float *kh = a->k + h * a->sk * a->d, *vh = a->v + h * a->sk * a->dv;
+    const int64_t bi = h / a->hkv, hh = h % a->hkv, lk = a->ks[2], lv = a->vs[2];
+    const float *kh = a->k + bi * a->ks[0] + hh * a->ks[1];
+    const float *vh = a->v + bi * a->vs[0] + hh * a->vs[1];
     float *kp = a->kp + h * a->skp * a->d, *vp = a->vp + h * a->dvp * a->sk;
     for (int64_t jb = 0; jb < a->skp; jb += TG_W) {
         float *panel = kp + jb * a->d;
@@ -225,13 +228,13 @@ static void pack_head(const attn_t *a, int64_t h) {
 #ifdef __AVX__
         if (jb + TG_W <= a->sk) /* 8 x 8 blocks of 8 keys x 8 dims, transposed */
             for (; d0 + 8 <= a->d; d0 += 8) {
-                transpose8(kh + jb * a->d + d0, a->d, panel + d0 * TG_W, TG_W);
-                transpose8(kh + (jb + 8) * a->d + d0, a->d, panel + d0 * TG_W + 8, TG_W);
+                transpose8(kh + jb * lk + d0, lk, panel + d0 * TG_W, TG_W);
+                transpose8(kh + (jb + 8) * lk + d0, lk, panel + d0 * TG_W + 8, TG_W);
             }
 #endif
         for (int64_t j = jb; j < jb + TG_W; j++) {
             if (j < a->sk) {
-                const float *row = kh + j * a->d;
+                const float *row = kh + j * lk;
                 for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = row[d];
             } else {
                 for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = 0.0f;
@@ -243,14 +246,14 @@ static void pack_head(const attn_t *a, int64_t h) {
         int64_t w = imin(TG_W, a->dv - cb);
         if (w == TG_W) {
             for (int64_t j = 0; j < a->sk; j++) {
-                const float *src = vh + j * a->dv + cb;
+                const float *src = vh + j * lv + cb;
                 *(v8 *)(panel + j * TG_W) = *(const v8u *)src;
                 *(v8 *)(panel + j * TG_W + 8) = *(const v8u *)(src + 8);
             }
         } else {
             for (int64_t j = 0; j < a->sk; j++)
                 for (int64_t c = 0; c < TG_W; c++)
-                    panel[j * TG_W + c] = c < w ? vh[j * a->dv + cb + c] : 0.0f;
+                    panel[j * TG_W + c] = c < w ? vh[j * lv + cb + c] : 0.0f;
         }
     }
 }
@@ -299,7 +302,7 @@ static void task_scores(const attn_t *a, const float *q, const float *kp, int64_
             int nr = (int)imin(TG_R, q1 - i0);
             if (key_limit(a, i0 + nr - 1) <= j0 + jb) continue; /* causal: past every row */
             const float *qr[TG_R];
-            for (int r = 0; r < nr; r++) qr[r] = q + (i0 + r) * d;
+            for (int r = 0; r < nr; r++) qr[r] = q + (i0 + r) * a->qs[2];
             scores_tile(nr, qr, panel, d, a->scale, s + (i0 - q0) * lds + jb, lds);
         }
     }
@@ -365,7 +368,7 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
                 int64_t bi = bh / (A).hq, h = bh % (A).hq;                                     \
                 int64_t kvh = bi * (A).hkv + h / group_;                                       \
                 ensure_packed(&(A), state_, kvh);                                              \
-                const float *qh = (A).q + bh * (A).sq * (A).d;                                 \
+                const float *qh = (A).q + bi * (A).qs[0] + h * (A).qs[1];                      \
                 const float *kp = (A).kp + kvh * (A).skp * (A).d;                              \
                 const float *vp = (A).vp + kvh * (A).dvp * (A).sk;                             \
                 float *oh = (A).out + bh * (A).sq * (A).dv;                                    \
@@ -377,12 +380,18 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
     } while (0)
 
 int tg_attention_f32(const float *q, const float *k, const float *v, const float *mask,
-                     const int64_t *mask_strides, float *out, int64_t b, int64_t hq, int64_t hkv,
+                     const int64_t *mask_strides, const int64_t *qkv_strides, float *out,
+                     int64_t b, int64_t hq, int64_t hkv,
                      int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int causal) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, scale, causal, NULL, NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, NULL, NULL};
     if (mask)
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
+    for (int t = 0; t < 3; t++) {
+        a.qs[t] = qkv_strides[t];
+        a.ks[t] = qkv_strides[3 + t];
+        a.vs[t] = qkv_strides[6 + t];
+    }
     /* per thread: scores (TG_BQ x Skp), accumulator (TG_BQ x Dvp), 1/sum (TG_BQ) */
     TG_ATTENTION_DRIVER(a, TG_BQ * (a.skp + a.dvp + 1), {
         float *s = buf, *acc = s + TG_BQ * a.skp, *inv = acc + TG_BQ * a.dvp;
@@ -417,13 +426,19 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const float
 }
 
 int tg_flash_attention_f32(const float *q, const float *k, const float *v, const float *mask,
-                           const int64_t *mask_strides, float *out, int64_t b, int64_t hq,
+                           const int64_t *mask_strides, const int64_t *qkv_strides, float *out,
+                           int64_t b, int64_t hq,
                            int64_t hkv, int64_t sq, int64_t sk, int64_t d, int64_t dv,
                            float scale, int causal, int64_t bk) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, scale, causal, NULL, NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, NULL, NULL};
     if (mask)
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
+    for (int t = 0; t < 3; t++) {
+        a.qs[t] = qkv_strides[t];
+        a.ks[t] = qkv_strides[3 + t];
+        a.vs[t] = qkv_strides[6 + t];
+    }
     bk = round16(bk < TG_W ? TG_W : bk);
     /* per thread: scores (TG_BQ x bk), accumulator (TG_BQ x Dvp), running max and sum
      * (TG_BQ each); the first two 64-byte aligned */

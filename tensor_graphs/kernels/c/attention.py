@@ -1,7 +1,9 @@
 """C scaled dot-product attention (float32): plain and tiled flash-style, causal, GQA, mask.
 
-Inputs are (batch, heads, seq, dim) or (heads, seq, dim), C-contiguous; k/v may have fewer
-heads than q (grouped-query attention); the additive float mask broadcasts to
+Inputs are (batch, heads, seq, dim) or (heads, seq, dim), read through their batch, head and
+row strides (only the last axis must be dense), so a KV cache's active prefix or heads permuted
+out of a projection are never copied first; k/v may have fewer heads than q (grouped-query
+attention); the additive float mask broadcasts to
 (batch, heads, Sq, Sk) and is read through strides (never expanded). Eight kernels cover
 {plain, flash} x {no mask, mask} x {not causal, causal}; ``scale`` must be the default
 1/sqrt(dim) (the pattern says so). K and V are packed once per call into 16-wide panels and
@@ -62,9 +64,16 @@ def _fits(has_mask: bool):
     return where_ok(LIB, fits)
 
 
+def _rows(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when its last axis is dense (the kernel reads the others by stride)."""
+    if (x.strides[-1] == x.itemsize or x.shape[-1] == 1) and x.dtype == np.float32:
+        return x
+    return np.ascontiguousarray(x, np.float32)
+
+
 def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None):
     rank3 = q.ndim == 3
-    q4, k4, v4 = (x[None] if rank3 else x for x in (q, k, v))
+    q4, k4, v4 = (_rows(x[None] if rank3 else x) for x in (q, k, v))
     b, hq, sq, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
     out = lib.output(out, q.shape[:-1] + (dv,), np.float32)  # (b,) hq, sq, dv
@@ -76,11 +85,12 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, 
             full = full[None]
         strides = (ctypes.c_int64 * 4)(*(s // full.itemsize for s in full.strides))
         mask_ptr = ptr(full)
+    qkv = (ctypes.c_int64 * 9)(*(s // 4 for x in (q4, k4, v4) for s in x.strides[:3]))
     scale = 1.0 / math.sqrt(d)
-    args = [ptr(q4), ptr(k4), ptr(v4), mask_ptr, strides, ptr(out),
+    args = [ptr(q4), ptr(k4), ptr(v4), mask_ptr, strides, qkv, ptr(out),
             b, hq, hkv, sq, sk, d, dv, scale, int(causal)]
-    types = [P, P, P, P, ctypes.POINTER(ctypes.c_int64), P, I64, I64, I64, I64, I64, I64, I64,
-             F32, I32]
+    strides_t = ctypes.POINTER(ctypes.c_int64)
+    types = [P, P, P, P, strides_t, strides_t, P, I64, I64, I64, I64, I64, I64, I64, F32, I32]
     if flash:
         fn = lib.func(LIB, "tg_flash_attention_f32", *types, I64)
         args.append(block)
@@ -113,7 +123,7 @@ def _register(flash: bool, has_mask: bool, causal: bool):
                    (", additive mask" if has_mask else "") + (", causal" if causal else "") +
                    ", GQA")
     run.source_text = SOURCE + f"\n/* {name} */"
-    kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
+    kernel(pattern, backend="c", name=name, dtypes=("float32",),
            where=_fits(has_mask), tolerance=1e-5, writes_out=True)(run)
 
 

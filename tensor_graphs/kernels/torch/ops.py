@@ -280,8 +280,10 @@ def tanh(x, *, out=None):
 
 @torch_kernel("gelu")
 def gelu(x, approximate):
-    """x * Phi(x), erf form ("none") or tanh form ("tanh"), as the node says."""
-    return F.gelu(x, approximate=approximate)
+    """x * Phi(x), erf form ("none") or tanh form ("tanh"), as the node says. torch's erf
+    form gives nan at +inf (2.13 on CPU) where the reference gives inf: patched after."""
+    y = F.gelu(x, approximate=approximate)
+    return torch.where(torch.isposinf(x), x, y) if approximate == "none" else y
 
 
 @torch_kernel("silu")
