@@ -76,7 +76,7 @@ def minilm() -> tuple[torch.nn.Module, tuple]:
 
     module = job.torch_embedder()
     words = "the quick brown fox jumps over the lazy dog while a cat watches from the wall"
-    sentences = [" ".join([words] * 8)] * 8  # 8 sentences truncated to 128 tokens
+    sentences = [" ".join([words] * 8)] * 8  # 8 sentences truncated to 128 tokens: no padding
     ids, mask = job.encode(sentences, max_seq=128)
     return module, (torch.from_numpy(ids), torch.from_numpy(mask))
 
@@ -178,13 +178,19 @@ def bench(name, make, runners, repeats, profile):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0] + " Workloads: " + "; ".join(WORKLOADS) + ".",
+        epilog="smoke run of one workload: python benchmarks/models.py --only minilm "
+               "--repeats 1 --no-compile")
     ap.add_argument("--only", default="", help="run workloads whose name contains this text")
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="interleaved timed calls of each runner after warm-up (default 9)")
     ap.add_argument("--threads", type=int, default=None, help="threads for every pool")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
-    ap.add_argument("--profile", choices=("missing", "never"), default="missing")
+    ap.add_argument("--profile", choices=("missing", "never"), default="missing",
+                    help="ours: measure kernels the database ($TG_DB) lacks before planning "
+                         "(default) or plan from what it has and estimates")
     args = ap.parse_args(argv)
     threads.set_num_threads(args.threads or threads.get_num_threads())
     runners = {k: v for k, v in RUNNERS.items()
