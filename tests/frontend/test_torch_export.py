@@ -231,3 +231,151 @@ def test_integer_bit_operations_name_the_op():
 
     with pytest.raises(tg.DTypeError, match="only bool"):
         from_torch(Bits(), (torch.arange(6),))
+
+
+# ---------------------------------------------------------------------------- layer mappings
+def _randomize_norm_stats(module):
+    """Eval-mode norms with non-trivial running statistics and affine parameters."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            if m.track_running_stats:
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+            if m.affine:
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.3, 0.3)
+    return module
+
+
+class NormsAndPools(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn2, self.bn1 = nn.BatchNorm2d(4), nn.BatchNorm1d(4)
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.max = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.avg = nn.AvgPool2d((2, 3), stride=(2, 1), padding=(1, 1), count_include_pad=False)
+        self.adaptive = nn.AdaptiveAvgPool2d((3, 2))
+
+    def forward(self, x, s):
+        batch_stats = F.batch_norm(x, None, None, training=True, eps=1e-3)
+        return (self.bn2(x), self.inorm(x), self.max(x), self.avg(x), self.adaptive(x),
+                batch_stats, F.max_pool2d(x, 2, dilation=2), self.bn1(s),
+                F.max_pool1d(s, 3, stride=2, padding=1), F.avg_pool1d(s, 4, stride=2),
+                F.adaptive_avg_pool1d(s, 3), F.adaptive_avg_pool2d(x, 1))
+
+
+def test_norms_and_pooling():
+    torch.manual_seed(0)
+    m = _randomize_norm_stats(NormsAndPools()).eval()
+    x, s = torch.randn(2, 4, 9, 10), torch.randn(3, 4, 11)
+    prog = from_torch(m, (x, s))
+    _check(prog, m, x, s)
+    kernels = " ".join(prog.program.plan.kernels)
+    assert "batch_norm" in kernels and "max_pool2d" in kernels, kernels
+
+
+class Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 6, 3, padding="same", dilation=2)
+        self.c1s = nn.Conv1d(4, 4, 5, stride=2, groups=2, bias=False)
+        self.c2 = nn.Conv2d(4, 6, (2, 4), padding="same")  # even kernels: asymmetric 'same'
+        self.c2v = nn.Conv2d(4, 2, 3, padding="valid")
+        self.t2 = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.t2d = nn.ConvTranspose2d(4, 3, (2, 3), stride=(1, 2), dilation=(2, 1))
+        self.t1 = nn.ConvTranspose1d(4, 2, 4, stride=3, padding=2)
+
+    def forward(self, x, s):
+        return (self.c1(s), self.c1s(s), self.c2(x), self.c2v(x[0]), self.t2(x), self.t2d(x),
+                self.t1(s))
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+def test_convolutions():
+    torch.manual_seed(0)
+    m = Convs().eval()
+    x, s = torch.randn(2, 4, 7, 8), torch.randn(2, 4, 12)
+    prog = from_torch(m, (x, s))
+    _check(prog, m, x, s)
+    assert any("conv2d" in k for k in prog.program.plan.kernels)
+
+
+class Activations(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.prelu = nn.PReLU(4, init=0.2)
+        self.prelu.weight.data.uniform_(-0.5, 0.5)
+        self.rrelu = nn.RReLU(0.1, 0.3)
+
+    def forward(self, x):
+        y = x * 3
+        return (F.hardtanh(y, -2.0, 1.5), F.relu6(y), F.leaky_relu(y, 0.2), F.hardswish(y),
+                F.hardsigmoid(y), F.elu(y, alpha=0.7), F.celu(y, alpha=1.3), F.selu(y),
+                F.softplus(y, beta=2.0, threshold=3.0), F.mish(y), F.logsigmoid(y),
+                self.prelu(y), F.glu(y, dim=1), F.threshold(y, 0.5, -1.0),
+                F.softshrink(y, 0.7), F.hardshrink(y, 0.4), self.rrelu(y), torch.sign(y),
+                torch.addcmul(x, y, x, value=0.5), torch.lerp(x, y, 0.3))
+
+
+def test_activations():
+    torch.manual_seed(0)
+    m = Activations().eval()
+    x = torch.randn(2, 4, 5)
+    _check(from_torch(m, (x,)), m, x)
+
+
+class Reductions(nn.Module):
+    def forward(self, x):
+        values, idx = x.max(dim=1)
+        low, low_idx = torch.min(x, -1, keepdim=True)
+        return (values, idx, low, low_idx, x.argmax(-1), x.argmin(), x.max(), x.min(),
+                x.std(dim=-1), x.var(dim=(0, 2), unbiased=False), F.normalize(x, dim=-1),
+                torch.linalg.vector_norm(x, ord=1, dim=1), torch.linalg.vector_norm(x, 3.0),
+                torch.logsumexp(x, dim=1), x.prod(dim=-1), torch.maximum(x, x.flip(0)))
+
+
+def test_reductions():
+    torch.manual_seed(0)
+    m = Reductions().eval()
+    x = torch.randn(3, 4, 5)
+    _check(from_torch(m, (x,)), m, x)
+
+
+class Shapes(nn.Module):
+    def forward(self, x):
+        return (torch.stack([x, x * 2], dim=1), x.flip(-1, 1), x.roll(2, -1),
+                x.roll((1, -1), (1, 2)), x.roll(3), x.repeat(2, 1, 1, 3),
+                F.pixel_shuffle(x, 2), F.pixel_unshuffle(x, 2), x.narrow(2, 1, 3),
+                x.movedim(1, -1), F.pad(x, (1, 2, 0, 1), value=0.5),
+                F.pad(x, (2, 1, 1, 3), mode="reflect"), F.pad(x, (3, 0, 2, 1), mode="replicate"),
+                F.pad(x, (1, 2, 2, 1), mode="circular"), F.pad(x[0], (1, 2), mode="reflect"))
+
+
+def test_shapes_and_padding():
+    torch.manual_seed(0)
+    m = Shapes().eval()
+    x = torch.randn(2, 8, 4, 6)
+    _check(from_torch(m, (x,)), m, x)
+
+
+def test_pooling_indices_and_unsupported_values_name_the_op():
+    class WithIndices(nn.Module):
+        def forward(self, x):
+            y, idx = F.max_pool2d(x, 2, return_indices=True)
+            return y * idx.float()
+
+    with pytest.raises(tg.TensorGraphsError, match="max_pool2d_with_indices.*indices"):
+        from_torch(WithIndices(), (torch.randn(1, 2, 4, 4),))
+
+    class ValuesOnly(nn.Module):  # the unused indices output is fine
+        def forward(self, x):
+            return F.max_pool2d(x, 2, return_indices=True)[0]
+
+    x = torch.randn(1, 2, 4, 4)
+    _check(from_torch(ValuesOnly(), (x,)), ValuesOnly(), x)
+
+    conv = nn.Conv2d(2, 3, 3)  # window positions need concrete spatial dims
+    width = torch.export.Dim("width", min=4, max=16)
+    with pytest.raises(tg.ShapeError, match="conv2d.*spatial dims.*concrete") as info:
+        from_torch(conv, (torch.randn(1, 2, 8, 8),), dynamic_shapes=({3: width},))
+    assert "while importing" in "".join(getattr(info.value, "__notes__", []))

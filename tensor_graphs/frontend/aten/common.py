@@ -28,12 +28,29 @@ class Unavailable:
         return f"Unavailable({self.message!r})"
 
 
-def pick(values, index):
-    """``values[index]`` of a multi-output op, raising where that output is Unavailable."""
-    value = values[index]
-    if isinstance(value, Unavailable):
-        raise ArgumentError(value.message)
-    return value
+def _unavailable_in(values):
+    for v in values:
+        if isinstance(v, Unavailable):
+            return v
+        if isinstance(v, (list, tuple)):
+            found = _unavailable_in(v)
+            if found is not None:
+                return found
+    return None
+
+
+def guarded(table: dict) -> dict:
+    """The table with each function raising when it receives an Unavailable output: the
+    place a graph actually uses one (picking it with getitem is fine)."""
+    def wrap(fn):
+        def checked(args, kwargs):
+            found = _unavailable_in((*args, *kwargs.values()))
+            if found is not None:
+                raise ArgumentError(found.message)
+            return fn(args, kwargs)
+        checked.__wrapped__ = fn
+        return checked
+    return {key: wrap(fn) for key, fn in table.items()}
 
 
 def ints(value, n: int | None = None) -> tuple:

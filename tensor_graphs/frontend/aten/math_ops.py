@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError
-from tensor_graphs.frontend.aten.common import Unavailable, axes, binary, cast, scaled, unary
+from tensor_graphs.frontend.aten.common import (
+    Unavailable,
+    axes,
+    binary,
+    cast,
+    guarded,
+    scaled,
+    unary,
+)
 
 
 def _div(a, kw):
@@ -118,7 +126,7 @@ def _log_sigmoid_forward(a, kw):
 
 
 def table(aten) -> dict:
-    return {
+    return guarded({
         # linear algebra
         aten.linear: lambda a, kw: tg.linear(kw["input"], kw["weight"], kw["bias"]),
         aten.matmul: binary(tg.matmul),
@@ -229,4 +237,4 @@ def table(aten) -> dict:
         aten.log_softmax.int: lambda a, kw: tg.log_softmax(cast(kw["self"], kw["dtype"]),
                                                            axis=kw["dim"]),
         aten._log_softmax: lambda a, kw: tg.log_softmax(kw["self"], axis=kw["dim"]),
-    }
+    })

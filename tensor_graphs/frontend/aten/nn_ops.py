@@ -7,7 +7,7 @@ import numpy as np
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, ShapeError
-from tensor_graphs.frontend.aten.common import Unavailable, ints
+from tensor_graphs.frontend.aten.common import Unavailable, guarded, ints
 
 
 def _norm_shape(x, normalized_shape, params, fn):
@@ -312,7 +312,7 @@ def _upsample_sized(mode):
 
 
 def table(aten) -> dict:
-    return {
+    return guarded({
         # neural-network layers
         aten.layer_norm: _layer_norm,
         aten.native_layer_norm: _native_layer_norm,
@@ -366,4 +366,4 @@ def table(aten) -> dict:
         aten.adaptive_avg_pool1d: _adaptive_avg_pool("adaptive_avg_pool1d", 1),
         aten.adaptive_avg_pool2d: _adaptive_avg_pool("adaptive_avg_pool2d", 2),
         aten._adaptive_avg_pool2d: _adaptive_avg_pool("_adaptive_avg_pool2d", 2),
-    }
+    })

@@ -8,7 +8,7 @@ import numpy as np
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, ShapeError
-from tensor_graphs.frontend.aten.common import cast, ints, pick, same, slice_end, unary
+from tensor_graphs.frontend.aten.common import cast, guarded, ints, same, slice_end, unary
 
 
 def _slice(x, dim, start, end, step):
@@ -142,7 +142,7 @@ def _pad_fn(op, mode):
 
 
 def table(aten) -> dict:
-    return {
+    return {**guarded({
         # shapes and views
         aten.view.default: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
         aten._unsafe_view: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
@@ -153,6 +153,9 @@ def table(aten) -> dict:
         aten.transpose.int: lambda a, kw: tg.transpose(kw["self"], kw["dim0"], kw["dim1"]),
         aten.t: lambda a, kw: tg.permute(kw["self"], tuple(range(kw["self"].ndim))[::-1]),
         aten.expand: lambda a, kw: tg.expand(kw["self"], tuple(kw["size"])),
+        aten.expand_as: lambda a, kw: tg.broadcast_to(kw["self"], tuple(kw["other"].shape)),
+        aten.view_as: lambda a, kw: tg.reshape(kw["self"], tuple(kw["other"].shape)),
+        aten.reshape_as: lambda a, kw: tg.reshape(kw["self"], tuple(kw["other"].shape)),
         aten.unsqueeze: lambda a, kw: tg.unsqueeze(kw["self"], kw["dim"]),
         aten.squeeze.default: lambda a, kw: tg.squeeze(kw["self"]),
         aten.squeeze.dim: lambda a, kw: _squeeze(kw["self"], [kw["dim"]]),
@@ -197,10 +200,12 @@ def table(aten) -> dict:
         aten.type_as: lambda a, kw: tg.cast(kw["self"], kw["other"].dtype),
         # sizes
         aten.sym_size.int: lambda a, kw: kw["self"].shape[kw["dim"]],
-        operator.getitem: lambda a, kw: pick(a[0], a[1]),
         operator.add: lambda a, kw: a[0] + a[1],
         operator.sub: lambda a, kw: a[0] - a[1],
         operator.mul: lambda a, kw: a[0] * a[1],
         operator.floordiv: lambda a, kw: a[0] // a[1],
         operator.neg: lambda a, kw: -a[0],
+    }),
+        # picking an output of a multi-output op, Unavailable ones too (a use raises)
+        operator.getitem: lambda a, kw: a[0][a[1]],
     }
