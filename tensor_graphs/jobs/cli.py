@@ -95,7 +95,8 @@ def _run_minilm(args: argparse.Namespace) -> int:
     print(f"tensor_graphs: {ours[0]:.2f} ms (min {ours[1]:.2f}, max {ours[2]:.2f}); "
           f"torch eager: {eager[0]:.2f} ms (min {eager[1]:.2f}, max {eager[2]:.2f}); "
           f"ratio {ours[0] / eager[0]:.2f} (median of {args.repeats} calls, "
-          f"{threads.get_num_threads()} threads)")
+          f"{threads.get_num_threads()} thread"
+          f"{'s' if threads.get_num_threads() != 1 else ''})")
     return 0 if ok else 1
 
 
