@@ -3,7 +3,9 @@
 Kernels' constraints and costs need numbers, so symbolic dims are bound first (to the values of
 this call, or to the compile's ``bounds``): every leaf and attribute that mentions a dim is
 rebuilt with its value, and hash-consing rebuilds the rest. Then ``tg.simplify`` folds
-movement chains, identities and constants. Leaves keep their names, so feeds still match.
+movement chains, identities and constants, and ``recompose`` folds composites a model spelled
+out by hand (RMSNorm as pow/mean/rsqrt) back into their op, so fused kernels match them.
+Leaves keep their names, so feeds still match.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sympy
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import dim_symbol, free_symbols, resolve
+from tensor_graphs.rewrite.recompose import recompose
 from tensor_graphs.rewrite.simplify import simplify
 
 
@@ -64,11 +67,11 @@ def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = Non
 
 
 def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
-    """Concrete shapes, then simplified: what the planner plans."""
-    return list(simplify(specialize(outputs, dims)))
+    """Concrete shapes, then simplified and recomposed: what the planner plans."""
+    return list(recompose(simplify(specialize(outputs, dims))))
 
 
 def prepare_symbolic(outputs: Sequence[Node]) -> list[Node]:
     """Simplified with its symbolic dims kept: planned once for bounds, run for any values up
     to them."""
-    return list(simplify(list(outputs)))
+    return list(recompose(simplify(list(outputs))))

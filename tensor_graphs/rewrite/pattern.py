@@ -222,28 +222,32 @@ def match(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
 
 
 def iter_matches(pattern: Pat, node: Node, uses: Mapping[Node, int] | None = None,
-                 partial: bool = True, flat: bool = True) -> Iterator[Match]:
+                 partial: bool = True, flat: bool = True,
+                 stop: frozenset | set = frozenset()) -> Iterator[Match]:
     """Every match rooted at ``node`` (commutative alternatives included).
 
     ``flat``: associative-commutative chains (add, mul, maximum) are matched as flat term
     lists, so ``x + y`` matches any two terms of ``a + b + c`` (rewrite rules want that). With
     ``flat=False`` every node is matched as built, as a commutative binary op: what kernels
-    need, since a kernel computes exactly the nodes it covers."""
+    need, since a kernel computes exactly the nodes it covers. Nodes in ``stop`` never join
+    a chain below the root (a flat chain ends at them, as at a region boundary)."""
     if (flat and isinstance(pattern, OpPat) and pattern.op in ASSOCIATIVE_COMMUTATIVE
             and node.op.name == pattern.op):
         if not _attrs_ok(pattern, node):
             return
-        pterms, terms = _pattern_terms(pattern), _root_chain_terms(node)
+        pterms = _pattern_terms(pattern)
+        terms = _root_chain_terms(node) if not stop else tuple(chain_terms(node, stop))
         exact = len(pterms) == len(terms)
         if exact or partial:
             b = {} if pattern.name is None else {pattern.name: node}
-            for bound, used in _match_terms(pterms, terms, b, uses, exact=exact, flat=flat):
+            for bound, used in _match_terms(pterms, terms, b, uses, exact=exact, flat=flat,
+                                            stop=stop):
                 yield Match(bound, tuple(t for k, t in enumerate(terms) if k not in used))
         return
     if isinstance(pattern, Many):
         raise ArgumentError(f"pat.many('{pattern.name}') matches only as an operand of an op "
                             "pattern (pat.concat(pat.many('xs')))")
-    for b in _match(pattern, node, {}, uses, flat):
+    for b in _match(pattern, node, {}, uses, flat, stop):
         yield Match(b)
 
 
@@ -308,7 +312,8 @@ def _specificity(p: Pat) -> int:
 _terms_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _match(p: Pat, n: Node, b: dict, uses, flat: bool = True) -> Iterator[dict]:
+def _match(p: Pat, n: Node, b: dict, uses, flat: bool = True, stop=frozenset()
+           ) -> Iterator[dict]:
     if isinstance(p, Var):
         if p.name in b:
             if b[p.name] is n and p.accepts(n, uses):  # each occurrence's guards hold
@@ -332,8 +337,8 @@ def _match(p: Pat, n: Node, b: dict, uses, flat: bool = True) -> Iterator[dict]:
             return
         b = {**b, p.name: n}
     if flat and p.op in ASSOCIATIVE_COMMUTATIVE:
-        for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n), b, uses, exact=True,
-                                     flat=flat):
+        for bound, _ in _match_terms(_pattern_terms(p), chain_terms(n, stop), b, uses,
+                                     exact=True, flat=flat, stop=stop):
             yield bound
         return
     star = next((i for i, q in enumerate(p.inputs) if isinstance(q, Many)), None)
@@ -345,13 +350,14 @@ def _match(p: Pat, n: Node, b: dict, uses, flat: bool = True) -> Iterator[dict]:
         orders.append(n.inputs[::-1])
     for inputs in orders:
         if star is None:
-            yield from _match_seq(p.inputs, inputs, b, uses, flat)
+            yield from _match_seq(p.inputs, inputs, b, uses, flat, stop)
             continue
         tail = len(p.inputs) - star - 1  # fixed operands after the Many
         covered = tuple(inputs[star:len(inputs) - tail])
         for b1 in _match_many(p.inputs[star], covered, b, uses):
             yield from _match_seq(p.inputs[:star] + p.inputs[star + 1:],
-                                  inputs[:star] + inputs[len(inputs) - tail:], b1, uses, flat)
+                                  inputs[:star] + inputs[len(inputs) - tail:], b1, uses, flat,
+                                  stop)
 
 
 def _match_many(p: Many, covered: tuple[Node, ...], b: dict, uses) -> Iterator[dict]:
@@ -367,16 +373,16 @@ def _match_many(p: Many, covered: tuple[Node, ...], b: dict, uses) -> Iterator[d
 
 
 def _match_seq(pats: Sequence[Pat], nodes_: Sequence[Node], b: dict, uses,
-               flat: bool = True) -> Iterator[dict]:
+               flat: bool = True, stop=frozenset()) -> Iterator[dict]:
     if not pats:
         yield b
         return
-    for b1 in _match(pats[0], nodes_[0], b, uses, flat):
-        yield from _match_seq(pats[1:], nodes_[1:], b1, uses, flat)
+    for b1 in _match(pats[0], nodes_[0], b, uses, flat, stop):
+        yield from _match_seq(pats[1:], nodes_[1:], b1, uses, flat, stop)
 
 
 def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses, exact: bool,
-                 flat: bool = True) -> Iterator[tuple[dict, frozenset[int]]]:
+                 flat: bool = True, stop=frozenset()) -> Iterator[tuple[dict, frozenset[int]]]:
     """Injective assignments of pattern terms to chain terms (bijective when ``exact``)."""
     if exact and len(pterms) != len(terms) or len(pterms) > len(terms):
         return
@@ -395,7 +401,7 @@ def _match_terms(pterms: list[Pat], terms: list[Node], b: dict, uses, exact: boo
             if j in used or id(t) in tried:  # equal terms are interchangeable
                 continue
             tried.add(id(t))
-            for b1 in _match(pterms[k], t, b, uses, flat):
+            for b1 in _match(pterms[k], t, b, uses, flat, stop):
                 yield from go(k + 1, b1, used | {j})
 
     for bound, used in go(0, b, frozenset()):
