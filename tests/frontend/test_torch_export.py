@@ -379,3 +379,25 @@ def test_pooling_indices_and_unsupported_values_name_the_op():
     with pytest.raises(tg.ShapeError, match="conv2d.*spatial dims.*concrete") as info:
         from_torch(conv, (torch.randn(1, 2, 8, 8),), dynamic_shapes=({3: width},))
     assert "while importing" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_dynamic_dim_above_its_bound_and_integer_input_dtype_are_named():
+    class Lookup(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+
+        def forward(self, ids):
+            return self.emb(ids).sum(1)
+
+    torch.manual_seed(0)
+    m = Lookup().eval()
+    seq = torch.export.Dim("seq", max=8)
+    prog = from_torch(m, (torch.randint(0, 10, (2, 5)),), dynamic_shapes=({1: seq},))
+    _check(prog, m, torch.randint(0, 10, (2, 8)))  # at the bound
+    with pytest.raises(tg.ShapeError, match=r"seq=9 \(bound 8\)"):
+        prog(torch.randint(0, 10, (2, 9)))
+    with pytest.raises(tg.DTypeError, match="'ids'.*float32.*int64"):
+        prog(torch.randn(2, 5))
+    with pytest.raises(tg.DTypeError, match="'ids'.*float64.*int64"):
+        prog(np.zeros((2, 5)))
