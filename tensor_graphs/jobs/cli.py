@@ -174,7 +174,8 @@ def add_run_command(sub) -> None:
         epilog='example: tg run minilm "A man is eating food." '
                '"A man is eating a piece of bread." "The sky is blue."')
     minilm.add_argument("sentences", nargs="+", metavar="SENTENCE",
-                        help="sentences to embed (quote each; at most 64, 256 tokens each)")
+                        help="sentences to embed (quote each; at most 64; longer than 256 "
+                             "tokens are cut, as sentence-transformers does)")
     minilm.add_argument("--check-tolerance", type=float, default=1e-4,
                         help="largest accepted relative error against the references "
                              "(default 1e-4)")
@@ -193,8 +194,8 @@ def add_run_command(sub) -> None:
                        help="measurement database (default $TG_DB or "
                             "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")
         p.add_argument("--profile", choices=("missing", "never"), default="missing",
-                       help="measure kernels the database lacks before planning (default) "
-                            "or plan from estimates")
+                       help="measure kernels the database lacks before planning, with a "
+                            "progress bar (default), or plan from what it has and estimates")
         p.add_argument("--repeats", type=int, default=5,
                        help="timed calls of each side (default 5)")
     minilm.set_defaults(run=JOBS["minilm"][0])
