@@ -358,6 +358,21 @@ def test_shapes_and_padding():
     _check(from_torch(m, (x,)), m, x)
 
 
+def test_conv1d_over_a_dynamic_length():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv1d(4, 6, 3, padding=2, dilation=2, groups=2), nn.GELU(),
+                      nn.Conv1d(6, 3, 1, bias=False)).eval()
+    length = torch.export.Dim("length", min=2, max=40)
+    prog = from_torch(m, (torch.randn(2, 4, 10),), dynamic_shapes=({2: length},))
+    for n in (10, 3, 40):
+        _check(prog, m, torch.randn(2, 4, n))
+    assert prog.program.stats["planner_runs"] == 1
+    strided = nn.Conv1d(4, 4, 3, stride=2).eval()
+    with pytest.raises(tg.ShapeError, match="conv1d: stride 2 over the symbolic length"):
+        from_torch(strided, (torch.randn(2, 4, 10),),
+                   dynamic_shapes=({2: torch.export.Dim("length", min=5, max=40)},))
+
+
 def test_pooling_indices_and_unsupported_values_name_the_op():
     class WithIndices(nn.Module):
         def forward(self, x):

@@ -96,6 +96,9 @@ def _conv(op, x, weight, bias, stride, padding, dilation, groups):
             raise ArgumentError(f"{op}: padding={padding!r} is not supported; use 'valid', "
                                 "'same' or ints")
     padding = ints(padding, nd)
+    if nd == 1 and not isinstance(x.shape[2], int):
+        y = _conv1d_symbolic(op, x, weight, bias, stride[0], padding[0], dilation[0], groups)
+        return tg.squeeze(y, 0) if unbatched else y
     if nd == 1:
         x, weight = tg.unsqueeze(x, 2), tg.unsqueeze(weight, 2)
         stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
@@ -104,6 +107,30 @@ def _conv(op, x, weight, bias, stride, padding, dilation, groups):
     if nd == 1:
         y = tg.squeeze(y, 2)
     return tg.squeeze(y, 0) if unbatched else y
+
+
+def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
+    """A 1-d convolution over a named (symbolic) length, which our conv2d cannot take (its
+    window positions need concrete sizes): im2col spelled out over the length, as one slice
+    per kernel offset (stops are size expressions), stacked, and one grouped matmul."""
+    if stride != 1:
+        raise ShapeError(f"{op}: stride {stride} over the symbolic length {x.shape[2]} is not "
+                         "supported (the output length would need floor division); use "
+                         "stride 1 or a concrete length")
+    k = weight.shape[2]
+    cout, cin = weight.shape[0], x.shape[1]
+    if not all(isinstance(v, int) for v in (k, cout, cin)):
+        raise ShapeError(f"{op}: the channel and kernel sizes of {x.shape} and {weight.shape} "
+                         "must be concrete")
+    if padding:
+        x = tg.pad(x, (padding, padding))
+    n, length = x.shape[0], x.shape[2] - dilation * (k - 1)
+    cols = tg.stack([tg.slice_axis(x, 2, i * dilation, i * dilation + length)
+                     for i in range(k)], axis=2)  # (N, C, K, L_out)
+    cols = tg.reshape(cols, (n, groups, cin // groups * k, length))
+    w = tg.reshape(weight, (groups, cout // groups, cin // groups * k))
+    y = tg.reshape(tg.matmul(w, cols), (n, cout, length))
+    return y if bias is None else y + tg.reshape(bias, (cout, 1))
 
 
 def _dilate(x, axis, factor):
