@@ -416,3 +416,28 @@ def test_dynamic_dim_above_its_bound_and_integer_input_dtype_are_named():
         prog(torch.randn(2, 5))
     with pytest.raises(tg.DTypeError, match="'ids'.*float64.*int64"):
         prog(np.zeros((2, 5)))
+
+
+@pytest.mark.filterwarnings("ignore:`isinstance(treespec, LeafSpec)`:FutureWarning")
+def test_core_aten_graph_after_decompositions():
+    """run_decompositions() spells layers as core ATen (convolution, the native norms with
+    their statistics outputs, max_pool2d_with_indices): they import as the same composites."""
+    from tensor_graphs.frontend.torch_export import import_exported
+
+    torch.manual_seed(0)
+    m = _randomize_norm_stats(nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.GroupNorm(2, 4),
+        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.LayerNorm(16), nn.Hardswish())).eval()
+    x = torch.randn(2, 3, 10, 10)
+    exported = torch.export.export(m, (x,)).run_decompositions()
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"aten.convolution.default", "aten.max_pool2d_with_indices.default",
+            "aten.native_group_norm.default", "aten.native_layer_norm.default"} <= targets
+    (out,), (leaf,), weights, _ = import_exported(exported)
+    ops = {n.op.name for n in tg.nodes(out)}
+    assert {"conv2d", "batch_norm", "max_pool2d", "group_norm", "layer_norm"} <= ops
+    names = {n.name for n in tg.nodes(out)}
+    got = tg.evaluate(out, {**{k: v for k, v in weights.items() if k in names},
+                            leaf.name: x.numpy()})
+    with torch.no_grad():
+        assert relative_error(got, m(x).numpy()) <= TOL
