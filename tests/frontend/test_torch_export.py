@@ -418,7 +418,7 @@ def test_dynamic_dim_above_its_bound_and_integer_input_dtype_are_named():
         prog(np.zeros((2, 5)))
 
 
-@pytest.mark.filterwarnings("ignore:`isinstance(treespec, LeafSpec)`:FutureWarning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 def test_core_aten_graph_after_decompositions():
     """run_decompositions() spells layers as core ATen (convolution, the native norms with
     their statistics outputs, max_pool2d_with_indices): they import as the same composites."""
