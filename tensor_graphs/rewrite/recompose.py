@@ -265,18 +265,11 @@ def find(outputs, view: NormalView | None = None) -> list[Found]:
 
 def _verified(s: Skeleton, root: Node, normal: Node, view: NormalView,
               order: dict[Node, int], shared: frozenset) -> Found | None:
-    """The first match of ``s`` at ``root`` whose candidate is verified. Chains are first
-    matched ending at shared values (an input that is itself a product, ``x = e * c``, stays
-    one term), then flattened through everything."""
-    for stop in (shared, frozenset()):
-        found = _verified_with(s, root, normal, view, order, stop)
-        if found is not None:
-            return found
-    return None
-
-
-def _verified_with(s: Skeleton, root: Node, normal: Node, view: NormalView,
-                   order: dict[Node, int], stop: frozenset) -> Found | None:
+    """The first match of ``s`` at ``root`` whose candidate is verified. Chains end at values
+    the graph shares: an input that is itself a product (``x = e * c``) stays one term, and a
+    region never reaches into a shared value (``r**3`` of a norm ``r`` is not a norm times
+    eight more factors)."""
+    stop = shared
     here = order[root]
     for m in pat.iter_matches(s.pattern, normal, partial=True, stop=stop):
         tensors = [view.origin.get(m.bindings.get(p)) for p in s.params]

@@ -409,11 +409,17 @@ def random_graphs(draw):
 
 
 def _close(x, y, feeds, ref):
+    """Equal to 1e-9 where the reference is finite. Nested exps of a random graph overflow
+    float64 (exp(exp(exp(1.2))) is inf): there the reference says nothing, and an equivalent
+    may overflow at another point (exp(a)*exp(b) vs exp(a+b)); two equal infs would give a
+    NaN relative error."""
     got = tg.evaluate(y, feeds, dtype="float64")
     if isinstance(x, tg.Node):
         got, ref = [got], [ref]
     for g, r in zip(got, ref):
-        assert rel_error(g, r) <= 1e-9
+        g, r = np.asarray(g), np.asarray(r)
+        finite = np.isfinite(r)
+        assert rel_error(g[finite], r[finite]) <= 1e-9
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
