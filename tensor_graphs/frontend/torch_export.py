@@ -15,8 +15,13 @@ import numpy as np
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, TensorGraphsError
-from tensor_graphs.frontend.aten import lookup
-from tensor_graphs.frontend.aten.common import UnsupportedOpError, dtype_name, torch_module
+from tensor_graphs.frontend.aten import lookup, mutates
+from tensor_graphs.frontend.aten.common import (
+    Unavailable,
+    UnsupportedOpError,
+    dtype_name,
+    torch_module,
+)
 
 
 # ---------------------------------------------------------------------------- fx nodes
@@ -177,6 +182,8 @@ def import_exported(exported, dim_names: Mapping | None = None):
         except TensorGraphsError as e:
             e.add_note(f"while importing {_op_name(node.target)} at {_location(node)}")
             raise
+        if mutates(node.target) and isinstance(node.args[0], torch.fx.Node):
+            env[node.args[0]] = env[node]  # later reads of the mutated tensor see the result
 
     out_node = next(n for n in exported.graph.nodes if n.op == "output")
     outputs = []
@@ -184,7 +191,11 @@ def import_exported(exported, dim_names: Mapping | None = None):
         if spec.kind != OutputKind.USER_OUTPUT:
             raise UnsupportedOpError(f"output of kind {spec.kind.name} (a buffer mutation?) is "
                                      "not supported", [(spec.kind.name, str(arg))])
-        outputs.append(value(arg))
+        out = value(arg)
+        if isinstance(out, Unavailable):
+            raise UnsupportedOpError(f"output {len(outputs)} of the module: {out.message}",
+                                     [("output", str(arg))])
+        outputs.append(out)
     return outputs, inputs, weights, bounds
 
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402,N812
 
-from tensor_graphs.frontend import UnsupportedOpError, from_torch  # noqa: E402
+from tensor_graphs.frontend import from_torch  # noqa: E402
 from tensor_graphs.numerics import relative_error  # noqa: E402
 
 TOL = 1e-4
@@ -93,15 +93,31 @@ def test_resnet_cnn_dynamic_batch():
     assert roots["max_pool2d"] == 1 and roots["adaptive_avg_pool2d"] == 1, roots
 
 
-@pytest.mark.xfail(strict=True, raises=UnsupportedOpError, reason=(
-    "in-place ops (aten.relu_, aten.add_) stay in torch.export's graph; mapping them needs the "
-    "importer (torch_export.py) to rebind the mutated input to the result, which a table "
-    "function cannot do"))
-def test_inplace_activation():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True)).eval()
-    x = torch.randn(1, 3, 8, 8)
+class InPlace(nn.Module):
+    """In-place ops (relu_, add_, mul_) stay in torch.export's graph and map through their
+    functional forms; a read before the mutation keeps the old value."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.conv(x)
+        before = y.sum(dim=1)  # read before the mutation
+        self.act(y)  # relu_
+        y.add_(1.0).mul_(before[:, None])
+        return y, before
+
+
+def test_inplace_ops_rebind_the_mutated_tensor():
+    torch.manual_seed(0)
+    model = InPlace().eval()
+    x = torch.randn(2, 3, 8, 8)
+    got = from_torch(model, (x,))(x)
     with torch.no_grad():
-        _close(from_torch(model, (x,))(x), model(x))
+        ref = model(x)
+    for g, r in zip(got, ref):
+        _close(g, r)
 
 
 # ---------------------------------------------------------------------------- transformers

@@ -382,6 +382,13 @@ def test_pooling_indices_and_unsupported_values_name_the_op():
     with pytest.raises(tg.TensorGraphsError, match="max_pool2d_with_indices.*indices"):
         from_torch(WithIndices(), (torch.randn(1, 2, 4, 4),))
 
+    class ReturnsIndices(nn.Module):
+        def forward(self, x):
+            return F.max_pool2d(x, 2, return_indices=True)
+
+    with pytest.raises(tg.TensorGraphsError, match="output 1 .*max_pool2d_with_indices"):
+        from_torch(ReturnsIndices(), (torch.randn(1, 2, 4, 4),))
+
     class ValuesOnly(nn.Module):  # the unused indices output is fine
         def forward(self, x):
             return F.max_pool2d(x, 2, return_indices=True)[0]

@@ -33,11 +33,27 @@ ATEN: dict = build_table()
 
 
 def lookup(target) -> Callable | None:
-    """The table function for an fx node's target (an overload, else its packet)."""
+    """The table function for an fx node's target (an overload, else its packet). An
+    in-place op (``relu_``, ``add_``) maps through its functional form; the importer then
+    makes the mutated tensor's name stand for the result (``mutates``)."""
     fn = ATEN.get(target)
     if fn is None and hasattr(target, "overloadpacket"):
         fn = ATEN.get(target.overloadpacket)
+    if fn is None and mutates(target):
+        functional = getattr(torch_module().ops.aten, target.overloadpacket.__name__[:-1],
+                             None)
+        overload = getattr(functional, target._overloadname, None) if functional else None
+        fn = lookup(overload) if overload is not None else None
     return fn
 
 
-__all__ = ["ATEN", "MODULES", "UnsupportedOpError", "build_table", "lookup"]
+def mutates(target) -> bool:
+    """An in-place ATen op: its name ends in '_' and it writes its first argument."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.endswith("_") or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+__all__ = ["ATEN", "MODULES", "UnsupportedOpError", "build_table", "lookup", "mutates"]

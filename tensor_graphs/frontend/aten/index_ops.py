@@ -11,7 +11,7 @@ import math
 
 import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
-from tensor_graphs.frontend.aten.common import dtype_name
+from tensor_graphs.frontend.aten.common import dtype_name, guarded
 
 
 def _arange(start, end, step, dtype):
@@ -125,7 +125,7 @@ def _bitwise_not(a, kw):
 
 
 def table(aten) -> dict:
-    return {
+    return guarded({
         # creation
         aten.arange.default: lambda a, kw: _arange(0, kw["end"], 1, kw["dtype"]),
         aten.arange.start: lambda a, kw: _arange(kw["start"], kw["end"], 1, kw["dtype"]),
@@ -156,4 +156,4 @@ def table(aten) -> dict:
         aten.bitwise_not: _bitwise_not,
         aten.logical_and: lambda a, kw: tg.logical_and(kw["self"], kw["other"]),
         aten.logical_or: lambda a, kw: tg.logical_or(kw["self"], kw["other"]),
-    }
+    })
