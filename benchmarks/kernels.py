@@ -20,11 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
+
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tensor_graphs  # noqa: E402,F401
 from tensor_graphs import threads  # noqa: E402
 from tensor_graphs.kernels import registry  # noqa: E402
 from tensor_graphs.kernels.c import matmul as c_matmul  # noqa: E402

@@ -6,6 +6,8 @@
     tg.evaluate(y, {"x": X, "w": W}, dtype="float64")
 """
 
+# first: thread-pool settings must reach the environment before anything loads numpy's BLAS
+from tensor_graphs import threads  # noqa: F401,I001
 from tensor_graphs import kernels, nn, rewrite  # noqa: E402,F401  (tg.rewrite.apply, tg.nn.GPT2)
 from tensor_graphs.compiler import compile, count_paths, estimate_memory, paths  # noqa: F401,A004
 from tensor_graphs.devices import Device  # noqa: E402,F401

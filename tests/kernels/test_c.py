@@ -415,3 +415,24 @@ def test_threads_env_default(tmp_path):
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.parametrize("first, warned", [("tensor_graphs, numpy, torch", False),
+                                           ("numpy, tensor_graphs", True),
+                                           ("torch, tensor_graphs", True)])
+def test_pools_loaded_before_the_spin_settings_are_named(first, warned):
+    """The spin settings reach numpy's and torch's pools only when tensor_graphs comes first;
+    otherwise the import says which pools keep spinning and how to fix it."""
+    script = (f"import warnings; warnings.simplefilter('always'); import {first}; import os; "
+              "from tensor_graphs import threads; "
+              "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], threads.late_pools)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("4 ")
+    assert ("keep spinning" in res.stderr) == warned, res.stderr
+    if warned:
+        assert first.split(",")[0] in res.stderr and "OPENBLAS_THREAD_TIMEOUT=4" in res.stderr
