@@ -10,7 +10,9 @@ database, profiling what it lacks unless --profile never); ``eager`` is the modu
 ``ort`` is the module exported with ``torch.onnx.export`` and run by an ONNX Runtime CPU session
 with its default graph optimisations. Each output is checked against eager first (norm-wise
 relative error), so a row never compares different computations. Repeats are interleaved
-(one call of each runner, then the next repeat) after warm-up calls; the table shows medians
+(one call of each runner, in an order that rotates per repeat, each after a short pause so the
+previous runner's thread pool is idle: ONNX Runtime's and libgomp's workers spin after a call)
+after warm-up calls; the table shows medians
 with min-max spread, and ratios ours/competitor (< 1: ours is faster). One thread setting for
 everything (tensor_graphs.threads: OpenBLAS, OpenMP and torch; ORT gets the same count).
 """
@@ -140,7 +142,7 @@ def _array(out) -> np.ndarray:
     return out.detach().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
 
 
-def bench(name, make, runners, repeats, profile):
+def bench(name, make, runners, repeats, profile, pause=0.25):
     module, args = make()
     calls, notes = {}, {}
     ref = _array(eager(module, args, profile)())
@@ -159,10 +161,12 @@ def bench(name, make, runners, repeats, profile):
         fn()
         calls[label] = fn
     samples = {label: [] for label in calls}
-    for _ in range(repeats):
-        for label, fn in calls.items():
+    order = list(calls)
+    for r in range(repeats):  # the order rotates, so no runner always follows the same one
+        for label in order[r % len(order):] + order[:r % len(order)]:
+            time.sleep(pause)  # every pool (ORT's, torch's, OpenBLAS's) idle again
             t = time.perf_counter()
-            fn()
+            calls[label]()
             samples[label].append((time.perf_counter() - t) * 1e3)
     print(f"\n## {name}")
     for label in runners:
@@ -188,6 +192,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=9,
                     help="interleaved timed calls of each runner after warm-up (default 9)")
     ap.add_argument("--threads", type=int, default=None, help="threads for every pool")
+    ap.add_argument("--pause", type=float, default=0.25,
+                    help="seconds of sleep before each timed call, so the previous runner's "
+                         "spinning thread pool is idle again (default 0.25)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
     ap.add_argument("--profile", choices=("missing", "never"), default="missing",
@@ -201,7 +208,7 @@ def main(argv=None) -> int:
           f"torch {torch.__version__}, tensor_graphs {tg.__version__}")
     for name, make in WORKLOADS.items():
         if args.only in name:
-            bench(name, make, runners, args.repeats, args.profile)
+            bench(name, make, runners, args.repeats, args.profile, args.pause)
     return 0
 
 
