@@ -12,6 +12,7 @@ cache keys on it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -133,11 +134,16 @@ def _from_row(row: Sequence) -> Measurement:
                        fl, by)
 
 
+_instances = itertools.count()
+
+
 class Database:
     """A measurement database at ``path`` (a file path or ":memory:"); see the module doc."""
 
     def __init__(self, path: str | os.PathLike = ":memory:"):
         self.path = str(path)
+        # names this object for caches: id() may be reused once an in-memory database is freed
+        self.instance = next(_instances)
         self.readonly = False
         self.readonly_reason: str | None = None
         self.open_mode = "memory"  # "rw", "ro", "immutable", or "memory" (also private copies)

@@ -25,7 +25,7 @@ _plans: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
 def key(prepared: Sequence[Node], device: str, tolerance: float, backends, db,
         bounds=None) -> tuple:
     """``bounds``: the dims a symbolic graph is costed at."""
-    where = id(db) if db.path == ":memory:" else db.path
+    where = ("memory", db.instance) if db.path == ":memory:" else db.path
     costed_at = tuple(sorted((str(k), int(v)) for k, v in (bounds or {}).items()))
     return (structure(prepared), device, tolerance, backends, where, db.revision, costed_at)
 
