@@ -230,11 +230,16 @@ def test_interpolation_is_within_2x_on_held_out_shapes():
     from tensor_graphs.profiler.measure import Call, measure
 
     k = registry.get("numpy_matmul")
-    db = open_db(":memory:")
     before = threads.get_num_threads()
     threads.set_num_threads(1)  # one thread: a busy machine slows it evenly, not in bursts
-    try:
-        _check_interpolation(k, db, CostModel, current, Call, measure)
+    try:  # timings on a shared machine: a burst of load fails an attempt, not the model
+        for attempt in range(3):
+            try:
+                _check_interpolation(k, open_db(":memory:"), CostModel, current, Call, measure)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
     finally:
         threads.set_num_threads(before)
 
