@@ -68,6 +68,23 @@ with a poisoned (NaN / 0xFF-filled) ``out`` buffer, which must come back as the 
 exactly what the call without ``out`` returned (and, for ``inplace=i``, with ``out`` being a
 copy of input i passed as that input).
 
+Bind-time preparation of an argument (``prepare={"w": fn}``). A kernel may declare that it
+takes one or more of its arguments in a prepared form: ``fn(array)`` (or a ``Preparation``,
+which adds ``nbytes(shape, dtype)``, the prepared form's size, for memory accounting) turns
+the array into what the kernel function receives (a GEMM's weight packed into the panels its
+micro-kernel streams). Preparing is meant to happen once per weight binding, so:
+
+- the planner offers such a kernel only where every prepared argument is static, a weight or
+  a value computed from weights and constants alone, not depending on the call's dims (the
+  runtime's prelude rule, ``planner/search.py: static_value``);
+- the runtime prepares those arguments once per binding, after the prelude, keeps the
+  prepared values with the weights (stable buffers: the native loop records their
+  addresses) and passes them instead of the arrays; ``bind`` invalidates them;
+- ``Kernel.__call__`` (and so the verifier) prepares per call, and the profiler prepares once
+  before timing (``Kernel.prepare_arguments``), so a kernel is verified and measured on the
+  inputs it will run on. A function may also accept the unprepared array (the packed GEMMs
+  do: they pack per call), but nothing relies on it.
+
 Registration does not verify (that would run every kernel at import): ``tg.kernels.verify``
 does, the test suite verifies every registered kernel, ``tg.kernels.load`` admits a user's file
 only after verification, and the planner verifies a kernel before its first use.
@@ -97,6 +114,19 @@ DEVICE_KINDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, eq=False)
+class Preparation:
+    """A bind-time preparation of a kernel argument: ``fn(array) -> prepared`` (a numpy array
+    whose buffer stays put), ``nbytes(shape, dtype)`` its size in bytes where known."""
+
+    fn: Callable
+    nbytes: Callable | None = None
+    name: str = ""
+
+    def __call__(self, array):
+        return self.fn(array)
+
+
+@dataclass(frozen=True, eq=False)
 class Kernel:
     """One implementation of a pattern on a backend; call it like its function."""
 
@@ -118,6 +148,7 @@ class Kernel:
     doc: str = ""
     source_hash: str = field(default="", compare=False)
     signatures: object = None  # verification cases for fused patterns (see kernels.verify)
+    prepare: dict = field(default_factory=dict)  # argument name -> Preparation (bind time)
 
     @property
     def op(self) -> str | None:
@@ -163,6 +194,20 @@ class Kernel:
             shown = ", ".join(self.inputs[:-1] + ("*" + star,))
             return f"takes at least {least} inputs ({shown}), got {count}"
         return None
+
+    def prepared_positions(self, count: int) -> dict[int, Preparation]:
+        """Argument position -> its bind-time preparation (see ``prepare=``)."""
+        if not self.prepare:
+            return {}
+        names = self.argument_names(count)
+        return {i: self.prepare[n] for i, n in enumerate(names) if n in self.prepare}
+
+    def prepare_arguments(self, arrays: Sequence) -> list:
+        """``arrays`` with the declared arguments prepared (what ``fn`` receives)."""
+        out = list(arrays)
+        for i, prep in self.prepared_positions(len(out)).items():
+            out[i] = prep(out[i])
+        return out
 
     @property
     def fused(self) -> bool:
@@ -211,6 +256,8 @@ class Kernel:
         ``out=buf`` (only for a ``writes_out`` kernel) writes the result into ``buf``."""
         self.check(arrays, attrs)
         kw = {k: v for k, v in attrs.items() if k in self.attrs}
+        if self.prepare:  # prepared per call here; the runtime prepares once per binding
+            arrays = self.prepare_arguments(arrays)
         if out is None:
             return self.fn(*arrays, **kw)
         if not self.writes_out:
@@ -328,7 +375,7 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
            dtypes: Iterable | None = None, ranks: Iterable[int] | None = None,
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,
            inplace: int | None = None, view: bool = False, replace: bool = False,
-           signatures=None, writes_out: bool = False):
+           signatures=None, writes_out: bool = False, prepare: dict | None = None):
     """Register the decorated function as a kernel for ``pattern`` (see the module docstring;
     ``writes_out=True``: the function takes ``out=`` and writes its result there)."""
     if backend not in BACKENDS:
@@ -338,6 +385,12 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
     if not (isinstance(tolerance, (int, float)) and tolerance > 0):
         raise ArgumentError(f"tolerance must be a positive number, got {tolerance!r}")
 
+    preps = {}
+    for arg, prep in (prepare or {}).items():
+        if not callable(prep):
+            raise ArgumentError(f"prepare[{arg!r}] must be a function or a Preparation")
+        preps[arg] = prep if isinstance(prep, Preparation) else Preparation(
+            prep, name=getattr(prep, "__name__", ""))
     if writes_out and view:
         raise ArgumentError("a view kernel (view=True) returns a view of its input; it cannot "
                             "also write into a given buffer (writes_out=True)")
@@ -381,7 +434,11 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
             ranks=None if ranks is None else tuple(ranks), contiguous=contiguous, where=where,
             tolerance=float(tolerance), inplace=inplace, view=view,
             writes_out=bool(writes_out), doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
-            source_hash=source_hash(fn), signatures=signatures)
+            source_hash=source_hash(fn), signatures=signatures, prepare=preps)
+        unknown = sorted(set(preps) - set(var_names))
+        if unknown or (preps and variadic in preps):
+            raise ArgumentError(f"kernel {label}: prepare names {unknown or [variadic]}, not "
+                                f"fixed pattern variables {list(var_names)}")
         return register(k, replace=replace)
 
     return decorate

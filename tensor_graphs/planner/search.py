@@ -30,7 +30,7 @@ from tensor_graphs.ir import builder
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
-from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.ir.shapes import format_shape, free_symbols
 from tensor_graphs.kernels import copy as copies
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner.plan import (
@@ -74,6 +74,32 @@ def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
     node's attributes (the database key next to the kernel's name)."""
     return signature_text([(a.shape, a.dtype.name) for a in arguments],
                           {k: json_attr(v) for k, v in attrs.items()})
+
+
+STATIC_LEAVES = ("weight", "constant", "dim")
+_STATIC: dict[Node, bool] = {}
+
+
+def static_value(node: Node) -> bool:
+    """True for a value fixed per weight binding: a weight, constant or dim leaf, or a value
+    computed from such leaves alone, none of them depending on the call's dims (the
+    runtime's prelude rule, ``runtime/program.py``). Kernels that prepare an argument at bind
+    time (the registry's ``prepare=``) are offered only where that argument is static."""
+    found = _STATIC.get(node)
+    if found is not None:
+        return found
+    order = [n for n in nodes(node) if n not in _STATIC]
+    for n in order:  # inputs first
+        if free_symbols(tuple(n.shape)) or any(free_symbols(v) for v in n.attrs.values()):
+            _STATIC[n] = False
+        elif n.op.is_leaf:
+            _STATIC[n] = n.op.name in STATIC_LEAVES
+        else:
+            _STATIC[n] = all(_STATIC[i] for i in n.inputs)
+    if len(_STATIC) > 200_000:
+        _STATIC.clear()
+        return static_value(node)
+    return _STATIC[node]
 
 
 def step_error(kernel, dtype: DType) -> float:
@@ -167,6 +193,9 @@ class Planner:
             if result != kind:
                 continue
             args = k.arguments(m)
+            if k.prepare and not all(static_value(args[i])
+                                     for i in k.prepared_positions(len(args))):
+                continue  # prepared once per binding: only for weights (see static_value)
             covers = _region(node, args)
             if not covers or not self._exclusive(covers, node):
                 continue

@@ -11,6 +11,7 @@ instruction is a C kernel, a dims binding seen before runs as one foreign call i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
@@ -98,13 +99,20 @@ class Executable:
             else:
                 main.append((args, out, s, pos))
         self.prelude = self._instructions(prelude, keep=static)
+        self.size = len(index)
         self.instructions = self._instructions(main, keep=static | set(self.outputs), arena=True)
+        # Kernels that take an argument prepared at bind time (a GEMM's packed weight): where
+        # the argument is static, the prepared form is one more static value, made once per
+        # binding after the prelude; elsewhere the instruction prepares it per call.
+        self.prepared: list[tuple[int, int, object, bool, tuple, object]] = []
+        self.instructions = [self._prepare(ins, static) for ins in self.instructions]
         needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
         self.static = sorted(i for i in static if i in needed)
         self._static_set = set(self.static)
         # a weight view (a transposed embedding, say) read by a kernel that needs dense input
+        made = {p[0] for p in self.prepared}  # prepared values are made as the kernel wants
         self._dense_static = sorted({a for ins in self.instructions if ins.contiguous
-                                     for a in ins.args if a in self._static_set})
+                                     for a in ins.args if a in self._static_set and a not in made})
         self._static_values: list | None = None
         self.arenas: dict[str, np.ndarray] = {}
         self._bindings: dict[tuple, tuple] = {}
@@ -113,7 +121,6 @@ class Executable:
             tuple(ins.input_shapes)) | free_symbols(tuple(v for v in ins.attrs.values()
                                                           if isinstance(v, (sympy.Basic, tuple))))
             for ins in self.instructions)) if self.instructions else set(), key=str)
-        self.size = len(index)
         self._inputs = [(i, node) for i, node in self.leaves if node.op.name == "input"]
         self._generation = 0  # counts prelude runs: a native recording holds their results
         self.native = _native.NativeLoop()
@@ -136,6 +143,47 @@ class Executable:
                 tuple(tuple(x.node.shape) for x in s.inputs),
                 tuple(x.node.dtype for x in s.inputs), s.node.dtype.np_dtype))
         return out
+
+    def _prepare(self, ins: Instruction, static: set[int]) -> Instruction:
+        """``ins`` reading the prepared values of its prepared arguments (see the registry's
+        ``prepare=``): new static values for static arguments (shared by instructions that
+        prepare the same value the same way), a per-call preparation for the others."""
+        k = ins.kernel
+        if k is None or not getattr(k, "prepare", None):
+            return ins
+        args, per_call = list(ins.args), {}
+        for pos, prep in k.prepared_positions(len(args)).items():
+            src = args[pos]
+            if src not in static:
+                per_call[pos] = prep
+                continue
+            key = (src, prep.name or id(prep), ins.contiguous)
+            found = next((p[0] for p in self.prepared if p[5] == key), None)
+            if found is None:
+                found = self.size
+                self.size += 1
+                static.add(found)
+                self.prepared.append((found, src, prep, ins.contiguous,
+                                      tuple(ins.input_shapes[pos]), key))
+            args[pos] = found
+        fn = ins.fn
+        if per_call:
+            def fn(*arrays, _fn=ins.fn, _per_call=per_call, **kw):
+                arrays = list(arrays)
+                for pos, prep in _per_call.items():
+                    arrays[pos] = prep(arrays[pos])
+                return _fn(*arrays, **kw)
+        return dataclasses.replace(ins, fn=fn, args=tuple(args))
+
+    def prepared_nbytes(self) -> int:
+        """Bytes the prepared static values take (declared sizes; 0 where not declared)."""
+        total = 0
+        for _, _, prep, _, shape, _ in self.prepared:
+            if prep.nbytes is not None and all(isinstance(d, int) or getattr(d, "is_Integer",
+                                                                             False)
+                                               for d in shape):
+                total += int(prep.nbytes(tuple(int(d) for d in shape), None))
+        return total
 
     def _copies(self, step, pos: int) -> bool:
         """A view kernel (a reshape) that the memory plan, made at the bounds, lays out as a
@@ -248,6 +296,9 @@ class Executable:
                      [ins.shape for ins in self.prelude], [None] * len(self.prelude), {})
             for i in self._dense_static:  # made dense once per binding, not per call
                 values[i] = dense(values[i])
+            for i, src, prep, contiguous, _, _ in self.prepared:  # e.g. packed weights
+                v = values[src]
+                values[i] = prep(dense(v) if contiguous else v)
             static = [(i, values[i]) for i in self.static]
             if cache_static:
                 self._static_values = static
@@ -552,6 +603,10 @@ class CompiledGraph:
             if st.buffer is not None:
                 room = max(room, st.buffer.nbytes)
             totals[b.device] = totals.get(b.device, 0) + max(room - b.nbytes, 0)
+        extra = self._last.prepared_nbytes()  # packed weights, kept beside the weights
+        if extra:
+            device = next(iter(memory.weights), None) or self._planner.device.kind
+            totals[device] = totals.get(device, 0) + extra
         return totals
 
     def save_plan(self, path) -> None:

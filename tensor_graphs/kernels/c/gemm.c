@@ -1,0 +1,303 @@
+/* float32 GEMM on a weight packed once: C = act(A @ B + bias), row-major A (M, K) and C (M, N).
+ *
+ * B (the weight: K x N for a @ b, or N x K for torch's linear x @ W^T, read through any element
+ * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
+ * streams: a 64-byte header, then ceil(N / 16) panels of K rows x 16 columns (zero-padded
+ * past N), each 64-byte aligned. A is packed per call into panels of 6 rows x KC (zero-padded
+ * rows), MC rows at a time. The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in
+ * registers (GCC vector extensions: FMA under -march=native, builds on any target). Blocking:
+ * KC = 256 rows of K (a 16 KiB B micro-panel stays in L1), MC = 144 rows of A (a 144 x 256
+ * block, 144 KiB, stays in L2), and each thread walks its own range of N panels in chunks of
+ * 16 panels (the C chunk, 144 x 256 floats, stays in L2 across the K blocks). OpenMP splits the
+ * N panels between threads (num_threads(tg_nthreads)). Bias and activation run on each C tile
+ * as its last K block is stored. No -ffast-math: NaN and inf propagate (zero padding only
+ * meets padded rows and columns, which are never stored). */
+#include "tg_common.h"
+#include <stdlib.h>
+
+typedef float v8 __attribute__((vector_size(32)));            /* 32-byte aligned */
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment */
+
+#define MR 6     /* rows per micro-kernel */
+#define NR 16    /* columns per panel (two 8-lane vectors) */
+#define KC 256   /* rows of K per block */
+#define MC 144   /* rows of A per block (a multiple of MR) */
+#define NCP 16   /* panels per thread chunk */
+#define HEADER 16 /* floats before the panels: int64 magic, k, n, panels */
+#define MAGIC ((int64_t)0x7467676d6d706b31) /* "tggmmpk1" */
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3 };
+
+static inline int64_t imin(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* floats the packed form of a (k, n) operand takes, header included */
+int64_t tg_gemm_packed_size(int64_t k, int64_t n) {
+    return HEADER + ((n + NR - 1) / NR) * k * NR;
+}
+
+/* out[HEADER + (j * k + kk) * 16 + c] = b[kk * sk + (16 j + c) * sn] (0 past n); out must be
+ * 64-byte aligned and hold tg_gemm_packed_size(k, n) floats. */
+void tg_gemm_pack_b(const float *b, int64_t k, int64_t n, int64_t sk, int64_t sn, float *out) {
+    int64_t panels = (n + NR - 1) / NR;
+    int64_t *h = (int64_t *)out;
+    h[0] = MAGIC;
+    h[1] = k;
+    h[2] = n;
+    h[3] = panels;
+    for (int i = 4; i < HEADER / 2; i++) h[i] = 0;
+    float *p = out + HEADER;
+    int nt = tg_nthreads;
+    (void)nt;
+    #pragma omp parallel for schedule(static) num_threads(nt) if(k * n > 65536)
+    for (int64_t j = 0; j < panels; j++) {
+        float *dst = p + j * k * NR;
+        int64_t c0 = j * NR, w = imin(NR, n - c0);
+        if (sk == 1) { /* W (N, K): each column of the panel is a contiguous row of W */
+            for (int64_t c = 0; c < NR; c++) {
+                if (c < w) {
+                    const float *src = b + (c0 + c) * sn;
+                    for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = src[kk];
+                } else {
+                    for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = 0.0f;
+                }
+            }
+        } else {
+            for (int64_t kk = 0; kk < k; kk++) {
+                const float *src = b + kk * sk + c0 * sn;
+                for (int64_t c = 0; c < NR; c++) dst[kk * NR + c] = c < w ? src[c * sn] : 0.0f;
+            }
+        }
+    }
+}
+
+/* k, n of a packed buffer, or -1 when it is not one */
+int64_t tg_gemm_packed_dim(const float *packed, int which) {
+    const int64_t *h = (const int64_t *)packed;
+    if (h[0] != MAGIC) return -1;
+    return which == 0 ? h[1] : h[2];
+}
+
+/* A rows [0, mc) x K columns, from a (lda), into blocks: for each K block pc (kc rows), the
+ * row panels of MR, each kc x MR (padded rows are zero). Block pc starts at pc * mcp. */
+static void pack_a_panel(const float *a, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
+                         float *dst) {
+    if (rows == MR) {
+        for (int64_t kk = 0; kk < kc; kk++)
+            for (int r = 0; r < MR; r++) dst[kk * MR + r] = a[r * lda + k0 + kk];
+    } else {
+        for (int64_t kk = 0; kk < kc; kk++)
+            for (int r = 0; r < MR; r++) dst[kk * MR + r] = r < rows ? a[r * lda + k0 + kk] : 0.0f;
+    }
+}
+
+TG_INLINE float act_f(float x, int act) {
+    if (act == ACT_RELU) return tg_reluf(x);
+    if (act == ACT_GELU) return tg_gelu_erf(x);
+    if (act == ACT_GELU_TANH) return tg_gelu_tanh(x);
+    return x;
+}
+
+/* c[rows, cols] (ldc) of an epilogue tile: + bias, then the activation */
+static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bias, int act) {
+    for (int r = 0; r < rows; r++) {
+        float *cr = c + r * ldc;
+        if (bias) {
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) cr[j] += bias[j];
+        }
+        if (act == ACT_RELU) {
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) cr[j] = tg_reluf(cr[j]);
+        } else if (act == ACT_GELU) {
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) cr[j] = tg_gelu_erf(cr[j]);
+        } else if (act == ACT_GELU_TANH) {
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) cr[j] = tg_gelu_tanh(cr[j]);
+        }
+    }
+}
+
+/* C[0:rows, 0:cols] (ldc) (+)= Ap (kc x MR) @ Bp (kc x NR); `accumulate`: add to C. */
+static void micro(int64_t kc, const float *restrict ap, const float *restrict bp, float *c,
+                  int64_t ldc, int rows, int cols, int accumulate) {
+    v8 x0[MR], x1[MR];
+    for (int r = 0; r < MR; r++) x0[r] = x1[r] = (v8){0};
+    #pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kc; kk++) {
+        v8 b0 = *(const v8 *)(bp + kk * NR), b1 = *(const v8 *)(bp + kk * NR + 8);
+        const float *ak = ap + kk * MR;
+        for (int r = 0; r < MR; r++) {
+            float x = ak[r];
+            x0[r] += x * b0;
+            x1[r] += x * b1;
+        }
+    }
+    if (rows == MR && cols == NR) {
+        for (int r = 0; r < MR; r++) {
+            v8u *c0 = (v8u *)(c + r * ldc), *c1 = (v8u *)(c + r * ldc + 8);
+            if (accumulate) {
+                *c0 = *c0 + x0[r];
+                *c1 = *c1 + x1[r];
+            } else {
+                *c0 = x0[r];
+                *c1 = x1[r];
+            }
+        }
+        return;
+    }
+    float t[MR][NR] __attribute__((aligned(32)));
+    for (int r = 0; r < MR; r++) {
+        *(v8 *)(t[r]) = x0[r];
+        *(v8 *)(t[r] + 8) = x1[r];
+    }
+    for (int r = 0; r < rows; r++) {
+        float *cr = c + r * ldc;
+        if (accumulate)
+            for (int j = 0; j < cols; j++) cr[j] += t[r][j];
+        else
+            for (int j = 0; j < cols; j++) cr[j] = t[r][j];
+    }
+}
+
+/* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
+ * blocking (a stays in L1) and four interleaved partial sums per 8-lane half to hide the FMA
+ * latency; each thread streams its own panels once. */
+static void gemv_packed(const float *a, const float *bp, const float *bias, float *c,
+                        int64_t n, int64_t k, int64_t panels, int nt, int act) {
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t j = 0; j < panels; j++) {
+        const float *b = bp + j * k * NR;
+        v8 s0[4] = {{0}}, s1[4] = {{0}};
+        int64_t kk = 0;
+        for (; kk + 4 <= k; kk += 4) {
+            for (int u = 0; u < 4; u++) {
+                float x = a[kk + u];
+                s0[u] += x * *(const v8 *)(b + (kk + u) * NR);
+                s1[u] += x * *(const v8 *)(b + (kk + u) * NR + 8);
+            }
+        }
+        for (; kk < k; kk++) {
+            float x = a[kk];
+            s0[0] += x * *(const v8 *)(b + kk * NR);
+            s1[0] += x * *(const v8 *)(b + kk * NR + 8);
+        }
+        float t[NR] __attribute__((aligned(32)));
+        *(v8 *)t = (s0[0] + s0[1]) + (s0[2] + s0[3]);
+        *(v8 *)(t + 8) = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+        int64_t col = j * NR;
+        int cols = (int)imin(NR, n - col);
+        for (int q = 0; q < cols; q++) c[col + q] = t[q];
+        if (bias || act) epilogue(c + col, n, 1, cols, bias ? bias + col : NULL, act);
+    }
+}
+
+/* The packed A workspace is kept between calls (one per process, taken with an atomic flag;
+ * a concurrent call allocates its own). Not under AddressSanitizer: there each call gets a
+ * buffer of exactly its size, so an overrun is caught. */
+#ifdef __SANITIZE_ADDRESS__
+#define KEEP ((size_t)0)
+#else
+#define KEEP ((size_t)32 << 20)
+#endif
+static float *ws_buf = NULL;
+static size_t ws_size = 0;
+static int ws_busy = 0;
+
+static float *ws_take(size_t bytes, int *owned) {
+    *owned = 1;
+    size_t rounded = (bytes + 127) & ~(size_t)63;
+    if (bytes <= KEEP && !__atomic_exchange_n(&ws_busy, 1, __ATOMIC_ACQUIRE)) {
+        if (ws_size < bytes) {
+            free(ws_buf);
+            ws_buf = aligned_alloc(64, rounded);
+            ws_size = ws_buf ? bytes : 0;
+        }
+        if (ws_buf) {
+            *owned = 0;
+            return ws_buf;
+        }
+        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    return aligned_alloc(64, rounded);
+}
+
+static void ws_give(float *p, int owned) {
+    if (owned)
+        free(p);
+    else
+        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
+}
+
+/* C (m, n) = act(A (m, k), row stride lda, @ packed B + bias). Returns 0, -1 for a buffer that
+ * is not a packed operand of (k, n), -2 when out of memory. */
+int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const float *bias,
+                       float *c, int64_t m, int64_t n, int64_t k, int act) {
+    const int64_t *h = (const int64_t *)packed;
+    if (h[0] != MAGIC || h[1] != k || h[2] != n) return -1;
+    if (m <= 0 || n <= 0) return 0;
+    const float *bp = packed + HEADER;
+    int64_t panels = (n + NR - 1) / NR;
+    if (k == 0) {
+        for (int64_t i = 0; i < m; i++) {
+            memset(c + i * n, 0, sizeof(float) * (size_t)n);
+            if (bias || act) epilogue(c + i * n, n, 1, (int)n, bias, act);
+        }
+        return 0;
+    }
+    int nt = tg_nthreads < panels ? tg_nthreads : (int)panels;
+    if ((double)m * (double)n * (double)k < 262144.0) nt = 1;
+    if (m == 1) {
+        gemv_packed(a, bp, bias, c, n, k, panels, nt, act);
+        return 0;
+    }
+    int64_t mc_max = imin(MC, ((m + MR - 1) / MR) * MR);
+    int owned;
+    float *ap = ws_take(sizeof(float) * (size_t)(mc_max * k), &owned);
+    if (!ap) return -2;
+    #pragma omp parallel num_threads(nt)
+    {
+        int tid = 0, tcount = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        tcount = omp_get_num_threads();
+#endif
+        int64_t p0 = panels * tid / tcount, p1 = panels * (tid + 1) / tcount;
+        for (int64_t ic = 0; ic < m; ic += MC) {
+            int64_t mc = imin(MC, m - ic);
+            int64_t mpanels = (mc + MR - 1) / MR, mcp = mpanels * MR;
+            int64_t kblocks = (k + KC - 1) / KC;
+            #pragma omp for schedule(static)
+            for (int64_t t = 0; t < kblocks * mpanels; t++) {
+                int64_t pc = (t / mpanels) * KC, r = t % mpanels;
+                int64_t kc = imin(KC, k - pc);
+                pack_a_panel(a + (ic + r * MR) * lda, lda, imin(MR, mc - r * MR), pc, kc,
+                             ap + pc * mcp + r * MR * kc);
+            }  /* implicit barrier: the block is packed */
+            for (int64_t j0 = p0; j0 < p1; j0 += NCP) {
+                int64_t j1 = imin(p1, j0 + NCP);
+                for (int64_t pc = 0; pc < k; pc += KC) {
+                    int64_t kc = imin(KC, k - pc);
+                    int last = pc + kc >= k;
+                    for (int64_t j = j0; j < j1; j++) {
+                        int64_t col = j * NR;
+                        int cols = (int)imin(NR, n - col);
+                        const float *bj = bp + j * k * NR + pc * NR;
+                        for (int64_t r = 0; r < mpanels; r++) {
+                            int rows = (int)imin(MR, mc - r * MR);
+                            float *ct = c + (ic + r * MR) * n + col;
+                            micro(kc, ap + pc * mcp + r * MR * kc, bj, ct, n, rows, cols,
+                                  pc > 0);
+                            if (last && (bias || act))
+                                epilogue(ct, n, rows, cols, bias ? bias + col : NULL, act);
+                        }
+                    }
+                }
+            }
+            #pragma omp barrier  /* before the next block overwrites the packed A */
+        }
+    }
+    ws_give(ap, owned);
+    return 0;
+}

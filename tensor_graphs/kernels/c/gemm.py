@@ -1,0 +1,153 @@
+"""C float32 GEMM on a weight packed once (``gemm.c``): ``c_packed_*`` kernels.
+
+The weight operand (b (K, N) of ``a @ b``, or torch's (N, K) weight of ``linear``) is declared
+a *prepared* argument (``prepare=`` in the registry): ``pack(w, linear)`` re-lays it out once
+into 16-column panels (a 64-byte header with its K and N, then the panels, 64-byte aligned),
+and the runtime does that once per binding for a weight (or a value computed from weights
+only), keeping the packed copy with the weights (``runtime/program.py``). The planner only
+offers these kernels where the weight is such a static value (``planner/search.py``), since
+packing per call would cost more than the product saves. The kernel function still accepts
+an unpacked weight (a 2-D array): it packs it for that call, correct but slow, so a direct
+call, ``Kernel.__call__`` and the verifier need nothing special.
+
+A is packed per call in 6-row panels of 256 K-rows; a 6 x 16 register-blocked micro-kernel;
+OpenMP over N panels. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
+(x @ w.T + b), ``_nobias``, and ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
+(bias and activation applied to each C tile as its last K block is stored). ``writes_out``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from tensor_graphs.errors import TensorGraphsError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
+from tensor_graphs.kernels.c.matmul import _ACT_BUILD, _signatures, plan_linear, plan_matmul
+from tensor_graphs.kernels.c.unary import where_ok
+from tensor_graphs.kernels.registry import Preparation, kernel
+
+LIB = "gemm"
+SOURCE = lib.source(LIB)
+ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+HEADER = 16  # floats before the panels
+PANEL = 16  # columns per panel
+
+
+def packed_floats(k: int, n: int) -> int:
+    """Floats the packed form of a (k, n) operand takes, header included."""
+    return HEADER + -(-n // PANEL) * k * PANEL
+
+
+def _aligned(count: int) -> np.ndarray:
+    """A float32 array of ``count`` elements whose data is 64-byte aligned."""
+    raw = np.empty(count + 16, np.float32)
+    skip = (-raw.ctypes.data % 64) // 4
+    return raw[skip:skip + count]
+
+
+def pack(w: np.ndarray, linear: bool) -> np.ndarray:
+    """The packed form of a weight: ``w`` (K, N) for ``a @ w``, or (N, K) for ``linear``
+    (``x @ w.T``), float32, read through its strides (a transposed view packs without a copy).
+    A 1-D float32 array: a header (int64 magic, K, N, panels), then ceil(N / 16) panels of
+    K x 16 floats, zero-padded past N."""
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype != np.float32:
+        raise TypeError(f"pack: needs a 2-D float32 weight, got {w.shape} {w.dtype}")
+    if any(s < 0 or s % 4 for s in w.strides):
+        w = np.ascontiguousarray(w)
+    sn, sk = (s // 4 for s in w.strides) if linear else (s // 4 for s in w.strides[::-1])
+    n, k = w.shape if linear else w.shape[::-1]
+    out = _aligned(packed_floats(k, n))
+    lib.func(LIB, "tg_gemm_pack_b", P, I64, I64, I64, I64, P)(
+        w.ctypes.data, k, n, sk, sn, out.ctypes.data)
+    return out
+
+
+def packed_shape(p: np.ndarray) -> tuple[int, int]:
+    """(K, N) of a packed operand."""
+    h = p[:8].view(np.int64)
+    if h[0] != 0x7467676D6D706B31:
+        raise TypeError("not a packed GEMM operand")
+    return int(h[1]), int(h[2])
+
+
+def _packed_nbytes(linear: bool):
+    def nbytes(shape, dtype) -> int:
+        n, k = shape if linear else shape[::-1]
+        return 4 * (packed_floats(int(k), int(n)) + 16)
+    return nbytes
+
+
+def gemm(a, w, bias=None, act=None, linear=False, out=None):
+    """act(a @ op(w) + bias) with ``w`` packed (``pack``) or a 2-D weight (packed here)."""
+    if w.ndim == 2:  # not prepared: pack for this call (correct, slow)
+        w = pack(w, linear)
+    k, n = packed_shape(w)
+    if a.shape[-1] != k:
+        raise ValueError(f"a's last axis {a.shape[-1]} must equal the weight's K {k}")
+    m = int(np.prod(a.shape[:-1], dtype=np.int64))
+    out = lib.output(out, a.shape[:-1] + (n,), np.float32)
+    fn = lib.func(LIB, "tg_gemm_packed_f32", P, I64, P, P, P, I64, I64, I64, I32)
+    fn.restype = ctypes.c_int
+    status = fn(ptr(a), k, ptr(w), ptr(bias), ptr(out), m, n, k, ACTS[act])
+    if status != 0:
+        raise TensorGraphsError("C packed gemm: " + ("out of memory" if status == -2 else
+                                                     "the weight is not packed for this shape"))
+    return out
+
+
+def _where(linear: bool, has_bias: bool):
+    def fits(shapes, dtypes, attrs):
+        if len(shapes[1]) != 2:
+            return f"the weight must be 2-D (it is packed once), got {tuple(shapes[1])}"
+        plan = (plan_linear if linear else plan_matmul)(shapes[0], shapes[1])
+        if isinstance(plan, str):
+            return plan
+        if has_bias and tuple(shapes[2]) != (plan[2],):
+            return f"bias must have shape ({plan[2]},), got {tuple(shapes[2])}"
+        return True
+
+    return where_ok(LIB, fits)
+
+
+def _register(name: str, linear: bool, has_bias: bool, act: str | None):
+    build = _ACT_BUILD[act]
+    if linear:
+        pattern = ((lambda x, weight, bias: build(tg.linear(x, weight, bias))) if has_bias
+                   else (lambda x, weight: build(tg.linear(x, weight))))
+    else:
+        pattern = ((lambda a, b, bias: build(a @ b + bias)) if has_bias
+                   else (lambda a, b: build(a @ b)))
+
+    if has_bias:
+        def run(a, b, bias, *, out=None):
+            return gemm(a, b, bias, act, linear, out)
+    else:
+        def run(a, b, *, out=None):
+            return gemm(a, b, None, act, linear, out)
+
+    what = "x @ weight.T" if linear else "a @ b"
+    run.__doc__ = (f"{act + '(' if act else ''}{what}{' + bias' if has_bias else ''}"
+                   f"{')' if act else ''}, the weight packed once at bind time (6x16 AVX "
+                   "micro-kernel).")
+    run.source_text = SOURCE + f"\n/* {name} */"
+    weight = "weight" if linear else "b"
+    prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),
+                       name="pack_linear" if linear else "pack_matmul")
+    kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
+           where=_where(linear, has_bias), tolerance=1e-5,
+           signatures=_signatures(linear, has_bias), writes_out=True,
+           prepare={weight: prep})(run)
+
+
+_register("c_packed_matmul", False, False, None)
+_register("c_packed_matmul_bias", False, True, None)
+_register("c_packed_linear", True, True, None)
+_register("c_packed_linear_nobias", True, False, None)
+for _act in ("relu", "gelu", "gelu_tanh"):
+    _register(f"c_packed_matmul_bias_{_act}", False, True, _act)
+    _register(f"c_packed_linear_{_act}", True, True, _act)

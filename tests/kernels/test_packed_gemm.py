@@ -1,0 +1,227 @@
+"""The packed GEMM (kernels/c/gemm.c): the weight packed once per binding, A packed per call.
+
+Kernel level: against the float64 reference at odd sizes, one row (decode), batched x, bias
+and activations, strided and transposed weights (the packer reads strides), NaN/inf. Runtime:
+the weight is packed once per binding (not per call), rebinding re-packs, the native loop
+replays the calls with the packed buffer, a weight fed as an input is never packed, and
+``prog.memory()`` counts the packed copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.c import build, gemm
+from tensor_graphs.numerics import relative_error
+
+pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
+RNG = np.random.default_rng(11)
+SIZES = [(1, 1, 1), (1, 768, 50), (7, 33, 9), (5, 1025, 33), (33, 7, 1025), (13, 300, 37),
+         (6, 256, 16), (12, 512, 32), (145, 70, 17), (1, 3, 1025)]
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def ref_linear(x, w, b=None):
+    y = x.astype(np.float64) @ w.astype(np.float64).T
+    return y if b is None else y + b
+
+
+@pytest.mark.parametrize("m,k,n", SIZES)
+def test_matches_float64_reference(m, k, n):
+    x, w, b = rand(m, k), rand(n, k), rand(n)
+    got = gemm.gemm(x, gemm.pack(w, True), b, linear=True)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert relative_error(got, ref_linear(x, w, b)) < 1e-6
+    wt = np.ascontiguousarray(w.T)  # a @ b layout: (k, n)
+    got = gemm.gemm(x, gemm.pack(wt, False))
+    assert relative_error(got, ref_linear(x, w)) < 1e-6
+
+
+def test_strided_and_transposed_weights_pack_without_a_copy():
+    x = rand(9, 40)
+    big = rand(50, 81)
+    w = big[:, ::2][:, :40]  # (50, 40), strided along K
+    assert not w.flags.c_contiguous
+    np.testing.assert_allclose(gemm.gemm(x, gemm.pack(w, True), linear=True),
+                               ref_linear(x, w), rtol=1e-4, atol=1e-4)
+    # a (N, K) weight given as the transposed view of a (K, N) one, and the reverse
+    wkn = rand(40, 23)
+    np.testing.assert_allclose(gemm.gemm(x, gemm.pack(wkn.T, True), linear=True),
+                               x.astype(np.float64) @ wkn, rtol=1e-4, atol=1e-4)
+    wnk = rand(23, 40)
+    np.testing.assert_allclose(gemm.gemm(x, gemm.pack(wnk.T, False)),
+                               x.astype(np.float64) @ wnk.T, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_layout_header_and_padding():
+    w = rand(7, 21)  # (K, N) = (7, 21): two panels, the second 5 wide
+    p = gemm.pack(w, False)
+    assert p.ctypes.data % 64 == 0
+    assert gemm.packed_shape(p) == (7, 21)
+    panels = p[gemm.HEADER:].reshape(2, 7, 16)
+    np.testing.assert_array_equal(panels[0], w[:, :16])
+    np.testing.assert_array_equal(panels[1, :, :5], w[:, 16:])
+    assert not panels[1, :, 5:].any()
+    assert p.size == gemm.packed_floats(7, 21)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+def test_bias_and_activation_epilogues(act):
+    x, w, b = rand(2, 3, 50), rand(50, 70), rand(70)  # batched x: all rows in one product
+    k = registry.get(f"c_packed_matmul_bias_{act}")
+    got = k(x, w, b)
+    y = x.astype(np.float64) @ w.astype(np.float64) + b
+    torch_like = {"relu": lambda v: np.maximum(v, 0),
+                  "gelu": lambda v: tg.evaluate(tg.gelu(tg.input("v", v.shape, "float64")),
+                                                {"v": v}),
+                  "gelu_tanh": lambda v: tg.evaluate(tg.gelu(tg.input("v", v.shape, "float64"),
+                                                             approximate="tanh"), {"v": v})}
+    assert relative_error(got, torch_like[act](y)) < 1e-5
+
+
+def test_nan_and_inf_propagate():
+    x, w = rand(8, 20), rand(20, 33)
+    x[3, 5] = np.nan
+    w[7, 30] = np.inf
+    got = gemm.gemm(x, gemm.pack(w, False))
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+
+
+def test_empty_inner_dimension_gives_bias():
+    x, w, b = np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32), rand(5)
+    np.testing.assert_array_equal(gemm.gemm(x, gemm.pack(w, False), b),
+                                  np.broadcast_to(b, (3, 5)))
+
+
+def test_wrong_packed_shape_is_an_error():
+    p = gemm.pack(rand(8, 5), False)
+    with pytest.raises(ValueError):
+        gemm.gemm(rand(3, 9), p)
+    with pytest.raises(TypeError):
+        gemm.packed_shape(rand(40))
+
+
+def test_kernels_declare_their_prepared_weight():
+    k = registry.get("c_packed_linear")
+    assert set(k.prepare) == {"weight"}
+    assert k.prepared_positions(3) == {1: k.prepare["weight"]}
+    assert registry.get("c_packed_matmul").prepared_positions(2).keys() == {1}
+    x, w, b = rand(4, 10), rand(6, 10), rand(6)  # Kernel.__call__ prepares per call
+    assert relative_error(k(x, w, b), ref_linear(x, w, b)) < 1e-6
+    with pytest.raises(tg.ArgumentError):
+        registry.unregistered(lambda a, b: a @ b, lambda a, b: a @ b, prepare={"c": abs})
+
+
+# ---------------------------------------------------------------------------- runtime
+@pytest.fixture
+def only_packed(monkeypatch):
+    """Hide the OpenBLAS kernels, so the packed ones are the C candidates (restored after)."""
+    for op, found in list(registry._BY_OP.items()):  # noqa: SLF001
+        keep = [k for k in found if not k.name.startswith(("c_matmul", "c_linear"))]
+        monkeypatch.setitem(registry._BY_OP, op, keep)  # noqa: SLF001
+
+
+@pytest.fixture
+def count_packs(monkeypatch):
+    calls = []
+    original = gemm.pack
+
+    def counting(w, linear):
+        calls.append(w.shape)
+        return original(w, linear)
+
+    monkeypatch.setattr(gemm, "pack", counting)
+    return calls
+
+
+def _gpt_like():
+    x = tg.input("x", ("s", 48))
+    w1, b1 = tg.weight("w1", (48, 96)), tg.weight("b1", (96,))
+    w2 = tg.weight("w2", (40, 96))  # (out, in): linear
+    h = tg.gelu(x @ w1 + b1, approximate="tanh")
+    return tg.linear(h, w2), (w1, b1, w2)
+
+
+def _reference(x, w1, b1, w2):
+    y = tg.linear(tg.gelu(tg.input("x", x.shape, "float64") @ tg.constant(w1.astype(np.float64))
+                          + tg.constant(b1.astype(np.float64)), approximate="tanh"),
+                  tg.constant(w2.astype(np.float64)))
+    return tg.evaluate(y, {"x": x.astype(np.float64)})
+
+
+def test_runtime_packs_once_per_binding_and_rebinding_repacks(only_packed, count_packs):
+    y, _ = _gpt_like()
+    prog = tg.compile(y, db=":memory:", backends=("c",), bounds={"s": 16})
+    names = [s.kernel.name for s in prog.plan.steps]
+    assert any(n.startswith("c_packed_matmul_bias") for n in names), names
+    assert "c_packed_linear_nobias" in names, names
+    W = dict(w1=rand(48, 96), b1=rand(96), w2=rand(40, 96))
+    prog.bind(**W)
+    for s in (16, 5, 16, 1, 16):
+        x = rand(s, 48)
+        got = prog(x=x)
+        assert relative_error(got, _reference(x, **W)) < 1e-5
+    assert len(count_packs) == 2  # one per weight, once for the binding
+    assert "native loop" in prog.loop, prog.loop
+    before = prog.memory()["cpu"] if "cpu" in prog.memory() else sum(prog.memory().values())
+    packed = 4 * (gemm.packed_floats(48, 96) + gemm.packed_floats(96, 40) + 32)
+    weights = 4 * (48 * 96 + 96 + 40 * 96)
+    assert before >= weights + packed
+    W2 = dict(w1=rand(48, 96), b1=rand(96), w2=rand(40, 96))
+    prog.bind(w2=W2["w2"])  # rebinding one weight: the prelude and packing run again
+    x = rand(16, 48)
+    want = _reference(x, W["w1"], W["b1"], W2["w2"])
+    for _ in range(3):  # python loop, recording, native loop: all see the new weight
+        assert relative_error(prog(x=x), want) < 1e-5
+    assert len(count_packs) == 4
+    assert "native loop" in prog.loop, prog.loop
+
+
+def test_weights_fed_per_call_are_packed_per_call(only_packed, count_packs):
+    y, _ = _gpt_like()
+    prog = tg.compile(y, db=":memory:", backends=("c",), bounds={"s": 8})
+    W = dict(w1=rand(48, 96), b1=rand(96), w2=rand(40, 96))
+    x = rand(8, 48)
+    for _ in range(2):
+        assert relative_error(prog(x=x, **W), _reference(x, **W)) < 1e-5
+    assert len(count_packs) == 4  # not cached: the call brings its own weights
+
+
+def test_a_weight_that_is_an_input_is_never_packed(only_packed):
+    x, w = tg.input("x", (8, 32)), tg.input("w", (32, 24))  # w varies per call
+    prog = tg.compile(x @ w, db=":memory:", backends=("c", "numpy"))
+    assert not any(s.kernel.name.startswith("c_packed") for s in prog.plan.steps)
+    X, Wv = rand(8, 32), rand(32, 24)
+    assert relative_error(prog(x=X, w=Wv), X.astype(np.float64) @ Wv) < 1e-5
+
+
+def test_a_weight_computed_from_weights_is_packed_once(only_packed, count_packs, monkeypatch):
+    for op in ("matmul", "linear"):  # numpy computes the transpose; only C multiplies
+        monkeypatch.setitem(registry._BY_OP, op, [  # noqa: SLF001
+            k for k in registry._BY_OP[op] if k.backend == "c"])  # noqa: SLF001
+    x, w = tg.input("x", (8, 32)), tg.weight("w", (24, 32))
+    y = x @ tg.transpose(w)  # a prelude value (or a rewrite to linear): static either way
+    prog = tg.compile(y, db=":memory:", backends=("c", "numpy"))
+    assert any(s.kernel.name.startswith("c_packed") for s in prog.plan.steps), prog.explain()
+    Wv = rand(24, 32)
+    prog.bind(w=Wv)
+    for _ in range(3):
+        X = rand(8, 32)
+        assert relative_error(prog(x=X), X.astype(np.float64) @ Wv.T) < 1e-5
+    assert len(count_packs) == 1
+
+
+def test_planner_rule_static_value():
+    from tensor_graphs.planner.search import static_value
+
+    x, w = tg.input("x", (4, 8)), tg.weight("w", (8, 3))
+    assert static_value(w) and static_value(tg.transpose(w)) and static_value(w * 2.0)
+    assert not static_value(x) and not static_value(x @ w)
+    assert not static_value(tg.weight("v", ("n", 3)))  # depends on the call's dims
