@@ -22,19 +22,28 @@ import math
 import numpy as np
 
 from tensor_graphs.errors import TensorGraphsError
-from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import F32, I32, I64, P, ptr
-from tensor_graphs.kernels.c.unary import where_ok
 from tensor_graphs.kernels.registry import kernel
+from tensor_graphs.rewrite import pattern as pat
 
 LIB = "attention"
 SOURCE = lib.source(LIB)
 FLASH_BLOCK = 256  # keys per block: one block up to GPT-2's 128-256 tokens, L2-sized tiles
 
 
-def _fits(has_mask: bool):
+def _fits(has_mask: bool, causal: bool):
     def fits(shapes, dtypes, attrs):
+        if bool(attrs.get("is_causal", causal)) != causal:
+            return f"this kernel is for is_causal={causal}"
+        reason = lib.failure(LIB)
+        if reason is not None:
+            return reason
+        if any(d.name != "float32" for d in dtypes[:3]):
+            return f"q, k, v must be float32, got {', '.join(d.name for d in dtypes[:3])}"
+        if has_mask and dtypes[3].name not in ("float32", "bool"):
+            return f"attn_mask must be float32 (added) or bool (True = attend), got " \
+                f"{dtypes[3].name}"
         q, k, v = (tuple(s) for s in shapes[:3])
         if len(q) not in (3, 4) or len(k) != len(q) or len(v) != len(q):
             return f"q, k, v must all be rank 3 or all rank 4, got {q}, {k}, {v}"
@@ -61,7 +70,7 @@ def _fits(has_mask: bool):
                 return f"attn_mask {m} must broadcast to the scores' shape {full}"
         return True
 
-    return where_ok(LIB, fits)
+    return fits
 
 
 def _rows(x: np.ndarray) -> np.ndarray:
@@ -71,8 +80,11 @@ def _rows(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, np.float32)
 
 
-def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None):
+def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None,
+              scale=None):
     rank3 = q.ndim == 3
+    if mask is not None and mask.dtype == np.bool_:  # True = attend: 0 added, else -inf
+        mask = np.where(mask, np.float32(0), np.float32(-np.inf))
     q4, k4, v4 = (_rows(x[None] if rank3 else x) for x in (q, k, v))
     b, hq, sq, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
@@ -86,7 +98,7 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, 
         strides = (ctypes.c_int64 * 4)(*(s // full.itemsize for s in full.strides))
         mask_ptr = ptr(full)
     qkv = (ctypes.c_int64 * 9)(*(s // 4 for x in (q4, k4, v4) for s in x.strides[:3]))
-    scale = 1.0 / math.sqrt(d)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     args = [ptr(q4), ptr(k4), ptr(v4), mask_ptr, strides, qkv, ptr(out),
             b, hq, hkv, sq, sk, d, dv, scale, int(causal)]
     strides_t = ctypes.POINTER(ctypes.c_int64)
@@ -105,26 +117,26 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, 
 def _register(flash: bool, has_mask: bool, causal: bool):
     name = "c_" + ("flash_" if flash else "") + "attention" + ("_mask" if has_mask else "") + \
         ("_causal" if causal else "")
+    # the op with its attributes free (scale any value; is_causal checked by ``where``)
     if has_mask:
-        def pattern(q, k, v, attn_mask):
-            return tg.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=causal)
+        pattern = "scaled_dot_product_attention"
 
-        def run(q, k, v, attn_mask, *, out=None):
-            return attention(q, k, v, attn_mask, causal, flash, out=out)
+        def run(q, k, v, attn_mask, is_causal=causal, scale=None, *, out=None):
+            return attention(q, k, v, attn_mask, causal, flash, out=out, scale=scale)
     else:
-        def pattern(q, k, v):
-            return tg.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        pattern = pat.OpPat("scaled_dot_product_attention",
+                            tuple(pat.var(n) for n in ("q", "k", "v")), {"args": ("q", "k", "v")})
 
-        def run(q, k, v, *, out=None):
-            return attention(q, k, v, None, causal, flash, out=out)
+        def run(q, k, v, is_causal=causal, scale=None, *, out=None):
+            return attention(q, k, v, None, causal, flash, out=out, scale=scale)
 
     run.__doc__ = ((f"tiled flash-style (online softmax, 66 x {FLASH_BLOCK} blocks)" if flash
                     else "plain (66 query rows x all keys)") + " attention" +
-                   (", additive mask" if has_mask else "") + (", causal" if causal else "") +
-                   ", GQA")
+                   (", mask (float added, bool True = attend)" if has_mask else "") +
+                   (", causal" if causal else "") + ", GQA, any scale")
     run.source_text = SOURCE + f"\n/* {name} */"
-    kernel(pattern, backend="c", name=name, dtypes=("float32",),
-           where=_fits(has_mask), tolerance=1e-5, writes_out=True)(run)
+    kernel(pattern, backend="c", name=name, where=_fits(has_mask, causal), tolerance=1e-5,
+           writes_out=True)(run)
 
 
 for _flash in (False, True):
