@@ -9,7 +9,10 @@ numpy, torch, next case, ... then the next repeat), each sample times enough cal
 >= 2 ms; the table shows medians with the 10th-90th percentile spread, and the ratios numpy/C
 and torch/C (> 1: C is faster). Each C result is checked against numpy first, so a row never
 compares different computations. The matmul section compares the C matmul's throughput with
-OpenBLAS's own sgemm (the same library, called directly) and with numpy's and torch's matmul.
+OpenBLAS's own sgemm (the same library, called directly) and with numpy's and torch's matmul;
+the packed-GEMM section compares c_packed_matmul (weight packed once, outside the timing, as a
+compiled program does per binding) with c_matmul, numpy and torch on GPT-2's layer shapes, the
+LM head and one-row decode.
 """
 
 from __future__ import annotations
@@ -224,8 +227,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="skip the long-sequence rows")
     ap.add_argument("--only", metavar="TEXT", default=None,
-                    help="only the kernel rows whose name contains TEXT (and no matmul or "
-                         "generated-C sections unless TEXT is in 'matmul' or 'generated')")
+                    help="only the kernel rows whose name contains TEXT (and no matmul, "
+                         "packed or generated-C sections unless TEXT is in 'matmul', "
+                         "'packed gemm' or 'generated')")
     args = ap.parse_args(argv)
     if args.threads:
         threads.set_num_threads(args.threads)
@@ -263,6 +267,8 @@ def main(argv=None):
               f"{fmt(med[2])} {r_np} {r_t} {gf}")
     if not args.only or args.only in "matmul":
         blas_vs_raw(args.repeats)
+    if not args.only or args.only in "packed gemm":
+        packed_gemm(args.repeats, args.quick)
     if not args.only or args.only in "generated":
         fused_codegen(args.repeats)
 
@@ -290,6 +296,51 @@ def blas_vs_raw(repeats):
         tcol = f"{gf[3]:7.1f}" if torch else "      -"
         print(f"{str((m, kk, nn)):24s} {gf[0]:9.1f} {gf[1]:9.1f} {gf[0] / gf[1]:6.2f} "
               f"{gf[2]:7.1f} {tcol}")
+
+
+def packed_gemm(repeats, quick: bool):
+    """The packed GEMM (weight packed once, as the runtime does per binding) against
+    c_matmul (OpenBLAS sgemm, which packs the weight on every call), numpy and torch, on
+    GPT-2's layer shapes, the LM head (50257 wide) and one-row decode. A 10 ms pause and an
+    untimed call before each sample, so no library pays for the previous one's spinning thread
+    pool. (Longer pauses distort: on the 2-vCPU VM measured, after 0.1 s idle the next ~15 ms
+    ran at one core's speed, 5.2 ms instead of 2.4 ms for (128, 768, 2304), any library.)"""
+    rng = np.random.default_rng(3)
+    print("\n# packed GEMM: weight packed once (GFLOP/s, median of interleaved samples; "
+          "time of the packed kernel in ms)")
+    print(f"{'shape (m, k, n)':24s} {'packed':>7s} {'c_matmul':>9s} {'numpy':>7s} "
+          f"{'torch':>7s} {'pk/c_mm':>7s} {'packed ms':>9s}")
+    shapes = [(SEQ, D, 3 * D), (SEQ, D, D), (SEQ, D, FF), (SEQ, FF, D), (SEQ, D, 50257),
+              (1, D, 3 * D), (1, FF, D), (1, D, 50257)]
+    if quick:
+        shapes = [s for s in shapes if s[2] != 50257]
+    packed = k("c_packed_matmul")
+    for m, kk, nn in shapes:
+        a = rng.standard_normal((m, kk)).astype(np.float32)
+        b = (rng.standard_normal((kk, nn)) * 0.03).astype(np.float32)
+        out = np.empty((m, nn), np.float32)
+        pb = packed.prepare_arguments([a, b])[1]  # once, as at bind time
+        fns = [lambda a=a, pb=pb, out=out: packed.fn(a, pb, out=out),
+               lambda a=a, b=b, out=out: k("c_matmul").fn(a, b, out=out),
+               lambda a=a, b=b, out=out: np.matmul(a, b, out=out)]
+        if torch:
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            tout = torch.from_numpy(out)
+            fns.append(lambda ta=ta, tb=tb, tout=tout: torch.matmul(ta, tb, out=tout))
+        check(f"packed {(m, kk, nn)}", fns[0], lambda a=a, b=b: a @ b)
+        inner = [calibrate(fn) for fn in fns]
+        s = [[] for _ in fns]
+        for rep in range(repeats):
+            for j in np.roll(np.arange(len(fns)), rep):  # an order that rotates per repeat
+                fn = fns[j]
+                time.sleep(0.01)
+                fn()  # untimed: the first call after a pause wakes the pools
+                s[j].append(timer(fn, inner[j]))
+        med = [float(np.median(x)) for x in s]
+        gf = [2 * m * kk * nn / t / 1e9 for t in med]
+        tcol = f"{gf[3]:7.1f}" if torch else "      -"
+        print(f"{str((m, kk, nn)):24s} {gf[0]:7.1f} {gf[1]:9.1f} {gf[2]:7.1f} {tcol} "
+              f"{med[1] / med[0]:7.2f} {med[0] * 1e3:9.3f}", flush=True)
 
 
 def fused_codegen(repeats):

@@ -7,9 +7,10 @@
  * rows), MC rows at a time. The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in
  * registers (GCC vector extensions: FMA under -march=native, builds on any target). Blocking:
  * KC = 256 rows of K (a 16 KiB B micro-panel stays in L1), MC = 144 rows of A (a 144 x 256
- * block, 144 KiB, stays in L2), and each thread walks its own range of N panels in chunks of
- * 16 panels (the C chunk, 144 x 256 floats, stays in L2 across the K blocks). OpenMP splits the
- * N panels between threads (num_threads(tg_nthreads)). Bias and activation run on each C tile
+ * block, 144 KiB, stays in L2), and the N panels go to the threads in chunks of up to 16
+ * panels (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), scheduled
+ * dynamically so a thread sharing its core with other work takes fewer (OpenMP,
+ * num_threads(tg_nthreads)). Bias and activation run on each C tile
  * as its last K block is stored. No -ffast-math: NaN and inf propagate (zero padding only
  * meets padded rows and columns, which are never stored). */
 #include "tg_common.h"
@@ -118,13 +119,17 @@ static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bia
     }
 }
 
-/* C[0:rows, 0:cols] (ldc) (+)= Ap (kc x MR) @ Bp (kc x NR); `accumulate`: add to C. */
-static void micro(int64_t kc, const float *restrict ap, const float *restrict bp, float *c,
-                  int64_t ldc, int rows, int cols, int accumulate) {
+/* C[0:rows, 0:cols] (ldc) (+)= Ap (kc x MR) @ Bp (kc x NR); `accumulate`: add to C.
+ * `pf` (when `prefetch`): the next B micro-panel (kc x NR), fetched into L2 meanwhile, a
+ * 64-byte line per step (the weight streams from memory once per call). */
+TG_INLINE void micro_k(const int prefetch, int64_t kc, const float *restrict ap,
+                       const float *restrict bp, const float *pf, float *c, int64_t ldc,
+                       int rows, int cols, int accumulate) {
     v8 x0[MR], x1[MR];
     for (int r = 0; r < MR; r++) x0[r] = x1[r] = (v8){0};
     #pragma GCC unroll 4
     for (int64_t kk = 0; kk < kc; kk++) {
+        if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
         v8 b0 = *(const v8 *)(bp + kk * NR), b1 = *(const v8 *)(bp + kk * NR + 8);
         const float *ak = ap + kk * MR;
         for (int r = 0; r < MR; r++) {
@@ -160,12 +165,22 @@ static void micro(int64_t kc, const float *restrict ap, const float *restrict bp
     }
 }
 
+static void micro(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
+                  int rows, int cols, int accumulate) {
+    micro_k(0, kc, ap, bp, NULL, c, ldc, rows, cols, accumulate);
+}
+
+static void micro_pf(int64_t kc, const float *ap, const float *bp, const float *pf, float *c,
+                     int64_t ldc, int rows, int cols, int accumulate) {
+    micro_k(1, kc, ap, bp, pf, c, ldc, rows, cols, accumulate);
+}
+
 /* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
  * blocking (a stays in L1) and four interleaved partial sums per 8-lane half to hide the FMA
  * latency; each thread streams its own panels once. */
 static void gemv_packed(const float *a, const float *bp, const float *bias, float *c,
                         int64_t n, int64_t k, int64_t panels, int nt, int act) {
-    #pragma omp parallel for schedule(static) num_threads(nt)
+    #pragma omp parallel for schedule(dynamic, 8) num_threads(nt)
     for (int64_t j = 0; j < panels; j++) {
         const float *b = bp + j * k * NR;
         v8 s0[4] = {{0}}, s1[4] = {{0}};
@@ -258,12 +273,15 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     if (!ap) return -2;
     #pragma omp parallel num_threads(nt)
     {
-        int tid = 0, tcount = 1;
+        int64_t tcount = 1;
 #ifdef _OPENMP
-        tid = omp_get_thread_num();
         tcount = omp_get_num_threads();
 #endif
-        int64_t p0 = panels * tid / tcount, p1 = panels * (tid + 1) / tcount;
+        /* chunks of N panels, handed out dynamically (a thread that shares its core with
+         * other work takes fewer): at most NCP panels, at least 4 chunks per thread */
+        int64_t cp = (panels + 4 * tcount - 1) / (4 * tcount);
+        cp = cp < 1 ? 1 : (cp > NCP ? NCP : cp);
+        int64_t chunks = (panels + cp - 1) / cp;
         for (int64_t ic = 0; ic < m; ic += MC) {
             int64_t mc = imin(MC, m - ic);
             int64_t mpanels = (mc + MR - 1) / MR, mcp = mpanels * MR;
@@ -275,8 +293,9 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                 pack_a_panel(a + (ic + r * MR) * lda, lda, imin(MR, mc - r * MR), pc, kc,
                              ap + pc * mcp + r * MR * kc);
             }  /* implicit barrier: the block is packed */
-            for (int64_t j0 = p0; j0 < p1; j0 += NCP) {
-                int64_t j1 = imin(p1, j0 + NCP);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t q = 0; q < chunks; q++) {
+                int64_t j0 = q * cp, j1 = imin(panels, j0 + cp);
                 for (int64_t pc = 0; pc < k; pc += KC) {
                     int64_t kc = imin(KC, k - pc);
                     int last = pc + kc >= k;
@@ -284,18 +303,26 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                         int64_t col = j * NR;
                         int cols = (int)imin(NR, n - col);
                         const float *bj = bp + j * k * NR + pc * NR;
+                        /* the B micro-panel after this one: the next panel, or the chunk's
+                         * first at the next K block */
+                        const float *next = j + 1 < j1 ? bj + k * NR
+                                            : bp + j0 * k * NR + (pc + KC) * NR;
+                        int64_t nkc = j + 1 < j1 ? kc : imin(KC, k - pc - KC);
                         for (int64_t r = 0; r < mpanels; r++) {
                             int rows = (int)imin(MR, mc - r * MR);
                             float *ct = c + (ic + r * MR) * n + col;
-                            micro(kc, ap + pc * mcp + r * MR * kc, bj, ct, n, rows, cols,
-                                  pc > 0);
+                            if (r == 0 && nkc == kc)
+                                micro_pf(kc, ap + pc * mcp + r * MR * kc, bj, next, ct, n, rows,
+                                         cols, pc > 0);
+                            else
+                                micro(kc, ap + pc * mcp + r * MR * kc, bj, ct, n, rows, cols,
+                                      pc > 0);
                             if (last && (bias || act))
                                 epilogue(ct, n, rows, cols, bias ? bias + col : NULL, act);
                         }
                     }
                 }
-            }
-            #pragma omp barrier  /* before the next block overwrites the packed A */
+            }  /* implicit barrier: the next block may overwrite the packed A */
         }
     }
     ws_give(ap, owned);
