@@ -116,11 +116,14 @@ DEVICE_KINDS = ("cpu", "cuda")
 @dataclass(frozen=True, eq=False)
 class Preparation:
     """A bind-time preparation of a kernel argument: ``fn(array) -> prepared`` (a numpy array
-    whose buffer stays put), ``nbytes(shape, dtype)`` its size in bytes where known."""
+    whose buffer stays put), ``nbytes(shape, dtype)`` its size in bytes where known;
+    ``strided``: ``fn`` reads a strided view as it is (else a contiguous kernel's argument is
+    made dense first)."""
 
     fn: Callable
     nbytes: Callable | None = None
     name: str = ""
+    strided: bool = False  # fn reads any strides: the runtime need not make a view dense
 
     def __call__(self, array):
         return self.fn(array)

@@ -157,13 +157,13 @@ class Executable:
             if src not in static:
                 per_call[pos] = prep
                 continue
-            key = (src, prep.name or id(prep), ins.contiguous)
+            key = (src, prep.name or id(prep), ins.contiguous and not prep.strided)
             found = next((p[0] for p in self.prepared if p[5] == key), None)
             if found is None:
                 found = self.size
                 self.size += 1
                 static.add(found)
-                self.prepared.append((found, src, prep, ins.contiguous,
+                self.prepared.append((found, src, prep, ins.contiguous and not prep.strided,
                                       tuple(ins.input_shapes[pos]), key))
             args[pos] = found
         fn = ins.fn

@@ -137,7 +137,7 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
     run.source_text = SOURCE + f"\n/* {name} */"
     weight = "weight" if linear else "b"
     prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),
-                       name="pack_linear" if linear else "pack_matmul")
+                       name="pack_linear" if linear else "pack_matmul", strided=True)
     kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
            where=_where(linear, has_bias), tolerance=1e-5,
            signatures=_signatures(linear, has_bias), writes_out=True,
