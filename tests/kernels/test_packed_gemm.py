@@ -225,3 +225,15 @@ def test_planner_rule_static_value():
     assert static_value(w) and static_value(tg.transpose(w)) and static_value(w * 2.0)
     assert not static_value(x) and not static_value(x @ w)
     assert not static_value(tg.weight("v", ("n", 3)))  # depends on the call's dims
+
+
+def test_profiler_measures_on_the_prepared_weight(count_packs):
+    from tensor_graphs.planner.search import signature
+    from tensor_graphs.profiler.measure import Call, measure
+
+    x, w = tg.input("x", (16, 64)), tg.weight("w", (48, 64))
+    node = tg.linear(x, w)
+    k = registry.get("c_packed_linear_nobias")
+    m = measure(Call(k, node, (x, w), {}, signature([x, w], node.attrs)), repeats=3)
+    assert m.failure is None and m.error < 1e-6 and m.runs >= 1
+    assert len(count_packs) == 1  # once, outside the timing
