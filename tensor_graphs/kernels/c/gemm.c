@@ -284,9 +284,12 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         tcount = omp_get_num_threads();
 #endif
         /* chunks of N panels, handed out dynamically (a thread that shares its core with
-         * other work takes fewer): at most NCP panels, at least 4 chunks per thread */
-        int64_t cp = (panels + 4 * tcount - 1) / (4 * tcount);
-        cp = cp < 1 ? 1 : (cp > NCP ? NCP : cp);
+         * other work takes fewer): at most NCP panels, at least 4 chunks per thread, and a
+         * multiple of the thread count (9 chunks on 2 threads would idle one for 1/9) */
+        int64_t per = (panels + NCP * tcount - 1) / (NCP * tcount);
+        per = per < 4 ? 4 : per;
+        int64_t cp = (panels + per * tcount - 1) / (per * tcount);
+        cp = cp < 1 ? 1 : cp;
         int64_t chunks = (panels + cp - 1) / cp;
         for (int64_t ic = 0; ic < m; ic += MC) {
             int64_t mc = imin(MC, m - ic);
