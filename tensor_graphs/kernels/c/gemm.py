@@ -19,6 +19,7 @@ OpenMP over N panels. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packe
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -86,17 +87,21 @@ def gemm(a, w, bias=None, act=None, linear=False, out=None):
     """act(a @ op(w) + bias) with ``w`` packed (``pack``) or a 2-D weight (packed here)."""
     if w.ndim == 2:  # not prepared: pack for this call (correct, slow)
         w = pack(w, linear)
-    k, n = packed_shape(w)
-    if a.shape[-1] != k:
-        raise ValueError(f"a's last axis {a.shape[-1]} must equal the weight's K {k}")
-    m = int(np.prod(a.shape[:-1], dtype=np.int64))
-    out = lib.output(out, a.shape[:-1] + (n,), np.float32)
+    k = a.shape[-1]
+    if out is None:
+        n = packed_shape(w)[1]
+        out = np.empty(a.shape[:-1] + (n,), np.float32)
+    else:  # the caller's buffer has the result's shape (writes_out); C checks the header
+        n = out.shape[-1]
     fn = lib.func(LIB, "tg_gemm_packed_f32", P, I64, P, P, P, I64, I64, I64, I32)
     fn.restype = ctypes.c_int
-    status = fn(ptr(a), k, ptr(w), ptr(bias), ptr(out), m, n, k, ACTS[act])
+    status = fn(ptr(a), k, ptr(w), ptr(bias), ptr(out), math.prod(a.shape[:-1]), n, k,
+                ACTS[act])
+    if status == -1:
+        raise ValueError(f"C packed gemm: the weight is packed as (K, N) = {packed_shape(w)}, "
+                         f"the call needs K = {k}, N = {n}")
     if status != 0:
-        raise TensorGraphsError("C packed gemm: " + ("out of memory" if status == -2 else
-                                                     "the weight is not packed for this shape"))
+        raise TensorGraphsError("C packed gemm: out of memory")
     return out
 
 
