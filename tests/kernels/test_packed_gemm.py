@@ -19,7 +19,8 @@ from tensor_graphs.numerics import relative_error
 pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
 RNG = np.random.default_rng(11)
 SIZES = [(1, 1, 1), (1, 768, 50), (7, 33, 9), (5, 1025, 33), (33, 7, 1025), (13, 300, 37),
-         (6, 256, 16), (12, 512, 32), (145, 70, 17), (1, 3, 1025)]
+         (6, 256, 16), (12, 512, 32), (145, 70, 17), (1, 3, 1025), (2, 300, 40), (4, 257, 31),
+         (150, 1000, 50)]  # row-panel edges of 1..5 rows, an MC block edge, K-block edges
 
 
 def rand(*shape):

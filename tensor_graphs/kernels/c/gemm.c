@@ -121,15 +121,15 @@ static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bia
     }
 }
 
-/* C[0:rows, 0:cols] (ldc) (+)= Ap (kc x MR) @ Bp (kc x NR); `accumulate`: add to C.
+/* C[0:nr, 0:cols] (ldc) (+)= Ap (kc x MR, first nr rows) @ Bp (kc x NR); `accumulate`: add.
  * `pf` (when `prefetch`): the next B micro-panel (kc x NR), fetched into L2 meanwhile, a
  * 64-byte line per step (the weight streams from memory once per call). */
-TG_INLINE void micro_k(const int prefetch, int64_t kc, const float *restrict ap,
+TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
                        const float *restrict bp, const float *pf, float *c, int64_t ldc,
-                       int rows, int cols, int accumulate) {
+                       int cols, int accumulate) {
     v8 x0[MR], x1[MR];
-    for (int r = 0; r < MR; r++) x0[r] = x1[r] = (v8){0};
-    for (int r = 0; r < rows; r++) { /* the C tile, for writing: hides the store misses */
+    for (int r = 0; r < nr; r++) x0[r] = x1[r] = (v8){0};
+    for (int r = 0; r < nr; r++) { /* the C tile, for writing: hides the store misses */
         __builtin_prefetch(c + r * ldc, 1, 3);
         __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
     }
@@ -138,14 +138,14 @@ TG_INLINE void micro_k(const int prefetch, int64_t kc, const float *restrict ap,
         if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
         v8 b0 = *(const v8 *)(bp + kk * NR), b1 = *(const v8 *)(bp + kk * NR + 8);
         const float *ak = ap + kk * MR;
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < nr; r++) {
             float x = ak[r];
             x0[r] += x * b0;
             x1[r] += x * b1;
         }
     }
-    if (rows == MR && cols == NR) {
-        for (int r = 0; r < MR; r++) {
+    if (cols == NR) {
+        for (int r = 0; r < nr; r++) {
             v8u *c0 = (v8u *)(c + r * ldc), *c1 = (v8u *)(c + r * ldc + 8);
             if (accumulate) {
                 *c0 = *c0 + x0[r];
@@ -158,11 +158,11 @@ TG_INLINE void micro_k(const int prefetch, int64_t kc, const float *restrict ap,
         return;
     }
     float t[MR][NR] __attribute__((aligned(32)));
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < nr; r++) {
         *(v8 *)(t[r]) = x0[r];
         *(v8 *)(t[r] + 8) = x1[r];
     }
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < nr; r++) {
         float *cr = c + r * ldc;
         if (accumulate)
             for (int j = 0; j < cols; j++) cr[j] += t[r][j];
@@ -171,14 +171,26 @@ TG_INLINE void micro_k(const int prefetch, int64_t kc, const float *restrict ap,
     }
 }
 
+/* the micro-kernel for `rows` (1..MR) rows, each compiled with a constant row count (an edge
+ * panel of 2 rows does 2 rows of work, not 6) */
+#define MICRO_ROWS(PF, PFP)                                                                  \
+    switch (rows) {                                                                          \
+    case 6: micro_k(PF, 6, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;                \
+    case 5: micro_k(PF, 5, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;                \
+    case 4: micro_k(PF, 4, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;                \
+    case 3: micro_k(PF, 3, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;                \
+    case 2: micro_k(PF, 2, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;                \
+    default: micro_k(PF, 1, kc, ap, bp, PFP, c, ldc, cols, accumulate); break;               \
+    }
+
 static void micro(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                   int rows, int cols, int accumulate) {
-    micro_k(0, kc, ap, bp, NULL, c, ldc, rows, cols, accumulate);
+    MICRO_ROWS(0, NULL)
 }
 
 static void micro_pf(int64_t kc, const float *ap, const float *bp, const float *pf, float *c,
                      int64_t ldc, int rows, int cols, int accumulate) {
-    micro_k(1, kc, ap, bp, pf, c, ldc, rows, cols, accumulate);
+    MICRO_ROWS(1, pf)
 }
 
 /* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
