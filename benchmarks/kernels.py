@@ -301,10 +301,12 @@ def blas_vs_raw(repeats):
 def packed_gemm(repeats, quick: bool):
     """The packed GEMM (weight packed once, as the runtime does per binding) against
     c_matmul (OpenBLAS sgemm, which packs the weight on every call), numpy and torch, on
-    GPT-2's layer shapes, the LM head (50257 wide) and one-row decode. A 10 ms pause and an
+    GPT-2's layer shapes, the LM head (50257 wide) and one-row decode. A 1 ms pause and an
     untimed call before each sample, so no library pays for the previous one's spinning thread
-    pool. (Longer pauses distort: on the 2-vCPU VM measured, after 0.1 s idle the next ~15 ms
-    ran at one core's speed, 5.2 ms instead of 2.4 ms for (128, 768, 2304), any library.)"""
+    pool (the spin settings of tensor_graphs.threads end spinning within microseconds).
+    Longer pauses distort: on the 2-vCPU VM measured, after 10+ ms idle the OpenMP pool ran
+    at about one core's speed for several ms (0.1 s idle: 5.2 ms instead of 2.4 ms for
+    (128, 768, 2304)), while OpenBLAS's pool recovered at once."""
     rng = np.random.default_rng(3)
     print("\n# packed GEMM: weight packed once (GFLOP/s, median of interleaved samples; "
           "time of the packed kernel in ms)")
@@ -333,7 +335,7 @@ def packed_gemm(repeats, quick: bool):
         for rep in range(repeats):
             for j in np.roll(np.arange(len(fns)), rep):  # an order that rotates per repeat
                 fn = fns[j]
-                time.sleep(0.01)
+                time.sleep(0.001)
                 fn()  # untimed: the first call after a pause wakes the pools
                 s[j].append(timer(fn, inner[j]))
         med = [float(np.median(x)) for x in s]
