@@ -82,7 +82,7 @@ def _check_gpt2(prog, n_layer: int) -> None:
     by_root = _kernels_by_root(prog)
     _lands(by_root, "gelu", "gelu_tanh", n_layer)  # NewGELUActivation's formula, one kernel
     _lands(by_root, "layer_norm", "layer_norm", 2 * n_layer + 1)
-    _lands(by_root, "scaled_dot_product_attention", "scaled_dot_product_attention", n_layer)
+    _lands(by_root, "scaled_dot_product_attention", "attention", n_layer)
     _no_spelled_out(prog)
     text = prog.explain()
     assert "gelu_tanh" in text and "layer_norm" in text and "attention" in text
@@ -111,7 +111,7 @@ def test_qwen3_rmsnorm_swiglu_rope_attention_land_on_fused_kernels():
     by_root = _kernels_by_root(prog)
     # per layer: input and post-attention norms, q_norm and k_norm; plus the final norm
     _lands(by_root, "rms_norm", "rms_norm", 4 * layers + 1)
-    _lands(by_root, "scaled_dot_product_attention", "scaled_dot_product_attention", layers)
+    _lands(by_root, "scaled_dot_product_attention", "attention", layers)
     _lands(by_root, "rotary_embedding", "rotary", 2 * layers)  # q and k
     swiglu = [s for s in prog.plan.steps if "swiglu" in s.kernel.name]
     assert len(swiglu) == layers, by_root
@@ -134,7 +134,7 @@ def test_gemma3_270m_shapes_with_sliding_window():
     by_root = _kernels_by_root(prog)
     # per layer: four norms around attention and MLP, q_norm and k_norm; plus the final norm
     _lands(by_root, "rms_norm", "rms_norm", 6 * layers + 1)
-    _lands(by_root, "scaled_dot_product_attention", "scaled_dot_product_attention", layers)
+    _lands(by_root, "scaled_dot_product_attention", "attention", layers)
     _lands(by_root, "rotary_embedding", "rotary", 2 * layers)
     _lands(by_root, "gelu", "gelu_tanh", layers)  # gelu_pytorch_tanh in the gated MLP
     _no_spelled_out(prog)
