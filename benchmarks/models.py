@@ -10,11 +10,13 @@ database, profiling what it lacks unless --profile never); ``eager`` is the modu
 ``ort`` is the module exported with ``torch.onnx.export`` and run by an ONNX Runtime CPU session
 with its default graph optimisations. Each output is checked against eager first (norm-wise
 relative error), so a row never compares different computations. Repeats are interleaved
-(one call of each runner, in an order that rotates per repeat, each after a short pause so the
-previous runner's thread pool is idle: ONNX Runtime's and libgomp's workers spin after a call)
-after warm-up calls; the table shows medians
-with min-max spread, and ratios ours/competitor (< 1: ours is faster). One thread setting for
-everything (tensor_graphs.threads: OpenBLAS, OpenMP and torch; ORT gets the same count).
+(one call of each runner, in an order that rotates per repeat; before each timed call a short
+pause, so the previous runner's thread pool is idle again (ONNX Runtime's and libgomp's workers
+spin after a call), then one untimed call of the same runner, so its own pool is awake: each
+runner is timed in the steady state of calling it in a loop) after warm-up calls; the table
+shows medians with min-max spread, and ratios ours/competitor (< 1: ours is faster). One
+thread setting for everything (tensor_graphs.threads: OpenBLAS, OpenMP and torch; ORT gets the
+same count).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def bench(name, make, runners, repeats, profile, pause=0.25):
     for r in range(repeats):  # the order rotates, so no runner always follows the same one
         for label in order[r % len(order):] + order[:r % len(order)]:
             time.sleep(pause)  # every pool (ORT's, torch's, OpenBLAS's) idle again
+            calls[label]()  # untimed: wakes this runner's own pool (steady state, as in a loop)
             t = time.perf_counter()
             calls[label]()
             samples[label].append((time.perf_counter() - t) * 1e3)
@@ -193,8 +196,8 @@ def main(argv=None) -> int:
                     help="interleaved timed calls of each runner after warm-up (default 9)")
     ap.add_argument("--threads", type=int, default=None, help="threads for every pool")
     ap.add_argument("--pause", type=float, default=0.25,
-                    help="seconds of sleep before each timed call, so the previous runner's "
-                         "spinning thread pool is idle again (default 0.25)")
+                    help="seconds of sleep before each runner's untimed + timed call pair, so "
+                         "the previous runner's spinning thread pool is idle again (default 0.25)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
     ap.add_argument("--profile", choices=("missing", "never"), default="missing",
