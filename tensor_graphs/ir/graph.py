@@ -24,6 +24,9 @@ def _as_list(outputs) -> list[Node]:
     return out
 
 
+STATIC_LEAVES = ("weight", "constant", "dim")  # leaf kinds fixed for one weight binding
+
+
 def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
     """All nodes the outputs depend on, leaves included, inputs before users (deterministic)."""
     roots: list[Node] = []

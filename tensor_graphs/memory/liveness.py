@@ -37,9 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tensor_graphs.errors import ArgumentError
+from tensor_graphs.ir.graph import STATIC_LEAVES
 from tensor_graphs.planner.plan import Plan, Slot
 
-STATIC_LEAVES = ("weight", "constant", "dim")  # as runtime.program: fixed for a binding
 LEAF_KINDS = {"input": "input", "weight": "weight", "constant": "weight", "dim": "weight",
               "state": "state"}
 ARENA, WEIGHT, STATE, INPUT = "arena", "weight", "state", "input"

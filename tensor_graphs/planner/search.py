@@ -28,7 +28,7 @@ from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import nodes, use_counts
+from tensor_graphs.ir.graph import STATIC_LEAVES, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.shapes import format_shape, free_symbols
 from tensor_graphs.kernels import copy as copies
@@ -76,7 +76,6 @@ def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
                           {k: json_attr(v) for k, v in attrs.items()})
 
 
-STATIC_LEAVES = ("weight", "constant", "dim")
 _STATIC: dict[Node, bool] = {}
 
 

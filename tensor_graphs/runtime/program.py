@@ -29,7 +29,7 @@ from tensor_graphs.errors import (
     StateError,
 )
 from tensor_graphs.ir.evaluate import bind_feeds
-from tensor_graphs.ir.graph import leaves
+from tensor_graphs.ir.graph import STATIC_LEAVES, leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
@@ -60,7 +60,6 @@ class OutsideConstraintsError(Exception):
     """A program planned for bounds meets dims where a chosen kernel does not apply."""
 
 
-STATIC_LEAVES = ("weight", "constant", "dim")  # fixed for a binding and dims
 
 
 class Executable:
