@@ -24,10 +24,14 @@ import math
 import numpy as np
 
 from tensor_graphs.errors import TensorGraphsError
-from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
-from tensor_graphs.kernels.c.matmul import _ACT_BUILD, _signatures, plan_linear, plan_matmul
+from tensor_graphs.kernels.c.matmul import (
+    _signatures,
+    epilogue_kernel,
+    plan_linear,
+    plan_matmul,
+)
 from tensor_graphs.kernels.c.unary import where_ok
 from tensor_graphs.kernels.registry import Preparation, kernel
 
@@ -120,25 +124,9 @@ def _where(linear: bool, has_bias: bool):
 
 
 def _register(name: str, linear: bool, has_bias: bool, act: str | None):
-    build = _ACT_BUILD[act]
-    if linear:
-        pattern = ((lambda x, weight, bias: build(tg.linear(x, weight, bias))) if has_bias
-                   else (lambda x, weight: build(tg.linear(x, weight))))
-    else:
-        pattern = ((lambda a, b, bias: build(a @ b + bias)) if has_bias
-                   else (lambda a, b: build(a @ b)))
-
-    if has_bias:
-        def run(a, b, bias, *, out=None):
-            return gemm(a, b, bias, act, linear, out)
-    else:
-        def run(a, b, *, out=None):
-            return gemm(a, b, None, act, linear, out)
-
-    what = "x @ weight.T" if linear else "a @ b"
-    run.__doc__ = (f"{act + '(' if act else ''}{what}{' + bias' if has_bias else ''}"
-                   f"{')' if act else ''}, the weight packed once at bind time (6x16 AVX "
-                   "micro-kernel).")
+    pattern, run = epilogue_kernel(gemm, linear, has_bias, act,
+                                   ", the weight packed once at bind time (6x16 AVX "
+                                   "micro-kernel).")
     run.source_text = SOURCE + f"\n/* {name} */"
     weight = "weight" if linear else "b"
     prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),

@@ -109,7 +109,10 @@ _ACT_BUILD = {None: lambda y: y, "relu": tg.relu, "gelu": _gelu("none"),
               "gelu_tanh": _gelu("tanh")}
 
 
-def _register(name: str, linear: bool, has_bias: bool, act: str | None):
+def epilogue_kernel(gemm_fn, linear: bool, has_bias: bool, act: str | None, how: str):
+    """The pattern and the function of one GEMM kernel with its epilogue (bias, activation):
+    ``act(x @ weight.T + bias)`` for ``linear``, else ``act(a @ b + bias)``; ``gemm_fn(a, b,
+    bias, act, linear, out)`` computes it. Shared by the OpenBLAS and the packed GEMMs."""
     build = _ACT_BUILD[act]
     if linear:
         pattern = ((lambda x, weight, bias: build(tg.linear(x, weight, bias))) if has_bias
@@ -120,14 +123,20 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
 
     if has_bias:
         def run(a, b, bias, *, out=None):
-            return gemm(a, b, bias, act, linear, out)
+            return gemm_fn(a, b, bias, act, linear, out)
     else:
         def run(a, b, *, out=None):
-            return gemm(a, b, None, act, linear, out)
+            return gemm_fn(a, b, None, act, linear, out)
 
     what = "x @ weight.T" if linear else "a @ b"
     run.__doc__ = (f"{act + '(' if act else ''}{what}{' + bias' if has_bias else ''}"
-                   f"{')' if act else ''} through OpenBLAS, epilogue fused.")
+                   f"{')' if act else ''}{how}")
+    return pattern, run
+
+
+def _register(name: str, linear: bool, has_bias: bool, act: str | None):
+    pattern, run = epilogue_kernel(gemm, linear, has_bias, act,
+                                   " through OpenBLAS, epilogue fused.")
     run.source_text = SOURCE + f"\n/* {name} */"
     kernel(pattern, backend="c", name=name, dtypes=("float32", "float64"), contiguous=True,
            where=_where(linear, has_bias), tolerance=1e-5,
