@@ -81,6 +81,9 @@ def features(covered: Iterable[Node], arguments: Iterable[Node], result: Node) -
     """The features of one kernel call that computes ``covered`` nodes from ``arguments``."""
     flops = sum(node_flops(n) for n in covered)
     out = nbytes(result)
+    if result.op.name == "state_update":  # a kept state is appended in place: the value only
+        value = result.inputs[1]
+        return Features(float(flops), 2.0 * nbytes(value), float(numel(value)))
     if result.op.name in SUBSET_READERS:  # reads rows of a table, not all of it
         moved = sum(min(nbytes(a), out) for a in set(arguments)) + out
     else:
