@@ -504,3 +504,15 @@ def test_summary_names_whole_and_fused_kernels():
     assert all(f"{name} x1" in line for name in whole)
     assert not any(s.kernel.name in line for s in prog.plan.steps if s.node.op.name == "add")
     assert text.splitlines()[0] in prog.explain()
+
+
+def test_a_state_append_costs_its_value_not_the_cache():
+    """The runtime appends a kept state in place, so the cost model's bytes for a
+    state_update grow with the appended value, not with the cache length."""
+    value = tg.input("v", (1, 12, 1, 64))
+    moved = []
+    for past in (16, 1024):
+        kv = tg.state("kv", (1, 12, past, 64))
+        new = tg.state_update(kv, value, offset=past, axis=2)
+        moved.append(features([new], [kv, value], new).bytes)
+    assert moved[0] == moved[1] == 2 * 12 * 64 * 4
