@@ -301,7 +301,8 @@ def blas_vs_raw(repeats):
 def packed_gemm(repeats, quick: bool):
     """The packed GEMM (weight packed once, as the runtime does per binding) against
     c_matmul (OpenBLAS sgemm, which packs the weight on every call), numpy and torch, on
-    GPT-2's layer shapes, the LM head (50257 wide) and one-row decode. A 1 ms pause and an
+    GPT-2's layer shapes, the LM head (50257 wide), one-row decode and all-MiniLM-L6-v2's
+    layers on a batch of 8 x 128 tokens. A 1 ms pause and an
     untimed call before each sample, so no library pays for the previous one's spinning thread
     pool (the spin settings of tensor_graphs.threads end spinning within microseconds).
     Longer pauses distort: on the 2-vCPU VM measured, after 10+ ms idle the OpenMP pool ran
@@ -313,7 +314,9 @@ def packed_gemm(repeats, quick: bool):
     print(f"{'shape (m, k, n)':24s} {'packed':>7s} {'c_matmul':>9s} {'numpy':>7s} "
           f"{'torch':>7s} {'pk/c_mm':>7s} {'packed ms':>9s}")
     shapes = [(SEQ, D, 3 * D), (SEQ, D, D), (SEQ, D, FF), (SEQ, FF, D), (SEQ, D, 50257),
-              (1, D, 3 * D), (1, FF, D), (1, D, 50257)]
+              (1, D, 3 * D), (1, FF, D), (1, D, 50257),
+              # all-MiniLM-L6-v2 on 8 x 128 tokens: Q/K/V/output projections, MLP up, down
+              (1024, 384, 384), (1024, 384, 1536), (1024, 1536, 384)]
     if quick:
         shapes = [s for s in shapes if s[2] != 50257]
     packed = k("c_packed_matmul")

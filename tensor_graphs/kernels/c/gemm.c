@@ -4,17 +4,25 @@
  * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
  * streams: a 64-byte header, then ceil(N / 16) panels of K rows x 16 columns (zero-padded
  * past N), each 64-byte aligned. A is packed per call into panels of 6 rows x KC (zero-padded
- * rows), MC rows at a time. The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in
- * registers (GCC vector extensions: FMA under -march=native, builds on any target). Blocking:
- * KC = 256 rows of K (a 16 KiB B micro-panel stays in L1), MC = 144 rows of A (a 144 x 256
- * block, 144 KiB, stays in L2), and the N panels go to the threads in chunks of up to 16
- * panels (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), scheduled
- * dynamically so a thread sharing its core with other work takes fewer (OpenMP,
- * num_threads(tg_nthreads)). Prefetches: the next B micro-panel into L2 during the first row
- * panel, and each C tile (for writing) before its micro-kernel runs (the LM head's 26 MB
- * output misses on every first store: 207 -> 213-217 GFLOP/s measured). Bias and activation run on each C tile
- * as its last K block is stored. No -ffast-math: NaN and inf propagate (zero padding only
- * meets padded rows and columns, which are never stored). */
+ * rows). The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in registers (GCC vector
+ * extensions: FMA under -march=native, builds on any target). K blocking: the whole of K when
+ * K <= KSINGLE = 512 (each C tile stored once: BERT's K = 384 was two blocks, 256 + 128),
+ * else equal blocks of at most KC = 256 rows (a 16 KiB B micro-panel stays in L1). Threads:
+ *  - M < MSPLIT = 512 (GPT-2's 128-token prompt): the threads share each packed MC = 144-row
+ *    block of A (144 x 256, 144 KiB, stays in L2) and split N in chunks of up to 16 panels
+ *    (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), scheduled dynamically
+ *    so a thread sharing its core with other work takes fewer;
+ *  - M >= 512 (BERT on 8 x 128 tokens): the threads take blocks of about MCP = 24 row panels
+ *    (144 rows; as many blocks as a multiple of the thread count, equal to a panel),
+ *    dynamically, each packing its own A and running over all of N: no barrier per block of
+ *    A, and both threads busy when N has few panels (N = 384 is 24). Measured on 2 Zen 3
+ *    cores (1024 x 384) @ (384 x 384) 200 -> 211 GFLOP/s, 161 -> 166 with cold caches;
+ *    (1024 x 1536) @ (1536 x 384), cold caches, 156 -> 189.
+ * OpenMP, num_threads(tg_nthreads). Prefetches: the next B micro-panel into L2 during the
+ * first row panel, and each C tile (for writing) before its micro-kernel runs (the LM head's
+ * 26 MB output misses on every first store: 207 -> 213-217 GFLOP/s measured). Bias and
+ * activation run on each C tile as its last K block is stored. No -ffast-math: NaN and inf
+ * propagate (zero padding only meets padded rows and columns, which are never stored). */
 #include "tg_common.h"
 #include <stdlib.h>
 
@@ -26,6 +34,9 @@ typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment
 #define KC 256   /* rows of K per block */
 #define MC 144   /* rows of A per block (a multiple of MR) */
 #define NCP 16   /* panels per thread chunk */
+#define KSINGLE 512 /* K up to this is one K block (C stored once) */
+#define MSPLIT 512  /* from this many rows of A, the threads split M instead of N */
+#define MCP 24      /* row panels (of MR) per block of rows where the threads split M */
 #define HEADER 16 /* floats before the panels: int64 magic, k, n, panels */
 #define MAGIC ((int64_t)0x7467676d6d706b31) /* "tggmmpk1" */
 
@@ -263,6 +274,46 @@ static void ws_give(float *p, int owned) {
         __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
 }
 
+
+/* rows of K per block: the whole of K when it is short (C is stored once), else equal blocks
+ * of at most KC rows (a multiple of 8) */
+static int64_t k_block(int64_t k) {
+    if (k <= KSINGLE) return k;
+    int64_t blocks = (k + KC - 1) / KC, kc = (k + blocks - 1) / blocks;
+    return (kc + 7) & ~(int64_t)7;
+}
+
+/* One block of rows [i0, i0 + mc) against all N panels, A packed by this thread into `ap`
+ * (mpanels x kcb floats per K block): the large-M path, where the threads split M. */
+static void rows_block(const float *a, int64_t lda, const float *bp, const float *bias,
+                       float *c, int64_t i0, int64_t mc, int64_t n, int64_t k, int64_t kcb,
+                       int64_t panels, int act, float *ap) {
+    int64_t mpanels = (mc + MR - 1) / MR;
+    for (int64_t pc = 0; pc < k; pc += kcb) {
+        int64_t kc = imin(kcb, k - pc);
+        int last = pc + kc >= k;
+        for (int64_t r = 0; r < mpanels; r++)
+            pack_a_panel(a + (i0 + r * MR) * lda, lda, imin(MR, mc - r * MR), pc, kc,
+                         ap + r * MR * kc);
+        for (int64_t j = 0; j < panels; j++) {
+            int64_t col = j * NR;
+            int cols = (int)imin(NR, n - col);
+            const float *bj = bp + j * k * NR + pc * NR;
+            const float *next = j + 1 < panels ? bj + k * NR : NULL;
+            for (int64_t r = 0; r < mpanels; r++) {
+                int rows = (int)imin(MR, mc - r * MR);
+                float *ct = c + (i0 + r * MR) * n + col;
+                if (r == 0 && next)
+                    micro_pf(kc, ap + r * MR * kc, bj, next, ct, n, rows, cols, pc > 0);
+                else
+                    micro(kc, ap + r * MR * kc, bj, ct, n, rows, cols, pc > 0);
+                if (last && (bias || act))
+                    epilogue(ct, n, rows, cols, bias ? bias + col : NULL, act);
+            }
+        }
+    }
+}
+
 /* C (m, n) = act(A (m, k), row stride lda, @ packed B + bias). Returns 0, -1 for a buffer that
  * is not a packed operand of (k, n), -2 when out of memory. */
 int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const float *bias,
@@ -279,13 +330,45 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         }
         return 0;
     }
+    int64_t kcb = k_block(k);
+    int64_t mp_all = (m + MR - 1) / MR;
+    if (m >= MSPLIT) {
+        /* large M: the threads take blocks of rows, each packing its own A, all N panels;
+         * about MCP row panels a block, as many blocks as a multiple of the thread
+         * count, handed out dynamically */
+        int nt = tg_nthreads;
+        int64_t blocks = (mp_all + MCP - 1) / MCP;
+        blocks = (blocks + nt - 1) / nt * nt;
+        if (blocks > mp_all) blocks = mp_all;
+        int64_t base = mp_all / blocks, extra = mp_all % blocks;
+        int64_t slice = ((base + 1) * MR * kcb + 15) & ~(int64_t)15;
+        int owned;
+        float *ws = ws_take(sizeof(float) * (size_t)(slice * nt), &owned);
+        if (!ws) return -2;
+        #pragma omp parallel num_threads(nt)
+        {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t b = 0; b < blocks; b++) {
+                int64_t p0 = b * base + imin(b, extra), np = base + (b < extra);
+                int64_t i0 = p0 * MR, mc = imin(np * MR, m - i0);
+                rows_block(a, lda, bp, bias, c, i0, mc, n, k, kcb, panels, act,
+                           ws + tid * slice);
+            }
+        }
+        ws_give(ws, owned);
+        return 0;
+    }
     int nt = tg_nthreads < panels ? tg_nthreads : (int)panels;
     if ((double)m * (double)n * (double)k < 262144.0) nt = 1;
     if (m == 1) {
         gemv_packed(a, bp, bias, c, n, k, panels, nt, act);
         return 0;
     }
-    int64_t mc_max = imin(MC, ((m + MR - 1) / MR) * MR);
+    int64_t mc_max = imin(MC, mp_all * MR);
     int owned;
     float *ap = ws_take(sizeof(float) * (size_t)(mc_max * k), &owned);
     if (!ap) return -2;
@@ -306,19 +389,19 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         for (int64_t ic = 0; ic < m; ic += MC) {
             int64_t mc = imin(MC, m - ic);
             int64_t mpanels = (mc + MR - 1) / MR, mcp = mpanels * MR;
-            int64_t kblocks = (k + KC - 1) / KC;
+            int64_t kblocks = (k + kcb - 1) / kcb;
             #pragma omp for schedule(static)
             for (int64_t t = 0; t < kblocks * mpanels; t++) {
-                int64_t pc = (t / mpanels) * KC, r = t % mpanels;
-                int64_t kc = imin(KC, k - pc);
+                int64_t pc = (t / mpanels) * kcb, r = t % mpanels;
+                int64_t kc = imin(kcb, k - pc);
                 pack_a_panel(a + (ic + r * MR) * lda, lda, imin(MR, mc - r * MR), pc, kc,
                              ap + pc * mcp + r * MR * kc);
             }  /* implicit barrier: the block is packed */
             #pragma omp for schedule(dynamic, 1)
             for (int64_t q = 0; q < chunks; q++) {
                 int64_t j0 = q * cp, j1 = imin(panels, j0 + cp);
-                for (int64_t pc = 0; pc < k; pc += KC) {
-                    int64_t kc = imin(KC, k - pc);
+                for (int64_t pc = 0; pc < k; pc += kcb) {
+                    int64_t kc = imin(kcb, k - pc);
                     int last = pc + kc >= k;
                     for (int64_t j = j0; j < j1; j++) {
                         int64_t col = j * NR;
@@ -327,8 +410,8 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                         /* the B micro-panel after this one: the next panel, or the chunk's
                          * first at the next K block */
                         const float *next = j + 1 < j1 ? bj + k * NR
-                                            : bp + j0 * k * NR + (pc + KC) * NR;
-                        int64_t nkc = j + 1 < j1 ? kc : imin(KC, k - pc - KC);
+                                            : bp + j0 * k * NR + (pc + kcb) * NR;
+                        int64_t nkc = j + 1 < j1 ? kc : imin(kcb, k - pc - kcb);
                         for (int64_t r = 0; r < mpanels; r++) {
                             int rows = (int)imin(MR, mc - r * MR);
                             float *ct = c + (ic + r * MR) * n + col;

@@ -10,8 +10,9 @@ packing per call would cost more than the product saves. The kernel function sti
 an unpacked weight (a 2-D array): it packs it for that call, correct but slow, so a direct
 call, ``Kernel.__call__`` and the verifier need nothing special.
 
-A is packed per call in 6-row panels of 256 K-rows; a 6 x 16 register-blocked micro-kernel;
-OpenMP over N panels. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
+A is packed per call in 6-row panels (all of K when K <= 512, else blocks of up to 256
+K-rows); a 6 x 16 register-blocked micro-kernel; OpenMP over N panels, or over blocks of rows
+when M >= 512. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
 (x @ w.T + b), ``_nobias``, and ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
 (bias and activation applied to each C tile as its last K block is stored). ``writes_out``.
 """
