@@ -31,18 +31,6 @@ def _roots(prog):
     return Counter(s.node.op.name for s in prog.plan.steps)
 
 
-def _randomize_norms(module):
-    for m in module.modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase):
-            if m.track_running_stats:
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-            if m.affine:
-                m.weight.data.uniform_(0.5, 1.5)
-                m.bias.data.uniform_(-0.3, 0.3)
-    return module
-
-
 # ---------------------------------------------------------------------------- ResNet-style CNN
 class BasicBlock(nn.Module):
     def __init__(self, cin, cout, stride):
@@ -76,9 +64,9 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
 
 
-def test_resnet_cnn_dynamic_batch():
+def test_resnet_cnn_dynamic_batch(randomize_norms):
     torch.manual_seed(0)
-    model = _randomize_norms(ResNet()).eval()
+    model = randomize_norms(ResNet()).eval()
     prog = from_torch(model, (torch.randn(2, 3, 32, 32),),
                       dynamic_shapes=({0: Dim("batch", max=8)},))
     for b in (2, 5, 1):
@@ -186,9 +174,9 @@ class SuperResolution(nn.Module):
         return torch.tanh(y) * g + F.interpolate(x, scale_factor=2, mode="nearest")
 
 
-def test_super_resolution_cnn_dynamic_batch():
+def test_super_resolution_cnn_dynamic_batch(randomize_norms):
     torch.manual_seed(0)
-    model = _randomize_norms(SuperResolution()).eval()
+    model = randomize_norms(SuperResolution()).eval()
     prog = from_torch(model, (torch.randn(2, 3, 12, 12),),
                       dynamic_shapes=({0: Dim("batch", max=4)},))
     for b in (2, 3):

@@ -234,19 +234,6 @@ def test_integer_bit_operations_name_the_op():
 
 
 # ---------------------------------------------------------------------------- layer mappings
-def _randomize_norm_stats(module):
-    """Eval-mode norms with non-trivial running statistics and affine parameters."""
-    for m in module.modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase):
-            if m.track_running_stats:
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-            if m.affine:
-                m.weight.data.uniform_(0.5, 1.5)
-                m.bias.data.uniform_(-0.3, 0.3)
-    return module
-
-
 class NormsAndPools(nn.Module):
     def __init__(self):
         super().__init__()
@@ -264,9 +251,9 @@ class NormsAndPools(nn.Module):
                 F.adaptive_avg_pool1d(s, 3), F.adaptive_avg_pool2d(x, 1))
 
 
-def test_norms_and_pooling():
+def test_norms_and_pooling(randomize_norms):
     torch.manual_seed(0)
-    m = _randomize_norm_stats(NormsAndPools()).eval()
+    m = randomize_norms(NormsAndPools()).eval()
     x, s = torch.randn(2, 4, 9, 10), torch.randn(3, 4, 11)
     prog = from_torch(m, (x, s))
     _check(prog, m, x, s)
@@ -426,13 +413,13 @@ def test_dynamic_dim_above_its_bound_and_integer_input_dtype_are_named():
 
 
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-def test_core_aten_graph_after_decompositions():
+def test_core_aten_graph_after_decompositions(randomize_norms):
     """run_decompositions() spells layers as core ATen (convolution, the native norms with
     their statistics outputs, max_pool2d_with_indices): they import as the same composites."""
     from tensor_graphs.frontend.torch_export import import_exported
 
     torch.manual_seed(0)
-    m = _randomize_norm_stats(nn.Sequential(
+    m = randomize_norms(nn.Sequential(
         nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.GroupNorm(2, 4),
         nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.LayerNorm(16), nn.Hardswish())).eval()
     x = torch.randn(2, 3, 10, 10)
