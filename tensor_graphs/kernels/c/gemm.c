@@ -137,6 +137,18 @@ static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bia
 /* C[0:nr, 0:cols] (ldc) (+)= Ap (kc x MR, first nr rows) @ Bp (kc x NR); `accumulate`: add.
  * `pf` (when `prefetch`): the next B micro-panel (kc x NR), fetched into L2 meanwhile, a
  * 64-byte line per step (the weight streams from memory once per call). */
+/* a partial tile (cols < NR) whose accumulators went through t: add or store its columns */
+TG_INLINE void store_cols(float t[MR][NR], int nr, int cols, float *c, int64_t ldc,
+                          int accumulate) {
+    for (int r = 0; r < nr; r++) {
+        float *cr = c + r * ldc;
+        if (accumulate)
+            for (int j = 0; j < cols; j++) cr[j] += t[r][j];
+        else
+            for (int j = 0; j < cols; j++) cr[j] = t[r][j];
+    }
+}
+
 #ifdef __AVX512F__
 /* AVX-512 (Zen 4): a 16-lane accumulator per row, 6 in all. One 512-bit FMA per row and K
  * step: half the instructions and loads of the two 8-lane halves (on Zen 4 a 512-bit FMA
@@ -169,13 +181,7 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
     }
     float t[MR][NR] __attribute__((aligned(64)));
     for (int r = 0; r < nr; r++) *(v16 *)(t[r]) = x[r];
-    for (int r = 0; r < nr; r++) {
-        float *cr = c + r * ldc;
-        if (accumulate)
-            for (int j = 0; j < cols; j++) cr[j] += t[r][j];
-        else
-            for (int j = 0; j < cols; j++) cr[j] = t[r][j];
-    }
+    store_cols(t, nr, cols, c, ldc, accumulate);
 }
 #else
 TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
@@ -216,13 +222,7 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
         *(v8 *)(t[r]) = x0[r];
         *(v8 *)(t[r] + 8) = x1[r];
     }
-    for (int r = 0; r < nr; r++) {
-        float *cr = c + r * ldc;
-        if (accumulate)
-            for (int j = 0; j < cols; j++) cr[j] += t[r][j];
-        else
-            for (int j = 0; j < cols; j++) cr[j] = t[r][j];
-    }
+    store_cols(t, nr, cols, c, ldc, accumulate);
 }
 #endif
 
