@@ -179,9 +179,12 @@ def _interior_chain_nodes(outs: list[Node]) -> set[Node]:
         for i in n.inputs:
             users.setdefault(i, []).append(n)
     roots = set(outs)
+    # used once, counting repeats: x + x uses x twice, so x is a root. Counting distinct users
+    # instead made canonicalize non-idempotent: the chain (p+p) + (p+(p+p)) becomes
+    # ((p+p) + (p+p)) + p, whose p+p then had one user and was flattened again.
     return {n for n, us in users.items()
             if n.op.name in ASSOCIATIVE_COMMUTATIVE and n not in roots
-            and len(set(us)) == 1 and _joins_chain(n, us[0], ())}  # shared: a root (no copies)
+            and len(us) == 1 and _joins_chain(n, us[0], ())}  # shared: a root (no copies)
 
 
 def hashes_equal(a, b, *, named: bool = True) -> bool:

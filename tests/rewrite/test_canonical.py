@@ -181,3 +181,14 @@ def test_canonicalize_preserves_semantics_on_random_graphs():
         assert tg.canonicalize(tg.canonicalize(y)) is tg.canonicalize(y)  # idempotent
 
     check()
+
+
+def test_canonicalize_is_idempotent_when_a_chain_uses_a_term_twice():
+    """(p+p) + (p+(p+p)) canonicalizes to a chain holding p+p twice; a node used twice by one
+    user is shared (a root), so canonicalizing again changes nothing."""
+    p = tg.input("p", (3, 4))
+    pp = p + p
+    y = pp + (p + pp)
+    once = tg.canonicalize(y)
+    assert tg.canonicalize(once) is once
+    assert tg.canonical_hash(once) == tg.canonical_hash(y)
