@@ -30,10 +30,8 @@ from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
 from tensor_graphs.kernels.c.matmul import (
     _signatures,
     epilogue_kernel,
-    plan_linear,
-    plan_matmul,
+    gemm_constraint,
 )
-from tensor_graphs.kernels.c.unary import where_ok
 from tensor_graphs.kernels.registry import Preparation, kernel
 
 LIB = "gemm"
@@ -110,20 +108,6 @@ def gemm(a, w, bias=None, act=None, linear=False, out=None):
     return out
 
 
-def _where(linear: bool, has_bias: bool):
-    def fits(shapes, dtypes, attrs):
-        if len(shapes[1]) != 2:
-            return f"the weight must be 2-D (it is packed once), got {tuple(shapes[1])}"
-        plan = (plan_linear if linear else plan_matmul)(shapes[0], shapes[1])
-        if isinstance(plan, str):
-            return plan
-        if has_bias and tuple(shapes[2]) != (plan[2],):
-            return f"bias must have shape ({plan[2]},), got {tuple(shapes[2])}"
-        return True
-
-    return where_ok(LIB, fits)
-
-
 def _register(name: str, linear: bool, has_bias: bool, act: str | None):
     pattern, run = epilogue_kernel(gemm, linear, has_bias, act,
                                    ", the weight packed once at bind time (6x16 AVX "
@@ -133,7 +117,7 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
     prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),
                        name="pack_linear" if linear else "pack_matmul", strided=True)
     kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
-           where=_where(linear, has_bias), tolerance=1e-5,
+           where=gemm_constraint(LIB, linear, has_bias, packed=True), tolerance=1e-5,
            signatures=_signatures(linear, has_bias), writes_out=True,
            prepare={weight: prep})(run)
 

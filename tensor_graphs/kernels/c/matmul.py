@@ -77,8 +77,12 @@ def plan_linear(x_shape, w_shape):
     return (1, m, n, k, 0, 0, 0, x_shape[:-1] + (n,))
 
 
-def _where(linear: bool, has_bias: bool):
+def gemm_constraint(lib_name: str, linear: bool, has_bias: bool, packed: bool = False):
+    """The ``where`` of a GEMM kernel: library ``lib_name`` builds, the shapes plan (see
+    ``plan_linear`` / ``plan_matmul``), the bias fits; ``packed``: the weight is 2-D."""
     def fits(shapes, dtypes, attrs):
+        if packed and len(shapes[1]) != 2:
+            return f"the weight must be 2-D (it is packed once), got {tuple(shapes[1])}"
         plan = (plan_linear if linear else plan_matmul)(shapes[0], shapes[1])
         if isinstance(plan, str):
             return plan
@@ -86,7 +90,7 @@ def _where(linear: bool, has_bias: bool):
             return f"bias must have shape ({plan[2]},), got {tuple(shapes[2])}"
         return True
 
-    return where_ok(LIB, fits)
+    return where_ok(lib_name, fits)
 
 
 def gemm(a, b, bias=None, act=None, linear=False, out=None):
@@ -139,7 +143,7 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
                                    " through OpenBLAS, epilogue fused.")
     run.source_text = SOURCE + f"\n/* {name} */"
     kernel(pattern, backend="c", name=name, dtypes=("float32", "float64"), contiguous=True,
-           where=_where(linear, has_bias), tolerance=1e-5,
+           where=gemm_constraint(LIB, linear, has_bias), tolerance=1e-5,
            signatures=_signatures(linear, has_bias), writes_out=True)(run)
 
 
