@@ -85,6 +85,24 @@ def test_bias_and_activation_epilogues(act):
     assert relative_error(got, torch_like[act](y)) < 1e-5
 
 
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("m,k,n", [(13, 1025, 40), (600, 70, 37), (530, 1100, 33)])
+def test_epilogue_on_every_path(act, m, k, n):
+    """The epilogue runs in registers on each tile's last K block: check it on the paths that
+    reach it differently (K blocks accumulated first, the threads splitting M, partial
+    column tiles), element by element against float64."""
+    x, w, b = rand(m, k), rand(k, n), rand(n)
+    got = gemm.gemm(x, gemm.pack(w, False), b, act=act)
+    y = x.astype(np.float64) @ w.astype(np.float64) + b
+    if act is not None:
+        v = tg.input("v", y.shape, "float64")
+        y = {"relu": lambda: np.maximum(y, 0),
+             "gelu": lambda: tg.evaluate(tg.gelu(v), {"v": y}),
+             "gelu_tanh": lambda: tg.evaluate(tg.gelu(v, approximate="tanh"), {"v": y})}[act]()
+    assert relative_error(got, y) < 1e-6
+    np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-3 * np.sqrt(k))
+
+
 def test_nan_and_inf_propagate():
     x, w = rand(8, 20), rand(20, 33)
     x[3, 5] = np.nan
