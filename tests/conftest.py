@@ -2,6 +2,9 @@
 
 import os
 import tempfile
+from pathlib import Path
+
+import pytest
 
 # as tensor_graphs.threads sets them, before any test module loads numpy or torch
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
@@ -9,3 +12,11 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 os.environ.setdefault("TG_DB", os.path.join(tempfile.mkdtemp(prefix="tg-tests-"),
                                             "measurements.sqlite"))
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """The environment of a child Python process: this checkout first on its path, and the
+    PYTHONPATH the suite runs with kept after it (packages installed beside the checkout)."""
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))

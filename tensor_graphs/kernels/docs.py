@@ -6,8 +6,8 @@
 
 The page is a pure function of the kernels the package registers at import on a machine
 without a GPU: kernels of user files, tests and the generated-C code generator (registered on
-demand) are left out, and so are CUDA kernels (registered only where a GPU is usable; they
-mirror the torch CPU kernels).
+demand) are left out, and so are kernels that read or write GPU memory (registered only where
+a GPU is usable; they mirror the torch CPU kernels, and the copies to and from a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tensor_graphs import docgen
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS
 from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.copy import placement
 from tensor_graphs.kernels.registry import Kernel, describe
 from tensor_graphs.rewrite import pattern as pat
 
@@ -70,7 +71,8 @@ def documented() -> list[Kernel]:
     out = []
     for k in registry.all():
         module = getattr(k.fn, "__module__", "") or ""
-        if id(k) in generated or k.device != "cpu" or not module.startswith("tensor_graphs."):
+        if (id(k) in generated or set(placement(k)) != {"cpu"}
+                or not module.startswith("tensor_graphs.")):
             continue
         out.append(k)
     return out

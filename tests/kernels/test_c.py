@@ -8,7 +8,6 @@ Runs under AddressSanitizer too (docs/ARCHITECTURE.md, "C backend"):
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -27,7 +26,6 @@ from tensor_graphs.kernels.c import build
 pytestmark = pytest.mark.skipif(not build.available(),
                                 reason=f"C backend unavailable: {build.unavailable_reason()}")
 
-ROOT = Path(__file__).resolve().parents[2]
 SIZES = (1, 7, 33, 1025)
 
 
@@ -338,7 +336,7 @@ def test_second_load_is_a_cache_hit(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.joinpath("c").iterdir() if p.name.startswith(".")]
 
 
-def test_concurrent_processes_compile_the_same_source(tmp_path):
+def test_concurrent_processes_compile_the_same_source(tmp_path, child_env):
     token = uuid.uuid4().hex
     script = textwrap.dedent(f"""
         from tensor_graphs.kernels.c import build
@@ -347,7 +345,7 @@ def test_concurrent_processes_compile_the_same_source(tmp_path):
         assert lib.tg_twice(21) == 42
         print(build.stats["compiled"], build.library_path("twice", src))
     """)
-    env = dict(os.environ, TG_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env = dict(child_env, TG_CACHE_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -369,7 +367,7 @@ def test_compile_failure_reports_compiler_output(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")]
 
 
-def test_missing_compiler_makes_the_backend_unavailable(tmp_path):
+def test_missing_compiler_makes_the_backend_unavailable(tmp_path, child_env):
     script = textwrap.dedent("""
         import numpy as np
         import tensor_graphs as tg
@@ -384,7 +382,7 @@ def test_missing_compiler_makes_the_backend_unavailable(tmp_path):
         except tg.TensorGraphsError as e:
             print("ERR", type(e).__name__)
     """)
-    env = dict(os.environ, TG_CACHE_DIR=str(tmp_path), CC="/bin/false", PYTHONPATH=str(ROOT))
+    env = dict(child_env, TG_CACHE_DIR=str(tmp_path), CC="/bin/false")
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -406,11 +404,11 @@ def test_threads_setting():
         threads.set_num_threads(old)
 
 
-def test_threads_env_default(tmp_path):
+def test_threads_env_default(child_env):
     script = ("from tensor_graphs import threads; import numpy as np, tensor_graphs as tg;"
               "tg.kernels.get('c_matmul')(np.ones((4, 4), np.float32), np.ones((4, 4), "
               "np.float32)); print(threads.get_num_threads(), threads.openblas_num_threads())")
-    env = dict(os.environ, TG_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(child_env, TG_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -420,15 +418,14 @@ def test_threads_env_default(tmp_path):
 @pytest.mark.parametrize("first, warned", [("tensor_graphs, numpy, torch", False),
                                            ("numpy, tensor_graphs", True),
                                            ("torch, tensor_graphs", True)])
-def test_pools_loaded_before_the_spin_settings_are_named(first, warned):
+def test_pools_loaded_before_the_spin_settings_are_named(first, warned, child_env):
     """The spin settings reach numpy's and torch's pools only when tensor_graphs comes first;
     otherwise the import says which pools keep spinning and how to fix it."""
     script = (f"import warnings; warnings.simplefilter('always'); import {first}; import os; "
               "from tensor_graphs import threads; "
               "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], threads.late_pools)")
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in child_env.items()
            if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    env["PYTHONPATH"] = str(ROOT)
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr

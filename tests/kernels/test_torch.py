@@ -3,7 +3,6 @@ CUDA kernels (run only where a GPU is usable) and the copy_to kernels."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -570,26 +569,26 @@ def test_kernels_follow_the_one_thread_setting():
     assert torch.get_num_threads() == before
 
 
-def test_torch_imported_late_follows_the_thread_setting():
+def test_torch_imported_late_follows_the_thread_setting(child_env):
     code = ("import numpy as np, tensor_graphs as tg; from tensor_graphs import threads; "
             "threads.set_num_threads(1); "
             "tg.kernels.get('torch_exp')(np.ones(3, np.float32)); "
             "import torch; print(torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": _root()})
+                         check=True, env=child_env)
     assert out.stdout.strip() == "1"
 
 
-def test_import_does_not_import_torch():
+def test_import_does_not_import_torch(child_env):
     code = ("import sys, tensor_graphs as tg; "
             "assert any(k.backend == 'torch' for k in tg.kernels.all()); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": _root()})
+                         check=True, env=child_env)
     assert out.stdout.strip() == str(_gpu_build())  # a CPU build of torch is never imported
 
 
-def test_without_torch_no_torch_kernel_is_registered():
+def test_without_torch_no_torch_kernel_is_registered(child_env):
     code = ("import sys; sys.modules['torch'] = None; import tensor_graphs as tg; "
             "import tensor_graphs.kernels.copy as c; "
             "names = [k.name for k in tg.kernels.all()]; "
@@ -597,13 +596,9 @@ def test_without_torch_no_torch_kernel_is_registered():
             "assert 'copy_same_memory' in names and 'copy_host_to_cuda' not in names; "
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": _root()})
+                         env=child_env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-
-
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---------------------------------------------------------------------------- the seed example
@@ -659,7 +654,7 @@ def test_cuda_kernel_matches_reference(name):
                     continue
                 matched = dict(tg.kernels.matching(node, backends=["torch"]))
                 assert k in matched, f"{k.name} does not match {tg.format_graph(node)}"
-                bound = [matched[k].bindings[v] for v in k.inputs]
+                bound = k.arguments(matched[k])  # a variadic input spread in place
                 args = [convert.to_cuda(a) for a in (tg.evaluate(bound, only(bound, b.values))
                                                      if bound else [])]
                 assert k.constraint_failure([a.shape for a in args],

@@ -43,8 +43,8 @@ CUDA: bool = False  # set by tensor_graphs.kernels.torch before ops.py registers
 def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int | None = None,
                  ranks=None, contiguous: bool = False, where=None,
                  tolerance: float = ELEMENTWISE, view: bool = False,
-                 cuda_tolerance: float | None = None, cuda=None, signatures=None,
-                 writes_out: bool = False):
+                 cuda_tolerance: float | None = None, cuda=None, cuda_dtypes=None,
+                 signatures=None, writes_out: bool = False):
     """Register ``fn`` (torch tensors in, torch tensor out) as torch_<label> on the CPU and as
     torch_cuda_<label> when CUDA is usable.
 
@@ -52,27 +52,35 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
     an index input has a dtype of its own; ``where`` checks it). ``signatures`` are verification
     cases (see ``kernels.signatures``) for kernels the generic cases do not reach. ``cuda``
     replaces ``fn`` on CUDA (a kernel without tensor inputs must say where its result goes),
-    or is False to register no CUDA kernel. Returns ``fn`` itself, so the functions stay
-    plain torch functions."""
+    or is False to register no CUDA kernel. ``cuda_dtypes`` and ``cuda_tolerance`` replace
+    ``dtypes`` and ``tolerance`` on CUDA, where torch implements fewer dtypes for some ops and
+    computes some functions less exactly. Returns ``fn`` itself, so the functions stay plain
+    torch functions."""
 
     def decorate(fn):
         name = label or fn.__name__
-        if typed is None:
-            constraints = dict(dtypes=dtypes, where=where)
-        else:
-            constraints = dict(dtypes=None, where=_leading_dtypes(dtypes, typed, where))
-        constraints.update(backend="torch", ranks=ranks, contiguous=contiguous, view=view,
-                           signatures=signatures)
+        common = dict(backend="torch", ranks=ranks, contiguous=contiguous, view=view,
+                      signatures=signatures)
         kernel(pattern, name=f"torch_{name}", device="cpu", tolerance=tolerance,
-               writes_out=writes_out, **constraints)(_on_cpu(fn, view, writes_out))
+               writes_out=writes_out, **_dtype_constraints(dtypes, typed, where), **common)(
+                   _on_cpu(fn, view, writes_out))
         if CUDA and cuda is not False:
             on_cuda = cuda or fn
             kernel(pattern, name=f"torch_cuda_{name}", device="cuda",
-                   tolerance=cuda_tolerance or tolerance, **constraints)(
+                   tolerance=cuda_tolerance or tolerance,
+                   **_dtype_constraints(cuda_dtypes or dtypes, typed, where), **common)(
                        _without_out(on_cuda) if writes_out and on_cuda is fn else on_cuda)
         return fn
 
     return decorate
+
+
+def _dtype_constraints(dtypes, typed: int | None, where) -> dict:
+    """The registry's dtypes/where constraints: ``dtypes`` for every input, or for the first
+    ``typed`` ones only."""
+    if typed is None:
+        return dict(dtypes=dtypes, where=where)
+    return dict(dtypes=None, where=_leading_dtypes(dtypes, typed, where))
 
 
 def _leading_dtypes(allowed, count: int, where):
