@@ -231,8 +231,10 @@ class Planner:
         rate = self.cost.rates(self.target)["bytes"]
         total = 0.0
         for a in dict.fromkeys(args):
-            if _strided(a) and not _weights_only(a):
-                (twin,) = self._concrete([a])
+            if _weights_only(a):
+                continue
+            (twin,) = self._concrete([a])
+            if _strided(twin):
                 total += 2 * nbytes(twin) / rate
         return total
 
@@ -559,13 +561,61 @@ MOVEMENT_VIEWS = STRIDED_VIEWS | {"reshape"}
 
 
 def _strided(node: Node) -> bool:
-    """The node is (a reshape of) a view that is usually not dense: a permute, slice or
-    expand, or a reshape of one that keeps it a view."""
+    """The node is a view that is not dense: a permute, slice or expand, or a reshape of one
+    that keeps it a view. A reshape that cannot be a view copies (``numpy_reshape``), so its
+    result is dense and a consumer needs no copy: attention's output permuted from (batch,
+    heads, seq, d) to (batch, seq, heads, d) and reshaped to (batch, seq, heads * d) is one
+    (charging a copy there had the planner pick torch's linear, which reads strides, over the
+    faster packed GEMM)."""
+    chain = []
     while node.op.name in MOVEMENT_VIEWS:
-        if node.op.name in STRIDED_VIEWS:
-            return True
+        chain.append(node)
         node = node.inputs[0]
-    return False
+    if not any(n.op.name in STRIDED_VIEWS for n in chain):
+        return False
+    layout = _replay_views(node, chain[::-1])
+    return True if layout is None else not layout.flags.c_contiguous
+
+
+def _static_shape(node: Node) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(d) for d in node.shape)
+    except TypeError:  # a symbolic dim
+        return None
+
+
+def _replay_views(base: Node, chain: Sequence[Node]):
+    """An array laid out as ``chain`` (movement views, innermost first) leaves ``base``'s
+    dense buffer: the views replayed by numpy on an untouched ``np.empty`` of bytes (no
+    memory is read, so a large one costs only address space), a reshape that cannot be a
+    view starting a new dense buffer as ``numpy_reshape``'s copy does. None when a shape is
+    symbolic."""
+    import numpy as np
+
+    shape = _static_shape(base)
+    if shape is None:
+        return None
+    x = np.empty(shape, np.uint8)
+    for n in chain:
+        out = _static_shape(n)
+        if out is None:
+            return None
+        a = n.attrs
+        if n.op.name == "permute":
+            x = np.transpose(x, tuple(a["perm"]))
+        elif n.op.name == "expand":
+            x = np.broadcast_to(x, out)
+        elif n.op.name == "slice":
+            x = x[tuple(slice(0, 0) if b < 0 else slice(b, None if e < 0 else e, st)
+                        for b, e, st in zip(a["starts"], a["stops"], a["steps"]))]
+        else:  # reshape
+            try:
+                x = np.reshape(x, out, copy=False)
+            except ValueError:  # numpy_reshape copies here: a dense result
+                x = np.empty(out, np.uint8)
+        if x.shape != out:
+            return None
+    return x
 
 
 def _weights_only(node: Node) -> bool:

@@ -516,3 +516,23 @@ def test_a_state_append_costs_its_value_not_the_cache():
         new = tg.state_update(kv, value, offset=past, axis=2)
         moved.append(features([new], [kv, value], new).bytes)
     assert moved[0] == moved[1] == 2 * 12 * 64 * 4
+
+
+def test_a_reshape_that_must_copy_is_dense_for_its_consumer():
+    """Attention's output, permuted to (batch, seq, heads, d) and reshaped to (batch, seq,
+    heads * d), is copied by the reshape: a kernel reading it densely pays no second copy. A
+    reshape that keeps the permuted view (splitting the last axis) is still strided, and a
+    slice of a slice stays one."""
+    from tensor_graphs.planner.search import _strided
+
+    o = tg.input("o", (2, 3, 5, 4))
+    merged = o.permute(0, 2, 1, 3).reshape((2, 5, 12))
+    assert not _strided(merged)
+    split = o.permute(0, 2, 1, 3).reshape((2, 5, 3, 2, 2))
+    assert _strided(split)
+    assert _strided(o.permute(0, 2, 1, 3))
+    assert not _strided(o.reshape((6, 20)))
+    s = tg.input("s", (8, 8))[:, 1:5][:, 0:2]
+    assert _strided(s)
+    x = tg.input("x", (2, 3, 5, 4))
+    assert not _strided(tg.exp(x))
