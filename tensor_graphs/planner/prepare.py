@@ -4,7 +4,8 @@ Kernels' constraints and costs need numbers, so symbolic dims are bound first (t
 this call, or to the compile's ``bounds``): every leaf and attribute that mentions a dim is
 rebuilt with its value, and hash-consing rebuilds the rest. Then ``tg.simplify`` folds
 movement chains, identities and constants, and ``recompose`` folds composites a model spelled
-out by hand (RMSNorm as pow/mean/rsqrt) back into their op, so fused kernels match them.
+out by hand (RMSNorm as pow/mean/rsqrt) back into their op, so fused kernels match them;
+``sink_reshapes`` moves reshapes below pointwise ops (a GEMM's activation after a view).
 Leaves keep their names, so feeds still match.
 """
 
@@ -19,6 +20,7 @@ from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import dim_symbol, free_symbols, resolve
 from tensor_graphs.rewrite.recompose import recompose
 from tensor_graphs.rewrite.simplify import simplify
+from tensor_graphs.rewrite.sink import sink_reshapes
 
 
 def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
@@ -68,10 +70,10 @@ def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = Non
 
 def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
     """Concrete shapes, then simplified and recomposed: what the planner plans."""
-    return list(recompose(simplify(specialize(outputs, dims))))
+    return list(sink_reshapes(recompose(simplify(specialize(outputs, dims)))))
 
 
 def prepare_symbolic(outputs: Sequence[Node]) -> list[Node]:
     """Simplified with its symbolic dims kept: planned once for bounds, run for any values up
     to them."""
-    return list(recompose(simplify(list(outputs))))
+    return list(sink_reshapes(recompose(simplify(list(outputs)))))

@@ -81,6 +81,8 @@ def _gpt2(n_layer: int, n_embd: int, n_head: int, vocab: int, positions: int):
 def _check_gpt2(prog, n_layer: int) -> None:
     by_root = _kernels_by_root(prog)
     _lands(by_root, "gelu", "gelu_tanh", n_layer)  # NewGELUActivation's formula, one kernel
+    gelus = [s.node for s in prog.plan.steps if s.node.op.name == "gelu"]
+    assert all(g.inputs[0].op.name != "reshape" for g in gelus)  # it reads the GEMM: fusable
     _lands(by_root, "layer_norm", "layer_norm", 2 * n_layer + 1)
     _lands(by_root, "scaled_dot_product_attention", "attention", n_layer)
     _no_spelled_out(prog)

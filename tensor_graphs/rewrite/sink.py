@@ -1,0 +1,81 @@
+"""Reshapes sink below pointwise ops: ``f(reshape(x)) -> reshape(f(x))``.
+
+An imported model often reshapes a matrix product before its activation: GPT-2's Conv1D is
+``addmm(b, h.view(-1, d), W).view(batch, seq, n)`` and its MLP applies GELU to that view. The
+fused GEMM kernels match ``gelu(matmul(x, w) + b)``, which the reshape hides. Moved below the
+activation, the reshape meets the next layer's ``view(-1, n)`` and the two merge (or vanish,
+``pm_movement``), so the GEMM, its bias and its activation become one kernel. A reshape is a
+view: moving it costs nothing.
+
+An op commutes with every reshape when it is *pointwise* in its one tensor input: an atomic
+unary op or cast, or a composite whose decomposition uses only elementwise atomic ops of that
+input and single-element constants (read from the decomposition, the op's one definition).
+"""
+
+from __future__ import annotations
+
+from tensor_graphs.ir import builder
+from tensor_graphs.ir.node import Node, expand_composite
+from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.rewrite import pattern as pat
+from tensor_graphs.rewrite.simplify import pm_movement
+
+ELEMENTWISE = frozenset((*UNARY, *BINARY, "where", "cast"))
+_pointwise_cache: dict[tuple, bool] = {}
+
+
+def pointwise(node: Node) -> bool:
+    """``node`` applies one function to each element of its single tensor input."""
+    if node.op.is_leaf or len(node.inputs) != 1 or node.shape != node.inputs[0].shape:
+        return False
+    if node.op.is_atomic:
+        return node.op.name in ELEMENTWISE
+    key = (node.op.name, node.attrs, node.dtype, node.inputs[0].dtype)
+    if key not in _pointwise_cache:
+        _pointwise_cache[key] = _decomposes_pointwise(node)
+    return _pointwise_cache[key]
+
+
+def _decomposes_pointwise(node: Node) -> bool:
+    """Every node between the decomposition's result and the input is elementwise."""
+    x = node.inputs[0]
+    stack, seen, reached = [expand_composite(node.op, node.inputs, node.attrs)], set(), False
+    while stack:
+        n = stack.pop()
+        if n is x:
+            reached = True
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        if not n.op.is_atomic:  # a composite inside: its own decomposition
+            stack.append(expand_composite(n.op, n.inputs, n.attrs))
+            continue
+        if n.op.name == "constant":
+            if n.attrs["value"].array.size != 1:
+                return False
+        elif n.op.name not in ELEMENTWISE:
+            return False
+        stack.extend(n.inputs)
+    return reached
+
+
+def _sink(u: Node) -> Node:
+    x = u.inputs[0].inputs[0]
+    return builder.reshape(Node.make(u.op, (x,), u.attrs), u.shape)
+
+
+pm_sink = pat.RuleTable("sink", [
+    # f(reshape(x)) -> reshape(f(x)) for a pointwise f
+    pat.rule(pat.var("u", where=lambda u: pointwise(u) and u.inputs[0].op.name == "reshape"),
+             _sink),
+])
+
+
+def sink_reshapes(outputs, max_steps: int = 10_000):
+    """The graph with reshapes moved below pointwise ops and merged where they meet. Returns
+    the structure it was given."""
+    return pat.apply(outputs, pm_sink + pm_movement, max_steps=max_steps)
+
+
+__all__ = ["sink_reshapes", "pm_sink", "pointwise"]
