@@ -19,7 +19,7 @@
  *    sum, rescaled accumulator): never more than TG_BQ x bk scores per thread, for long
  *    sequences; seq x seq is never materialised.
  * Causal rows skip the panels past their last key (per group of TG_R rows). The softmax's exp
- * is softmax_exp below: ~1 ulp, vectorised, for arguments <= 0.
+ * is tg_exp_nonpos (tg_common.h): ~1 ulp, vectorised, for arguments <= 0.
  *
  * Why not OpenBLAS sgemm per tile: the scipy-openblas32 build is threaded with pthreads; called
  * from inside an OpenMP region it still starts its own threads (oversubscribing the cores)
@@ -81,26 +81,6 @@ static void ws_give(float *p, int owned) {
         free(p);
     else
         __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
-}
-
-/* exp(x) for the softmax's arguments, x = score - running max <= 0 (or NaN, or -inf), ~1 ulp:
- * tg_expf's reduction and polynomial, with n = round(x / ln 2) and 2^n taken from the bits of
- * x / ln 2 + 1.5 * 2^23 (no float-to-int conversion, no clamp, no overflow or subnormal steps).
- * -inf -> 0, NaN -> NaN (it flows through the arithmetic); results below exp(-87) ~ 1.6e-38 become 0 (a
- * row's largest term is 1, so such a term moves no sum or output by more than ~1e-38
- * relative). */
-TG_INLINE float softmax_exp(float x) {
-    const float log2e = 1.44269504088896341f, shifter = 12582912.0f; /* 1.5 * 2^23 */
-    /* no clamp: below -87 (-inf included) the result is replaced by 0 at the end */
-    float t = x * log2e + shifter; /* round to nearest: the low bits hold n */
-    float fn = t - shifter;        /* n in [-126, 0] for x in [-87, 0] */
-    float p = tg_exp_reduced(x, fn);
-    uint32_t tb;
-    memcpy(&tb, &t, 4);
-    uint32_t sb = (tb + (127u - 0x4B400000u)) << 23; /* the bits of 2^n */
-    float sc;
-    memcpy(&sc, &sb, 4);
-    return x < -87.0f ? 0.0f : p * sc;
 }
 
 /* max of x[0:n] ignoring NaN (a NaN row still comes out NaN through exp(x - max)); -inf when
@@ -408,7 +388,7 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const float
             float sum = 0.0f;
             _Pragma("omp simd reduction(+:sum)")
             for (int64_t j = 0; j < lim; j++) {
-                float e = softmax_exp(sr[j] - shift);
+                float e = tg_exp_nonpos(sr[j] - shift);
                 sr[j] = e;
                 sum += e;
             }
@@ -470,11 +450,11 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                     for (int64_t j = 0; j < n; j++) sr[j] = 0.0f;
                     continue;
                 }
-                float corr = mold == -INFINITY ? 0.0f : softmax_exp(mold - m);
+                float corr = mold == -INFINITY ? 0.0f : tg_exp_nonpos(mold - m);
                 float sum = 0.0f;
                 _Pragma("omp simd reduction(+:sum)")
                 for (int64_t j = 0; j < lim; j++) {
-                    float e = softmax_exp(sr[j] - m);
+                    float e = tg_exp_nonpos(sr[j] - m);
                     sr[j] = e;
                     sum += e;
                 }
