@@ -57,6 +57,7 @@ class Option:
     features: object = None
     label: str = ""
     densify: float = 0.0  # seconds to make strided views dense for a contiguous kernel
+    cold: float = 0.0  # seconds its activations take through memory (a decision term)
 
     @property
     def runs(self) -> bool:

@@ -203,11 +203,27 @@ class Planner:
             hint = copies.cost_hint(k)
             est = FREE if hint == 0.0 else self.cost.estimate(k, sig, feats)
             self.stats["estimates"] += 1
+            cold = 0.0 if est is FREE else self._cold(args, node)
             out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
                               covers, attrs, est, step_error(k, node.dtype), sig, feats,
                               label=f"kernel:{k.name}",
-                              densify=self._densify(args) if k.contiguous else 0.0))
+                              densify=self._densify(args) if k.contiguous else 0.0, cold=cold))
         return out
+
+    def _cold(self, args: Sequence[Node], node: Node) -> float:
+        """Seconds for a step's activations (inputs that are not static, and its result) to
+        go through memory once at the calibrated bandwidth: what the database's time lacks.
+        It times a kernel in a loop on the same buffers, so a small step measures with its
+        operands hot in L2 (MiniLM's bias add, (8, 128, 384) + (384,): 0.028 ms), while in a
+        program they come from the kernel before it and the step costs ~0.15-0.2 ms more; a
+        fused epilogue costs nothing, but a near tie between the fused GEMM and the pair went
+        to the pair on measurement noise. Added to every step, so alternatives with the same
+        operands keep their measured order, and the pair pays for its intermediate twice
+        (written, read back). Weights are left out: a weight-streaming kernel measures its
+        own bandwidth. A decision term only: the plan's predicted time stays the estimates'."""
+        rate = self.cost.rates(self.target)["bytes"]
+        moved = [a for a in dict.fromkeys(args) if not static_value(a)] + [node]
+        return sum(nbytes(t) for t in self._concrete(moved)) / rate
 
     def _concrete(self, nodes_: Sequence[Node]) -> list[Node]:
         """The nodes at ``self.dims`` (themselves when the graph has no symbolic dims)."""
@@ -376,10 +392,11 @@ class Planner:
         return total, frozenset(closure)
 
     def _own(self, opt: Option) -> float:
-        """An option's own seconds; a step that runs also costs the runtime's dispatch (so
-        fewer, fused steps win ties) and any densifying copies of its inputs."""
+        """An option's own seconds; a step that runs also costs its activations' traffic
+        (``_cold``), the runtime's dispatch (so fewer, fused steps win ties) and any
+        densifying copies of its inputs."""
         if opt.runs and opt.estimate is not FREE:
-            return opt.seconds + self.dispatch + opt.densify
+            return opt.seconds + opt.cold + self.dispatch + opt.densify
         return opt.seconds
 
     def _boundary(self, node: Node) -> bool:
