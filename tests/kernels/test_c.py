@@ -125,6 +125,8 @@ def test_softmax_layer_norm_rms_norm(n, rng):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     check("c_softmax", tg.softmax, [f(3, n) * 4])
     check("c_layer_norm", tg.layer_norm, [f(5, n) + 3, f(n), f(n)])
+    check("c_add_layer_norm", lambda a, b, w, c: tg.layer_norm(a + b, w, c),
+          [f(2, 5, n) + 3, f(2, 5, n), f(n), f(n)])
     check("c_rms_norm", tg.rms_norm, [f(5, n), f(n)])
     check("c_rms_norm_plain", tg.rms_norm, [f(2, 3, n)])
     if n > 1:  # one element normalises to exactly 0: nothing to compare relatively

@@ -47,6 +47,26 @@ void tg_layer_norm_f32(const float *restrict x, const float *restrict w, const f
     }
 }
 
+/* layer_norm(a + b) with w and b: the residual add of a post-norm block (BERT) in the same
+ * pass, so its sum never goes through memory (it is written to the row of y, read back from
+ * L1, normalised in place). Same arithmetic as tg_layer_norm_f32 on the rounded sum. */
+void tg_add_layer_norm_f32(const float *restrict a, const float *restrict b2,
+                           const float *restrict w, const float *restrict b,
+                           float *restrict y, int64_t rows, int64_t n, float eps) {
+    _Pragma(TG_ROWS_PAR)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *ar = a + r * n, *br = b2 + r * n;
+        float *yr = y + r * n;
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < n; j++) yr[j] = ar[j] + br[j];
+        float mean = tg_row_sum(yr, n) / (float)n;
+        float v = tg_row_sumsq(yr, n, mean);
+        float rstd = 1.0f / sqrtf(v / (float)n + eps);
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < n; j++) yr[j] = (yr[j] - mean) * rstd * w[j] + b[j];
+    }
+}
+
 /* x / sqrt(mean(x^2) + eps) * w; w may be NULL. */
 void tg_rms_norm_f32(const float *restrict x, const float *restrict w, float *restrict y,
                      int64_t rows, int64_t n, float eps) {

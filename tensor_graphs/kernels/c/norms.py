@@ -72,6 +72,27 @@ def c_layer_norm(x, weight, bias, eps=1e-5, *, out=None):
     return _layer_norm(x, weight, bias, eps, out)
 
 
+def _add_params_fit(shapes, dtypes, attrs):
+    if tuple(shapes[0]) != tuple(shapes[1]):
+        return f"a and b must have one shape (no broadcasting), got {tuple(shapes[0])} and " \
+               f"{tuple(shapes[1])}"
+    return _params_fit([shapes[0], *shapes[2:]], dtypes, attrs)
+
+
+@kernel(lambda a, b, weight, bias: tg.layer_norm(a + b, weight, bias), backend="c",
+        name="c_add_layer_norm", dtypes=("float32",), contiguous=True,
+        where=where_ok(LIB, _add_params_fit), tolerance=1e-5, writes_out=True)
+@_src
+def c_add_layer_norm(a, b, weight, bias, eps=1e-5, *, out=None):
+    """layer_norm(a + b) with weight and bias: a post-norm block's residual add in the same
+    pass over each row, so the sum is never written out and read back."""
+    out = lib.output(out, a.shape, a.dtype)
+    rows, n = _rows(a)
+    fn = lib.func(LIB, "tg_add_layer_norm_f32", P, P, P, P, P, I64, I64, F32)
+    fn(ptr(a), ptr(b), ptr(weight), ptr(bias), ptr(out), rows, n, float(eps))
+    return out
+
+
 @kernel(lambda x: tg.layer_norm(x), backend="c", name="c_layer_norm_plain",
         dtypes=("float32",), contiguous=True, where=where_ok(LIB, _params_fit), tolerance=1e-5,
         writes_out=True)
