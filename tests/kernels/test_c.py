@@ -222,6 +222,25 @@ def test_attention_mask_and_fully_masked_rows(causal, flash, rng):
         np.testing.assert_array_equal(got[..., :2, :], 0.0)
 
 
+@pytest.mark.parametrize("flash", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_bool_mask_read_as_bytes(causal, flash, rng):
+    """A bool mask (True = attend) is read by the kernel as bytes, dense along the keys (a
+    padding mask) or broadcast along them (stride 0); rows with nothing to attend to give 0."""
+    name = "c_" + ("flash_" if flash else "") + "attention_mask" + ("_causal" if causal else "")
+    sdpa = lambda q, k, v, m: tg.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, m, is_causal=causal)
+    q, k, v = _attn(rng, 2, 4, 2, 37, 37, 32)
+    padding = np.ones((2, 1, 37, 37), bool)
+    padding[0, :, :, 30:] = False  # padded keys of the first sequence
+    padding[1, :, :3, :] = False  # rows that see nothing
+    rows = rng.random((37, 1)) < 0.7  # broadcast along the keys
+    for mask in (padding, rows):
+        got, ref = check(name, sdpa, [q, k, v, mask])
+        assert not np.isnan(got).any()
+    np.testing.assert_array_equal(registry.get(name)(q, k, v, padding)[1, :, :3], 0.0)
+
+
 def test_attention_rank3_and_value_dim(rng):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     for name in ("c_attention", "c_flash_attention"):

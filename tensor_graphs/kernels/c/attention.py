@@ -3,8 +3,9 @@
 Inputs are (batch, heads, seq, dim) or (heads, seq, dim), read through their batch, head and
 row strides (only the last axis must be dense), so a KV cache's active prefix or heads permuted
 out of a projection are never copied first; k/v may have fewer heads than q (grouped-query
-attention); the additive float mask broadcasts to
-(batch, heads, Sq, Sk) and is read through strides (never expanded). Eight kernels cover
+attention); the mask (float32 added, or bool: True = attend, read as bytes, never converted
+to a float copy per call) broadcasts to (batch, heads, Sq, Sk) and is read through strides
+(never expanded). Eight kernels cover
 {plain, flash} x {no mask, mask} x {not causal, causal}; ``scale`` must be the default
 1/sqrt(dim) (the pattern says so). K and V are packed once per call into 16-wide panels and
 both products run on register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of
@@ -83,19 +84,18 @@ def _rows(x: np.ndarray) -> np.ndarray:
 def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None,
               scale=None):
     rank3 = q.ndim == 3
-    if mask is not None and mask.dtype == np.bool_:  # True = attend: 0 added, else -inf
-        mask = np.where(mask, np.float32(0), np.float32(-np.inf))
     q4, k4, v4 = (_rows(x[None] if rank3 else x) for x in (q, k, v))
     b, hq, sq, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
     out = lib.output(out, q.shape[:-1] + (dv,), np.float32)  # (b,) hq, sq, dv
-    strides = (ctypes.c_int64 * 4)(0, 0, 0, 0)
+    strides = (ctypes.c_int64 * 5)(0, 0, 0, 0, 0)
     mask_ptr = None
-    if mask is not None:
+    if mask is not None:  # a bool mask is read as bytes (True = attend: 0 added, else -inf)
         full = np.broadcast_to(mask, q.shape[:-1] + (sk,))
         if rank3:
             full = full[None]
-        strides = (ctypes.c_int64 * 4)(*(s // full.itemsize for s in full.strides))
+        strides = (ctypes.c_int64 * 5)(*(s // full.itemsize for s in full.strides),
+                                       int(mask.dtype == np.bool_))
         mask_ptr = ptr(full)
     qkv = (ctypes.c_int64 * 9)(*(s // 4 for x in (q4, k4, v4) for s in x.strides[:3]))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
