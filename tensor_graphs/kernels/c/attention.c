@@ -42,47 +42,8 @@ static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }
 static inline int64_t imin(int64_t x, int64_t y) { return x < y ? x : y; }
 static inline int64_t imax(int64_t x, int64_t y) { return x > y ? x : y; }
 
-/* 64-byte aligned, size rounded up to a multiple of 64 (as C11 aligned_alloc wants) */
-static void *tg_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 127) & ~(size_t)63); }
-
-/* The packed K/V buffer is kept between calls (up to TG_KEEP bytes): a fresh one each call
- * costs a page fault per 4 KiB (glibc maps and unmaps blocks this large), ~10% of a GPT-2 sized
- * call. One buffer per process, taken with an atomic flag; a concurrent call (another Python
- * thread: ctypes releases the GIL) allocates its own. Not under AddressSanitizer, so that each
- * call's buffer is exactly its size and an overrun is caught. */
-#ifdef __SANITIZE_ADDRESS__
-#define TG_KEEP ((size_t)0)
-#else
-#define TG_KEEP ((size_t)64 << 20)
-#endif
-static float *ws_buf = NULL;
-static size_t ws_size = 0;
-static int ws_busy = 0;
-
-static float *ws_take(size_t bytes, int *owned) {
-    *owned = 1;
-    if (bytes <= TG_KEEP && !__atomic_exchange_n(&ws_busy, 1, __ATOMIC_ACQUIRE)) {
-        if (ws_size < bytes) {
-            free(ws_buf);
-            ws_buf = tg_alloc(bytes);
-            ws_size = ws_buf ? bytes : 0;
-        }
-        if (ws_buf) {
-            *owned = 0;
-            return ws_buf;
-        }
-        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
-        return NULL;
-    }
-    return tg_alloc(bytes);
-}
-
-static void ws_give(float *p, int owned) {
-    if (owned)
-        free(p);
-    else
-        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
-}
+/* the packed K/V panels' buffer (tg_common.h: kept between calls) */
+static tg_workspace kv_ws = {NULL, 0, 0, TG_KEEP((size_t)64 << 20)};
 
 /* max of x[0:n] ignoring NaN (a NaN row still comes out NaN through exp(x - max)); -inf when
  * n == 0. maxps(x, m) keeps m when x is NaN, so the vectorised reduction ignores NaN too. */
@@ -442,7 +403,7 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
         int64_t vfl_ = nh_ * (A).dvp * (A).sk, per_ = round16(PER_THREAD);                     \
         int nthr_ = tg_nthreads, owned_;                                                       \
         int64_t total_ = kfl_ + vfl_ + nthr_ * per_ + round16(nh_);                            \
-        float *ws_ = ws_take(sizeof(float) * (size_t)total_, &owned_);                         \
+        float *ws_ = tg_ws_take(&kv_ws, sizeof(float) * (size_t)total_, &owned_);              \
         if (!ws_) return -1;                                                                   \
         (A).kp = ws_;                                                                          \
         (A).vp = ws_ + kfl_; /* multiples of 16 floats: all 64-byte aligned */                 \
@@ -468,7 +429,7 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
                 __VA_ARGS__                                                                    \
             }                                                                                  \
         }                                                                                      \
-        ws_give(ws_, owned_);                                                                  \
+        tg_ws_give(&kv_ws, ws_, owned_);                                                       \
         return 0;                                                                              \
     } while (0)
 

@@ -329,44 +329,8 @@ static void gemv_packed(const float *a, const float *bp, const float *bias, floa
     }
 }
 
-/* The packed A workspace is kept between calls (one per process, taken with an atomic flag;
- * a concurrent call allocates its own). Not under AddressSanitizer: there each call gets a
- * buffer of exactly its size, so an overrun is caught. */
-#ifdef __SANITIZE_ADDRESS__
-#define KEEP ((size_t)0)
-#else
-#define KEEP ((size_t)32 << 20)
-#endif
-static float *ws_buf = NULL;
-static size_t ws_size = 0;
-static int ws_busy = 0;
-
-static float *ws_take(size_t bytes, int *owned) {
-    *owned = 1;
-    size_t rounded = (bytes + 127) & ~(size_t)63;
-    if (bytes <= KEEP && !__atomic_exchange_n(&ws_busy, 1, __ATOMIC_ACQUIRE)) {
-        if (ws_size < bytes) {
-            free(ws_buf);
-            ws_buf = aligned_alloc(64, rounded);
-            ws_size = ws_buf ? bytes : 0;
-        }
-        if (ws_buf) {
-            *owned = 0;
-            return ws_buf;
-        }
-        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
-        return NULL;
-    }
-    return aligned_alloc(64, rounded);
-}
-
-static void ws_give(float *p, int owned) {
-    if (owned)
-        free(p);
-    else
-        __atomic_store_n(&ws_busy, 0, __ATOMIC_RELEASE);
-}
-
+/* the packed A workspace (tg_common.h: kept between calls) */
+static tg_workspace a_ws = {NULL, 0, 0, TG_KEEP((size_t)32 << 20)};
 
 /* rows of K per block: the whole of K when it is short (C is stored once), else equal blocks
  * of at most kc_max rows (a multiple of 8) */
@@ -437,7 +401,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         int64_t base = mp_all / blocks, extra = mp_all % blocks;
         int64_t slice = ((base + 1) * MR * kcb + 15) & ~(int64_t)15;
         int owned;
-        float *ws = ws_take(sizeof(float) * (size_t)(slice * nt), &owned);
+        float *ws = tg_ws_take(&a_ws, sizeof(float) * (size_t)(slice * nt), &owned);
         if (!ws) return -2;
         #pragma omp parallel num_threads(nt)
         {
@@ -453,7 +417,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                            ws + tid * slice);
             }
         }
-        ws_give(ws, owned);
+        tg_ws_give(&a_ws, ws, owned);
         return 0;
     }
     int64_t kcb = k_block(k, KC);
@@ -465,7 +429,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     }
     int64_t mc_max = imin(MC, mp_all * MR);
     int owned;
-    float *ap = ws_take(sizeof(float) * (size_t)(mc_max * k), &owned);
+    float *ap = tg_ws_take(&a_ws, sizeof(float) * (size_t)(mc_max * k), &owned);
     if (!ap) return -2;
     #pragma omp parallel num_threads(nt)
     {
@@ -523,6 +487,6 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
             }  /* implicit barrier: the next block may overwrite the packed A */
         }
     }
-    ws_give(ap, owned);
+    tg_ws_give(&a_ws, ap, owned);
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <stddef.h>
+#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -16,6 +17,50 @@ int tg_get_threads(void) { return tg_nthreads; }
 /* elementwise loops go parallel above this many elements */
 #define TG_PAR_MIN 32768
 #define TG_INLINE static inline __attribute__((always_inline))
+
+/* 64-byte aligned, size rounded up to a multiple of 64 (as C11 aligned_alloc wants) */
+static inline void *tg_alloc(size_t bytes) {
+    return aligned_alloc(64, (bytes + 127) & ~(size_t)63);
+}
+
+/* A scratch buffer kept between calls, up to `keep` bytes (TG_KEEP): a fresh one each call
+ * costs a page fault per 4 KiB (glibc maps and unmaps blocks this large), ~10% of a GPT-2
+ * sized attention call. One per source file, taken with an atomic flag; a concurrent call
+ * (another Python thread: ctypes releases the GIL) allocates its own. Under AddressSanitizer
+ * nothing is kept, so each call's buffer is exactly its size and an overrun is caught. */
+#ifdef __SANITIZE_ADDRESS__
+#define TG_KEEP(bytes) ((size_t)0)
+#else
+#define TG_KEEP(bytes) ((size_t)(bytes))
+#endif
+typedef struct { float *buf; size_t size; int busy; size_t keep; } tg_workspace;
+
+/* `bytes` of scratch: the kept buffer (*owned = 0) or a fresh one (*owned = 1); NULL when
+ * out of memory. Give it back with tg_ws_give. */
+static inline float *tg_ws_take(tg_workspace *w, size_t bytes, int *owned) {
+    *owned = 1;
+    if (bytes <= w->keep && !__atomic_exchange_n(&w->busy, 1, __ATOMIC_ACQUIRE)) {
+        if (w->size < bytes) {
+            free(w->buf);
+            w->buf = tg_alloc(bytes);
+            w->size = w->buf ? bytes : 0;
+        }
+        if (w->buf) {
+            *owned = 0;
+            return w->buf;
+        }
+        __atomic_store_n(&w->busy, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    return tg_alloc(bytes);
+}
+
+static inline void tg_ws_give(tg_workspace *w, float *p, int owned) {
+    if (owned)
+        free(p);
+    else
+        __atomic_store_n(&w->busy, 0, __ATOMIC_RELEASE);
+}
 
 /* e^(x - n ln 2) for n = fn, the integer nearest x / ln 2: Cody-Waite reduction (ln 2 in two
  * parts) and a degree-6 polynomial, ~1 ulp. The exps below scale it by 2^n. */
