@@ -17,8 +17,13 @@ Pools that take turns must also stop spinning soon after their turn, or an idle 
 busy-waiting threads steal the cores from the next one (measured on 2 cores: a layer_norm right
 after an sgemm took 3.5 ms instead of 0.2 ms; GPT-2 2-layer prefill 192 ms instead of 86 ms).
 Importing this module therefore sets, unless already set, ``OPENBLAS_THREAD_TIMEOUT=4``
-(OpenBLAS workers sleep almost at once) and ``GOMP_SPINCOUNT=1000`` (libgomp workers spin
-briefly, then sleep). Both are read when those libraries load, so ``import tensor_graphs``
+(OpenBLAS workers sleep almost at once) and ``GOMP_SPINCOUNT=10000`` (libgomp workers spin
+~0.1 ms, then sleep). Not shorter: a worker that sleeps between two of our calls is woken
+through the hypervisor, and on this 2-vCPU VM that left it out of the next calls for ~50 ms
+after any idle spell (a (128x768) @ (768x2304) GEMM after a 0.25 s pause: 4.6 ms for the
+first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at 10000; GPT-2 2-layer's
+first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op right after our GEMM
+measured the same at 1000 and 10000. Both are read when those libraries load, so ``import tensor_graphs``
 imports this module before anything loads numpy; numpy or torch imported *before*
 tensor_graphs keep spinning pools, and the import warns once naming them (``late_pools``).
 """
@@ -33,7 +38,7 @@ import warnings
 
 from tensor_graphs.errors import ArgumentError
 
-SPIN_SETTINGS = {"OPENBLAS_THREAD_TIMEOUT": "4", "GOMP_SPINCOUNT": "1000"}
+SPIN_SETTINGS = {"OPENBLAS_THREAD_TIMEOUT": "4", "GOMP_SPINCOUNT": "10000"}
 # pools already loaded without these settings: (module that loaded it, its pool, the variable)
 _LATE = (("numpy", "numpy's OpenBLAS", "OPENBLAS_THREAD_TIMEOUT"),
          ("torch", "torch's OpenMP", "GOMP_SPINCOUNT"))
