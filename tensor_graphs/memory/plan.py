@@ -9,6 +9,7 @@ Device keys are the plan's device kinds ("cpu", "cuda"), as in ``Step.device``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -66,8 +67,8 @@ class Tensor(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class MemoryPlan:
-    """Per value: a ``Placement``; per device: arena, weights, state and input bytes; the
-    arena's lower bound and no-reuse size, and which strategy placed it."""
+    """Per value: a ``Placement``; per device: arena, weights, packed copies of weights, state
+    and input bytes; the arena's lower bound and no-reuse size, and which strategy placed it."""
 
     placements: Mapping[Slot, Placement]
     buffer_offsets: Mapping[int, int]  # arena buffer id -> byte offset
@@ -80,18 +81,19 @@ class MemoryPlan:
     strategy: Mapping[str, str]
     liveness: Liveness
     alignment: int = ALIGNMENT
+    prepared: Mapping[str, int] = dataclasses.field(default_factory=dict)  # packed weights
 
     @property
     def devices(self) -> list[str]:
-        return sorted(set(self.arena) | set(self.weights) | set(self.state))
+        return sorted(set(self.arena) | set(self.weights) | set(self.prepared) | set(self.state))
 
     def total(self, device: str) -> int:
-        """Bytes the program holds on ``device``: arena + weights + state."""
+        """Bytes the program holds on ``device``: arena + weights + packed copies + state."""
         return self.arena.get(device, 0) + self.weights.get(device, 0) \
-            + self.state.get(device, 0)
+            + self.prepared.get(device, 0) + self.state.get(device, 0)
 
     def totals(self) -> dict[str, int]:
-        """{device: arena + weights + state}: what ``prog.memory()`` returns."""
+        """{device: arena + weights + packed copies + state}: what ``prog.memory()`` returns."""
         return {d: self.total(d) for d in self.devices}
 
     def ratio(self, device: str) -> float:
@@ -120,7 +122,8 @@ class MemoryPlan:
                         f"{format_bytes(self.lower_bound.get(d, 0))}, {self.ratio(d):.3f}x; "
                         f"no reuse {format_bytes(self.no_reuse.get(d, 0))}; "
                         f"{self.strategy.get(d, '-')}) + weights "
-                        f"{format_bytes(self.weights.get(d, 0))} + state "
+                        f"{format_bytes(self.weights.get(d, 0))} + packed weights "
+                        f"{format_bytes(self.prepared.get(d, 0))} + state "
                         f"{format_bytes(self.state.get(d, 0))}")
         return "\n".join(rows)
 
@@ -157,6 +160,9 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
             state[b.device] = state.get(b.device, 0) + b.nbytes
         elif b.kind == INPUT:
             inputs[b.device] = inputs.get(b.device, 0) + b.nbytes
+    prepared: dict[str, int] = {}
+    for device, nbytes in _prepared(plan):
+        prepared[device] = prepared.get(device, 0) + nbytes
     placements = {}
     for key, v in live.values.items():
         b = v.buffer
@@ -168,7 +174,26 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
             None if v.strides is None else tuple(s * itemsize for s in v.strides),
             None if owner == key else owner, b.id, v.first, v.last)
     return MemoryPlan(placements, buffer_offsets, arena, weights, state, inputs, lower,
-                      no_reuse, strategy, live, alignment)
+                      no_reuse, strategy, live, alignment, prepared)
+
+
+def _prepared(plan: Plan) -> list[tuple[str, int]]:
+    """(device, bytes) of each bind-time prepared copy of a static value (a packed GEMM
+    weight), kept beside the weights: one per value and preparation, as the runtime makes
+    them (``runtime/program.py``)."""
+    seen, out = set(), []
+    for step in plan.steps:
+        if not getattr(step.kernel, "prepare", None):
+            continue
+        for pos, prep in step.kernel.prepared_positions(len(step.inputs)).items():
+            slot = step.inputs[pos]
+            key = (slot.node, prep.name or id(prep))
+            if prep.nbytes is None or key in seen:
+                continue
+            seen.add(key)
+            out.append((slot.device, int(prep.nbytes(tuple(int(d) for d in slot.node.shape),
+                                                      slot.node.dtype))))
+    return out
 
 
 def _needed_static(live: Liveness) -> set[int]:
@@ -207,6 +232,8 @@ def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:
         held = f", {format_bytes(device.allocated)} already allocated" if device.allocated else ""
         parts = [f"arena {format_bytes(memory_plan.arena.get(kind, 0))}",
                  f"weights {format_bytes(memory_plan.weights.get(kind, 0))}"]
+        if memory_plan.prepared.get(kind):
+            parts.append(f"packed weights {format_bytes(memory_plan.prepared[kind])}")
         if memory_plan.state.get(kind):
             parts.append(f"state {format_bytes(memory_plan.state[kind])}")
         tensors = "; ".join(str(t) for t in largest) or "none"

@@ -10,6 +10,14 @@ view: moving it costs nothing.
 An op commutes with every reshape when it is *pointwise* in its one tensor input: an atomic
 unary op or cast, or a composite whose decomposition uses only elementwise atomic ops of that
 input and single-element constants (read from the decomposition, the op's one definition).
+
+A binary elementwise op commutes too when its other operand has the full result shape (no
+broadcast): ``f(reshape(x), y) -> reshape(f(x, reshape(y, x.shape)))``. GPT-2's residual add
+is ``h + addmm(...).view(batch, seq, n)``; sunk, the add reads the product and fuses into its
+GEMM's epilogue (``c_packed_matmul_bias_add``), and the residual stream's views merge. Only a
+reshape that adds axes sinks this way (the inverse view on ``y`` removes them, so the rule
+cannot fire back), and only past a ``y`` that is not a strided view (permute, slice, expand:
+its reshape would copy).
 """
 
 from __future__ import annotations
@@ -65,10 +73,39 @@ def _sink(u: Node) -> Node:
     return builder.reshape(Node.make(u.op, (x,), u.attrs), u.shape)
 
 
+STRIDED_VIEWS = frozenset(("permute", "slice", "expand"))
+
+
+def _sinkable_side(u: Node) -> int | None:
+    """Which operand of ``u`` is a reshape that adds axes with a full, non-strided operand on
+    the other side (both of the result's shape: no broadcast), or None."""
+    if not (u.op.is_atomic and u.op.name in BINARY and len(u.inputs) == 2):
+        return None
+    for side, (p, q) in enumerate((u.inputs, u.inputs[::-1])):
+        if (p.op.name == "reshape" and len(p.inputs[0].shape) < len(p.shape)
+                and p.shape == u.shape == q.shape and q.op.name not in STRIDED_VIEWS):
+            return side
+    return None
+
+
+def _sinks_binary(u: Node) -> bool:
+    return _sinkable_side(u) is not None
+
+
+def _sink_binary(u: Node) -> Node:
+    side = _sinkable_side(u)
+    x = u.inputs[side].inputs[0]
+    other = builder.reshape(u.inputs[1 - side], x.shape)
+    operands = (x, other) if side == 0 else (other, x)
+    return builder.reshape(Node.make(u.op, operands, u.attrs), u.shape)
+
+
 pm_sink = pat.RuleTable("sink", [
     # f(reshape(x)) -> reshape(f(x)) for a pointwise f
     pat.rule(pat.var("u", where=lambda u: pointwise(u) and u.inputs[0].op.name == "reshape"),
              _sink),
+    # f(reshape(x), y) -> reshape(f(x, reshape(y))) for an elementwise f and a full y
+    pat.rule(pat.var("u", where=_sinks_binary), _sink_binary),
 ])
 
 

@@ -174,16 +174,6 @@ class Executable:
                 return _fn(*arrays, **kw)
         return dataclasses.replace(ins, fn=fn, args=tuple(args))
 
-    def prepared_nbytes(self) -> int:
-        """Bytes the prepared static values take (declared sizes; 0 where not declared)."""
-        total = 0
-        for _, _, prep, _, shape, _ in self.prepared:
-            if prep.nbytes is not None and all(isinstance(d, int) or getattr(d, "is_Integer",
-                                                                             False)
-                                               for d in shape):
-                total += int(prep.nbytes(tuple(int(d) for d in shape), None))
-        return total
-
     def _copies(self, step, pos: int) -> bool:
         """A view kernel (a reshape) that the memory plan, made at the bounds, lays out as a
         copy: at smaller dims numpy may return a view of an arena buffer the plan reuses after
@@ -586,7 +576,8 @@ class CompiledGraph:
 
     def memory(self) -> dict[str, int]:
         """Bytes per device of the current plan: arena (transient values, reused after their
-        last use) + weights (and weight-only results) + state; known before anything runs. A
+        last use) + weights (with weight-only results and packed copies) + state; known before
+        anything runs (the memory plan's totals: ``tg.estimate_memory`` gives the same). A
         kept state counts at its buffer's capacity (the length at the bounds, or what the
         buffer holds once grown), not at the active length the plan binds."""
         self.plan  # noqa: B018 - raises when nothing is planned yet
@@ -602,10 +593,6 @@ class CompiledGraph:
             if st.buffer is not None:
                 room = max(room, st.buffer.nbytes)
             totals[b.device] = totals.get(b.device, 0) + max(room - b.nbytes, 0)
-        extra = self._last.prepared_nbytes()  # packed weights, kept beside the weights
-        if extra:
-            device = next(iter(memory.weights), None) or self._planner.device.kind
-            totals[device] = totals.get(device, 0) + extra
         return totals
 
     def save_plan(self, path) -> None:

@@ -103,6 +103,37 @@ def test_epilogue_on_every_path(act, m, k, n):
     np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-3 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("m,k,n", [(1, 300, 40), (13, 1025, 40), (600, 70, 37), (530, 1100, 33),
+                                   (7, 33, 16)])
+def test_residual_on_every_path(bias, m, k, n):
+    """+ res as each tile is stored: one row (gemv), K blocks accumulated first, the threads
+    splitting M, partial column tiles, full tiles; into a poisoned out= buffer."""
+    x, w, b, res = rand(m, k), rand(k, n), rand(n), rand(m, n)
+    out = np.full((m, n), np.nan, np.float32)
+    got = gemm.gemm(x, gemm.pack(w, False), b if bias else None, out=out, res=res)
+    assert got is out
+    y = x.astype(np.float64) @ w.astype(np.float64) + (b if bias else 0) + res
+    assert relative_error(got, y) < 1e-6
+    np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-3 * np.sqrt(k))
+
+
+def test_residual_kernels_match_their_patterns():
+    """linear(x, w, b) + res over a batched x, and the where: res must not broadcast."""
+    x, w, b, res = rand(2, 3, 50), rand(70, 50), rand(70), rand(2, 3, 70)
+    k = registry.get("c_packed_linear_add")
+    assert relative_error(k(x, w, b, res), ref_linear(x, w, b) + res) < 1e-6
+    assert "the product's shape" in k.constraint_failure(
+        [(2, 3, 50), (70, 50), (70,), (70,)], [tg.float32] * 4)
+    assert registry.get("c_packed_linear_nobias_add").constraint_failure(
+        [(2, 3, 50), (70, 50), (2, 3, 70)], [tg.float32] * 3) is None
+
+
+def test_empty_inner_dimension_gives_bias_plus_residual():
+    x, w, b, res = np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32), rand(5), rand(3, 5)
+    np.testing.assert_array_equal(gemm.gemm(x, gemm.pack(w, False), b, res=res), b + res)
+
+
 def test_nan_and_inf_propagate():
     x, w = rand(8, 20), rand(20, 33)
     x[3, 5] = np.nan

@@ -77,3 +77,44 @@ def test_symbolic_shapes_sink_too():
     out = sink_reshapes(tg.silu(r))
     assert out.op.name == "reshape" and out.inputs[0].op.name == "silu"
     assert out.shape == r.shape
+
+
+def test_a_residual_add_after_a_view_reads_its_gemm():
+    """GPT-2's residual: h + addmm(...).view(batch, seq, n). Sunk, the add reads the product
+    (fusable into its GEMM) and the residual stream takes the inverse view."""
+    x = _x((2, 6, 8))
+    w, b = tg.weight("w", (8, 8), "float32"), tg.weight("b", (8,), "float32")
+    mm = tg.reshape(x, (12, 8)) @ w + b
+    h1 = x + tg.reshape(mm, (2, 6, 8))
+    h2 = tg.reshape(tg.reshape(h1, (12, 8)) @ w + b, (2, 6, 8)) + h1
+    sunk = sink_reshapes(h2)
+    assert sunk.op.name == "reshape" and sunk.inputs[0].op.name == "add"
+    adds = [n for n in tg.nodes(sunk) if n.op.name == "add" and n.shape == (12, 8)
+            and any(i.op.name == "add" and i.inputs[0].op.name == "matmul" or
+                    i.op.name == "add" and i.inputs[1].op.name == "matmul" for i in n.inputs)]
+    assert len(adds) == 2  # both residual adds read their product's bias add directly
+    feeds = {"x": RNG.standard_normal((2, 6, 8)), "w": RNG.standard_normal((8, 8)),
+             "b": RNG.standard_normal(8)}
+    ref = tg.evaluate(h2, feeds, dtype="float64")
+    assert relative_error(tg.evaluate(sunk, feeds, dtype="float64"), ref) < 1e-15
+
+
+@pytest.mark.parametrize("other", [
+    lambda: tg.permute(tg.input("y", (2, 8, 6), "float32"), (0, 2, 1)),  # strided: would copy
+    lambda: tg.input("y", (8,), "float32"),                              # broadcast
+])
+def test_binary_sinking_keeps_strided_and_broadcast_operands(other):
+    out = tg.reshape(tg.input("x", (12, 8), "float32"), (2, 6, 8)) * other()
+    assert sink_reshapes(out) is out
+
+
+def test_a_reshape_that_removes_axes_does_not_sink_through_a_binary_op():
+    x = tg.input("x", (2, 6, 8), "float32")
+    out = tg.reshape(x, (12, 8)) + tg.input("y", (12, 8), "float32")
+    assert sink_reshapes(out) is out
+
+
+def test_a_reshaped_operand_that_broadcasts_does_not_sink():
+    x = tg.input("x", (2, 6, 6), "float32")
+    out = tg.reshape(x, (2, 1, 6, 6)) + tg.input("y", (2, 4, 6, 6), "float32")
+    assert sink_reshapes(out) is out

@@ -1,4 +1,6 @@
-/* float32 GEMM on a weight packed once: C = act(A @ B + bias), row-major A (M, K) and C (M, N).
+/* float32 GEMM on a weight packed once: C = act(A @ B + bias) + R, row-major A (M, K), C and
+ * the residual R (M, N) (R optional: a transformer's residual add, read as each tile is stored
+ * instead of a separate pass over C).
  *
  * B (the weight: K x N for a @ b, or N x K for torch's linear x @ W^T, read through any element
  * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
@@ -113,8 +115,9 @@ TG_INLINE float act_f(float x, int act) {
     return x;
 }
 
-/* c[rows, cols] (ldc) of an epilogue tile: + bias, then the activation */
-static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bias, int act) {
+/* c[rows, cols] (ldc) of an epilogue tile: + bias, then the activation, then + res (ldc) */
+static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bias, int act,
+                     const float *res) {
     for (int r = 0; r < rows; r++) {
         float *cr = c + r * ldc;
         if (bias) {
@@ -130,6 +133,10 @@ static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bia
         } else if (act == ACT_GELU_TANH) {
             #pragma omp simd
             for (int j = 0; j < cols; j++) cr[j] = tg_gelu_tanh(cr[j]);
+        }
+        if (res) {
+            #pragma omp simd
+            for (int j = 0; j < cols; j++) cr[j] += res[r * ldc + j];
         }
     }
 }
@@ -161,8 +168,15 @@ TG_INLINE void act_lanes(float *t, const int lanes, const float *bias, int act) 
 }
 
 /* What a micro-kernel does to the tile after its last K block: `bias` is the tile's first
- * column of the bias (or NULL), `act` the activation; `on` is 0 before the last K block. */
-typedef struct { const float *bias; int act; int on; } tile_ep;
+ * column of the bias (or NULL), `act` the activation, then + the residual `res` (or NULL: the
+ * whole (M, N) operand; `c` is C's origin, so a tile at c + o reads res + o); `on` is 0 before
+ * the last K block. */
+typedef struct { const float *bias; int act; int on; const float *res; const float *c; } tile_ep;
+
+/* the residual's row r of the tile at c (ldc) */
+TG_INLINE const float *tile_res(const tile_ep *ep, const float *c, int64_t ldc, int r) {
+    return ep->res + (c - ep->c) + r * ldc;
+}
 
 /* the tile's bias (cols of it, zero past them) into b[NR] */
 TG_INLINE void tile_bias(const tile_ep *ep, int cols, float *b) {
@@ -179,7 +193,13 @@ TG_INLINE void store_cols(float t[MR][NR], int nr, int cols, float *c, int64_t l
         float *cr = c + r * ldc;
         if (accumulate)
             for (int j = 0; j < cols; j++) t[r][j] += cr[j];
-        if (ep->on) act_lanes(t[r], NR, ep->bias ? b : NULL, ep->act);
+        if (ep->on) {
+            act_lanes(t[r], NR, ep->bias ? b : NULL, ep->act);
+            if (ep->res) {
+                const float *rr = tile_res(ep, c, ldc, r);
+                for (int j = 0; j < cols; j++) t[r][j] += rr[j];
+            }
+        }
         for (int j = 0; j < cols; j++) cr[j] = t[r][j];
     }
 }
@@ -214,6 +234,7 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
                 v16u *cr = (v16u *)(c + r * ldc);
                 *(v16 *)t = accumulate ? *cr + x[r] : x[r];
                 act_lanes(t, NR, ep->bias, ep->act);
+                if (ep->res) *(v16 *)t += *(const v16u *)tile_res(ep, c, ldc, r);
                 *cr = *(v16 *)t;
             }
             return;
@@ -260,6 +281,11 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
                 act_lanes(t, NR, ep->bias, ep->act);
                 y0 = *(v8 *)t;
                 y1 = *(v8 *)(t + 8);
+                if (ep->res) {
+                    const float *rr = tile_res(ep, c, ldc, r);
+                    y0 += *(const v8u *)rr;
+                    y1 += *(const v8u *)(rr + 8);
+                }
             }
             *c0 = y0;
             *c1 = y1;
@@ -300,8 +326,8 @@ static void micro_pf(int64_t kc, const float *ap, const float *bp, const float *
 /* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
  * blocking (a stays in L1) and four interleaved partial sums per 8-lane half to hide the FMA
  * latency; each thread streams its own panels once. */
-static void gemv_packed(const float *a, const float *bp, const float *bias, float *c,
-                        int64_t n, int64_t k, int64_t panels, int nt, int act) {
+static void gemv_packed(const float *a, const float *bp, const float *bias, const float *res,
+                        float *c, int64_t n, int64_t k, int64_t panels, int nt, int act) {
     #pragma omp parallel for schedule(dynamic, 8) num_threads(nt)
     for (int64_t j = 0; j < panels; j++) {
         const float *b = bp + j * k * NR;
@@ -325,7 +351,8 @@ static void gemv_packed(const float *a, const float *bp, const float *bias, floa
         int64_t col = j * NR;
         int cols = (int)imin(NR, n - col);
         for (int q = 0; q < cols; q++) c[col + q] = t[q];
-        if (bias || act) epilogue(c + col, n, 1, cols, bias ? bias + col : NULL, act);
+        if (bias || act || res)
+            epilogue(c + col, n, 1, cols, bias ? bias + col : NULL, act, res ? res + col : NULL);
     }
 }
 
@@ -343,8 +370,8 @@ static int64_t k_block(int64_t k, int64_t kc_max) {
 /* One block of rows [i0, i0 + mc) against all N panels, A packed by this thread into `ap`
  * (mpanels x kcb floats per K block): the large-M path, where the threads split M. */
 static void rows_block(const float *a, int64_t lda, const float *bp, const float *bias,
-                       float *c, int64_t i0, int64_t mc, int64_t n, int64_t k, int64_t kcb,
-                       int64_t panels, int act, float *ap) {
+                       const float *res, float *c, int64_t i0, int64_t mc, int64_t n, int64_t k,
+                       int64_t kcb, int64_t panels, int act, float *ap) {
     int64_t mpanels = (mc + MR - 1) / MR;
     for (int64_t pc = 0; pc < k; pc += kcb) {
         int64_t kc = imin(kcb, k - pc);
@@ -357,7 +384,7 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
             int cols = (int)imin(NR, n - col);
             const float *bj = bp + j * k * NR + pc * NR;
             const float *next = j + 1 < panels ? bj + k * NR : NULL;
-            tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act)};
+            tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act || res), res, c};
             for (int64_t r = 0; r < mpanels; r++) {
                 int rows = (int)imin(MR, mc - r * MR);
                 float *ct = c + (i0 + r * MR) * n + col;
@@ -370,10 +397,11 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
     }
 }
 
-/* C (m, n) = act(A (m, k), row stride lda, @ packed B + bias). Returns 0, -1 for a buffer that
- * is not a packed operand of (k, n), -2 when out of memory. */
+/* C (m, n) = act(A (m, k), row stride lda, @ packed B + bias) + res (m, n), bias and res
+ * optional (NULL); C must not overlap res. Returns 0, -1 for a buffer that is not a packed
+ * operand of (k, n), -2 when out of memory. */
 int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const float *bias,
-                       float *c, int64_t m, int64_t n, int64_t k, int act) {
+                       const float *res, float *c, int64_t m, int64_t n, int64_t k, int act) {
     const int64_t *h = (const int64_t *)packed;
     if (h[0] != MAGIC || h[1] != k || h[2] != n) return -1;
     if (m <= 0 || n <= 0) return 0;
@@ -382,7 +410,8 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     if (k == 0) {
         for (int64_t i = 0; i < m; i++) {
             memset(c + i * n, 0, sizeof(float) * (size_t)n);
-            if (bias || act) epilogue(c + i * n, n, 1, (int)n, bias, act);
+            if (bias || act || res) epilogue(c + i * n, n, 1, (int)n, bias, act,
+                                             res ? res + i * n : NULL);
         }
         return 0;
     }
@@ -413,7 +442,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
             for (int64_t b = 0; b < blocks; b++) {
                 int64_t p0 = b * base + imin(b, extra), np = base + (b < extra);
                 int64_t i0 = p0 * MR, mc = imin(np * MR, m - i0);
-                rows_block(a, lda, bp, bias, c, i0, mc, n, k, kcb, panels, act,
+                rows_block(a, lda, bp, bias, res, c, i0, mc, n, k, kcb, panels, act,
                            ws + tid * slice);
             }
         }
@@ -424,7 +453,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     int nt = tg_nthreads < panels ? tg_nthreads : (int)panels;
     if ((double)m * (double)n * (double)k < 262144.0) nt = 1;
     if (m == 1) {
-        gemv_packed(a, bp, bias, c, n, k, panels, nt, act);
+        gemv_packed(a, bp, bias, res, c, n, k, panels, nt, act);
         return 0;
     }
     int64_t mc_max = imin(MC, mp_all * MR);
@@ -471,7 +500,8 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                         const float *next = j + 1 < j1 ? bj + k * NR
                                             : bp + j0 * k * NR + (pc + kcb) * NR;
                         int64_t nkc = j + 1 < j1 ? kc : imin(kcb, k - pc - kcb);
-                        tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act)};
+                        tile_ep ep = {bias ? bias + col : NULL, act,
+                                      last && (bias || act || res), res, c};
                         for (int64_t r = 0; r < mpanels; r++) {
                             int rows = (int)imin(MR, mc - r * MR);
                             float *ct = c + (ic + r * MR) * n + col;

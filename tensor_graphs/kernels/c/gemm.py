@@ -13,8 +13,10 @@ call, ``Kernel.__call__`` and the verifier need nothing special.
 A is packed per call in 6-row panels (all of K when K <= 512, else blocks of up to 256
 K-rows); a 6 x 16 register-blocked micro-kernel; OpenMP over N panels, or over blocks of rows
 when M >= 512. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
-(x @ w.T + b), ``_nobias``, and ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
-(bias and activation applied to each C tile as its last K block is stored). ``writes_out``.
+(x @ w.T + b), ``_nobias``, ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
+(bias and activation applied to each C tile as its last K block is stored), and ``_add``
+variants of the four plain ones (+ an operand of the result's shape: the residual add of a
+transformer block, read as each tile is stored). ``writes_out``.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ def _packed_nbytes(linear: bool):
     return nbytes
 
 
-def gemm(a, w, bias=None, act=None, linear=False, out=None):
-    """act(a @ op(w) + bias) with ``w`` packed (``pack``) or a 2-D weight (packed here)."""
+def gemm(a, w, bias=None, act=None, linear=False, out=None, res=None):
+    """act(a @ op(w) + bias) + res with ``w`` packed (``pack``) or a 2-D weight (packed here);
+    ``res`` (the result's shape, C-contiguous) is added as each tile is stored."""
     if w.ndim == 2:  # not prepared: pack for this call (correct, slow)
         w = pack(w, linear)
     k = a.shape[-1]
@@ -96,9 +99,9 @@ def gemm(a, w, bias=None, act=None, linear=False, out=None):
         out = np.empty(a.shape[:-1] + (n,), np.float32)
     else:  # the caller's buffer has the result's shape (writes_out); C checks the header
         n = out.shape[-1]
-    fn = lib.func(LIB, "tg_gemm_packed_f32", P, I64, P, P, P, I64, I64, I64, I32)
+    fn = lib.func(LIB, "tg_gemm_packed_f32", P, I64, P, P, P, P, I64, I64, I64, I32)
     fn.restype = ctypes.c_int
-    status = fn(ptr(a), k, ptr(w), ptr(bias), ptr(out), math.prod(a.shape[:-1]), n, k,
+    status = fn(ptr(a), k, ptr(w), ptr(bias), ptr(res), ptr(out), math.prod(a.shape[:-1]), n, k,
                 ACTS[act])
     if status == -1:
         raise ValueError(f"C packed gemm: the weight is packed as (K, N) = {packed_shape(w)}, "
@@ -108,17 +111,17 @@ def gemm(a, w, bias=None, act=None, linear=False, out=None):
     return out
 
 
-def _register(name: str, linear: bool, has_bias: bool, act: str | None):
+def _register(name: str, linear: bool, has_bias: bool, act: str | None, residual=False):
     pattern, run = epilogue_kernel(gemm, linear, has_bias, act,
                                    ", the weight packed once at bind time (6x16 AVX "
-                                   "micro-kernel).")
+                                   "micro-kernel).", residual)
     run.source_text = SOURCE + f"\n/* {name} */"
     weight = "weight" if linear else "b"
     prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),
                        name="pack_linear" if linear else "pack_matmul", strided=True)
     kernel(pattern, backend="c", name=name, dtypes=("float32",), contiguous=True,
-           where=gemm_constraint(LIB, linear, has_bias, packed=True), tolerance=1e-5,
-           signatures=_signatures(linear, has_bias), writes_out=True,
+           where=gemm_constraint(LIB, linear, has_bias, packed=True, residual=residual),
+           tolerance=1e-5, signatures=_signatures(linear, has_bias, residual), writes_out=True,
            prepare={weight: prep})(run)
 
 
@@ -129,3 +132,8 @@ _register("c_packed_linear_nobias", True, False, None)
 for _act in ("relu", "gelu", "gelu_tanh"):
     _register(f"c_packed_matmul_bias_{_act}", False, True, _act)
     _register(f"c_packed_linear_{_act}", True, True, _act)
+# + a residual of the product's shape (a transformer block's skip connection)
+_register("c_packed_matmul_add", False, False, None, residual=True)
+_register("c_packed_matmul_bias_add", False, True, None, residual=True)
+_register("c_packed_linear_add", True, True, None, residual=True)
+_register("c_packed_linear_nobias_add", True, False, None, residual=True)

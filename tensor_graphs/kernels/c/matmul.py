@@ -77,9 +77,11 @@ def plan_linear(x_shape, w_shape):
     return (1, m, n, k, 0, 0, 0, x_shape[:-1] + (n,))
 
 
-def gemm_constraint(lib_name: str, linear: bool, has_bias: bool, packed: bool = False):
+def gemm_constraint(lib_name: str, linear: bool, has_bias: bool, packed: bool = False,
+                    residual: bool = False):
     """The ``where`` of a GEMM kernel: library ``lib_name`` builds, the shapes plan (see
-    ``plan_linear`` / ``plan_matmul``), the bias fits; ``packed``: the weight is 2-D."""
+    ``plan_linear`` / ``plan_matmul``), the bias fits; ``packed``: the weight is 2-D;
+    ``residual``: the last operand has the result's shape (added, not broadcast)."""
     def fits(shapes, dtypes, attrs):
         if packed and len(shapes[1]) != 2:
             return f"the weight must be 2-D (it is packed once), got {tuple(shapes[1])}"
@@ -88,6 +90,9 @@ def gemm_constraint(lib_name: str, linear: bool, has_bias: bool, packed: bool = 
             return plan
         if has_bias and tuple(shapes[2]) != (plan[2],):
             return f"bias must have shape ({plan[2]},), got {tuple(shapes[2])}"
+        if residual and tuple(shapes[-1]) != tuple(plan[7]):
+            return (f"the added operand must have the product's shape {tuple(plan[7])}, "
+                    f"got {tuple(shapes[-1])}")
         return True
 
     return where_ok(lib_name, fits)
@@ -113,28 +118,44 @@ _ACT_BUILD = {None: lambda y: y, "relu": tg.relu, "gelu": _gelu("none"),
               "gelu_tanh": _gelu("tanh")}
 
 
-def epilogue_kernel(gemm_fn, linear: bool, has_bias: bool, act: str | None, how: str):
-    """The pattern and the function of one GEMM kernel with its epilogue (bias, activation):
-    ``act(x @ weight.T + bias)`` for ``linear``, else ``act(a @ b + bias)``; ``gemm_fn(a, b,
-    bias, act, linear, out)`` computes it. Shared by the OpenBLAS and the packed GEMMs."""
+def epilogue_kernel(gemm_fn, linear: bool, has_bias: bool, act: str | None, how: str,
+                    residual: bool = False):
+    """The pattern and the function of one GEMM kernel with its epilogue (bias, activation,
+    then ``residual``: + an operand of the result's shape): ``act(x @ weight.T + bias) [+ res]``
+    for ``linear``, else ``act(a @ b + bias) [+ res]``; ``gemm_fn(a, b, bias, act, linear, out
+    [, res])`` computes it. Shared by the OpenBLAS and the packed GEMMs."""
     build = _ACT_BUILD[act]
     if linear:
-        pattern = ((lambda x, weight, bias: build(tg.linear(x, weight, bias))) if has_bias
+        product = ((lambda x, weight, bias: build(tg.linear(x, weight, bias))) if has_bias
                    else (lambda x, weight: build(tg.linear(x, weight))))
     else:
-        pattern = ((lambda a, b, bias: build(a @ b + bias)) if has_bias
+        product = ((lambda a, b, bias: build(a @ b + bias)) if has_bias
                    else (lambda a, b: build(a @ b)))
+    pattern = product
+    if residual:
+        if linear:
+            pattern = ((lambda x, weight, bias, res: product(x, weight, bias) + res) if has_bias
+                       else (lambda x, weight, res: product(x, weight) + res))
+        else:
+            pattern = ((lambda a, b, bias, res: product(a, b, bias) + res) if has_bias
+                       else (lambda a, b, res: product(a, b) + res))
 
-    if has_bias:
+    if has_bias and residual:
+        def run(a, b, bias, res, *, out=None):
+            return gemm_fn(a, b, bias, act, linear, out, res)
+    elif has_bias:
         def run(a, b, bias, *, out=None):
             return gemm_fn(a, b, bias, act, linear, out)
+    elif residual:
+        def run(a, b, res, *, out=None):
+            return gemm_fn(a, b, None, act, linear, out, res)
     else:
         def run(a, b, *, out=None):
             return gemm_fn(a, b, None, act, linear, out)
 
     what = "x @ weight.T" if linear else "a @ b"
     run.__doc__ = (f"{act + '(' if act else ''}{what}{' + bias' if has_bias else ''}"
-                   f"{')' if act else ''}{how}")
+                   f"{')' if act else ''}{' + res' if residual else ''}{how}")
     return pattern, run
 
 
@@ -147,8 +168,9 @@ def _register(name: str, linear: bool, has_bias: bool, act: str | None):
            signatures=_signatures(linear, has_bias), writes_out=True)(run)
 
 
-def _signatures(linear: bool, has_bias: bool) -> list[dict]:
-    """Verification cases (m, k, n) at sizes 1, 7, 33, 1025, batched, and float64."""
+def _signatures(linear: bool, has_bias: bool, residual: bool = False) -> list[dict]:
+    """Verification cases (m, k, n) at sizes 1, 7, 33, 1025, batched, and float64;
+    ``residual``: with ``res`` of the result's shape."""
     out = []
     for m, k, n, lead, dt in ((1, 1, 1, (), "float32"), (7, 33, 9, (), "float32"),
                               (5, 1025, 33, (), "float32"), (33, 7, 1025, (2,), "float32"),
@@ -159,6 +181,8 @@ def _signatures(linear: bool, has_bias: bool) -> list[dict]:
         sig = {"x": a, "weight": b} if linear else {"a": a, "b": b}
         if has_bias:
             sig["bias"] = ((n,), dt)
+        if residual:
+            sig["res"] = (lead + (m, n), dt)
         out.append(sig)
     return out
 
