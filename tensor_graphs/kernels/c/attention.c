@@ -1,9 +1,11 @@
 /* Scaled dot-product attention, float32: q (B, Hq, Sq, D), k (B, Hkv, Sk, D),
- * v (B, Hkv, Sk, Dv) -> out (B, Hq, Sq, Dv). Grouped-query heads (q head h reads kv head
- * h / (Hq / Hkv)), causal (key j <= query i, top-left), an optional mask read through four
- * element strides (0 = broadcast) over (B, Hq, Sq, Sk): float32 added, or bool (one byte per
- * element; mask_strides[4] = 1) adding 0 where true and -inf where false. With a mask, a row
- * with nothing to attend to gives 0 (the reference's safe softmax).
+ * v (B, Hkv, Sk, Dv) -> out (B, Hq, Sq, Dv), or out written as (B, Sq, Hq, Dv) (the heads
+ * transposed back next to their features, as a transformer's output projection reads them:
+ * qkv_strides[9..11] are the output's batch, head and row strides). Grouped-query heads (q
+ * head h reads kv head h / (Hq / Hkv)), causal (key j <= query i, top-left), an optional mask
+ * read through four element strides (0 = broadcast) over (B, Hq, Sq, Sk): float32 added, or
+ * bool (one byte per element; mask_strides[4] = 1) adding 0 where true and -inf where false.
+ * With a mask, a row with nothing to attend to gives 0 (the reference's safe softmax).
  *
  * Layout (as a BLAS packs its operands): K and V are packed per kv head into panels 16 floats
  * wide, K^T as [Sk/16][D][16] and V as [Dv/16][Sk][16] (zero-padded), so both micro-kernels
@@ -197,6 +199,7 @@ typedef struct {
     int64_t b, hq, hkv, sq, sk, d, dv, skp, dvp;
     int64_t ms[4];
     int64_t qs[3], ks[3], vs[3]; /* element strides of batch, head and row (last axis dense) */
+    int64_t os[3];               /* the output's: (B, Hq, Sq, Dv) dense, or (B, Sq, Hq, Dv) */
     float scale;
     int causal, mask_u8;
     float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
@@ -425,7 +428,7 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
                 const float *qh = (A).q + bi * (A).qs[0] + h * (A).qs[1];                      \
                 const float *kp = (A).kp + kvh * (A).skp * (A).d;                              \
                 const float *vp = (A).vp + kvh * (A).dvp * (A).sk;                             \
-                float *oh = (A).out + bh * (A).sq * (A).dv;                                    \
+                float *oh = (A).out + bi * (A).os[0] + h * (A).os[1];                          \
                 __VA_ARGS__                                                                    \
             }                                                                                  \
         }                                                                                      \
@@ -438,7 +441,8 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
                      int64_t b, int64_t hq, int64_t hkv,
                      int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int causal) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL, NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL,
+                NULL};
     if (mask) {
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
         a.mask_u8 = (int)mask_strides[4];
@@ -447,6 +451,7 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
         a.qs[t] = qkv_strides[t];
         a.ks[t] = qkv_strides[3 + t];
         a.vs[t] = qkv_strides[6 + t];
+        a.os[t] = qkv_strides[9 + t];
     }
     /* per thread: scores (TG_BQ x Skp), accumulator (TG_BQ x Dvp), 1/sum (TG_BQ) */
     TG_ATTENTION_DRIVER(a, TG_BQ * (a.skp + a.dvp + 1), {
@@ -475,7 +480,7 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
         task_pv(&a, vp, q0, q1, 0, kend, s, a.skp, acc, 1); /* every row sees >= 1 key */
         for (int64_t i = q0; i < q1; i++) {
             const float *ar = acc + (i - q0) * a.dvp;
-            float *o = oh + i * dv, c = inv[i - q0];
+            float *o = oh + i * a.os[2], c = inv[i - q0];
             for (int64_t x = 0; x < dv; x++) o[x] = ar[x] * c;
         }
     });
@@ -487,7 +492,8 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                            int64_t hkv, int64_t sq, int64_t sk, int64_t d, int64_t dv,
                            float scale, int causal, int64_t bk) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL, NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL,
+                NULL};
     if (mask) {
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
         a.mask_u8 = (int)mask_strides[4];
@@ -496,6 +502,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
         a.qs[t] = qkv_strides[t];
         a.ks[t] = qkv_strides[3 + t];
         a.vs[t] = qkv_strides[6 + t];
+        a.os[t] = qkv_strides[9 + t];
     }
     bk = round16(bk < TG_W ? TG_W : bk);
     /* per thread: scores (TG_BQ x bk), accumulator (TG_BQ x Dvp), running max and sum
@@ -553,7 +560,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
             float l = ls[lr];
             float inv = (mask && ms[lr] == -INFINITY && l == 0.0f) ? 0.0f : 1.0f / l;
             const float *ar = acc + lr * a.dvp;
-            float *o = oh + i * dv;
+            float *o = oh + i * a.os[2];
             for (int64_t x = 0; x < dv; x++) o[x] = ar[x] * inv;
         }
     });

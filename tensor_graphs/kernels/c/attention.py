@@ -5,14 +5,20 @@ row strides (only the last axis must be dense), so a KV cache's active prefix or
 out of a projection are never copied first; k/v may have fewer heads than q (grouped-query
 attention); the mask (float32 added, or bool: True = attend, read as bytes, never converted
 to a float copy per call) broadcasts to (batch, heads, Sq, Sk) and is read through strides
-(never expanded). Eight kernels cover
-{plain, flash} x {no mask, mask} x {not causal, causal}; ``scale`` must be the default
-1/sqrt(dim) (the pattern says so). K and V are packed once per call into 16-wide panels and
-both products run on register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of
-<= 66 query rows); see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
+(never expanded). Eight kernels cover {plain, flash} x {no mask, mask} x {not causal, causal},
+any ``scale``. K and V are packed once per call into 16-wide panels and both products run on
+register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of <= 66 query rows);
+see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
 ``FLASH_BLOCK`` with an online softmax and never holds more than 66 x FLASH_BLOCK scores per
 thread, for long sequences; the plain one keeps 66 x Sk. Each writes into ``out=`` when given one
 (``writes_out``: see the registry).
+
+``*_bshd`` (eight more, registered by ``register_heads_last()``, not at import yet):
+``permute(attention, (0, 2, 1, 3))`` with the result written as (batch, seq, heads, dim), so
+the reshape to (batch, seq, heads * dim) that a transformer block
+does next is a view, not a copy (a copy keeps a program out of the native loop). They see only
+the permute's attributes, so the attention's are pinned in the pattern: ``is_causal`` per kernel
+and ``scale`` at its default (None, 1/sqrt(dim)).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import math
 import numpy as np
 
 from tensor_graphs.errors import TensorGraphsError
+from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import F32, I32, I64, P, ptr
 from tensor_graphs.kernels.registry import kernel
@@ -33,7 +40,7 @@ SOURCE = lib.source(LIB)
 FLASH_BLOCK = 256  # keys per block: one block up to GPT-2's 128-256 tokens, L2-sized tiles
 
 
-def _fits(has_mask: bool, causal: bool):
+def _fits(has_mask: bool, causal: bool, heads_last: bool = False):
     def fits(shapes, dtypes, attrs):
         if bool(attrs.get("is_causal", causal)) != causal:
             return f"this kernel is for is_causal={causal}"
@@ -46,8 +53,10 @@ def _fits(has_mask: bool, causal: bool):
             return f"attn_mask must be float32 (added) or bool (True = attend), got " \
                 f"{dtypes[3].name}"
         q, k, v = (tuple(s) for s in shapes[:3])
-        if len(q) not in (3, 4) or len(k) != len(q) or len(v) != len(q):
-            return f"q, k, v must all be rank 3 or all rank 4, got {q}, {k}, {v}"
+        if len(q) not in ((4,) if heads_last else (3, 4)) or len(k) != len(q) \
+                or len(v) != len(q):
+            return f"q, k, v must all be rank {'4' if heads_last else '3 or all rank 4'}, got " \
+                f"{q}, {k}, {v}"
         if not (q[:-3] == k[:-3] == v[:-3]):
             return f"q, k, v need equal batch dims (no broadcasting), got {q}, {k}, {v}"
         hq, sq, d = q[-3:]
@@ -82,12 +91,20 @@ def _rows(x: np.ndarray) -> np.ndarray:
 
 
 def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, out=None,
-              scale=None):
+              scale=None, heads_last=False):
+    """The attention of (batch, heads, seq, dim) (or (heads, seq, dim)) inputs into ``out``;
+    ``heads_last``: the result written as (batch, seq, heads, dim) (rank 4 only), the layout of
+    ``permute(attention, (0, 2, 1, 3))``."""
     rank3 = q.ndim == 3
     q4, k4, v4 = (_rows(x[None] if rank3 else x) for x in (q, k, v))
     b, hq, sq, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
-    out = lib.output(out, q.shape[:-1] + (dv,), np.float32)  # (b,) hq, sq, dv
+    if heads_last:  # (b, sq, hq, dv): strides of batch, head and row
+        out = lib.output(out, (b, sq, hq, dv), np.float32)
+        out_strides = (sq * hq * dv, dv, hq * dv)
+    else:
+        out = lib.output(out, q.shape[:-1] + (dv,), np.float32)  # (b,) hq, sq, dv
+        out_strides = (hq * sq * dv, sq * dv, dv)
     strides = (ctypes.c_int64 * 5)(0, 0, 0, 0, 0)
     mask_ptr = None
     if mask is not None:  # a bool mask is read as bytes (True = attend: 0 added, else -inf)
@@ -97,7 +114,8 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, 
         strides = (ctypes.c_int64 * 5)(*(s // full.itemsize for s in full.strides),
                                        int(mask.dtype == np.bool_))
         mask_ptr = ptr(full)
-    qkv = (ctypes.c_int64 * 9)(*(s // 4 for x in (q4, k4, v4) for s in x.strides[:3]))
+    qkv = (ctypes.c_int64 * 12)(*(s // 4 for x in (q4, k4, v4) for s in x.strides[:3]),
+                                *out_strides)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     args = [ptr(q4), ptr(k4), ptr(v4), mask_ptr, strides, qkv, ptr(out),
             b, hq, hkv, sq, sk, d, dv, scale, int(causal)]
@@ -114,18 +132,55 @@ def attention(q, k, v, mask=None, causal=False, flash=False, block=FLASH_BLOCK, 
     return out
 
 
-def _register(flash: bool, has_mask: bool, causal: bool):
+def _heads_last_signatures(has_mask: bool):
+    """Verification cases of the permuted kernels: rank 4, GQA, masks of several broadcasts."""
+    table = [((1, 4, 7, 8), (1, 2, 33, 8), ((7, 33), "bool")),
+             ((2, 2, 1, 4), (2, 2, 1, 4), ((2, 1, 1, 1), "float32")),
+             ((1, 1, 7, 16), (1, 1, 1025, 16), ((7, 1025), "bool")),
+             ((1, 2, 33, 8), (1, 2, 33, 8), ((33, 33), "float32")),
+             ((1, 3, 129, 64), (1, 3, 129, 64), ((1, 1, 129, 129), "bool"))]
+    out = []
+    for q, kv, mask in table:
+        sig = {"q": q, "k": kv, "v": kv}
+        if has_mask:
+            sig["attn_mask"] = mask
+        out.append(sig)
+    return out
+
+
+def _register(flash: bool, has_mask: bool, causal: bool, heads_last: bool = False):
     name = "c_" + ("flash_" if flash else "") + "attention" + ("_mask" if has_mask else "") + \
-        ("_causal" if causal else "")
+        ("_causal" if causal else "") + ("_bshd" if heads_last else "")
+    names = ("q", "k", "v", "attn_mask") if has_mask else ("q", "k", "v")
+    signatures = None
+    if heads_last:
+        # permute(attention, (0, 2, 1, 3)): the result written as (batch, seq, heads, dim), so
+        # the reshape to (batch, seq, heads * dim) that follows in a transformer is a view. The
+        # kernel sees only the root's (the permute's) attributes, so the attention's are fixed
+        # in the pattern: is_causal, and scale left at its default (None: 1/sqrt(dim)).
+        inner = {"is_causal": causal, "scale": _default_scale}
+        if not has_mask:
+            inner["args"] = names
+        pattern = pat.OpPat("permute", (pat.OpPat("scaled_dot_product_attention",
+                                                  tuple(pat.var(n) for n in names), inner),),
+                            {"perm": (0, 2, 1, 3)})
+        signatures = _heads_last_signatures(has_mask)
+
+        if has_mask:
+            def run(q, k, v, attn_mask, *, out=None):
+                return attention(q, k, v, attn_mask, causal, flash, out=out, heads_last=True)
+        else:
+            def run(q, k, v, *, out=None):
+                return attention(q, k, v, None, causal, flash, out=out, heads_last=True)
     # the op with its attributes free (scale any value; is_causal checked by ``where``)
-    if has_mask:
+    elif has_mask:
         pattern = "scaled_dot_product_attention"
 
         def run(q, k, v, attn_mask, is_causal=causal, scale=None, *, out=None):
             return attention(q, k, v, attn_mask, causal, flash, out=out, scale=scale)
     else:
         pattern = pat.OpPat("scaled_dot_product_attention",
-                            tuple(pat.var(n) for n in ("q", "k", "v")), {"args": ("q", "k", "v")})
+                            tuple(pat.var(n) for n in names), {"args": names})
 
         def run(q, k, v, is_causal=causal, scale=None, *, out=None):
             return attention(q, k, v, None, causal, flash, out=out, scale=scale)
@@ -133,13 +188,47 @@ def _register(flash: bool, has_mask: bool, causal: bool):
     run.__doc__ = ((f"tiled flash-style (online softmax, 66 x {FLASH_BLOCK} blocks)" if flash
                     else "plain (66 query rows x all keys)") + " attention" +
                    (", mask (float added, bool True = attend)" if has_mask else "") +
-                   (", causal" if causal else "") + ", GQA, any scale")
+                   (", causal" if causal else "") +
+                   (", written as (batch, seq, heads, dim), default scale" if heads_last
+                    else ", GQA, any scale"))
     run.source_text = SOURCE + f"\n/* {name} */"
-    kernel(pattern, backend="c", name=name, where=_fits(has_mask, causal), tolerance=1e-5,
-           writes_out=True)(run)
+    return kernel(pattern, backend="c", name=name, where=_fits(has_mask, causal, heads_last),
+                  tolerance=1e-5, writes_out=True, signatures=signatures)(run)
+
+
+class _DefaultScale:
+    """A pattern predicate: the attention's ``scale`` is its default (None: 1/sqrt(dim));
+    shown as ``default`` (docs/kernels.md prints patterns)."""
+
+    def __call__(self, scale) -> bool:
+        return scale is None
+
+    def __repr__(self) -> str:
+        return "default"
+
+
+_default_scale = _DefaultScale()
 
 
 for _flash in (False, True):
     for _mask in (False, True):
         for _causal in (False, True):
             _register(_flash, _mask, _causal)
+
+
+def register_heads_last() -> list[str]:
+    """Register the eight ``*_bshd`` kernels (once; later calls do nothing) and return their
+    names. Not done at import yet: with them the planner covers a transformer's attention by a
+    kernel rooted at the permute, and tests that look for an attention root in a plan
+    (tests/planner/test_planner.py, tests/frontend/test_torch_export.py, test_vision.py) have
+    to accept that first. ``registry.unregister`` each name to take them out again."""
+    names = []
+    for flash in (False, True):
+        for has_mask in (False, True):
+            for causal in (False, True):
+                name = "c_" + ("flash_" if flash else "") + "attention" + \
+                    ("_mask" if has_mask else "") + ("_causal" if causal else "") + "_bshd"
+                if name not in {k.name for k in registry.all()}:
+                    _register(flash, has_mask, causal, heads_last=True)
+                names.append(name)
+    return names
