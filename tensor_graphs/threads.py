@@ -23,9 +23,9 @@ through the hypervisor, and on this 2-vCPU VM that left it out of the next calls
 after any idle spell (a (128x768) @ (768x2304) GEMM after a 0.25 s pause: 4.6 ms for the
 first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at 10000; GPT-2 2-layer's
 first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op right after our GEMM
-measured the same at 1000 and 10000. Both are read when those libraries load, so ``import tensor_graphs``
-imports this module before anything loads numpy; numpy or torch imported *before*
-tensor_graphs keep spinning pools, and the import warns once naming them (``late_pools``).
+measured the same at 1000 and 10000. Both are read when those libraries load, so ``import
+tensor_graphs`` imports this module before anything loads numpy; numpy or torch imported
+*before* tensor_graphs keep spinning pools, and the import warns once naming them (``late_pools``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ and ``simplify``, which applies them all to a fixed point.
 
     pm_movement   identity reshape/permute/expand/slice/pad/concat/reduce, and chains of them
     pm_cast       identity casts; cast chains whose inner cast is lossless
-    pm_algebra    0/1 algebra, double negation, x - x on ints, where with equal branches
+    pm_algebra    0/1 algebra, double negation, x - x on ints, where with equal branches; an
+                  attention's explicit scale equal to its default, 1/sqrt(head dim), -> None
     pm_fold       constant folding: a node whose inputs are all constants becomes a constant
     pm_simplify = pm_movement + pm_cast + pm_algebra + pm_fold
 
@@ -240,6 +241,16 @@ pm_cast = pat.RuleTable("cast", [
              lambda x, a, b: builder.cast(x, b.dtype) if lossless(x.dtype, a.dtype) else None),
 ])
 
+def _default_scale(n: Node) -> bool:
+    """An attention whose explicit scale is exactly its default (the same float the
+    decomposition computes): GPT-2 passes scale=1/sqrt(64) = 0.125 (kernels that match
+    ``scale=None`` only, such as the heads-last C attention, can then take it)."""
+    if n.op.name != "scaled_dot_product_attention" or n.attrs.get("scale") is None:
+        return False
+    d = n.inputs[0].shape[-1]
+    return isinstance(d, int) and d > 0 and float(n.attrs["scale"]) == 1.0 / math.sqrt(d)
+
+
 pm_algebra = pat.RuleTable("algebra", [
     # x * 1 -> x  (also True & x on bool)
     pat.rule((x * one).bind("r"), lambda x, r, one: _broadcast(x, r)),
@@ -265,6 +276,9 @@ pm_algebra = pat.RuleTable("algebra", [
     pat.rule(pat.where(one, x, y).bind("r"), lambda one, x, y, r: _broadcast(x, r)),
     # where(false, x, y) -> y
     pat.rule(pat.where(zero, x, y).bind("r"), lambda zero, x, y, r: _broadcast(y, r)),
+    # scaled_dot_product_attention(..., scale=1/sqrt(d)) -> its default, scale=None
+    pat.rule(pat.var("a", where=_default_scale),
+             lambda a: Node.make(a.op, a.inputs, {**a.attrs, "scale": None})),
 ])
 
 pm_fold = pat.RuleTable("fold", [

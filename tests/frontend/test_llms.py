@@ -51,10 +51,13 @@ def _compile(model, vocab: int, max_len: int = 32):
 
 
 def _kernels_by_root(prog) -> dict[str, Counter]:
-    """For each op at a step's root, how many steps ran each kernel."""
+    """For each op at a step's root, how many steps ran each kernel (a kernel that also writes
+    its result permuted, the heads-last C attention, counts under the op it computes)."""
     out: dict[str, Counter] = {}
     for s in prog.plan.steps:
-        out.setdefault(s.node.op.name, Counter())[s.kernel.name] += 1
+        root = next((n.op.name for n in reversed(s.nodes) if n.op.name != "permute"),
+                    s.node.op.name)
+        out.setdefault(root, Counter())[s.kernel.name] += 1
     return out
 
 

@@ -280,9 +280,9 @@ def test_repeated_blocks_are_planned_once_and_run_correctly():
     prog = tg.compile(y, db=db, bounds=dims)
     assert prog.stats["blocks"] == 4
     assert prog.stats["blocks_planned"] == 1 and prog.stats["block_cache_hits"] == 3
-    names = ("c_layer_norm", "c_attention_causal")
     kernels = prog.plan.kernels
-    assert all(kernels.count(n) >= 4 for n in names if n in {k.name for k in tg.kernels.all()})
+    assert kernels.count("c_layer_norm") >= 4
+    assert kernels.count("c_attention_causal") + kernels.count("c_attention_causal_bshd") >= 4
     feeds = random_feeds(y, dims)
     feeds["ids"] = RNG.integers(0, 97, (2, 8))
     prog.bind(**{k: v for k, v in feeds.items() if k != "ids"})

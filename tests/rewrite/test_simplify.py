@@ -663,3 +663,15 @@ def test_simplify_preserves_semantics(data):
                 got = tg.evaluate(new, {k: a for k, a in feeds.items() if k in names},
                                   dtype="float64")
                 _assert_same_values(got, ref, f"{table.name}\n{tg.format_graph(*outs)}")
+
+
+def test_an_attention_scale_equal_to_its_default_becomes_the_default():
+    q = tg.input("q", (1, 2, 5, 16), "float32")
+    same = tg.simplify(tg.scaled_dot_product_attention(q, q, q, scale=0.25))
+    assert same.attrs["scale"] is None
+    other = tg.scaled_dot_product_attention(q, q, q, scale=0.3)
+    assert tg.simplify(other) is other
+    feeds = {"q": np.random.default_rng(0).standard_normal((1, 2, 5, 16))}
+    np.testing.assert_array_equal(
+        tg.evaluate(same, feeds, dtype="float64"),
+        tg.evaluate(tg.scaled_dot_product_attention(q, q, q, scale=0.25), feeds, dtype="float64"))

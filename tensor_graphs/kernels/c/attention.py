@@ -13,9 +13,8 @@ see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
 thread, for long sequences; the plain one keeps 66 x Sk. Each writes into ``out=`` when given one
 (``writes_out``: see the registry).
 
-``*_bshd`` (eight more, registered by ``register_heads_last()``, not at import yet):
-``permute(attention, (0, 2, 1, 3))`` with the result written as (batch, seq, heads, dim), so
-the reshape to (batch, seq, heads * dim) that a transformer block
+``*_bshd`` (eight more): ``permute(attention, (0, 2, 1, 3))`` with the result written as
+(batch, seq, heads, dim), so the reshape to (batch, seq, heads * dim) that a transformer block
 does next is a view, not a copy (a copy keeps a program out of the native loop). They see only
 the permute's attributes, so the attention's are pinned in the pattern: ``is_causal`` per kernel
 and ``scale`` at its default (None, 1/sqrt(dim)).
@@ -29,7 +28,6 @@ import math
 import numpy as np
 
 from tensor_graphs.errors import TensorGraphsError
-from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import F32, I32, I64, P, ptr
 from tensor_graphs.kernels.registry import kernel
@@ -213,22 +211,5 @@ _default_scale = _DefaultScale()
 for _flash in (False, True):
     for _mask in (False, True):
         for _causal in (False, True):
-            _register(_flash, _mask, _causal)
-
-
-def register_heads_last() -> list[str]:
-    """Register the eight ``*_bshd`` kernels (once; later calls do nothing) and return their
-    names. Not done at import yet: with them the planner covers a transformer's attention by a
-    kernel rooted at the permute, and tests that look for an attention root in a plan
-    (tests/planner/test_planner.py, tests/frontend/test_torch_export.py, test_vision.py) have
-    to accept that first. ``registry.unregister`` each name to take them out again."""
-    names = []
-    for flash in (False, True):
-        for has_mask in (False, True):
-            for causal in (False, True):
-                name = "c_" + ("flash_" if flash else "") + "attention" + \
-                    ("_mask" if has_mask else "") + ("_causal" if causal else "") + "_bshd"
-                if name not in {k.name for k in registry.all()}:
-                    _register(flash, has_mask, causal, heads_last=True)
-                names.append(name)
-    return names
+            for _heads_last in (False, True):
+                _register(_flash, _mask, _causal, _heads_last)
