@@ -4,8 +4,10 @@ As llm.c does before any benchmark, every measurement first computes the kernel'
 fresh random inputs and compares it with the reference interpreter in float64 (the norm-wise
 relative error is recorded with the timing). Timing: a warm-up call, then ``repeats`` samples,
 each timing enough back-to-back calls to last at least ``min_sample`` seconds; the row keeps
-the median, min and max seconds per call. A kernel that raises is recorded as a failure (with
-its message) so a profiling run moves on and a resumed run does not retry it.
+the median, min and max seconds per call. ``measure_together`` takes the samples of several
+calls in interleaved rounds, so alternatives see the same load. A kernel that raises is
+recorded as a failure (with its message) so a profiling run moves on and a resumed run does
+not retry it.
 """
 
 from __future__ import annotations
@@ -69,53 +71,115 @@ def measure(call: Call, *, repeats: int = 5, min_sample: float = 2e-3, max_secon
             seed: int = 0) -> Measurement:
     """Check, then time one kernel call (see the module doc); never raises for the kernel's
     own failures."""
-    k = call.kernel
-    base = dict(kernel=k.name, source_hash=k.source_hash, signature=call.signature,
-                flops=call.flops, bytes=call.bytes)
-    try:
-        rng = np.random.default_rng(seed)
-        graph, names = region_graph(call)
-        values = random_inputs(call, rng)
-        # arguments prepared at bind time (a packed weight) are prepared once, outside the
-        # timing, as the runtime does per binding (registry: ``prepare=``)
-        arrays = k.prepare_arguments([values[a] for a in call.arguments])
-        with np.errstate(all="ignore"):
-            ref = evaluate(graph, {names[a]: v for a, v in values.items()}, dtype="float64")
-            got = k.fn(*arrays, **call.attrs)
-        got = np.asarray(got)
-        if got.shape != ref.shape:
-            raise ValueError(f"result shape {got.shape}, expected {ref.shape}")
-        finite = np.isfinite(ref)
-        error = relative_error(np.where(finite, got, 0), np.where(finite, ref, 0))
-        samples = _time(lambda: k.fn(*arrays, **call.attrs), repeats, min_sample, max_seconds)
-    except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
-        nan = math.nan
-        return Measurement(**base, runs=0, median=nan, min=nan, max=nan, error=None,
-                           failure=f"{type(exc).__name__}: {exc}"[:500])
-    return Measurement(**base, runs=len(samples), median=float(np.median(samples)),
-                       min=float(min(samples)), max=float(max(samples)),
-                       error=None if math.isnan(error) else float(error))
+    return measure_together([call], repeats=repeats, min_sample=min_sample,
+                            max_seconds=max_seconds, seed=seed)[0]
 
 
-def _time(fn, repeats: int, min_sample: float, max_seconds: float) -> list[float]:
-    """Seconds per call: a warm-up, then enough calls per sample to last ``min_sample`` (found
-    by doubling, so one slow first call does not shrink every sample to a single call)."""
+def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float = 2e-3,
+                     max_seconds: float = 2.0, seed: int = 0) -> list[Measurement]:
+    """``measure`` for several calls, their samples taken in interleaved rounds (one sample
+    of each call per round, the order rotating): alternatives compared by the planner (a GEMM,
+    the same GEMM with its bias, with its residual add) then see the same load. Measured one
+    after another, a burst of other work on this shared 2-core machine made one of them read
+    15 % slower than the next, more than the epilogue they differ by."""
+    timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
+    for r in range(1, repeats):
+        live = [t for t in timers if t.active(repeats)]
+        if not live:
+            break
+        shift = r % len(live)
+        for t in live[shift:] + live[:shift]:
+            t.sample()
+    return [t.result() for t in timers]
+
+
+class _Timer:
+    """One call being measured: checked against the reference and warmed up on creation (its
+    first sample), then one more sample per ``sample()``."""
+
+    def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int):
+        k = call.kernel
+        self.base = dict(kernel=k.name, source_hash=k.source_hash, signature=call.signature,
+                         flops=call.flops, bytes=call.bytes)
+        self.failure: str | None = None
+        self.samples: list[float] = []
+        self.error = math.nan
+        try:
+            rng = np.random.default_rng(seed)
+            graph, names = region_graph(call)
+            values = random_inputs(call, rng)
+            # arguments prepared at bind time (a packed weight) are prepared once, outside the
+            # timing, as the runtime does per binding (registry: ``prepare=``)
+            arrays = k.prepare_arguments([values[a] for a in call.arguments])
+            with np.errstate(all="ignore"):
+                ref = evaluate(graph, {names[a]: v for a, v in values.items()},
+                               dtype="float64")
+                got = k.fn(*arrays, **call.attrs)
+            got = np.asarray(got)
+            if got.shape != ref.shape:
+                raise ValueError(f"result shape {got.shape}, expected {ref.shape}")
+            finite = np.isfinite(ref)
+            self.error = relative_error(np.where(finite, got, 0), np.where(finite, ref, 0))
+            self.fn = lambda: k.fn(*arrays, **call.attrs)
+            self.start = time.perf_counter()
+            self.deadline = self.start + max_seconds
+            self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds)
+            self.samples.append(first)
+        except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
+            self.failure = f"{type(exc).__name__}: {exc}"[:500]
+
+    def active(self, repeats: int) -> bool:
+        return (self.failure is None and len(self.samples) < repeats
+                and self.calls > 0 and time.perf_counter() < self.deadline)
+
+    def sample(self) -> None:
+        try:
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                self.fn()
+            self.samples.append((time.perf_counter() - t0) / self.calls)
+        except Exception as exc:  # noqa: BLE001
+            self.failure = f"{type(exc).__name__}: {exc}"[:500]
+
+    def result(self) -> Measurement:
+        self.fn = None  # the arrays go with it
+        if self.failure is not None:
+            nan = math.nan
+            return Measurement(**self.base, runs=0, median=nan, min=nan, max=nan, error=None,
+                               failure=self.failure)
+        s = self.samples
+        return Measurement(**self.base, runs=len(s), median=float(np.median(s)),
+                           min=float(min(s)), max=float(max(s)),
+                           error=None if math.isnan(self.error) else float(self.error))
+
+
+def _calls_per_sample(fn, min_sample: float, max_seconds: float) -> tuple[int, float]:
+    """(calls per sample, the first sample's seconds per call): a warm-up, then enough calls
+    to last ``min_sample`` (found by doubling, so one slow first call does not shrink every
+    sample to a single call). 0 calls when the warm-up alone took half of ``max_seconds``:
+    that one call is the only sample."""
     start = time.perf_counter()
     fn()  # warm-up (caches, lazy compilation, thread pools)
     if time.perf_counter() - start > max_seconds / 2:
-        return [time.perf_counter() - start]
-    calls, batch = 1, 0.0
+        return 0, time.perf_counter() - start
+    calls = 1
     while True:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         batch = time.perf_counter() - t0
         if batch >= min_sample or time.perf_counter() - start > max_seconds / 4:
-            break
+            return calls, batch / calls
         calls *= 2
-    samples = [batch / calls]
-    deadline = start + max_seconds
-    while len(samples) < repeats and time.perf_counter() < deadline:
+
+
+def sample_times(fn, repeats: int, min_sample: float, max_seconds: float) -> list[float]:
+    """Seconds per call of ``fn`` alone: the first sample as ``_calls_per_sample`` finds it,
+    then more of the same length until ``repeats`` samples or ``max_seconds``."""
+    start = time.perf_counter()
+    calls, first = _calls_per_sample(fn, min_sample, max_seconds)
+    samples = [first]
+    while calls and len(samples) < repeats and time.perf_counter() < start + max_seconds:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

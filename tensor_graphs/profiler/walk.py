@@ -21,8 +21,8 @@ import numpy as np
 from tensor_graphs.db.cost import _fmt, calibrate
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, prepare
-from tensor_graphs.profiler.measure import _time
-from tensor_graphs.profiler.missing import calls_to_measure, measure_option
+from tensor_graphs.profiler.measure import sample_times
+from tensor_graphs.profiler.missing import calls_to_measure, measure_options
 from tensor_graphs.profiler.progress import Progress
 from tensor_graphs.runtime.program import Executable
 
@@ -89,7 +89,8 @@ def random_feeds(prepared, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def run_path(plan: Plan, feeds, dims, repeats: int = 3) -> float:
     exe = Executable(plan)
-    samples = _time(lambda: exe.run(feeds, dims), repeats, min_sample=0.0, max_seconds=10.0)
+    samples = sample_times(lambda: exe.run(feeds, dims), repeats, min_sample=0.0,
+                           max_seconds=10.0)
     return float(np.median(samples))
 
 
@@ -110,17 +111,19 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     report.skipped = sum(1 for opts in planner._options.values() for o in opts
                          if o.estimate is not None and o.estimate.source == "measured")
     bar = Progress(len(todo), "measuring kernels") if progress else None
-    for i, o in enumerate(todo):
-        if deadline is not None and time.monotonic() > deadline:
-            report.out_of_budget = len(todo) - i
+    done = 0
+    for window in measure_options(todo):
+        for o, m in window:
+            if not db.readonly:
+                db.record(m)
+            report.measured += 1
+            report.failures += m.failure is not None
+            if bar is not None:
+                bar.step(o.kernel.name)
+        done += len(window)
+        if deadline is not None and time.monotonic() > deadline and done < len(todo):
+            report.out_of_budget = len(todo) - done
             break
-        m = measure_option(o)
-        if not db.readonly:
-            db.record(m)
-        report.measured += 1
-        report.failures += m.failure is not None
-        if bar is not None:
-            bar.step(o.kernel.name)
     if bar is not None:
         bar.close()
     planner = settings.planner(prepared, blocks=False)

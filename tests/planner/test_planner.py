@@ -329,6 +329,39 @@ def test_measuring_a_kernel_that_takes_one_value_twice():
     assert m.ok and m.error < 1e-6 and m.median > 0
 
 
+def test_alternatives_are_timed_in_interleaved_rounds():
+    """measure_together: after each call's warm-up, one sample of every call per round, so
+    a burst of other work slows all alternatives alike; a failing call is a failure row."""
+    import dataclasses
+
+    from tensor_graphs.profiler.measure import Call, measure_together
+
+    x = tg.input("x", (8, 8))
+    order: list[str] = []
+
+    def spy(name):
+        k = registry.get(name)
+
+        def fn(*a, **kw):
+            order.append(name)
+            return k.fn(*a, **kw)
+        return dataclasses.replace(k, fn=fn)
+
+    calls = [Call(spy(n), op(x), (x, x) if n != "numpy_exp" else (x,), {},
+                  signature([x, x] if n != "numpy_exp" else [x], {}))
+             for n, op in (("numpy_mul", lambda v: v * v), ("numpy_add", lambda v: v + v),
+                           ("numpy_exp", tg.exp))]
+    broken = Call(dataclasses.replace(registry.get("numpy_exp"), fn=lambda *a: 1 / 0),
+                  tg.exp(x), (x,), {}, signature([x], {}))
+    rows = measure_together([*calls, broken], repeats=4, min_sample=0.0)
+    assert [r.runs for r in rows] == [4, 4, 4, 0] and "ZeroDivisionError" in rows[3].failure
+    assert all(r.ok and r.median > 0 for r in rows[:3])
+    rounds = order[-9:]  # the last three rounds: each call once per round, rotating
+    assert all(sorted(rounds[i:i + 3]) == ["numpy_add", "numpy_exp", "numpy_mul"]
+               for i in (0, 3, 6)), order
+    assert rounds[0:3] != rounds[3:6]
+
+
 def test_weight_only_steps_run_once_per_binding():
     x = tg.input("x", (3, 4))
     w = tg.weight("w", (5, 4))
