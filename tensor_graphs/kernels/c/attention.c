@@ -15,14 +15,19 @@
  * computing). The packed K/V buffer is kept between calls (no page faults each call). Within a
  * task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
  * for each panel, over all groups of TG_R query rows, in 6 x 16 register-blocked micro-kernels
- * (12 vector accumulators, ~80-90% of the FMA peak from L1).
+ * (12 vector accumulators, ~80-90% of the FMA peak from L1); with AVX-512, 6 x 64 for the
+ * scores (four K panels a call) and 6 x 32 for P @ V. The scale is folded into the packed K.
  *  - tg_attention_f32: the task's scores against all the keys it needs (TG_BQ x Sk per
- *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row.
+ *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row. With
+ *    AVX-512 the mask add and the row max are done on the score tiles in registers and the
+ *    exp is exp_row: MiniLM's attention (8 x 12 heads, 128 x 128 x 32, bool mask, 2 threads,
+ *    Zen 4) 1.57 -> 1.37 ms, GPT-2's (12 heads, 128 x 128 x 64) 0.337 -> 0.315 ms.
  *  - tg_flash_attention_f32: the keys in blocks of `bk` with an online softmax (running max,
  *    sum, rescaled accumulator): never more than TG_BQ x bk scores per thread, for long
  *    sequences; seq x seq is never materialised.
  * Causal rows skip the panels past their last key (per group of TG_R rows). The softmax's exp
- * is tg_exp_nonpos (tg_common.h): ~1 ulp, vectorised, for arguments <= 0.
+ * is tg_exp_nonpos (tg_common.h): ~1 ulp, vectorised, for arguments <= 0 (exp_row, 1.7e-7,
+ * in the plain kernel with AVX-512).
  *
  * Why not OpenBLAS sgemm per tile: the scipy-openblas32 build is threaded with pthreads; called
  * from inside an OpenMP region it still starts its own threads (oversubscribing the cores)
@@ -37,7 +42,9 @@
 typedef float v8 __attribute__((vector_size(32)));            /* 32-byte aligned */
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment */
 #define TG_R 6   /* query rows per micro-kernel call */
+#ifndef TG_BQ
 #define TG_BQ 66 /* query rows per task at most (11 groups of TG_R) */
+#endif
 #define TG_W 16  /* panel width (two 8-lane vectors) */
 
 static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }
@@ -46,6 +53,36 @@ static inline int64_t imax(int64_t x, int64_t y) { return x > y ? x : y; }
 
 /* the packed K/V panels' buffer (tg_common.h: kept between calls) */
 static tg_workspace kv_ws = {NULL, 0, 0, TG_KEEP((size_t)64 << 20)};
+
+typedef struct {
+    const float *q, *k, *v;
+    const void *mask; /* float32 added, or bool (one byte: 0 adds -inf) when mask_u8 */
+    float *out;
+    int64_t b, hq, hkv, sq, sk, d, dv, skp, dvp;
+    int64_t ms[4];
+    int64_t qs[3], ks[3], vs[3]; /* element strides of batch, head and row (last axis dense) */
+    int64_t os[3];               /* the output's: (B, Hq, Sq, Dv) dense, or (B, Sq, Hq, Dv) */
+    float scale;
+    int causal, mask_u8;
+    float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
+} attn_t;
+
+/* What the plain kernel's AVX-512 scores kernel does to each score tile in registers, before
+ * storing it (not passes over the stored scores): the mask added, keys past the row's limit
+ * set to -inf (so exp gives 0 there: padding and causal alike), and a running max per row and
+ * lane in mv (TG_W per row, NaN ignored as row_max does). mr: each task row's mask row (at
+ * key 0) or NULL; lim: its limit. */
+typedef struct {
+    const attn_t *a;
+    const void *mr[TG_BQ];
+    int64_t lim[TG_BQ];
+    float *mv;
+} fuse_t;
+
+static inline float mask_at(const attn_t *a, const void *m, int64_t j) {
+    if (a->mask_u8) return ((const uint8_t *)m)[j * a->ms[3]] ? 0.0f : -INFINITY;
+    return ((const float *)m)[j * a->ms[3]];
+}
 
 /* max of x[0:n] ignoring NaN (a NaN row still comes out NaN through exp(x - max)); -inf when
  * n == 0. maxps(x, m) keeps m when x is NaN, so the vectorised reduction ignores NaN too. */
@@ -59,20 +96,128 @@ TG_INLINE float row_max(const float *restrict x, int64_t n) {
 #ifdef __AVX512F__
 /* AVX-512 (Zen 4): one 16-lane accumulator per row, the FMA taking its row's value as an
  * embedded broadcast: half the instructions of the two 8-lane halves below (the peak is the
- * same on Zen 4, but the loop issued near half of it: PV ~50 % of attention's time). */
+ * same on Zen 4, but the loop issued near half of it: PV ~50 % of attention's time). The
+ * plain kernel's mask, row max and exp are AVX-512 code here too (fuse_v, exp_row); without
+ * AVX-512 they are passes over the stored scores (add_mask_row, row_max, tg_exp_nonpos). */
 typedef float v16 __attribute__((vector_size(64)));
 
-/* s[r][0:16] = scale * sum_d q[r][d] * panel[d][0:16] for r < NR (panel: [D][16], aligned) */
-TG_INLINE void scores_k(const int nr, const float *const *q, const float *panel, int64_t d_,
-                        float scale, float *s, int64_t lds) {
-    v16 a[TG_R];
-    for (int r = 0; r < nr; r++) a[r] = (v16){0};
-    for (int64_t d = 0; d < d_; d++) {
-        v16 k = *(const v16 *)(panel + d * TG_W);
-        for (int r = 0; r < nr; r++) a[r] += q[r][d] * k;
+/* task row r's tile x (keys j .. j + 15) with the mask added and lanes past the row's limit
+ * -inf (fuse_t); the caller updates the lane maxima (maxps(x, m) keeps m where x is NaN). As
+ * passes over the stored scores the mask add and row max took ~0.12 of 1.57 ms on MiniLM's
+ * attention (8 x 12 heads of 128 x 128 x 32, bool mask, 2 threads). */
+TG_INLINE __m512 fuse_v(const attn_t *a, const fuse_t *fz, int64_t r, int64_t j, v16 x) {
+    const void *m = fz->mr[r];
+    const int64_t w = fz->lim[r] - j;
+    __m512 v = (__m512)x;
+    if (w >= TG_W && (!m || a->ms[3] == 1)) {
+        if (m && a->mask_u8) { /* + (-inf) where false, as the reference (NaN + -inf = NaN) */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+            __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)m + j));
+            __mmask16 k = _mm_test_epi8_mask(b, b);
+#else
+            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                (const __m128i *)((const uint8_t *)m + j)));
+            __mmask16 k = _mm512_test_epi32_mask(b, b);
+#endif
+            v = _mm512_mask_add_ps(v, (__mmask16)~k, v, _mm512_set1_ps(-INFINITY));
+        } else if (m) {
+            v = _mm512_add_ps(v, _mm512_loadu_ps((const float *)m + j));
+        }
+    } else { /* the last keys, or a mask strided along them */
+        float t[TG_W];
+        for (int c = 0; c < TG_W; c++) t[c] = (m && c < w) ? mask_at(a, m, j + c) : 0.0f;
+        v = _mm512_add_ps(v, _mm512_loadu_ps(t));
+        __mmask16 ok = w <= 0 ? 0 : (w >= TG_W ? 0xFFFF : (__mmask16)((1u << w) - 1));
+        v = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), v);
     }
-    for (int r = 0; r < nr; r++) *(v16 *)(s + r * lds) = a[r] * scale;
+    return v;
 }
+
+/* x[j] = exp(x[j] - shift) for j < n (a multiple of 16, x aligned); returns their sum. As
+ * 2^y, y = (x - shift) log2(e) (not one FMA with shift log2(e): a row of HF's finfo.min mask
+ * has shift ~ -3.4e38, and that product overflows), 2^(y - round(y)) by Cephes' exp2f
+ * polynomial (1.7e-7) and vscalefps: 14 vector operations against tg_exp_nonpos's 20
+ * (MiniLM's attention: the pass 0.28 -> 0.17 ms). y < -126 gives 0 exactly (a fully masked
+ * row gives 0; no subnormal reaches P @ V); NaN stays NaN. */
+TG_INLINE float exp_row(float *x, int64_t n, float shift) {
+    const __m512 l2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 sh = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-126.0f);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += TG_W) {
+        __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(x + j), sh), l2e);
+        __m512 r = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 f = _mm512_sub_ps(y, r);
+        __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+        __mmask16 keep = _mm512_cmp_ps_mask(y, lo, _CMP_NLT_UQ); /* y >= -126 or NaN */
+        __m512 e = _mm512_maskz_scalef_ps(keep, p, r);
+        _mm512_store_ps(x + j, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* s[r][16 c : 16 c + 16] = sum_d q[r][d] * panel_c[d][0:16] for r < NR, c < NP: NP adjacent
+ * K panels ([D][16] each, aligned; the scale is in the packed K), up to 24 accumulators, each
+ * q value loaded once for NP FMAs. With fz, each tile goes through fuse_v (rows from r0, keys
+ * from j) and the row's lane maxima are updated. Up to four panels a call: with D = 32 a call
+ * is only 32 steps, and one panel a call left the scores at ~80 % of the FMA peak. */
+TG_INLINE void scores_k(const int nr, const int np, const float *const *q, const float *panel,
+                        int64_t d_, float *s, int64_t lds, const fuse_t *fz, int64_t r0,
+                        int64_t j) {
+    v16 a[TG_R][4];
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < np; c++) a[r][c] = (v16){0};
+    for (int64_t d = 0; d < d_; d++) {
+        v16 k[4];
+        for (int c = 0; c < np; c++) k[c] = *(const v16 *)(panel + (c * d_ + d) * TG_W);
+        for (int r = 0; r < nr; r++) {
+            float x = q[r][d];
+            for (int c = 0; c < np; c++) a[r][c] += x * k[c];
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        if (!fz) {
+            for (int c = 0; c < np; c++) *(v16 *)(s + r * lds + c * TG_W) = a[r][c];
+            continue;
+        }
+        float *mv = fz->mv + (r0 + r) * TG_W;
+        __m512 m = _mm512_load_ps(mv);
+        for (int c = 0; c < np; c++) {
+            __m512 x = fuse_v(fz->a, fz, r0 + r, j + c * TG_W, a[r][c]);
+            _mm512_store_ps(s + r * lds + c * TG_W, x);
+            m = _mm512_max_ps(x, m);
+        }
+        _mm512_store_ps(mv, m);
+    }
+}
+
+#define TG_SCORES_NP(NP)                                                                       \
+    switch (nr) {                                                                              \
+    case 6: scores_k(6, NP, q, panel, d, s, lds, fz, r0, j); break;                            \
+    case 5: scores_k(5, NP, q, panel, d, s, lds, fz, r0, j); break;                            \
+    case 4: scores_k(4, NP, q, panel, d, s, lds, fz, r0, j); break;                            \
+    case 3: scores_k(3, NP, q, panel, d, s, lds, fz, r0, j); break;                            \
+    case 2: scores_k(2, NP, q, panel, d, s, lds, fz, r0, j); break;                            \
+    default: scores_k(1, NP, q, panel, d, s, lds, fz, r0, j); break;                           \
+    }
+
+/* scores_k for nr rows and np (1 to 4) panels */
+static void scores_tile(int nr, int np, const float *const *q, const float *panel, int64_t d,
+                        float *s, int64_t lds, const fuse_t *fz, int64_t r0, int64_t j) {
+    switch (np) {
+    case 4: TG_SCORES_NP(4) break;
+    case 3: TG_SCORES_NP(3) break;
+    case 2: TG_SCORES_NP(2) break;
+    default: TG_SCORES_NP(1) break;
+    }
+}
+#define TG_NP 4 /* K panels per scores call at most */
 
 /* acc[r][0:16] (+)= sum_{j < n} p[r][j] * panel[j][0:16] for r < NR (panel: [n][16],
  * aligned); `=` when `fresh` */
@@ -123,9 +268,10 @@ static void pv2_tile(int nr, const float *p, int64_t ldp, const float *p0, const
     }
 }
 #else
-/* s[r][0:16] = scale * sum_d q[r][d] * panel[d][0:16] for r < NR (panel: [D][16], aligned) */
+/* s[r][0:16] = sum_d q[r][d] * panel[d][0:16] for r < NR (panel: [D][16], aligned; the scale
+ * is in the packed K) */
 TG_INLINE void scores_k(const int nr, const float *const *q, const float *panel, int64_t d_,
-                        float scale, float *s, int64_t lds) {
+                        float *s, int64_t lds) {
     v8 a0[TG_R], a1[TG_R];
     for (int r = 0; r < nr; r++) a0[r] = a1[r] = (v8){0};
     for (int64_t d = 0; d < d_; d++) {
@@ -137,8 +283,8 @@ TG_INLINE void scores_k(const int nr, const float *const *q, const float *panel,
         }
     }
     for (int r = 0; r < nr; r++) {
-        *(v8 *)(s + r * lds) = a0[r] * scale;
-        *(v8 *)(s + r * lds + 8) = a1[r] * scale;
+        *(v8 *)(s + r * lds) = a0[r];
+        *(v8 *)(s + r * lds + 8) = a1[r];
     }
 }
 
@@ -165,21 +311,26 @@ TG_INLINE void pv_k(const int nr, const float *p, int64_t ldp, const float *pane
     }
 }
 
-#endif
-
-/* the micro-kernels for 1..TG_R rows, each compiled with a constant row count */
-static void scores_tile(int nr, const float *const *q, const float *panel, int64_t d,
-                        float scale, float *s, int64_t lds) {
+/* scores_k for 1..TG_R rows, each compiled with a constant row count; one panel a call, never
+ * fused (fz is NULL: the plain kernel adds the mask and takes the max in passes here) */
+static void scores_tile(int nr, int np, const float *const *q, const float *panel, int64_t d,
+                        float *s, int64_t lds, const fuse_t *fz, int64_t r0, int64_t j) {
+    (void)np, (void)fz, (void)r0, (void)j;
     switch (nr) {
-    case 6: scores_k(6, q, panel, d, scale, s, lds); break;
-    case 5: scores_k(5, q, panel, d, scale, s, lds); break;
-    case 4: scores_k(4, q, panel, d, scale, s, lds); break;
-    case 3: scores_k(3, q, panel, d, scale, s, lds); break;
-    case 2: scores_k(2, q, panel, d, scale, s, lds); break;
-    default: scores_k(1, q, panel, d, scale, s, lds); break;
+    case 6: scores_k(6, q, panel, d, s, lds); break;
+    case 5: scores_k(5, q, panel, d, s, lds); break;
+    case 4: scores_k(4, q, panel, d, s, lds); break;
+    case 3: scores_k(3, q, panel, d, s, lds); break;
+    case 2: scores_k(2, q, panel, d, s, lds); break;
+    default: scores_k(1, q, panel, d, s, lds); break;
     }
 }
 
+#define TG_NP 1
+
+#endif
+
+/* the micro-kernels for 1..TG_R rows, each compiled with a constant row count */
 static void pv_tile(int nr, const float *p, int64_t ldp, const float *panel, int64_t n,
                     float *acc, int64_t lda, int fresh) {
     switch (nr) {
@@ -192,26 +343,14 @@ static void pv_tile(int nr, const float *p, int64_t ldp, const float *panel, int
     }
 }
 
-typedef struct {
-    const float *q, *k, *v;
-    const void *mask; /* float32 added, or bool (one byte: 0 adds -inf) when mask_u8 */
-    float *out;
-    int64_t b, hq, hkv, sq, sk, d, dv, skp, dvp;
-    int64_t ms[4];
-    int64_t qs[3], ks[3], vs[3]; /* element strides of batch, head and row (last axis dense) */
-    int64_t os[3];               /* the output's: (B, Hq, Sq, Dv) dense, or (B, Sq, Hq, Dv) */
-    float scale;
-    int causal, mask_u8;
-    float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
-} attn_t;
-
 #ifdef __AVX__
-/* dst[c * ldd + r] = src[r * lds + c] for an 8 x 8 block (unaligned rows) */
-TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
-    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
-    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
-    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
-    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+/* dst[c * ldd + r] = sc * src[r * lds + c] for an 8 x 8 block (unaligned rows) */
+TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd, float sc) {
+    const __m256 f = _mm256_set1_ps(sc);
+    __m256 r0 = _mm256_loadu_ps(src) * f, r1 = _mm256_loadu_ps(src + lds) * f;
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds) * f, r3 = _mm256_loadu_ps(src + 3 * lds) * f;
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds) * f, r5 = _mm256_loadu_ps(src + 5 * lds) * f;
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds) * f, r7 = _mm256_loadu_ps(src + 7 * lds) * f;
     __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
     __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
     __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -231,7 +370,8 @@ TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd
 }
 #endif
 
-/* pack kv head h (of B * Hkv): K^T and V into 16-wide panels, zeros in the padding */
+/* pack kv head h (of B * Hkv): K^T (times the scale: no multiply per score, and the
+ * transposing copy is made anyway) and V into 16-wide panels, zeros in the padding */
 static void pack_head(const attn_t *a, int64_t h) {
     const int64_t bi = h / a->hkv, hh = h % a->hkv, lk = a->ks[2], lv = a->vs[2];
     const float *kh = a->k + bi * a->ks[0] + hh * a->ks[1];
@@ -243,14 +383,15 @@ static void pack_head(const attn_t *a, int64_t h) {
 #ifdef __AVX__
         if (jb + TG_W <= a->sk) /* 8 x 8 blocks of 8 keys x 8 dims, transposed */
             for (; d0 + 8 <= a->d; d0 += 8) {
-                transpose8(kh + jb * lk + d0, lk, panel + d0 * TG_W, TG_W);
-                transpose8(kh + (jb + 8) * lk + d0, lk, panel + d0 * TG_W + 8, TG_W);
+                transpose8(kh + jb * lk + d0, lk, panel + d0 * TG_W, TG_W, a->scale);
+                transpose8(kh + (jb + 8) * lk + d0, lk, panel + d0 * TG_W + 8, TG_W, a->scale);
             }
 #endif
         for (int64_t j = jb; j < jb + TG_W; j++) {
             if (j < a->sk) {
                 const float *row = kh + j * lk;
-                for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = row[d];
+                for (int64_t d = d0; d < a->d; d++)
+                    panel[d * TG_W + (j - jb)] = row[d] * a->scale;
             } else {
                 for (int64_t d = d0; d < a->d; d++) panel[d * TG_W + (j - jb)] = 0.0f;
             }
@@ -335,19 +476,25 @@ static inline int64_t block_rows(int64_t sq) {
 }
 
 /* scores of query rows [q0, q1) (of head bh) against keys [j0, j0 + jn), scaled, into
- * s[(i - q0) * lds + (j - j0)]: panel by panel, each panel against all groups of TG_R rows that
- * can see some key in it. j0 is a multiple of TG_W. */
+ * s[(i - q0) * lds + (j - j0)]: TG_NP panels at a time, each against all groups of TG_R rows
+ * that can see some key in them (a group stops at the last panel it needs). j0 is a multiple
+ * of TG_W. fz (AVX-512 only; rows from q0): the mask and the lane maxima fused in. */
 static void task_scores(const attn_t *a, const float *q, const float *kp, int64_t q0,
-                        int64_t q1, int64_t j0, int64_t jn, float *s, int64_t lds) {
+                        int64_t q1, int64_t j0, int64_t jn, float *s, int64_t lds,
+                        const fuse_t *fz) {
     const int64_t d = a->d;
-    for (int64_t jb = 0; jb < jn; jb += TG_W) {
+    for (int64_t jb = 0; jb < jn; jb += TG_NP * TG_W) {
         const float *panel = kp + (j0 + jb) * d;
         for (int64_t i0 = q0; i0 < q1; i0 += TG_R) {
             int nr = (int)imin(TG_R, q1 - i0);
-            if (key_limit(a, i0 + nr - 1) <= j0 + jb) continue; /* causal: past every row */
+            /* the panels the group needs (causal: none past its last row's keys) */
+            int64_t need = imin(key_limit(a, i0 + nr - 1) - j0, jn) - jb;
+            if (need <= 0) continue;
+            int np = (int)imin(TG_NP, (need + TG_W - 1) / TG_W);
             const float *qr[TG_R];
             for (int r = 0; r < nr; r++) qr[r] = q + (i0 + r) * a->qs[2];
-            scores_tile(nr, qr, panel, d, a->scale, s + (i0 - q0) * lds + jb, lds);
+            scores_tile(nr, np, qr, panel, d, s + (i0 - q0) * lds + jb, lds, fz, i0 - q0,
+                        j0 + jb);
         }
     }
 }
@@ -453,11 +600,33 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
         a.vs[t] = qkv_strides[6 + t];
         a.os[t] = qkv_strides[9 + t];
     }
-    /* per thread: scores (TG_BQ x Skp), accumulator (TG_BQ x Dvp), 1/sum (TG_BQ) */
-    TG_ATTENTION_DRIVER(a, TG_BQ * (a.skp + a.dvp + 1), {
-        float *s = buf, *acc = s + TG_BQ * a.skp, *inv = acc + TG_BQ * a.dvp;
+    /* per thread: scores (TG_BQ x Skp), accumulator (TG_BQ x Dvp), lane maxima (TG_BQ x TG_W),
+     * 1/sum (TG_BQ) */
+    TG_ATTENTION_DRIVER(a, TG_BQ * (a.skp + a.dvp + TG_W + 1), {
+        float *s = buf, *acc = s + TG_BQ * a.skp, *mv = acc + TG_BQ * a.dvp;
+        float *inv = mv + TG_BQ * TG_W;
         int64_t kend = key_limit(&a, q1 - 1);
-        task_scores(&a, qh, kp, q0, q1, 0, kend, s, a.skp);
+#ifdef __AVX512F__
+        fuse_t fz;
+        fz.a = &a;
+        fz.mv = mv;
+        for (int64_t i = q0; i < q1; i++) {
+            fz.mr[i - q0] = mask_row(&a, bi, h, i);
+            fz.lim[i - q0] = key_limit(&a, i);
+        }
+        for (int64_t x = 0; x < (q1 - q0) * TG_W; x++) mv[x] = -INFINITY;
+        task_scores(&a, qh, kp, q0, q1, 0, kend, s, a.skp, &fz);
+        for (int64_t i = q0; i < q1; i++) {
+            /* the panels the row's group computed; keys past the row's limit are -inf */
+            int64_t n = round16(group_keys(&a, q0, q1, i, 0, kend));
+            float m = row_max(mv + (i - q0) * TG_W, TG_W);
+            float shift = (mask && m == -INFINITY) ? 0.0f : m;
+            float sum = exp_row(s + (i - q0) * a.skp, n, shift);
+            /* safe softmax with a mask: divide by max(sum, 1), NaN stays NaN */
+            inv[i - q0] = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
+        }
+#else
+        task_scores(&a, qh, kp, q0, q1, 0, kend, s, a.skp, NULL);
         for (int64_t i = q0; i < q1; i++) {
             float *sr = s + (i - q0) * a.skp;
             int64_t lim = key_limit(&a, i), n = group_keys(&a, q0, q1, i, 0, kend);
@@ -474,9 +643,9 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
                 sum += e;
             }
             for (int64_t j = lim; j < n; j++) sr[j] = 0.0f;
-            /* safe softmax with a mask: divide by max(sum, 1), NaN stays NaN */
             inv[i - q0] = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
         }
+#endif
         task_pv(&a, vp, q0, q1, 0, kend, s, a.skp, acc, 1); /* every row sees >= 1 key */
         for (int64_t i = q0; i < q1; i++) {
             const float *ar = acc + (i - q0) * a.dvp;
@@ -517,7 +686,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
         int64_t kend = key_limit(&a, q1 - 1);
         for (int64_t j0 = 0; j0 < kend; j0 += bk) {
             int64_t jn = imin(bk, kend - j0);
-            task_scores(&a, qh, kp, q0, q1, j0, jn, s, bk);
+            task_scores(&a, qh, kp, q0, q1, j0, jn, s, bk, NULL);
             for (int64_t i = q0; i < q1; i++) {
                 int64_t lr = i - q0, n = group_keys(&a, q0, q1, i, j0, jn);
                 if (n == 0) continue; /* causal: the row's group needs no key here */
