@@ -100,6 +100,7 @@ TG_INLINE float row_max(const float *restrict x, int64_t n) {
  * plain kernel's mask, row max and exp are AVX-512 code here too (fuse_v, exp_row); without
  * AVX-512 they are passes over the stored scores (add_mask_row, row_max, tg_exp_nonpos). */
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4))); /* any alignment */
 
 /* task row r's tile x (keys j .. j + 15) with the mask added and lanes past the row's limit
  * -inf (fuse_t); the caller updates the lane maxima (maxps(x, m) keeps m where x is NaN). As
@@ -234,9 +235,11 @@ TG_INLINE void pv_k(const int nr, const float *p, int64_t ldp, const float *pane
 
 /* pv_k over two adjacent 16-column panels of V at once (p0, and p1 = the next one): twelve
  * accumulators, each probability loaded once for 32 columns (a head of 32 is one call): PV
- * ran at ~60 % of the FMA peak one panel at a time. */
+ * ran at ~60 % of the FMA peak one panel at a time. With sc (and fresh), row r is stored
+ * times sc[r] (1 / its sum) to acc + r * lda, any alignment: the output itself. */
 TG_INLINE void pv2_k(const int nr, const float *p, int64_t ldp, const float *p0,
-                     const float *p1, int64_t n, float *acc, int64_t lda, int fresh) {
+                     const float *p1, int64_t n, float *acc, int64_t lda, int fresh,
+                     const float *sc) {
     v16 a[TG_R], b[TG_R];
     for (int r = 0; r < nr; r++) {
         a[r] = fresh ? (v16){0} : *(v16 *)(acc + r * lda);
@@ -251,20 +254,25 @@ TG_INLINE void pv2_k(const int nr, const float *p, int64_t ldp, const float *p0,
         }
     }
     for (int r = 0; r < nr; r++) {
-        *(v16 *)(acc + r * lda) = a[r];
-        *(v16 *)(acc + r * lda + TG_W) = b[r];
+        if (sc) {
+            *(v16u *)(acc + r * lda) = a[r] * sc[r];
+            *(v16u *)(acc + r * lda + TG_W) = b[r] * sc[r];
+        } else {
+            *(v16 *)(acc + r * lda) = a[r];
+            *(v16 *)(acc + r * lda + TG_W) = b[r];
+        }
     }
 }
 
 static void pv2_tile(int nr, const float *p, int64_t ldp, const float *p0, const float *p1,
-                     int64_t n, float *acc, int64_t lda, int fresh) {
+                     int64_t n, float *acc, int64_t lda, int fresh, const float *sc) {
     switch (nr) {
-    case 6: pv2_k(6, p, ldp, p0, p1, n, acc, lda, fresh); break;
-    case 5: pv2_k(5, p, ldp, p0, p1, n, acc, lda, fresh); break;
-    case 4: pv2_k(4, p, ldp, p0, p1, n, acc, lda, fresh); break;
-    case 3: pv2_k(3, p, ldp, p0, p1, n, acc, lda, fresh); break;
-    case 2: pv2_k(2, p, ldp, p0, p1, n, acc, lda, fresh); break;
-    default: pv2_k(1, p, ldp, p0, p1, n, acc, lda, fresh); break;
+    case 6: pv2_k(6, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    case 5: pv2_k(5, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    case 4: pv2_k(4, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    case 3: pv2_k(3, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    case 2: pv2_k(2, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    default: pv2_k(1, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
     }
 }
 #else
@@ -501,9 +509,12 @@ static void task_scores(const attn_t *a, const float *q, const float *kp, int64_
 
 /* acc[(i - q0)][0:dvp] (+)= p[(i - q0)][0:n_i] @ V[j0 : j0 + n_i] with n_i the keys the row's
  * group needs in this block (the rows' probabilities past their own limit are 0); `=` when
- * `fresh` (then every group must need some key: n_i >= 1) */
+ * `fresh` (then every group must need some key: n_i >= 1). With inv (AVX-512, fresh, Dv a
+ * multiple of 32), row i goes straight to the output (oh + i * os[2]) times inv[i - q0]: no
+ * pass over an accumulator. */
 static void task_pv(const attn_t *a, const float *vp, int64_t q0, int64_t q1, int64_t j0,
-                    int64_t jn, const float *p, int64_t ldp, float *acc, int fresh) {
+                    int64_t jn, const float *p, int64_t ldp, float *acc, int fresh,
+                    float *oh, const float *inv) {
     for (int64_t cb = 0; cb < a->dvp;) {
         const float *panel = vp + cb * a->sk + j0 * TG_W;
 #ifdef __AVX512F__
@@ -518,8 +529,12 @@ static void task_pv(const attn_t *a, const float *vp, int64_t q0, int64_t q1, in
             float *at = acc + (i0 - q0) * a->dvp + cb;
 #ifdef __AVX512F__
             if (two) {
-                pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, panel + TG_W * a->sk, n, at,
-                         a->dvp, fresh);
+                if (inv)
+                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, panel + TG_W * a->sk, n,
+                             oh + i0 * a->os[2] + cb, a->os[2], 1, inv + (i0 - q0));
+                else
+                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, panel + TG_W * a->sk, n, at,
+                             a->dvp, fresh, NULL);
                 continue;
             }
 #endif
@@ -646,8 +661,14 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
             inv[i - q0] = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
         }
 #endif
-        task_pv(&a, vp, q0, q1, 0, kend, s, a.skp, acc, 1); /* every row sees >= 1 key */
-        for (int64_t i = q0; i < q1; i++) {
+#ifdef __AVX512F__
+        int direct = dv % (2 * TG_W) == 0; /* task_pv writes the output */
+#else
+        int direct = 0;
+#endif
+        /* every row sees >= 1 key */
+        task_pv(&a, vp, q0, q1, 0, kend, s, a.skp, acc, 1, oh, direct ? inv : NULL);
+        for (int64_t i = q0; i < q1 && !direct; i++) {
             const float *ar = acc + (i - q0) * a.dvp;
             float *o = oh + i * a.os[2], c = inv[i - q0];
             for (int64_t x = 0; x < dv; x++) o[x] = ar[x] * c;
@@ -721,7 +742,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                     for (int64_t c = 0; c < a.dvp; c++) ar[c] *= corr;
                 }
             }
-            task_pv(&a, vp, q0, q1, j0, jn, s, bk, acc, 0);
+            task_pv(&a, vp, q0, q1, j0, jn, s, bk, acc, 0, NULL, NULL);
         }
         for (int64_t i = q0; i < q1; i++) {
             int64_t lr = i - q0;
