@@ -64,6 +64,7 @@ typedef struct {
     int64_t os[3];               /* the output's: (B, Hq, Sq, Dv) dense, or (B, Sq, Hq, Dv) */
     float scale;
     int causal, mask_u8;
+    int vdirect;    /* V read in place, not packed (AVX-512, Dv a multiple of 32) */
     float *kp, *vp; /* per kv head: K^T panels [Skp/16][D][16], V panels [Dvp/16][Sk][16] */
 } attn_t;
 
@@ -233,20 +234,21 @@ TG_INLINE void pv_k(const int nr, const float *p, int64_t ldp, const float *pane
     for (int r = 0; r < nr; r++) *(v16 *)(acc + r * lda) = a[r];
 }
 
-/* pv_k over two adjacent 16-column panels of V at once (p0, and p1 = the next one): twelve
+/* pv_k over two adjacent 16-column panels of V at once (p0, and p1 = the next one, rows ldv
+ * floats apart: 16 packed, or V's own rows, any alignment): twelve
  * accumulators, each probability loaded once for 32 columns (a head of 32 is one call): PV
  * ran at ~60 % of the FMA peak one panel at a time. With sc (and fresh), row r is stored
  * times sc[r] (1 / its sum) to acc + r * lda, any alignment: the output itself. */
 TG_INLINE void pv2_k(const int nr, const float *p, int64_t ldp, const float *p0,
-                     const float *p1, int64_t n, float *acc, int64_t lda, int fresh,
-                     const float *sc) {
+                     const float *p1, int64_t ldv, int64_t n, float *acc, int64_t lda,
+                     int fresh, const float *sc) {
     v16 a[TG_R], b[TG_R];
     for (int r = 0; r < nr; r++) {
         a[r] = fresh ? (v16){0} : *(v16 *)(acc + r * lda);
         b[r] = fresh ? (v16){0} : *(v16 *)(acc + r * lda + TG_W);
     }
     for (int64_t j = 0; j < n; j++) {
-        v16 v = *(const v16 *)(p0 + j * TG_W), w = *(const v16 *)(p1 + j * TG_W);
+        v16 v = *(const v16u *)(p0 + j * ldv), w = *(const v16u *)(p1 + j * ldv);
         for (int r = 0; r < nr; r++) {
             float x = p[r * ldp + j];
             a[r] += x * v;
@@ -265,14 +267,15 @@ TG_INLINE void pv2_k(const int nr, const float *p, int64_t ldp, const float *p0,
 }
 
 static void pv2_tile(int nr, const float *p, int64_t ldp, const float *p0, const float *p1,
-                     int64_t n, float *acc, int64_t lda, int fresh, const float *sc) {
+                     int64_t ldv, int64_t n, float *acc, int64_t lda, int fresh,
+                     const float *sc) {
     switch (nr) {
-    case 6: pv2_k(6, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
-    case 5: pv2_k(5, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
-    case 4: pv2_k(4, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
-    case 3: pv2_k(3, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
-    case 2: pv2_k(2, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
-    default: pv2_k(1, p, ldp, p0, p1, n, acc, lda, fresh, sc); break;
+    case 6: pv2_k(6, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
+    case 5: pv2_k(5, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
+    case 4: pv2_k(4, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
+    case 3: pv2_k(3, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
+    case 2: pv2_k(2, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
+    default: pv2_k(1, p, ldp, p0, p1, ldv, n, acc, lda, fresh, sc); break;
     }
 }
 #else
@@ -405,6 +408,7 @@ static void pack_head(const attn_t *a, int64_t h) {
             }
         }
     }
+    if (a->vdirect) return;
     for (int64_t cb = 0; cb < a->dvp; cb += TG_W) {
         float *panel = vp + cb * a->sk;
         int64_t w = imin(TG_W, a->dv - cb);
@@ -518,7 +522,14 @@ static void task_pv(const attn_t *a, const float *vp, int64_t q0, int64_t q1, in
     for (int64_t cb = 0; cb < a->dvp;) {
         const float *panel = vp + cb * a->sk + j0 * TG_W;
 #ifdef __AVX512F__
-        int two = cb + 2 * TG_W <= a->dvp; /* two panels per call */
+        int two = cb + 2 * TG_W <= a->dvp; /* two panels per call (always when vdirect) */
+        const float *next = panel + TG_W * a->sk;
+        int64_t ldv = TG_W;
+        if (a->vdirect) {
+            panel = vp + j0 * a->vs[2] + cb;
+            next = panel + TG_W;
+            ldv = a->vs[2];
+        }
 #else
         int two = 0;
 #endif
@@ -530,11 +541,11 @@ static void task_pv(const attn_t *a, const float *vp, int64_t q0, int64_t q1, in
 #ifdef __AVX512F__
             if (two) {
                 if (inv)
-                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, panel + TG_W * a->sk, n,
+                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, next, ldv, n,
                              oh + i0 * a->os[2] + cb, a->os[2], 1, inv + (i0 - q0));
                 else
-                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, panel + TG_W * a->sk, n, at,
-                             a->dvp, fresh, NULL);
+                    pv2_tile(nr, p + (i0 - q0) * ldp, ldp, panel, next, ldv, n, at, a->dvp,
+                             fresh, NULL);
                 continue;
             }
 #endif
@@ -557,6 +568,14 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
 #define TG_THREAD_NUM() 0
 #endif
 
+/* V is read in place by pv2_k when every column panel pair is whole: its packed copy cost
+ * ~0.05 ms of MiniLM's 1.38 (96 heads of 128 x 32) */
+#ifdef __AVX512F__
+#define TG_V_DIRECT(dv) ((dv) % (2 * TG_W) == 0)
+#else
+#define TG_V_DIRECT(dv) 0
+#endif
+
 /* Runs every task with the body (__VA_ARGS__) in one parallel region, each task packing its kv
  * head first if no task has. Tasks go block-major (t -> q-block t / (B * Hq), head
  * t % (B * Hq)), so the first tasks pack different kv heads. One workspace: packed K, packed V,
@@ -565,7 +584,8 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
 #define TG_ATTENTION_DRIVER(A, PER_THREAD, ...)                                                \
     do {                                                                                       \
         int64_t nh_ = (A).b * (A).hkv, kfl_ = nh_ * (A).skp * (A).d;                           \
-        int64_t vfl_ = nh_ * (A).dvp * (A).sk, per_ = round16(PER_THREAD);                     \
+        (A).vdirect = TG_V_DIRECT((A).dv);                                                     \
+        int64_t vfl_ = (A).vdirect ? 0 : nh_ * (A).dvp * (A).sk, per_ = round16(PER_THREAD);   \
         int nthr_ = tg_nthreads, owned_;                                                       \
         int64_t total_ = kfl_ + vfl_ + nthr_ * per_ + round16(nh_);                            \
         float *ws_ = tg_ws_take(&kv_ws, sizeof(float) * (size_t)total_, &owned_);              \
@@ -589,7 +609,9 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
                 ensure_packed(&(A), state_, kvh);                                              \
                 const float *qh = (A).q + bi * (A).qs[0] + h * (A).qs[1];                      \
                 const float *kp = (A).kp + kvh * (A).skp * (A).d;                              \
-                const float *vp = (A).vp + kvh * (A).dvp * (A).sk;                             \
+                const float *vp = (A).vdirect                                                  \
+                    ? (A).v + bi * (A).vs[0] + (h / group_) * (A).vs[1]                        \
+                    : (A).vp + kvh * (A).dvp * (A).sk;                                         \
                 float *oh = (A).out + bi * (A).os[0] + h * (A).os[1];                          \
                 __VA_ARGS__                                                                    \
             }                                                                                  \
@@ -603,8 +625,8 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
                      int64_t b, int64_t hq, int64_t hkv,
                      int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int causal) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL,
-                NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, 0,
+                NULL, NULL};
     if (mask) {
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
         a.mask_u8 = (int)mask_strides[4];
@@ -682,8 +704,8 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                            int64_t hkv, int64_t sq, int64_t sk, int64_t d, int64_t dv,
                            float scale, int causal, int64_t bk) {
     attn_t a = {q, k, v, mask, out, b, hq, hkv, sq, sk, d, dv, round16(sk), round16(dv),
-                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, NULL,
-                NULL};
+                {0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, scale, causal, 0, 0,
+                NULL, NULL};
     if (mask) {
         for (int t = 0; t < 4; t++) a.ms[t] = mask_strides[t];
         a.mask_u8 = (int)mask_strides[4];
