@@ -6,11 +6,12 @@ out of a projection are never copied first; k/v may have fewer heads than q (gro
 attention); the mask (float32 added, or bool: True = attend, read as bytes, never converted
 to a float copy per call) broadcasts to (batch, heads, Sq, Sk) and is read through strides
 (never expanded). Eight kernels cover {plain, flash} x {no mask, mask} x {not causal, causal},
-any ``scale``. K and V are packed once per call into 16-wide panels and both products run on
-register-blocked 6 x 16 micro-kernels, OpenMP over (batch, head, block of <= 66 query rows);
-see attention.c. ``c_flash_attention*`` tiles the keys in blocks of
-``FLASH_BLOCK`` with an online softmax and never holds more than 66 x FLASH_BLOCK scores per
-thread, for long sequences; the plain one keeps 66 x Sk. Each writes into ``out=`` when given one
+any ``scale``. K and V are packed once per call into 16-wide panels (V is read in place with
+AVX-512 and a value dim that is a multiple of 32) and both products run on register-blocked
+micro-kernels, OpenMP over (batch, head, block of <= 66 query rows); see attention.c.
+``c_flash_attention*`` tiles the keys in blocks of ``FLASH_BLOCK`` with an online softmax and
+never holds more than 66 x FLASH_BLOCK scores per thread, for long sequences; the plain one
+keeps 66 x Sk. Each writes into ``out=`` when given one
 (``writes_out``: see the registry).
 
 ``*_bshd`` (eight more): ``permute(attention, (0, 2, 1, 3))`` with the result written as
