@@ -21,6 +21,8 @@ Semantic choices (also in docs/ARCHITECTURE.md, "Rewriting: simplification"):
   infinite result). So ``x + 0 -> x`` and ``sum over size-1 axes -> x`` fold for floats too,
   although IEEE gives ``-0.0 + 0.0 = +0.0`` and numpy's sum of ``[-0.0]`` is ``+0.0``.
   ``x + (-0.0)``, ``x * 1`` and everything else here are bit-exact.
+- **An attention's scale within 2 ulps of 1/sqrt(d) becomes the default** (``d ** -0.5`` is
+  one ulp off for d = 32, 128): scores change by 1e-16 relative, not bit-exact in float64.
 - **x * 0 -> 0 only for int and bool dtypes.** For floats ``nan * 0`` and ``inf * 0`` are nan
   and ``-1 * 0`` is -0.0, so a float product with zero is kept.
 - **x - x -> 0 only for ints** (``x + -x``): ``inf - inf`` is nan.
@@ -242,13 +244,18 @@ pm_cast = pat.RuleTable("cast", [
 ])
 
 def _default_scale(n: Node) -> bool:
-    """An attention whose explicit scale is exactly its default (the same float the
-    decomposition computes): GPT-2 passes scale=1/sqrt(64) = 0.125 (kernels that match
-    ``scale=None`` only, such as the heads-last C attention, can then take it)."""
+    """An attention whose explicit scale is its default 1/sqrt(d) to within 2 ulps: GPT-2
+    passes 1/sqrt(64) = 0.125, transformers' BERT and Qwen ``d ** -0.5``, one ulp off
+    1/sqrt(d) for d = 32 and 128 (a relative change of 1e-16 in the scores, below float64's
+    own rounding of the softmax; both round to the same float32). Kernels that match
+    ``scale=None`` only, such as the heads-last C attention, can then take it."""
     if n.op.name != "scaled_dot_product_attention" or n.attrs.get("scale") is None:
         return False
     d = n.inputs[0].shape[-1]
-    return isinstance(d, int) and d > 0 and float(n.attrs["scale"]) == 1.0 / math.sqrt(d)
+    if not (isinstance(d, int) and d > 0):
+        return False
+    default = 1.0 / math.sqrt(d)
+    return abs(float(n.attrs["scale"]) - default) <= 2 * math.ulp(default)
 
 
 pm_algebra = pat.RuleTable("algebra", [
