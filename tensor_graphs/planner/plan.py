@@ -93,6 +93,14 @@ class Step:
         return self.estimate.source
 
     @property
+    def computes(self) -> str:
+        """The op the step computes: its root's, or the op under a root permute when the
+        kernel also writes its result permuted (the heads-last C attention)."""
+        if self.node.op.name == "permute" and len(self.nodes) > 1:
+            return self.nodes[-2].op.name
+        return self.node.op.name
+
+    @property
     def is_copy(self) -> bool:
         return self.kernel.backend == "copy"
 
@@ -197,11 +205,11 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     for i, s in enumerate(plan.steps):
         if limit is not None and i >= limit:
             break
-        ops = [n.op.name for n in s.nodes]
         if s.is_copy:
             computes = f"copy to {s.device}"
         else:
-            computes = ops[-1] if len(ops) == 1 else f"{ops[-1]} (+{len(ops) - 1} fused)"
+            fused = len(s.nodes) - 1
+            computes = s.computes + (f" (+{fused} fused)" if fused else "")
         rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
                      format_shape(s.node.shape), _fmt(s.cost), s.source, f"{s.error:.0e}"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

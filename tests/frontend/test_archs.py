@@ -28,7 +28,7 @@ def _close(got, ref):
 
 
 def _roots(prog):
-    return Counter(s.node.op.name for s in prog.plan.steps)
+    return Counter(s.computes for s in prog.plan.steps)
 
 
 # ---------------------------------------------------------------------------- ResNet-style CNN

@@ -46,12 +46,7 @@ def test_unet2d_matches_torch_on_two_timesteps(size):
 
     # each group_norm, conv2d and attention is one whole kernel, not its decomposition
     steps = prog.plan.steps
-
-    def root(s):  # a heads-last C attention is rooted at the permute after the attention
-        return next((n.op.name for n in s.nodes if n.op.name == "scaled_dot_product_attention"),
-                    s.node.op.name)
-
-    roots = Counter(root(s) for s in steps)
+    roots = Counter(s.computes for s in steps)
     modules = Counter(type(m).__name__ for m in model.modules())
     assert roots["group_norm"] == modules["GroupNorm"], roots
     assert roots["conv2d"] == modules["Conv2d"], roots
@@ -60,8 +55,8 @@ def test_unet2d_matches_torch_on_two_timesteps(size):
     names = {"group_norm": "group_norm", "conv2d": "conv2d",
              "scaled_dot_product_attention": "attention"}
     for s in steps:
-        if root(s) in names:
-            assert names[root(s)] in s.kernel.name, (root(s), s.kernel.name)
+        if s.computes in names:
+            assert names[s.computes] in s.kernel.name, (s.computes, s.kernel.name)
     # nearest upsampling reaches the planner whole (it may pick the whole kernel or the
     # reshape + expand decomposition, whichever costs less)
     graph = Counter(n.op.name for n in tg.nodes(prog.program._outputs))
