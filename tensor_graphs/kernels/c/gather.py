@@ -130,7 +130,6 @@ def c_gather(x, indices, axis, *, out=None):
     return got
 
 
-
 _ADD_SYMBOL = {(i, f): f"tg_embedding_add_{si}_{sf}" for i, si in _INDEX.items()
                for f, sf in ((np.dtype(np.float32), "f32"), (np.dtype(np.float64), "f64"))}
 _ADD_ARGS = (P, I64, P, P, I64, P, I64, I64)
