@@ -628,6 +628,25 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
  * arithmetic as the packed path's non-AVX-512 branch: scaled dots, mask added, max, exp, 1/sum
  * (safe softmax with a mask), then P @ V, four keys at a time. Both the plain and the flash
  * kernel take it for Sq <= TG_FEW_ROWS. Returns 0, or -1 when out of memory. */
+/* s[0:lim] (scaled scores) -> exp(s - max) with the mask row mr (or NULL) added first;
+ * returns 1 / sum, or 1 when a mask left nothing to attend to (the reference's safe softmax:
+ * the row comes out 0). NaN stays NaN. */
+static inline float softmax_row(const attn_t *a, float *restrict s, const void *mr,
+                                int64_t lim) {
+    if (mr)
+        add_mask_row(a, s, mr, 0, lim);
+    float m = row_max(s, lim);
+    float shift = (a->mask && m == -INFINITY) ? 0.0f : m;
+    float sum = 0.0f;
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t j = 0; j < lim; j++) {
+        float e = tg_exp_nonpos(s[j] - shift);
+        s[j] = e;
+        sum += e;
+    }
+    return (a->mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
+}
+
 #define TG_FEW_ROWS 4
 TG_INLINE float hsum8(v8 x) {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
@@ -677,18 +696,7 @@ static int attention_few_rows(const attn_t *a) {
                 s[j] = dot * a->scale;
             }
             const void *mr = mask_row(a, bi, h, i);
-            if (mr)
-                add_mask_row(a, s, mr, 0, lim);
-            float m = row_max(s, lim);
-            float shift = (a->mask && m == -INFINITY) ? 0.0f : m;
-            float sum = 0.0f;
-            _Pragma("omp simd reduction(+:sum)")
-            for (int64_t j = 0; j < lim; j++) {
-                float e = tg_exp_nonpos(s[j] - shift);
-                s[j] = e;
-                sum += e;
-            }
-            const float inv = (a->mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
+            const float inv = softmax_row(a, s, mr, lim);
             const int64_t dv = a->dv, vs = a->vs[2];
             for (int64_t x = 0; x < dv; x++) o[x] = 0.0f;
             for (j = 0; dv % 8 == 0 && j + 4 <= lim; j += 4) { /* four keys a pass */
@@ -762,19 +770,8 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
             float *sr = s + (i - q0) * a.skp;
             int64_t lim = key_limit(&a, i), n = group_keys(&a, q0, q1, i, 0, kend);
             const void *mr = mask_row(&a, bi, h, i);
-            if (mr)
-                add_mask_row(&a, sr, mr, 0, lim);
-            float m = row_max(sr, lim);
-            float shift = (mask && m == -INFINITY) ? 0.0f : m;
-            float sum = 0.0f;
-            _Pragma("omp simd reduction(+:sum)")
-            for (int64_t j = 0; j < lim; j++) {
-                float e = tg_exp_nonpos(sr[j] - shift);
-                sr[j] = e;
-                sum += e;
-            }
+            inv[i - q0] = softmax_row(&a, sr, mr, lim);
             for (int64_t j = lim; j < n; j++) sr[j] = 0.0f;
-            inv[i - q0] = (mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
         }
 #endif
 #ifdef __AVX512F__
