@@ -287,3 +287,12 @@ def test_profiler_measures_on_the_prepared_weight(count_packs):
     m = measure(Call(k, node, (x, w), {}, signature([x, w], node.attrs)), repeats=3)
     assert m.failure is None and m.error < 1e-6 and m.runs >= 1
     assert len(count_packs) == 1  # once, outside the timing
+
+
+@pytest.mark.parametrize("name", sorted(k.name for k in registry.all()
+                                        if k.name.startswith("c_packed_")))
+def test_every_packed_kernel_passes_verification(name):
+    """Each packed GEMM (epilogues and residual variants included) against its pattern's
+    float64 reference on fresh random inputs, with poisoned out= buffers."""
+    report = tg.kernels.verify(registry.get(name), seed=7)
+    assert report.ok, report.summary()
