@@ -121,8 +121,7 @@ class _Timer:
             finite = np.isfinite(ref)
             self.error = relative_error(np.where(finite, got, 0), np.where(finite, ref, 0))
             self.fn = lambda: k.fn(*arrays, **call.attrs)
-            self.start = time.perf_counter()
-            self.deadline = self.start + max_seconds
+            self.deadline = time.perf_counter() + max_seconds
             self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds)
             self.samples.append(first)
         except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
@@ -134,10 +133,7 @@ class _Timer:
 
     def sample(self) -> None:
         try:
-            t0 = time.perf_counter()
-            for _ in range(self.calls):
-                self.fn()
-            self.samples.append((time.perf_counter() - t0) / self.calls)
+            self.samples.append(_sample(self.fn, self.calls))
         except Exception as exc:  # noqa: BLE001
             self.failure = f"{type(exc).__name__}: {exc}"[:500]
 
@@ -180,8 +176,13 @@ def sample_times(fn, repeats: int, min_sample: float, max_seconds: float) -> lis
     calls, first = _calls_per_sample(fn, min_sample, max_seconds)
     samples = [first]
     while calls and len(samples) < repeats and time.perf_counter() < start + max_seconds:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls)
+        samples.append(_sample(fn, calls))
     return samples
+
+
+def _sample(fn, calls: int) -> float:
+    """Seconds per call of ``calls`` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
