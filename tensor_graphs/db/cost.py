@@ -3,7 +3,8 @@
 Every answer is an ``Estimate`` that says where it came from, in order of trust:
 
 1. ``measured``: a row for this kernel (same source hash) and this exact input signature on
-   this hardware; its uncertainty is the spread of the measured runs.
+   this hardware, its fastest sample (``Measurement.seconds``); its uncertainty is the
+   spread of the measured runs (median over fastest).
 2. ``interpolated``: no exact row, but the same kernel was measured on other shapes with the
    same dtypes and ranks. Time is fitted against roofline work (``work`` below: the larger of
    flops / peak flop rate and bytes / peak bandwidth) on the nearest measured signatures, as a
@@ -122,17 +123,17 @@ class CostModel:
             if row is not None and row.failure is not None \
                     and row.source_hash == kernel.source_hash:
                 return Estimate(math.inf, "failed", 1.0)  # it raised here: never planned
-            if row is not None and row.failure is None and math.isfinite(row.median):
+            if row is not None and row.failure is None and math.isfinite(row.seconds):
                 if row.source_hash == kernel.source_hash:
-                    spread = row.max / row.median if row.median > 0 else 1.0
-                    return Estimate(row.median, "measured",
+                    spread = row.median / row.seconds if row.seconds > 0 else 1.0
+                    return Estimate(row.seconds, "measured",
                                     max(UNCERTAINTY["measured"], min(spread, 2.0)))
                 stale = row
             fitted = self._interpolate(kernel, signature, feats)
             if fitted is not None:
                 return fitted
         if stale is not None:
-            return Estimate(stale.median, "stale", UNCERTAINTY["stale"])
+            return Estimate(stale.seconds, "stale", UNCERTAINTY["stale"])
         return self._roofline(kernel, feats)
 
     def _roofline(self, kernel, feats: Features) -> Estimate:
@@ -155,10 +156,10 @@ class CostModel:
             for r in self.db.rows_for(kernel.name, self.hardware[kernel.device]):
                 flops, moved = getattr(r, "flops", None), getattr(r, "bytes", None)
                 if (r.source_hash != kernel.source_hash or r.failure is not None
-                        or flops is None or moved is None or not r.median > 0
+                        or flops is None or moved is None or not r.seconds > 0
                         or _shape_class(r.signature) != want):
                     continue
-                found.append((self.work(Features(flops, moved, 0.0), kernel.device), r.median))
+                found.append((self.work(Features(flops, moved, 0.0), kernel.device), r.seconds))
             self._rows[key] = found
         return found
 

@@ -83,6 +83,20 @@ def test_the_database_decides_and_swapping_rows_flips_the_plan():
     assert tg.compile(tg.tanh(x), db=db).plan.kernels == ["c_tanh"]
 
 
+def test_the_fastest_sample_decides_not_a_median_raised_by_load():
+    shape = (32, 64)
+    x = tg.input("x", shape)
+    node = tg.tanh(x)
+    sig = signature([x], node.attrs)
+    db = open_db(":memory:")
+    for name, (median, fastest) in {"numpy_tanh": (3e-6, 2.5e-6), "c_tanh": (4e-6, 1e-6)}.items():
+        k = registry.get(name)
+        db.record(Measurement(name, k.source_hash, sig, 5, median, fastest, 2 * median, 1e-8))
+    cache.clear()
+    step = tg.compile(tg.tanh(x), db=db, backends=("numpy", "c")).plan.steps[0]
+    assert step.kernel.name == "c_tanh" and step.cost == pytest.approx(1e-6)
+
+
 def test_tolerance_picks_the_approximation_only_when_allowed():
     shape = (64, 256)
     x = tg.input("x", shape)
