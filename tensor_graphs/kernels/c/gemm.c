@@ -6,7 +6,7 @@
  * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
  * streams: a 64-byte header, then ceil(N / 16) panels of K rows x 16 columns (zero-padded
  * past N), each 64-byte aligned. A is packed per call into panels of 6 rows x KC (zero-padded
- * rows). The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in registers (GCC vector
+ * rows) where the threads share it, else read in place (below). The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in registers (GCC vector
  * extensions: FMA under -march=native, builds on any target), or 6 sixteen-lane ones where
  * AVX-512 is on (Zen 4: FMAs with an embedded broadcast of A, +1-2.5 % measured). K blocking: the whole of K when
  * K <= KSINGLE = 512 (each C tile stored once: BERT's K = 384 was two blocks, 256 + 128),
@@ -17,10 +17,14 @@
  *    so a thread sharing its core with other work takes fewer;
  *  - M >= 512 (BERT on 8 x 128 tokens): the threads take blocks of about MCP = 24 row panels
  *    (144 rows; as many blocks as a multiple of the thread count, equal to a panel),
- *    dynamically, each packing its own A and running over all of N, in K blocks of up to
- *    KCM = 512 rows: no barrier per block of A, and both threads busy when N has few panels
- *    (N = 384 is 24). Measured on the 2-core EPYC VM: (1024 x 384) @ (384 x 384) 200 -> 211
- *    GFLOP/s, 161 -> 166 with cold caches; (1024 x 1536) @ (1536 x 384), cold, 156 -> 189.
+ *    dynamically, each reading its rows of A in place (the micro-kernel broadcasts from six
+ *    rows lda apart; packing them cost 1-4 %: (1024 x 384) @ (384 x 384) 207-210 -> 217-218
+ *    GFLOP/s, (1024 x 1536) @ (1536 x 384) 213 -> 221, 1024^3 216 -> 220; where the threads
+ *    share the packed block of A, reading it in place was 4 % slower on GPT-2's LM head) and
+ *    running over all of N, in K blocks of up to KCM = 512 rows: no barrier per block of A,
+ *    and both threads busy when N has few panels (N = 384 is 24). Measured on the 2-core EPYC
+ *    VM: (1024 x 384) @ (384 x 384) 200 -> 211 GFLOP/s, 161 -> 166 with cold caches;
+ *    (1024 x 1536) @ (1536 x 384), cold, 156 -> 189.
  * OpenMP, num_threads(tg_nthreads). Prefetches: the next B micro-panel into L2 during the
  * first row panel, and each C tile (for writing) before its micro-kernel runs (the LM head's
  * 26 MB output misses on every first store: 207 -> 213-217 GFLOP/s measured). Bias and
@@ -212,8 +216,9 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 
 TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
-                       const float *restrict bp, const float *pf, float *c, int64_t ldc,
-                       int cols, int accumulate, const tile_ep *ep) {
+                       const int64_t ra, const int64_t ka, const float *restrict bp,
+                       const float *pf, float *c, int64_t ldc, int cols, int accumulate,
+                       const tile_ep *ep) {
     v16 x[MR];
     for (int r = 0; r < nr; r++) x[r] = (v16){0};
     for (int r = 0; r < nr; r++) { /* the C tile, for writing: hides the store misses */
@@ -224,8 +229,8 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
     for (int64_t kk = 0; kk < kc; kk++) {
         if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
         v16 b = *(const v16 *)(bp + kk * NR);
-        const float *ak = ap + kk * MR;
-        for (int r = 0; r < nr; r++) x[r] += ak[r] * b;
+        const float *ak = ap + kk * ka;
+        for (int r = 0; r < nr; r++) x[r] += ak[r * ra] * b;
     }
     if (cols == NR) {
         if (ep->on) {
@@ -251,8 +256,9 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
 }
 #else
 TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
-                       const float *restrict bp, const float *pf, float *c, int64_t ldc,
-                       int cols, int accumulate, const tile_ep *ep) {
+                       const int64_t ra, const int64_t ka, const float *restrict bp,
+                       const float *pf, float *c, int64_t ldc, int cols, int accumulate,
+                       const tile_ep *ep) {
     v8 x0[MR], x1[MR];
     for (int r = 0; r < nr; r++) x0[r] = x1[r] = (v8){0};
     for (int r = 0; r < nr; r++) { /* the C tile, for writing: hides the store misses */
@@ -263,9 +269,9 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
     for (int64_t kk = 0; kk < kc; kk++) {
         if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
         v8 b0 = *(const v8 *)(bp + kk * NR), b1 = *(const v8 *)(bp + kk * NR + 8);
-        const float *ak = ap + kk * MR;
+        const float *ak = ap + kk * ka;
         for (int r = 0; r < nr; r++) {
-            float x = ak[r];
+            float x = ak[r * ra];
             x0[r] += x * b0;
             x1[r] += x * b1;
         }
@@ -302,25 +308,38 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
 #endif
 
 /* the micro-kernel for `rows` (1..MR) rows, each compiled with a constant row count (an edge
- * panel of 2 rows does 2 rows of work, not 6) */
-#define MICRO_ROWS(PF, PFP)                                                                  \
+ * panel of 2 rows does 2 rows of work, not 6); A's element (row r, step kk) at
+ * ap[r * RA + kk * KA] */
+#define MICRO_ROWS(PF, PFP, RA, KA)                                                          \
     switch (rows) {                                                                          \
-    case 6: micro_k(PF, 6, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;            \
-    case 5: micro_k(PF, 5, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;            \
-    case 4: micro_k(PF, 4, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;            \
-    case 3: micro_k(PF, 3, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;            \
-    case 2: micro_k(PF, 2, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;            \
-    default: micro_k(PF, 1, kc, ap, bp, PFP, c, ldc, cols, accumulate, ep); break;           \
+    case 6: micro_k(PF, 6, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    case 5: micro_k(PF, 5, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    case 4: micro_k(PF, 4, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    case 3: micro_k(PF, 3, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    case 2: micro_k(PF, 2, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    default: micro_k(PF, 1, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;   \
     }
 
+/* on a packed A panel (kc x MR) */
 static void micro(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                   int rows, int cols, int accumulate, const tile_ep *ep) {
-    MICRO_ROWS(0, NULL)
+    MICRO_ROWS(0, NULL, 1, MR)
 }
 
 static void micro_pf(int64_t kc, const float *ap, const float *bp, const float *pf, float *c,
                      int64_t ldc, int rows, int cols, int accumulate, const tile_ep *ep) {
-    MICRO_ROWS(1, pf)
+    MICRO_ROWS(1, pf, 1, MR)
+}
+
+/* on A in place (rows lda apart); `pf`: the next B micro-panel to prefetch, or NULL */
+static void micro_in_place(int64_t kc, const float *ap, int64_t lda, const float *bp,
+                           const float *pf, float *c, int64_t ldc, int rows, int cols,
+                           int accumulate, const tile_ep *ep) {
+    if (pf) {
+        MICRO_ROWS(1, pf, lda, 1)
+    } else {
+        MICRO_ROWS(0, NULL, lda, 1)
+    }
 }
 
 /* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
@@ -367,18 +386,15 @@ static int64_t k_block(int64_t k, int64_t kc_max) {
     return (kc + 7) & ~(int64_t)7;
 }
 
-/* One block of rows [i0, i0 + mc) against all N panels, A packed by this thread into `ap`
- * (mpanels x kcb floats per K block): the large-M path, where the threads split M. */
+/* One block of rows [i0, i0 + mc) against all N panels, A read in place: the large-M path,
+ * where the threads split M. */
 static void rows_block(const float *a, int64_t lda, const float *bp, const float *bias,
                        const float *res, float *c, int64_t i0, int64_t mc, int64_t n, int64_t k,
-                       int64_t kcb, int64_t panels, int act, float *ap) {
+                       int64_t kcb, int64_t panels, int act) {
     int64_t mpanels = (mc + MR - 1) / MR;
     for (int64_t pc = 0; pc < k; pc += kcb) {
         int64_t kc = imin(kcb, k - pc);
         int last = pc + kc >= k;
-        for (int64_t r = 0; r < mpanels; r++)
-            pack_a_panel(a + (i0 + r * MR) * lda, lda, imin(MR, mc - r * MR), pc, kc,
-                         ap + r * MR * kc);
         for (int64_t j = 0; j < panels; j++) {
             int64_t col = j * NR;
             int cols = (int)imin(NR, n - col);
@@ -388,10 +404,8 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
             for (int64_t r = 0; r < mpanels; r++) {
                 int rows = (int)imin(MR, mc - r * MR);
                 float *ct = c + (i0 + r * MR) * n + col;
-                if (r == 0 && next)
-                    micro_pf(kc, ap + r * MR * kc, bj, next, ct, n, rows, cols, pc > 0, &ep);
-                else
-                    micro(kc, ap + r * MR * kc, bj, ct, n, rows, cols, pc > 0, &ep);
+                micro_in_place(kc, a + (i0 + r * MR) * lda + pc, lda, bj, r == 0 ? next : NULL,
+                               ct, n, rows, cols, pc > 0, &ep);
             }
         }
     }
@@ -420,7 +434,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         /* K blocks of up to KCM = 512 rows here: C (a block of rows x all of N) is re-read
          * once per K block ((1024 x 1536) @ (1536 x 384): 2-4 % faster than 256) */
         int64_t kcb = k_block(k, KCM);
-        /* large M: the threads take blocks of rows, each packing its own A, all N panels;
+        /* large M: the threads take blocks of rows, A read in place, all N panels;
          * about MCP row panels a block, as many blocks as a multiple of the thread
          * count, handed out dynamically */
         int nt = tg_nthreads;
@@ -428,25 +442,12 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         blocks = (blocks + nt - 1) / nt * nt;
         if (blocks > mp_all) blocks = mp_all;
         int64_t base = mp_all / blocks, extra = mp_all % blocks;
-        int64_t slice = ((base + 1) * MR * kcb + 15) & ~(int64_t)15;
-        int owned;
-        float *ws = tg_ws_take(&a_ws, sizeof(float) * (size_t)(slice * nt), &owned);
-        if (!ws) return -2;
-        #pragma omp parallel num_threads(nt)
-        {
-            int tid = 0;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-#endif
-            #pragma omp for schedule(dynamic, 1)
-            for (int64_t b = 0; b < blocks; b++) {
-                int64_t p0 = b * base + imin(b, extra), np = base + (b < extra);
-                int64_t i0 = p0 * MR, mc = imin(np * MR, m - i0);
-                rows_block(a, lda, bp, bias, res, c, i0, mc, n, k, kcb, panels, act,
-                           ws + tid * slice);
-            }
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t p0 = b * base + imin(b, extra), np = base + (b < extra);
+            int64_t i0 = p0 * MR, mc = imin(np * MR, m - i0);
+            rows_block(a, lda, bp, bias, res, c, i0, mc, n, k, kcb, panels, act);
         }
-        tg_ws_give(&a_ws, ws, owned);
         return 0;
     }
     int64_t kcb = k_block(k, KC);
