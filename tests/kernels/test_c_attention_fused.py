@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tensor_graphs as tg
+from tensor_graphs import threads
 from tensor_graphs.kernels.c import attention as c_attention
 from tensor_graphs.kernels.c import build
 from tensor_graphs.numerics import relative_error
@@ -92,3 +93,42 @@ def test_value_rows_read_in_place_across_key_blocks(causal):
     for flash, block in ((False, 0), (True, 48), (True, 256)):
         got = c_attention.attention(q, k, v, mask, causal, flash, block=block or 256)
         assert relative_error(got, ref) <= 1e-6
+
+
+@pytest.mark.parametrize("flash", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("shape", [(8, 12, 12, 128, 32, 32), (4, 8, 4, 77, 32, 48),
+                                   (2, 16, 8, 70, 16, 8)])
+def test_a_task_per_kv_head(shape, mask, causal, flash):
+    """With at least 8 kv heads per thread (MiniLM's 8 x 12), a task is one kv head: its q
+    heads and query blocks, K (and V unless read in place) packed into the thread's own
+    buffer. GQA, a value dim packed (48, 8) or read in place (32), heads-last output."""
+    b, hq, hkv, s, d, dv = shape
+    rng = np.random.default_rng(9)
+    q = _heads(rng, b, s, hq, d)[0]
+    k = _heads(rng, b, s, hkv, d)[1]
+    v = _heads(rng, b, s, hkv, dv)[2]
+    m = None
+    if mask == "bool":
+        m = rng.random((b, 1, s, s)) < 0.8
+        m[..., 0] = True
+    elif mask == "float":
+        m = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    before = threads.get_num_threads()
+    try:
+        for n in (1, 2):
+            threads.set_num_threads(n)
+            out = np.full((b, s, hq, dv), np.nan, np.float32)
+            got = c_attention.attention(q, k, v, m, causal, flash, out=out, heads_last=True)
+            ref = _reference(q, k, v, m, causal) if m is not None else _reference_nomask(
+                q, k, v, causal)
+            assert relative_error(got, ref.transpose(0, 2, 1, 3)) <= 1e-6
+    finally:
+        threads.set_num_threads(before)
+
+
+def _reference_nomask(q, k, v, causal):
+    leaves = [tg.input(n, a.shape, str(a.dtype)) for n, a in zip("qkv", (q, k, v))]
+    y = tg.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return tg.evaluate(y, dict(zip("qkv", (q, k, v))), dtype="float64")

@@ -10,11 +10,15 @@
  * Layout (as a BLAS packs its operands): K and V are packed per kv head into panels 16 floats
  * wide, K^T as [Sk/16][D][16] (times the scale) and V as [Dv/16][Sk][16] (zero-padded), so
  * both micro-kernels stream one contiguous, 64-byte aligned panel; with AVX-512 and Dv a
- * multiple of 32, V is read in place instead. The work is split into tasks of (batch, q head,
- * block of <= TG_BQ query rows), run by the threads with a dynamic schedule in one parallel
- * region; the first task that needs a kv head packs it (no barrier between packing and
- * computing). The packed K/V buffer is kept between calls (no page faults each call). Within a
- * task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
+ * multiple of 32, V is read in place instead. The work is split into tasks, run by the threads
+ * with a dynamic schedule in one parallel region: with at least 8 kv heads per thread a task is
+ * one kv head (its q heads and their blocks of <= TG_BQ query rows) with K packed into the
+ * thread's own buffer, still in its L1/L2 for the next block (MiniLM's 8 x 12 heads of
+ * 128 x 32 at 2 threads, interleaved: median 1.62 -> 1.52 ms, 5-8 %; with one shared buffer a
+ * head's second block often ran on the other core, and 1.5 MB of panels were rewritten each
+ * call); otherwise (batch, q head, query block), and the first task that needs a kv head packs
+ * it into a shared buffer (no barrier between packing and computing). The workspace is kept
+ * between calls (no page faults each call). Within a task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
  * for each panel, over all groups of TG_R query rows, in 6 x 16 register-blocked micro-kernels
  * (12 vector accumulators, ~80-90% of the FMA peak from L1); with AVX-512, 6 x 64 for the
  * scores (four K panels a call) and 6 x 32 for P @ V.
@@ -385,11 +389,10 @@ TG_INLINE void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd
 
 /* pack kv head h (of B * Hkv): K^T (times the scale: no multiply per score, and the
  * transposing copy is made anyway) and V into 16-wide panels, zeros in the padding */
-static void pack_head(const attn_t *a, int64_t h) {
+static void pack_head(const attn_t *a, int64_t h, float *kp, float *vp) {
     const int64_t bi = h / a->hkv, hh = h % a->hkv, lk = a->ks[2], lv = a->vs[2];
     const float *kh = a->k + bi * a->ks[0] + hh * a->ks[1];
     const float *vh = a->v + bi * a->vs[0] + hh * a->vs[1];
-    float *kp = a->kp + h * a->skp * a->d, *vp = a->vp + h * a->dvp * a->sk;
     for (int64_t jb = 0; jb < a->skp; jb += TG_W) {
         float *panel = kp + jb * a->d;
         int64_t d0 = 0;
@@ -437,7 +440,7 @@ static void ensure_packed(const attn_t *a, int *state, int64_t h) {
     int expected = 0;
     if (__atomic_compare_exchange_n(&state[h], &expected, 1, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
-        pack_head(a, h);
+        pack_head(a, h, a->kp + h * a->skp * a->d, a->vp + h * a->dvp * a->sk);
         __atomic_store_n(&state[h], 2, __ATOMIC_RELEASE);
         return;
     }
@@ -578,17 +581,63 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
 #define TG_V_DIRECT(dv) 0
 #endif
 
-/* Runs every task with the body (__VA_ARGS__) in one parallel region, each task packing its kv
- * head first if no task has. Tasks go block-major (t -> q-block t / (B * Hq), head
- * t % (B * Hq)), so the first tasks pack different kv heads. One workspace: packed K, packed V,
- * PER_THREAD floats for each thread, the packing states. Returns 0, or -1 when out of
+/* Which work a task is. With enough kv heads (B * Hkv >= 8 threads: MiniLM's 96) a task is one
+ * kv head, its q heads and their query blocks (nsub sub-tasks in a row), with K (and V unless
+ * read in place) packed once into the thread's own buffer. Otherwise (GPT-2's 12 heads, for
+ * balance) one (batch, q head, query block), block-major: t -> block t / (B * Hq), head
+ * t % (B * Hq), so the first tasks pack different kv heads into the shared panels. */
+typedef struct {
+    int64_t nbh, nqb, bq, group, nsub, tasks;
+} sched_t;
+
+static inline sched_t make_sched(const attn_t *a, int nthr) {
+    sched_t sc;
+    sc.bq = block_rows(a->sq);
+    sc.nqb = (a->sq + sc.bq - 1) / sc.bq;
+    sc.nbh = a->b * a->hq;
+    sc.group = a->hq / a->hkv;
+    sc.nsub = 1;
+    sc.tasks = sc.nbh * sc.nqb;
+    if (a->b * a->hkv >= 8 * (int64_t)nthr) {
+        sc.nsub = sc.group * sc.nqb;
+        sc.tasks = a->b * a->hkv;
+    }
+    return sc;
+}
+
+/* sub-task u of task t: its (batch * Hq + q head) and first query row */
+static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64_t u,
+                            int64_t *bh, int64_t *q0) {
+    if (sc->nsub == 1) {
+        *bh = t % sc->nbh;
+        *q0 = (t / sc->nbh) * sc->bq;
+    } else {
+        *bh = (t / a->hkv) * a->hq + (t % a->hkv) * sc->group + u / sc->nqb;
+        *q0 = (u % sc->nqb) * sc->bq;
+    }
+}
+
+/* Runs every task with the body (__VA_ARGS__) in one parallel region, dynamically scheduled.
+ * One workspace: the shared packed K and V (task per query block; the first sub-task that
+ * needs a kv head packs it, no barrier), PER_THREAD floats for each thread (plus its own K and
+ * V panels when a task is a kv head), the packing states. Returns 0, or -1 when out of
  * memory. */
 #define TG_ATTENTION_DRIVER(A, PER_THREAD, ...)                                                \
     do {                                                                                       \
-        int64_t nh_ = (A).b * (A).hkv, kfl_ = nh_ * (A).skp * (A).d;                           \
+        const int nthr_ = tg_nthreads;                                                         \
+        const sched_t sc_ = make_sched(&(A), nthr_);                                           \
+        const int64_t group_ = sc_.group, own_ = sc_.nsub > 1;                                 \
         (A).vdirect = TG_V_DIRECT((A).dv);                                                     \
-        int64_t vfl_ = (A).vdirect ? 0 : nh_ * (A).dvp * (A).sk, per_ = round16(PER_THREAD);   \
-        int nthr_ = tg_nthreads, owned_;                                                       \
+        int64_t nh_ = (A).b * (A).hkv, kfl_ = (A).skp * (A).d;                                 \
+        int64_t vfl_ = (A).vdirect ? 0 : (A).dvp * (A).sk;                                     \
+        int64_t per_ = round16(PER_THREAD) + (own_ ? kfl_ + vfl_ : 0);                         \
+        if (!own_) {                                                                           \
+            kfl_ *= nh_;                                                                       \
+            vfl_ *= nh_;                                                                       \
+        } else {                                                                               \
+            kfl_ = vfl_ = 0;                                                                   \
+        }                                                                                      \
+        int owned_;                                                                            \
         int64_t total_ = kfl_ + vfl_ + nthr_ * per_ + round16(nh_);                            \
         float *ws_ = tg_ws_take(&kv_ws, sizeof(float) * (size_t)total_, &owned_);              \
         if (!ws_) return -1;                                                                   \
@@ -596,24 +645,32 @@ static inline int64_t group_keys(const attn_t *a, int64_t q0, int64_t q1, int64_
         (A).vp = ws_ + kfl_; /* multiples of 16 floats: all 64-byte aligned */                 \
         int *state_ = (int *)(ws_ + kfl_ + vfl_ + nthr_ * per_);                               \
         memset(state_, 0, sizeof(int) * (size_t)nh_);                                          \
-        int64_t bq_ = block_rows((A).sq), nqb_ = ((A).sq + bq_ - 1) / bq_;                     \
-        int64_t nbh_ = (A).b * (A).hq, tasks_ = nbh_ * nqb_, group_ = (A).hq / (A).hkv;        \
         int64_t work_ = (A).b * (A).hq * (A).sq * (A).sk * (A).d;                              \
         _Pragma("omp parallel num_threads(nthr_) if(work_ > 8 * TG_PAR_MIN)")                  \
         {                                                                                      \
             float *buf = ws_ + kfl_ + vfl_ + TG_THREAD_NUM() * per_;                           \
+            float *kown_ = buf + round16(PER_THREAD), *vown_ = kown_ + (A).skp * (A).d;        \
             _Pragma("omp for schedule(dynamic)")                                               \
-            for (int64_t t_ = 0; t_ < tasks_; t_++) {                                          \
-                int64_t bh = t_ % nbh_, q0 = (t_ / nbh_) * bq_;                                \
-                int64_t q1 = imin(q0 + bq_, (A).sq);                                           \
+            for (int64_t t_ = 0; t_ < sc_.tasks; t_++)                                         \
+            for (int64_t u_ = 0; u_ < sc_.nsub; u_++) {                                        \
+                int64_t bh, q0;                                                                \
+                task_sub(&(A), &sc_, t_, u_, &bh, &q0);                                        \
+                int64_t q1 = imin(q0 + sc_.bq, (A).sq);                                        \
                 int64_t bi = bh / (A).hq, h = bh % (A).hq;                                     \
                 int64_t kvh = bi * (A).hkv + h / group_;                                       \
-                ensure_packed(&(A), state_, kvh);                                              \
+                const float *kp = kown_, *vp;                                                  \
+                if (own_) {                                                                    \
+                    if (u_ == 0)                                                               \
+                        pack_head(&(A), kvh, kown_, vown_);                                    \
+                    vp = vown_;                                                                \
+                } else {                                                                       \
+                    ensure_packed(&(A), state_, kvh);                                          \
+                    kp = (A).kp + kvh * (A).skp * (A).d;                                       \
+                    vp = (A).vp + kvh * (A).dvp * (A).sk;                                      \
+                }                                                                              \
+                if ((A).vdirect)                                                               \
+                    vp = (A).v + bi * (A).vs[0] + (h / group_) * (A).vs[1];                    \
                 const float *qh = (A).q + bi * (A).qs[0] + h * (A).qs[1];                      \
-                const float *kp = (A).kp + kvh * (A).skp * (A).d;                              \
-                const float *vp = (A).vdirect                                                  \
-                    ? (A).v + bi * (A).vs[0] + (h / group_) * (A).vs[1]                        \
-                    : (A).vp + kvh * (A).dvp * (A).sk;                                         \
                 float *oh = (A).out + bi * (A).os[0] + h * (A).os[1];                          \
                 __VA_ARGS__                                                                    \
             }                                                                                  \
