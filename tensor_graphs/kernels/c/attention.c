@@ -14,13 +14,15 @@
  * with a dynamic schedule in one parallel region: with at least 8 kv heads per thread a task is
  * one kv head (its q heads and their blocks of <= TG_BQ query rows) with K packed into the
  * thread's own buffer, still in its L1/L2 for the next block (MiniLM's 8 x 12 heads of
- * 128 x 32 at 2 threads, interleaved: median 1.62 -> 1.52 ms, 5-8 %; with one shared buffer a
- * head's second block often ran on the other core, and 1.5 MB of panels were rewritten each
- * call); otherwise (batch, q head, query block), and the first task that needs a kv head packs
- * it into a shared buffer (no barrier between packing and computing). The workspace is kept
- * between calls (no page faults each call). Within a task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
- * for each panel, over all groups of TG_R query rows, in 6 x 16 register-blocked micro-kernels
- * (12 vector accumulators, ~80-90% of the FMA peak from L1); with AVX-512, 6 x 64 for the
+ * 128 x 32 at 2 threads, interleaved runs: 2-8 % faster, e.g. median 1.53 -> 1.47 ms, best
+ * 1.31 -> 1.30; with one shared buffer a head's second block often ran on the other core, and
+ * 1.5 MB of panels were rewritten each call); otherwise (batch, q head, query block), and the
+ * first task that needs a kv head packs it into a shared buffer (no barrier between packing
+ * and computing). The workspace is kept between calls (no page faults each call). Within a
+ * task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
+ * for each panel, over all groups of TG_R query rows (not a group at a time through scores,
+ * exp and P @ V: 6-12 % slower on MiniLM's shape, V's rows evicting the K panels), in
+ * 6 x 16 register-blocked micro-kernels (12 vector accumulators, ~80-90% of the FMA peak from L1); with AVX-512, 6 x 64 for the
  * scores (four K panels a call) and 6 x 32 for P @ V.
  *  - tg_attention_f32: the task's scores against all the keys it needs (TG_BQ x Sk per
  *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row. With
@@ -617,7 +619,9 @@ static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64
     }
 }
 
-/* Runs every task with the body (__VA_ARGS__) in one parallel region, dynamically scheduled.
+/* Runs every task with the body (__VA_ARGS__) in one parallel region, dynamically scheduled
+ * (prefetching the next kv head's K, V and Q rows during a task, claimed one ahead, measured
+ * within the noise on MiniLM's shape: not kept).
  * One workspace: the shared packed K and V (task per query block; the first sub-task that
  * needs a kv head packs it, no barrier), PER_THREAD floats for each thread (plus its own K and
  * V panels when a task is a kv head), the packing states. Returns 0, or -1 when out of

@@ -8,7 +8,9 @@ to a float copy per call) broadcasts to (batch, heads, Sq, Sk) and is read throu
 (never expanded). Eight kernels cover {plain, flash} x {no mask, mask} x {not causal, causal},
 any ``scale``. K and V are packed once per call into 16-wide panels (V is read in place with
 AVX-512 and a value dim that is a multiple of 32) and both products run on register-blocked
-micro-kernels, OpenMP over (batch, head, block of <= 66 query rows); see attention.c.
+micro-kernels, OpenMP over (batch, head, block of <= 66 query rows), or over kv heads when there
+are at least 8 per thread (each task packs its head's K into the thread's own buffer); see
+attention.c.
 ``c_flash_attention*`` tiles the keys in blocks of ``FLASH_BLOCK`` with an online softmax and
 never holds more than 66 x FLASH_BLOCK scores per thread, for long sequences; the plain one
 keeps 66 x Sk. Each writes into ``out=`` when given one
