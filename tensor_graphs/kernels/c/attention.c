@@ -22,8 +22,8 @@
  * task the loops go panel by panel (a K panel is D x 16 floats: 4 KiB for D = 64, in L1) and,
  * for each panel, over all groups of TG_R query rows (not a group at a time through scores,
  * exp and P @ V: 6-12 % slower on MiniLM's shape, V's rows evicting the K panels), in
- * 6 x 16 register-blocked micro-kernels (12 vector accumulators, ~80-90% of the FMA peak from L1); with AVX-512, 6 x 64 for the
- * scores (four K panels a call) and 6 x 32 for P @ V.
+ * 6 x 16 register-blocked micro-kernels (12 vector accumulators, ~80-90% of the FMA peak from
+ * L1); with AVX-512, 6 x 64 for the scores (four K panels a call) and 6 x 32 for P @ V.
  *  - tg_attention_f32: the task's scores against all the keys it needs (TG_BQ x Sk per
  *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row. With
  *    AVX-512 the mask add and the row max are done on the score tiles in registers, the exp
