@@ -2,10 +2,10 @@
 
 As llm.c does before any benchmark, every measurement first computes the kernel's result on
 fresh random inputs and compares it with the reference interpreter in float64 (the norm-wise
-relative error is recorded with the timing). Timing: a warm-up call, then ``repeats`` samples,
-each timing enough back-to-back calls to last at least ``min_sample`` seconds; the row keeps
-the median, min and max seconds per call. ``measure_together`` takes the samples of several
-calls in interleaved rounds, so alternatives see the same load. A kernel that raises is
+relative error is recorded with the timing). Timing: a warm-up call and a calibration (how many
+back-to-back calls last at least ``min_sample`` seconds), then ``repeats`` samples of that many
+calls; the row keeps the median, min and max seconds per call. ``measure_together`` takes the
+samples of several calls in interleaved rounds, so alternatives see the same load. A kernel that raises is
 recorded as a failure (with its message) so a profiling run moves on and a resumed run does
 not retry it.
 """
@@ -83,7 +83,7 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
     after another, a burst of other work on this shared 2-core machine made one of them read
     15 % slower than the next, more than the epilogue they differ by."""
     timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
-    for r in range(1, repeats):
+    for r in range(repeats):
         live = [t for t in timers if t.active(repeats)]
         if not live:
             break
@@ -94,8 +94,12 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
 
 
 class _Timer:
-    """One call being measured: checked against the reference and warmed up on creation (its
-    first sample), then one more sample per ``sample()``."""
+    """One call being measured: checked against the reference, warmed up and calibrated on
+    creation, then one sample per ``sample()``. The calibration's own timing is not a sample:
+    taken as each timer is created, it is the one time not interleaved with the other calls,
+    and a burst of load that began after it made the planner take an unpacked GEMM whose
+    calibration (7.0 ms) had run before the burst while every sample of the packed one read
+    11.4 ms."""
 
     def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int):
         k = call.kernel
@@ -123,13 +127,14 @@ class _Timer:
             self.fn = lambda: k.fn(*arrays, **call.attrs)
             self.deadline = time.perf_counter() + max_seconds
             self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds)
-            self.samples.append(first)
+            if not self.calls:  # one call took half the budget: it is the only sample
+                self.samples.append(first)
         except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
             self.failure = f"{type(exc).__name__}: {exc}"[:500]
 
     def active(self, repeats: int) -> bool:
-        return (self.failure is None and len(self.samples) < repeats
-                and self.calls > 0 and time.perf_counter() < self.deadline)
+        return (self.failure is None and len(self.samples) < repeats and self.calls > 0
+                and (not self.samples or time.perf_counter() < self.deadline))
 
     def sample(self) -> None:
         try:

@@ -344,8 +344,9 @@ def test_measuring_a_kernel_that_takes_one_value_twice():
 
 
 def test_alternatives_are_timed_in_interleaved_rounds():
-    """measure_together: after each call's warm-up, one sample of every call per round, so
-    a burst of other work slows all alternatives alike; a failing call is a failure row."""
+    """measure_together: after each call's warm-up and calibration, one sample of every call
+    per round, so a burst of other work slows all alternatives alike (every sample comes
+    from a round: the calibration is not one); a failing call is a failure row."""
     import dataclasses
 
     from tensor_graphs.profiler.measure import Call, measure_together
@@ -370,9 +371,9 @@ def test_alternatives_are_timed_in_interleaved_rounds():
     rows = measure_together([*calls, broken], repeats=4, min_sample=0.0)
     assert [r.runs for r in rows] == [4, 4, 4, 0] and "ZeroDivisionError" in rows[3].failure
     assert all(r.ok and r.median > 0 for r in rows[:3])
-    rounds = order[-9:]  # the last three rounds: each call once per round, rotating
+    rounds = order[-12:]  # four rounds, one per sample: each call once per round, rotating
     assert all(sorted(rounds[i:i + 3]) == ["numpy_add", "numpy_exp", "numpy_mul"]
-               for i in (0, 3, 6)), order
+               for i in (0, 3, 6, 9)), order
     assert rounds[0:3] != rounds[3:6]
 
 
