@@ -5,9 +5,9 @@ fresh random inputs and compares it with the reference interpreter in float64 (t
 relative error is recorded with the timing). Timing: a warm-up call and a calibration (how many
 back-to-back calls last at least ``min_sample`` seconds), then ``repeats`` samples of that many
 calls; the row keeps the median, min and max seconds per call. ``measure_together`` takes the
-samples of several calls in interleaved rounds, so alternatives see the same load. A kernel that raises is
-recorded as a failure (with its message) so a profiling run moves on and a resumed run does
-not retry it.
+samples of several calls in interleaved rounds, so alternatives see the same load. A kernel
+that raises is recorded as a failure (with its message) so a profiling run moves on and a
+resumed run does not retry it.
 """
 
 from __future__ import annotations
