@@ -6,9 +6,10 @@
  * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
  * streams: a 64-byte header, then ceil(N / 16) panels of K rows x 16 columns (zero-padded
  * past N), each 64-byte aligned. A is packed per call into panels of 6 rows x KC (zero-padded
- * rows) where the threads share it, else read in place (below). The 6 x 16 micro-kernel keeps 12 eight-lane accumulators in registers (GCC vector
- * extensions: FMA under -march=native, builds on any target), or 6 sixteen-lane ones where
- * AVX-512 is on (Zen 4: FMAs with an embedded broadcast of A, +1-2.5 % measured). K blocking: the whole of K when
+ * rows) where the threads share it, else read in place (below). The 6 x 16 micro-kernel
+ * keeps 12 eight-lane accumulators in registers (GCC vector extensions: FMA under
+ * -march=native, builds on any target), or 6 sixteen-lane ones where AVX-512 is on (Zen 4:
+ * FMAs with an embedded broadcast of A, +1-2.5 % measured). K blocking: the whole of K when
  * K <= KSINGLE = 512 (each C tile stored once: BERT's K = 384 was two blocks, 256 + 128),
  * else equal blocks of at most KC = 256 rows (a 16 KiB B micro-panel stays in L1). Threads:
  *  - M < MSPLIT = 512 (GPT-2's 128-token prompt): the threads share each packed MC = 144-row
