@@ -99,7 +99,9 @@ class _Timer:
     taken as each timer is created, it is the one time not interleaved with the other calls,
     and a burst of load that began after it made the planner take an unpacked GEMM whose
     calibration (7.0 ms) had run before the burst while every sample of the packed one read
-    11.4 ms."""
+    11.4 ms. ``max_seconds`` bounds the time spent calling this kernel, not the window's wall
+    time: counted from creation, it ran out for the timers created before a window's LM head
+    (whose float64 check takes seconds), and GEMMs planned on a single sample."""
 
     def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int):
         k = call.kernel
@@ -125,8 +127,9 @@ class _Timer:
             finite = np.isfinite(ref)
             self.error = relative_error(np.where(finite, got, 0), np.where(finite, ref, 0))
             self.fn = lambda: k.fn(*arrays, **call.attrs)
-            self.deadline = time.perf_counter() + max_seconds
+            start = time.perf_counter()
             self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds)
+            self.budget = max_seconds - (time.perf_counter() - start)
             if not self.calls:  # one call took half the budget: it is the only sample
                 self.samples.append(first)
         except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
@@ -134,11 +137,13 @@ class _Timer:
 
     def active(self, repeats: int) -> bool:
         return (self.failure is None and len(self.samples) < repeats and self.calls > 0
-                and (not self.samples or time.perf_counter() < self.deadline))
+                and (not self.samples or self.budget > 0))
 
     def sample(self) -> None:
         try:
-            self.samples.append(_sample(self.fn, self.calls))
+            seconds = _sample(self.fn, self.calls)
+            self.samples.append(seconds)
+            self.budget -= seconds * self.calls
         except Exception as exc:  # noqa: BLE001
             self.failure = f"{type(exc).__name__}: {exc}"[:500]
 

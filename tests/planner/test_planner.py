@@ -377,6 +377,27 @@ def test_alternatives_are_timed_in_interleaved_rounds():
     assert rounds[0:3] != rounds[3:6]
 
 
+def test_a_slow_call_in_the_window_leaves_the_others_their_samples():
+    """max_seconds bounds the time spent calling each kernel: a call that is slow to check and
+    calibrate (created after the fast one) does not use up the fast one's budget."""
+    import dataclasses
+    import time
+
+    from tensor_graphs.profiler.measure import Call, measure_together
+
+    x = tg.input("x", (8, 8))
+    k = registry.get("numpy_add")
+
+    def slow_fn(*a, **kw):
+        time.sleep(0.02)
+        return k.fn(*a, **kw)
+
+    fast = Call(k, x + x, (x, x), {}, signature([x, x], {}))
+    slow = Call(dataclasses.replace(k, fn=slow_fn), x + x, (x, x), {}, signature([x, x], {}))
+    rows = measure_together([fast, slow], repeats=4, max_seconds=0.05)
+    assert rows[0].runs == 4 and rows[1].runs >= 1
+
+
 def test_weight_only_steps_run_once_per_binding():
     x = tg.input("x", (3, 4))
     w = tg.weight("w", (5, 4))
