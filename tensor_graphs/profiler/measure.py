@@ -40,13 +40,21 @@ class Call:
     bytes: float = 0.0
 
 
+# arguments that stay states as leaves: ``state_update`` accepts only a state (or a version
+# of one) as its first operand, so as an input leaf every KV-cache append failed its check,
+# was recorded as a failure, and decode planned the float64 reference in its place
+STATE_OPS = ("state", "state_update")
+
+
 def region_graph(call: Call) -> tuple[Node, dict[Node, str]]:
-    """The computed subgraph with the kernel's distinct arguments as fresh input leaves a0,
-    a1, ... (an argument passed twice, as in ``x * x``, is one leaf)."""
+    """The computed subgraph with the kernel's distinct arguments as fresh leaves a0, a1, ...
+    (an argument passed twice, as in ``x * x``, is one leaf): input leaves, state leaves for
+    states and their versions."""
     names: dict[Node, str] = {}
     for arg in call.arguments:
         names.setdefault(arg, f"a{len(names)}")
-    leaves = {arg: builder.input(name, arg.shape, arg.dtype) for arg, name in names.items()}
+    leaves = {arg: (builder.state if arg.op.name in STATE_OPS else builder.input)(
+        name, arg.shape, arg.dtype) for arg, name in names.items()}
     return substitute(call.node, leaves), names
 
 

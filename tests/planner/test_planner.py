@@ -398,6 +398,20 @@ def test_a_slow_call_in_the_window_leaves_the_others_their_samples():
     assert rows[0].runs == 4 and rows[1].runs >= 1
 
 
+def test_a_kv_cache_append_is_measured_on_a_state_leaf():
+    """state_update accepts only a state as its first operand: the profiler's leaf for it is
+    a state, so the in-place append is measured (it was recorded as a failure, and decode
+    planned numpy_exact_state_update)."""
+    from tensor_graphs.profiler.measure import Call, measure
+
+    cache_ = tg.state("cache", (1, 2, 9, 4))
+    new = tg.input("new", (1, 2, 1, 4))
+    node = tg.state_update(cache_, new, offset=9, axis=2)
+    m = measure(Call(registry.get("numpy_state_update"), node, (cache_, new), dict(node.attrs),
+                     signature([cache_, new], node.attrs)), repeats=2)
+    assert m.ok and m.runs == 2 and m.error == 0.0, m.failure
+
+
 def test_weight_only_steps_run_once_per_binding():
     x = tg.input("x", (3, 4))
     w = tg.weight("w", (5, 4))

@@ -262,7 +262,9 @@ def numpy_copy_to(x, device, *, out=None):
 def numpy_state_update(state, value, axis, offset):
     """A new version of the state with value written at offset along axis (may grow it).
     Appending to a state a program keeps in its own buffer (``kernels.storage``) writes in
-    place and returns the longer prefix; anything else copies, as the reference does."""
+    place and returns the longer prefix; anything else copies, as the reference does. The
+    profiler times it on a state leaf (``profiler.measure.STATE_OPS``): on an input leaf the
+    op's check failed, and the failure rows made decode plan the float64 reference."""
     if offset == state.shape[axis]:
         longer = storage.grown(state, axis, offset + value.shape[axis])
         if longer is not None:
