@@ -91,6 +91,7 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
     after another, a burst of other work on this shared 2-core machine made one of them read
     15 % slower than the next, more than the epilogue they differ by."""
     timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
+    repeats = max(repeats, 1)  # every row has a sample
     for r in range(repeats):
         live = [t for t in timers if t.active(repeats)]
         if not live:

@@ -396,6 +396,7 @@ def test_a_slow_call_in_the_window_leaves_the_others_their_samples():
     slow = Call(dataclasses.replace(k, fn=slow_fn), x + x, (x, x), {}, signature([x, x], {}))
     rows = measure_together([fast, slow], repeats=4, max_seconds=0.05)
     assert rows[0].runs == 4 and rows[1].runs >= 1
+    assert [r.runs for r in measure_together([fast], repeats=0)] == [1]
 
 
 def test_a_kv_cache_append_is_measured_on_a_state_leaf():
