@@ -692,19 +692,25 @@ static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64
 /* s[0:lim] (scaled scores) -> exp(s - max) with the mask row mr (or NULL) added first;
  * returns 1 / sum, or 1 when a mask left nothing to attend to (the reference's safe softmax:
  * the row comes out 0). NaN stays NaN. */
+/* s[0:n] -> exp(s - shift) (arguments <= 0); returns their sum */
+static inline float exp_sum(float *restrict s, int64_t n, float shift) {
+    float sum = 0.0f;
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t j = 0; j < n; j++) {
+        float e = tg_exp_nonpos(s[j] - shift);
+        s[j] = e;
+        sum += e;
+    }
+    return sum;
+}
+
 static inline float softmax_row(const attn_t *a, float *restrict s, const void *mr,
                                 int64_t lim) {
     if (mr)
         add_mask_row(a, s, mr, 0, lim);
     float m = row_max(s, lim);
     float shift = (a->mask && m == -INFINITY) ? 0.0f : m;
-    float sum = 0.0f;
-    _Pragma("omp simd reduction(+:sum)")
-    for (int64_t j = 0; j < lim; j++) {
-        float e = tg_exp_nonpos(s[j] - shift);
-        s[j] = e;
-        sum += e;
-    }
+    float sum = exp_sum(s, lim, shift);
     return (a->mask && sum < 1.0f) ? 1.0f : 1.0f / sum;
 }
 
@@ -902,13 +908,7 @@ int tg_flash_attention_f32(const float *q, const float *k, const float *v, const
                     continue;
                 }
                 float corr = mold == -INFINITY ? 0.0f : tg_exp_nonpos(mold - m);
-                float sum = 0.0f;
-                _Pragma("omp simd reduction(+:sum)")
-                for (int64_t j = 0; j < lim; j++) {
-                    float e = tg_exp_nonpos(sr[j] - m);
-                    sr[j] = e;
-                    sum += e;
-                }
+                float sum = exp_sum(sr, lim, m);
                 for (int64_t j = lim; j < n; j++) sr[j] = 0.0f;
                 ms[lr] = m;
                 ls[lr] = ls[lr] * corr + sum;
