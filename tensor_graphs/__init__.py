@@ -28,6 +28,7 @@ from tensor_graphs.errors import (  # noqa: F401
     ShapeError,
     StateError,
     TensorGraphsError,
+    UntrustedPathError,
 )
 from tensor_graphs.ir.api import *  # noqa: F401,F403
 from tensor_graphs.ir.api import __all__ as _api_all

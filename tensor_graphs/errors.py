@@ -84,3 +84,8 @@ class OutOfMemory(TensorGraphsError):  # noqa: N818  (tg.OutOfMemory, as the iss
         self.required = required
         self.available = available
         self.largest = tuple(largest)
+
+
+class UntrustedPathError(TensorGraphsError, PermissionError):
+    """A file or folder tensor_graphs would load code or plans from that another local user
+    could have written (owned by someone else, or writable by group or others)."""
