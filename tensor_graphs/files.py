@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO
+
+from tensor_graphs.errors import UntrustedPathError
 
 
 @contextmanager
@@ -55,14 +59,10 @@ def untrusted_reason(path) -> str | None:
     return None
 
 
-def private_dir(path) -> os.PathLike:
+def private_dir(path) -> Path:
     """Create ``path`` (and missing parents) readable and writable by this user only (0700), and
     check that an existing one is trusted. Raises ``UntrustedPathError`` naming the folder and
     the fix when another user could write into it, since what we keep there is loaded as code."""
-    from pathlib import Path
-
-    from tensor_graphs.errors import UntrustedPathError
-
     path = Path(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     why = untrusted_reason(path)
@@ -77,10 +77,6 @@ def private_dir(path) -> os.PathLike:
 def check_trusted_file(path, what: str) -> None:
     """Raise ``UntrustedPathError`` unless ``path`` and its folder can only have been written by
     this user (or root); ``what`` names the file's role in the message ("plan file")."""
-    from tensor_graphs.errors import UntrustedPathError
-
-    import stat
-
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     # in a sticky folder (/tmp) others may write, but not replace or delete a file of ours
