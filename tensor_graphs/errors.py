@@ -41,6 +41,12 @@ class SerializationError(TensorGraphsError):
     """A graph file that is not a tensor_graphs file, or of an unknown version."""
 
 
+class PlanFileError(SerializationError):
+    """A plan lock file that cannot be replayed as saved: unreadable, not of the schema, or
+    pinning a decision that no longer holds (a kernel edited or gone, an error above the
+    tolerance asked for, another graph or device). Refused, never silently re-planned."""
+
+
 class KernelConstraintError(TensorGraphsError, ValueError):
     """A kernel called with inputs outside its constraints (dtype, rank, layout, shape)."""
 
