@@ -20,7 +20,7 @@ from tensor_graphs.db import hardware as _hardware
 from tensor_graphs.db.cost import CostModel
 from tensor_graphs.db.store import Database, open_db
 from tensor_graphs.devices import as_device
-from tensor_graphs.errors import ArgumentError, ShapeError
+from tensor_graphs.errors import ArgumentError, PlanFileError, ShapeError
 from tensor_graphs.ir.graph import _as_list
 from tensor_graphs.ir.node import Node
 from tensor_graphs.planner import cache
@@ -51,7 +51,7 @@ class PlanSettings:
 
     def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
                  backends: Sequence[str] | None, decisions: Sequence[str] | None = None,
-                 bounds: Mapping | None = None):
+                 bounds: Mapping | None = None, plan_file=None):
         self.outputs = outputs
         self.bounds = as_symbols(bounds or {})
         self.device = as_device(device)
@@ -63,6 +63,7 @@ class PlanSettings:
         self.db = open_db(db)
         self.backends = None if backends is None else tuple(backends)
         self.decisions = None if decisions is None else tuple(decisions)
+        self.plan_file = plan_file  # where ``decisions`` came from, for errors
 
     def planner(self, prepared: list[Node], blocks: bool = True,
                 dims: Mapping | None = None) -> Planner:
@@ -95,7 +96,12 @@ class PlanSettings:
         planner = self.planner(prepared, dims=costed_at)
         found = self.decisions or cache.get(key())
         if found is not None:
-            plan = planner.replay(found)
+            try:
+                plan = planner.replay(found)
+            except PlanFileError as exc:  # refused, never re-planned: see planner/lockfile
+                if self.decisions is None:
+                    raise
+                raise PlanFileError(f"plan file {self.plan_file}: {exc}") from None
             stats["replayed" if self.decisions else "plan_cache_hits"] += 1
         else:
             if self.profile == "missing":
@@ -154,7 +160,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
       that plan's decisions (replayed: no search, ``prog.stats["planner_runs"]`` stays 1);
       a larger value raises ShapeError. Without bounds, a graph with symbolic dims is planned
       on its first call, once per distinct dims;
-    - ``plan``: a lock file from ``prog.save_plan``: reused without re-planning;
+    - ``plan``: a lock file from ``prog.save_plan``: reused without re-planning; a file that
+      cannot be replayed as saved within ``tolerance`` raises ``PlanFileError`` (see
+      planner/lockfile);
     - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``).
     """
     outs, single = _outputs(graph)
@@ -162,8 +170,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     if plan is not None:
         from tensor_graphs.planner.lockfile import load
 
-        decisions = load(plan, outs, device, tolerance)
-    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions, bounds)
+        decisions = load(plan, outs, device, _check_tolerance(tolerance))
+    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions, bounds,
+                            plan_file=plan)
     prog = CompiledGraph(outs, single, settings)
     free = symbols(outs)
     dims = as_symbols(bounds or {})

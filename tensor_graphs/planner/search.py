@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from tensor_graphs.db.cost import FREE, CostModel, Estimate
 from tensor_graphs.db.features import features, nbytes
 from tensor_graphs.db.store import signature_text
-from tensor_graphs.errors import NoPathError
+from tensor_graphs.errors import NoPathError, PlanFileError
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import STATIC_LEAVES, nodes, use_counts
@@ -420,27 +420,36 @@ class Planner:
         return self.extract(lambda slot: self.best(slot)[1])
 
     def replay(self, decisions: Sequence[str]) -> Plan:
-        """The plan whose options are ``decisions`` (a lock file), in extraction order."""
+        """The plan whose options are ``decisions`` (a lock file or the plan cache), in
+        extraction order. Only options within the tolerance are taken: a decision for a less
+        accurate kernel (a hand-edited lock file) is refused, not run and not re-planned."""
         queue = list(reversed(decisions))
 
         def choose(slot: Slot) -> Option:
             if not queue:
-                raise NoPathError("the plan file has fewer decisions than this graph needs; "
-                                  "it was saved for another graph")
+                raise PlanFileError("the plan file has fewer decisions than this graph needs; "
+                                    "it was saved for another graph; re-plan without plan=")
             label = queue.pop()
             if label.startswith(BLOCK + ":") and slot.node in self._blocks:
                 return self._blocks[slot.node].option(slot, self, label)
-            for opt in self.options(slot) + self._rejected.get(slot, []):
+            for opt in self.options(slot):
                 if opt.label == label:
                     return opt
-            raise NoPathError(f"the plan file chooses {label!r} for {_describe(slot.node)}, "
-                              "which is not available here (another graph, kernel set or "
-                              "device); re-plan without plan=")
+            for opt in self._rejected.get(slot, []):
+                if opt.label == label:
+                    raise PlanFileError(
+                        f"the plan file chooses {label!r} for {_describe(slot.node)}, whose "
+                        f"error {opt.error:.1e} is above the tolerance {self.tolerance:g} asked "
+                        "for; the plan is refused, not re-planned: re-plan without plan=")
+            raise PlanFileError(f"the plan file chooses {label!r} for {_describe(slot.node)}, "
+                                "which is not available here (another graph, kernel set or "
+                                "device); re-plan without plan=")
 
         plan = self.extract(choose)
         if queue:
-            raise NoPathError(f"the plan file has {len(queue)} decisions more than this graph "
-                              "needs; it was saved for another graph")
+            raise PlanFileError(f"the plan file has {len(queue)} decisions more than this "
+                                "graph needs; it was saved for another graph; re-plan without "
+                                "plan=")
         return plan
 
     def extract(self, choose: Callable[[Slot], Option | None]) -> Plan:
