@@ -12,6 +12,15 @@ them). A compile writes to a temporary file in the same folder and ``os.replace`
 place, so concurrent processes never load a half-written library; two processes that compile
 the same source at once both succeed (the last rename wins, both files are identical).
 
+A cached library is dlopen'ed, which runs its constructors, and its name is one anyone can
+compute, so the cache must be a folder no other user can write: it is created 0700, and one
+another user owns or could write (``files.private_dir``) is not used. Then the cache falls back
+to ``<tmp>/tensor_graphs-<uid>/c`` (both levels private), and when that one is untrusted too
+(another user created it first) to a fresh ``mkdtemp`` folder for this process, with one
+warning naming the folder and why. Each file is checked again just before it is loaded
+(``files.check_trusted_file``): one another user could have written is compiled over, never
+loaded.
+
 A failed compile raises ``CCompileError`` carrying the compiler's output. ``available()`` says
 whether the C backend can be used at all (a compiler that builds and loads a trivial library),
 and ``unavailable_reason()`` why not; the planner then uses other backends.
@@ -23,6 +32,7 @@ preloaded — see docs/ARCHITECTURE.md, "C backend".
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -31,10 +41,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from tensor_graphs.errors import CCompileError
+from tensor_graphs.errors import CCompileError, UntrustedPathError
+from tensor_graphs.files import check_trusted_file, private_dir
 
 # -fno-math-errno and -fno-trapping-math change no result (NaN and inf still propagate; only
 # errno and FP exception flags are not kept) but let GCC vectorise selects and sqrt.
@@ -49,24 +61,67 @@ _facts: dict[str, object] = {}
 stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
 
 
-def cache_dir() -> Path:
-    """The folder that holds compiled libraries (created on demand)."""
+def configured_cache_dir() -> Path:
+    """The folder the settings name: ``$TG_CACHE_DIR/c``, else the user cache's."""
     root = os.environ.get("TG_CACHE_DIR")
     if root:
         base = Path(root).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg) if xdg else Path.home() / ".cache") / "tensor_graphs"
-    path = base / "c"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        if os.access(path, os.W_OK):
-            return path
-    except OSError:
-        pass
-    fallback = Path(tempfile.gettempdir()) / f"tensor_graphs-{os.getuid()}" / "c"
-    fallback.mkdir(parents=True, exist_ok=True)
-    return fallback
+    return base / "c"
+
+
+def cache_dir() -> Path:
+    """The folder compiled libraries are kept in and loaded from: the configured one when only
+    this user can write it, else a private fallback (see the module docstring), since whatever
+    is found there is loaded as code."""
+    path = configured_cache_dir()
+    why = _refusal(path)
+    if why is None:
+        return path
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    shared = Path(tempfile.gettempdir()) / f"tensor_graphs-{uid}"
+    why_shared = _refusal(shared, shared / "c")
+    if why_shared is None:
+        _warn_once(f"not using the C library cache {path}: {why.rstrip('.')}. Libraries are "
+                   f"kept in {shared / 'c'} instead")
+        return shared / "c"
+    with _lock:
+        own = _facts.get("own_cache")
+        if own is None:
+            own = _facts["own_cache"] = Path(tempfile.mkdtemp(prefix=f"tensor_graphs-{uid}-"))
+            atexit.register(shutil.rmtree, own, ignore_errors=True)
+    _warn_once(f"not using the C library cache {path}: {why.rstrip('.')}. Nor "
+               f"{shared / 'c'}: {why_shared.rstrip('.')}. Libraries are compiled into {own}, "
+               f"kept for this process only")
+    return own
+
+
+def _refusal(*folders: Path) -> str | None:
+    """Why these nested folders cannot hold the cache (each is created 0700 when missing), or
+    None when they can."""
+    for folder in folders:
+        try:
+            private_dir(folder)
+        except UntrustedPathError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"cannot create {folder}: {exc.strerror or exc}"
+    if not os.access(folders[-1], os.W_OK | os.X_OK):
+        return f"{folders[-1]} is not writable"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    with _lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warnings.warn(message, stacklevel=3)
 
 
 def compiler() -> str | None:
@@ -170,12 +225,22 @@ def load_library(name: str, source: str, extra_flags: Sequence[str] = ()) -> cty
         if lib is not None:
             stats["memory_hits"] += 1
             return lib
-        if path.exists():
-            stats["disk_hits"] += 1
-        else:
+        fresh = not path.exists()
+        if not fresh:
+            try:
+                check_trusted_file(path, "compiled C library")
+            except UntrustedPathError as exc:
+                _warn_once(f"{exc} Compiling it again in its place.")
+                fresh = True
+        if fresh:
             _compile_to(source, tuple(openmp_flags()) + sanitize_flags(), path,
                         extra_flags=tuple(extra_flags), name=name)
             stats["compiled"] += 1
+        else:
+            stats["disk_hits"] += 1
+        # the file dlopen maps: never one another user could have written (its constructors
+        # run on load); in a private folder, nobody else can swap it after this check
+        check_trusted_file(path, "compiled C library")
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as e:
@@ -213,6 +278,7 @@ def _compile_to(source: str, mode_flags: tuple[str, ...], dest: Path, *,
             raise CCompileError(f"C compiler failed on '{name}' (exit {res.returncode}):\n"
                                 f"{' '.join(cmd)}\n{tail}", output=output, command=tuple(cmd))
         if keep:
+            os.chmod(tmp_out, 0o755)  # the compiler's mode follows the umask (0777 under 000)
             os.replace(tmp_out, dest)  # atomic: readers see the old file or the whole new one
     finally:
         for p in (src_path, tmp_out):
