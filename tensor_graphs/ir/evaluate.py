@@ -8,7 +8,7 @@ each atomic op's numpy reference in topological order and frees every value afte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 
 import numpy as np
 import sympy
@@ -51,6 +51,18 @@ def _feed_kind_ok(leaf: Node, given: np.dtype) -> bool:
     return kind == leaf.dtype.kind
 
 
+def require_feeds(leaf_nodes: Iterable[Node], given: Container[str]) -> None:
+    """The one rule of what a feed set must hold, for ``tg.evaluate`` and compiled calls alike
+    (the same message either way): every leaf in ``leaf_nodes``, by name."""
+    missing = sorted((leaf for leaf in leaf_nodes if leaf.name not in given),
+                     key=lambda leaf: leaf.name)
+    if missing:
+        described = ", ".join(f"{m.name} {format_shape(m.shape)} {m.dtype.name}"
+                              for m in missing)
+        raise FeedError(f"missing feed(s): {described}; give each an array of that shape and "
+                        f"dtype under its name")
+
+
 def bind_feeds(leaf_nodes: list[Node], feeds: Mapping[str, object], lift: bool):
     """Check every feed (names, kinds, shapes, dims) and return arrays and dim bindings."""
     if not isinstance(feeds, Mapping):
@@ -60,11 +72,7 @@ def bind_feeds(leaf_nodes: list[Node], feeds: Mapping[str, object], lift: bool):
     if unknown:
         raise FeedError(f"unknown feed(s) {unknown}; the graph's leaves are "
                         f"{sorted(by_name) or 'none'}")
-    missing = sorted(set(by_name) - set(feeds))
-    if missing:
-        described = ", ".join(f"{m} {format_shape(by_name[m].shape)} {by_name[m].dtype.name}"
-                              for m in missing)
-        raise FeedError(f"missing feed(s): {described}")
+    require_feeds(leaf_nodes, feeds)
     arrays: dict[str, np.ndarray] = {}
     for name, leaf in by_name.items():
         value = feeds[name]

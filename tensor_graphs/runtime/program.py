@@ -27,8 +27,9 @@ from tensor_graphs.errors import (
     FeedError,
     ShapeError,
     StateError,
+    TensorGraphsError,
 )
-from tensor_graphs.ir.evaluate import bind_feeds
+from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
 from tensor_graphs.ir.graph import STATIC_LEAVES, leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
@@ -602,51 +603,64 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------------ weights
     def bind(self, **arrays) -> CompiledGraph:
-        """Give weights (and initial states) once, in the user's layout; later calls use them.
-        Returns the program, so ``prog.bind(...)(x=...)`` reads well."""
-        for name, value in arrays.items():
-            leaf = self._by_name.get(name)
-            if leaf is None or leaf.op.name == "input":
-                known = sorted(n for n, lf in self._by_name.items() if lf.op.name != "input")
-                what = "an input: feed it at call time" if leaf is not None else "unknown"
-                raise FeedError(f"bind: '{name}' is {what}; the graph's weights and states "
-                                f"are {known or 'none'}")
-            array = np.asarray(value)
-            if is_static(leaf.shape) and array.shape != tuple(leaf.shape):
-                raise ShapeError(f"bind: weight '{name}' has shape {format_shape(array.shape)}"
-                                 f", the graph declares {format_shape(leaf.shape)}")
-            bind_feeds([leaf], {name: array}, lift=False)  # kinds and dims, as evaluate
-            if name in self._states:  # kept state: into its buffer, grown by later calls
-                self._states[name].set(dense(array, leaf.dtype.np_dtype),
-                                       self._capacity.get(name, 0))
-                continue
-            self._bound[name] = dense(array, leaf.dtype.np_dtype)
-        if any(name not in self._states for name in arrays):  # a kept state keeps its buffer:
-            for exe in self._all_executables():  # the prelude and recordings still hold
-                exe.invalidate()
+        """Give weights (and initial states) in the user's layout; later calls use them.
+        Binding a name again replaces its value. Returns the program, so
+        ``prog.bind(...)(x=...)`` reads well."""
+        self._rebind(arrays, "bind")
         return self
 
     def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> CompiledGraph:
         """Bind every weight the file holds, by name (``rename`` maps file names to leaf names,
-        or to None to skip one). The file is memory-mapped and each tensor copied once into
-        its final buffer; weights the graph has but the file lacks raise before anything is
-        bound (bind them with ``bind`` first to allow that). ``strict``: the file may hold
-        nothing else."""
+        or to None to skip one), replacing values bound before. The file is memory-mapped and
+        each tensor copied once into its own buffer; weights the graph has but the file lacks
+        raise before anything is bound, unless already bound (bind them with ``bind`` first
+        to allow that). ``strict``: the file may hold nothing else."""
         from tensor_graphs.runtime.weights import read_safetensors
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
-        wanted = {n: leaf for n, leaf in self._by_name.items()
-                  if leaf.op.name != "input" and n not in self._bound and n not in self._states}
-        unsized = sorted(n for n, leaf in wanted.items() if not is_static(leaf.shape))
-        if unsized:
-            raise ShapeError(f"bind_safetensors: weights {unsized} have symbolic shapes; bind "
-                             "them with prog.bind(...)")
-        wanted = {n: (tuple(int(d) for d in leaf.shape), leaf.dtype) for n, leaf in wanted.items()}
-        arrays = read_safetensors(path, wanted, strict=strict, rename=rename)
-        self._bound.update(arrays)  # read_safetensors checked names, shapes and dtypes
-        for exe in self._all_executables():
-            exe.invalidate()
+        wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
+                  if leaf.op.name != "input" and n not in self._states}
+        arrays = read_safetensors(path, wanted, strict=strict, rename=rename,
+                                  optional=set(self._bound))
+        self._rebind(arrays, f"bind_safetensors({path})")
         return self
+
+    def _rebind(self, arrays: Mapping[str, object], what: str) -> None:
+        """The one way values get bound (``bind``, ``bind_safetensors``). Every array is
+        checked first, all together: a known weight or state, its shape against the leaf's
+        with the dims the arrays bind, its kind of dtype; an error changes nothing. Then the
+        values are replaced and all that was derived from the old weights is dropped: the
+        prelude's results (transposed and packed weights) and the native loop's recordings,
+        which hold the old buffers' addresses."""
+        weights, states = {}, {}
+        for name, value in arrays.items():
+            leaf = self._by_name.get(name)
+            if leaf is None or leaf.op.name == "input":
+                known = sorted(n for n, lf in self._by_name.items() if lf.op.name != "input")
+                kind = "an input: feed it at call time" if leaf is not None else "unknown"
+                raise FeedError(f"{what}: '{name}' is {kind}; the graph's weights and states "
+                                f"are {known or 'none'}")
+            array = np.asarray(value)
+            if is_static(leaf.shape) and array.shape != tuple(leaf.shape):
+                raise ShapeError(f"{what}: {leaf.op.name} '{name}' has shape "
+                                 f"{format_shape(array.shape)}, the graph declares "
+                                 f"{format_shape(leaf.shape)}")
+            (states if name in self._states else weights)[name] = array
+        # weights share their dims (checked together, as a call checks its feeds); a state's
+        # length is its own, changed by every call
+        groups = [weights] + [{name: array} for name, array in states.items()]
+        for group in groups:
+            try:
+                bind_feeds([self._by_name[n] for n in group], group, lift=False)
+            except TensorGraphsError as exc:
+                raise type(exc)(f"{what}: {exc}") from None
+        values = {n: dense(a, self._by_name[n].dtype.np_dtype) for n, a in arrays.items()}
+        for name in states:  # kept state: into its buffer, grown by later calls
+            self._states[name].set(values[name], self._capacity.get(name, 0))
+        if weights:  # (a state keeps its buffer: the prelude and recordings still hold)
+            self._bound.update((n, values[n]) for n in weights)
+            for exe in self._all_executables():
+                exe.invalidate()
 
     # ------------------------------------------------------------------------ running
     def __call__(self, **feeds):
@@ -668,6 +682,7 @@ class CompiledGraph:
                             "starts as what you bind, an empty cache included)")
         # bound weights were checked by bind: only what this call brings is validated
         given = {**kept, **feeds}
+        require_feeds(self._leaves, given.keys() | self._bound.keys())
         check = [lf for lf in self._leaves if lf.name in given
                  or (lf.name in self._bound and not is_static(lf.shape))]
         arrays, dims = bind_feeds(check, {lf.name: given.get(lf.name, self._bound.get(lf.name))

@@ -23,8 +23,9 @@ import json
 import math
 import mmap
 import os
+import stat
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -70,6 +71,7 @@ _MAX_HEADER = 100 * 1024 * 1024  # the safetensors package's own limit
 _COPY_CHUNK_BYTES = 16 * 1024 * 1024  # same-dtype copies: pages released after each chunk
 _CONVERT_CHUNK_ELEMS = 1 << 20  # dtype conversion: at most this many elements in flight
 _PAGE = mmap.ALLOCATIONGRANULARITY
+_MAX_BYTES = np.iinfo(np.intp).max  # numpy's bound, empty axes aside
 
 
 @dataclass(frozen=True)
@@ -104,47 +106,125 @@ class SafetensorsHeader:
 # header
 
 
+# Why a file is not read, by what ``fstat`` says it is: only a regular file has bytes to map
+# (opening a FIFO would block until another process writes to it).
+_NOT_A_FILE: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISDIR, "a folder, not a safetensors file"),
+    (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "a socket, not a regular file"),
+    (stat.S_ISCHR, "a character device, not a regular file"),
+    (stat.S_ISBLK, "a block device, not a regular file"),
+)
+# The fix for a file whose bytes are wrong: it was cut short or written by something else.
+_REFETCH = "download or export the checkpoint again"
+
+
+def _open(path: str):
+    """``path`` opened for reading once (the header and the data are read through the same
+    descriptor, so a file replaced in between cannot pair one file's header with another's
+    data); refused with a :class:`SerializationError` naming the path and the fix unless it
+    is a regular file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise SerializationError(f"{path}: no such safetensors file; check the path") from None
+    except OSError as exc:
+        raise SerializationError(f"cannot open safetensors file {path}: {exc.strerror}; check "
+                                 "the path and its permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        why = next((why for test, why in _NOT_A_FILE if test(mode)), None)
+        if why is None and not stat.S_ISREG(mode):
+            why = "not a regular file"
+        if why is not None:
+            hint = "name the .safetensors file itself"
+            if stat.S_ISDIR(mode):
+                inside = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))[:4]
+                if inside:
+                    hint += f" (the folder holds {', '.join(inside)})"
+            raise SerializationError(f"{path} is {why}; {hint}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object hook: a name given twice would leave which tensor is meant to chance."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise SerializationError(f"the header names {key!r} twice")
+        seen.add(key)
+    return dict(pairs)
+
+
 def read_safetensors_header(path) -> SafetensorsHeader:
     """Parse and check the header of the safetensors file at ``path`` (nothing else is read).
 
-    Raises :class:`SerializationError` naming the path when the file is missing, truncated,
-    not a safetensors file, or its header lies (unknown dtype, offsets outside the data,
-    a byte count that disagrees with the shape, overlapping tensors).
+    Raises :class:`SerializationError` naming the path and the fix when the file is missing,
+    not a regular file, truncated, not a safetensors file, or its header lies (unknown dtype,
+    offsets outside the data, a byte count that disagrees with the shape, overlapping tensors).
     """
-    path = os.fspath(path)
+    path = _fspath(path)
+    with _open(path) as f:
+        return _parse_header(f, path)
+
+
+def _fspath(path) -> str:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise SerializationError(
-                    f"{path} is not a safetensors file: {size} bytes, shorter than the "
-                    f"8-byte header length (truncated?)")
-            n = int.from_bytes(prefix, "little")
-            if n > _MAX_HEADER or 8 + n > size:
-                raise SerializationError(
-                    f"{path} is not a safetensors file or is truncated: its first 8 bytes "
-                    f"give a header of {n} bytes, the file has {size - 8} after them")
-            raw = f.read(n)
+        return os.fspath(path)
+    except TypeError:
+        raise ArgumentError(f"a safetensors path must be a str or os.PathLike, got "
+                            f"{type(path).__name__} {path!r}") from None
+
+
+def _parse_header(f, path: str) -> SafetensorsHeader:
+    try:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise SerializationError(
+                f"{path} is not a safetensors file: {size} bytes, shorter than the "
+                f"8-byte header length (truncated? {_REFETCH})")
+        n = int.from_bytes(prefix, "little")
+        if n > _MAX_HEADER or 8 + n > size:
+            raise SerializationError(
+                f"{path} is not a safetensors file or is truncated: its first 8 bytes "
+                f"give a header of {n} bytes, the file has {size - 8} after them "
+                f"({_REFETCH})")
+        raw = f.read(n)
     except OSError as exc:
         raise SerializationError(f"cannot read safetensors file {path}: {exc}") from None
     if len(raw) != n:  # the file shrank under us
         raise SerializationError(f"{path}: truncated header ({len(raw)} of {n} bytes)")
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except SerializationError as exc:
+        raise SerializationError(f"{path} is not a valid safetensors file: {exc} "
+                                 f"({_REFETCH})") from None
+    except RecursionError:  # [[[[...]]]]: json recurses once per level
         raise SerializationError(
-            f"{path} is not a safetensors file: its header is not valid JSON ({exc})") from None
+            f"{path} is not a safetensors file: its header nests JSON too deeply "
+            f"({_REFETCH})") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: over 4,300-digit integers too
+        raise SerializationError(
+            f"{path} is not a safetensors file: its header is not valid JSON ({exc}; "
+            f"{_REFETCH})") from None
     if not isinstance(header, dict):
         raise SerializationError(
             f"{path} is not a safetensors file: its header is a JSON "
-            f"{type(header).__name__}, not an object")
+            f"{type(header).__name__}, not an object ({_REFETCH})")
 
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not (
             isinstance(metadata, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-        raise SerializationError(f"{path}: __metadata__ must map strings to strings")
+        raise SerializationError(f"{path}: __metadata__ must map strings to strings "
+                                 f"({_REFETCH})")
 
     data_start = 8 + n
     data_len = size - data_start
@@ -152,30 +232,35 @@ def read_safetensors_header(path) -> SafetensorsHeader:
     for name, entry in header.items():
         where = f"{path}: tensor {name!r}"
         if not isinstance(entry, dict):
-            raise SerializationError(f"{where}: header entry is not an object")
+            raise SerializationError(f"{where}: header entry is not an object ({_REFETCH})")
         code = entry.get("dtype")
-        if code not in SAFETENSORS_DTYPES:
+        if not isinstance(code, str) or code not in SAFETENSORS_DTYPES:
             raise SerializationError(
                 f"{where}: dtype {code!r} is not supported (supported: "
-                f"{', '.join(SAFETENSORS_DTYPES)})")
+                f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint to one of them")
         shape = entry.get("shape")
         if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
-            raise SerializationError(f"{where}: shape {shape!r} is not a list of sizes >= 0")
+            raise SerializationError(f"{where}: shape {shape!r} is not a list of sizes >= 0 "
+                                     f"({_REFETCH})")
+        if math.prod(d for d in shape if d) * SAFETENSORS_DTYPES[code].itemsize > _MAX_BYTES:
+            raise SerializationError(f"{where}: shape {shape} is larger than any array can be "
+                                     f"({_REFETCH})")
         offsets = entry.get("data_offsets")
         if not (isinstance(offsets, list) and len(offsets) == 2
                 and all(_is_count(o) for o in offsets)):
             raise SerializationError(
-                f"{where}: data_offsets {offsets!r} is not a pair of offsets >= 0")
+                f"{where}: data_offsets {offsets!r} is not a pair of offsets >= 0 "
+                f"({_REFETCH})")
         begin, end = offsets
         if begin > end or end > data_len:
             raise SerializationError(
                 f"{where}: data_offsets [{begin}, {end}] lie outside the {data_len} data "
-                f"bytes of the file (truncated or corrupt)")
+                f"bytes of the file (truncated or corrupt: {_REFETCH})")
         expected = math.prod(shape) * SAFETENSORS_DTYPES[code].itemsize
         if end - begin != expected:
             raise SerializationError(
                 f"{where}: data_offsets [{begin}, {end}] span {end - begin} bytes, but "
-                f"{code}{list(shape)} needs {expected}")
+                f"{code}{list(shape)} needs {expected} ({_REFETCH})")
         tensors[name] = TensorInfo(name, code, tuple(shape), data_start + begin,
                                    data_start + end)
 
@@ -185,7 +270,7 @@ def read_safetensors_header(path) -> SafetensorsHeader:
             raise SerializationError(
                 f"{path}: tensors {a.name!r} and {b.name!r} overlap (bytes "
                 f"[{a.begin - data_start}, {a.end - data_start}) and "
-                f"[{b.begin - data_start}, {b.end - data_start}))")
+                f"[{b.begin - data_start}, {b.end - data_start})): {_REFETCH}")
     return SafetensorsHeader(path, tensors, metadata, data_start, size)
 
 
@@ -212,34 +297,60 @@ def _castable(src: np.dtype, dst: np.dtype) -> bool:
 
 def read_safetensors(
     path,
-    wanted: Mapping[str, tuple[tuple[int, ...], DType]],
+    wanted: Mapping[str, tuple[tuple, DType]],
     *,
     strict: bool = False,
     rename: Callable[[str], str | None] | None = None,
     allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray] | None = None,
+    optional: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Read the tensors ``wanted`` (graph leaf name -> (shape, dtype)) from a safetensors file.
 
-    ``rename`` maps each name in the file to a leaf name (``lambda n: n.removeprefix("model.")``);
-    returning None ignores that tensor. ``strict=True`` also rejects tensors in the file that
-    are not wanted. ``allocate(name, shape, np_dtype)`` makes a destination array (default:
-    ``np.empty``; it must return a C-contiguous array of that shape and dtype), e.g. pinned or
-    arena memory.
+    A wanted shape may hold symbolic dims (anything not an ``int``): they take the file's
+    size, and agreeing across tensors is the caller's rule (``CompiledGraph.bind`` binds the
+    dims as a call does). ``rename`` maps each name in the file to a leaf name
+    (``lambda n: n.removeprefix("model.")``); returning None ignores that tensor.
+    ``strict=True`` also rejects tensors in the file that are not wanted. ``optional``: wanted
+    names the file may lack (weights bound already). ``allocate(name, shape, np_dtype)`` makes
+    a destination array (default: ``np.empty``; it must return a C-contiguous array of that
+    shape and dtype), e.g. pinned or arena memory.
 
     Everything is checked before anything is copied: the file (:class:`SerializationError`),
     missing leaves with close matches and, if strict, unwanted tensors (:class:`FeedError`),
     shapes (:class:`ShapeError`), dtypes (:class:`DTypeError`). Returns ``{leaf name: array}``
-    for exactly the names in ``wanted``; on any error nothing is returned.
+    for the names in ``wanted`` the file holds (all of them but optional ones); on any error
+    nothing is returned.
     """
-    header = read_safetensors_header(path)
+    path = _fspath(path)
+    with _open(path) as f:
+        header = _parse_header(f, path)
+        found = _match(header, wanted, strict, rename, set(optional))
+        return _copy_all(f, header, found, allocate)
+
+
+def _dim(d):
+    """A wanted dim as an int, or itself when it is symbolic (any size fits)."""
+    if isinstance(d, (int, np.integer)) or getattr(d, "is_Integer", False):
+        return int(d)
+    return d
+
+
+def _fits(file_shape: tuple[int, ...], shape: tuple) -> bool:
+    return len(file_shape) == len(shape) and all(
+        not isinstance(want, int) or want == got for want, got in zip(shape, file_shape))
+
+
+def _shown(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
+           optional: set[str]) -> dict[str, tuple[TensorInfo, DType]]:
+    """Leaf name -> (the file's tensor, the leaf's dtype) for every wanted tensor the file
+    holds, after checking names, shapes and dtypes (nothing is read yet)."""
     path = header.path
-    want: dict[str, tuple[tuple[int, ...], DType]] = {}
-    for name, (shape, dt) in wanted.items():
-        try:
-            want[name] = (tuple(int(d) for d in shape), as_dtype(dt))
-        except TypeError:
-            raise ShapeError(f"weight {name!r} has shape {shape!r}; weights read from a "
-                             f"file need concrete sizes") from None
+    want = {name: (tuple(_dim(d) for d in shape), as_dtype(dt))
+            for name, (shape, dt) in wanted.items()}
 
     # file name -> leaf name
     by_leaf: dict[str, TensorInfo] = {}
@@ -255,7 +366,7 @@ def read_safetensors(
                 f"{leaf!r}")
         by_leaf[leaf] = info
 
-    missing = [n for n in want if n not in by_leaf]
+    missing = [n for n in want if n not in by_leaf and n not in optional]
     if missing:
         spare = [n for n in by_leaf if n not in want]
         parts = []
@@ -265,7 +376,7 @@ def read_safetensors(
             parts.append(f"{n!r} (close: {', '.join(map(repr, close))})" if close else repr(n))
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         hint = (" (pass rename= to map the file's names to leaf names)"
-                if any("(close:" in p for p in parts) else "")
+                if any("(close:" in p for p in parts) else " (is it this model's checkpoint?)")
         raise FeedError(
             f"{path} has no tensor for {len(missing)} weight(s): {', '.join(parts)}{more}"
             f"{hint}; the file has {len(header.tensors)} tensors")
@@ -278,46 +389,54 @@ def read_safetensors(
                 f"{path} has {len(extra)} tensor(s) no weight of the graph wants "
                 f"(strict=True): {shown}{more}")
 
-    bad_shapes = [(n, by_leaf[n], shape) for n, (shape, _) in want.items()
-                  if by_leaf[n].shape != shape]
+    found = {n: (by_leaf[n], dt) for n, (_, dt) in want.items() if n in by_leaf}
+    bad_shapes = [(n, by_leaf[n], want[n][0]) for n in found
+                  if not _fits(by_leaf[n].shape, want[n][0])]
     if bad_shapes:
         raise ShapeError(f"{path}: shapes disagree with the graph's weights: " + "; ".join(
             f"{n!r}" + (f" (file {info.name!r})" if info.name != n else "")
-            + f" is {list(info.shape)} in the file, {list(shape)} in the graph"
+            + f" is {list(info.shape)} in the file, {_shown(shape)} in the graph"
             for n, info, shape in bad_shapes))
-    bad_dtypes = [(n, by_leaf[n], dt) for n, (_, dt) in want.items()
-                  if not _castable(by_leaf[n].np_dtype, dt.np_dtype)]
+    bad_dtypes = [(n, info, dt) for n, (info, dt) in found.items()
+                  if not _castable(info.np_dtype, dt.np_dtype)]
     if bad_dtypes:
         raise DTypeError(f"{path}: dtypes the graph's weights cannot take: " + "; ".join(
             f"{n!r} is {info.dtype} in the file, {dt} in the graph"
             for n, info, dt in bad_dtypes))
+    return found
 
+
+def _copy_all(f, header: SafetensorsHeader, found: Mapping[str, tuple[TensorInfo, DType]],
+              allocate) -> dict[str, np.ndarray]:
+    """Each found tensor copied from the mapped file into its own new array."""
+    path = header.path
     alloc = allocate or (lambda _n, shape, dtype: np.empty(shape, dtype))
     out: dict[str, np.ndarray] = {}
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size != header.file_size:
-            raise SerializationError(f"{path} changed size while it was being read")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        try:
-            if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
-                mm.madvise(mmap.MADV_SEQUENTIAL)
-            for name, (shape, dt) in want.items():
-                dst = alloc(name, shape, dt.np_dtype)
-                if (not isinstance(dst, np.ndarray) or dst.shape != shape
-                        or dst.dtype != dt.np_dtype or not dst.flags.c_contiguous
-                        or not dst.flags.writeable):
-                    raise ArgumentError(
-                        f"allocate({name!r}) must return a writeable C-contiguous "
-                        f"{dt}{list(shape)} array")
-                _copy_into(mm, by_leaf[name], dst)
-                out[name] = dst
-        finally:
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:  # a traceback still holds a view; the GC closes it
-                    pass
+    size = os.fstat(f.fileno()).st_size
+    if size != header.file_size:
+        raise SerializationError(f"{path} changed size while it was being read; read it "
+                                 "again once whatever writes it is done")
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+    try:
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        for name, (info, dt) in found.items():
+            shape = info.shape
+            dst = alloc(name, shape, dt.np_dtype)
+            if (not isinstance(dst, np.ndarray) or dst.shape != shape
+                    or dst.dtype != dt.np_dtype or not dst.flags.c_contiguous
+                    or not dst.flags.writeable):
+                raise ArgumentError(
+                    f"allocate({name!r}) must return a writeable C-contiguous "
+                    f"{dt}{list(shape)} array")
+            _copy_into(mm, info, dst)
+            out[name] = dst
+    finally:
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # a traceback still holds a view; the GC closes it
+                pass
     return out
 
 

@@ -453,3 +453,42 @@ def test_peak_resident_memory_is_near_one_copy(big_files, src):
     nbytes = N_BIG * 4
     assert delta < 1.5 * nbytes, f"RSS grew {delta / 2**20:.0f} MiB for {nbytes / 2**20:.0f} MiB"
     assert delta > 0.9 * nbytes  # the measurement sees the destination itself
+
+
+def test_bad_files_are_serialization_errors_naming_the_file(tmp_path):
+    """Files that let RecursionError, TypeError or a blocked open through before; every one a
+    SerializationError naming the file and what to do."""
+    entry = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    cases = {
+        "deep": (b"[" * 100_000 + b"]" * 100_000, "nests JSON too deeply"),
+        "deep_entry": (b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too deeply"),
+        "dtype_list": (json.dumps({"w": {**entry, "dtype": ["F32"]}}).encode(),
+                       r"dtype \['F32'\] is not supported"),
+        "dtype_object": (json.dumps({"w": {**entry, "dtype": {}}}).encode(), "not supported"),
+        "twice": (b'{"w": ' + json.dumps(entry).encode() + b', "w": '
+                  + json.dumps(entry).encode() + b"}", "names 'w' twice"),
+        "too_big": (json.dumps({"w": {**entry, "shape": [2**62, 4, 0],
+                                      "data_offsets": [0, 0]}}).encode(), "larger than any"),
+        "digits": (json.dumps(entry).encode().replace(b"[1]", b"[" + b"9" * 5000 + b"]"),
+                   "not valid JSON"),
+    }
+    for name, (header, expect) in cases.items():
+        path = raw_file(tmp_path / f"{name}.safetensors", None, bytes(8), header_bytes=header)
+        with pytest.raises(SerializationError, match=expect) as exc:
+            read_safetensors(path, {})
+        assert str(path) in str(exc.value), name
+        assert "again" in str(exc.value) or "convert" in str(exc.value), name
+
+
+def test_paths_that_are_not_files(tmp_path):
+    write_safetensors(tmp_path / "model.safetensors", {"w": np.ones(2, np.float32)})
+    with pytest.raises(SerializationError, match="is a folder.*holds model.safetensors"):
+        read_safetensors(tmp_path, {})
+    with pytest.raises(SerializationError, match="no such safetensors file; check the path"):
+        read_safetensors(tmp_path / "nope.safetensors", {})
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer
+    with pytest.raises(SerializationError, match="FIFO"):
+        read_safetensors(fifo, {})
+    with pytest.raises(ArgumentError, match="str or os.PathLike"):
+        read_safetensors(None, {})
