@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError, TensorGraphsError
+from tensor_graphs.files import check_trusted_file
 from tensor_graphs.ir.graph import decompose, format_graph, nodes
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels import registry
@@ -39,10 +40,21 @@ def load(path) -> list[Kernel]:
     defines and register those that pass. Returns the admitted kernels; if any failed, raises
     ``KernelVerificationError`` (``.reports``, ``.admitted``) after registering the others.
     A kernel whose name is taken by a kernel from another file raises ArgumentError (nothing
-    from the file is registered); loading the same file again replaces its kernels."""
+    from the file is registered); loading the same file again replaces its kernels.
+
+    The file is run as code, so it must be one only this user (or root) can have written
+    (``files.check_trusted_file``, else ``UntrustedPathError``), and it is compiled from its
+    source as read here: never from a ``__pycache__`` file beside it, which in a shared folder
+    such as /tmp another user could have planted to match the source's size and time."""
     path = Path(path).resolve()
     if not path.is_file():
         raise ArgumentError(f"tg.kernels.load: no such file {str(path)!r}")
+    check_trusted_file(path, "kernel file")
+    try:
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ArgumentError(f"tg.kernels.load: cannot read {path} as Python: "
+                            f"{type(exc).__name__}: {exc}") from None
     digest = hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()
     module_name = f"tg_user_kernels_{_identifier(path.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -51,7 +63,7 @@ def load(path) -> list[Kernel]:
     registry._PENDING = pending = []
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(code, module.__dict__)  # noqa: S102 - the user's own, checked file
     except TensorGraphsError:
         sys.modules.pop(module_name, None)
         raise

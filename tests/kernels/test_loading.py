@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import tensor_graphs as tg
-from tensor_graphs.errors import ArgumentError, KernelVerificationError
+from tensor_graphs.errors import ArgumentError, KernelVerificationError, UntrustedPathError
 from tensor_graphs.kernels import registry
 
 GOOD = '''
@@ -98,3 +102,56 @@ def test_files_that_do_not_import(tmp_path, cleanup):
     with pytest.raises(ArgumentError, match="unknown op"):
         tg.kernels.load(write(tmp_path, "bad.py", bad_pattern))
     assert registry._PENDING is None  # registration works normally afterwards
+
+
+# ----------------------------------------------------------------------------- trust
+MARKS = '''
+import pathlib
+pathlib.Path({marker!r}).write_text("the file ran")
+'''
+ROOT = hasattr(os, "getuid") and os.getuid() == 0  # only root can give files away
+
+
+def test_a_kernel_file_others_could_write_is_not_run(tmp_path, cleanup):
+    marker = tmp_path / "ran"
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    path = write(folder, "good.py", MARKS.format(marker=str(marker)) + GOOD)
+    os.chmod(path, 0o666)
+    with pytest.raises(UntrustedPathError, match="refusing to load kernel file .*good.py: it "
+                       "is writable by group and others"):
+        tg.kernels.load(path)
+    os.chmod(path, 0o644)
+    os.chmod(folder, 0o777)  # not sticky: another user could replace the file
+    with pytest.raises(UntrustedPathError, match="its folder .*kernels is writable"):
+        tg.kernels.load(path)
+    os.chmod(folder, 0o755)
+    if ROOT:
+        os.chown(path, 12345, 12345)
+        with pytest.raises(UntrustedPathError, match="owned by uid 12345"):
+            tg.kernels.load(path)
+    assert not marker.exists() and "user_tanh" not in registry._KERNELS
+
+
+def test_a_planted_pycache_file_is_not_run(tmp_path, cleanup):
+    # in a sticky shared folder (/tmp) another user can create __pycache__ and leave bytecode
+    # that matches the source's size and time; the loader must compile the source it checked
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    path = write(shared, "good.py", GOOD)
+    marker = tmp_path / "ran"
+    planted = compile(MARKS.format(marker=str(marker)) + textwrap.dedent(GOOD), str(path),
+                      "exec")
+    cached = Path(importlib.util.cache_from_source(str(path)))
+    cached.parent.mkdir()
+    st = path.stat()
+    cached.write_bytes(importlib._bootstrap_external._code_to_timestamp_pyc(
+        planted, st.st_mtime, st.st_size))
+    if ROOT:
+        for p in (cached, cached.parent):
+            os.chown(p, 12345, 12345)
+    admitted = tg.kernels.load(path)
+    assert not marker.exists(), "the planted bytecode ran"
+    assert [k.name for k in admitted] == ["user_tanh", "user_fma"]
+    assert "def user_tanh" in inspect.getsource(registry.get("user_tanh").fn)
