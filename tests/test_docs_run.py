@@ -311,10 +311,15 @@ def _check_tg(args: list[str]) -> list[str]:
         try:
             build_parser().parse_args(args)
         except SystemExit as exc:
-            if exc.code not in (0, None):
-                return [f"`tg {shlex.join(args)}` is refused by tg's parser: "
-                        f"{err.getvalue().strip().splitlines()[-1]}"]
-    return []
+            if exc.code in (0, None):  # --help
+                return []
+            said = err.getvalue().strip().splitlines()
+            reason = said[-1] if said else f"exit status {exc.code}"
+        except Exception as exc:  # a parser that raises its usage error rather than exiting
+            reason = f"{type(exc).__name__}: {exc}"
+        else:
+            return []
+    return [f"`tg {shlex.join(args)}` is refused by tg's parser: {reason}"]
 
 
 def _extras() -> set[str] | None:
