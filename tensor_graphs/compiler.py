@@ -155,7 +155,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
     - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
     - ``profile``: "never" plans from what the database knows; "missing" first measures every
-      kernel call the plan considers that has no row, then plans;
+      kernel call the plan considers that has no row (split with other processes profiling
+      the same file; on a read-only database kept in memory for this process, with a
+      warning), then plans;
     - ``bounds``: largest values of symbolic dims: planned now, and any smaller values reuse
       that plan's decisions (replayed: no search, ``prog.stats["planner_runs"]`` stays 1);
       a larger value raises ShapeError. Without bounds, a graph with symbolic dims is planned

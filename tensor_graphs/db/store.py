@@ -4,21 +4,28 @@ Only kernel measurements are stored (never graphs): a row is a hardware key (mac
 libs), a kernel name and the hash of its source, an input signature, and the timing and error
 of that kernel on those inputs. Several processes may write at once (WAL and a busy timeout;
 every ``record`` is its own committed transaction, so a killed writer loses nothing it
-committed and leaves no lock). A file we did not make, or one that is not SQLite at all, is
-refused with a ``DatabaseError`` and never touched; a file or directory we may not write is
-opened read-only, so planning still works. ``db.revision`` changes with every write: the plan
-cache keys on it.
+committed and leaves no lock), and profilers sharing a file split the work through ``claims``
+(a lease its owner renews while alive, so a dead one's work is taken over). A file we did not
+make, one that is not SQLite at all, or anything but a regular file (a FIFO would hang the
+first read) is refused with a ``DatabaseError`` and never touched; a file or directory we may
+not write is opened read-only, so planning still works, committed rows still in its WAL
+included. ``db.revision`` changes with every write: the plan cache keys on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
+import shutil
 import sqlite3
+import stat
+import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -26,7 +33,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from tensor_graphs.db.hardware import Hardware, current
-from tensor_graphs.errors import DatabaseError
+from tensor_graphs.errors import DatabaseError, UntrustedPathError
+from tensor_graphs.files import private_dir
 
 APPLICATION_ID = 0x54474442  # "TGDB": marks a file as ours (PRAGMA application_id)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -54,6 +62,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (  # v3: the call's work (flops, bytes moved), so the cost model can interpolate
         "ALTER TABLE measurements ADD COLUMN flops REAL",
         "ALTER TABLE measurements ADD COLUMN bytes REAL",
+    ),
+    (  # v4: claims, so profilers sharing the file split the work (see ``claim``)
+        """CREATE TABLE claims (
+            kernel TEXT NOT NULL, source_hash TEXT NOT NULL, signature TEXT NOT NULL,
+            device TEXT NOT NULL, libs TEXT NOT NULL, owner TEXT NOT NULL,
+            expires REAL NOT NULL, PRIMARY KEY (kernel, source_hash, signature, device, libs))""",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -165,6 +179,8 @@ class Database:
 
     # ------------------------------------------------------------------ opening
     def _open_file(self, p: Path) -> None:
+        if _is_default(p):
+            _check_default_folder(p.parent)
         _check_header(p)
         reason = _not_writable(p)
         if reason is None:
@@ -292,8 +308,9 @@ class Database:
                                     f"{exc}") from exc
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One committed transaction; the revision goes up when it changed any row."""
+    def _write(self, revise: bool = True) -> Iterator[sqlite3.Connection]:
+        """One committed transaction; the revision goes up when it changed any row (unless
+        ``revise`` is False: claims change no estimate, so they keep cached plans valid)."""
         if self.readonly:
             raise DatabaseError(
                 f"the measurement database {self.path} is read-only ({self.readonly_reason}), "
@@ -304,12 +321,32 @@ class Database:
             try:
                 before = conn.total_changes
                 yield conn
-                if conn.total_changes != before:
+                if revise and conn.total_changes != before:
                     conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'revision'")
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+
+    def record_in_memory(self) -> bool:
+        """Let a read-only database take records, for this process only: its rows are copied
+        into a private in-memory database that later reads and records use, so what this
+        process measures still informs its plans; they are lost when it exits. Warns once,
+        naming the file and why it is read-only. False when the database was writable."""
+        with self._lock:
+            if not self.readonly or self._conn is None:
+                return False
+            if self.open_mode != "memory":
+                mem = _connect(":memory:")
+                self._conn.backup(mem)
+                self._conn.close()
+                self._conn, self.open_mode = mem, "memory"
+            self.readonly = False
+        warnings.warn(
+            f"the measurement database {self.path} is read-only ({self.readonly_reason}): what "
+            "this process measures is kept in memory and lost when it exits. Point TG_DB or "
+            "db= at a writable file to keep the measurements.", RuntimeWarning, stacklevel=2)
+        return True
 
     # ------------------------------------------------------------------ writing
     def record(self, m: Measurement) -> Measurement:
@@ -337,6 +374,62 @@ class Database:
                          "VALUES (?, ?, ?, ?)",
                          (hw.device, hw.libs, json.dumps(dict(rates), sort_keys=True),
                           time.time()))
+
+    # ------------------------------------------------------------------ claims
+    def claim(self, work: Sequence[tuple[str, str, str]], owner: str, lease: float,
+              limit: int | None = None, hardware: Hardware | None = None) -> list[str]:
+        """Claim work items (kernel, source_hash, signature) to measure on ``hardware``'s
+        device and libs for ``owner``, for ``lease`` seconds, in order until ``limit`` are
+        claimed. Per item: "claimed"; "done" (a row of it exists); "held" (another owner's
+        lease has not expired: that owner is alive and renewing it, see ``renew``); "later"
+        (past the limit, not looked at). One write transaction (BEGIN IMMEDIATE), so two
+        profilers never both claim an item; an expired lease is taken over, so work is never
+        left to a dead profiler. ``record`` releases the claim of the row it stores."""
+        hw = hardware or current()
+        now = time.time()
+        states: list[str] = []
+        taken = 0
+        with self._write(revise=False) as conn:
+            for kernel, shash, sig in work:
+                if limit is not None and taken >= limit:
+                    states.append("later")
+                    continue
+                key = (kernel, shash, sig, hw.device, hw.libs)
+                if conn.execute("SELECT 1 FROM measurements WHERE kernel = ? AND "
+                                "source_hash = ? AND signature = ? AND device = ? AND "
+                                "libs = ? LIMIT 1", key).fetchone():
+                    states.append("done")
+                    continue
+                held = conn.execute(f"SELECT owner, expires FROM claims WHERE {_CLAIM_KEY}",
+                                    key).fetchone()
+                if held is not None and held[0] != owner and held[1] > now:
+                    states.append("held")
+                    continue
+                conn.execute("INSERT OR REPLACE INTO claims (kernel, source_hash, signature, "
+                             "device, libs, owner, expires) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (*key, owner, now + lease))
+                states.append("claimed")
+                taken += 1
+        return states
+
+    def renew(self, owner: str, lease: float) -> int:
+        """Extend every claim of ``owner`` to ``lease`` seconds from now; returns how many."""
+        with self._write(revise=False) as conn:
+            return conn.execute("UPDATE claims SET expires = ? WHERE owner = ?",
+                                (time.time() + lease, owner)).rowcount
+
+    def release(self, owner: str) -> int:
+        """Drop every claim of ``owner`` (work it will not record); returns how many."""
+        with self._write(revise=False) as conn:
+            return conn.execute("DELETE FROM claims WHERE owner = ?", (owner,)).rowcount
+
+    def claims(self) -> list[tuple[str, str, str, str, float]]:
+        """The claims held now: (kernel, signature, hardware key, owner, expires)."""
+        with self._read() as conn:
+            return [(k, sig, Hardware("", d, li).device_key, owner, expires)
+                    for k, sig, d, li, owner, expires in conn.execute(
+                        "SELECT kernel, signature, device, libs, owner, expires FROM claims "
+                        "ORDER BY expires")]
 
     # ------------------------------------------------------------------ reading
     @property
@@ -481,9 +574,15 @@ def _values(m: Measurement) -> tuple:
             _nan_to_none(m.bytes))
 
 
+_CLAIM_KEY = "kernel = ? AND source_hash = ? AND signature = ? AND device = ? AND libs = ?"
+
+
 def _insert(conn: sqlite3.Connection, m: Measurement) -> None:
+    """Store a row and release the claim on it (whoever held it: the work is done)."""
     conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES "
                  f"({', '.join('?' * len(_COLUMNS))})", _values(m))
+    conn.execute(f"DELETE FROM claims WHERE {_CLAIM_KEY}",
+                 (m.kernel, m.source_hash, m.signature, m.hardware.device, m.hardware.libs))
 
 
 def _parse_line(line: str, number: int) -> Measurement:
@@ -519,18 +618,67 @@ def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
 
 
 def _connect_readonly(p: Path) -> tuple[sqlite3.Connection, str]:
-    """mode=ro first; a WAL file in a directory we cannot write (no -shm) needs immutable=1."""
+    """mode=ro first: it reads the WAL through an existing -shm file. Without one, in a folder
+    we cannot write, SQLite cannot map the WAL: immutable=1 opens the main file alone, and
+    rows committed to the WAL but not yet checkpointed (7 of 10, say, after a writer was
+    killed) would be silently missing. So a non-empty WAL is read from a private copy of the
+    file and its WAL; immutable=1 only when there is no WAL, or (with a warning naming the
+    file) when the copy fails."""
     uri = p.absolute().as_uri()
     error: Exception | None = None
-    for mode, query in (("ro", "mode=ro"), ("immutable", "immutable=1")):
-        conn = _connect(f"{uri}?{query}", uri=True)
+    try:
+        return _try_connect(f"{uri}?mode=ro"), "ro"
+    except sqlite3.OperationalError as exc:
+        error = exc
+    wal = Path(f"{p}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
         try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn, mode
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            error = exc
-    raise sqlite3.OperationalError(f"cannot open read-only: {error}")
+            return _copy_with_wal(p), "memory"
+        except (OSError, sqlite3.Error) as exc:
+            warnings.warn(
+                f"the measurement database {p} is read-only and its write-ahead log {wal} "
+                f"could not be read ({exc}): rows committed to the log are missing until a "
+                "process that may write the folder opens it (any tg command does).",
+                RuntimeWarning, stacklevel=4)
+    try:
+        return _try_connect(f"{uri}?immutable=1"), "immutable"
+    except sqlite3.OperationalError as exc:
+        raise sqlite3.OperationalError(f"cannot open read-only: {error}; {exc}") from exc
+
+
+def _try_connect(uri: str) -> sqlite3.Connection:
+    conn = _connect(uri, uri=True)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def _copy_with_wal(p: Path) -> sqlite3.Connection:
+    """An in-memory database holding ``p`` with its WAL applied: both files copied into a
+    private temporary folder (retried while a writer changes them, since a copy of the file
+    and of a WAL from another checkpoint would not fit together), opened there, which
+    replays the WAL, and copied into memory."""
+    wal = Path(f"{p}-wal")
+    with tempfile.TemporaryDirectory(prefix="tg-db-") as folder:  # mode 0700
+        copy = Path(folder) / "copy.sqlite"
+        for _ in range(5):
+            before = [(os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in (p, wal)]
+            shutil.copyfile(p, copy)
+            shutil.copyfile(wal, f"{copy}-wal")
+            if [(os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in (p, wal)] == before:
+                break
+        else:
+            raise OSError(f"{p} kept changing while it was copied")
+        disk = _connect(str(copy))
+        try:
+            mem = _connect(":memory:")
+            disk.backup(mem)
+        finally:
+            disk.close()
+    return mem
 
 
 def _not_writable(p: Path) -> str | None:
@@ -549,20 +697,45 @@ def _not_writable(p: Path) -> str | None:
     return "; ".join(reasons) or None
 
 
+# what a path may be instead of a regular file, and how the error names it
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISSOCK, "a socket"))
+
+
 def _check_header(p: Path) -> None:
+    """Refuse anything but a regular file (reading a FIFO blocks until someone writes it, so
+    `tg db stats` hung; a device is no database), its WAL and shared-memory files included,
+    and a file without SQLite's header. The file is opened non-blocking and judged by what
+    was opened, so nothing swapped in between the check and the read can block."""
+    for sibling in (f"{p}-wal", f"{p}-shm", f"{p}-journal"):
+        with contextlib.suppress(OSError):
+            _check_regular(Path(sibling), os.stat(sibling).st_mode)
     try:
-        with open(p, "rb") as f:
-            head = f.read(len(SQLITE_HEADER))
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return
-    except IsADirectoryError as exc:
-        raise DatabaseError(f"{p} is a directory; the measurement database is a file (point "
-                            "TG_DB or db= at a file path)") from exc
     except OSError as exc:
         raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
             from exc
+    try:
+        _check_regular(p, os.fstat(fd).st_mode)
+        head = os.read(fd, len(SQLITE_HEADER))
+    except OSError as exc:
+        raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
+            from exc
+    finally:
+        os.close(fd)
     if head and head != SQLITE_HEADER:
         raise _corrupt(p, "no SQLite header")
+
+
+def _check_regular(p: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
+    raise DatabaseError(f"{p} is {what}; the measurement database is a regular file, and "
+                        f"{p} was left untouched (point TG_DB or db= at a file path)")
 
 
 def _corrupt(p: Path, why) -> DatabaseError:
@@ -581,8 +754,29 @@ def default_path() -> Path:
     """``$TG_DB``, else ``<user cache dir>/tensor_graphs/measurements.sqlite``."""
     if os.environ.get("TG_DB"):
         return Path(os.path.expanduser(os.environ["TG_DB"]))
+    return _cache_default()
+
+
+def _cache_default() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "tensor_graphs" / "measurements.sqlite"
+
+
+def _is_default(p: Path) -> bool:
+    return os.path.abspath(p) == os.path.abspath(_cache_default())
+
+
+def _check_default_folder(folder: Path) -> None:
+    """The default folder is created private (0700) and refused when another user could write
+    it: its rows decide which kernels run, and a planted row could make a plan pick a kernel
+    outside the tolerance. (A TG_DB or db= path the user names is their choice.) A folder
+    that cannot be created is left to ``_not_writable``: planning goes on without rows."""
+    try:
+        private_dir(folder)
+    except UntrustedPathError:
+        raise
+    except OSError:
+        pass
 
 
 def open_db(db: Database | str | os.PathLike | None = None) -> Database:

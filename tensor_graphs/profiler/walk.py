@@ -5,7 +5,9 @@
    decompositions' too) and measure those without a row, each checked against the float64
    reference first (``measure``). Rows already there are skipped, so an interrupted run
    resumes where it stopped; a kernel that raises is recorded as a failure and the walk goes
-   on. ``budget`` (seconds) stops the walk early.
+   on. ``budget`` (seconds) stops the walk early. Profilers sharing the database split the
+   calls (``missing.Work``); on a read-only database the rows are kept in memory for this
+   run's plans (with a warning), not recorded.
 3. Re-plan, then walk the paths cheapest-estimated first (``--paths N``): run each end to end
    on random inputs and time it.
 4. Report: the best path found against the default plan, predicted against measured.
@@ -22,7 +24,7 @@ from tensor_graphs.db.cost import _fmt, calibrate
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, prepare
 from tensor_graphs.profiler.measure import sample_times
-from tensor_graphs.profiler.missing import calls_to_measure, measure_options
+from tensor_graphs.profiler.missing import Work, calls_to_measure
 from tensor_graphs.profiler.progress import Progress
 from tensor_graphs.runtime.program import Executable
 
@@ -103,27 +105,27 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     deadline = None if budget is None else time.monotonic() + budget
     prepared = prepare(outputs, dims)
     planner = settings.planner(prepared, blocks=False)  # every option of every slot
-    if db.calibration(planner.cost.hardware["cpu"]) is None and not db.readonly:
+    if db.calibration(planner.cost.hardware["cpu"]) is None:
+        db.record_in_memory()  # a read-only database: for this run's plans only (warned)
         calibrate(db, planner.cost.hardware["cpu"])
         planner = settings.planner(prepared, blocks=False)
     default = planner.plan()
     todo = calls_to_measure(planner)
+    if todo:
+        db.record_in_memory()
     report.skipped = sum(1 for opts in planner._options.values() for o in opts
                          if o.estimate is not None and o.estimate.source == "measured")
     bar = Progress(len(todo), "measuring kernels") if progress else None
-    done = 0
-    for window in measure_options(todo):
+    work = Work(db, todo, deadline=deadline)
+    for window in work:
         for o, m in window:
-            if not db.readonly:
-                db.record(m)
+            db.record(m)
             report.measured += 1
             report.failures += m.failure is not None
             if bar is not None:
                 bar.step(o.kernel.name)
-        done += len(window)
-        if deadline is not None and time.monotonic() > deadline and done < len(todo):
-            report.out_of_budget = len(todo) - done
-            break
+    report.skipped += work.by_others
+    report.out_of_budget = len(work.pending)
     if bar is not None:
         bar.close()
     planner = settings.planner(prepared, blocks=False)

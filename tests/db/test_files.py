@@ -3,11 +3,8 @@ files and directories (opened read-only: reads work, record says why it cannot).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import shutil
 import sqlite3
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -160,44 +157,6 @@ def test_a_directory_is_refused(tmp_path):
 
 
 # --------------------------------------------------------------------- read-only
-# Root ignores file permissions, so as root the checks run in a forked child that drops to
-# uid/gid 65534 ("nobody"); files made by root are then read-only to it, like any user's.
-NOBODY = 65534
-
-
-def _as_reader(fn, *args):
-    if os.geteuid() != 0:
-        return fn(*args)
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-
-    def child():
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            send.send(("ok", fn(*args)))
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-            send.send(("error", f"{type(exc).__name__}: {exc}"))
-
-    proc = ctx.Process(target=child)
-    proc.start()
-    status, value = recv.recv()
-    proc.join(30)
-    assert status == "ok", value
-    return value
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory outside pytest's root-only tmp tree, so the 'nobody' child can reach it."""
-    path = Path(tempfile.mkdtemp(prefix="tg-db-ro-"))
-    path.chmod(0o755)
-    yield path
-    path.chmod(0o755)
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _read_and_try_to_write(path: str, record) -> dict:
     db = Database(path)
     out = {"readonly": db.readonly, "reason": db.readonly_reason, "mode": db.open_mode,
@@ -221,43 +180,43 @@ def _filled(directory: Path, mk, name: str = "m.sqlite") -> Path:
     return path
 
 
-def test_read_only_file(shared_dir, mk):
+def test_read_only_file(shared_dir, as_reader, mk):
     path = _filled(shared_dir, mk)
     path.chmod(0o444)
     shared_dir.chmod(0o777)
     before = path.read_bytes()
-    out = _as_reader(_read_and_try_to_write, str(path), mk())
+    out = as_reader(_read_and_try_to_write, str(path), mk())
     assert out["readonly"] and out["rows"] == 2 and out["lookup"] and out["revision"] == 2
     assert "not writable" in out["reason"]
     assert "read-only" in out["record"] and str(path) in out["record"]
     assert path.read_bytes() == before
 
 
-def test_read_only_directory_falls_back_to_immutable(shared_dir, mk):
+def test_read_only_directory_falls_back_to_immutable(shared_dir, as_reader, mk):
     path = _filled(shared_dir, mk)  # WAL mode, no -shm left: mode=ro cannot open it
     assert not (shared_dir / "m.sqlite-shm").exists()
     shared_dir.chmod(0o555)
     before = path.read_bytes()
-    out = _as_reader(_read_and_try_to_write, str(path), mk())
+    out = as_reader(_read_and_try_to_write, str(path), mk())
     assert out["readonly"] and out["rows"] == 2 and out["lookup"]
     assert out["mode"] == "immutable" and "directory" in out["reason"]
     assert "read-only" in out["record"]
     assert path.read_bytes() == before
 
 
-def test_read_only_directory_without_a_file_plans_with_an_empty_database(shared_dir, mk):
+def test_read_only_directory_without_a_file_plans_with_an_empty_database(shared_dir, as_reader, mk):
     shared_dir.chmod(0o555)
-    out = _as_reader(_read_and_try_to_write, str(shared_dir / "missing.sqlite"), mk())
+    out = as_reader(_read_and_try_to_write, str(shared_dir / "missing.sqlite"), mk())
     assert out["readonly"] and out["rows"] == 0 and not out["lookup"]
     assert "read-only" in out["record"]
     assert not (shared_dir / "missing.sqlite").exists()
 
 
-def test_read_only_old_schema_is_read_through_a_migrated_copy(shared_dir, mk):
+def test_read_only_old_schema_is_read_through_a_migrated_copy(shared_dir, as_reader, mk):
     path = shared_dir / "v1.sqlite"
     make_v1(path)
     path.chmod(0o444)
     before = path.read_bytes()
-    out = _as_reader(_read_and_try_to_write, str(path), mk())
+    out = as_reader(_read_and_try_to_write, str(path), mk())
     assert out["readonly"] and out["rows"] == 1 and out["revision"] == 7
     assert path.read_bytes() == before and pragmas(path)[1] == 1
