@@ -545,8 +545,10 @@ class Database:
     def import_jsonl(self, path_or_file: str | os.PathLike | IO[str]) -> int:
         """Merge rows written by ``export_jsonl``, skipping exact duplicates; returns how many
         rows were new."""
-        with _text_file(path_or_file, "r") as f:
-            incoming = [_parse_line(line, i) for i, line in enumerate(f, 1) if line.strip()]
+        where = f"{path_or_file}, " if isinstance(path_or_file, (str, os.PathLike)) else ""
+        with _text_file(path_or_file, "rb") as f:  # a path: bytes, decoded line by line
+            incoming = [_parse_line(line, number, where) for number, line in _lines(f, where)
+                        if line.strip()]
         if not incoming:
             return 0
         added = 0
@@ -585,9 +587,32 @@ def _insert(conn: sqlite3.Connection, m: Measurement) -> None:
                  (m.kernel, m.source_hash, m.signature, m.hardware.device, m.hardware.libs))
 
 
-def _parse_line(line: str, number: int) -> Measurement:
+def _lines(f, where: str) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line of ``f`` (bytes or text); a line that is not UTF-8 raises
+    ``DatabaseError`` naming it."""
+    number = 0
+    try:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8") if isinstance(line, bytes) else line
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(where, number, exc) from exc
+            yield number, text
+    except UnicodeDecodeError as exc:  # a text stream fails before it yields the line
+        raise _not_utf8(where, number + 1, exc) from exc
+
+
+def _not_utf8(where: str, number: int, exc: UnicodeDecodeError) -> DatabaseError:
+    return DatabaseError(f"{where}line {number} is not a tensor_graphs measurement (not UTF-8 "
+                         f"text: {exc.reason} at byte {exc.start}); expected the JSON lines "
+                         "`tg db export` writes")
+
+
+def _parse_line(line: str, number: int, where: str = "") -> Measurement:
     try:
         d = json.loads(line)
+        if not isinstance(d.get("failure"), (str, type(None))):
+            raise TypeError(f"failure is {type(d['failure']).__name__}, not text")
         hw = Hardware(str(d["machine"]), str(d["device"]), str(d["libs"]))
         nums = {k: _none_to_nan(None if d.get(k) is None else float(d[k]))
                 for k in ("median", "min", "max")}
@@ -596,18 +621,30 @@ def _parse_line(line: str, number: int) -> Measurement:
                            else float(d["error"]), failure=d.get("failure"), hardware=hw,
                            when=float(d["when"]), flops=_optional(d.get("flops")),
                            bytes=_optional(d.get("bytes")), **nums)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DatabaseError(f"line {number} is not a tensor_graphs measurement ({exc!r}); "
-                            "expected the JSON lines `tg db export` writes") from exc
+    # what a line that is not a measurement raises: not JSON, too deep, keys missing or of
+    # the wrong type, numbers too large for a float
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            OverflowError) as exc:
+        raise DatabaseError(f"{where}line {number} is not a tensor_graphs measurement "
+                            f"({type(exc).__name__}: {str(exc)[:200]}); expected the JSON "
+                            "lines `tg db export` writes") from exc
 
 
 @contextmanager
-def _text_file(target, mode: str) -> Iterator[IO[str]]:
-    if isinstance(target, (str, os.PathLike)):
-        with open(target, mode, encoding="utf-8") as f:
-            yield f
-    else:
+def _text_file(target, mode: str) -> Iterator[IO]:
+    """``target`` opened in ``mode`` (text as UTF-8) when it is a path, else as given; a path
+    that cannot be opened raises ``DatabaseError`` naming it."""
+    if not isinstance(target, (str, os.PathLike)):
         yield target
+        return
+    try:
+        f = open(target, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    except OSError as exc:
+        verb = "read" if "r" in mode else "write"
+        raise DatabaseError(f"cannot {verb} {target}: {exc.strerror}; give a file path "
+                            f"you may {verb}") from exc
+    with f:
+        yield f
 
 
 def _connect(target: str, uri: bool = False) -> sqlite3.Connection:

@@ -187,6 +187,39 @@ def test_import_rejects_bad_lines(tmp_path):
     assert db.rows() == [] and db.revision == 0
 
 
+GOOD_LINE = ('{"kernel": "k", "source_hash": "h", "signature": "s", "runs": 1, "median": 1, '
+             '"min": 1, "max": 1, "when": 1, "machine": "m", "device": "d", "libs": "l"}\n')
+
+
+@pytest.mark.parametrize("content, line, why", [
+    (bytes(range(256)) * 8, 1, "JSONDecodeError"),  # binary garbage (its line 1 is ASCII)
+    ((GOOD_LINE * 2).encode() + b"\xff\xfe\n", 3, "not UTF-8"),  # the exact line
+    (b"[" * 100_000 + b"]" * 100_000, 1, "RecursionError"),  # deeper than the parser goes
+    (GOOD_LINE.replace('"when": 1', '"when": 1' + "0" * 400).encode(), 1, "OverflowError"),
+    (GOOD_LINE.replace('"runs": 1', '"runs": 1, "failure": {"a": 1}').encode(), 1, "failure"),
+    (b'"just a string"\n', 1, "AttributeError"),
+])
+def test_import_refuses_files_that_are_not_measurements(tmp_path, content, line, why):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    db = Database(":memory:")
+    with pytest.raises(DatabaseError) as info:
+        db.import_jsonl(path)
+    msg = str(info.value)
+    assert f"{path}, line {line} is not a tensor_graphs measurement" in msg and why in msg
+    assert "tg db export" in msg
+    assert db.rows() == [] and db.revision == 0  # nothing half-imported
+    with pytest.raises(DatabaseError, match="not UTF-8"):  # a text stream says the same
+        db.import_jsonl(io.TextIOWrapper(io.BytesIO(bytes(range(128, 256))), "utf-8"))
+
+
+@pytest.mark.parametrize("method", ["import_jsonl", "export_jsonl"])
+def test_import_and_export_name_a_path_they_cannot_use(tmp_path, method):
+    with pytest.raises(DatabaseError) as info:
+        getattr(Database(":memory:"), method)(tmp_path)  # a directory
+    assert str(tmp_path) in str(info.value) and "directory" in str(info.value)
+
+
 def test_signature_text_is_canonical():
     a = signature_text([((2, 3), "float32")], {"b": (1, 2), "a": 0.1, "eps": 1e-5})
     b = signature_text([[(2, 3), "float32"]], {"eps": 1e-5, "a": 0.1, "b": [1, 2]})
