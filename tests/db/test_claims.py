@@ -29,12 +29,12 @@ def _done(db: Database, item) -> None:
 def test_a_claim_is_held_until_recorded_or_expired(tmp_path):
     path = tmp_path / "claims.sqlite"
     a, b = Database(path), Database(path)  # two connections, as two processes have
-    assert a.claim(WORK, "a", lease=0.5, limit=2) == ["claimed", "claimed", "later"]
+    assert a.claim(WORK, "a", lease=1.0, limit=2) == ["claimed", "claimed", "later"]
     assert a.revision == 0  # claims change no estimate: cached plans stay valid
     assert b.claim(WORK, "b", lease=30) == ["held", "held", "claimed"]
     _done(a, WORK[0])  # recording releases the claim
     assert [c[0:2] for c in b.claims()] == [("numpy_add", '{"n":2}'), ("numpy_mul", '{"n":1}')]
-    time.sleep(0.6)  # a's lease on the second call expires: its owner stopped renewing
+    time.sleep(1.1)  # a's lease on the second call expires: its owner stopped renewing
     assert b.claim(WORK, "b", lease=30) == ["done", "claimed", "claimed"]
     assert a.claim(WORK, "a", lease=30) == ["done", "held", "held"]
     assert b.release("b") == 2 and not a.claims()
@@ -56,14 +56,14 @@ def test_claims_are_per_device_and_source_hash(tmp_path, elsewhere):
 def test_a_live_owner_renews_its_lease(tmp_path):
     path = tmp_path / "renew.sqlite"
     mine, other = Database(path), Database(path)
-    claims = missing.Claims(mine, lease=0.3)
+    claims = missing.Claims(mine, lease=0.8)
     assert claims.take([], 8) == []
     from types import SimpleNamespace
 
     option = SimpleNamespace(kernel=SimpleNamespace(name="numpy_add", source_hash="h1"),
                              signature='{"n":1}')
     assert claims.take([option], 8) == ["claimed"]
-    time.sleep(1.0)  # over three leases: held only because the thread renews it
+    time.sleep(2.0)  # two and a half leases: held only because the thread renews it
     assert other.claim(WORK[:1], "other", 30) == ["held"]
     claims.close()  # stops renewing and releases
     assert other.claim(WORK[:1], "other", 30) == ["claimed"]
