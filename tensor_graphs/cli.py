@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
+from tensor_graphs.cli_args import Parser, choice_of, count, existing_file, positive_int
 from tensor_graphs.db.cli import add_db_commands
+from tensor_graphs.errors import ArgumentError, DeviceError, TensorGraphsError
 from tensor_graphs.jobs.cli import add_run_command
 from tensor_graphs.profiler.cli import add_plan_commands
 
@@ -17,13 +22,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tg",
         description="tensor_graphs: write a tensor program as a graph of a few atomic ops, "
                     "evaluate it exactly with the numpy reference, and run the fastest "
                     "verified plan for this machine, chosen from a database of kernel "
                     "measurements (tg profile fills it; tg explain shows a plan).",
-    )
+        epilog="A bad argument or file ends a command with one line on stderr: 'tg COMMAND: "
+               "error: ...', exit status 2 for a bad argument, 1 for a failure. Set "
+               "TG_DEBUG=1 (or pass --traceback) to see the Python traceback instead.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
     demo = sub.add_parser(
@@ -31,9 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Builds one pre-norm transformer block (d_model 64, 4 heads, symbolic "
                     "batch and seq) with the fluent API, prints its graph, and evaluates it "
                     "with random weights in float32 and float64, reporting the difference.")
-    demo.add_argument("--batch", type=int, default=2, help="batch size to evaluate (default 2)")
-    demo.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
-    demo.add_argument("--show", type=int, default=40,
+    demo.add_argument("--batch", type=positive_int, default=2,
+                      help="batch size to evaluate (default 2)")
+    demo.add_argument("--seq", type=positive_int, default=16,
+                      help="sequence length (default 16)")
+    demo.add_argument("--show", type=count, default=40,
                       help="how many lines of the graph listing to print (default 40)")
     demo.set_defaults(run=_demo)
     _add_kernels(sub)
@@ -66,13 +75,13 @@ def _kernels_list(args: argparse.Namespace) -> int:
 
 def _kernels_verify(args: argparse.Namespace) -> int:
     from tensor_graphs import kernels
-    from tensor_graphs.errors import TensorGraphsError
+    from tensor_graphs.errors import KernelVerificationError
 
     if args.file:
         try:
             admitted = kernels.load(args.file)
-        except TensorGraphsError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except KernelVerificationError as exc:  # the kernels that passed are still admitted
+            print(f"{args.prog_name}: error: {exc}", file=sys.stderr)
             for k in getattr(exc, "admitted", []):
                 print(f"admitted {k.name}")
             return 1
@@ -86,9 +95,8 @@ def _kernels_verify(args: argparse.Namespace) -> int:
         matches = [k for k in kernels.all() if k.name == name] or \
             [k for k in kernels.all() if name in k.name or k.backend == name]
         if not matches:
-            print(f"error: no kernel named or matching '{name}' (tg kernels list shows them)",
-                  file=sys.stderr)
-            return 2
+            raise ArgumentError(f"no kernel named or matching '{name}' (tg kernels list "
+                                f"shows them)")
         chosen += [k for k in matches if k not in chosen]
     if args.backend:
         chosen = [k for k in chosen if k.backend in args.backend]
@@ -113,14 +121,21 @@ def _kernels_verify(args: argparse.Namespace) -> int:
 
 def _kernels_prompt(args: argparse.Namespace) -> int:
     from tensor_graphs import kernels
-    from tensor_graphs.errors import TensorGraphsError
 
-    try:
-        print(kernels.prompt(args.pattern, name=args.name, backend=args.backend), end="")
-    except TensorGraphsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    print(kernels.prompt(args.pattern, name=args.name, backend=args.backend), end="")
     return 0
+
+
+def _backends() -> tuple[str, ...]:
+    from tensor_graphs.kernels.registry import BACKENDS
+
+    return BACKENDS
+
+
+def _ops() -> set[str]:
+    from tensor_graphs.ir.ops import OPS
+
+    return set(OPS)
 
 
 def _add_kernels(sub) -> None:
@@ -136,8 +151,10 @@ def _add_kernels(sub) -> None:
                          description="One row per registered kernel: name, backend, device "
                                      "kind, the pattern it implements and its declared "
                                      "tolerance (norm-wise relative error).")
-    ls.add_argument("--backend", action="append", help="only this backend (repeatable)")
-    ls.add_argument("--op", action="append", help="only kernels rooted at this op (repeatable)")
+    ls.add_argument("--backend", action="append", type=choice_of("backend", _backends),
+                    help="only this backend (repeatable)")
+    ls.add_argument("--op", action="append", type=choice_of("op", _ops),
+                    help="only kernels rooted at this op (repeatable)")
     ls.add_argument("--name", help="only kernels whose name contains this text")
     ls.set_defaults(run=_kernels_list)
 
@@ -148,10 +165,13 @@ def _add_kernels(sub) -> None:
                     "reference by norm-wise relative error. Exits 1 when any kernel fails.")
     ver.add_argument("names", nargs="*", metavar="NAME",
                      help="kernel names (or parts of names, or a backend); default: all")
-    ver.add_argument("--backend", action="append", help="only this backend (repeatable)")
-    ver.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
-    ver.add_argument("--file", help="load this Python file of @tg.kernel definitions: verify "
-                                    "its kernels and admit those that pass")
+    ver.add_argument("--backend", action="append", type=choice_of("backend", _backends),
+                     help="only this backend (repeatable)")
+    ver.add_argument("--seed", type=count, default=None,
+                     help="random seed, a whole number of 0 or more (default: fresh)")
+    ver.add_argument("--file", type=existing_file,
+                     help="load this Python file of @tg.kernel definitions: verify its "
+                          "kernels and admit those that pass")
     ver.add_argument("-v", "--verbose", action="store_true", help="list every case tried")
     ver.set_defaults(run=_kernels_verify)
 
@@ -164,23 +184,59 @@ def _add_kernels(sub) -> None:
                     "('gelu(x @ w + b)', 'lambda a, b, c: a * b + c').")
     pr.add_argument("pattern", metavar="PATTERN", help="op name, kernel name or expression")
     pr.add_argument("--name", help="the kernel's name in the template (default my_<op>)")
-    pr.add_argument("--backend", default="numpy", help="backend in the template (numpy)")
+    pr.add_argument("--backend", default="numpy", type=choice_of("backend", _backends),
+                    help="backend in the template (numpy)")
     pr.set_defaults(run=_kernels_prompt)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 0
-    from tensor_graphs.errors import TensorGraphsError
+# How main reports each kind of failure: (exception, its one-line message, exit status); the
+# first match wins. 2 is a bad argument, 1 a failure, 130 Ctrl-C (as shells report SIGINT).
+FAILURES: tuple[tuple[type[BaseException], Callable[[Any], str], int], ...] = (
+    (ArgumentError, str, 2),  # a bad argument found by the command (an unknown dim ...)
+    (DeviceError, str, 2),  # --device names no device of this machine
+    (TensorGraphsError, str, 1),  # a file, database or graph refused: the message says why
+    (OSError, lambda e: f"{e.filename}: {e.strerror}" if e.filename and e.strerror
+     else str(e) or type(e).__name__, 1),  # a file that cannot be read or written
+    (ModuleNotFoundError, lambda e: f"{e}: this command needs it installed (pip install "
+     f"{(e.name or '?').split('.')[0].replace('_', '-')})", 1),
+    (MemoryError, lambda e: f"out of memory: {e}" if str(e) else "out of memory", 1),
+    (KeyboardInterrupt, lambda e: "interrupted", 130),
+    (Exception, lambda e: f"internal error, {type(e).__name__}: {e} (a bug in tensor_graphs; "
+     "TG_DEBUG=1 shows the traceback to report)", 1),
+)
 
+
+def _report(exc: BaseException, prog: str) -> int:
+    """Print ``exc`` as one line on stderr (the FAILURES table) and return the exit status."""
+    for kind, message, status in FAILURES:
+        if isinstance(exc, kind):
+            print(f"{prog}: error: {message(exc)}", file=sys.stderr)
+            return status
+    raise exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``tg`` command and return its exit status. A command line the parser refuses
+    exits 2 (SystemExit, as argparse does) after one line from ``cli_args.Parser``; whatever
+    fails once the command runs is reported here, one ``tg COMMAND: error: ...`` line
+    (FAILURES) rather than a traceback, unless TG_DEBUG=1 or --traceback asks for it."""
+    parser = build_parser()
+    args = None
     try:
-        return args.run(args)
-    except TensorGraphsError as exc:  # a message for the user, not a traceback
-        print(f"tg {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 0
+        status = args.run(args)
+        sys.stdout.flush()  # a closed pipe fails here, not at exit where nothing catches it
+        return status
+    except BrokenPipeError:  # `tg ... | head` closed stdout: not an error worth a line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (Exception, KeyboardInterrupt) as exc:
+        if os.environ.get("TG_DEBUG", "") not in ("", "0") or getattr(args, "traceback", False):
+            raise
+        return _report(exc, getattr(args, "prog_name", parser.prog))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import math
 import sys
 import time
 
-from tensor_graphs.errors import TensorGraphsError
+from tensor_graphs import cli_args
+from tensor_graphs.errors import ArgumentError
 
 DB_HELP = ("the database file (default: $TG_DB, else ~/.cache/tensor_graphs/"
            "measurements.sqlite; ':memory:' for an empty one)")
@@ -27,7 +28,7 @@ def add_db_commands(sub) -> None:
     def command(name: str, help: str, description: str, run) -> argparse.ArgumentParser:
         p = dsub.add_parser(name, help=help, description=description)
         p.add_argument("--db", metavar="PATH", help=DB_HELP)
-        p.set_defaults(run=lambda args: _guard(run, args))
+        p.set_defaults(run=run)
         return p
 
     command("stats", "counts: rows, kernels, hardware, failures, stale rows",
@@ -39,35 +40,29 @@ def add_db_commands(sub) -> None:
                    "min / max time, error against the float64 reference, and the device. "
                    "Failed kernels show their error message.", _show)
     show.add_argument("--kernel", help="only this kernel (exact name)")
-    show.add_argument("--limit", type=int, default=30,
+    show.add_argument("--limit", type=cli_args.count, default=30,
                       help="at most this many rows (default 30; 0 for all)")
     exp = command("export", "write measurements as JSON lines",
                   "Writes every measurement as one JSON object per line, to share with "
                   "another machine or keep as a backup; `tg db import` merges it back.",
                   _export)
-    exp.add_argument("file", metavar="FILE", help="output file, '-' for stdout")
+    exp.add_argument("file", metavar="FILE", type=cli_args.output_file,
+                     help="output file, '-' for stdout")
     imp = command("import", "merge measurements from JSON lines",
                   "Adds the measurements of a `tg db export` file, skipping rows already "
                   "present (exact duplicates), so importing twice changes nothing.", _import)
-    imp.add_argument("file", metavar="FILE", help="input file, '-' for stdin")
+    imp.add_argument("file", metavar="FILE", type=cli_args.input_file,
+                     help="input file, '-' for stdin")
     prune = command("prune", "delete stale, old or failed measurements",
                     "Deletes the rows selected by the options (at least one is needed). "
                     "Stale rows are still used as rough estimates, so pruning them is "
                     "optional.", _prune)
     prune.add_argument("--stale", action="store_true",
                        help="rows measured with an older source of a kernel registered now")
-    prune.add_argument("--older-than", type=float, metavar="DAYS",
+    prune.add_argument("--older-than", type=cli_args.non_negative_float, metavar="DAYS",
                        help="rows recorded more than DAYS days ago")
     prune.add_argument("--failures", action="store_true",
                        help="rows that record a kernel raising during profiling")
-
-
-def _guard(run, args: argparse.Namespace) -> int:
-    try:
-        return run(args)
-    except (TensorGraphsError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
 
 
 def _open(args: argparse.Namespace):
@@ -170,9 +165,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _prune(args: argparse.Namespace) -> int:
     if not (args.stale or args.older_than is not None or args.failures):
-        print("error: say what to prune: --stale, --older-than DAYS and/or --failures",
-              file=sys.stderr)
-        return 2
+        raise ArgumentError("say what to prune: --stale, --older-than DAYS and/or --failures")
     db = _open(args)
     n = db.prune(stale_hashes=_current_hashes() if args.stale else None,
                  older_than=None if args.older_than is None else args.older_than * 86400,

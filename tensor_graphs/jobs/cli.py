@@ -9,6 +9,8 @@ import statistics
 import sys
 import time
 
+from tensor_graphs import cli_args
+
 
 def _median_ms(fn, repeats: int) -> tuple[float, float, float]:
     """Median, min and max milliseconds of ``repeats`` calls."""
@@ -176,7 +178,7 @@ def add_run_command(sub) -> None:
     minilm.add_argument("sentences", nargs="+", metavar="SENTENCE",
                         help="sentences to embed (quote each; at most 64; longer than 256 "
                              "tokens are cut, as sentence-transformers does)")
-    minilm.add_argument("--check-tolerance", type=float, default=1e-4,
+    minilm.add_argument("--check-tolerance", type=cli_args.non_negative_float, default=1e-4,
                         help="largest accepted relative error against the references "
                              "(default 1e-4)")
     gpt2 = models.add_parser("gpt2", help=JOBS["gpt2"][1],
@@ -184,10 +186,12 @@ def add_run_command(sub) -> None:
                                          "random weights) from a random prompt: a prefill "
                                          "program and a decode program over one KV cache, "
                                          "checked against transformers' generate.")
-    gpt2.add_argument("--tokens", type=int, default=32, help="new tokens (default 32)")
-    gpt2.add_argument("--prompt", type=int, default=128,
+    gpt2.add_argument("--tokens", type=cli_args.positive_int, default=32,
+                      help="new tokens (default 32)")
+    gpt2.add_argument("--prompt", type=cli_args.positive_int, default=128,
                       help="prompt length in tokens (default 128)")
-    gpt2.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")
+    gpt2.add_argument("--layers", type=cli_args.positive_int, default=12,
+                      help="transformer layers (default 12)")
     gpt2.set_defaults(run=JOBS["gpt2"][0])
     for p in (minilm, gpt2):
         p.add_argument("--db", default=None,
@@ -196,6 +200,6 @@ def add_run_command(sub) -> None:
         p.add_argument("--profile", choices=("missing", "never"), default="missing",
                        help="measure kernels the database lacks before planning, with a "
                             "progress bar (default), or plan from what it has and estimates")
-        p.add_argument("--repeats", type=int, default=5,
+        p.add_argument("--repeats", type=cli_args.positive_int, default=5,
                        help="timed calls of each side (default 5)")
     minilm.set_defaults(run=JOBS["minilm"][0])

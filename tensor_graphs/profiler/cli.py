@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from tensor_graphs import cli_args
+
 GRAPHS = {  # name -> (description, builder)
     "block": ("one pre-norm transformer block, d_model 64, 4 heads",
               lambda: __import__("tensor_graphs.demo").demo.transformer_block()),
@@ -31,21 +33,36 @@ def load_graph(source: str):
         from tensor_graphs.ir.serialize import load
 
         return load(source)
-    raise ArgumentError(f"{source!r} is neither a graph file (tg.save) nor a built-in graph "
-                        f"({', '.join(GRAPHS)})")
+    raise ArgumentError(_not_a_graph(source))
 
 
-def parse_dims(graph, pairs: list[str]) -> dict[str, int]:
+def _not_a_graph(source: str) -> str:
+    return (f"{source!r} is neither a graph file (tg.save) nor a built-in graph "
+            f"({', '.join(GRAPHS)})")
+
+
+def graph_source(text: str) -> str:
+    """An argparse type: a built-in graph's name or an existing regular file."""
+    if text in GRAPHS:
+        return text
+    if not os.path.lexists(text):
+        raise argparse.ArgumentTypeError(_not_a_graph(text))
+    return cli_args.existing_file(text)
+
+
+def parse_dims(graph, pairs: list[tuple[str, int]]) -> dict[str, int]:
+    """The dims to plan for: ``pairs`` (from ``--dim``, see ``dim_binding``) over DEFAULT_DIMS;
+    a dim the graph does not have, or one of its dims left unbound, is an ArgumentError."""
     from tensor_graphs.errors import ArgumentError
     from tensor_graphs.planner.prepare import symbols
 
     names = {str(s) for s in symbols(list(graph) if isinstance(graph, list) else [graph])}
     dims = {k: v for k, v in DEFAULT_DIMS.items() if k in names}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        if not sep or not value.isdigit():
-            raise ArgumentError(f"--dim takes NAME=VALUE (e.g. seq=128), got {pair!r}")
-        dims[name] = int(value)
+    for name, value in pairs or []:
+        if name not in names:
+            raise ArgumentError(f"--dim {name}={value}: the graph has no dim {name!r}; its "
+                                f"dims are {sorted(names) or 'none (it is static)'}")
+        dims[name] = value
     missing = sorted(names - set(dims))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give --dim "
@@ -102,12 +119,13 @@ def _explain(args) -> int:
 
 
 def _common(p: argparse.ArgumentParser, tolerance: float) -> None:
-    p.add_argument("graph", help=f"a graph file written by tg.save, or one of: "
-                                 f"{', '.join(f'{k} ({v[0]})' for k, v in GRAPHS.items())}")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
+    p.add_argument("graph", type=graph_source,
+                   help=f"a graph file written by tg.save, or one of: "
+                        f"{', '.join(f'{k} ({v[0]})' for k, v in GRAPHS.items())}")
+    p.add_argument("--dim", action="append", type=cli_args.dim_binding, metavar="NAME=VALUE",
                    help="a value for a symbolic dim (repeatable; default batch=1, seq=128)")
     p.add_argument("--device", default="cpu", help="device to plan for (default cpu)")
-    p.add_argument("--tolerance", type=float, default=tolerance,
+    p.add_argument("--tolerance", type=cli_args.positive_float, default=tolerance,
                    help=f"largest norm-wise relative error per step (default {tolerance:g})")
     p.add_argument("--db", default=None,
                    help="measurement database (default $TG_DB or the user cache file)")
@@ -122,9 +140,9 @@ def add_plan_commands(sub) -> None:
                     "skipped; an interrupted run resumes), re-plans, runs the cheapest paths "
                     "end to end and prints predicted vs measured times.")
     _common(p, 1e-5)
-    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--budget", type=cli_args.non_negative_float, default=None, metavar="SECONDS",
                    help="stop measuring after this many seconds (default: no limit)")
-    p.add_argument("--paths", type=int, default=3, metavar="N",
+    p.add_argument("--paths", type=cli_args.count, default=3, metavar="N",
                    help="how many of the cheapest paths to run end to end (default 3)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=_profile)
@@ -134,7 +152,7 @@ def add_plan_commands(sub) -> None:
                                    "rewrites, copies) without enumerating them, then lists "
                                    "the first ones cheapest-first with predicted times.")
     _common(p, 1.0)
-    p.add_argument("--limit", type=int, default=10, help="paths to list (default 10)")
+    p.add_argument("--limit", type=cli_args.count, default=10, help="paths to list (default 10)")
     p.set_defaults(run=_paths)
 
     p = sub.add_parser("explain", help="plan a graph and print the plan",
@@ -142,5 +160,5 @@ def add_plan_commands(sub) -> None:
                                    "anything and prints each step (kernel, backend, what it "
                                    "computes, predicted time and its source), then totals.")
     _common(p, 1e-5)
-    p.add_argument("--limit", type=int, default=None, help="steps to show (default all)")
+    p.add_argument("--limit", type=cli_args.count, default=None, help="steps to show (default all)")
     p.set_defaults(run=_explain)

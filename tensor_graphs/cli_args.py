@@ -1,0 +1,134 @@
+"""What ``tg`` accepts on its command line: the argparse ``type=`` of every option that takes a
+number, a file or a dim, and the parser that reports a bad one in one line.
+
+A value is checked where it is parsed, so a negative batch or a directory given as a graph file
+is a usage error (exit 2) naming the option before anything is loaded, measured or written,
+instead of a traceback from deep inside the command. What only the command can find out (a dim
+the graph lacks, a corrupt file) is reported by ``tg.cli.main`` in the same one-line form."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+import stat
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+T = TypeVar("T")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser (and, through ``add_subparsers``, every subcommand's) that reports a
+    bad command line as one line, ``tg demo: error: argument --batch: ...``, without the usage
+    text, and exits 2 as argparse does. Every (sub)command takes ``--traceback``; the parsed
+    namespace's ``prog_name`` is the deepest subcommand's ("tg db stats"), for messages."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: a subcommand's unset flag must not hide `tg --traceback COMMAND`
+        self.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                          help="on an error, show the Python traceback (as TG_DEBUG=1 does)")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "prog_name", None) is None:  # a subcommand's parser ran first
+            namespace.prog_name = self.prog
+        return namespace, extras
+
+
+def _checked(name: str, parse: Callable[[str], T], ok: Callable[[T], bool],
+             wanted: str) -> Callable[[str], T]:
+    """An argparse type: ``parse(text)``, refused with "expected <wanted>" unless ``ok``."""
+
+    def convert(text: str) -> T:
+        try:
+            value = parse(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    convert.__name__ = name
+    return convert
+
+
+# numbers an option takes; nan and inf are refused everywhere (no option means them)
+positive_int = _checked("positive_int", int, lambda v: v >= 1, "a whole number of 1 or more")
+count = _checked("count", int, lambda v: v >= 0, "a whole number of 0 or more")
+positive_float = _checked("positive_float", float, lambda v: math.isfinite(v) and v > 0,
+                          "a number above 0")
+non_negative_float = _checked("non_negative_float", float,
+                              lambda v: math.isfinite(v) and v >= 0, "a number of 0 or more")
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a path to a regular file that exists. A directory, a FIFO (reading it
+    would wait forever) or a device is refused by name."""
+    try:
+        mode = os.stat(text).st_mode
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}") from None
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular file (a FIFO, socket or "
+                                         f"device); give a file")
+    return text
+
+
+def input_file(text: str) -> str:
+    """An argparse type: '-' (standard input) or an existing regular file."""
+    return text if text == "-" else existing_file(text)
+
+
+def output_file(text: str) -> str:
+    """An argparse type: '-' (standard output) or a path that can be created or replaced: its
+    folder exists and it is not a directory."""
+    if text == "-":
+        return text
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path in it")
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no folder {folder!r}")
+    return text
+
+
+def dim_binding(text: str) -> tuple[str, int]:
+    """An argparse type: ``NAME=VALUE`` binding a symbolic dim to a size of 1 or more."""
+    name, sep, value = text.partition("=")
+    try:
+        size = int(value) if sep and name.isidentifier() else 0
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a size of 1 or more "
+                                         f"(e.g. seq=128), got {text!r}")
+    return name, size
+
+
+def choice_of(what: str, known: Callable[[], Any]) -> Callable[[str], str]:
+    """An argparse type: one of ``known()`` (a collection, computed when the value is parsed so
+    that kernels loaded later count); anything else is refused with the list."""
+
+    def convert(text: str) -> str:
+        names = sorted(known())
+        if text not in names:
+            if len(names) <= 10:
+                hint = f"known: {', '.join(names)}"
+            else:  # a long list would not fit one line: the nearest names instead
+                near = difflib.get_close_matches(text, names, n=3)
+                hint = f"did you mean {' or '.join(near)}?" if near else f"{len(names)} known"
+            raise argparse.ArgumentTypeError(f"no {what} {text!r}; {hint}")
+        return text
+
+    convert.__name__ = what.replace(" ", "_")
+    return convert
