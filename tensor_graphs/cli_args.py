@@ -16,6 +16,8 @@ import stat
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
+from tensor_graphs.ir.shapes import MAX_DIM_INT
+
 T = TypeVar("T")
 
 
@@ -103,14 +105,15 @@ def output_file(text: str) -> str:
 
 
 def dim_binding(text: str) -> tuple[str, int]:
-    """An argparse type: ``NAME=VALUE`` binding a symbolic dim to a size of 1 or more."""
+    """An argparse type: ``NAME=VALUE`` binding a symbolic dim to a size of 1 to MAX_DIM_INT
+    (the IR's own bound on the integers of a size)."""
     name, sep, value = text.partition("=")
     try:
         size = int(value) if sep and name.isidentifier() else 0
     except ValueError:
         size = 0
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a size of 1 or more "
+    if not 1 <= size <= MAX_DIM_INT:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a size of 1 to 2**62 "
                                          f"(e.g. seq=128), got {text!r}")
     return name, size
 

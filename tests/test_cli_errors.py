@@ -51,6 +51,7 @@ MORE_CASES = [
     (["explain", "{graph}"], "--dim n=...", 2),
     (["explain", "block", "--dim", "batch=0"], "argument --dim: expected NAME=VALUE", 2),
     (["explain", "block", "--dim", "seq"], "argument --dim", 2),
+    (["explain", "block", "--dim", f"seq={2 ** 64}"], "argument --dim", 2),
     (["frobnicate"], "invalid choice: 'frobnicate'", 2),
     (["run", "gpt3"], "invalid choice: 'gpt3'", 2),
     (["run", "gpt2", "--tokens", "0"], "argument --tokens", 2),
@@ -66,6 +67,7 @@ MORE_CASES = [
     (["kernels", "verify", "--file", "{missing}"], "no such file", 2),
     (["kernels", "verify", "--backend", "fortran"], "no backend 'fortran'", 2),
     (["kernels", "prompt", "softmax", "--backend", "fortran"], "no backend 'fortran'", 2),
+    (["kernels", "prompt", "x" + "+x" * 5000], "nested too deeply", 2),
     (["db", "show", "--limit", "-1"], "argument --limit", 2),
     (["db", "prune", "--older-than", "-3"], "argument --older-than", 2),
     (["db", "prune", "--older-than", "nan"], "argument --older-than", 2),
@@ -140,7 +142,7 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(args, says, status, files, ru
 
 
 @pytest.mark.parametrize("args, says, status", MORE_CASES,
-                         ids=[" ".join(c[0]) for c in MORE_CASES])
+                         ids=[" ".join(c[0])[:60] for c in MORE_CASES])
 def test_every_option_refuses_bad_values(args, says, status, files, tmp_path, monkeypatch,
                                          capsys):
     monkeypatch.setenv("TG_DB", str(tmp_path / "m.sqlite"))

@@ -94,6 +94,11 @@ def load(path) -> list[Kernel]:
     return admitted
 
 
+def _shown(text: str) -> str:
+    """A pattern's text for an error message: quoted, at most 60 characters of it."""
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
+
+
 def _identifier(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
@@ -133,9 +138,10 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
     namespace = {"tg": tg, "pat": pat, "np": np}
     try:
         tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        raise ArgumentError(f"cannot read pattern {text!r}: not an op name, a kernel name or a "
-                            f"Python expression ({exc.msg})") from None
+    except (SyntaxError, RecursionError, MemoryError) as exc:  # the last two: nested too deep
+        why = exc.msg if isinstance(exc, SyntaxError) else "nested too deeply to parse"
+        raise ArgumentError(f"cannot read pattern {_shown(text)}: not an op name, a kernel name "
+                            f"or a Python expression ({why})") from None
     if isinstance(tree.body, ast.Lambda):
         fn = eval(compile(tree, "<pattern>", "eval"), namespace)  # noqa: S307 - user's own text
         built, names = registry.trace_pattern(fn, ())
@@ -151,8 +157,8 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
         if fn is None and name in OPS:
             fn = getattr(pat, name)
         if fn is None:
-            raise ArgumentError(f"pattern {text!r}: unknown function '{name}' (use tg.* names "
-                                "such as gelu, softmax, matmul, or an op name)")
+            raise ArgumentError(f"pattern {_shown(text)}: unknown function '{name}' (use tg.* "
+                                "names such as gelu, softmax, matmul, or an op name)")
         namespace[name] = fn
     namespace.update({n: pat.var(n) for n in names})
     spelled = f"lambda {', '.join(names)}: {ast.unparse(_qualify(tree, called)).strip()}"
@@ -161,10 +167,10 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
     except TensorGraphsError:
         raise
     except Exception as exc:
-        raise ArgumentError(f"pattern {text!r} does not build: {type(exc).__name__}: "
+        raise ArgumentError(f"pattern {_shown(text)} does not build: {type(exc).__name__}: "
                             f"{exc}") from None
     if not isinstance(built, pat.Pat):
-        raise ArgumentError(f"pattern {text!r} does not use any input")
+        raise ArgumentError(f"pattern {_shown(text)} does not use any input")
     return built, names, spelled
 
 
