@@ -1,16 +1,23 @@
-"""Writing files so that a reader never sees half of one."""
+"""The one owner of how tensor_graphs touches files: writing so that a reader never sees half of
+one (``atomic_write``), reading a file it will parse (``open_regular``, ``read_regular``,
+``parse_json``: only regular files, every failure one error naming the file and the fix), and
+who may have written what it loads code or plans from (``untrusted_reason`` and its users)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, BinaryIO
 
-from tensor_graphs.errors import UntrustedPathError
+from tensor_graphs.errors import SerializationError, TensorGraphsError, UntrustedPathError
+
+#: how a reader reports a refused file: an exception class taking the message
+Refusal = Callable[[str], Exception]
 
 
 @contextmanager
@@ -89,3 +96,97 @@ def check_trusted_file(path, what: str) -> None:
                 f"refusing to load {what} {path}: {why.replace('it ', place + ' ', 1)}, so "
                 f"another user could have changed it. Make it writable only by you (chmod "
                 f"go-w) or copy it to a folder only you can write.")
+
+
+# ---------------------------------------------------------------------------- reading
+# What a path may be instead of a regular file, as an error names it. Only regular files are
+# read: opening a FIFO waits until another process writes to it, and a device is no file.
+_IRREGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular(path, mode: int, fix: str, error: Refusal = SerializationError) -> None:
+    """Raise ``error`` naming ``path``, what it is instead and ``fix`` unless ``mode`` (its
+    ``st_mode``) is a regular file's."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _IRREGULAR if test(mode)), "not a file")
+    raise error(f"{os.fspath(path)} is {kind}, not a regular file; {fix}")
+
+
+def open_regular(path, what: str, fix: str, error: Refusal = SerializationError) -> BinaryIO:
+    """``path`` opened for binary reading: the one way a file that will be parsed is opened.
+    It is opened non-blocking and judged by ``fstat`` of what was opened, so a FIFO is refused
+    at once instead of waited on, and nothing swapped in after the check is read instead.
+    ``what`` names the file's role ("graph file"), ``fix`` says what to give instead; every
+    failure raises ``error`` with both."""
+    path = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}; check the path") from None
+    except OSError as exc:
+        try:
+            mode = os.stat(path).st_mode  # a socket cannot be opened: say what it is
+        except OSError:
+            mode = stat.S_IFREG
+        check_regular(path, mode, fix, error)
+        raise error(f"cannot open {what} {path}: {exc.strerror or exc}; check the path and its "
+                    "permissions") from None
+    try:
+        check_regular(path, os.fstat(fd).st_mode, fix, error)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path, what: str, fix: str, error: Refusal = SerializationError,
+                 most: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (``open_regular``). With ``most``, a file
+    larger than that is refused without reading past it (no file of its role is that large)."""
+    with open_regular(path, what, fix, error) as f:
+        try:
+            data = f.read() if most is None else f.read(most + 1)
+        except OSError as exc:
+            raise error(f"cannot read {what} {os.fspath(path)}: {exc.strerror or exc}; "
+                        f"{fix}") from None
+    if most is not None and len(data) > most:
+        raise error(f"{os.fspath(path)} is larger than {most / 2**20:g} MiB, which no {what} "
+                    f"is; {fix}")
+    return data
+
+
+def parse_json(data: bytes | str, source: str, what: str, fix: str,
+               error: Refusal = SerializationError,
+               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """``data`` (read from ``source``, a file or "file, line 3") parsed as JSON, where every
+    way untrusted bytes fail is one ``error`` naming ``source`` and ``fix``: not UTF-8, not
+    JSON, nested deeper than the parser recurses (a RecursionError, so the recursion limit
+    bounds the nesting), a number of more digits than int() converts (a bare ValueError).
+    What ``object_pairs_hook`` raises as a TensorGraphsError passes through."""
+    def refuse(why: str) -> Exception:
+        return error(f"{source} is not a {what}: {why}; {fix}")
+
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise refuse(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except TensorGraphsError:
+        raise
+    except RecursionError:
+        raise refuse("its JSON is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise refuse(f"it is not valid JSON ({exc})") from None
+    except ValueError:  # int(): more than sys.get_int_max_str_digits() (4,300) digits
+        raise refuse("it holds a number of thousands of digits") from None

@@ -354,7 +354,7 @@ def good_doc(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("not json {", "not valid JSON"),
-    (b"\xff\xfe\x00", "not valid JSON"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
     ([1, 2, 3], "not a tensor_graphs graph file"),
     ({"format": "onnx", "version": 1}, "not a tensor_graphs graph file"),
 ])

@@ -220,7 +220,7 @@ def test_missing_file_directory_and_fifo(tmp_path):
             "except tg.SerializationError as exc:\n    print(exc)")
     proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert f"{fifo} is not a regular file" in proc.stdout, proc.stderr
+    assert f"{fifo} is a FIFO (named pipe), not a regular file" in proc.stdout, proc.stderr
 
 
 def test_a_path_that_is_not_a_path():

@@ -42,14 +42,13 @@ import json
 import math
 import os
 import reprlib
-import stat
 
 import ml_dtypes
 import numpy as np
 import sympy
 
 from tensor_graphs.errors import SerializationError, TensorGraphsError
-from tensor_graphs.files import atomic_write
+from tensor_graphs.files import atomic_write, parse_json, read_regular
 from tensor_graphs.ir import builder, dtypes
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import nodes as topo_nodes
@@ -255,45 +254,12 @@ def load(path) -> Node | list | tuple:
     except TypeError:
         raise SerializationError(f"tg.load takes the path of a graph file, got "
                                  f"{type(path).__name__} {_brief(path)}") from None
-    raw = _read(source)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        raise SerializationError(f"{source} is not a tensor_graphs graph file: its JSON is nested "
-                                 "too deeply (graph files nest a few levels; this file is "
-                                 "damaged or hostile)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SerializationError(f"{source} is not a tensor_graphs graph file: it is not valid "
-                                 f"JSON ({exc}); write it with tg.save") from None
-    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
-        raise SerializationError(f"{source} is not a tensor_graphs graph file: it holds a number "
-                                 "of thousands of digits, which no graph file has (the file is "
-                                 "damaged or hostile)") from None
+    raw = read_regular(source, "graph file", _WRITE_WITH_SAVE)
+    doc = parse_json(raw, source, "tensor_graphs graph file", _WRITE_WITH_SAVE)
     return from_json(doc, source=source)
 
 
-def _read(source: str) -> bytes:
-    """The bytes of a regular file; O_NONBLOCK so that a FIFO is refused instead of waited on."""
-    try:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise SerializationError(f"{source}: no such graph file (check the path; graph files "
-                                 "are written by tg.save)") from None
-    except OSError as exc:
-        raise SerializationError(f"{source}: cannot open the graph file ({exc.strerror or exc}); "
-                                 "pass the path of a file written by tg.save") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            kind = "a directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "not a regular file"
-            raise SerializationError(f"{source} is {kind}, not a graph file; pass the path of a "
-                                     "file written by tg.save")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    except OSError as exc:
-        raise SerializationError(f"{source}: cannot read the graph file ({exc.strerror or exc})"
-                                 ) from None
-    finally:
-        os.close(fd)
+_WRITE_WITH_SAVE = "pass the path of a file written by tg.save"
 
 
 def from_json(doc, source: str = "graph") -> Node | list | tuple:
