@@ -23,10 +23,10 @@ import json
 import math
 import mmap
 import os
-import stat
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -38,7 +38,7 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
-from tensor_graphs.files import atomic_write
+from tensor_graphs.files import atomic_write, open_regular, parse_json
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -106,60 +106,39 @@ class SafetensorsHeader:
 # header
 
 
-# Why a file is not read, by what ``fstat`` says it is: only a regular file has bytes to map
-# (opening a FIFO would block until another process writes to it).
-_NOT_A_FILE: tuple[tuple[Callable[[int], bool], str], ...] = (
-    (stat.S_ISDIR, "a folder, not a safetensors file"),
-    (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
-    (stat.S_ISSOCK, "a socket, not a regular file"),
-    (stat.S_ISCHR, "a character device, not a regular file"),
-    (stat.S_ISBLK, "a block device, not a regular file"),
-)
 # The fix for a file whose bytes are wrong: it was cut short or written by something else.
 _REFETCH = "download or export the checkpoint again"
 
 
-def _open(path: str):
+def _open(path: str) -> BinaryIO:
     """``path`` opened for reading once (the header and the data are read through the same
     descriptor, so a file replaced in between cannot pair one file's header with another's
-    data); refused with a :class:`SerializationError` naming the path and the fix unless it
-    is a regular file."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise SerializationError(f"{path}: no such safetensors file; check the path") from None
-    except OSError as exc:
-        raise SerializationError(f"cannot open safetensors file {path}: {exc.strerror}; check "
-                                 "the path and its permissions") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        why = next((why for test, why in _NOT_A_FILE if test(mode)), None)
-        if why is None and not stat.S_ISREG(mode):
-            why = "not a regular file"
-        if why is not None:
-            hint = "name the .safetensors file itself"
-            if stat.S_ISDIR(mode):
-                inside = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))[:4]
-                if inside:
-                    hint += f" (the folder holds {', '.join(inside)})"
-            raise SerializationError(f"{path} is {why}; {hint}")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    data); anything but a regular file is refused (``files.open_regular``)."""
+    return open_regular(path, "safetensors file", _name_the_file(path))
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+def _name_the_file(path: str) -> str:
+    """The fix for a path that is no file: a model's folder, the usual slip, has its
+    checkpoints named."""
+    hint = "name the .safetensors file itself"
+    try:
+        inside = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))[:4]
+    except OSError:  # not a folder, or one we may not list
+        inside = []
+    return hint + (f" (the folder holds {', '.join(inside)})" if inside else "")
+
+
+def _no_duplicates(path: str) -> Callable[[list[tuple[str, object]]], dict]:
     """A JSON object hook: a name given twice would leave which tensor is meant to chance."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise SerializationError(f"the header names {key!r} twice")
-        seen.add(key)
-    return dict(pairs)
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise SerializationError(f"{path} is not a valid safetensors file: the header "
+                                         f"names {key!r} twice ({_REFETCH})")
+            seen.add(key)
+        return dict(pairs)
+    return hook
 
 
 def read_safetensors_header(path) -> SafetensorsHeader:
@@ -201,19 +180,8 @@ def _parse_header(f, path: str) -> SafetensorsHeader:
         raise SerializationError(f"cannot read safetensors file {path}: {exc}") from None
     if len(raw) != n:  # the file shrank under us
         raise SerializationError(f"{path}: truncated header ({len(raw)} of {n} bytes)")
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except SerializationError as exc:
-        raise SerializationError(f"{path} is not a valid safetensors file: {exc} "
-                                 f"({_REFETCH})") from None
-    except RecursionError:  # [[[[...]]]]: json recurses once per level
-        raise SerializationError(
-            f"{path} is not a safetensors file: its header nests JSON too deeply "
-            f"({_REFETCH})") from None
-    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: over 4,300-digit integers too
-        raise SerializationError(
-            f"{path} is not a safetensors file: its header is not valid JSON ({exc}; "
-            f"{_REFETCH})") from None
+    header = parse_json(raw, path, "safetensors file", _REFETCH,
+                        object_pairs_hook=_no_duplicates(path))
     if not isinstance(header, dict):
         raise SerializationError(
             f"{path} is not a safetensors file: its header is a JSON "
