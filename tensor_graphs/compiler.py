@@ -101,7 +101,10 @@ class PlanSettings:
             except PlanFileError as exc:  # refused, never re-planned: see planner/lockfile
                 if self.decisions is None:
                     raise
-                raise PlanFileError(f"plan file {self.plan_file}: {exc}") from None
+                from tensor_graphs.planner.lockfile import FIX
+
+                raise PlanFileError(f"plan file {self.plan_file} cannot be replayed as saved: "
+                                    f"{exc}; it is refused, not re-planned ({FIX})") from None
             stats["replayed" if self.decisions else "plan_cache_hits"] += 1
         else:
             if self.profile == "missing":

@@ -26,11 +26,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 
 from tensor_graphs.devices import as_device
 from tensor_graphs.errors import ArgumentError, PlanFileError
-from tensor_graphs.files import atomic_write, check_trusted_file
+from tensor_graphs.files import atomic_write, check_trusted_file, parse_json, read_regular
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner.plan import Plan
 
@@ -114,37 +113,20 @@ def _show(value) -> str:
 
 
 def _read(path) -> dict:
-    """The file's JSON object: trusted, regular, bounded, parsed; else ``PlanFileError``."""
+    """The file's JSON object: regular, bounded, trusted, parsed; else ``PlanFileError``."""
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentError(f"plan= must be the path of a lock file from prog.save_plan, got "
                             f"{type(path).__name__}")
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise PlanFileError(f"cannot read plan file {path}: {exc.strerror or exc}; give the "
-                            f"path of a file written by prog.save_plan") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise PlanFileError(f"plan file {path} is not a regular file (a directory, FIFO or "
-                            f"device); give the path of a file written by prog.save_plan")
+    raw = read_regular(path, "plan file", _SAVE_PLAN, PlanFileError, most=MAX_BYTES)
     check_trusted_file(path, "plan file")  # a plan picks the code that runs
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise PlanFileError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise PlanFileError(f"plan file {path} is over {MAX_BYTES >> 20} MiB, which no saved "
-                            f"plan is; {FIX}")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, huge ints, deep nesting
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise PlanFileError(f"plan file {path} is not valid JSON ({reason}); {FIX}") from None
+    data = parse_json(raw, os.fspath(path), "plan file", FIX, PlanFileError)
     if not isinstance(data, dict):
         raise PlanFileError(f"{path} is not a tensor_graphs plan file (its JSON is a "
-                            f"{type(data).__name__}, not an object); give a file written by "
-                            f"prog.save_plan")
+                            f"{type(data).__name__}, not an object); {_SAVE_PLAN}")
     return data
+
+
+_SAVE_PLAN = "give the path of a file written by prog.save_plan"
 
 
 def kernel_names(label: str) -> list[str]:

@@ -422,13 +422,14 @@ class Planner:
     def replay(self, decisions: Sequence[str]) -> Plan:
         """The plan whose options are ``decisions`` (a lock file or the plan cache), in
         extraction order. Only options within the tolerance are taken: a decision for a less
-        accurate kernel (a hand-edited lock file) is refused, not run and not re-planned."""
+        accurate kernel (a hand-edited lock file) is refused, not run and not re-planned. The
+        ``PlanFileError`` says what does not fit; the caller names the file and the fix."""
         queue = list(reversed(decisions))
 
         def choose(slot: Slot) -> Option:
             if not queue:
-                raise PlanFileError("the plan file has fewer decisions than this graph needs; "
-                                    "it was saved for another graph; re-plan without plan=")
+                raise PlanFileError(f"its {len(decisions)} decisions are fewer than this graph "
+                                    "needs (it was saved for another graph)")
             label = queue.pop()
             if label.startswith(BLOCK + ":") and slot.node in self._blocks:
                 return self._blocks[slot.node].option(slot, self, label)
@@ -438,18 +439,15 @@ class Planner:
             for opt in self._rejected.get(slot, []):
                 if opt.label == label:
                     raise PlanFileError(
-                        f"the plan file chooses {label!r} for {_describe(slot.node)}, whose "
-                        f"error {opt.error:.1e} is above the tolerance {self.tolerance:g} asked "
-                        "for; the plan is refused, not re-planned: re-plan without plan=")
-            raise PlanFileError(f"the plan file chooses {label!r} for {_describe(slot.node)}, "
-                                "which is not available here (another graph, kernel set or "
-                                "device); re-plan without plan=")
+                        f"it chooses {label!r} for {_describe(slot.node)}, whose error "
+                        f"{opt.error:.1e} is above the tolerance {self.tolerance:g} asked for")
+            raise PlanFileError(f"it chooses {label!r} for {_describe(slot.node)}, which is not "
+                                "available here (another graph, kernel set or device)")
 
         plan = self.extract(choose)
         if queue:
-            raise PlanFileError(f"the plan file has {len(queue)} decisions more than this "
-                                "graph needs; it was saved for another graph; re-plan without "
-                                "plan=")
+            raise PlanFileError(f"it has {len(queue)} decisions more than this graph needs (it "
+                                "was saved for another graph)")
         return plan
 
     def extract(self, choose: Callable[[Slot], Option | None]) -> Plan:

@@ -65,7 +65,10 @@ def test_a_decision_above_the_tolerance_is_refused(tmp_path):
     with pytest.raises(PlanFileError, match=r"c_tanh_fast.*error 1\.0e-03 is above the "
                        r"tolerance 1e-05.*refused, not re-planned") as info:
         replay(path, tolerance=1e-5)
-    assert path in str(info.value)
+    # one "plan file X" prefix: replay says what does not fit, compile names the file once
+    assert str(info.value).startswith(f"plan file {path} cannot be replayed as saved: it "
+                                      "chooses 'kernel:c_tanh_fast' for tanh")
+    assert "the plan file" not in str(info.value)
     assert replay(path, tolerance=1e-3).plan.kernels == ["c_tanh_fast"]  # where it fits
 
 
@@ -122,8 +125,9 @@ def test_schema_errors_name_the_key(tmp_path, edit, key):
 
 @pytest.mark.parametrize("text, says", [
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"format": "tensor_graphs.plan", "tolerance": 1' + "0" * 5000 + "}", "not valid JSON"),
-    (b"\xff\xfe{}", "not valid JSON"),
+    ('{"format": "tensor_graphs.plan", "tolerance": 1' + "0" * 5000 + "}",
+     "thousands of digits"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
     ("{", "not valid JSON"),
     ("[]", "its JSON is a list"),
     ("null", "its JSON is a NoneType"),
@@ -137,13 +141,13 @@ def test_unreadable_files_are_plan_file_errors(tmp_path, text, says):
 
 
 def test_a_plan_file_that_is_not_a_file(tmp_path):
-    with pytest.raises(PlanFileError, match="cannot read plan file .*No such file"):
+    with pytest.raises(PlanFileError, match="missing.json: no such plan file"):
         replay(str(tmp_path / "missing.json"))
-    with pytest.raises(PlanFileError, match="is not a regular file"):
+    with pytest.raises(PlanFileError, match="is a directory, not a regular file"):
         replay(str(tmp_path))
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # opening it would wait for a writer forever
-    with pytest.raises(PlanFileError, match="is not a regular file"):
+    with pytest.raises(PlanFileError, match="is a FIFO .*, not a regular file"):
         replay(str(fifo))
     with pytest.raises(ArgumentError, match="plan= must be the path"):
         replay(123)
@@ -152,7 +156,7 @@ def test_a_plan_file_that_is_not_a_file(tmp_path):
 def test_an_oversized_plan_file_is_refused(tmp_path):
     path = tmp_path / "plan.json"
     path.write_bytes(b" " * (lockfile.MAX_BYTES + 1))
-    with pytest.raises(PlanFileError, match="over 16 MiB"):
+    with pytest.raises(PlanFileError, match="larger than 16 MiB"):
         replay(str(path))
 
 
