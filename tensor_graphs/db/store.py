@@ -21,7 +21,6 @@ import math
 import os
 import shutil
 import sqlite3
-import stat
 import tempfile
 import threading
 import time
@@ -34,7 +33,7 @@ from typing import IO, Any
 
 from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.errors import DatabaseError, UntrustedPathError
-from tensor_graphs.files import private_dir
+from tensor_graphs.files import check_regular, open_regular, parse_json, private_dir
 
 APPLICATION_ID = 0x54474442  # "TGDB": marks a file as ours (PRAGMA application_id)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -587,30 +586,26 @@ def _insert(conn: sqlite3.Connection, m: Measurement) -> None:
                  (m.kernel, m.source_hash, m.signature, m.hardware.device, m.hardware.libs))
 
 
-def _lines(f, where: str) -> Iterator[tuple[int, str]]:
-    """(number, text) of each line of ``f`` (bytes or text); a line that is not UTF-8 raises
-    ``DatabaseError`` naming it."""
+# what a line of `tg db import` must be, and where such lines come from (for its errors)
+_MEASUREMENT = "tensor_graphs measurement"
+_EXPORTED = "expected the JSON lines `tg db export` writes"
+
+
+def _lines(f, where: str) -> Iterator[tuple[int, bytes | str]]:
+    """(number, line) of each line of ``f``: bytes from a path (``parse_json`` decodes them,
+    naming the line), text from a stream, which fails as it reads a line that is not UTF-8."""
     number = 0
     try:
         for number, line in enumerate(f, 1):
-            try:
-                text = line.decode("utf-8") if isinstance(line, bytes) else line
-            except UnicodeDecodeError as exc:
-                raise _not_utf8(where, number, exc) from exc
-            yield number, text
-    except UnicodeDecodeError as exc:  # a text stream fails before it yields the line
-        raise _not_utf8(where, number + 1, exc) from exc
+            yield number, line
+    except UnicodeDecodeError as exc:
+        raise DatabaseError(f"{where}line {number + 1} is not a {_MEASUREMENT}: it is not UTF-8 "
+                            f"text ({exc.reason} at byte {exc.start}); {_EXPORTED}") from exc
 
 
-def _not_utf8(where: str, number: int, exc: UnicodeDecodeError) -> DatabaseError:
-    return DatabaseError(f"{where}line {number} is not a tensor_graphs measurement (not UTF-8 "
-                         f"text: {exc.reason} at byte {exc.start}); expected the JSON lines "
-                         "`tg db export` writes")
-
-
-def _parse_line(line: str, number: int, where: str = "") -> Measurement:
+def _parse_line(line: bytes | str, number: int, where: str = "") -> Measurement:
+    d = parse_json(line, f"{where}line {number}", _MEASUREMENT, _EXPORTED, DatabaseError)
     try:
-        d = json.loads(line)
         if not isinstance(d.get("failure"), (str, type(None))):
             raise TypeError(f"failure is {type(d['failure']).__name__}, not text")
         hw = Hardware(str(d["machine"]), str(d["device"]), str(d["libs"]))
@@ -621,28 +616,31 @@ def _parse_line(line: str, number: int, where: str = "") -> Measurement:
                            else float(d["error"]), failure=d.get("failure"), hardware=hw,
                            when=float(d["when"]), flops=_optional(d.get("flops")),
                            bytes=_optional(d.get("bytes")), **nums)
-    # what a line that is not a measurement raises: not JSON, too deep, keys missing or of
-    # the wrong type, numbers too large for a float
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
-            OverflowError) as exc:
-        raise DatabaseError(f"{where}line {number} is not a tensor_graphs measurement "
-                            f"({type(exc).__name__}: {str(exc)[:200]}); expected the JSON "
-                            "lines `tg db export` writes") from exc
+    # what JSON that is not a measurement raises: keys missing or of the wrong type (a list,
+    # a string), numbers too large for a float
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+        raise DatabaseError(f"{where}line {number} is not a {_MEASUREMENT} "
+                            f"({type(exc).__name__}: {str(exc)[:200]}); {_EXPORTED}") from exc
 
 
 @contextmanager
 def _text_file(target, mode: str) -> Iterator[IO]:
-    """``target`` opened in ``mode`` (text as UTF-8) when it is a path, else as given; a path
-    that cannot be opened raises ``DatabaseError`` naming it."""
+    """``target`` as given when it is a stream; a path opened "rb" to be parsed (a regular
+    file only, ``files.open_regular``: a FIFO would hang the import) or "w" to be written as
+    UTF-8. A path that cannot be opened raises ``DatabaseError`` naming it."""
     if not isinstance(target, (str, os.PathLike)):
         yield target
         return
+    if mode == "rb":
+        with open_regular(target, "file of measurements", "give a file `tg db export` wrote",
+                          DatabaseError) as f:
+            yield f
+        return
     try:
-        f = open(target, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        f = open(target, mode, encoding="utf-8")
     except OSError as exc:
-        verb = "read" if "r" in mode else "write"
-        raise DatabaseError(f"cannot {verb} {target}: {exc.strerror}; give a file path "
-                            f"you may {verb}") from exc
+        raise DatabaseError(f"cannot write {target}: {exc.strerror}; give a file path you may "
+                            "write") from exc
     with f:
         yield f
 
@@ -734,45 +732,32 @@ def _not_writable(p: Path) -> str | None:
     return "; ".join(reasons) or None
 
 
-# what a path may be instead of a regular file, and how the error names it
-_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-              (stat.S_ISSOCK, "a socket"))
+# the fix for a database path that is not a regular file
+_NOT_A_DATABASE = "it was left untouched; point TG_DB or db= at a database file"
 
 
 def _check_header(p: Path) -> None:
     """Refuse anything but a regular file (reading a FIFO blocks until someone writes it, so
     `tg db stats` hung; a device is no database), its WAL and shared-memory files included,
-    and a file without SQLite's header. The file is opened non-blocking and judged by what
-    was opened, so nothing swapped in between the check and the read can block."""
+    and a file without SQLite's header (``files.open_regular``: judged by what was opened,
+    never waited on). A missing file is fine: it is created fresh."""
     for sibling in (f"{p}-wal", f"{p}-shm", f"{p}-journal"):
         with contextlib.suppress(OSError):
-            _check_regular(Path(sibling), os.stat(sibling).st_mode)
+            check_regular(sibling, os.stat(sibling).st_mode, _NOT_A_DATABASE, DatabaseError)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        os.stat(p)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
-            from exc
-    try:
-        _check_regular(p, os.fstat(fd).st_mode)
-        head = os.read(fd, len(SQLITE_HEADER))
-    except OSError as exc:
-        raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
-            from exc
-    finally:
-        os.close(fd)
+    except OSError:
+        pass  # open_regular says why it cannot be opened
+    with open_regular(p, "measurement database", _NOT_A_DATABASE, DatabaseError) as f:
+        try:
+            head = f.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise DatabaseError(f"cannot read the measurement database {p}: {exc.strerror}") \
+                from exc
     if head and head != SQLITE_HEADER:
         raise _corrupt(p, "no SQLite header")
-
-
-def _check_regular(p: Path, mode: int) -> None:
-    if stat.S_ISREG(mode):
-        return
-    what = next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
-    raise DatabaseError(f"{p} is {what}; the measurement database is a regular file, and "
-                        f"{p} was left untouched (point TG_DB or db= at a file path)")
 
 
 def _corrupt(p: Path, why) -> DatabaseError:

@@ -49,6 +49,19 @@ def test_tg_db_stats_on_a_fifo_exits_with_one_line_instead_of_hanging(tmp_path, 
     assert "Traceback" not in out.stderr
 
 
+def test_importing_from_a_fifo_is_refused_instead_of_waiting(tmp_path, child_env):
+    # the CLI refuses it in its argument parser; the API opened it and waited for a writer
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    code = ("import sys\nfrom tensor_graphs.db import Database\nfrom tensor_graphs.errors "
+            "import DatabaseError\ntry:\n    Database(':memory:').import_jsonl(sys.argv[1])\n"
+            "except DatabaseError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code, str(fifo)], env=child_env,
+                         capture_output=True, text=True, timeout=60)
+    assert f"{fifo} is a FIFO (named pipe), not a regular file" in out.stdout, out
+    assert "tg db export" in out.stdout
+
+
 # --------------------------------------------------------------------- WAL, read-only folder
 def _crashed_writer(path: Path, before: int, after: int) -> None:
     """A writer that checkpoints ``before`` rows, commits ``after`` more to the WAL, and dies
