@@ -12,10 +12,10 @@ import argparse
 import difflib
 import math
 import os
-import stat
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
+from tensor_graphs.files import check_regular
 from tensor_graphs.ir.shapes import MAX_DIM_INT
 
 T = TypeVar("T")
@@ -71,18 +71,14 @@ non_negative_float = _checked("non_negative_float", float,
 
 def existing_file(text: str) -> str:
     """An argparse type: a path to a regular file that exists. A directory, a FIFO (reading it
-    would wait forever) or a device is refused by name."""
+    would wait forever) or a device is refused by name (``files.check_regular``)."""
     try:
         mode = os.stat(text).st_mode
     except FileNotFoundError:
         raise argparse.ArgumentTypeError(f"no such file: {text!r}") from None
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc.strerror}") from None
-    if stat.S_ISDIR(mode):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
-    if not stat.S_ISREG(mode):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a regular file (a FIFO, socket or "
-                                         f"device); give a file")
+    check_regular(repr(text), mode, "give a file", argparse.ArgumentTypeError)
     return text
 
 

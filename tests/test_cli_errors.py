@@ -27,7 +27,7 @@ CASES = [
     (["profile", "block", "--budget", "-5"], "argument --budget: expected a number of 0", 2),
     # a sub-subcommand names itself; a FIFO is refused before anything reads it (and waits)
     (["run", "gpt2", "--layers", "0"], "argument --layers", 2),
-    (["explain", "{fifo}"], "is not a regular file", 2),
+    (["explain", "{fifo}"], "is a FIFO (named pipe), not a regular file", 2),
     # refused by the command: a file, a dim, a device, a database, a file of rows
     (["explain", "{garbage}"], "garbage.bin is not a tensor_graphs graph file", 1),
     (["paths", "block", "--dim", "nosuch=4"], "the graph has no dim 'nosuch'", 2),
