@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError, TensorGraphsError
-from tensor_graphs.files import check_trusted_file
+from tensor_graphs.files import check_trusted_file, read_regular
 from tensor_graphs.ir.graph import decompose, format_graph, nodes
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels import registry
@@ -47,12 +47,12 @@ def load(path) -> list[Kernel]:
     source as read here: never from a ``__pycache__`` file beside it, which in a shared folder
     such as /tmp another user could have planted to match the source's size and time."""
     path = Path(path).resolve()
-    if not path.is_file():
-        raise ArgumentError(f"tg.kernels.load: no such file {str(path)!r}")
-    check_trusted_file(path, "kernel file")
+    source = read_regular(path, "kernel file", "give a Python file of @tg.kernel definitions",
+                          ArgumentError)
+    check_trusted_file(path, "kernel file")  # before a line of it runs
     try:
-        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
-    except (OSError, SyntaxError, ValueError) as exc:
+        code = compile(source, str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
         raise ArgumentError(f"tg.kernels.load: cannot read {path} as Python: "
                             f"{type(exc).__name__}: {exc}") from None
     digest = hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()

@@ -93,8 +93,10 @@ def test_a_taken_name_is_refused(tmp_path, cleanup):
 
 
 def test_files_that_do_not_import(tmp_path, cleanup):
-    with pytest.raises(ArgumentError, match="no such file"):
+    with pytest.raises(ArgumentError, match="missing.py: no such kernel file"):
         tg.kernels.load(tmp_path / "missing.py")
+    with pytest.raises(ArgumentError, match="is a directory, not a regular file"):
+        tg.kernels.load(tmp_path)  # it said "no such file"
     with pytest.raises(ArgumentError, match="SyntaxError"):
         tg.kernels.load(write(tmp_path, "broken.py", "def f(:\n"))
     bad_pattern = "import tensor_graphs as tg\n@tg.kernel('no_such_op', backend='numpy')\n" \
