@@ -77,12 +77,13 @@ def qwen3(layers: int) -> tuple[torch.nn.Module, tuple]:
     return Logits(Qwen3ForCausalLM(cfg).eval()), (ids,)
 
 
-def minilm() -> tuple[torch.nn.Module, tuple]:
+def minilm(sentences: list[str] | None = None) -> tuple[torch.nn.Module, tuple]:
     from tensor_graphs.jobs import minilm as job
 
     module = job.torch_embedder()
     words = "the quick brown fox jumps over the lazy dog while a cat watches from the wall"
-    sentences = [" ".join([words] * 8)] * 8  # 8 sentences truncated to 128 tokens: no padding
+    if sentences is None:  # 8 sentences truncated to 128 tokens: no padding
+        sentences = [" ".join([words] * 8)] * 8
     ids, mask = job.encode(sentences, max_seq=128)
     return module, (torch.from_numpy(ids), torch.from_numpy(mask))
 

@@ -1,35 +1,53 @@
-"""One thread count for every pool in the process: OpenBLAS, OpenMP and torch.
+"""One thread count for the pools tensor_graphs runs: OpenBLAS, OpenMP (the C kernels) and,
+when asked, torch.
 
-    import tensor_graphs.threads as threads
-    threads.set_num_threads(2)      # or TG_NUM_THREADS=2 in the environment
-    threads.get_num_threads()
+    import tensor_graphs as tg
+    tg.threads.set_num_threads(2)   # or TG_NUM_THREADS=2 in the environment
+    tg.threads.get_num_threads(), tg.threads.source()
 
-The default is ``$TG_NUM_THREADS``, else the number of cores this process may run on. Setting
-it sets, together: the OpenBLAS of ``scipy-openblas32`` (the BLAS of the C backend) and any
-other OpenBLAS already loaded (numpy's own), OpenMP (libgomp's ``omp_set_num_threads`` for the
-calling thread, and every C-backend library's own count, used by its ``num_threads`` clauses
-so it holds on any calling thread), and torch (``torch.set_num_threads``) when torch has been
-imported. Each pool then uses n threads and they run one after another, so on 2 cores nothing
-oversubscribes. Import torch before calling ``set_num_threads`` (or call it again after) for
-torch to follow.
+Where the count comes from, the first that applies (``source()`` names it):
+
+==================  =====================================================================
+``set_num_threads`` a call of it (it also sets torch, which then uses the same count)
+``TG_NUM_THREADS``  the environment variable (also sets torch, as the call does)
+``OMP_NUM_THREADS`` the environment variable (its first entry), which torch reads too
+``torch``           ``torch.get_num_threads()``, when torch was imported before the count was
+                    first needed (the first C kernel, ``get_num_threads``) and the user
+                    changed it (``torch.set_num_threads(1)`` before importing tensor_graphs)
+``cores``           the cores this process may run on
+==================  =====================================================================
+
+Only the first two change torch's count: otherwise torch keeps its own (the user's, or its
+default), so importing or using tensor_graphs never resets a ``torch.set_num_threads`` the
+user made (it used to: libgomp's ``omp_set_num_threads``, called for every setting, is also
+the count torch reads). The count is resolved once, when first needed.
+
+The C kernels' parallel regions use at most that count: while the cores are oversubscribed
+(the calling thread waits for a core an eighth or more of the time it wants one, as
+``/proc/thread-self/schedstat`` counts it), they run on the calling thread alone and try the
+whole team again half a second after the last such look (``tg_team`` in
+``kernels/c/tg_common.h``: a region waits for its slowest thread, and one that lost its core
+to another process held every region up for a scheduler slice; ``team()`` says which now).
 
 Pools that take turns must also stop spinning soon after their turn, or an idle pool's
 busy-waiting threads steal the cores from the next one (measured on 2 cores: a layer_norm right
 after an sgemm took 3.5 ms instead of 0.2 ms; GPT-2 2-layer prefill 192 ms instead of 86 ms).
 Importing this module therefore sets, unless already set, ``OPENBLAS_THREAD_TIMEOUT=4``
 (OpenBLAS workers sleep almost at once) and ``GOMP_SPINCOUNT=10000`` (libgomp workers spin
-~0.1 ms, then sleep). Not shorter: a worker that sleeps between two of our calls is woken
-through the hypervisor, and on this 2-vCPU VM that left it out of the next calls for ~50 ms
-after any idle spell (a (128x768) @ (768x2304) GEMM after a 0.25 s pause: 4.6 ms for the
-first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at 10000; GPT-2 2-layer's
-first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op right after our GEMM
-measured the same at 1000 and 10000. Both are read when those libraries load, so ``import
+~0.2 ms at ~23 ns a pause on Zen 3, then sleep). Not shorter: a worker that sleeps between two
+of our calls is woken through the hypervisor, and on this 2-vCPU VM that left it out of the
+next calls for ~50 ms after any idle spell (a (128x768) @ (768x2304) GEMM after a 0.25 s pause:
+4.6 ms for the first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at 10000;
+GPT-2 2-layer's first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op right
+after our GEMM measured the same at 1000 and 10000. Under contention the shrunken team keeps
+the C kernels from spinning. Both are read when those libraries load, so ``import
 tensor_graphs`` imports this module before anything loads numpy; numpy or torch imported
 *before* tensor_graphs keep spinning pools, and the import warns once naming them (``late_pools``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -57,7 +75,14 @@ if late_pools and (os.cpu_count() or 1) > 1:
 
 _lock = threading.RLock()
 _count: int | None = None
+_source: str | None = None
 _libraries: list = []  # C-backend libraries exporting tg_set_threads(int)
+# The C kernels' team state, one for the process (tg_common.h's TG_T_* slots; each library
+# gets its address through tg_share_team): [0] the setting, [1] the team regions use now.
+_team = (ctypes.c_int64 * 9)(1, 1)
+_PINNED = 8  # TG_T_PINNED
+# sources whose count torch follows too: the user asked tensor_graphs for it
+_SETS_TORCH = ("set_num_threads", "TG_NUM_THREADS")
 
 
 def cores() -> int:
@@ -68,42 +93,130 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _from_env() -> int:
-    raw = os.environ.get("TG_NUM_THREADS", "").strip()
+def _env_count(var: str) -> int | None:
+    """The count in ``var`` (OMP_NUM_THREADS may list one per nesting level: the first), or
+    None when unset or empty."""
+    raw = os.environ.get(var, "").split(",")[0].strip()
     if not raw:
-        return cores()
+        return None
     try:
         n = int(raw)
     except ValueError:
-        raise ArgumentError(f"TG_NUM_THREADS must be a positive integer, got {raw!r}") from None
+        n = 0
     if n < 1:
-        raise ArgumentError(f"TG_NUM_THREADS must be a positive integer, got {raw!r}")
+        raise ArgumentError(f"{var} must be a positive integer, got {os.environ[var]!r}: set it "
+                            f"to the number of threads (e.g. {var}={cores()}) or unset it")
     return n
 
 
+def _torch_default() -> int:
+    """torch's own default count (ATen's intraop_default_num_threads): OMP_NUM_THREADS, else
+    MKL_NUM_THREADS, else the physical cores."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        try:
+            n = _env_count(var)
+        except ArgumentError:
+            n = None
+        if n:
+            return n
+    try:
+        root = "/sys/devices/system/cpu"
+        physical = set()
+        for name in os.listdir(root):
+            if name.startswith("cpu") and name[3:].isdigit():
+                topo = os.path.join(root, name, "topology")
+                with open(os.path.join(topo, "physical_package_id")) as f:
+                    package = f.read().strip()
+                with open(os.path.join(topo, "core_id")) as f:
+                    physical.add((package, f.read().strip()))
+        if physical:
+            return len(physical)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+def _resolve() -> tuple[int, str]:
+    """The count and where it comes from, in the order of the module's docstring."""
+    for var in ("TG_NUM_THREADS", "OMP_NUM_THREADS"):
+        n = _env_count(var)
+        if n is not None:
+            return n, var
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        n = torch.get_num_threads()
+        if n >= 1 and n != _torch_default():
+            return n, "torch"
+    return cores(), "cores"
+
+
 def get_num_threads() -> int:
-    """The thread count every pool uses (``$TG_NUM_THREADS`` or the core count by default)."""
+    """The thread count of tensor_graphs' pools (resolved on first use; see the module)."""
     with _lock:
         if _count is None:
-            set_num_threads(_from_env())
+            _apply(*_resolve())
         return _count
+
+
+def source() -> str:
+    """Where the count comes from: set_num_threads, TG_NUM_THREADS, OMP_NUM_THREADS, torch or
+    cores."""
+    with _lock:
+        get_num_threads()
+        return _source
+
+
+def team() -> int:
+    """The threads the C kernels' parallel regions use now: ``get_num_threads()``, or 1 while
+    the cores are oversubscribed."""
+    get_num_threads()
+    return int(_team[0] if _team[_PINNED] > 0 else _team[1])
+
+
+@contextlib.contextmanager
+def full_team():
+    """Within: the C kernels' regions use every thread of the setting, contended or not. The
+    profiler measures under it, since a plan made from times measured on one thread while the
+    machine was busy would stay slow once it is quiet."""
+    with _lock:
+        _team[_PINNED] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _team[_PINNED] -= 1
 
 
 def set_num_threads(n: int) -> None:
     """Use ``n`` threads in OpenBLAS, OpenMP (our C libraries) and torch, together."""
-    global _count
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ArgumentError(f"set_num_threads: need a positive integer, got {n!r}")
+    _apply(n, "set_num_threads")
+
+
+def _apply(n: int, source: str) -> None:
+    global _count, _source
     with _lock:
-        _count = n
+        _count, _source = n, source
         _set_openblas(n)
-        _set_openmp(n)
+        _team[0] = _team[1] = n
         for lib in _libraries:
             lib.tg_set_threads(n)
-        torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "set_num_threads"):
+        if source in _SETS_TORCH:
+            _set_openmp(n)  # torch's count too: it reads omp_get_max_threads
+            sync_torch()
+
+
+def sync_torch() -> None:
+    """torch was imported: it follows the count when the user asked tensor_graphs for one
+    (``set_num_threads``, ``TG_NUM_THREADS``); otherwise it keeps its own."""
+    torch = sys.modules.get("torch")
+    with _lock:
+        if _source not in _SETS_TORCH or torch is None or not hasattr(torch, "set_num_threads"):
+            return
+        if torch.get_num_threads() != _count:
             try:
-                torch.set_num_threads(n)
+                torch.set_num_threads(_count)
             except RuntimeError:
                 pass
 
@@ -116,8 +229,15 @@ def register_library(lib) -> None:
             return
         fn.argtypes = [ctypes.c_int]
         fn.restype = None
+        n = get_num_threads()
+        share = getattr(lib, "tg_share_team", None)
+        if share is not None:  # the state holds the setting and the team now: keep the team
+            share.argtypes = [ctypes.c_void_p]
+            share.restype = None
+            share(ctypes.addressof(_team))
+        else:
+            fn(n)
         _libraries.append(lib)
-        fn(get_num_threads())
 
 
 _SETTERS = ("scipy_openblas_set_num_threads", "scipy_openblas_set_num_threads64_",

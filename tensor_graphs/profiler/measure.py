@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_graphs import threads
 from tensor_graphs.db.store import Measurement
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.evaluate import evaluate
@@ -89,16 +90,18 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
     of each call per round, the order rotating): alternatives compared by the planner (a GEMM,
     the same GEMM with its bias, with its residual add) then see the same load. Measured one
     after another, a burst of other work on this shared 2-core machine made one of them read
-    15 % slower than the next, more than the epilogue they differ by."""
-    timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
-    repeats = max(repeats, 1)  # every row has a sample
-    for r in range(repeats):
-        live = [t for t in timers if t.active(repeats)]
-        if not live:
-            break
-        shift = r % len(live)
-        for t in live[shift:] + live[:shift]:
-            t.sample()
+    15 % slower than the next, more than the epilogue they differ by. The C kernels use their
+    whole team meanwhile (threads.full_team), even while other processes load the cores."""
+    with threads.full_team():
+        timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
+        repeats = max(repeats, 1)  # every row has a sample
+        for r in range(repeats):
+            live = [t for t in timers if t.active(repeats)]
+            if not live:
+                break
+            shift = r % len(live)
+            for t in live[shift:] + live[:shift]:
+                t.sample()
     return [t.result() for t in timers]
 
 

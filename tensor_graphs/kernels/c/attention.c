@@ -41,7 +41,6 @@
  * from inside an OpenMP region it still starts its own threads (oversubscribing the cores)
  * and warns "Detect OpenMP Loop and this application may hang". */
 #include "tg_common.h"
-#include <sched.h>
 #include <stdlib.h>
 #ifdef __AVX__
 #include <immintrin.h>
@@ -433,20 +432,21 @@ static void pack_head(const attn_t *a, int64_t h, float *kp, float *vp) {
     }
 }
 
-/* Pack kv head h unless done: the first task that needs it packs it (state 0 -> 1 -> 2), a
- * task that finds it being packed waits (rare: consecutive tasks are different q heads). No
- * barrier between packing and computing, so a thread the OS has descheduled holds up the
- * others only through the kv head it is packing. */
-static void ensure_packed(const attn_t *a, int *state, int64_t h) {
-    if (__atomic_load_n(&state[h], __ATOMIC_ACQUIRE) == 2) return;
+/* Pack kv head h into the shared panels unless done: the first task that needs it packs it
+ * (state 0 -> 1 -> 2). Returns 1 when they are ready, 0 when another thread is packing them
+ * (rare: consecutive tasks are different q heads): the caller packs its own copy instead of
+ * waiting, since that thread may have lost its core to another process for a scheduler slice
+ * (it used to sched_yield until it was done). No barrier between packing and computing, so a
+ * descheduled thread holds up no other. */
+static int ensure_packed(const attn_t *a, int *state, int64_t h) {
+    if (__atomic_load_n(&state[h], __ATOMIC_ACQUIRE) == 2) return 1;
     int expected = 0;
-    if (__atomic_compare_exchange_n(&state[h], &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
-        pack_head(a, h, a->kp + h * a->skp * a->d, a->vp + h * a->dvp * a->sk);
-        __atomic_store_n(&state[h], 2, __ATOMIC_RELEASE);
-        return;
-    }
-    while (__atomic_load_n(&state[h], __ATOMIC_ACQUIRE) != 2) sched_yield();
+    if (!__atomic_compare_exchange_n(&state[h], &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return expected == 2;
+    pack_head(a, h, a->kp + h * a->skp * a->d, a->vp + h * a->dvp * a->sk);
+    __atomic_store_n(&state[h], 2, __ATOMIC_RELEASE);
+    return 1;
 }
 
 /* the keys query row i may see: [0, limit) */
@@ -623,18 +623,19 @@ static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64
  * (prefetching the next kv head's K, V and Q rows during a task, claimed one ahead, measured
  * within the noise on MiniLM's shape: not kept).
  * One workspace: the shared packed K and V (task per query block; the first sub-task that
- * needs a kv head packs it, no barrier), PER_THREAD floats for each thread (plus its own K and
- * V panels when a task is a kv head), the packing states. Returns 0, or -1 when out of
- * memory. */
+ * needs a kv head packs it, no barrier), PER_THREAD floats and one kv head's K and V panels
+ * for each thread (where a task that is a kv head packs it, and a task that finds its kv head
+ * being packed by another thread packs a copy), the packing states. Returns 0, or -1 when out
+ * of memory. */
 #define TG_ATTENTION_DRIVER(A, PER_THREAD, ...)                                                \
     do {                                                                                       \
-        const int nthr_ = tg_nthreads;                                                         \
+        const int nthr_ = tg_team();                                                           \
         const sched_t sc_ = make_sched(&(A), nthr_);                                           \
         const int64_t group_ = sc_.group, own_ = sc_.nsub > 1;                                 \
         (A).vdirect = TG_V_DIRECT((A).dv);                                                     \
         int64_t nh_ = (A).b * (A).hkv, kfl_ = (A).skp * (A).d;                                 \
         int64_t vfl_ = (A).vdirect ? 0 : (A).dvp * (A).sk;                                     \
-        int64_t per_ = round16(PER_THREAD) + (own_ ? kfl_ + vfl_ : 0);                         \
+        int64_t per_ = round16(PER_THREAD) + kfl_ + vfl_;                                      \
         if (!own_) {                                                                           \
             kfl_ *= nh_;                                                                       \
             vfl_ *= nh_;                                                                       \
@@ -667,10 +668,12 @@ static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64
                     if (u_ == 0)                                                               \
                         pack_head(&(A), kvh, kown_, vown_);                                    \
                     vp = vown_;                                                                \
-                } else {                                                                       \
-                    ensure_packed(&(A), state_, kvh);                                          \
+                } else if (ensure_packed(&(A), state_, kvh)) {                                 \
                     kp = (A).kp + kvh * (A).skp * (A).d;                                       \
                     vp = (A).vp + kvh * (A).dvp * (A).sk;                                      \
+                } else {                                                                       \
+                    pack_head(&(A), kvh, kown_, vown_);                                        \
+                    vp = vown_;                                                                \
                 }                                                                              \
                 if ((A).vdirect)                                                               \
                     vp = (A).v + bi * (A).vs[0] + (h / group_) * (A).vs[1];                    \
@@ -723,7 +726,7 @@ static int attention_few_rows(const attn_t *a) {
     const int64_t rows = a->b * a->hq * a->sq, group = a->hq / a->hkv;
     const int64_t work = rows * a->sk * a->d;
     int failed = 0;
-    _Pragma("omp parallel num_threads(tg_nthreads) if(work > 8 * TG_PAR_MIN)")
+    _Pragma("omp parallel num_threads(tg_team()) if(work > 8 * TG_PAR_MIN)")
     {
         float *s = malloc(sizeof(float) * (size_t)(a->sk > 0 ? a->sk : 1));
         if (!s) {

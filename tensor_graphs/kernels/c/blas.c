@@ -9,7 +9,7 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3 };
 #define TG_EPILOGUE(NAME, T, RELU, GELU, GELU_TANH)                                          \
     static void NAME(T *restrict c, const T *restrict bias, int64_t m, int64_t n, int act) { \
         int64_t rows = m;                                                                    \
-        _Pragma("omp parallel for schedule(static) num_threads(tg_nthreads) if(rows * n > TG_PAR_MIN)") \
+        _Pragma("omp parallel for schedule(static) num_threads(tg_team()) if(rows * n > TG_PAR_MIN)") \
         for (int64_t i = 0; i < rows; i++) {                                                 \
             T *ci = c + i * n;                                                               \
             if (bias) {                                                                      \
@@ -33,6 +33,15 @@ static inline double tg_relu_d(double x) { return x < 0.0 ? 0.0 : x; }
 TG_EPILOGUE(epilogue_f32, float, tg_reluf, tg_gelu_erf, tg_gelu_tanh)
 TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
 
+/* OpenBLAS's threads follow the team (tg_common.h) too: its caller waits, yielding, for every
+ * worker, so one that lost its core to another process holds up the call as a late thread
+ * holds up an OpenMP region ((64 x 384) @ (384 x 1536) on 2 cores: 4 ms alone, 24 ms with 3
+ * busy processes). Setting the count when the team changes costs nothing otherwise. */
+static inline void blas_follow_team(void) {
+    int team = tg_team();
+    if (scipy_openblas_get_num_threads() != team) scipy_openblas_set_num_threads(team);
+}
+
 /* c[p] = a[p] @ b[p] (b transposed when trans_b), then bias and activation, for each batch p.
  * One row (decoding a token) is a matrix-vector product: gemv reads B once at memory speed,
  * where gemm's packing of a 1-row A costs several times more (measured: the 50257 x 768 LM head,
@@ -40,6 +49,7 @@ TG_EPILOGUE(epilogue_f64, double, tg_relu_d, tg_gelu_erf_d, tg_gelu_tanh_d)
 #define TG_GEMM(NAME, T, GEMM, GEMV, ONE, ZERO, EPILOGUE)                                     \
     void NAME(const T *a, const T *b, const T *bias, T *c, int64_t batch, int64_t m,          \
               int64_t n, int64_t k, int64_t sa, int64_t sb, int64_t sc, int trans_b, int act) { \
+        blas_follow_team();                                                                   \
         for (int64_t p = 0; p < batch; p++) {                                                 \
             if (m > 0 && n > 0) {                                                             \
                 if (k > 0 && m == 1)                                                          \

@@ -6,7 +6,7 @@
 
 #define TG_UNARY(NAME, T, EXPR)                                                              \
     void NAME(const T *restrict xs, T *restrict ys, int64_t n) {                             \
-        _Pragma("omp parallel for simd schedule(static) num_threads(tg_nthreads) if(parallel: n > TG_PAR_MIN)") \
+        _Pragma("omp parallel for simd schedule(static) num_threads(tg_team()) if(parallel: n > TG_PAR_MIN)") \
         for (int64_t i = 0; i < n; i++) {                                                    \
             T x = xs[i];                                                                     \
             ys[i] = (EXPR);                                                                  \
@@ -53,7 +53,7 @@ TG_UNARY(tg_tanh_fast_f32, float, tg_tanh_fast(x))
 /* silu(a) * b (SwiGLU), same shape, contiguous */
 #define TG_SWIGLU(NAME, T, SIG)                                                              \
     void NAME(const T *restrict a, const T *restrict b, T *restrict y, int64_t n) {          \
-        _Pragma("omp parallel for simd schedule(static) num_threads(tg_nthreads) if(parallel: n > TG_PAR_MIN)") \
+        _Pragma("omp parallel for simd schedule(static) num_threads(tg_team()) if(parallel: n > TG_PAR_MIN)") \
         for (int64_t i = 0; i < n; i++) {                                                    \
             T x = a[i];                                                                      \
             y[i] = x * SIG(x) * b[i];                                                        \

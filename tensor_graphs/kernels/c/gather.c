@@ -40,7 +40,7 @@ int tg_gather_##SUFFIX(const ITYPE *restrict idx, int64_t n, const char *restric
     const size_t x_outer = (size_t)size * (size_t)inner_bytes;                                 \
     const size_t o_outer = (size_t)n * (size_t)inner_bytes;                                    \
     const int par = slices > 1 && slices * inner_bytes >= TG_GATHER_PAR;                       \
-    _Pragma("omp parallel for schedule(static) num_threads(tg_nthreads) if(par)")              \
+    _Pragma("omp parallel for schedule(static) num_threads(tg_team()) if(par)")              \
     for (int64_t s = 0; s < slices; s++) {                                                     \
         const int64_t a = s / n, j = s - a * n;                                                \
         tg_copy_slice(out + a * o_outer + (size_t)j * (size_t)inner_bytes,                     \
@@ -67,7 +67,7 @@ int tg_embedding_add_##SUFFIX(const ITYPE *restrict idx, int64_t n, const FTYPE 
     if (dim <= 0 || x_rows <= 0)                                                               \
         return 0;                                                                              \
     const int par = n > 1 && n * dim * (int64_t)sizeof(FTYPE) >= TG_GATHER_PAR;               \
-    _Pragma("omp parallel for schedule(static) num_threads(tg_nthreads) if(par)")              \
+    _Pragma("omp parallel for schedule(static) num_threads(tg_team()) if(par)")              \
     for (int64_t i = 0; i < n; i++) {                                                          \
         const FTYPE *tr = t + (size_t)idx[i] * (size_t)dim, *xr = x + (i % x_rows) * dim;      \
         FTYPE *o = out + i * dim;                                                              \

@@ -26,7 +26,7 @@
  *    and both threads busy when N has few panels (N = 384 is 24). Measured on the 2-core EPYC
  *    VM: (1024 x 384) @ (384 x 384) 200 -> 211 GFLOP/s, 161 -> 166 with cold caches;
  *    (1024 x 1536) @ (1536 x 384), cold, 156 -> 189.
- * OpenMP, num_threads(tg_nthreads). Prefetches: the next B micro-panel into L2 during the
+ * OpenMP, num_threads(tg_team()). Prefetches: the next B micro-panel into L2 during the
  * first row panel, and each C tile (for writing) before its micro-kernel runs (the LM head's
  * 26 MB output misses on every first store: 207 -> 213-217 GFLOP/s measured). Bias and
  * activation run on each C tile as its last K block is stored. No -ffast-math: NaN and inf
@@ -69,7 +69,7 @@ void tg_gemm_pack_b(const float *b, int64_t k, int64_t n, int64_t sk, int64_t sn
     h[3] = panels;
     for (int i = 4; i < HEADER / 2; i++) h[i] = 0;
     float *p = out + HEADER;
-    int nt = tg_nthreads;
+    int nt = tg_team();
     (void)nt;
     #pragma omp parallel for schedule(static) num_threads(nt) if(k * n > 65536)
     for (int64_t j = 0; j < panels; j++) {
@@ -438,7 +438,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         /* large M: the threads take blocks of rows, A read in place, all N panels;
          * about MCP row panels a block, as many blocks as a multiple of the thread
          * count, handed out dynamically */
-        int nt = tg_nthreads;
+        int nt = tg_team();
         int64_t blocks = (mp_all + MCP - 1) / MCP;
         blocks = (blocks + nt - 1) / nt * nt;
         if (blocks > mp_all) blocks = mp_all;
@@ -452,7 +452,8 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         return 0;
     }
     int64_t kcb = k_block(k, KC);
-    int nt = tg_nthreads < panels ? tg_nthreads : (int)panels;
+    int nt = tg_team();
+    if (nt > panels) nt = (int)panels;
     if ((double)m * (double)n * (double)k < 262144.0) nt = 1;
     if (m == 1) {
         gemv_packed(a, bp, bias, res, c, n, k, panels, nt, act);

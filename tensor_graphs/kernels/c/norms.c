@@ -2,7 +2,7 @@
  * rms_norm; and rotary embedding (HF rotate_half). Rows run in parallel (OpenMP). */
 #include "tg_common.h"
 
-#define TG_ROWS_PAR "omp parallel for schedule(static) num_threads(tg_nthreads) if(rows * n > TG_PAR_MIN)"
+#define TG_ROWS_PAR "omp parallel for schedule(static) num_threads(tg_team()) if(rows * n > TG_PAR_MIN)"
 
 /* exp(x - max) / sum: a NaN anywhere (or +inf) makes the row NaN, as the reference does. */
 void tg_softmax_f32(const float *restrict x, float *restrict y, int64_t rows, int64_t n) {

@@ -10,9 +10,116 @@
 #include <omp.h>
 #endif
 
-static int tg_nthreads = 1;
-void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }
-int tg_get_threads(void) { return tg_nthreads; }
+/* The team of a parallel region: tg_team() threads, the process's setting (tg_set_threads,
+ * from tensor_graphs.threads) or the calling thread alone while the cores are oversubscribed.
+ * A region ends when all its threads have finished, so when other processes want the cores, a
+ * thread that lost its core holds up the region until the scheduler hands it one back, and
+ * the thread waiting for it spins (libgomp's GOMP_SPINCOUNT=10000 is ~0.2 ms at 23 ns a
+ * pause) where the late one could have run: on 2 cores with other users' tests running, an
+ * empty 2-thread region cost 100-380 us against 18-48 us for 1 thread, and `tg run minilm`
+ * ran 100x slower than on a quiet machine. So at most every TG_TEAM_LOOK_NS the calling thread
+ * reads how long it waited for a core (/proc/thread-self/schedstat, Linux with SCHED_INFO;
+ * elsewhere the team is always the setting): while it waited at least 1/TG_TEAM_WAITED of the
+ * time it wanted one, regions run on it alone; the whole team is tried again TG_TEAM_HOLD_NS
+ * after the last such look. One state for every library of the process (tg_share_team), so
+ * they agree; its fields are int64 slots, read and written with relaxed atomics. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TG_TEAM_LOOK_NS 10000000LL   /* look at most every 10 ms (a look costs ~5 us) */
+#define TG_TEAM_WAITED 8             /* contended: waited >= 1/8 of the time it wanted a core */
+#define TG_TEAM_HOLD_NS 500000000LL  /* then alone until 0.5 s after the last contended look */
+enum {
+    TG_T_THREADS, /* the setting */
+    TG_T_TEAM,    /* what regions use now: the setting, or 1 */
+    TG_T_AT,      /* ns of the last look (CLOCK_MONOTONIC), 0 before the first */
+    TG_T_RUN,     /* the looking thread's ns on a core then */
+    TG_T_WAIT,    /* its ns waiting for one then */
+    TG_T_WHO,     /* that thread (pthread_self), so a look compares one thread's counters */
+    TG_T_HOLD,    /* alone until this ns */
+    TG_T_BUSY,    /* a look in progress (one thread looks; the others go on) */
+    TG_T_PINNED,  /* > 0: the team is the setting, no looks (the profiler measuring) */
+    TG_T_N
+};
+static int64_t tg_team_own[TG_T_N] = {1, 1};
+static int64_t *tg_team_state = tg_team_own;
+#define TG_LOAD(f) __atomic_load_n(&tg_team_state[f], __ATOMIC_RELAXED)
+#define TG_STORE(f, v) __atomic_store_n(&tg_team_state[f], (int64_t)(v), __ATOMIC_RELAXED)
+
+void tg_share_team(int64_t *state) { tg_team_state = state ? state : tg_team_own; }
+void tg_set_threads(int n) {
+    TG_STORE(TG_T_THREADS, n > 0 ? n : 1);
+    TG_STORE(TG_T_TEAM, n > 0 ? n : 1);
+    TG_STORE(TG_T_HOLD, 0);
+}
+int tg_get_threads(void) { return (int)TG_LOAD(TG_T_THREADS); }
+int tg_get_team(void) { return (int)TG_LOAD(TG_T_TEAM); }
+
+/* One look: `run` and `wait` are the looking thread `who`'s ns on a core and waiting for one
+ * (cumulative, as schedstat gives them), `now` the time. Returns the team. */
+int tg_team_look(int64_t now, int64_t run, int64_t wait, int64_t who) {
+    int64_t threads = TG_LOAD(TG_T_THREADS), team = TG_LOAD(TG_T_TEAM);
+    if (TG_LOAD(TG_T_AT) && TG_LOAD(TG_T_WHO) == who) {
+        int64_t ran = run - TG_LOAD(TG_T_RUN), waited = wait - TG_LOAD(TG_T_WAIT);
+        if (ran >= 0 && waited >= 0 && ran + waited > 0) {
+            if (waited * TG_TEAM_WAITED >= ran + waited) {
+                team = 1;
+                TG_STORE(TG_T_HOLD, now + TG_TEAM_HOLD_NS);
+            } else if (now >= TG_LOAD(TG_T_HOLD)) {
+                team = threads;
+            }
+        }
+    }
+    TG_STORE(TG_T_RUN, run);
+    TG_STORE(TG_T_WAIT, wait);
+    TG_STORE(TG_T_WHO, who);
+    TG_STORE(TG_T_AT, now);
+    TG_STORE(TG_T_TEAM, team);
+    return (int)team;
+}
+
+static inline int64_t tg_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* the calling thread's schedstat (ns on a core, ns waiting for one); 0 when unreadable */
+static int tg_schedstat(int64_t *run, int64_t *wait) {
+    char buf[96];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0) return 0;
+    buf[got] = 0;
+    char *end;
+    *run = strtoll(buf, &end, 10);
+    if (end == buf) return 0;
+    char *rest = end;
+    *wait = strtoll(rest, &end, 10);
+    return end != rest;
+}
+
+static inline int tg_team(void) {
+    int64_t threads = TG_LOAD(TG_T_THREADS);
+    if (threads <= 1) return 1;
+    if (TG_LOAD(TG_T_PINNED) > 0) return (int)threads;
+    int64_t now = tg_now_ns(), busy = 0;
+    if (now - TG_LOAD(TG_T_AT) >= TG_TEAM_LOOK_NS &&
+        __atomic_compare_exchange_n(&tg_team_state[TG_T_BUSY], &busy, 1, 0, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED)) {
+        int64_t run, wait;
+        if (tg_schedstat(&run, &wait))
+            tg_team_look(now, run, wait, (int64_t)pthread_self());
+        else
+            TG_STORE(TG_T_AT, now);  /* no counters: the team stays the setting */
+        __atomic_store_n(&tg_team_state[TG_T_BUSY], 0, __ATOMIC_RELEASE);
+    }
+    return (int)TG_LOAD(TG_T_TEAM);
+}
 
 /* elementwise loops go parallel above this many elements */
 #define TG_PAR_MIN 32768

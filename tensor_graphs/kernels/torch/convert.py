@@ -46,7 +46,8 @@ _torch_ready = False
 
 
 def _on_torch_import() -> None:
-    """torch was just imported: let it follow the one thread setting of the process."""
+    """torch was just imported: it follows the thread count the user asked tensor_graphs for
+    (tensor_graphs.threads.sync_torch); otherwise it keeps its own."""
     global _torch_ready
     if _torch_ready:
         return
@@ -55,7 +56,7 @@ def _on_torch_import() -> None:
         from tensor_graphs import threads
     except ImportError:  # pragma: no cover - threads is part of the package
         return
-    threads.set_num_threads(threads.get_num_threads())
+    threads.sync_torch()
 
 
 torch = Lazy("torch", globals(), "torch")
