@@ -14,7 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from tensor_graphs.errors import SerializationError, TensorGraphsError, UntrustedPathError
+from tensor_graphs.errors import (
+    ArgumentError,
+    SerializationError,
+    TensorGraphsError,
+    UntrustedPathError,
+)
 
 #: how a reader reports a refused file: an exception class taking the message
 Refusal = Callable[[str], Exception]
@@ -119,13 +124,23 @@ def check_regular(path, mode: int, fix: str, error: Refusal = SerializationError
     raise error(f"{os.fspath(path)} is {kind}, not a regular file; {fix}")
 
 
+def path_of(path, what: str) -> str:
+    """``path`` (a str, bytes or os.PathLike) as a str. Anything else is an ``ArgumentError``
+    naming ``what``: an int would be taken for a file descriptor (0 reads standard input)."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise ArgumentError(f"expected the path of a {what} (a str or os.PathLike), got "
+                            f"{type(path).__name__}") from None
+
+
 def open_regular(path, what: str, fix: str, error: Refusal = SerializationError) -> BinaryIO:
     """``path`` opened for binary reading: the one way a file that will be parsed is opened.
     It is opened non-blocking and judged by ``fstat`` of what was opened, so a FIFO is refused
     at once instead of waited on, and nothing swapped in after the check is read instead.
     ``what`` names the file's role ("graph file"), ``fix`` says what to give instead; every
-    failure raises ``error`` with both."""
-    path = os.fspath(path)
+    failure raises ``error`` with both (a ``path`` that is no path: ``path_of``)."""
+    path = path_of(path, what)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from tensor_graphs.errors import DatabaseError, SerializationError
-from tensor_graphs.files import open_regular, parse_json, read_regular
+from tensor_graphs.errors import ArgumentError, DatabaseError, SerializationError
+from tensor_graphs.files import open_regular, parse_json, path_of, read_regular
 
 FIX = "give a file written by the test"
 
@@ -55,6 +55,14 @@ def test_devices_missing_files_and_unreadable_ones(tmp_path):
                     f"cannot open test file {locked}: Permission denied")
     finally:
         os.chmod(locked, 0o600)
+
+
+def test_a_path_that_is_no_path_is_an_argument_error(tmp_path):
+    assert path_of(tmp_path, "test file") == str(tmp_path)
+    assert path_of(os.fsencode(tmp_path), "test file") == str(tmp_path)
+    for value in (0, None, 1.5):  # open(0) would read standard input
+        refusal(lambda v=value: read_regular(v, "test file", FIX),
+                "expected the path of a test file", type(value).__name__, error=ArgumentError)
 
 
 def test_read_regular_refuses_what_no_file_of_its_role_is(tmp_path):

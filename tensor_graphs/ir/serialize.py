@@ -48,7 +48,7 @@ import numpy as np
 import sympy
 
 from tensor_graphs.errors import SerializationError, TensorGraphsError
-from tensor_graphs.files import atomic_write, parse_json, read_regular
+from tensor_graphs.files import atomic_write, parse_json, path_of, read_regular
 from tensor_graphs.ir import builder, dtypes
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import nodes as topo_nodes
@@ -249,11 +249,7 @@ def _dtype_from_name(name: str) -> np.dtype | None:
 # ---------------------------------------------------------------------------- loading
 def load(path) -> Node | list | tuple:
     """Read a graph written by :func:`save`; returns a node, list or tuple as it was saved."""
-    try:
-        source = os.fspath(path)
-    except TypeError:
-        raise SerializationError(f"tg.load takes the path of a graph file, got "
-                                 f"{type(path).__name__} {_brief(path)}") from None
+    source = path_of(path, "graph file")
     raw = read_regular(source, "graph file", _WRITE_WITH_SAVE)
     doc = parse_json(raw, source, "tensor_graphs graph file", _WRITE_WITH_SAVE)
     return from_json(doc, source=source)

@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 from tensor_graphs.devices import as_device
-from tensor_graphs.errors import ArgumentError, PlanFileError
-from tensor_graphs.files import atomic_write, check_trusted_file, parse_json, read_regular
+from tensor_graphs.errors import PlanFileError
+from tensor_graphs.files import (
+    atomic_write,
+    check_trusted_file,
+    parse_json,
+    path_of,
+    read_regular,
+)
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner.plan import Plan
 
@@ -114,12 +119,10 @@ def _show(value) -> str:
 
 def _read(path) -> dict:
     """The file's JSON object: regular, bounded, trusted, parsed; else ``PlanFileError``."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ArgumentError(f"plan= must be the path of a lock file from prog.save_plan, got "
-                            f"{type(path).__name__}")
+    path = path_of(path, "plan file")
     raw = read_regular(path, "plan file", _SAVE_PLAN, PlanFileError, most=MAX_BYTES)
     check_trusted_file(path, "plan file")  # a plan picks the code that runs
-    data = parse_json(raw, os.fspath(path), "plan file", FIX, PlanFileError)
+    data = parse_json(raw, path, "plan file", FIX, PlanFileError)
     if not isinstance(data, dict):
         raise PlanFileError(f"{path} is not a tensor_graphs plan file (its JSON is a "
                             f"{type(data).__name__}, not an object); {_SAVE_PLAN}")

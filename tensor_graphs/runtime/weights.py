@@ -38,7 +38,7 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
-from tensor_graphs.files import atomic_write, open_regular, parse_json
+from tensor_graphs.files import atomic_write, open_regular, parse_json, path_of
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -148,17 +148,9 @@ def read_safetensors_header(path) -> SafetensorsHeader:
     not a regular file, truncated, not a safetensors file, or its header lies (unknown dtype,
     offsets outside the data, a byte count that disagrees with the shape, overlapping tensors).
     """
-    path = _fspath(path)
+    path = path_of(path, "safetensors file")
     with _open(path) as f:
         return _parse_header(f, path)
-
-
-def _fspath(path) -> str:
-    try:
-        return os.fspath(path)
-    except TypeError:
-        raise ArgumentError(f"a safetensors path must be a str or os.PathLike, got "
-                            f"{type(path).__name__} {path!r}") from None
 
 
 def _parse_header(f, path: str) -> SafetensorsHeader:
@@ -289,7 +281,7 @@ def read_safetensors(
     for the names in ``wanted`` the file holds (all of them but optional ones); on any error
     nothing is returned.
     """
-    path = _fspath(path)
+    path = path_of(path, "safetensors file")
     with _open(path) as f:
         header = _parse_header(f, path)
         found = _match(header, wanted, strict, rename, set(optional))

@@ -149,7 +149,7 @@ def test_a_plan_file_that_is_not_a_file(tmp_path):
     os.mkfifo(fifo)  # opening it would wait for a writer forever
     with pytest.raises(PlanFileError, match="is a FIFO .*, not a regular file"):
         replay(str(fifo))
-    with pytest.raises(ArgumentError, match="plan= must be the path"):
+    with pytest.raises(ArgumentError, match="expected the path of a plan file"):
         replay(123)
 
 
