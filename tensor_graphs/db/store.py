@@ -209,10 +209,7 @@ class Database:
             self._conn, self.open_mode = _connect_readonly(p)
             version = self._validate(p)
             if version < SCHEMA_VERSION:  # migrate a private in-memory copy
-                mem = _connect(":memory:")
-                self._conn.backup(mem)
-                self._conn.close()
-                self._conn, self.open_mode = mem, "memory"
+                self._conn, self.open_mode = _into_memory(self._conn), "memory"
                 self._migrate()
         except sqlite3.DatabaseError as exc:
             self.close()
@@ -336,10 +333,7 @@ class Database:
             if not self.readonly or self._conn is None:
                 return False
             if self.open_mode != "memory":
-                mem = _connect(":memory:")
-                self._conn.backup(mem)
-                self._conn.close()
-                self._conn, self.open_mode = mem, "memory"
+                self._conn, self.open_mode = _into_memory(self._conn), "memory"
             self.readonly = False
         warnings.warn(
             f"the measurement database {self.path} is read-only ({self.readonly_reason}): what "
@@ -707,13 +701,18 @@ def _copy_with_wal(p: Path) -> sqlite3.Connection:
                 break
         else:
             raise OSError(f"{p} kept changing while it was copied")
-        disk = _connect(str(copy))
-        try:
-            mem = _connect(":memory:")
-            disk.backup(mem)
-        finally:
-            disk.close()
-    return mem
+        return _into_memory(_connect(str(copy)))
+
+
+def _into_memory(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A private in-memory copy of ``conn``'s database, which takes writes the file may not;
+    ``conn`` is closed."""
+    try:
+        mem = _connect(":memory:")
+        conn.backup(mem)
+        return mem
+    finally:
+        conn.close()
 
 
 def _not_writable(p: Path) -> str | None:
