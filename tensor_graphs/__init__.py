@@ -86,5 +86,5 @@ __all__ = [
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",
-    "OutOfMemory", "PlanFileError",
+    "OutOfMemory", "PlanFileError", "UntrustedPathError",
 ]

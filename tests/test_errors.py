@@ -20,6 +20,17 @@ def test_every_error_is_a_tensor_graphs_error(cls):
     assert cls.__name__ in tg.__all__ and "TensorGraphsError" in tg.__all__
 
 
+def test_every_error_class_is_exported():
+    """``from tensor_graphs import *`` and ``tg.X`` give every class of errors.py (tg.X
+    alone left UntrustedPathError out of ``__all__``)."""
+    import tensor_graphs.errors as errors
+
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, tg.TensorGraphsError)]
+    assert [c.__name__ for c in classes
+            if c.__name__ not in tg.__all__ or getattr(tg, c.__name__) is not c] == []
+
+
 def test_shape_error_names_op_shapes_and_axis():
     x, y = tg.input("x", (3, 4)), tg.input("y", (5,))
     with pytest.raises(tg.ShapeError) as info:
