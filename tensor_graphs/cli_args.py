@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from tensor_graphs.files import check_regular
-from tensor_graphs.ir.shapes import MAX_DIM_INT
+from tensor_graphs.ir.shapes import MAX_DIM_INT, MAX_DIM_INT_TEXT
 
 T = TypeVar("T")
 
@@ -109,8 +109,8 @@ def dim_binding(text: str) -> tuple[str, int]:
     except ValueError:
         size = 0
     if not 1 <= size <= MAX_DIM_INT:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a size of 1 to 2**62 "
-                                         f"(e.g. seq=128), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a size of 1 to "
+                                         f"{MAX_DIM_INT_TEXT} (e.g. seq=128), got {text!r}")
     return name, size
 
 

@@ -32,6 +32,7 @@ def dim_symbol(name: str) -> sympy.Symbol:
 MAX_DIM_TEXT = 1000  # characters in one size expression
 MAX_DIM_NODES = 200  # names, numbers, operators and calls in one size expression
 MAX_DIM_INT = 2 ** 62  # largest integer (or numerator/denominator) a size expression may hold
+MAX_DIM_INT_TEXT = f"2**{MAX_DIM_INT.bit_length() - 1}"  # how messages write it
 MAX_DIM_POWER = 16  # largest exponent of ** (numel((seq, seq)) prints as seq**2)
 MAX_DIM_CHOICES = 4  # arguments of all Max and Min calls together (sympy compares every pair)
 MAX_DIM_TERMS = 64  # terms the expression has once multiplied out
@@ -95,7 +96,8 @@ def _parse(text: str) -> sympy.Expr:
             if not atom.is_Rational:
                 refuse(f"it is not finite ({atom}; a division by zero?)")
             if abs(atom.p) > MAX_DIM_INT or atom.q > MAX_DIM_INT:
-                refuse(f"it holds a number larger than 2**62 ({_segment(source, node)})")
+                refuse(f"it holds a number larger than {MAX_DIM_INT_TEXT} "
+                       f"({_segment(source, node)})")
         done[id(node)] = value, size
     return done[id(tree)][0]
 
@@ -139,7 +141,7 @@ def _dim_operands(node: ast.AST, source: str, refuse) -> list[ast.AST]:
         return []
     if isinstance(node, ast.Constant):
         if type(node.value) is not int or node.value > MAX_DIM_INT:
-            refuse(f"{str(node.value)[:40]} is not an integer from 0 to 2**62")
+            refuse(f"{str(node.value)[:40]} is not an integer from 0 to {MAX_DIM_INT_TEXT}")
         return []
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return [node.operand]
