@@ -256,6 +256,7 @@ def load(path) -> Node | list | tuple:
 
 
 _WRITE_WITH_SAVE = "pass the path of a file written by tg.save"
+_CORRECT = "correct the file or save the graph again with tg.save"  # for a node that is wrong
 
 
 def from_json(doc, source: str = "graph") -> Node | list | tuple:
@@ -312,20 +313,15 @@ def _build(op, inputs: tuple[Node, ...], attrs: dict, name, where: str) -> Node:
                     f"its attributes {_brief(dict(attrs))} do not describe {made.op.name} "
                     f"{list(map(str, made.shape))} {made.dtype.name} left unchanged")
             return node
-    except SerializationError as exc:
-        raise SerializationError(f"{where} cannot be rebuilt: {exc}; correct the file or save "
-                                 "the graph again with tg.save") from None
-    except TensorGraphsError as exc:
-        raise SerializationError(f"{where} cannot be rebuilt: {exc}; correct the file or save "
-                                 "the graph again with tg.save") from exc
     except Exception as exc:  # a hand-edited file can break an op's own assumptions
-        raise SerializationError(f"{where} cannot be rebuilt: {type(exc).__name__}: {exc}; "
-                                 "correct the file or save the graph again with tg.save") from exc
+        why = str(exc) if isinstance(exc, TensorGraphsError) else f"{type(exc).__name__}: {exc}"
+        cause = None if isinstance(exc, SerializationError) else exc
+        raise SerializationError(f"{where} cannot be rebuilt: {why}; {_CORRECT}") from cause
     differences = _differences(made, op, inputs, Attrs(attrs), name)
     if differences:
         raise SerializationError(f"{where} is not what tg.{_BUILDER_NAMES.get(op.name, op.name)} "
-                                 f"builds from its attributes: {'; '.join(differences)}; correct "
-                                 "the file or save the graph again with tg.save")
+                                 f"builds from its attributes: {'; '.join(differences)}; "
+                                 f"{_CORRECT}")
     return made
 
 
