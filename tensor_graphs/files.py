@@ -52,16 +52,18 @@ def atomic_write(path, mode: str = "w") -> Iterator[IO]:
 _TRUSTED_OWNERS = frozenset({os.getuid(), 0}) if hasattr(os, "getuid") else frozenset()
 
 
-def untrusted_reason(path) -> str | None:
+def untrusted_reason(path, subject: str = "it") -> str | None:
     """Why ``path`` (a file or a folder) may hold what another local user wrote, or None when
     only this user (or root) can have written it: owned by another user, or writable by group or
-    others. A symbolic link is judged by both the link and what it points to."""
+    others. A symbolic link is judged by both the link and what it points to. The reason is a
+    clause about ``subject`` ("it is writable by others"), to fit the caller's sentence."""
     if not hasattr(os, "getuid"):  # no POSIX owners (Windows): nothing to compare
         return None
     path = os.fspath(path)
     for follow in (False, True):
         st = os.stat(path, follow_symlinks=follow)
-        what = "the link" if not follow and os.path.islink(path) else "it"
+        link = not follow and os.path.islink(path)
+        what = ("the link" if subject == "it" else f"the link {subject}") if link else subject
         if st.st_uid not in _TRUSTED_OWNERS:
             return f"{what} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
         if follow and st.st_mode & 0o022:
@@ -94,11 +96,10 @@ def check_trusted_file(path, what: str) -> None:
     # in a sticky folder (/tmp) others may write, but not replace or delete a file of ours
     sticky = bool(os.stat(folder).st_mode & stat.S_ISVTX)
     for target in (path,) if sticky else (path, folder):
-        why = untrusted_reason(target)
+        why = untrusted_reason(target, "it" if target == path else f"its folder {target}")
         if why:
-            place = "it" if target == path else f"its folder {target}"
             raise UntrustedPathError(
-                f"refusing to load {what} {path}: {why.replace('it ', place + ' ', 1)}, so "
+                f"refusing to load {what} {path}: {why}, so "
                 f"another user could have changed it. Make it writable only by you (chmod "
                 f"go-w) or copy it to a folder only you can write.")
 

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tensor_graphs.errors import CCompileError, UntrustedPathError
-from tensor_graphs.files import check_trusted_file, private_dir
+from tensor_graphs.files import check_trusted_file, private_dir, untrusted_reason
 
 # -fno-math-errno and -fno-trapping-math change no result (NaN and inf still propagate; only
 # errno and FP exception flags are not kept) but let GCC vectorise selects and sqrt.
@@ -84,32 +84,36 @@ def cache_dir() -> Path:
     shared = Path(tempfile.gettempdir()) / f"tensor_graphs-{uid}"
     why_shared = _refusal(shared, shared / "c")
     if why_shared is None:
-        _warn_once(f"not using the C library cache {path}: {why.rstrip('.')}. Libraries are "
-                   f"kept in {shared / 'c'} instead")
+        _warn_once(f"not using the C library cache {path}: {why}; libraries are kept in "
+                   f"{shared / 'c'} instead ({_CACHE_FIX})")
         return shared / "c"
     with _lock:
         own = _facts.get("own_cache")
         if own is None:
             own = _facts["own_cache"] = Path(tempfile.mkdtemp(prefix=f"tensor_graphs-{uid}-"))
             atexit.register(shutil.rmtree, own, ignore_errors=True)
-    _warn_once(f"not using the C library cache {path}: {why.rstrip('.')}. Nor "
-               f"{shared / 'c'}: {why_shared.rstrip('.')}. Libraries are compiled into {own}, "
-               f"kept for this process only")
+    _warn_once(f"not using the C library cache {path}: {why}; nor {shared / 'c'}: "
+               f"{why_shared}; libraries are compiled into {own} for this process only "
+               f"({_CACHE_FIX})")
     return own
 
 
+_CACHE_FIX = "point TG_CACHE_DIR at a folder only you can write"
+
+
 def _refusal(*folders: Path) -> str | None:
-    """Why these nested folders cannot hold the cache (each is created 0700 when missing), or
-    None when they can."""
+    """Why the last of these nested folders cannot hold the cache (each is created 0700 when
+    missing), as a clause for the warning: the folder at fault is "it" when it is the last."""
     for folder in folders:
+        subject = "it" if folder == folders[-1] else str(folder)
         try:
             private_dir(folder)
         except UntrustedPathError as exc:
-            return str(exc)
+            return untrusted_reason(folder, subject) or str(exc)
         except OSError as exc:
-            return f"cannot create {folder}: {exc.strerror or exc}"
+            return f"cannot create {subject}: {exc.strerror or exc}"
     if not os.access(folders[-1], os.W_OK | os.X_OK):
-        return f"{folders[-1]} is not writable"
+        return "it is not writable"
     return None
 
 
