@@ -732,7 +732,7 @@ def _not_writable(p: Path) -> str | None:
 
 
 # the fix for a database path that is not a regular file
-_NOT_A_DATABASE = "it was left untouched; point TG_DB or db= at a database file"
+_NOT_A_DATABASE = "point TG_DB or db= at a database file (this one was left untouched)"
 
 
 def _check_header(p: Path) -> None:
