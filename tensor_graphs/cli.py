@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -215,6 +217,29 @@ def _report(exc: BaseException, prog: str) -> int:
     raise exc
 
 
+class _Interrupts:
+    """Remembers a Ctrl-C while a command runs. Python raises KeyboardInterrupt wherever the
+    main thread is, and some libraries lose it there: numpy imports ``numpy.random`` lazily,
+    and an interrupt landing in that import was swallowed, so ``tg demo`` ran to the end and
+    exited 0. The flag lets ``main`` still report the interrupt."""
+
+    def __enter__(self) -> _Interrupts:
+        self.seen = False
+        self._previous = None
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``tg`` command and return its exit status. A command line the parser refuses
     exits 2 (SystemExit, as argparse does) after one line from ``cli_args.Parser``; whatever
@@ -227,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "run", None):
             parser.print_help()
             return 0
-        status = args.run(args)
+        with _Interrupts() as interrupts:
+            status = args.run(args)
+        if interrupts.seen:  # a library swallowed the KeyboardInterrupt: the user still asked
+            raise KeyboardInterrupt
         sys.stdout.flush()  # a closed pipe fails here, not at exit where nothing catches it
         return status
     except BrokenPipeError:  # `tg ... | head` closed stdout: not an error worth a line

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -228,3 +229,25 @@ def test_the_types_refuse_what_no_option_means(tmp_path):
     assert cli_args.input_file("-") == "-" and cli_args.output_file("-") == "-"
     assert cli_args.output_file(str(tmp_path / "new.jsonl")) == str(tmp_path / "new.jsonl")
     assert Path(cli_args.existing_file(__file__)) == Path(__file__)
+
+
+def test_ctrl_c_swallowed_by_a_library_is_still_reported(monkeypatch, capsys):
+    """numpy's lazy import of numpy.random lost a KeyboardInterrupt landing inside it, and
+    `tg demo` went on to exit 0; main remembers the signal and reports it anyway."""
+    from tensor_graphs import cli
+
+    def swallowing_command(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt:
+            pass  # what the library did
+        return 0
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    demo = parser._subparsers._group_actions[0].choices["demo"]
+    demo.set_defaults(run=swallowing_command)
+    assert cli.main(["demo"]) == 130
+    assert capsys.readouterr().err == "tg demo: error: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
