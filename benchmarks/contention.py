@@ -16,13 +16,15 @@ ours no worse than 1.5x eager's at the most competitors.
 
 Interleaving, so the noise of a shared machine falls on every cell alike: a round visits every
 competitor count (the order rotates per round), and within one count every workload and every
-runner (the order rotates too); before each sample, one untimed call of the same runner (the
-steady state of calling it in a loop); a sample is the mean of back-to-back calls lasting
->= 30 ms. CPU ms counts every thread of this process (spinning shows there); "ours alone" is
-the share of ours' samples after which the C kernels' team was one thread. The busy processes
-are started by this script, at most ``MAX_COMPETITORS`` at once, and each exits by itself at
-its deadline (at most ``MAX_LIFETIME_S``) or as soon as this script is gone, so a killed run
-leaves nothing spinning. ``--quick`` takes ~2 minutes, the default ~5 on 2 cores, plus the
+runner (the order rotates too); each level starts with 0.7 s of untimed calls (the C kernels'
+team stays alone 0.5 s after contention ends: steady state at each level), and before each
+sample comes one untimed call of the same runner (the steady state of calling it in a loop); a
+sample is the mean of back-to-back calls lasting >= 30 ms. CPU ms counts every thread of this
+process (spinning shows there); "ours alone" is the share of ours' samples after which the C
+kernels' team was one thread. The busy processes are started by this script, at most
+``MAX_COMPETITORS`` at once, and each exits by itself at its deadline (at most
+``MAX_LIFETIME_S``) or as soon as this script is gone, so a killed run leaves nothing
+spinning. ``--quick`` takes ~2 minutes, the default ~5 on 2 cores, plus the
 profiling of what the database lacks on a first run (~1 minute).
 """
 
@@ -144,6 +146,16 @@ def timed(fn, least_s: float = 0.03) -> tuple[float, float]:
             return elapsed * 1e3 / calls, (time.process_time() - cpu) * 1e3 / calls
 
 
+def settle(calls, seconds: float = 0.7) -> None:
+    """Untimed calls of ours for ``seconds``, so the C kernels' team has adapted to the new
+    competitor count: after contention ends it stays alone 0.5 s, which would otherwise fall
+    on the first samples of the next level."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for w in calls:
+            calls[w]["ours"]()
+
+
 def measure(calls, levels, rounds, budget_s, pause) -> dict:
     """samples[(workload, runner, competitors)] -> [(wall ms, CPU ms, team)]; stops once
     ``budget_s`` has passed (after at least one round)."""
@@ -156,6 +168,7 @@ def measure(calls, levels, rounds, budget_s, pause) -> dict:
         per_level = max(5.0, (end - time.perf_counter()) / max(1, rounds - rnd) / len(levels))
         for n in rotate(levels, rnd):
             with Competitors(n, 4 * per_level + 10):
+                settle(calls)
                 for w in rotate(calls, rnd):
                     for r in rotate(calls[w], rnd + n):
                         time.sleep(pause)

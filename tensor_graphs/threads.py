@@ -34,15 +34,16 @@ busy-waiting threads steal the cores from the next one (measured on 2 cores: a l
 after an sgemm took 3.5 ms instead of 0.2 ms; GPT-2 2-layer prefill 192 ms instead of 86 ms).
 Importing this module therefore sets, unless already set, ``OPENBLAS_THREAD_TIMEOUT=4``
 (OpenBLAS workers sleep almost at once) and ``GOMP_SPINCOUNT=10000`` (libgomp workers spin
-~0.2 ms at ~23 ns a pause on Zen 3, then sleep). Not shorter: a worker that sleeps between two
-of our calls is woken through the hypervisor, and on this 2-vCPU VM that left it out of the
-next calls for ~50 ms after any idle spell (a (128x768) @ (768x2304) GEMM after a 0.25 s pause:
-4.6 ms for the first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at 10000;
-GPT-2 2-layer's first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op right
-after our GEMM measured the same at 1000 and 10000. Under contention the shrunken team keeps
-the C kernels from spinning. Both are read when those libraries load, so ``import
+~0.2 ms, at ~23 ns a pause on a Zen 5 VM, then sleep). Not shorter: a worker that sleeps
+between two of our calls is woken through the hypervisor, and on a 2-vCPU VM that left it out
+of the next calls for ~50 ms after any idle spell (a (128x768) @ (768x2304) GEMM after a
+0.25 s pause: 4.6 ms for the first dozen calls at GOMP_SPINCOUNT=1000, 2.2 ms from the first at
+10000; GPT-2 2-layer's first prefill after 1 s idle: 71-91 ms against 67-71), while a torch op
+right after our GEMM measured the same at 1000 and 10000. Under contention the shrunken team
+keeps the C kernels from spinning. Both are read when those libraries load, so ``import
 tensor_graphs`` imports this module before anything loads numpy; numpy or torch imported
-*before* tensor_graphs keep spinning pools, and the import warns once naming them (``late_pools``).
+*before* tensor_graphs keep spinning pools, and the import warns once naming them
+(``late_pools``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@
  * ran 100x slower than on a quiet machine. So at most every TG_TEAM_LOOK_NS the calling thread
  * reads how long it waited for a core (/proc/thread-self/schedstat, Linux with SCHED_INFO;
  * elsewhere the team is always the setting): while it waited at least 1/TG_TEAM_WAITED of the
- * time it wanted one, regions run on it alone; the whole team is tried again TG_TEAM_HOLD_NS
- * after the last such look. One state for every library of the process (tg_share_team), so
+ * time it wanted one (over at least TG_TEAM_WANTED_NS of wanting), regions run on it alone; the
+ * whole team is tried again TG_TEAM_HOLD_NS after the last such look. One state for every library of the process (tg_share_team), so
  * they agree; its fields are int64 slots, read and written with relaxed atomics. */
 #include <fcntl.h>
 #include <pthread.h>
@@ -29,15 +29,16 @@
 #include <unistd.h>
 
 #define TG_TEAM_LOOK_NS 10000000LL   /* look at most every 10 ms (a look costs ~5 us) */
+#define TG_TEAM_WANTED_NS 5000000LL  /* decide once it wanted a core 5 ms since the last */
 #define TG_TEAM_WAITED 8             /* contended: waited >= 1/8 of the time it wanted a core */
 #define TG_TEAM_HOLD_NS 500000000LL  /* then alone until 0.5 s after the last contended look */
 enum {
     TG_T_THREADS, /* the setting */
     TG_T_TEAM,    /* what regions use now: the setting, or 1 */
     TG_T_AT,      /* ns of the last look (CLOCK_MONOTONIC), 0 before the first */
-    TG_T_RUN,     /* the looking thread's ns on a core then */
+    TG_T_RUN,     /* the thread's ns on a core at the last decision */
     TG_T_WAIT,    /* its ns waiting for one then */
-    TG_T_WHO,     /* that thread (pthread_self), so a look compares one thread's counters */
+    TG_T_WHO,     /* that thread (pthread_self), so a decision compares one thread's counters */
     TG_T_HOLD,    /* alone until this ns */
     TG_T_BUSY,    /* a look in progress (one thread looks; the others go on) */
     TG_T_PINNED,  /* > 0: the team is the setting, no looks (the profiler measuring) */
@@ -58,24 +59,25 @@ int tg_get_threads(void) { return (int)TG_LOAD(TG_T_THREADS); }
 int tg_get_team(void) { return (int)TG_LOAD(TG_T_TEAM); }
 
 /* One look: `run` and `wait` are the looking thread `who`'s ns on a core and waiting for one
- * (cumulative, as schedstat gives them), `now` the time. Returns the team. */
+ * (cumulative, as schedstat gives them), `now` the time. The counters of the last decision
+ * are kept until the thread has wanted a core TG_TEAM_WANTED_NS since (a thread mostly asleep
+ * waits a little at each wake-up, a large share of a short window); a look from another
+ * thread only takes its counters. Returns the team. */
 int tg_team_look(int64_t now, int64_t run, int64_t wait, int64_t who) {
-    int64_t threads = TG_LOAD(TG_T_THREADS), team = TG_LOAD(TG_T_TEAM);
-    if (TG_LOAD(TG_T_AT) && TG_LOAD(TG_T_WHO) == who) {
-        int64_t ran = run - TG_LOAD(TG_T_RUN), waited = wait - TG_LOAD(TG_T_WAIT);
-        if (ran >= 0 && waited >= 0 && ran + waited > 0) {
-            if (waited * TG_TEAM_WAITED >= ran + waited) {
-                team = 1;
-                TG_STORE(TG_T_HOLD, now + TG_TEAM_HOLD_NS);
-            } else if (now >= TG_LOAD(TG_T_HOLD)) {
-                team = threads;
-            }
-        }
+    int64_t team = TG_LOAD(TG_T_TEAM);
+    int64_t ran = run - TG_LOAD(TG_T_RUN), waited = wait - TG_LOAD(TG_T_WAIT);
+    int same = TG_LOAD(TG_T_WHO) == who && ran >= 0 && waited >= 0;
+    TG_STORE(TG_T_AT, now);
+    if (same && ran + waited < TG_TEAM_WANTED_NS) return (int)team;
+    if (same && waited * TG_TEAM_WAITED >= ran + waited) {
+        team = 1;
+        TG_STORE(TG_T_HOLD, now + TG_TEAM_HOLD_NS);
+    } else if (same && now >= TG_LOAD(TG_T_HOLD)) {
+        team = TG_LOAD(TG_T_THREADS);
     }
     TG_STORE(TG_T_RUN, run);
     TG_STORE(TG_T_WAIT, wait);
     TG_STORE(TG_T_WHO, who);
-    TG_STORE(TG_T_AT, now);
     TG_STORE(TG_T_TEAM, team);
     return (int)team;
 }
