@@ -55,13 +55,14 @@ class Estimate:
     uncertainty: float
 
     def __str__(self) -> str:
-        return f"{_fmt(self.seconds)} ({self.source}, x{self.uncertainty:.2g})"
+        return f"{format_seconds(self.seconds)} ({self.source}, x{self.uncertainty:.2g})"
 
 
 FREE = Estimate(0.0, "free", 1.0)
 
 
-def _fmt(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """A time as a plan or report prints it: "1.23 ms" from a millisecond up, else "456 us"."""
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"

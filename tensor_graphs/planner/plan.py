@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import sympy
 
-from tensor_graphs.db.cost import Estimate, _fmt
+from tensor_graphs.db.cost import Estimate, format_seconds
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, resolve
 
@@ -195,7 +195,7 @@ class Plan:
                     self.dispatch)
 
     def __repr__(self) -> str:
-        return f"<Plan {len(self.steps)} steps, predicted {_fmt(self.cost)}>"
+        return f"<Plan {len(self.steps)} steps, predicted {format_seconds(self.cost)}>"
 
 
 def explain(plan: Plan, limit: int | None = None) -> str:
@@ -211,7 +211,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
             fused = len(s.nodes) - 1
             computes = s.computes + (f" (+{fused} fused)" if fused else "")
         rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
-                     format_shape(s.node.shape), _fmt(s.cost), s.source, f"{s.error:.0e}"))
+                     format_shape(s.node.shape), format_seconds(s.cost), s.source,
+                     f"{s.error:.0e}"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -243,13 +244,13 @@ def _totals(plan: Plan) -> list[str]:
     fused = sum(1 for s in plan.steps if len(s.nodes) > 1)
     copies = sum(1 for s in plan.steps if s.is_copy)
     lines = [f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
-             f"{_fmt(plan.cost)} (kernels {_fmt(plan.kernel_cost)} + dispatch "
-             f"{_fmt(plan.dispatch * len(plan.steps))}), largest step error "
+             f"{format_seconds(plan.cost)} (kernels {format_seconds(plan.kernel_cost)} + dispatch "
+             f"{format_seconds(plan.dispatch * len(plan.steps))}), largest step error "
              f"{plan.error:.1e} (tolerance {plan.tolerance:g})"]
     lines.append("by backend: " + ", ".join(
-        f"{b} {len(v)} steps {_fmt(sum(v))}" for b, v in sorted(by_backend.items())))
+        f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items())))
     lines.append("by source:  " + ", ".join(
-        f"{k} {len(v)} steps {_fmt(sum(v))}" for k, v in sorted(by_source.items())))
+        f"{k} {len(v)} steps {format_seconds(sum(v))}" for k, v in sorted(by_source.items())))
     guessed = sum(len(v) for k, v in by_source.items() if k in ("estimated", "stale"))
     if guessed:
         lines.append(f"{guessed} of {len(plan.steps)} steps rest on estimates, not "

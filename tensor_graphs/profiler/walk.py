@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_graphs.db.cost import _fmt, calibrate
+from tensor_graphs.db.cost import calibrate, format_seconds
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, prepare
 from tensor_graphs.profiler.measure import sample_times
@@ -49,10 +49,10 @@ class ProfileReport:
     def table(self) -> str:
         rows = [("path", "steps", "predicted", "measured", "ratio", "kernels")]
         for p in self.paths:
-            measured = _fmt(p.measured) if p.measured is not None else (p.failure or "-")
+            measured = format_seconds(p.measured) if p.measured is not None else (p.failure or "-")
             ratio = f"{p.measured / p.predicted:.2f}" if p.measured and p.predicted else "-"
             names = ", ".join(dict.fromkeys(p.plan.kernels))
-            rows.append((p.label, str(len(p.plan)), _fmt(p.predicted), measured, ratio,
+            rows.append((p.label, str(len(p.plan)), format_seconds(p.predicted), measured, ratio,
                          names[:60] + ("..." if len(names) > 60 else "")))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -65,8 +65,8 @@ class ProfileReport:
         default = next((p for p in self.paths if p.label == "default"), None)
         tail = []
         if best is not None and default is not None and default.measured and best.measured:
-            tail.append(f"best path found: {best.label}, {_fmt(best.measured)} measured vs "
-                        f"{_fmt(default.measured)} for the default plan "
+            tail.append(f"best path found: {best.label}, {format_seconds(best.measured)} "
+                        f"measured vs {format_seconds(default.measured)} for the default plan "
                         f"({default.measured / best.measured:.2f}x)")
         return "\n".join([head, "", *lines, *([""] + tail if tail else [])])
 
