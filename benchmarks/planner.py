@@ -89,8 +89,8 @@ def model(layers, size):
 # ------------------------------------------------------------------------------ 1. warm db
 def build_warm_db(path, size):
     import tensor_graphs as tg
+    from tensor_graphs.commands.calibrate import calibrate
     from tensor_graphs.db import hardware
-    from tensor_graphs.db.cost import calibrate
     from tensor_graphs.db.store import open_db
 
     db = open_db(path)

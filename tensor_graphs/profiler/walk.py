@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_graphs.db.cost import calibrate, format_seconds
+from tensor_graphs.commands.calibrate import calibrate
+from tensor_graphs.db.cost import format_seconds
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, prepare
 from tensor_graphs.profiler.measure import sample_times
