@@ -161,7 +161,7 @@ def pattern_aware(op: str):
         @functools.wraps(fn)
         def call(*args, **kwargs):
             if builtins.any(getattr(a, "is_pattern", False) for a in (*args, *kwargs.values())):
-                from tensor_graphs.rewrite.pattern import op as pattern_op
+                from tensor_graphs.ir.pattern import op as pattern_op
 
                 return pattern_op(op, *args, **kwargs)
             return fn(*args, **kwargs)

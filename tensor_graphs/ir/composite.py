@@ -84,7 +84,7 @@ def _pattern(op: Op, values: dict, explicit: set[str]):
     match — defaults too, so ``tg.gelu(x)`` means the erf form — except float parameters left
     at their default (eps, alpha...): those are the kernel's to read from the matched node.
     Absent optional tensors must be absent."""
-    from tensor_graphs.rewrite.pattern import OpPat, as_pat
+    from tensor_graphs.ir.pattern import OpPat, as_pat
 
     given = tuple(p for p in op.params if values[p] is not None)
     attrs = {k: values[k] for k, default in op.attr_defaults.items()

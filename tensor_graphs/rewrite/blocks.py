@@ -56,9 +56,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 from tensor_graphs.rewrite.canonical import DIGEST_SIZE, digests
 
 NAMED_LEAVES = ("input", "weight", "state")  # placeholders; constant and dim leaves are literals

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 import numpy as np
 import sympy
 
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import _as_list
 from tensor_graphs.ir.node import ConstValue, Node
-from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 
 DIGEST_SIZE = 16
 _SYMPY_CODES: dict = {}  # sympy expression -> encoding (== on sympy is exact: 2.0*x != 2*x)

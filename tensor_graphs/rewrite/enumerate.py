@@ -48,10 +48,10 @@ from typing import NamedTuple
 
 from tensor_graphs.errors import ArgumentError, TensorGraphsError
 from tensor_graphs.ir import builder
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, build_chain
 from tensor_graphs.ir.graph import _as_list, nodes, substitute, use_counts
 from tensor_graphs.ir.node import Node
 from tensor_graphs.rewrite import pattern as pat
-from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, build_chain
 from tensor_graphs.rewrite.canonical import DIGEST_SIZE, digests
 from tensor_graphs.rewrite.pattern import Rule, RuleTable, iter_matches, same_type
 

@@ -28,11 +28,11 @@ import numpy as np
 
 from tensor_graphs.errors import TensorGraphsError
 from tensor_graphs.ir import builder as tg
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, build_chain, chain_terms
 from tensor_graphs.ir.graph import _as_list, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.rewrite import pattern as pat
-from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE, build_chain, chain_terms
 from tensor_graphs.rewrite.canonical import digests
 from tensor_graphs.rewrite.simplify import pm_simplify
 

@@ -77,6 +77,7 @@ from tensor_graphs.errors import (
     ShapeError,
 )
 from tensor_graphs.ir import dtypes as _dt
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import decompose, substitute
 from tensor_graphs.ir.node import Node
@@ -85,7 +86,6 @@ from tensor_graphs.ir.shapes import broadcast_shapes, dims_equal
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
-from tensor_graphs.rewrite.algebra import ASSOCIATIVE_COMMUTATIVE
 
 ELEMENTWISE = frozenset({*UNARY, *BINARY, "where", "cast"})
 TRANSCENDENTAL = frozenset({"exp", "log", "sin", "erf", "pow"})  # glibc may differ by ULPs
