@@ -20,7 +20,6 @@ from tensor_graphs.memory import (
     static_keys,
 )
 from tensor_graphs.memory.liveness import Buffer, reshape_strides
-from tensor_graphs.memory.reference import run_in_arena
 from tensor_graphs.planner.plan import Plan, Slot, Step
 
 VIEW_OPS = ("reshape", "permute", "expand", "slice")
@@ -55,18 +54,23 @@ def key(node):
     return Slot(node, "cpu", False)
 
 
-def check(plan, feeds, mp=None):
-    mp = mp or plan_memory(plan)
-    bufs = mp.liveness.arena_buffers()
-    assert overlapping_pairs(bufs, mp.buffer_offsets) == []
-    got = run_in_arena(plan, mp, feeds)
-    want = tg.evaluate([s.node for s in plan.outputs], feeds)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-6)
-    return mp
+@pytest.fixture
+def check(run_in_arena):
+    """``check(plan, feeds, mp=None)``: the memory plan's buffers never overlap, and running
+    out of its arena gives the reference's results; returns the memory plan."""
+    def check(plan, feeds, mp=None):
+        mp = mp or plan_memory(plan)
+        bufs = mp.liveness.arena_buffers()
+        assert overlapping_pairs(bufs, mp.buffer_offsets) == []
+        got = run_in_arena(plan, mp, feeds)
+        want = tg.evaluate([s.node for s in plan.outputs], feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+        return mp
+    return check
 
 
-def test_view_aliases_and_extends_lifetime():
+def test_view_aliases_and_extends_lifetime(check):
     x = tg.input("x", (4, 6))
     a = tg.exp(x)                    # step 0
     r = a.reshape((6, 4))            # step 1: view of a
@@ -86,7 +90,7 @@ def test_view_aliases_and_extends_lifetime():
     assert mp.placements[key(p)].strides == (4, 16)
 
 
-def test_outputs_live_to_the_end_and_leaves_stay_outside():
+def test_outputs_live_to_the_end_and_leaves_stay_outside(check):
     x = tg.input("x", (8, 8))
     w = tg.weight("w", (8, 8))
     h = tg.exp(x)
@@ -104,7 +108,7 @@ def test_outputs_live_to_the_end_and_leaves_stay_outside():
     assert mp.arena["cpu"] >= 2 * 256  # out1 and y's last inputs overlap y
 
 
-def test_view_of_an_output_source_and_output_view():
+def test_view_of_an_output_source_and_output_view(check):
     x = tg.input("x", (4, 4))
     a = tg.exp(x)
     v = a.reshape((16,))  # an output that is a view: its source lives to the end
@@ -115,7 +119,7 @@ def test_view_of_an_output_source_and_output_view():
     check(plan, {"x": np.ones((4, 4))})
 
 
-def test_inplace_reuses_a_dying_input():
+def test_inplace_reuses_a_dying_input(check):
     x = tg.input("x", (16, 16))
     a = tg.exp(x)
     b = -a          # a dies here: neg may write into a's buffer
@@ -132,7 +136,7 @@ def test_inplace_reuses_a_dying_input():
     assert mp.arena["cpu"] == 2 * 16 * 16 * 4  # a/b/c share; y needs its own
 
 
-def test_inplace_refused_when_the_input_lives_on():
+def test_inplace_refused_when_the_input_lives_on(check):
     x = tg.input("x", (16, 16))
     a = tg.exp(x)
     b = -a
@@ -147,7 +151,7 @@ def test_inplace_refused_when_the_input_lives_on():
     check(plan, {"x": np.ones((16, 16))})
 
 
-def test_inplace_refused_for_outputs_leaves_and_other_sizes():
+def test_inplace_refused_for_outputs_leaves_and_other_sizes(check):
     x = tg.input("x", (8,))
     a = tg.exp(x)
     b = -a                        # a is an output: kept
@@ -161,7 +165,7 @@ def test_inplace_refused_for_outputs_leaves_and_other_sizes():
     check(plan, {"x": np.arange(8.0)})
 
 
-def test_strided_input_of_a_contiguous_kernel_gets_scratch():
+def test_strided_input_of_a_contiguous_kernel_gets_scratch(check):
     x = tg.input("x", (4, 8))
     a = tg.exp(x)
     t = a.permute(1, 0)
@@ -175,7 +179,7 @@ def test_strided_input_of_a_contiguous_kernel_gets_scratch():
     assert not [b for b in analyze(plan, scratch=False).buffers if b.scratch]
 
 
-def test_reshape_that_must_copy_gets_its_own_buffer():
+def test_reshape_that_must_copy_gets_its_own_buffer(check):
     x = tg.input("x", (4, 6))
     a = tg.exp(x)
     y = a.permute(1, 0).reshape((24,)) + 1.0   # numpy copies here
@@ -203,7 +207,7 @@ def test_reshape_strides_agree_with_numpy(shape, perm, new):
         assert got is None
 
 
-def test_static_prelude_counts_as_weights():
+def test_static_prelude_counts_as_weights(check):
     x = tg.input("x", (4, 8))
     w = tg.weight("w", (8, 4))
     wt = w.permute(1, 0)             # a view of a weight: no bytes
@@ -236,7 +240,7 @@ def test_arena_strategies_and_bounds():
     assert assign_offsets([])[:2] == ({}, 0)
 
 
-def test_compiled_graph_and_out_of_memory():
+def test_compiled_graph_and_out_of_memory(run_in_arena):
     x = tg.input("x", (64, 64))
     w = tg.weight("w", (64, 64))
     y = tg.relu(x @ w) @ w

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 import tensor_graphs as tg
 from tensor_graphs.demo import gpt2_style, random_feeds
 from tensor_graphs.memory import overlapping_pairs, plan_memory
-from tensor_graphs.memory.reference import run_in_arena
 from tensor_graphs.numerics import relative_error
 
 UNARY = [tg.tanh, tg.relu, tg.exp, lambda x: -x, lambda x: x * 0.5 - 1.0, tg.sigmoid]
@@ -88,7 +87,7 @@ def _check(plan, mp):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
-def test_random_graph_memory_plan(data):
+def test_random_graph_memory_plan(run_in_arena, data):
     n_leaves = data.draw(st.integers(1, 3))
     pool, feeds = [], {}
     for k in range(n_leaves):
@@ -118,7 +117,7 @@ def test_random_graph_memory_plan(data):
             assert relative_error(g, w) <= 1e-6, plan.explain()
 
 
-def test_small_gpt2_runs_out_of_its_arena():
+def test_small_gpt2_runs_out_of_its_arena(run_in_arena):
     y = gpt2_style(2, d_model=64, heads=4, vocab=97, n_ctx=32)
     for backends in (None, ("numpy",)):
         prog = tg.compile(y, db=":memory:", bounds={"batch": 2, "seq": 16}, backends=backends)

@@ -1,6 +1,7 @@
-"""A slow reference runner that executes a plan with every transient value at its planned place
-in one numpy arena per device (CPU plans): the oracle of the property tests, and a sketch of
-what an arena runtime does.
+"""The memory tests' oracle (the ``run_in_arena`` fixture): a slow reference runner that
+executes a plan with every transient value at its planned place in one numpy arena per device
+(CPU plans), and a sketch of what an arena runtime does. It is test code, so it lives here and
+not in the package (it runs plans with the runtime's leaf values, above the memory layer).
 
 Per step it calls the kernel, then copies the result into the result's arena bytes (a view
 result is instead rebuilt from the arena at the planned offset and strides, and must equal
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import pytest
 
 from tensor_graphs.memory.liveness import ARENA
 from tensor_graphs.memory.plan import MemoryPlan
@@ -30,7 +32,7 @@ def arena_array(arena: np.ndarray, offset: int, shape, dtype, strides=None) -> n
     return np.ndarray(shape, dtype, buffer=arena, offset=offset, strides=strides)
 
 
-def run_in_arena(plan: Plan, memory_plan: MemoryPlan, arrays: Mapping[str, np.ndarray],
+def _run_in_arena(plan: Plan, memory_plan: MemoryPlan, arrays: Mapping[str, np.ndarray],
                  dims: Mapping | None = None, poison: bool = True) -> list[np.ndarray]:
     """Run ``plan`` with transients in arenas laid out by ``memory_plan``; returns copies of
     the outputs. Raises AssertionError when a view kernel's result is not where the memory
@@ -84,3 +86,10 @@ def run_in_arena(plan: Plan, memory_plan: MemoryPlan, arrays: Mapping[str, np.nd
                     start = offsets[b.id]
                     arenas[b.device][start:start + b.nbytes] = 0xFF
     return [np.array(values[plan.resolve(o)], copy=True) for o in plan.outputs]
+
+
+@pytest.fixture(scope="session")
+def run_in_arena():
+    """``run_in_arena(plan, memory_plan, arrays, dims=None, poison=True)``: the plan's outputs
+    computed out of arenas laid out by the memory plan (see the module docstring)."""
+    return _run_in_arena
