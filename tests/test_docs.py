@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tensor_graphs.ir import opdocs
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.tools import opdocs
 
 
 def test_ops_md_is_up_to_date():
@@ -24,7 +24,7 @@ def test_every_library_op_is_documented():
 def test_check_mode_reports_stale_files(tmp_path, capsys):
     target = tmp_path / "ops.md"
     assert opdocs.main(["--check", "--output", str(target)]) == 1
-    assert "run `python -m tensor_graphs.ir.opdocs`" in capsys.readouterr().err
+    assert "run `python -m tensor_graphs.tools.opdocs`" in capsys.readouterr().err
     assert opdocs.main(["--output", str(target)]) == 0
     assert opdocs.main(["--check", "--output", str(target)]) == 0
     assert target.read_text(encoding="utf-8") == opdocs.render()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensor_graphs.kernels import docs
+from tensor_graphs.tools import kerneldocs as docs
 
 
 def _backends_complete() -> bool:

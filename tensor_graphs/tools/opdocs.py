@@ -1,8 +1,8 @@
 """Render docs/ops.md, the op reference, from the op table.
 
-    python -m tensor_graphs.ir.opdocs            # (re)write docs/ops.md
-    python -m tensor_graphs.ir.opdocs --check    # exit 1 when docs/ops.md is stale
-    python -m tensor_graphs.ir.opdocs --print    # print the rendered page
+    python -m tensor_graphs.tools.opdocs            # (re)write docs/ops.md
+    python -m tensor_graphs.tools.opdocs --check    # exit 1 when docs/ops.md is stale
+    python -m tensor_graphs.tools.opdocs --print    # print the rendered page
 
 The page is a pure function of the registered ops: leaves and atomic ops in the order of the
 atomic table, composites grouped by the module that defines them, alphabetical within a group.
@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import tensor_graphs  # noqa: F401  (registers every op)
-from tensor_graphs import docgen
 from tensor_graphs.ir.node import Op
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS, LEAF_OPS
+from tensor_graphs.tools import docgen
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
-COMMAND = "python -m tensor_graphs.ir.opdocs"
+COMMAND = "python -m tensor_graphs.tools.opdocs"
 
 # Section titles of the composite modules, in reading order; other modules follow by name.
 GROUPS = {

@@ -1,8 +1,8 @@
 """Render docs/kernels.md, the kernel coverage report, from the kernel registry.
 
-    python -m tensor_graphs.kernels.docs            # (re)write docs/kernels.md
-    python -m tensor_graphs.kernels.docs --check    # exit 1 when docs/kernels.md is stale
-    python -m tensor_graphs.kernels.docs --print    # print the rendered page
+    python -m tensor_graphs.tools.kerneldocs            # (re)write docs/kernels.md
+    python -m tensor_graphs.tools.kerneldocs --check    # exit 1 when docs/kernels.md is stale
+    python -m tensor_graphs.tools.kerneldocs --print    # print the rendered page
 
 The page is a pure function of the kernels the package registers at import on a machine
 without a GPU: kernels of user files, tests and the generated-C code generator (registered on
@@ -16,16 +16,16 @@ import sys
 from pathlib import Path
 
 import tensor_graphs  # noqa: F401  (registers every op and kernel)
-from tensor_graphs import docgen
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import ATOMIC_OPS
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.copy import placement
 from tensor_graphs.kernels.registry import Kernel, describe
 from tensor_graphs.rewrite import pattern as pat
+from tensor_graphs.tools import docgen
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "kernels.md"
-COMMAND = "python -m tensor_graphs.kernels.docs"
+COMMAND = "python -m tensor_graphs.tools.kerneldocs"
 BACKENDS = ("numpy", "c", "torch", "copy")
 
 INTRO = f"""\
