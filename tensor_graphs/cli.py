@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tensor_graphs.cli_args import Parser, choice_of, count, existing_file, positive_int
-from tensor_graphs.db.cli import add_db_commands
+from tensor_graphs.commands.db import add_db_commands
+from tensor_graphs.commands.profile import add_plan_commands
 from tensor_graphs.errors import ArgumentError, DeviceError, TensorGraphsError
 from tensor_graphs.jobs.cli import add_run_command
-from tensor_graphs.profiler.cli import add_plan_commands
 
 
 def _demo(args: argparse.Namespace) -> int:

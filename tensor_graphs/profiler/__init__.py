@@ -1,2 +1,3 @@
-"""The profiler: measure kernels (measure.py), fill what a plan misses (missing.py), and the
-``tg profile`` walk over a graph's kernels and paths (walk.py)."""
+"""The profiler: measure kernels (measure.py) and fill what a plan misses (missing.py), for
+``tg.compile(..., profile="missing")`` below the compiler. ``tg profile``'s walk over a graph's
+kernels and paths, which runs whole programs, is ``commands/walk.py``."""

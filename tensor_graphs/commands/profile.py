@@ -78,7 +78,7 @@ def _settings(args, graph):
 
 
 def _profile(args) -> int:
-    from tensor_graphs.profiler.walk import profile
+    from tensor_graphs.commands.walk import profile
 
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
