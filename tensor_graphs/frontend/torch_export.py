@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-import tensor_graphs as tg
+from tensor_graphs import compiler
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, TensorGraphsError
 from tensor_graphs.frontend.aten import lookup, mutates
 from tensor_graphs.frontend.aten.common import (
@@ -22,6 +22,9 @@ from tensor_graphs.frontend.aten.common import (
     dtype_name,
     torch_module,
 )
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir import graph as ir_graph
+from tensor_graphs.ir.node import Node
 
 
 # ---------------------------------------------------------------------------- fx nodes
@@ -231,7 +234,7 @@ class TorchProgram:
                                 f", got {len(flat)}")
         feeds = {}
         for i, (leaf, arg) in enumerate(zip(self._inputs, flat)):
-            if not isinstance(leaf, tg.Node):
+            if not isinstance(leaf, Node):
                 if arg != leaf:
                     raise ArgumentError(f"argument {self._arg_name(i)} was {leaf!r} when the "
                                         f"module was exported; got {arg!r}")
@@ -276,22 +279,22 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     outputs, inputs, weights, found = import_exported(exported, names)
     found.update(bounds or {})
 
-    nodes = [o for o in outputs if isinstance(o, tg.Node)]
+    nodes = [o for o in outputs if isinstance(o, Node)]
     positions, k = [], 0
     for o in outputs:
-        positions.append(k if isinstance(o, tg.Node) else o)
-        k += isinstance(o, tg.Node)
+        positions.append(k if isinstance(o, Node) else o)
+        k += isinstance(o, Node)
     program = None
     if nodes:
-        used = {str(s) for n in tg.nodes(nodes) for d in n.shape
+        used = {str(s) for n in ir_graph.nodes(nodes) for d in n.shape
                 for s in getattr(d, "free_symbols", ())}
         options = dict(compile_options)
         if tolerance is not None:
             options["tolerance"] = tolerance
-        program = tg.compile(nodes, device=device,
-                             bounds={k: v for k, v in found.items() if k in used} or None,
-                             **options)
-        present = {leaf.name for leaf in tg.nodes(nodes) if leaf.op.name == "weight"}
+        program = compiler.compile(nodes, device=device,
+                                   bounds={k: v for k, v in found.items() if k in used} or None,
+                                   **options)
+        present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == "weight"}
         program.bind(**{n: w for n, w in weights.items() if n in present})
     try:
         params = list(inspect.signature(module.forward).parameters)

@@ -20,6 +20,7 @@ import numpy as np
 
 from tensor_graphs.errors import ArgumentError, TensorGraphsError
 from tensor_graphs.files import check_trusted_file, read_regular
+from tensor_graphs.ir import api as tg  # the builders: what a pattern's text may call
 from tensor_graphs.ir.graph import decompose, format_graph, nodes
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels import registry
@@ -133,8 +134,6 @@ def parse_pattern(text) -> tuple[pat.Pat, tuple[str, ...], str]:
     if text in registry._KERNELS:
         k = registry._KERNELS[text]
         return k.pattern, k.inputs, f"tg.kernels.get({text!r}).pattern"
-    import tensor_graphs as tg
-
     namespace = {"tg": tg, "pat": pat, "np": np}
     try:
         tree = ast.parse(text, mode="eval")

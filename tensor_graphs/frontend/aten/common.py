@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, TensorGraphsError
+from tensor_graphs.ir import api as tg
 
 
 class UnsupportedOpError(TensorGraphsError):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
-import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.frontend.aten.common import dtype_name, guarded
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
 
 
 def _arange(start, end, step, dtype):
@@ -107,7 +108,7 @@ def _diff(x, n, dim, prepend, append):
 
 def _only_bool(name, *values):
     for v in values:
-        if isinstance(v, tg.Node) and v.dtype.name != "bool":
+        if isinstance(v, Node) and v.dtype.name != "bool":
             raise DTypeError(f"{name}: only bool tensors are supported (got {v.dtype.name}); "
                              "integer bit operations have no op")
 

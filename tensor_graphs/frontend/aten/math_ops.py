@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.frontend.aten.common import (
     Unavailable,
@@ -13,6 +12,7 @@ from tensor_graphs.frontend.aten.common import (
     scaled,
     unary,
 )
+from tensor_graphs.ir import api as tg
 
 
 def _div(a, kw):

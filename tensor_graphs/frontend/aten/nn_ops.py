@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten.common import Unavailable, guarded, ints
+from tensor_graphs.ir import api as tg
 
 
 def _norm_shape(x, normalized_shape, params, fn):

@@ -6,9 +6,9 @@ import operator
 
 import numpy as np
 
-import tensor_graphs as tg
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten.common import cast, guarded, ints, same, slice_end, unary
+from tensor_graphs.ir import api as tg
 
 
 def _slice(x, dim, start, end, step):
