@@ -352,6 +352,14 @@ def _check_pip(args: list[str]) -> list[str]:
     return problems
 
 
+def _check_ruff(args: list[str]) -> list[str]:
+    """Not run here (CI runs it): a subcommand ruff has, and the paths it names exist."""
+    if not args or args[0] not in ("check", "format"):
+        return [f"`ruff {shlex.join(args)}`: ruff's subcommands are check and format"]
+    return [f"`ruff {args[0]} {p}`: no such path in the repository" for p in args[1:]
+            if not p.startswith("-") and not (ROOT / p).exists()]
+
+
 def _check_cd(args: list[str]) -> list[str]:
     return [] if not args or (ROOT / args[0]).is_dir() else [f"`cd {args[0]}`: no such folder"]
 
@@ -364,6 +372,7 @@ CHECKS = {
     "tg": _check_tg,  # tg's own parser accepts the line
     "pip": _check_pip,  # named files and extras exist; nothing is installed
     "cd": _check_cd,  # the folder exists in the repository
+    "ruff": _check_ruff,  # check or format, on paths that exist
 }
 
 
@@ -397,6 +406,18 @@ def shell_problems(shell: list[Block]) -> list[str]:
 def test_shell_commands_exist(shell):
     problems = shell_problems(shell)
     assert not problems, "\n".join(problems)
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run runs, as a line of its own, README's command that installs everything, lints and
+    runs the tests (the second block of "Set up"): the command a newcomer pastes is CI's."""
+    setup = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Set up\n", 1)[1]
+    commands_ = re.findall(r"^```bash\n(.*?)^```", setup.split("\n## ", 1)[0], re.S | re.M)
+    assert len(commands_) >= 2, "README's Set up has no second command (install and test)"
+    command = commands_[1].strip()
+    assert "ruff check" in command and "pytest" in command, command
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in ci, f".ci/run does not run README's test command:\n{command}"
 
 
 # ------------------------------------------------------------------- the checks themselves
