@@ -164,12 +164,18 @@ def test_traceback_on_request(files, env):
     assert done.returncode != 0 and "Traceback" in done.stderr and "--dim n=..." in done.stderr
 
 
+def _sigint_default():
+    """A child that Ctrl-C reaches: started from a background job (CI's, `cmd &`), pytest may
+    itself ignore SIGINT, and a child inherits that (as `nohup tg ... &` should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_status_130(env):
     """Interrupting a command prints "interrupted", not the traceback of where it was."""
     proc = subprocess.Popen([sys.executable, "-m", "tensor_graphs.cli", "demo", "--batch", "64",
                              "--seq", "512", "--show", "0"],
                             env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     proc.stdout.readline()  # the demo has started: it evaluates for seconds now
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -244,10 +250,14 @@ def test_ctrl_c_swallowed_by_a_library_is_still_reported(monkeypatch, capsys):
             pass  # what the library did
         return 0
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     parser = cli.build_parser()
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     demo = parser._subparsers._group_actions[0].choices["demo"]
     demo.set_defaults(run=swallowing_command)
-    assert cli.main(["demo"]) == 130
-    assert capsys.readouterr().err == "tg demo: error: interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        assert cli.main(["demo"]) == 130
+        assert capsys.readouterr().err == "tg demo: error: interrupted\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
