@@ -5,6 +5,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # as tensor_graphs.threads sets them, before any test module loads numpy or torch
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
@@ -12,6 +13,14 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 os.environ.setdefault("TG_DB", os.path.join(tempfile.mkdtemp(prefix="tg-tests-"),
                                             "measurements.sqlite"))
+
+# Hypothesis profiles. "ci" (the default; .ci/run names it) draws the same examples on every
+# run, seeded from each test's name, and keeps no example database: a failure reproduces on any
+# machine and a pass means the same each time. HYPOTHESIS_PROFILE=explore draws fresh examples
+# on each run, to hunt for new failures. Tests set their own max_examples.
+settings.register_profile("ci", derandomize=True, deadline=None, database=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
