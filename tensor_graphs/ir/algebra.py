@@ -1,14 +1,21 @@
-"""Algebraic facts about ops that canonical form, matching and rules share: which binary ops
-are commutative, which are also associative, and how to flatten and rebuild their chains."""
+"""Algebraic facts about ops that canonical form, matching, rules and the passes share: which
+binary ops are commutative, which are also associative, and how to flatten and rebuild their
+chains; which atomic ops work element by element, and which views are strided."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops.names import ADD, CAST, EQUAL, EXPAND, MAXIMUM, MUL, PERMUTE, SLICE, WHERE
 
-ASSOCIATIVE_COMMUTATIVE = frozenset({"add", "mul", "maximum"})
-COMMUTATIVE = ASSOCIATIVE_COMMUTATIVE | {"equal"}
+ASSOCIATIVE_COMMUTATIVE = frozenset({ADD, MUL, MAXIMUM})
+COMMUTATIVE = ASSOCIATIVE_COMMUTATIVE | {EQUAL}
+# atomic ops computed element by element with broadcasting (sinking and C fusion cross them)
+ELEMENTWISE = frozenset({*UNARY, *BINARY, WHERE, CAST})
+# views whose result is usually not dense (a consumer that needs dense input copies)
+STRIDED_VIEWS = frozenset({PERMUTE, SLICE, EXPAND})
 
 
 def chain_terms(node: Node, stop=()) -> list[Node]:
@@ -32,7 +39,7 @@ def build_chain(op: str, terms: Sequence[Node]) -> Node:
     """A left-deep binary chain ``((t0 op t1) op t2) ...`` with the builder's rules."""
     from tensor_graphs.ir import builder
 
-    fn = {"add": builder.add, "mul": builder.mul, "maximum": builder.maximum}[op]
+    fn = {ADD: builder.add, MUL: builder.mul, MAXIMUM: builder.maximum}[op]
     out = terms[0]
     for t in terms[1:]:
         out = fn(out, t)

@@ -23,6 +23,7 @@ from tensor_graphs.errors import (
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.graph import _as_list, decompose, leaves, nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CONSTANT, DIM
 from tensor_graphs.ir.shapes import format_shape, resolve
 
 _LOW = (dtypes.float16.np_dtype, dtypes.bfloat16.np_dtype)
@@ -137,9 +138,9 @@ def _bind_dims(by_name: dict[str, Node], arrays: dict[str, np.ndarray]) -> dict:
 def _leaf_value(node: Node, arrays, dims, lift: bool) -> np.ndarray:
     target = storage_dtype(node, lift)
     kind = node.op.name
-    if kind == "constant":
+    if kind == CONSTANT:
         return node.attrs["value"].array.astype(target)
-    if kind == "dim":
+    if kind == DIM:
         return np.asarray(resolve(node.attrs["expr"], dims)).astype(target)
     return arrays[node.name]
 

@@ -9,9 +9,10 @@ from collections.abc import Iterable
 
 from tensor_graphs.errors import FeedError, StateError, TensorGraphsError
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
+from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, STATE_UPDATE, WEIGHT
 from tensor_graphs.ir.shapes import format_shape
 
-FED_LEAVES = ("input", "weight", "state")
+FED_LEAVES = (INPUT, WEIGHT, STATE)  # named leaves: values from outside the graph
 
 
 def _as_list(outputs) -> list[Node]:
@@ -24,7 +25,7 @@ def _as_list(outputs) -> list[Node]:
     return out
 
 
-STATIC_LEAVES = ("weight", "constant", "dim")  # leaf kinds fixed for one weight binding
+STATIC_LEAVES = (WEIGHT, CONSTANT, DIM)  # leaf kinds fixed for one weight binding
 
 
 def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
@@ -73,7 +74,7 @@ def _check_state_versions(order: list[Node]) -> None:
     """A state's versions form one chain: no version is updated twice."""
     updated: dict[int, Node] = {}
     for n in order:
-        if n.op.name == "state_update":
+        if n.op.name == STATE_UPDATE:
             prior = updated.setdefault(id(n.inputs[0]), n)
             if prior is not n:
                 raise StateError(
@@ -82,7 +83,7 @@ def _check_state_versions(order: list[Node]) -> None:
 
 
 def root_state(node: Node) -> Node:
-    while node.op.name == "state_update":
+    while node.op.name == STATE_UPDATE:
         node = node.inputs[0]
     return node
 

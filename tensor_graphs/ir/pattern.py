@@ -18,6 +18,7 @@ from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops.names import CONSTANT
 
 
 class Pat:
@@ -157,7 +158,7 @@ def dtype_accepts(want, got: dtypes.DType) -> bool:
 
 def constant_equals(node: Node, value) -> bool:
     """True when ``node`` is a constant whose every element equals ``value``."""
-    if node.op.name != "constant":
+    if node.op.name != CONSTANT:
         return False
     arr = node.attrs["value"].array
     if arr.dtype.kind == "f" and isinstance(value, float) and value != value:

@@ -51,10 +51,30 @@ from tensor_graphs.errors import SerializationError, TensorGraphsError
 from tensor_graphs.files import atomic_write, parse_json, path_of, read_regular
 from tensor_graphs.ir import builder, dtypes
 from tensor_graphs.ir.dtypes import DType
+from tensor_graphs.ir.graph import FED_LEAVES
 from tensor_graphs.ir.graph import nodes as topo_nodes
 from tensor_graphs.ir.node import COMPOSITE, LEAF, Attrs, ConstValue, Node
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops.names import (
+    CAST,
+    CONCAT,
+    CONSTANT,
+    COPY_TO,
+    DIM,
+    EXPAND,
+    GATHER,
+    IOTA,
+    MATMUL,
+    MAX,
+    PAD,
+    PERMUTE,
+    RESHAPE,
+    SLICE,
+    STATE_UPDATE,
+    SUM,
+    WHERE,
+)
 from tensor_graphs.ir.shapes import as_dim
 
 FORMAT = "tensor_graphs.graph"
@@ -377,26 +397,26 @@ def _plain(op: str):
 
 
 _REBUILD = {  # leaf or atomic op: its builder call from (inputs, attrs, name)
-    **{kind: _leaf(kind) for kind in ("input", "weight", "state")},
-    "constant": lambda xs, a, name: builder.constant(_constant_data(a["value"]), a["dtype"]),
-    "dim": lambda xs, a, name: builder.size(a["expr"], a["dtype"]),
-    **{op: _plain(op) for op in (*UNARY, *BINARY, "where", "matmul")},
-    "cast": lambda xs, a, name: builder.cast(xs[0], a["dtype"]),
-    "sum": lambda xs, a, name: builder.sum(xs[0], a["axes"], a["keepdims"]),
-    "max": lambda xs, a, name: builder.max(xs[0], a["axes"], a["keepdims"]),
-    "reshape": lambda xs, a, name: builder.reshape(xs[0], a["shape"]),
-    "permute": lambda xs, a, name: builder.permute(xs[0], a["perm"]),
-    "expand": lambda xs, a, name: builder.expand(xs[0], a["shape"]),
-    "slice": lambda xs, a, name: builder.getitem(xs[0], _slices(a)),
-    "pad": lambda xs, a, name: builder.pad(xs[0], _pad_args(a), a["value"]),
-    "concat": lambda xs, a, name: builder.concat(xs, a["axis"]),
-    "gather": lambda xs, a, name: builder.gather(xs[0], xs[1], a["axis"]),
-    "iota": lambda xs, a, name: builder.iota(a["length"], a["dtype"]),
-    "copy_to": lambda xs, a, name: builder.copy_to(xs[0], a["device"]),
-    "state_update": lambda xs, a, name: builder.state_update(xs[0], xs[1], a["offset"],
-                                                             a["axis"]),
+    **{kind: _leaf(kind) for kind in FED_LEAVES},
+    CONSTANT: lambda xs, a, name: builder.constant(_constant_data(a["value"]), a["dtype"]),
+    DIM: lambda xs, a, name: builder.size(a["expr"], a["dtype"]),
+    **{op: _plain(op) for op in (*UNARY, *BINARY, WHERE, MATMUL)},
+    CAST: lambda xs, a, name: builder.cast(xs[0], a["dtype"]),
+    SUM: lambda xs, a, name: builder.sum(xs[0], a["axes"], a["keepdims"]),
+    MAX: lambda xs, a, name: builder.max(xs[0], a["axes"], a["keepdims"]),
+    RESHAPE: lambda xs, a, name: builder.reshape(xs[0], a["shape"]),
+    PERMUTE: lambda xs, a, name: builder.permute(xs[0], a["perm"]),
+    EXPAND: lambda xs, a, name: builder.expand(xs[0], a["shape"]),
+    SLICE: lambda xs, a, name: builder.getitem(xs[0], _slices(a)),
+    PAD: lambda xs, a, name: builder.pad(xs[0], _pad_args(a), a["value"]),
+    CONCAT: lambda xs, a, name: builder.concat(xs, a["axis"]),
+    GATHER: lambda xs, a, name: builder.gather(xs[0], xs[1], a["axis"]),
+    IOTA: lambda xs, a, name: builder.iota(a["length"], a["dtype"]),
+    COPY_TO: lambda xs, a, name: builder.copy_to(xs[0], a["device"]),
+    STATE_UPDATE: lambda xs, a, name: builder.state_update(xs[0], xs[1], a["offset"],
+                                                           a["axis"]),
 }
-_BUILDER_NAMES = {"slice": "getitem (x[...])", "dim": "size"}  # where the tg.* name differs
+_BUILDER_NAMES = {SLICE: "getitem (x[...])", DIM: "size"}  # where the tg.* name differs
 
 
 def _brief(value) -> str:
@@ -466,7 +486,7 @@ def _check(doc, source: str):
         name = rec.get("name")
         if name is not None and not isinstance(name, str):
             fail(f"{label}: 'name' must be a string")
-        if op.kind == LEAF and op.name in ("input", "weight", "state") and not name:
+        if op.kind == LEAF and op.name in FED_LEAVES and not name:
             fail(f"{label}: a {op.name} leaf needs a name")
         expected = _arity(op, attrs)
         if expected is not None and len(inputs) != expected or op.variadic and not inputs:
