@@ -57,12 +57,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
-from tensor_graphs.ir.graph import _as_list, nodes
+from tensor_graphs.ir.graph import FED_LEAVES, _as_list, nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
 from tensor_graphs.rewrite.canonical import DIGEST_SIZE, digests
 
-NAMED_LEAVES = ("input", "weight", "state")  # placeholders; constant and dim leaves are literals
-SOURCE_LEAVES = ("input", "state")
+SOURCE_LEAVES = (INPUT, STATE)  # where the data path starts (weights when a graph has neither)
 _SHARED = -1
 
 
@@ -189,7 +189,7 @@ def _data_path(order: list[Node]) -> tuple[Node | None, list[Node]]:
     graph has any), in topological order."""
     sources = [n for n in order if n.op.name in SOURCE_LEAVES]
     if not sources:
-        sources = [n for n in order if n.op.name == "weight"]
+        sources = [n for n in order if n.op.name == WEIGHT]
     if not sources:
         return None, []
     bit = {s: 1 << k for k, s in enumerate(sources)}
@@ -199,7 +199,7 @@ def _data_path(order: list[Node]) -> tuple[Node | None, list[Node]]:
     for n in order:
         if n.op.is_leaf:
             mask[n] = bit.get(n, 0)
-            weighted[n] = n.op.name == "weight"
+            weighted[n] = n.op.name == WEIGHT
             continue
         m, w = 0, False
         for i in n.inputs:
@@ -211,7 +211,7 @@ def _data_path(order: list[Node]) -> tuple[Node | None, list[Node]]:
             counts[low.bit_length() - 1] += 1
             m ^= low
     best = max(range(len(sources)), key=lambda k: (counts[k], -k))
-    need_weight = any(n.op.name == "weight" for n in order)
+    need_weight = any(n.op.name == WEIGHT for n in order)
     return sources[best], [n for n in order if not n.op.is_leaf and mask[n] & (1 << best)
                            and (weighted[n] or not need_weight)]
 
@@ -293,11 +293,11 @@ def _describe(region: list[Node], users, out_set) -> BlockInstance:
     named: list[Node] = []
     for n in region:
         if n.op.is_leaf:
-            if n.op.name in NAMED_LEAVES:
+            if n.op.name in FED_LEAVES:  # placeholders; constant and dim leaves are literals
                 named.append(n)
             continue
         for i in n.inputs:
-            if i not in inside and (not i.op.is_leaf or i.op.name in NAMED_LEAVES):
+            if i not in inside and (not i.op.is_leaf or i.op.name in FED_LEAVES):
                 boundary[i] = None
     outputs = [n for n in region if n in out_set or any(u not in inside for u in users[n])]
     stop = {**boundary, **dict.fromkeys(named)}

@@ -51,6 +51,7 @@ from tensor_graphs.ir import builder
 from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, build_chain
 from tensor_graphs.ir.graph import _as_list, nodes, substitute, use_counts
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import ADD, MUL, PERMUTE
 from tensor_graphs.rewrite import pattern as pat
 from tensor_graphs.rewrite.canonical import DIGEST_SIZE, digests
 from tensor_graphs.rewrite.pattern import Rule, RuleTable, iter_matches, same_type
@@ -219,7 +220,7 @@ def _terms(node: Node) -> list[Node]:
 
 
 def _product(terms: list[Node]) -> Node:
-    return build_chain("mul", terms)
+    return build_chain(MUL, terms)
 
 
 def _is_swap(perm) -> bool:
@@ -231,7 +232,7 @@ def _is_swap(perm) -> bool:
 def swap_last_two(x: Node) -> Node:
     """``x`` with its last two axes swapped; a permute under it is composed, not stacked."""
     swap = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
-    if x.op.name == "permute":
+    if x.op.name == PERMUTE:
         inner = x.attrs["perm"]
         return builder.permute(x.inputs[0], tuple(inner[i] for i in swap))
     return builder.permute(x, swap)
@@ -241,13 +242,13 @@ def swap_last_two(x: Node) -> Node:
 x, y, z = pat.var("x"), pat.var("y"), pat.var("z")
 mat_y = pat.var("y", where=lambda n: n.ndim >= 2)  # a matrix (or a batch of them)
 mat_x = pat.var("x", where=lambda n: n.ndim >= 2)
-a_sum = pat.var("s", where=_is_op("add"))
-a_product = {v: pat.var(v, where=_is_op("mul")) for v in "pq"}
+a_sum = pat.var("s", where=_is_op(ADD))
+a_product = {v: pat.var(v, where=_is_op(MUL)) for v in "pq"}
 
 
 @_declines
 def _distribute(x: Node, s: Node) -> Node:
-    return build_chain("add", [builder.mul(x, t) for t in _terms(s)])
+    return build_chain(ADD, [builder.mul(x, t) for t in _terms(s)])
 
 
 @_declines

@@ -32,6 +32,7 @@ from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, build_chain, chain
 from tensor_graphs.ir.graph import _as_list, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops.names import CONSTANT, DIM
 from tensor_graphs.rewrite import pattern as pat
 from tensor_graphs.rewrite.canonical import digests
 from tensor_graphs.rewrite.simplify import pm_simplify
@@ -58,7 +59,7 @@ NORMAL_RULES = pm_powers + pm_simplify
 def _rounded(node: Node) -> Node:
     """A float constant stored wider than its dtype, stored in its dtype: constants that round
     to the same value where the graph computes compare equal (0.7978845608 vs sqrt(2/pi))."""
-    if node.op.name != "constant" or not node.dtype.is_float:
+    if node.op.name != CONSTANT or not node.dtype.is_float:
         return node
     arr = node.attrs["value"].array
     want = np.dtype(node.dtype.np_dtype)
@@ -211,11 +212,11 @@ def _skeleton(entry: Recomposable) -> Skeleton:
 
 
 def _is_scalar_constant(n: Node) -> bool:
-    return n.op.name == "constant" and n.attrs["value"].array.size == 1
+    return n.op.name == CONSTANT and n.attrs["value"].array.size == 1
 
 
 def _is_fixed(n: Node) -> bool:
-    return n.op.name in ("constant", "dim")
+    return n.op.name in (CONSTANT, DIM)
 
 
 _SKELETONS: list[Skeleton] | None = None

@@ -59,11 +59,19 @@ from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import (
+    CONSTANT,
+    COPY_TO,
+    EXPAND,
+    RESHAPE,
+    SCALED_DOT_PRODUCT_ATTENTION,
+    STATE_UPDATE,
+)
 from tensor_graphs.ir.shapes import dims_equal
 from tensor_graphs.rewrite import pattern as pat
 
 FOLD_MIN_ELEMENTS = 256  # a folded constant may always have this many elements
-NEVER_FOLD = frozenset({"copy_to", "state_update"})
+NEVER_FOLD = frozenset({COPY_TO, STATE_UPDATE})
 
 # Every value of the key dtype is exactly representable in each dtype of its set.
 LOSSLESS: dict[str, frozenset[str]] = {
@@ -88,9 +96,9 @@ def lossless(src: DType, dst: DType) -> bool:
 def _splat(node: Node):
     """The single value of a constant whose elements are all equal, seen through reshape and
     expand (as ``_zeros`` builds them); None for anything else."""
-    while node.op.name in ("reshape", "expand"):
+    while node.op.name in (RESHAPE, EXPAND):
         node = node.inputs[0]
-    if node.op.name != "constant":
+    if node.op.name != CONSTANT:
         return None
     arr = node.attrs["value"].array
     if arr.size == 0:
@@ -169,7 +177,7 @@ def foldable(node: Node) -> bool:
         return False
     inputs = node.inputs
     for i in inputs:
-        if i.op.name != "constant":
+        if i.op.name != CONSTANT:
             return False
     if not all(isinstance(d, int) for d in node.shape):
         return False
@@ -249,7 +257,7 @@ def _default_scale(n: Node) -> bool:
     1/sqrt(d) for d = 32 and 128 (a relative change of 1e-16 in the scores, below float64's
     own rounding of the softmax; both round to the same float32). Kernels that match
     ``scale=None`` only, such as the heads-last C attention, can then take it."""
-    if n.op.name != "scaled_dot_product_attention" or n.attrs.get("scale") is None:
+    if n.op.name != SCALED_DOT_PRODUCT_ATTENTION or n.attrs.get("scale") is None:
         return False
     d = n.inputs[0].shape[-1]
     if not (isinstance(d, int) and d > 0):

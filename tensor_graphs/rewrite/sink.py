@@ -23,12 +23,13 @@ its reshape would copy).
 from __future__ import annotations
 
 from tensor_graphs.ir import builder
+from tensor_graphs.ir.algebra import ELEMENTWISE, STRIDED_VIEWS
 from tensor_graphs.ir.node import Node, expand_composite
-from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops.atomic import BINARY
+from tensor_graphs.ir.ops.names import CONSTANT, RESHAPE
 from tensor_graphs.rewrite import pattern as pat
 from tensor_graphs.rewrite.simplify import pm_movement
 
-ELEMENTWISE = frozenset((*UNARY, *BINARY, "where", "cast"))
 _pointwise_cache: dict[tuple, bool] = {}
 
 
@@ -59,7 +60,7 @@ def _decomposes_pointwise(node: Node) -> bool:
         if not n.op.is_atomic:  # a composite inside: its own decomposition
             stack.append(expand_composite(n.op, n.inputs, n.attrs))
             continue
-        if n.op.name == "constant":
+        if n.op.name == CONSTANT:
             if n.attrs["value"].array.size != 1:
                 return False
         elif n.op.name not in ELEMENTWISE:
@@ -73,16 +74,13 @@ def _sink(u: Node) -> Node:
     return builder.reshape(Node.make(u.op, (x,), u.attrs), u.shape)
 
 
-STRIDED_VIEWS = frozenset(("permute", "slice", "expand"))
-
-
 def _sinkable_side(u: Node) -> int | None:
     """Which operand of ``u`` is a reshape that adds axes with a full, non-strided operand on
     the other side (both of the result's shape: no broadcast), or None."""
     if not (u.op.is_atomic and u.op.name in BINARY and len(u.inputs) == 2):
         return None
     for side, (p, q) in enumerate((u.inputs, u.inputs[::-1])):
-        if (p.op.name == "reshape" and len(p.inputs[0].shape) < len(p.shape)
+        if (p.op.name == RESHAPE and len(p.inputs[0].shape) < len(p.shape)
                 and p.shape == u.shape == q.shape and q.op.name not in STRIDED_VIEWS):
             return side
     return None
@@ -102,7 +100,7 @@ def _sink_binary(u: Node) -> Node:
 
 pm_sink = pat.RuleTable("sink", [
     # f(reshape(x)) -> reshape(f(x)) for a pointwise f
-    pat.rule(pat.var("u", where=lambda u: pointwise(u) and u.inputs[0].op.name == "reshape"),
+    pat.rule(pat.var("u", where=lambda u: pointwise(u) and u.inputs[0].op.name == RESHAPE),
              _sink),
     # f(reshape(x), y) -> reshape(f(x, reshape(y))) for an elementwise f and a full y
     pat.rule(pat.var("u", where=_sinks_binary), _sink_binary),
