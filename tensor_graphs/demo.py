@@ -11,6 +11,8 @@ import time
 import numpy as np
 
 import tensor_graphs as tg
+from tensor_graphs.ir.graph import FED_LEAVES
+from tensor_graphs.ir.ops.names import INPUT
 
 
 def transformer_block(x: tg.Node | None = None, prefix: str = "", *, d_model: int = 64,
@@ -67,10 +69,10 @@ def random_feeds(y: tg.Node, dims: dict[str, int], seed: int = 0) -> dict[str, n
     rng = np.random.default_rng(seed)
     feeds = {}
     for leaf in tg.nodes(y):
-        if leaf.op.name not in ("input", "weight", "state"):
+        if leaf.op.name not in FED_LEAVES:
             continue
         shape = tuple(d if isinstance(d, int) else dims[str(d)] for d in leaf.shape)
-        scale = 1.0 if leaf.op.name == "input" else 0.02 if len(shape) > 1 else 0.1
+        scale = 1.0 if leaf.op.name == INPUT else 0.02 if len(shape) > 1 else 0.1
         feeds[leaf.name] = (rng.standard_normal(shape) * scale).astype(np.float32)
     return feeds
 

@@ -15,12 +15,31 @@ from dataclasses import dataclass
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.graph import decompose, nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import (
+    CAST,
+    CONCAT,
+    COPY_TO,
+    CUMSUM,
+    EMBEDDING,
+    EXPAND,
+    GATHER,
+    IOTA,
+    MATMUL,
+    MAX,
+    PAD,
+    PERMUTE,
+    RESHAPE,
+    SLICE,
+    STATE_UPDATE,
+    SUM,
+)
 from tensor_graphs.ir.shapes import prod_int
 
-MOVEMENT = {"reshape", "permute", "expand", "slice", "pad", "concat", "gather", "copy_to",
-            "cast", "iota", "state_update"}
-REDUCTIONS = {"sum", "max", "cumsum"}
-SUBSET_READERS = {"gather", "embedding", "slice"}  # read about as much as they write
+# move or convert data: no flops
+MOVEMENT = {RESHAPE, PERMUTE, EXPAND, SLICE, PAD, CONCAT, GATHER, COPY_TO, CAST, IOTA,
+            STATE_UPDATE}
+REDUCTIONS = {SUM, MAX, CUMSUM}  # one operation per input element
+SUBSET_READERS = {GATHER, EMBEDDING, SLICE}  # read about as much as they write
 
 
 @dataclass(frozen=True)
@@ -48,7 +67,7 @@ def atomic_flops(node: Node) -> float:
     name = node.op.name
     if node.op.is_leaf or name in MOVEMENT:
         return 0.0
-    if name == "matmul":
+    if name == MATMUL:
         return 2.0 * numel(node) * int(node.inputs[0].shape[-1])
     if name in REDUCTIONS:
         return float(numel(node.inputs[0]))
@@ -81,7 +100,7 @@ def features(covered: Iterable[Node], arguments: Iterable[Node], result: Node) -
     """The features of one kernel call that computes ``covered`` nodes from ``arguments``."""
     flops = sum(node_flops(n) for n in covered)
     out = nbytes(result)
-    if result.op.name == "state_update":  # a kept state is appended in place: the value only
+    if result.op.name == STATE_UPDATE:  # a kept state is appended in place: the value only
         value = result.inputs[1]
         return Features(float(flops), 2.0 * nbytes(value), float(numel(value)))
     if result.op.name in SUBSET_READERS:  # reads rows of a table, not all of it

@@ -25,6 +25,7 @@ from tensor_graphs.frontend.aten.common import (
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import WEIGHT
 
 
 # ---------------------------------------------------------------------------- fx nodes
@@ -294,7 +295,7 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         program = compiler.compile(nodes, device=device,
                                    bounds={k: v for k, v in found.items() if k in used} or None,
                                    **options)
-        present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == "weight"}
+        present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
         program.bind(**{n: w for n, w in weights.items() if n in present})
     try:
         params = list(inspect.signature(module.forward).parameters)

@@ -32,6 +32,25 @@ from dataclasses import dataclass, field
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops.names import (
+    EMBEDDING,
+    EQUAL,
+    GATHER,
+    GREATER,
+    GREATER_EQUAL,
+    INPUT,
+    LESS,
+    LESS_EQUAL,
+    LOG,
+    MAXIMUM,
+    MINIMUM,
+    NLL_LOSS,
+    NOT_EQUAL,
+    RSQRT,
+    SQRT,
+    STATE,
+    WHERE,
+)
 from tensor_graphs.rewrite import pattern as pat
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -56,7 +75,7 @@ class Spec:
     dtype: str = "float32"
     values: str = "normal"
     high: int = 0
-    leaf: str = "input"  # "state": a tg.state leaf (state_update's first operand)
+    leaf: str = INPUT  # STATE: a tg.state leaf (state_update's first operand)
 
     def describe(self) -> str:
         return f"{tuple(self.shape)} {self.dtype}"
@@ -106,7 +125,7 @@ def generator(*ops: str, dtypes=FLOATS):
     return decorate
 
 
-def S(shape, dtype="float32", values="normal", high=0, leaf="input") -> Spec:  # noqa: N802
+def S(shape, dtype="float32", values="normal", high=0, leaf=INPUT) -> Spec:  # noqa: N802
     return Spec(tuple(shape), dtype, values, high, leaf)
 
 
@@ -114,9 +133,8 @@ def S(shape, dtype="float32", values="normal", high=0, leaf="input") -> Spec:  #
 UNARY_SHAPES = [(1,), (7,), (7, 33), (1025,), (), (2, 3, 4)]
 BINARY_SHAPES = [((1,), (1,)), ((7,), (7,)), ((7, 33), (7, 33)), ((7, 33), (33,)),
                  ((7, 1), (1, 33)), ((1025,), (1025,)), ((), (7,)), ((2, 1, 4), (3, 1))]
-POSITIVE = {"log", "sqrt", "rsqrt"}
-TIES = {"equal", "less", "greater", "less_equal", "greater_equal", "not_equal", "maximum",
-        "minimum"}
+POSITIVE = {LOG, SQRT, RSQRT}
+TIES = {EQUAL, LESS, GREATER, LESS_EQUAL, GREATER_EQUAL, NOT_EQUAL, MAXIMUM, MINIMUM}
 
 
 def _unary(values="normal", attrs=({},)):
@@ -316,7 +334,7 @@ def _state_update(dt, arity):
     table = [((4, 8), (2, 8), 0, 0), ((4, 8), (2, 8), 0, 2), ((4, 8), (3, 8), 0, 4),
              ((3, 5), (3, 2), 1, 5), ((1,), (1,), 0, 1), ((1025,), (7,), 0, 1000),
              ((33, 4), (7, 4), 0, 33)]
-    return [OpCase((S(s, dt, leaf="state"), S(v, dt)), {"axis": a, "offset": o})
+    return [OpCase((S(s, dt, leaf=STATE), S(v, dt)), {"axis": a, "offset": o})
             for s, v, a, o in table]
 
 
@@ -662,8 +680,8 @@ def variable_roles(p: pat.Pat) -> dict[str, str]:
         q = stack.pop()
         if not isinstance(q, pat.OpPat):
             continue
-        slots = {"where": {0: "bool"}, "gather": {1: "index"}, "embedding": {0: "index"},
-                 "nll_loss": {1: "index"}}.get(q.op, {})
+        slots = {WHERE: {0: "bool"}, GATHER: {1: "index"}, EMBEDDING: {0: "index"},
+                 NLL_LOSS: {1: "index"}}.get(q.op, {})
         for i, child in enumerate(q.inputs):
             if isinstance(child, pat.Var) and i in slots:
                 roles[child.name] = slots[i]

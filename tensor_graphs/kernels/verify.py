@@ -66,12 +66,13 @@ from tensor_graphs.errors import (
 )
 from tensor_graphs.ir import builder as _builder
 from tensor_graphs.ir import dtypes as _dtypes
+from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.composite import _normalize_axis_attr
 from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import decompose, nodes
 from tensor_graphs.ir.node import COMPOSITE, Node
 from tensor_graphs.ir.ops import OPS
-from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops.names import CAST, STATE, WHERE
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels import signatures as sig
 from tensor_graphs.kernels.numpy.exact import atomic_graph
@@ -81,7 +82,6 @@ from tensor_graphs.rewrite import pattern as pat
 
 LOW_PRECISION_BUDGET = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 BIG = {"float16": 6.0e4, "bfloat16": 1.0e30, "float32": 1.0e30, "float64": 1.0e300}
-ELEMENTWISE = set(UNARY) | set(BINARY) | {"where", "cast"}
 
 
 @dataclass
@@ -179,7 +179,7 @@ def build_case(k: registry.Kernel, case: Case) -> Built | str:
     """The case's graph for the kernel's pattern, or why it does not fit (a string)."""
     leaves = {}
     for name, spec in case.specs.items():
-        make = _builder.state if spec.leaf == "state" else _builder.input
+        make = _builder.state if spec.leaf == STATE else _builder.input
         try:
             leaves[name] = make(name, spec.shape, spec.dtype)
         except TensorGraphsError as exc:
@@ -248,7 +248,7 @@ def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bo
             if id(c) not in memo:
                 memo[id(c)] = instantiate(c, leaves, root_attrs, False, _memo=memo)
             children[i] = memo[id(c)]
-    typed = children[1:] if p.op == "where" else children  # where: not the bool condition
+    typed = children[1:] if p.op == WHERE else children  # where: not the bool condition
     dtype = next((c.dtype for c in typed if c is not None), None)
     for i, c in enumerate(p.inputs):
         if isinstance(c, pat.Const):
@@ -348,7 +348,7 @@ def _is_elementwise(root: Node) -> bool:
             continue
         if n.op.name not in ELEMENTWISE:
             return False
-        if n.op.name == "cast" and n.dtype.is_int and n.inputs[0].dtype.is_float:
+        if n.op.name == CAST and n.dtype.is_int and n.inputs[0].dtype.is_float:
             return False
     return True
 

@@ -25,6 +25,7 @@ import numpy as np
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import leaves
+from tensor_graphs.ir.ops.names import WEIGHT
 from tensor_graphs.nn.attention import KVCache
 from tensor_graphs.nn.models import GPT2, GPT2Config, Llama, LlamaConfig
 
@@ -78,7 +79,7 @@ class Generator:
         self.cache_names = decode_cache.names()
         self._empty = prefill_cache.empty(batch)
         for prog, outputs in ((self.prefill, prefill_outputs), (self.decode, decode_outputs)):
-            names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == "weight"}
+            names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
             missing = sorted(names - set(weights))
             if missing:
                 raise ArgumentError(f"generate: the model's state dict lacks {missing[:5]}"

@@ -24,6 +24,7 @@ from tensor_graphs.ir import builder
 from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import substitute
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import STATE, STATE_UPDATE
 from tensor_graphs.numerics import relative_error
 
 
@@ -44,7 +45,7 @@ class Call:
 # arguments that stay states as leaves: ``state_update`` accepts only a state (or a version
 # of one) as its first operand, so as an input leaf every KV-cache append failed its check,
 # was recorded as a failure, and decode planned the float64 reference in its place
-STATE_OPS = ("state", "state_update")
+STATE_OPS = (STATE, STATE_UPDATE)
 
 
 def region_graph(call: Call) -> tuple[Node, dict[Node, str]]:

@@ -77,18 +77,34 @@ from tensor_graphs.errors import (
     ShapeError,
 )
 from tensor_graphs.ir import dtypes as _dt
-from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE
+from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import decompose, substitute
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops.names import (
+    ADD,
+    CAST,
+    CONSTANT,
+    EQUAL,
+    ERF,
+    EXP,
+    LESS,
+    LOG,
+    MAXIMUM,
+    MUL,
+    NEG,
+    POW,
+    RECIPROCAL,
+    SIN,
+    SQRT,
+    WHERE,
+)
 from tensor_graphs.ir.shapes import broadcast_shapes, dims_equal
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
 
-ELEMENTWISE = frozenset({*UNARY, *BINARY, "where", "cast"})
-TRANSCENDENTAL = frozenset({"exp", "log", "sin", "erf", "pow"})  # glibc may differ by ULPs
+TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, POW})  # glibc may differ by ULPs
 
 # dtype -> (C type, unsigned C type of the same width for wrap-around arithmetic)
 C_TYPES: dict[str, tuple[str, str]] = {
@@ -150,7 +166,7 @@ def fusable(node: Node) -> bool:
 
 def uniform_value(node: Node):
     """The one value every element of a constant node has in its own dtype (None otherwise)."""
-    if node.op.name != "constant" or node.dtype not in SUPPORTED_DTYPES:
+    if node.op.name != CONSTANT or node.dtype not in SUPPORTED_DTYPES:
         return None
     arr = np.asarray(node.attrs["value"].array).astype(node.dtype.np_dtype)
     if arr.size == 0:
@@ -168,7 +184,7 @@ def inlinable(node: Node) -> bool:
     """A 0-d constant of a supported dtype (what the builder makes of Python scalars): it
     becomes a C literal and a ``pat.Const`` of its stored value. Larger constants, even
     uniform ones, are kernel inputs (their shape takes part in broadcasting)."""
-    return node.op.name == "constant" and node.ndim == 0 and node.dtype in SUPPORTED_DTYPES
+    return node.op.name == CONSTANT and node.ndim == 0 and node.dtype in SUPPORTED_DTYPES
 
 
 def elementwise_region(root: Node, inputs: Sequence[Node] | None = None, *,
@@ -256,7 +272,7 @@ def c_literal(value, d: DType) -> str:
     return f"(({ct}){v}{'LL' if d.name == 'int64' else ''})"
 
 
-_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin", "erf": "erf"}
+_UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf"}  # op: C function
 
 # ---------------------------------------------------------------------------- vector math
 VECTOR_MATH = True  # use glibc's libmvec (SIMD exp/log/sin/erf/pow) where it links and loads
@@ -331,32 +347,32 @@ def _expr(n: Node, args: list[str], helpers: set[str],
     name, t = n.op.name, n.dtype
     src = n.inputs[0].dtype
     ct, ut = _ctype(t), _utype(t)
-    if name == "cast":
+    if name == CAST:
         return _cast_expr(args[0], src, t, helpers)
-    if name == "where":
+    if name == WHERE:
         return f"({args[0]} ? {args[1]} : {args[2]})"
-    if name in ("equal", "less"):
-        return f"(({ct})({args[0]} {'==' if name == 'equal' else '<'} {args[1]}))"
+    if name in (EQUAL, LESS):
+        return f"(({ct})({args[0]} {'==' if name == EQUAL else '<'} {args[1]}))"
     a = args[0]
     if name in _UNARY_C:
         fn = _UNARY_C[name] + ("f" if t.name == "float32" else "")
         return f"{fn}({a})"
-    if name == "reciprocal":
+    if name == RECIPROCAL:
         return f"({'1.0f' if t.name == 'float32' else '1.0'} / {a})"
-    if name == "neg":
+    if name == NEG:
         return f"(-{a})" if t.is_float else f"(({ct})({ut})(0u - ({ut}){a}))"
     b = args[1]
-    if name in ("add", "mul"):
+    if name in (ADD, MUL):
         if t.is_bool:
-            return f"({a} {'|' if name == 'add' else '&'} {b})"
+            return f"({a} {'|' if name == ADD else '&'} {b})"
         if t.is_float:
-            return f"({a} {'+' if name == 'add' else '*'} {b})"
-        return f"(({ct})({ut})(({ut}){a} {'+' if name == 'add' else '*'} ({ut}){b}))"
-    if name == "maximum":
+            return f"({a} {'+' if name == ADD else '*'} {b})"
+        return f"(({ct})({ut})(({ut}){a} {'+' if name == ADD else '*'} ({ut}){b}))"
+    if name == MAXIMUM:
         if t.is_float:  # numpy: NaN in either operand gives NaN; on ties b (as np.maximum)
             return f"(({a} > {b} || {a} != {a}) ? {a} : {b})"
         return f"({a} > {b} ? {a} : {b})"
-    if name == "pow":
+    if name == POW:
         if t.is_float:
             e = (consts or {}).get(n.inputs[1])
             if e is not None and float(e) in _POW_AS:  # numpy's scalar-exponent fast paths
@@ -438,10 +454,10 @@ def emit_c(region: Region) -> Emitted:
         expr = _expr(n, [names[a] for a in n.inputs], helpers, values)
         var = f"v{i}"
         body.append(f"const {_ctype(n.dtype)} {var} = {expr};")
-        if n.op.name == "pow" and not n.dtype.is_float:
+        if n.op.name == POW and not n.dtype.is_float:
             body.append(f"if ({names[n.inputs[1]]} < 0) bad = 1;")
         names[n] = var
-    checks_pow = any(n.op.name == "pow" and not n.dtype.is_float for n in region.nodes)
+    checks_pow = any(n.op.name == POW and not n.dtype.is_float for n in region.nodes)
     nin = len(region.inputs)
     tile = TILE if nin <= 8 else 256
     out_t = _ctype(region.root.dtype)
@@ -536,7 +552,7 @@ def emit_c(region: Region) -> Emitted:
 
 
 def _flags_for(region: Region) -> tuple[str, ...]:
-    float_to_int = any(n.op.name == "cast" and n.inputs[0].dtype.is_float and n.dtype.is_int
+    float_to_int = any(n.op.name == CAST and n.inputs[0].dtype.is_float and n.dtype.is_int
                        for n in region.nodes)
     return EXTRA_FLAGS + (FLOAT_TO_INT_FLAGS if float_to_int else ())
 
@@ -545,8 +561,8 @@ def _math_functions(region: Region) -> set[str]:
     """The libm functions the region's C calls (expf, pow, ...)."""
     out = set()
     for n in region.nodes:
-        base = _UNARY_C.get(n.op.name) or ("pow" if n.op.name == "pow" else None)
-        if n.op.name == "pow" and n.inputs[1] in region.constants \
+        base = _UNARY_C.get(n.op.name) or ("pow" if n.op.name == POW else None)
+        if n.op.name == POW and n.inputs[1] in region.constants \
                 and float(uniform_value(n.inputs[1])) in _POW_AS:
             base = None
         if base and base != "sqrt" and n.dtype.is_float:
@@ -578,7 +594,7 @@ def region_pattern(region: Region) -> tuple[pat.Pat, tuple[str, ...]]:
         for i in n.inputs:
             users.setdefault(i, []).append(n)
     for k, n in enumerate(region.nodes):
-        attrs = {"dtype": n.attrs["dtype"]} if n.op.name == "cast" else {}
+        attrs = {"dtype": n.attrs["dtype"]} if n.op.name == CAST else {}
         p = pat.OpPat(n.op.name, tuple(built[i] for i in n.inputs), attrs)
         if len(users.get(n, ())) > 1 and not _joins_user_chain(n, users[n]):
             p = p.bind(f"v{k}")  # shared: matched once, not once per path to it
@@ -788,9 +804,9 @@ def evaluate_rounded(region: Region, arrays: Sequence[np.ndarray]) -> np.ndarray
 # from the region's own ops, so verification can tell such data from a wrong kernel.
 LIBM_ULPS = 4.0  # libmvec's accuracy goal (measured here: erff 3.99, logf 3.8); scalar libm <= 3
 ROUNDING_ULPS = {  # op: its float result's own rounding error, in ulps of that result
-    "add": 0.5, "mul": 0.5, "sqrt": 0.5, "reciprocal": 0.5,  # IEEE: correctly rounded
-    "cast": 0.5,  # to a narrower float (0 when the value fits)
-    "neg": 0.0, "maximum": 0.0, "where": 0.0,  # exact: a sign flip or a pick
+    ADD: 0.5, MUL: 0.5, SQRT: 0.5, RECIPROCAL: 0.5,  # IEEE: correctly rounded
+    CAST: 0.5,  # to a narrower float (0 when the value fits)
+    NEG: 0.0, MAXIMUM: 0.0, WHERE: 0.0,  # exact: a sign flip or a pick
     **dict.fromkeys(TRANSCENDENTAL, LIBM_ULPS),  # libm, libmvec (pow by 0.5, 2, -1: IEEE)
 }
 
@@ -840,23 +856,23 @@ def _cast_moved(n: Node, v, e, r):
 
 
 _MOVED = {  # op: (node, operand values, their error bounds, exact result) -> the result's error
-    "neg": lambda n, v, e, r: e[0],
-    "exp": lambda n, v, e, r: np.abs(r) * np.expm1(e[0]),  # exp(a + e) - exp(a), the larger
-    "log": lambda n, v, e, r: np.where(v[0] > e[0], -np.log1p(-e[0] / v[0]), np.inf),
-    "sqrt": lambda n, v, e, r: r - np.sqrt(np.maximum(v[0] - e[0], 0.0)),  # the lower side
-    "reciprocal": lambda n, v, e, r: np.where(  # |1/a' - 1/a| = |a' - a| / |a a'|
+    NEG: lambda n, v, e, r: e[0],
+    EXP: lambda n, v, e, r: np.abs(r) * np.expm1(e[0]),  # exp(a + e) - exp(a), the larger
+    LOG: lambda n, v, e, r: np.where(v[0] > e[0], -np.log1p(-e[0] / v[0]), np.inf),
+    SQRT: lambda n, v, e, r: r - np.sqrt(np.maximum(v[0] - e[0], 0.0)),  # the lower side
+    RECIPROCAL: lambda n, v, e, r: np.where(  # |1/a' - 1/a| = |a' - a| / |a a'|
         np.abs(v[0]) > e[0], e[0] / (np.abs(v[0]) * (np.abs(v[0]) - e[0])), np.inf),
-    "sin": lambda n, v, e, r: np.minimum(np.abs(np.cos(v[0])) * e[0] + e[0] ** 2 / 2, 2.0),
-    "erf": lambda n, v, e, r: _erf_moved(v, e, r),
-    "add": lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else e[0] + e[1],  # or: 0/1
-    "mul": lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else (
+    SIN: lambda n, v, e, r: np.minimum(np.abs(np.cos(v[0])) * e[0] + e[0] ** 2 / 2, 2.0),
+    ERF: lambda n, v, e, r: _erf_moved(v, e, r),
+    ADD: lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else e[0] + e[1],  # or: 0/1
+    MUL: lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else (
         np.abs(v[0]) * e[1] + np.abs(v[1]) * e[0] + e[0] * e[1]),  # exact for intervals
-    "maximum": lambda n, v, e, r: np.maximum(*e),  # |max(a', b') - max(a, b)| <= the larger
-    "pow": lambda n, v, e, r: _pow_moved(v, e, r),
-    "equal": lambda n, v, e, r: _flips(v, e, r),
-    "less": lambda n, v, e, r: _flips(v, e, r),
-    "where": lambda n, v, e, r: _where_moved(v, e, r),
-    "cast": _cast_moved,
+    MAXIMUM: lambda n, v, e, r: np.maximum(*e),  # |max(a', b') - max(a, b)| <= the larger
+    POW: lambda n, v, e, r: _pow_moved(v, e, r),
+    EQUAL: lambda n, v, e, r: _flips(v, e, r),
+    LESS: lambda n, v, e, r: _flips(v, e, r),
+    WHERE: lambda n, v, e, r: _where_moved(v, e, r),
+    CAST: _cast_moved,
 }
 
 
@@ -871,7 +887,7 @@ def _exact_values(region: Region, arrays: Sequence[np.ndarray]) -> dict[Node, np
         for n in region.nodes:
             args = [vals[i].astype(np.float64) if vals[i].dtype.kind == "f" else vals[i]
                     for i in n.inputs]
-            if n.op.name == "cast" and n.dtype.is_float:
+            if n.op.name == CAST and n.dtype.is_float:
                 vals[n] = args[0].astype(np.float64)
             else:
                 out = np.asarray(n.op.reference(args, dict(n.attrs)))
@@ -1220,7 +1236,7 @@ def region_signatures(region: Region) -> list[dict]:
     region with an integer pow draw positive values (negative exponents raise)."""
     from tensor_graphs.kernels.signatures import Spec
 
-    int_pow = any(n.op.name == "pow" and n.dtype.is_int for n in region.nodes)
+    int_pow = any(n.op.name == POW and n.dtype.is_int for n in region.nodes)
     out = []
     for shapes in _trial_shapes(region):
         sig = {}
