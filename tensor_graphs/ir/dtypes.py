@@ -62,8 +62,10 @@ float64 = DType("float64", np.dtype(np.float64), "float", 2)
 
 ALL: tuple[DType, ...] = (bool_, uint8, int8, int32, int64, float16, bfloat16, float32, float64)
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
+# The dtype groups, defined once, in ALL's order: kernels declare dtypes= with them
 FLOATS = tuple(d for d in ALL if d.is_float)
 INTS = tuple(d for d in ALL if d.is_int)
+NUMBERS = INTS + FLOATS  # every dtype but bool
 _BY_NUMPY = {d.np_dtype: d for d in ALL}
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.dtypes import FLOATS
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import I64, P, ptr
 from tensor_graphs.kernels.registry import kernel
@@ -34,7 +35,6 @@ LIB = "gather"
 SOURCE = lib.source(LIB)
 NONE = 1e-12  # no rounding: bit-exact
 _INDEX = {np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _index_ok(dtype) -> str | None:
@@ -47,8 +47,9 @@ def _embedding_fits(shapes, dtypes, attrs):
     reason = lib.failure(LIB) or _index_ok(dtypes[0])
     if reason is not None:
         return reason
-    if dtypes[1].name not in _FLOATS:
-        return f"the table must be a float tensor ({', '.join(_FLOATS)}), got {dtypes[1].name}"
+    if dtypes[1] not in FLOATS:
+        return (f"the table must be a float tensor ({', '.join(d.name for d in FLOATS)}), got "
+                f"{dtypes[1].name}")
     if len(shapes[1]) != 2:
         return f"the table must be 2-D (rows, dim), got {tuple(shapes[1])}"
     return True

@@ -13,10 +13,6 @@ from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.node import Op
 from tensor_graphs.rewrite import pattern as pat
 
-FLOATS = ("float16", "bfloat16", "float32", "float64")
-INTS = ("uint8", "int8", "int32", "int64")
-NUMBERS = INTS + FLOATS
-ALL = ("bool",) + NUMBERS
 LOW = (np.dtype(np.float16), _dtypes.bfloat16.np_dtype)
 F32 = np.dtype(np.float32)
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from tensor_graphs.errors import EvaluationError
+from tensor_graphs.ir.dtypes import ALL, FLOATS, NUMBERS
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels import storage
 from tensor_graphs.kernels.numpy._util import (
-    ALL,
-    FLOATS,
     LOW,
-    NUMBERS,
     erf,
     into,
     same_dtype,

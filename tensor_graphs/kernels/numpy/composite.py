@@ -21,12 +21,10 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tensor_graphs.errors import EvaluationError
+from tensor_graphs.ir.dtypes import ALL, FLOATS, NUMBERS
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import (
-    ALL,
-    FLOATS,
     LOW,
-    NUMBERS,
     erf,
     into,
     op_pattern,

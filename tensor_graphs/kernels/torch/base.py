@@ -24,14 +24,12 @@ from __future__ import annotations
 import functools
 import inspect
 
+from tensor_graphs.ir import dtypes as _dtypes
+from tensor_graphs.ir.dtypes import FLOATS
 from tensor_graphs.kernels.registry import kernel
 from tensor_graphs.kernels.torch.convert import to_numpy, to_torch
 from tensor_graphs.rewrite import pattern as pat
 
-FLOATS = ("float16", "bfloat16", "float32", "float64")
-INTS = ("uint8", "int8", "int32", "int64")
-NUMERIC = INTS + FLOATS  # every dtype but bool
-ALL = ("bool",) + NUMERIC
 EXACT = 1e-12  # results that are exact in the input's dtype (no rounding at all)
 ELEMENTWISE = 1e-6  # float32 elementwise: a few ulps (measured: below 1e-7)
 REDUCTION = 1e-5  # float32 sums over ~1000 terms, norms, softmax, matmul (measured: < 1e-6)
@@ -86,12 +84,13 @@ def _dtype_constraints(dtypes, typed: int | None, where) -> dict:
 def _leading_dtypes(allowed, count: int, where):
     """A where-constraint: the first ``count`` inputs have a dtype in ``allowed``, then
     ``where`` (if any) holds."""
-    names = tuple(allowed)
+    accepted = tuple(_dtypes.as_dtype(d) for d in allowed)
+    names = ", ".join(d.name for d in accepted)
 
     def check(shapes, dtypes, attrs):
         for d in dtypes[:count]:
-            if d.name not in names:
-                return f"dtype {d.name}; accepts {', '.join(names)}"
+            if d not in accepted:
+                return f"dtype {d.name}; accepts {names}"
         return True if where is None else where(shapes, dtypes, attrs)
 
     return check

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import math
 
-from tensor_graphs.kernels.torch.base import (
-    ALL,
-    EXACT,
-    FLOATS,
-    INTS,
-    NUMERIC,
-    REDUCTION,
-    given,
-    torch_kernel,
-)
+from tensor_graphs.ir.dtypes import ALL, FLOATS, INTS
+
+# NUMBERS keeps the name NUMERIC here: the decorators below spell it, and a kernel's decorator
+# text is part of its source hash (a new spelling would make every stored measurement stale)
+from tensor_graphs.ir.dtypes import NUMBERS as NUMERIC
+from tensor_graphs.kernels.torch.base import EXACT, REDUCTION, given, torch_kernel
 from tensor_graphs.kernels.torch.convert import Lazy, torch_dtype
 
 torch = Lazy("torch", globals(), "torch")
