@@ -24,6 +24,7 @@ from tensor_graphs.errors import (  # noqa: F401
     KernelVerificationError,
     NoPathError,
     OutOfMemory,
+    PassError,
     PlanFileError,
     SerializationError,
     ShapeError,
@@ -86,5 +87,5 @@ __all__ = [
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",
-    "OutOfMemory", "PlanFileError", "UntrustedPathError",
+    "OutOfMemory", "PassError", "PlanFileError", "UntrustedPathError",
 ]

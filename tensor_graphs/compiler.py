@@ -1,10 +1,22 @@
 """``tg.compile``, ``tg.paths``, ``tg.count_paths``: the pipeline, read top to bottom.
 
-    graph -> bind dims (the call's, or the bounds) -> simplify      planner/prepare.py
-          -> plan-cache lookup (replay the cached decisions)        planner/cache.py
-          -> else: options per slot, DP within tolerance            planner/search.py
-          -> profile="missing": measure what has no row, re-plan    profiler/
-          -> flat instruction list over numbered values             runtime/program.py
+    graph -> specialize   bind the call's dims (none: kept, planned for bounds)  planner/prepare
+          -> simplify     movement chains, identities and constants folded       rewrite/simplify
+          -> recompose    hand-spelled composites (RMSNorm...) back into an op   rewrite/recompose
+          -> sink         reshapes moved below pointwise ops                      rewrite/sink
+          -> plan         a lock file or the plan cache replayed, else options    planner/
+                          per slot and DP within tolerance (profile="missing":
+                          measure what has no row first)
+          -> memory plan  liveness and arena offsets; OutOfMemory before a run    memory/
+          -> lower        the plan as a flat program over numbered values         runtime/lower
+          -> program      the Executable a call runs                              runtime/program
+
+``Pipeline.build`` runs the passes in that order, each through ``run_pass``: ``TG_DEBUG=1``
+prints each pass's name, size and time to stderr; ``TG_DEBUG=2`` also checks what each pass
+hands on (``planner/lint.py``, ``memory.lint_memory``, ``runtime.lower.lint_program``) and
+raises ``PassError`` naming the pass that broke it. ``tg.compile`` builds once for a static
+graph or for the bounds; a graph with symbolic dims and no bounds is built on its first call
+with new dims.
 
 Costs come from the measurement database (``db``: a path, ":memory:", a Database, or None for
 ``$TG_DB`` / the user cache file) through one cost model per database, shared by every compile
@@ -14,20 +26,29 @@ in the process so its in-memory answers are reused.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tensor_graphs.db import hardware as _hardware
-from tensor_graphs.db.cost import CostModel
+from tensor_graphs.db.cost import CostModel, format_seconds
 from tensor_graphs.db.store import Database, open_db
 from tensor_graphs.devices import as_device
-from tensor_graphs.errors import ArgumentError, PlanFileError, ShapeError
-from tensor_graphs.ir.graph import _as_list
+from tensor_graphs.errors import ArgumentError, PassError, PlanFileError, ShapeError
+from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.memory import MemoryPlan, check_fits, lint_memory, plan_memory
 from tensor_graphs.planner import cache
+from tensor_graphs.planner.lint import lint_graph, lint_plan
 from tensor_graphs.planner.plan import Plan
-from tensor_graphs.planner.prepare import as_symbols, prepare, prepare_symbolic, symbols
+from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
 from tensor_graphs.planner.search import Planner
-from tensor_graphs.runtime.program import CompiledGraph
+from tensor_graphs.rewrite.recompose import recompose
+from tensor_graphs.rewrite.simplify import simplify
+from tensor_graphs.rewrite.sink import sink_reshapes
+from tensor_graphs.runtime.lower import Program, lint_program, lower
+from tensor_graphs.runtime.program import CompiledGraph, Executable
 
 PROFILE_MODES = ("never", "missing")
 DEFAULT_TOLERANCE = 1e-5
@@ -45,9 +66,60 @@ def cost_model(db: Database, kinds: Sequence[str]) -> CostModel:
     return model
 
 
-class PlanSettings:
-    """What a compile fixed (device, tolerance, database, profiling, backends, a lock file);
-    called with dims, it returns the plan for them."""
+def debug_level() -> int:
+    """``TG_DEBUG``: unset, "" or "0" is 0; "2" or more is 2 (check every pass); any other
+    value is 1 (time every pass; the tg command also shows tracebacks)."""
+    value = os.environ.get("TG_DEBUG", "")
+    if value in ("", "0"):
+        return 0
+    return 2 if value.isdigit() and int(value) >= 2 else 1
+
+
+# What a pass hands on: (its type, its size as TG_DEBUG=1 prints it, its check for TG_DEBUG=2)
+PASS_RESULTS: tuple[tuple[type | tuple[type, ...], Callable, Callable], ...] = (
+    # specialize, simplify, recompose, sink: the graph's outputs
+    ((list, tuple), lambda g: f"{len(nodes(list(g)))} nodes", lint_graph),
+    # plan: the steps, aliases and leaves
+    (Plan, lambda p: f"{len(p.steps)} steps", lint_plan),
+    # memory plan: placements and arena offsets
+    (MemoryPlan, lambda m: f"{len(m.liveness.buffers)} buffers", lint_memory),
+    # lower: the program record
+    (Program, lambda p: f"{len(p.prelude) + len(p.instructions)} instructions", lint_program),
+    # program: the executable built on it
+    (Executable, lambda e: f"{len(e.prelude) + len(e.instructions)} instructions",
+     lambda e: lint_program(e.program)),
+)
+
+
+def run_pass(name: str, fn: Callable, *args):
+    """``fn(*args)``, the pass called ``name``. Under ``TG_DEBUG=1`` it prints the pass's name,
+    the size of what it handed on and its time to stderr; under ``TG_DEBUG=2`` it also checks
+    that result (``PASS_RESULTS``) and raises ``PassError`` naming the pass when it is broken,
+    so a bug fails in the pass that made it, not as a wrong result passes later."""
+    level = debug_level()
+    if not level:
+        return fn(*args)
+    start = time.perf_counter()
+    result = fn(*args)
+    seconds = time.perf_counter() - start
+    size, check = next((size, check) for kind, size, check in PASS_RESULTS
+                       if isinstance(result, kind))
+    print(f"tg pass {name:<12} {size(result):>17} {format_seconds(seconds):>10}",
+          file=sys.stderr)
+    if level >= 2:
+        problems = check(result)
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise PassError(f"TG_DEBUG=2: the {name} pass handed on a broken "
+                            f"{type(result).__name__}: {problems[0]}{more}. This is a bug in "
+                            f"the {name} pass: report it with the graph (tg.save) and this "
+                            "message")
+    return result
+
+
+class Pipeline:
+    """What a compile fixed (device, tolerance, database, profiling, backends, a lock file)
+    and its passes: ``build(dims)`` runs them for one binding of the dims."""
 
     def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
                  backends: Sequence[str] | None, decisions: Sequence[str] | None = None,
@@ -65,6 +137,29 @@ class PlanSettings:
         self.decisions = None if decisions is None else tuple(decisions)
         self.plan_file = plan_file  # where ``decisions`` came from, for errors
 
+    def build(self, dims: Mapping, stats: dict, symbolic: bool = False,
+              fits: bool = True) -> Executable:
+        """The passes, top to bottom, for one binding: ``dims`` are the call's values or, with
+        ``symbolic``, the bounds a graph is planned for with its dims kept (the result runs
+        every call with dims up to them). ``fits``: raise OutOfMemory when the program does
+        not fit the device (before anything runs)."""
+        dims = as_symbols(dims)
+        if not symbolic:
+            self._check_bounds(dims)
+        if debug_level():
+            shown = ", ".join(f"{k}={v}" for k, v in dims.items()) or "no dims"
+            print(f"tg compile: {len(self.outputs)} output(s); {shown}"
+                  + (" (bounds: symbolic dims kept)" if symbolic else ""), file=sys.stderr)
+        graph = prepare(self.outputs, {} if symbolic else dims)  # specialize ... sink
+        plan = run_pass("plan", self._plan, graph, dims if symbolic else None, stats)
+        at = plan.at(dims) if symbolic else plan  # concrete shapes, steps in the same order
+        memory = run_pass("memory plan", plan_memory, at)
+        if fits:
+            check_fits(memory, {self.device.kind: self.device})
+        program = run_pass("lower", lower, plan, memory, at)
+        stats["plans"] += 1
+        return run_pass("program", Executable, program)
+
     def planner(self, prepared: list[Node], blocks: bool = True,
                 dims: Mapping | None = None) -> Planner:
         """A planner for ``prepared``; ``dims`` are the values a symbolic graph is costed at."""
@@ -72,23 +167,9 @@ class PlanSettings:
                        tolerance=self.tolerance, backends=self.backends, blocks=blocks,
                        dims=dims)
 
-    def __call__(self, dims: Mapping, stats: dict) -> Plan:
-        """The plan for these dims (the graph specialized to them)."""
-        dims = as_symbols(dims)
-        self._check_bounds(dims)
-        return self._plan(prepare(self.outputs, dims), None, dims, stats)
-
-    def symbolic(self, bounds: Mapping, stats: dict) -> tuple[Plan, Plan]:
-        """The plan of the graph with its symbolic dims kept, costed at ``bounds``, and the same
-        plan at the bounds (for memory planning)."""
-        bounds = as_symbols(bounds)
-        plan = self._plan(prepare_symbolic(self.outputs), bounds, bounds, stats)
-        return plan, plan.at(bounds)
-
-    def _plan(self, prepared: list[Node], costed_at: Mapping | None, dims: Mapping,
-              stats: dict) -> Plan:
+    def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict) -> Plan:
         """Replay a lock file or a cached plan, else (after measuring what is missing, with
-        profile="missing") search."""
+        profile="missing") search. ``costed_at``: the bounds a symbolic graph is costed at."""
         def key() -> tuple:
             return cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
                              costed_at)
@@ -110,7 +191,7 @@ class PlanSettings:
             if self.profile == "missing":
                 from tensor_graphs.profiler.missing import profile_missing
 
-                concrete = prepared if costed_at is None else prepare(self.outputs, dims)
+                concrete = prepared if costed_at is None else prepare(self.outputs, costed_at)
                 everything = self.planner(concrete, blocks=False)  # every option it sees
                 everything.solve()
                 stats["measured"] += profile_missing(everything, self.db)
@@ -132,6 +213,15 @@ class PlanSettings:
         if over:
             raise ShapeError(f"{', '.join(over)}: above the bounds this program was compiled "
                              "for; compile again with larger bounds=")
+
+
+def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
+    """The graph passes: the graph the planner sees for ``dims`` (none: symbolic dims kept).
+    Leaves keep their names, so feeds still match."""
+    graph = run_pass("specialize", specialize, outputs, dims)
+    graph = run_pass("simplify", simplify, graph)
+    graph = run_pass("recompose", recompose, graph)
+    return list(run_pass("sink", sink_reshapes, graph))
 
 
 def _check_tolerance(tolerance) -> float:
@@ -176,56 +266,51 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
         from tensor_graphs.planner.lockfile import load
 
         decisions = load(plan, outs, device, _check_tolerance(tolerance))
-    settings = PlanSettings(outs, device, tolerance, db, profile, backends, decisions, bounds,
-                            plan_file=plan)
-    prog = CompiledGraph(outs, single, settings)
+    pipeline = Pipeline(outs, device, tolerance, db, profile, backends, decisions, bounds,
+                        plan_file=plan)
+    prog = CompiledGraph(outs, single, pipeline)
     free = symbols(outs)
     dims = as_symbols(bounds or {})
     unknown = sorted(str(s) for s in dims if s not in free)
     if unknown:
         raise ArgumentError(f"bounds name dims {unknown} that the graph does not use; its "
                             f"dims are {sorted(map(str, free)) or 'none'}")
-    if free and free <= set(dims):
-        prog._plan_symbolic(dims)
-    elif free <= set(dims):
-        prog._executable(dims)
-    return prog
+    if free and free <= set(dims):  # one program for every call with dims up to the bounds
+        prog.add(pipeline.build(dims, prog.stats, symbolic=True))
+    elif not free:
+        prog.add(pipeline.build({}, prog.stats), {})
+    return prog  # symbolic dims without bounds: built on each first call with new dims
 
 
 def _planner_for(graph, device, tolerance, db, dims, backends) -> Planner:
     outs, _ = _outputs(graph)
-    settings = PlanSettings(outs, device, tolerance, db, "never", backends)
+    pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
     free = symbols(outs)
     values = as_symbols(dims)
     missing = sorted(str(s) for s in free - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
                             f"{missing[0]}=128")
-    return settings.planner(prepare(outs, values), blocks=False)
+    return pipeline.planner(prepare(outs, values), blocks=False)
 
 
 def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, db=None,
                     backends: Sequence[str] | None = None, **dims) -> dict[str, int]:
     """Bytes per device (arena + weights + state) the graph's plan needs for these dims, from
     the plan alone: nothing runs and nothing is allocated."""
-    from tensor_graphs.memory import plan_memory
-
     outs, _ = _outputs(graph)
-    settings = PlanSettings(outs, device, tolerance, db, "never", backends)
+    pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
     values = as_symbols(dims)
     missing = sorted(str(s) for s in symbols(outs) - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
                             f"{missing[0]}=128")
-    if symbols(outs):  # as tg.compile(..., bounds=dims) plans it
-        return plan_memory(settings.symbolic(values, _counters())[1]).totals()
-    return plan_memory(settings(values, _counters())).totals()
-
-
-def _counters() -> dict:
-    return {k: 0 for k in ("planner_runs", "plan_cache_hits", "replayed", "measured", "slots",
-                           "options", "estimates", "blocks", "blocks_planned",
-                           "block_cache_hits")}
+    counters = {k: 0 for k in ("planner_runs", "plan_cache_hits", "replayed", "measured",
+                               "slots", "options", "estimates", "blocks", "blocks_planned",
+                               "block_cache_hits", "plans")}
+    # as tg.compile(..., bounds=dims) builds it, without the check that it fits the device
+    exe = pipeline.build(values, counters, symbolic=bool(symbols(outs)), fits=False)
+    return exe.memory.totals()
 
 
 def paths(graph, device="cpu", tolerance: float = 1.0, db=None,

@@ -92,6 +92,12 @@ class OutOfMemory(TensorGraphsError):  # noqa: N818  (tg.OutOfMemory, as the iss
         self.largest = tuple(largest)
 
 
+class PassError(TensorGraphsError):
+    """A compile pass handed on a graph, plan, memory plan or program that breaks an invariant
+    the passes after it rely on (checked under ``TG_DEBUG=2``): a bug in the pass the message
+    names."""
+
+
 class UntrustedPathError(TensorGraphsError, PermissionError):
     """A file or folder tensor_graphs would load code or plans from that another local user
     could have written (owned by someone else, or writable by group or others)."""

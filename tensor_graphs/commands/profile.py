@@ -71,10 +71,10 @@ def parse_dims(graph, pairs: list[tuple[str, int]]) -> dict[str, int]:
 
 
 def _settings(args, graph):
-    from tensor_graphs.compiler import PlanSettings
+    from tensor_graphs.compiler import Pipeline
     from tensor_graphs.ir.graph import _as_list
 
-    return PlanSettings(_as_list(graph), args.device, args.tolerance, args.db, "never", None)
+    return Pipeline(_as_list(graph), args.device, args.tolerance, args.db, "never", None)
 
 
 def _profile(args) -> int:
@@ -92,7 +92,7 @@ def _profile(args) -> int:
 
 
 def _paths(args) -> int:
-    from tensor_graphs.planner.prepare import prepare
+    from tensor_graphs.compiler import prepare
 
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)

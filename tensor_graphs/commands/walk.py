@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensor_graphs.commands.calibrate import calibrate
+from tensor_graphs.compiler import prepare
 from tensor_graphs.db.cost import format_seconds
 from tensor_graphs.planner.plan import Plan
-from tensor_graphs.planner.prepare import as_symbols, prepare
+from tensor_graphs.planner.prepare import as_symbols
 from tensor_graphs.profiler.measure import sample_times
 from tensor_graphs.profiler.missing import Work, calls_to_measure
 from tensor_graphs.profiler.progress import Progress
+from tensor_graphs.runtime.lower import lower
 from tensor_graphs.runtime.program import Executable
 
 
@@ -91,7 +93,7 @@ def random_feeds(prepared, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def run_path(plan: Plan, feeds, dims, repeats: int = 3) -> float:
-    exe = Executable(plan)
+    exe = Executable(lower(plan))
     samples = sample_times(lambda: exe.run(feeds, dims), repeats, min_sample=0.0,
                            max_seconds=10.0)
     return float(np.median(samples))

@@ -23,10 +23,11 @@ from tensor_graphs.memory.plan import (
                                            Tensor,
                                            check_fits,
                                            format_bytes,
+                                           lint_memory,
                                            plan_memory,
 )
 
 __all__ = ["ALIGNMENT", "STRATEGIES", "Buffer", "Liveness", "MemoryPlan", "OutOfMemory",
            "Placement", "Tensor", "Value", "analyze", "assign_offsets", "check_fits",
-           "format_bytes", "max_live_lower_bound", "no_reuse_total", "overlapping_pairs",
-           "plan_memory", "static_keys"]
+           "format_bytes", "lint_memory", "max_live_lower_bound", "no_reuse_total",
+           "overlapping_pairs", "plan_memory", "static_keys"]

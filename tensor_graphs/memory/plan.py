@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tensor_graphs.ir.shapes import format_shape
-from tensor_graphs.memory.arena import ALIGNMENT, assign_offsets
+from tensor_graphs.memory.arena import ALIGNMENT, assign_offsets, overlapping_pairs
 from tensor_graphs.memory.errors import OutOfMemory
 from tensor_graphs.memory.liveness import (
     ARENA,
@@ -211,6 +211,43 @@ def _needed_static(live: Liveness) -> set[int]:
         if v.last == live.end and v.buffer.kind == WEIGHT:
             needed.add(v.buffer.id)
     return needed
+
+
+def lint_memory(memory_plan: MemoryPlan) -> list[str]:
+    """What is wrong with ``memory_plan`` (empty when nothing): every value of the plan has a
+    placement, an alias names a value that owns the same buffer, every arena buffer lies
+    inside its arena, and no two arena buffers live at a common step share bytes.
+    ``TG_DEBUG=2`` runs it after memory planning."""
+    problems: list[str] = []
+    live, places = memory_plan.liveness, memory_plan.placements
+    for key, reads in live.steps:
+        for k in (key, *reads):
+            if k not in places:
+                problems.append(f"{_value(k)} has no placement")
+    for key, p in places.items():
+        if p.alias_of is None:
+            continue
+        owner = places.get(p.alias_of)
+        if owner is None or owner.buffer != p.buffer or owner.alias_of is not None:
+            problems.append(f"{_value(key)} is placed as an alias of {_value(p.alias_of)}, "
+                            "which does not own its buffer")
+    for device in live.devices:
+        bufs = live.arena_buffers(device)
+        size = memory_plan.arena.get(device, 0)
+        for b in bufs:
+            start = memory_plan.buffer_offsets.get(b.id)
+            if start is None or start < 0 or start + b.nbytes > size:
+                problems.append(f"arena buffer {b.id} ({b.nbytes} B) at offset {start} lies "
+                                f"outside the {device} arena of {size} B")
+        for a, b in overlapping_pairs(bufs, memory_plan.buffer_offsets):
+            problems.append(f"arena buffers {a.id} and {b.id} are live together at steps "
+                            f"{max(a.first, b.first)}-{min(a.last, b.last)} and share bytes")
+    return problems
+
+
+def _value(key: Slot) -> str:
+    node = key.node
+    return f"{node.op.name} {format_shape(node.shape)} on {key.device}"
 
 
 def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:

@@ -1,12 +1,9 @@
-"""Turn the user's graph into the one the planner sees: concrete shapes, simplified.
+"""The first pass of tg.compile (``compiler.py`` runs them all): bind the symbolic dims.
 
 Kernels' constraints and costs need numbers, so symbolic dims are bound first (to the values of
-this call, or to the compile's ``bounds``): every leaf and attribute that mentions a dim is
-rebuilt with its value, and hash-consing rebuilds the rest. Then ``tg.simplify`` folds
-movement chains, identities and constants, and ``recompose`` folds composites a model spelled
-out by hand (RMSNorm as pow/mean/rsqrt) back into their op, so fused kernels match them;
-``sink_reshapes`` moves reshapes below pointwise ops (a GEMM's activation after a view).
-Leaves keep their names, so feeds still match.
+this call): every leaf and attribute that mentions a dim is rebuilt with its value, and
+hash-consing rebuilds the rest. A graph planned for ``bounds`` keeps its dims (specialized to
+no dims, it is itself) and is costed at the bounds. Also: which dims a graph mentions.
 """
 
 from __future__ import annotations
@@ -18,9 +15,6 @@ import sympy
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import dim_symbol, free_symbols, resolve
-from tensor_graphs.rewrite.recompose import recompose
-from tensor_graphs.rewrite.simplify import simplify
-from tensor_graphs.rewrite.sink import sink_reshapes
 
 
 def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
@@ -41,6 +35,8 @@ def as_symbols(dims: Mapping) -> dict[sympy.Symbol, int]:
 
 def specialize(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
     """The graph with every symbolic dim replaced by its value in ``dims``."""
+    if not dims:
+        return list(outputs)
     mapped = specialize_map(outputs, as_symbols(dims))
     return [mapped[o] for o in outputs]
 
@@ -66,14 +62,3 @@ def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = Non
                                          for k, v in n.attrs.items())
         mapped[n] = n if same else Node.make(n.op, inputs, attrs, n.name)
     return mapped
-
-
-def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
-    """Concrete shapes, then simplified and recomposed: what the planner plans."""
-    return list(sink_reshapes(recompose(simplify(specialize(outputs, dims)))))
-
-
-def prepare_symbolic(outputs: Sequence[Node]) -> list[Node]:
-    """Simplified with its symbolic dims kept: planned once for bounds, run for any values up
-    to them."""
-    return list(sink_reshapes(recompose(simplify(list(outputs)))))

@@ -2,20 +2,19 @@
 
 A call validates its feeds exactly as ``tg.evaluate`` does (names, kinds, shapes, dims), picks
 the plan for the dims it binds (planned at compile time, or on the first call with new dims
-when the graph has symbolic dims and no bounds), and runs that plan's steps as a flat list:
-each instruction calls a kernel function on the values of earlier slots and drops every value
-after its last use. Weights are bound once (``bind``) in the user's layout. Where every
-instruction is a C kernel, a dims binding seen before runs as one foreign call instead
-(``runtime/native.py``); ``prog.loop`` says which loop ran and why.
+when the graph has symbolic dims and no bounds; tg.compile's pipeline builds it), and runs
+its program (``runtime/lower.py``) as a flat list: each instruction calls a kernel function on
+the values of earlier slots and drops every value after its last use. Weights are bound once
+(``bind``) in the user's layout. Where every instruction is a C kernel, a dims binding seen
+before runs as one foreign call instead (``runtime/native.py``); ``prog.loop`` says which loop
+ran and why.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import sympy
@@ -30,31 +29,14 @@ from tensor_graphs.errors import (
     TensorGraphsError,
 )
 from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
-from tensor_graphs.ir.graph import STATIC_LEAVES, leaves
+from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
-from tensor_graphs.planner.plan import Plan, Slot
+from tensor_graphs.planner.plan import Plan
 from tensor_graphs.runtime import native as _native
+from tensor_graphs.runtime.lower import Instruction, Program
 from tensor_graphs.runtime.state import State, kept_states
-
-
-@dataclass(frozen=True, eq=False)
-class Instruction:
-    fn: object
-    args: tuple[int, ...]  # value indices
-    attrs: dict  # may hold symbolic dims (a reshape to (batch, seq, 768)): see ``bound``
-    out: int
-    free: tuple[int, ...]  # values whose last use is here
-    name: str  # the kernel's name, for errors
-    shape: tuple  # the result's expected shape (symbolic dims allowed)
-    contiguous: bool  # the kernel reads its inputs as dense C-order buffers
-    place: tuple | None = None  # (device, byte offset, bytes): write into the arena there
-    fresh: bool = True  # the kernel returns a new array (not a view, not into the arena)
-    kernel: object = None
-    input_shapes: tuple = ()  # the kernel's arguments' shapes (symbolic), for constraints
-    dtypes: tuple = ()
-    dtype: object = None  # the result's numpy dtype
 
 
 class OutsideConstraintsError(Exception):
@@ -64,139 +46,38 @@ class OutsideConstraintsError(Exception):
 
 
 class Executable:
-    """One plan flattened: leaf loaders, instructions over numbered values, outputs.
+    """A lowered program (``runtime/lower.py``) that runs: leaf loaders, the prelude once per
+    weight binding, the instructions per call.
 
-    A plan made for bounds has symbolic shapes; ``bound(dims)`` resolves its attributes,
-    shapes and arena places for one set of dims (cached), and checks every kernel's
-    constraints there. The arena is laid out once, at the bounds: a value never needs more
-    bytes at smaller dims, so its place still fits (checked; otherwise it is allocated)."""
+    A program lowered from a plan made for bounds has symbolic shapes; ``bound(dims)``
+    resolves its attributes, shapes and arena places for one set of dims (cached), and checks
+    every kernel's constraints there. The arena is laid out once, at the bounds: a value never
+    needs more bytes at smaller dims, so its place still fits (checked; otherwise it is
+    allocated)."""
 
-    def __init__(self, plan: Plan, memory=None, twin: Plan | None = None):
-        self.plan = plan
-        self.memory = memory  # the MemoryPlan of ``twin`` (the plan at the bounds)
-        self.twin = twin or plan
-        index: dict[Slot, int] = {}
-
-        def slot_index(slot: Slot) -> int:
-            slot = plan.resolve(slot)
-            if slot not in index:
-                index[slot] = len(index)
-            return index[slot]
-
-        self.leaves = [(slot_index(s), s.node) for s in plan.leaves]
-        steps = [(tuple(slot_index(i) for i in s.inputs), slot_index(Slot(s.node, s.device,
-                                                                            False)), s, pos)
-                 for pos, s in enumerate(plan.steps)]
-        self.outputs = [slot_index(s) for s in plan.outputs]
-        # Steps that read only weights and constants (a transposed or re-laid-out weight)
-        # and do not depend on dims run once per binding, not per call: the prelude.
-        static = {i for i, node in self.leaves if _static_leaf(node)}
-        prelude, main = [], []
-        for args, out, s, pos in steps:
-            if all(a in static for a in args) and not _mentions_dims(s.node):
-                static.add(out)
-                prelude.append((args, out, s, pos))
-            else:
-                main.append((args, out, s, pos))
-        self.prelude = self._instructions(prelude, keep=static)
-        self.size = len(index)
-        self.instructions = self._instructions(main, keep=static | set(self.outputs), arena=True)
-        # Kernels that take an argument prepared at bind time (a GEMM's packed weight): where
-        # the argument is static, the prepared form is one more static value, made once per
-        # binding after the prelude; elsewhere the instruction prepares it per call.
-        self.prepared: list[tuple[int, int, object, bool, tuple, object]] = []
-        self.instructions = [self._prepare(ins, static) for ins in self.instructions]
-        needed = {a for ins in self.instructions for a in ins.args} | set(self.outputs)
-        self.static = sorted(i for i in static if i in needed)
+    def __init__(self, program: Program):
+        self.program = program
+        self.plan = program.plan
+        self.memory = program.memory  # the MemoryPlan of ``twin`` (the plan at the bounds)
+        self.twin = program.at
+        self.size = program.size
+        self.leaves = list(program.leaves)
+        self.prelude = list(program.prelude)
+        self.instructions = list(program.instructions)  # (tools time them by replacing fns)
+        self.prepared = list(program.prepared)
+        self.outputs = list(program.outputs)
+        self.static = list(program.static)
         self._static_set = set(self.static)
-        # a weight view (a transposed embedding, say) read by a kernel that needs dense input
-        made = {p[0] for p in self.prepared}  # prepared values are made as the kernel wants
-        self._dense_static = sorted({a for ins in self.instructions if ins.contiguous
-                                     for a in ins.args if a in self._static_set and a not in made})
+        self._dense_static = list(program.dense_static)
+        self.symbols = list(program.symbols)
+        self._inputs = list(program.inputs)
         self._static_values: list | None = None
         self.arenas: dict[str, np.ndarray] = {}
         self._bindings: dict[tuple, tuple] = {}
         self._resolvers: list | None = None
-        self.symbols = sorted(set().union(*(free_symbols(ins.shape) | free_symbols(
-            tuple(ins.input_shapes)) | free_symbols(tuple(v for v in ins.attrs.values()
-                                                          if isinstance(v, (sympy.Basic, tuple))))
-            for ins in self.instructions)) if self.instructions else set(), key=str)
-        self._inputs = [(i, node) for i, node in self.leaves if node.op.name == "input"]
         self._generation = 0  # counts prelude runs: a native recording holds their results
         self.native = _native.NativeLoop()
         self.shared_results = False  # the last run's results live in memory runs reuse
-
-    def _instructions(self, steps, keep: set[int], arena: bool = False) -> list[Instruction]:
-        last: dict[int, int] = {}
-        for i, (args, _, _, _) in enumerate(steps):
-            for a in args:
-                last[a] = i
-        out = []
-        for i, (args, result, s, pos) in enumerate(steps):
-            free = tuple(sorted({a for a in args if last[a] == i and a not in keep}))
-            place = self._place(s, pos) if arena else None
-            out.append(Instruction(
-                s.kernel.fn, args, dict(s.attrs), result, free, s.kernel.name,
-                tuple(s.node.shape), s.kernel.contiguous, place,
-                place is None and (not s.kernel.view or (arena and self._copies(s, pos))),
-                s.kernel,
-                tuple(tuple(x.node.shape) for x in s.inputs),
-                tuple(x.node.dtype for x in s.inputs), s.node.dtype.np_dtype))
-        return out
-
-    def _prepare(self, ins: Instruction, static: set[int]) -> Instruction:
-        """``ins`` reading the prepared values of its prepared arguments (see the registry's
-        ``prepare=``): new static values for static arguments (shared by instructions that
-        prepare the same value the same way), a per-call preparation for the others."""
-        k = ins.kernel
-        if k is None or not getattr(k, "prepare", None):
-            return ins
-        args, per_call = list(ins.args), {}
-        for pos, prep in k.prepared_positions(len(args)).items():
-            src = args[pos]
-            if src not in static:
-                per_call[pos] = prep
-                continue
-            key = (src, prep.name or id(prep), ins.contiguous and not prep.strided)
-            found = next((p[0] for p in self.prepared if p[5] == key), None)
-            if found is None:
-                found = self.size
-                self.size += 1
-                static.add(found)
-                self.prepared.append((found, src, prep, ins.contiguous and not prep.strided,
-                                      tuple(ins.input_shapes[pos]), key))
-            args[pos] = found
-        fn = ins.fn
-        if per_call:
-            def fn(*arrays, _fn=ins.fn, _per_call=per_call, **kw):
-                arrays = list(arrays)
-                for pos, prep in _per_call.items():
-                    arrays[pos] = prep(arrays[pos])
-                return _fn(*arrays, **kw)
-        return dataclasses.replace(ins, fn=fn, args=tuple(args))
-
-    def _copies(self, step, pos: int) -> bool:
-        """A view kernel (a reshape) that the memory plan, made at the bounds, lays out as a
-        copy: at smaller dims numpy may return a view of an arena buffer the plan reuses after
-        this step (a permuted (1, 1, H, D) is contiguous), so such a result is copied out."""
-        if self.memory is None:
-            return False
-        twin = self.twin.steps[pos]
-        p = self.memory.placements.get(self.twin.resolve(Slot(twin.node, twin.device, False)))
-        return p is not None and p.alias_of is None
-
-    def _place(self, step, pos: int) -> tuple | None:
-        """Where the step writes its result in the arena, for kernels that take ``out=``."""
-        if self.memory is None or not getattr(step.kernel, "writes_out", False):
-            return None
-        twin = self.twin.steps[pos]
-        p = self.memory.placements.get(self.twin.resolve(Slot(twin.node, twin.device, False)))
-        if p is None or p.kind != "arena" or not p.nbytes or p.alias_of is not None:
-            return None  # in-place results reuse their input's buffer: the kernel allocates
-        if p.strides is not None and p.strides != _c_strides(twin.node.shape,
-                                                              twin.node.dtype.np_dtype):
-            return None
-        return (p.device, p.offset, p.nbytes)
 
     def _arenas(self) -> dict[str, np.ndarray]:
         if not self.arenas and self.memory is not None:
@@ -286,9 +167,9 @@ class Executable:
                      [ins.shape for ins in self.prelude], [None] * len(self.prelude), {})
             for i in self._dense_static:  # made dense once per binding, not per call
                 values[i] = dense(values[i])
-            for i, src, prep, contiguous, _, _ in self.prepared:  # e.g. packed weights
-                v = values[src]
-                values[i] = prep(dense(v) if contiguous else v)
+            for p in self.prepared:  # e.g. packed weights
+                v = values[p.source]
+                values[p.index] = p.prepare(dense(v) if p.dense else v)
             static = [(i, values[i]) for i in self.static]
             if cache_static:
                 self._static_values = static
@@ -392,16 +273,6 @@ class _InstructionResolver:
             free_symbols(tuple(ins.input_shapes)) or symbolic)
 
 
-def _static_leaf(node: Node) -> bool:
-    """Weights, constants and dims that do not vary with the call's dims."""
-    return node.op.name in STATIC_LEAVES and not _mentions_dims(node)
-
-
-def _mentions_dims(node: Node) -> bool:
-    return bool(free_symbols(tuple(node.shape))) or any(
-        isinstance(v, (sympy.Basic, tuple)) and free_symbols(v) for v in node.attrs.values())
-
-
 def _execute(instructions: list[Instruction], values: list, attrs: list, shapes: list,
              outs: list, arenas: Mapping, recorder=None) -> None:
     """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
@@ -442,18 +313,6 @@ def dims_key(dims: Mapping) -> tuple:
     return tuple(sorted((str(k), int(v)) for k, v in dims.items()))
 
 
-def _c_strides(shape, dtype) -> tuple[int, ...]:
-    return _strides(tuple(int(d) for d in shape), np.dtype(dtype).itemsize)
-
-
-def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for d in reversed(shape):
-        out.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(out))
-
-
 def dense(a, dtype=None) -> np.ndarray:
     """``a`` as a C-contiguous array (itself when it already is; 0-d stays 0-d, unlike
     ``np.ascontiguousarray``)."""
@@ -477,10 +336,12 @@ class CompiledGraph:
     ``stats`` (planner runs, plan-cache hits, slots, options), ``explain()``, ``bind()``,
     ``save_plan()``."""
 
-    def __init__(self, outputs: list[Node], single: bool, planner):
+    def __init__(self, outputs: list[Node], single: bool, pipeline):
         self._outputs = outputs
         self._single = single
-        self._planner = planner  # dims -> Plan, with the compile's settings and cache
+        # tg.compile's passes with its settings (compiler.Pipeline): builds the executable for
+        # dims the program meets first (a graph with symbolic dims and no bounds)
+        self._pipeline = pipeline
         self._leaves = leaves(outputs)
         self._by_name = {leaf.name: leaf for leaf in self._leaves}
         self._bound: dict[str, np.ndarray] = {}
@@ -503,7 +364,7 @@ class CompiledGraph:
     # ------------------------------------------------------------------------ planning
     def _executable(self, dims: Mapping) -> Executable:
         if self._symbolic is not None:  # planned once for the bounds
-            self._planner.check_bounds(dims)
+            self._pipeline.check_bounds(dims)
             try:
                 self._symbolic.bound(dims)
                 self._last = self._symbolic
@@ -511,34 +372,25 @@ class CompiledGraph:
             except OutsideConstraintsError:  # a kernel chosen at the bounds does not apply
                 self.stats["outside_bounds_plans"] = self.stats.get("outside_bounds_plans",
                                                                     0) + 1
-        key = tuple(sorted((str(k), int(v)) for k, v in dims.items()))
-        found = self._executables.get(key)
+        found = self._executables.get(dims_key(dims))
         if found is None:
-            plan = self._planner(dict(dims), self.stats)
-            found = self._executables[key] = self._load(plan, plan)
+            found = self.add(self._pipeline.build(dims, self.stats), dims)
         self._last = found
         return found
 
-    def _plan_symbolic(self, bounds: Mapping) -> None:
-        """Plan the graph once with its symbolic dims, costed at ``bounds``: every call with
-        dims up to them runs this one program (``Executable.bound``)."""
-        plan, twin = self._planner.symbolic(bounds, self.stats)
-        values = self._planner.bounds
-        for i, (name, axis) in self._kept.items():
-            self._capacity[name] = int(resolve(tuple(self._outputs[i].shape), values)[axis])
-        self._symbolic = self._last = self._load(plan, twin)
-        self._symbolic.bound(self._planner.bounds)  # kernels' constraints at the bounds
-
-    def _load(self, plan: Plan, twin: Plan) -> Executable:
-        """The executable of ``plan``, memory-planned on ``twin`` (the plan at concrete dims);
-        raises OutOfMemory before anything runs."""
-        from tensor_graphs.memory import check_fits, plan_memory
-
-        memory = plan_memory(twin)
-        device = self._planner.device
-        check_fits(memory, {device.kind: device})
-        self.stats["plans"] += 1
-        return Executable(plan, memory, twin)
+    def add(self, exe: Executable, dims: Mapping | None = None) -> Executable:
+        """Hold ``exe`` as the program for ``dims``; None: the program planned for the bounds,
+        which runs every call with dims up to them (``Executable.bound``)."""
+        if dims is not None:
+            self._executables[dims_key(dims)] = exe
+        else:
+            bounds = self._pipeline.bounds
+            for i, (name, axis) in self._kept.items():
+                self._capacity[name] = int(resolve(tuple(self._outputs[i].shape), bounds)[axis])
+            self._symbolic = exe
+            exe.bound(bounds)  # kernels' constraints at the bounds
+        self._last = exe
+        return exe
 
     def _all_executables(self) -> list[Executable]:
         return list(self._executables.values()) + ([self._symbolic] if self._symbolic else [])
@@ -599,7 +451,7 @@ class CompiledGraph:
     def save_plan(self, path) -> None:
         from tensor_graphs.planner.lockfile import save
 
-        save(self.plan, path, self._planner)
+        save(self.plan, path, self._pipeline)
 
     # ------------------------------------------------------------------------ weights
     def bind(self, **arrays) -> CompiledGraph:

@@ -307,11 +307,11 @@ def test_repeated_blocks_are_planned_once_and_run_correctly():
     # and into the GEMM (c_packed_linear_add) in the flat plan, at about the same cost
     from collections import Counter
 
-    from tensor_graphs.compiler import cost_model
-    from tensor_graphs.planner.prepare import as_symbols, prepare_symbolic
+    from tensor_graphs.compiler import cost_model, prepare
+    from tensor_graphs.planner.prepare import as_symbols
     from tensor_graphs.planner.search import Planner
 
-    flat = Planner(prepare_symbolic([y]), target="cpu", cost=cost_model(db, ("cpu",)),
+    flat = Planner(prepare([y], {}), target="cpu", cost=cost_model(db, ("cpu",)),
                    tolerance=1e-5, dims=as_symbols(dims)).plan()
     assert sum((Counter(flat.kernels) - Counter(kernels)).values()) <= 2
     assert prog.plan.cost <= flat.cost * 1.005
