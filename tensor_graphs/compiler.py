@@ -52,13 +52,14 @@ from tensor_graphs.runtime.program import CompiledGraph, Executable
 
 PROFILE_MODES = ("never", "missing")
 DEFAULT_TOLERANCE = 1e-5
-_cost_models: dict[int, CostModel] = {}
 
 
 def cost_model(db: Database, kinds: Sequence[str]) -> CostModel:
-    model = _cost_models.get(id(db))
-    if model is None or model.db is not db:
-        model = _cost_models[id(db)] = CostModel(db, {})
+    """The database's one cost model, reused by every compile against it and freed with it:
+    the database holds it (``db.derived``); a table here kept every ":memory:" one alive."""
+    model = db.derived.get("cost_model")
+    if model is None:
+        model = db.derived["cost_model"] = CostModel(db, {})
     for kind in kinds:
         if kind not in model.hardware:
             model.hardware[kind] = _hardware.current(kind)

@@ -165,6 +165,9 @@ class Database:
         self.path = str(path)
         # names this object for caches: id() may be reused once an in-memory database is freed
         self.instance = next(_instances)
+        # what layers above derive from this database (the compiler's cost model): kept here,
+        # it is freed with the database, where a table of their own would keep it alive
+        self.derived: dict[str, object] = {}
         self.readonly = False
         self.readonly_reason: str | None = None
         self.open_mode = "memory"  # "rw", "ro", "immutable", or "memory" (also private copies)
