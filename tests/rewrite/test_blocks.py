@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -119,10 +118,7 @@ def test_gpt2_twelve_layers_one_group(form):
         graph = tg.decompose(graph)
     if form == "canonical":
         graph = tg.canonicalize(graph)
-    start = time.perf_counter()
-    groups = find_repeated_blocks(graph)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 5.0  # a sanity bound; benchmarks/rewrite.py measures the real time
+    groups = find_repeated_blocks(graph)  # its speed: benchmarks/rewrite.py (target < 1 s)
     assert len(groups) == 1
     [group] = groups
     covered = check_group(graph, group, 12, weights_per_layer=12)
@@ -148,9 +144,7 @@ def test_gpt2_default_size(decomposed):
     graph = gpt2_style()
     if decomposed:
         graph = tg.decompose(graph)
-    start = time.perf_counter()
-    [group] = find_repeated_blocks(graph)
-    assert time.perf_counter() - start < 5.0
+    [group] = find_repeated_blocks(graph)  # its speed: benchmarks/rewrite.py (target < 1 s)
     covered = check_group(graph, group, 12, weights_per_layer=12)
     assert len(covered) >= 0.9 * len(tg.nodes(graph))
 

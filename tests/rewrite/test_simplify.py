@@ -1,11 +1,9 @@
 """tg.simplify: every rule on a before/after pair (the exact resulting node), the cases it must
 leave alone, constant folding, fixed points and step limits, CSE, dead nodes, state updates,
-speed on a GPT-2-sized graph, and a property test on hypothesis-generated graphs: the float64
+a GPT-2-sized graph, and a property test on hypothesis-generated graphs: the float64
 reference gives the same values before and after simplify and after each rule table alone."""
 
 from __future__ import annotations
-
-import time
 
 import ml_dtypes
 import numpy as np
@@ -438,7 +436,7 @@ def test_state_updates_are_kept():
         np.testing.assert_array_equal(a, c)
 
 
-# ---------------------------------------------------------------------------- speed
+# ---------------------------------------------------------------------------- GPT-2 sized
 def _gpt2(layers):
     from tensor_graphs import demo
     if hasattr(demo, "gpt2_style"):
@@ -449,14 +447,10 @@ def _gpt2(layers):
     return x0
 
 
-def test_gpt2_canonicalize_and_simplify_under_half_a_second():
+def test_gpt2_canonicalize_and_simplify_reach_a_fixed_point():
+    """Its speed (target < 0.5 s) is measured by benchmarks/rewrite.py, not asserted here."""
     g = tg.decompose(_gpt2(12))
-    best = float("inf")
-    for _ in range(3):  # the best of three, so a busy machine does not fail the test
-        start = time.perf_counter()
-        out = tg.simplify(tg.canonicalize(g))
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.5, best
+    out = tg.simplify(tg.canonicalize(g))
     assert len(tg.nodes(out)) <= len(tg.nodes(g))
     assert tg.simplify(out) is out
 
