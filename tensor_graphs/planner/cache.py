@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CONSTANT, DIM
 
 LIMIT = 256
 _plans: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
@@ -36,7 +37,7 @@ def structure(outputs: Sequence[Node]) -> str:
     index = {n: i for i, n in enumerate(order)}
     h = hashlib.blake2b(digest_size=16)
     for n in order:
-        named = n.op.is_leaf and n.op.name not in ("constant", "dim")
+        named = n.op.is_leaf and n.op.name not in (CONSTANT, DIM)
         attrs = () if named else hash(n.attrs)  # exact values (constants by their bytes)
         h.update(repr((n.op.name, attrs, tuple(map(str, n.shape)), n.dtype.name,
                        tuple(index[i] for i in n.inputs))).encode())

@@ -29,6 +29,7 @@ import sympy
 
 from tensor_graphs.db.cost import Estimate, format_seconds
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import PERMUTE
 from tensor_graphs.ir.shapes import format_shape, resolve
 
 
@@ -96,7 +97,7 @@ class Step:
     def computes(self) -> str:
         """The op the step computes: its root's, or the op under a root permute when the
         kernel also writes its result permuted (the heads-last C attention)."""
-        if self.node.op.name == "permute" and len(self.nodes) > 1:
+        if self.node.op.name == PERMUTE and len(self.nodes) > 1:
             return self.nodes[-2].op.name
         return self.node.op.name
 

@@ -31,6 +31,7 @@ from tensor_graphs.errors import (
 from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, WEIGHT
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
 from tensor_graphs.planner.plan import Plan
@@ -199,9 +200,9 @@ class Executable:
             if i in self._static_set:
                 continue
             v = values[i]
-            if node.op.name == "input":
+            if node.op.name == INPUT:
                 recorder.input(v)
-            elif node.op.name == "state":
+            elif node.op.name == STATE:
                 if v is not arrays[node.name]:
                     recorder.fail(f"state '{node.name}' is not a dense prefix of its buffer")
                 recorder.fixed(v)
@@ -322,11 +323,11 @@ def dense(a, dtype=None) -> np.ndarray:
 
 def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping) -> np.ndarray:
     kind = node.op.name
-    if kind == "constant":
+    if kind == CONSTANT:
         return node.attrs["value"].array.astype(node.dtype.np_dtype, copy=False)
-    if kind == "dim":
+    if kind == DIM:
         return np.asarray(resolve(node.attrs["expr"], dims), dtype=node.dtype.np_dtype)
-    if kind == "state":  # a kept state's active prefix: strided, appended in place, not copied
+    if kind == STATE:  # a kept state's active prefix: strided, appended in place, not copied
         return np.asarray(arrays[node.name], node.dtype.np_dtype)
     return dense(arrays[node.name], node.dtype.np_dtype)
 
@@ -437,7 +438,7 @@ class CompiledGraph:
         memory = self._last.memory
         totals = memory.totals()
         for b in memory.liveness.buffers:  # kept states at the room their buffer holds
-            st = self._states.get(b.node.name) if b.node.op.name == "state" else None
+            st = self._states.get(b.node.name) if b.node.op.name == STATE else None
             if st is None or b.kind != "state":
                 continue
             shape = [int(d) for d in b.node.shape]
@@ -471,7 +472,7 @@ class CompiledGraph:
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
         wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
-                  if leaf.op.name != "input" and n not in self._states}
+                  if leaf.op.name != INPUT and n not in self._states}
         arrays = read_safetensors(path, wanted, strict=strict, rename=rename,
                                   optional=set(self._bound))
         self._rebind(arrays, f"bind_safetensors({path})")
@@ -487,8 +488,8 @@ class CompiledGraph:
         weights, states = {}, {}
         for name, value in arrays.items():
             leaf = self._by_name.get(name)
-            if leaf is None or leaf.op.name == "input":
-                known = sorted(n for n, lf in self._by_name.items() if lf.op.name != "input")
+            if leaf is None or leaf.op.name == INPUT:
+                known = sorted(n for n, lf in self._by_name.items() if lf.op.name != INPUT)
                 kind = "an input: feed it at call time" if leaf is not None else "unknown"
                 raise FeedError(f"{what}: '{name}' is {kind}; the graph's weights and states "
                                 f"are {known or 'none'}")
@@ -526,7 +527,7 @@ class CompiledGraph:
         kept = {n: st.prefix() for n, st in self._states.items()
                 if n not in feeds and st.buffer is not None}
         unbound = sorted(n for n, lf in self._by_name.items()
-                         if lf.op.name != "input" and n not in self._bound and n not in feeds
+                         if lf.op.name != INPUT and n not in self._bound and n not in feeds
                          and n not in kept)
         if unbound:
             raise FeedError(f"weight(s) or state(s) {unbound} are not bound: call prog.bind("
@@ -543,8 +544,8 @@ class CompiledGraph:
             arrays.setdefault(name, value)
         exe = self._executable(dims)
         self.stats["calls"] += 1
-        fed_weights = any(self._by_name[n].op.name == "weight" for n in feeds)
-        only_inputs = all(self._by_name[n].op.name == "input" for n in feeds)
+        fed_weights = any(self._by_name[n].op.name == WEIGHT for n in feeds)
+        only_inputs = all(self._by_name[n].op.name == INPUT for n in feeds)
         results = exe.run(arrays, dims, cache_static=not fed_weights,
                           native=self.native and only_inputs)
         if exe.native.last.startswith("native"):

@@ -15,6 +15,7 @@ import numpy as np
 from tensor_graphs.errors import StateError
 from tensor_graphs.ir.graph import root_state
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import STATE, STATE_UPDATE
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.kernels import storage
 
@@ -81,9 +82,9 @@ def kept_states(outputs: list[Node]) -> dict[int, tuple[str, int]]:
     state."""
     found = {}
     for i, o in enumerate(outputs):
-        if o.op.name != "state_update":
+        if o.op.name != STATE_UPDATE:
             continue
         leaf = root_state(o)
-        if leaf.op.name == "state":
+        if leaf.op.name == STATE:
             found[i] = (leaf.name, int(o.attrs["axis"]))
     return found
