@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir.graph import STATIC_LEAVES
+from tensor_graphs.ir.ops.names import COPY_TO, EXPAND, PERMUTE, RESHAPE, SLICE
 from tensor_graphs.planner.plan import Plan, Slot
 
 LEAF_KINDS = {"input": "input", "weight": "weight", "constant": "weight", "dim": "weight",
@@ -179,17 +180,17 @@ def view_layout(node, src_shape, strides, offset):
     if strides is None:
         return None
     op, attrs = node.op.name, node.attrs
-    if op == "copy_to":
+    if op == COPY_TO:
         return strides, offset
-    if op == "reshape":
+    if op == RESHAPE:
         new = reshape_strides(src_shape, strides, node.shape)
         return None if new is None else (new, offset)
-    if op == "permute":
+    if op == PERMUTE:
         return tuple(strides[p] for p in attrs["perm"]), offset
-    if op == "expand":
+    if op == EXPAND:
         return tuple(0 if (d == 1 and t != 1) else s
                      for d, t, s in zip(src_shape, node.shape, strides)), offset
-    if op == "slice":
+    if op == SLICE:
         if any(d == 0 for d in node.shape):
             return tuple(strides), offset
         new = []

@@ -27,9 +27,21 @@ from tensor_graphs.db.features import features, nbytes
 from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError, PlanFileError
 from tensor_graphs.ir import builder
+from tensor_graphs.ir.algebra import STRIDED_VIEWS
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import STATIC_LEAVES, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
+from tensor_graphs.ir.ops.names import (
+    CONSTANT,
+    DIM,
+    EXPAND,
+    INPUT,
+    PERMUTE,
+    RESHAPE,
+    SLICE,
+    STATE,
+    WEIGHT,
+)
 from tensor_graphs.ir.shapes import format_shape, free_symbols
 from tensor_graphs.kernels import copy as copies
 from tensor_graphs.kernels import registry
@@ -177,7 +189,7 @@ class Planner:
 
     def _leaf(self, slot: Slot) -> list[Option]:
         kind = slot.node.op.name
-        home = {"input": "cpu", "weight": self.weights_on, "state": self.weights_on}.get(kind)
+        home = {INPUT: "cpu", WEIGHT: self.weights_on, STATE: self.weights_on}.get(kind)
         if home is not None and home != slot.device:
             return []
         return [Option(LEAF, slot, label=LEAF)]
@@ -512,7 +524,7 @@ class Planner:
         return NoPathError("no path computes the graph's outputs on the host")
 
     def _home(self, leaf: Node) -> str:
-        return "cpu" if leaf.op.name == "input" else self.weights_on
+        return "cpu" if leaf.op.name == INPUT else self.weights_on
 
     # ------------------------------------------------------------------------ paths
     def _ranked(self, slot: Slot) -> list[Option]:
@@ -580,8 +592,7 @@ class Planner:
         return [n for o in self._ranked(slot) for n in o.needs]
 
 
-STRIDED_VIEWS = {"permute", "slice", "expand"}  # views whose result is usually not dense
-MOVEMENT_VIEWS = STRIDED_VIEWS | {"reshape"}
+MOVEMENT_VIEWS = STRIDED_VIEWS | {RESHAPE}  # STRIDED_VIEWS: ir/algebra.py
 
 
 def _strided(node: Node) -> bool:
@@ -625,11 +636,11 @@ def _replay_views(base: Node, chain: Sequence[Node]):
         if out is None:
             return None
         a = n.attrs
-        if n.op.name == "permute":
+        if n.op.name == PERMUTE:
             x = np.transpose(x, tuple(a["perm"]))
-        elif n.op.name == "expand":
+        elif n.op.name == EXPAND:
             x = np.broadcast_to(x, out)
-        elif n.op.name == "slice":
+        elif n.op.name == SLICE:
             x = x[tuple(slice(0, 0) if b < 0 else slice(b, None if e < 0 else e, st)
                         for b, e, st in zip(a["starts"], a["stops"], a["steps"]))]
         else:  # reshape
@@ -646,7 +657,7 @@ def _weights_only(node: Node) -> bool:
     """The node is a chain of views over a weight or constant (made dense once per binding)."""
     while node.op.name in MOVEMENT_VIEWS:
         node = node.inputs[0]
-    return node.op.name in ("weight", "constant")
+    return node.op.name in (WEIGHT, CONSTANT)
 
 
 def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
@@ -664,7 +675,7 @@ def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
         if n in seen or n in stop:
             continue
         seen.add(n)
-        if n.op.is_leaf and n.op.name not in ("constant", "dim"):
+        if n.op.is_leaf and n.op.name not in (CONSTANT, DIM):
             return ()  # the pattern reached a fed leaf it does not take: not a valid cover
         stack.append((n, True))
         stack.extend((i, False) for i in reversed(n.inputs))
@@ -752,7 +763,7 @@ class BlockInstancePlan:
             aliases[self._slot(a)] = self._slot(b)
 
 
-PLACEHOLDER_KIND = {"weight": builder.weight, "state": builder.state}  # else an input
+PLACEHOLDER_KIND = {WEIGHT: builder.weight, STATE: builder.state}  # else an input
 
 
 def _placeholder(i: int, node: Node) -> Node:
@@ -774,7 +785,7 @@ def _abstract(outputs: Sequence[Node], mapping: dict[Node, Node]) -> tuple[Node,
             built[n] = n if inputs == n.inputs else Node.make(n.op, inputs, n.attrs, n.name)
             continue
         if n.op.is_leaf:
-            if n.op.name not in ("constant", "dim"):
+            if n.op.name not in (CONSTANT, DIM):
                 return None  # a named leaf that is not a placeholder
             built[n] = n
             continue
