@@ -4,7 +4,7 @@ Code that asks which op a node is compares against these (``node.op.name == MATM
 ``n.op.name in (WEIGHT, CONSTANT)``), never against a string literal: a misspelt constant fails
 at import (``from ... import MATMULL``) or at lint (ruff F821), where a misspelt string compared
 False forever. tests/test_op_names.py keeps this table equal to the ops ``import tensor_graphs``
-registers.
+registers, and refuses a string literal compared with an op's name anywhere in the package.
 
 An op is named where it is defined (a leaf or atomic op in ``ir/ops/atomic.py``, a composite
 after its function); this table mirrors those names, so a new op adds its line here too.
