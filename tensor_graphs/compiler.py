@@ -92,16 +92,16 @@ PASS_RESULTS: tuple[tuple[type | tuple[type, ...], Callable, Callable], ...] = (
 )
 
 
-def run_pass(name: str, fn: Callable, *args):
-    """``fn(*args)``, the pass called ``name``. Under ``TG_DEBUG=1`` it prints the pass's name,
-    the size of what it handed on and its time to stderr; under ``TG_DEBUG=2`` it also checks
-    that result (``PASS_RESULTS``) and raises ``PassError`` naming the pass when it is broken,
-    so a bug fails in the pass that made it, not as a wrong result passes later."""
+def run_pass(name: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``, the pass called ``name``. Under ``TG_DEBUG=1`` it prints the
+    pass's name, the size of what it handed on and its time to stderr; under ``TG_DEBUG=2`` it
+    also checks that result (``PASS_RESULTS``) and raises ``PassError`` naming the pass when it
+    is broken, so a bug fails in the pass that made it, not as a wrong result passes later."""
     level = debug_level()
     if not level:
-        return fn(*args)
+        return fn(*args, **kwargs)
     start = time.perf_counter()
-    result = fn(*args)
+    result = fn(*args, **kwargs)
     seconds = time.perf_counter() - start
     size, check = next((size, check) for kind, size, check in PASS_RESULTS
                        if isinstance(result, kind))
@@ -154,7 +154,7 @@ class Pipeline:
         graph = prepare(self.outputs, {} if symbolic else dims)  # specialize ... sink
         plan = run_pass("plan", self._plan, graph, dims if symbolic else None, stats)
         at = plan.at(dims) if symbolic else plan  # concrete shapes, steps in the same order
-        memory = run_pass("memory plan", plan_memory, at)
+        memory = run_pass("memory plan", plan_memory, at, symbolic=plan)  # static: on plan
         if fits:
             check_fits(memory, {self.device.kind: self.device})
         program = run_pass("lower", lower, plan, memory, at)

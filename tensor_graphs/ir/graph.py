@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from tensor_graphs.errors import FeedError, StateError, TensorGraphsError
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
 from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, STATE_UPDATE, WEIGHT
-from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.ir.shapes import format_shape, free_symbols
 
 FED_LEAVES = (INPUT, WEIGHT, STATE)  # named leaves: values from outside the graph
 
@@ -52,6 +52,42 @@ def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
                 if id(child) not in seen:
                     stack.append((child, False))
     return order
+
+
+_STATIC: dict[Node, bool] = {}  # is_static's answers per node (cleared past 200,000)
+
+
+def is_static(node: Node, inputs_static: bool | None = None) -> bool:
+    """Whether ``node``'s value is fixed for one weight binding: a weight, constant or dim
+    leaf, or a value computed from such values alone, none of them depending on the call's
+    dims (``iota(seq)`` and ``tg.size("seq")`` change with the call's length). A program
+    computes a static value once per binding and keeps it with the weights. The one rule of the
+    planner (a kernel that prepares a weight at bind time is offered only for static ones),
+    the memory plan (what is held with the weights, not in the arena) and the runtime (its
+    prelude, which it takes from the memory plan). ``inputs_static``: whether the values a
+    plan computes ``node`` from are static, when those are not its graph inputs (a fused
+    step reads its region's inputs); then only ``node``'s own dims are checked here."""
+    if node.op.is_leaf:
+        return node.op.name in STATIC_LEAVES and not _mentions_dims(node)
+    if inputs_static is not None:
+        return inputs_static and not _mentions_dims(node)
+    found = _STATIC.get(node)
+    if found is not None:
+        return found
+    for n in nodes(node):  # inputs first
+        if n not in _STATIC:
+            _STATIC[n] = not _mentions_dims(n) and (
+                n.op.name in STATIC_LEAVES if n.op.is_leaf else all(_STATIC[i] for i in n.inputs))
+    found = _STATIC[node]
+    if len(_STATIC) > 200_000:
+        _STATIC.clear()
+    return found
+
+
+def _mentions_dims(node: Node) -> bool:
+    """Whether the node's shape or an attribute holds a symbolic dim."""
+    return bool(free_symbols(tuple(node.shape))) or any(free_symbols(v)
+                                                        for v in node.attrs.values())
 
 
 def leaves(outputs, kinds: tuple[str, ...] = FED_LEAVES) -> list[Node]:

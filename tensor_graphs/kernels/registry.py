@@ -76,7 +76,7 @@ micro-kernel streams). Preparing is meant to happen once per weight binding, so:
 
 - the planner offers such a kernel only where every prepared argument is static, a weight or
   a value computed from weights and constants alone, not depending on the call's dims (the
-  runtime's prelude rule, ``planner/search.py: static_value``);
+  runtime's prelude rule, ``ir/graph.py: is_static``);
 - the runtime prepares those arguments once per binding, after the prelude, keeps the
   prepared values with the weights (stable buffers: the native loop records their
   addresses) and passes them instead of the arrays; ``bind`` invalidates them;

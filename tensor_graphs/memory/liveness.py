@@ -10,12 +10,15 @@ kernel declares ``inplace`` (below). Outputs live to ``END = len(plan.steps)``.
 
 - **Keys.** A value is keyed by its resolved slot: ``plan.resolve(Slot(step.node, step.device,
   False))`` for a step's result, ``plan.resolve(slot)`` for inputs, leaves and outputs (what
-  ``runtime.program.Executable`` numbers).
+  ``runtime.lower`` numbers).
 - **Leaves** (``plan.leaves``) live outside the arena: inputs (the caller's arrays), weights,
   constants and dims (bound with the weights), states (their own persistent buffers).
-- **Static values**: a step whose inputs are all weights, constants, dims or other static
-  values runs once per binding (``Executable``'s prelude); its result is stored with the
-  weights, not in the arena. Pass ``static`` to override that rule.
+- **Static values** (``static_keys``, the rule ``ir.graph.is_static``): a step whose inputs
+  are all weights, constants, dims or other static values, and which does not depend on the
+  call's dims, runs once per binding (the runtime's prelude, which it takes from here); its
+  result is stored with the weights, not in the arena. A plan made at the bounds is judged on
+  the symbolic plan it came from (``iota(seq)`` runs per call, so it gets arena bytes). Pass
+  ``static`` to override that rule.
 - **Views.** A step whose kernel declares ``view=True`` returns a view of its input 0: no bytes
   of its own, it lives in its source's buffer, whose lifetime grows to the view's last use
   (transitively: a view of a view). The view's layout (element strides and offset in the
@@ -37,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tensor_graphs.errors import ArgumentError
-from tensor_graphs.ir.graph import STATIC_LEAVES
+from tensor_graphs.ir.graph import is_static
 from tensor_graphs.ir.ops.names import COPY_TO, EXPAND, PERMUTE, RESHAPE, SLICE
 from tensor_graphs.planner.plan import Plan, Slot
 
@@ -202,21 +205,27 @@ def view_layout(node, src_shape, strides, offset):
 
 
 # ----------------------------------------------------------------------------- analysis
-def static_keys(plan: Plan) -> set[Slot]:
-    """The values ``Executable`` computes once per binding: weight, constant and dim leaves and
-    every step result whose inputs are all static (steps without inputs included)."""
-    static = {plan.resolve(s) for s in plan.leaves if s.node.op.name in STATIC_LEAVES}
-    for step in plan.steps:
-        if all(plan.resolve(i) in static for i in step.inputs):
+def static_keys(plan: Plan, symbolic: Plan | None = None) -> set[Slot]:
+    """The values computed once per binding (``ir.graph.is_static``: a static leaf, or a step
+    whose inputs are all static and whose node does not depend on the call's dims), keyed by
+    ``plan``'s slots. ``symbolic``: the plan before its dims were bound (``plan`` is
+    ``symbolic.at(bounds)``, steps in the same order), on which it is decided: at the bounds
+    ``iota(seq)`` has a concrete shape, yet it runs per call."""
+    source = plan if symbolic is None else symbolic
+    static = {plan.resolve(s) for s, t in zip(plan.leaves, source.leaves) if is_static(t.node)}
+    for step, twin in zip(plan.steps, source.steps):
+        if is_static(twin.node, all(plan.resolve(i) in static for i in step.inputs)):
             static.add(plan.resolve(Slot(step.node, step.device, False)))
     return static
 
 
-def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = True) -> Liveness:
+def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = True,
+            symbolic: Plan | None = None) -> Liveness:
     """Buffers, layouts and lifetimes of every value of ``plan`` (see the module doc).
-    ``static``: keys of values held with the weights (default: ``static_keys(plan)``);
-    ``scratch``: plan the dense copies that ``contiguous`` kernels make of strided inputs."""
-    static = set(static_keys(plan) if static is None else static)
+    ``static``: keys of values held with the weights (default: ``static_keys(plan,
+    symbolic)``); ``scratch``: plan the dense copies that ``contiguous`` kernels make of
+    strided inputs; ``symbolic``: the plan before its dims were bound (see ``static_keys``)."""
+    static = set(static_keys(plan, symbolic) if static is None else static)
     end = len(plan.steps)
     values: dict[Slot, Value] = {}
     buffers: list[Buffer] = []

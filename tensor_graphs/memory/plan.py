@@ -133,12 +133,14 @@ class MemoryPlan:
 
 
 def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
-                alignment: int = ALIGNMENT, scratch: bool = True) -> MemoryPlan:
+                alignment: int = ALIGNMENT, scratch: bool = True,
+                symbolic: Plan | None = None) -> MemoryPlan:
     """Liveness plus arena offsets for ``plan`` (shapes must be concrete: a plan made for
-    dims or bounds). ``static_keys``: values computed once per binding (default: the rule of
-    ``Executable``'s prelude); ``scratch``: plan the dense copies of strided inputs that
-    ``contiguous`` kernels make."""
-    live = analyze(plan, static_keys, scratch=scratch)
+    dims, or a plan for bounds at them, ``symbolic.at(bounds)``). ``static_keys``: values
+    computed once per binding (default: ``liveness.static_keys``, decided on ``symbolic`` when
+    given); ``scratch``: plan the dense copies of strided inputs that ``contiguous`` kernels
+    make."""
+    live = analyze(plan, static_keys, scratch=scratch, symbolic=symbolic)
     arena, lower, no_reuse, strategy = {}, {}, {}, {}
     weights: dict[str, int] = {}
     state: dict[str, int] = {}
@@ -180,7 +182,7 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
 def _prepared(plan: Plan) -> list[tuple[str, int]]:
     """(device, bytes) of each bind-time prepared copy of a static value (a packed GEMM
     weight), kept beside the weights: one per value and preparation, as the runtime makes
-    them (``runtime/program.py``)."""
+    them (``runtime/lower.py``)."""
     seen, out = set(), []
     for step in plan.steps:
         if not getattr(step.kernel, "prepare", None):
@@ -198,7 +200,7 @@ def _prepared(plan: Plan) -> list[tuple[str, int]]:
 
 def _needed_static(live: Liveness) -> set[int]:
     """Ids of static buffers that a per-call step or an output reads (kept after the
-    prelude, as ``Executable.static``)."""
+    prelude, as ``Program.static``)."""
     needed = set()
     for key, ins in live.steps:
         if key in live.static:

@@ -29,7 +29,7 @@ from tensor_graphs.errors import NoPathError, PlanFileError
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.algebra import STRIDED_VIEWS
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import STATIC_LEAVES, nodes, use_counts
+from tensor_graphs.ir.graph import is_static, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops.names import (
     CONSTANT,
@@ -42,7 +42,7 @@ from tensor_graphs.ir.ops.names import (
     STATE,
     WEIGHT,
 )
-from tensor_graphs.ir.shapes import format_shape, free_symbols
+from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.kernels import copy as copies
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner.plan import (
@@ -86,31 +86,6 @@ def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
     node's attributes (the database key next to the kernel's name)."""
     return signature_text([(a.shape, a.dtype.name) for a in arguments],
                           {k: json_attr(v) for k, v in attrs.items()})
-
-
-_STATIC: dict[Node, bool] = {}
-
-
-def static_value(node: Node) -> bool:
-    """True for a value fixed per weight binding: a weight, constant or dim leaf, or a value
-    computed from such leaves alone, none of them depending on the call's dims (the
-    runtime's prelude rule, ``runtime/program.py``). Kernels that prepare an argument at bind
-    time (the registry's ``prepare=``) are offered only where that argument is static."""
-    found = _STATIC.get(node)
-    if found is not None:
-        return found
-    order = [n for n in nodes(node) if n not in _STATIC]
-    for n in order:  # inputs first
-        if free_symbols(tuple(n.shape)) or any(free_symbols(v) for v in n.attrs.values()):
-            _STATIC[n] = False
-        elif n.op.is_leaf:
-            _STATIC[n] = n.op.name in STATIC_LEAVES
-        else:
-            _STATIC[n] = all(_STATIC[i] for i in n.inputs)
-    if len(_STATIC) > 200_000:
-        _STATIC.clear()
-        return static_value(node)
-    return _STATIC[node]
 
 
 def step_error(kernel, dtype: DType) -> float:
@@ -204,9 +179,9 @@ class Planner:
             if result != kind:
                 continue
             args = k.arguments(m)
-            if k.prepare and not all(static_value(args[i])
+            if k.prepare and not all(is_static(args[i])
                                      for i in k.prepared_positions(len(args))):
-                continue  # prepared once per binding: only for weights (see static_value)
+                continue  # prepared once per binding: only for static values (weights)
             covers = _region(node, args)
             if not covers or not self._exclusive(covers, node):
                 continue
@@ -234,7 +209,7 @@ class Planner:
         (written, read back). Weights are left out: a weight-streaming kernel measures its
         own bandwidth. A decision term only: the plan's predicted time stays the estimates'."""
         rate = self.cost.rates(self.target)["bytes"]
-        moved = [a for a in dict.fromkeys(args) if not static_value(a)] + [node]
+        moved = [a for a in dict.fromkeys(args) if not is_static(a)] + [node]
         return sum(nbytes(t) for t in self._concrete(moved)) / rate
 
     def _concrete(self, nodes_: Sequence[Node]) -> list[Node]:

@@ -1,16 +1,16 @@
 """Lowering: a plan and its memory plan become a ``Program``, the flat record a runtime runs.
 
 Every resolved slot of the plan is numbered (a value index); each step becomes an
-``Instruction`` over those indices:
+``Instruction`` over those indices. What the memory plan decides, the program takes from it
+rather than working it out again:
 
-- **prelude**: a step that reads only static values (weights, constants, dims, and values
-  made from them alone, none depending on the call's dims) runs once per binding, in the
-  prelude, and its value is kept with the weights; every other step runs per call.
-- **frees**: an instruction drops a value after its last use, unless it is static or an
-  output.
-- **places**: from the memory plan, a kernel that writes into a given buffer writes its
-  result at the value's arena offset; a view kernel whose result the memory plan lays out as
-  a copy copies.
+- **prelude membership**: a step whose value is static (``ir.graph.is_static``: fixed for one
+  weight binding) runs once per binding, in the prelude, and its value is kept with the
+  weights; every other step runs per call. Static leaves are bound once too.
+- **frees**: an instruction drops a value after its last use (``Value.last`` of the memory
+  plan's liveness), unless it is static or an output.
+- **places**: a kernel that writes into a given buffer writes its result at the value's arena
+  offset; a view kernel whose result the memory plan lays out as a copy copies.
 
 A plan made for bounds keeps its symbolic dims; ``at`` is the same plan at the bounds (steps
 in the same order), which the memory plan laid out, so the two are matched by position.
@@ -28,11 +28,10 @@ from typing import NamedTuple
 import numpy as np
 import sympy
 
-from tensor_graphs.ir.graph import STATIC_LEAVES
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT
 from tensor_graphs.ir.shapes import free_symbols
-from tensor_graphs.memory.liveness import ARENA
+from tensor_graphs.memory.liveness import ARENA, analyze
 from tensor_graphs.memory.plan import MemoryPlan
 from tensor_graphs.planner.plan import Plan, Slot
 
@@ -96,8 +95,10 @@ class Program:
 def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) -> Program:
     """``plan`` as a ``Program`` (see the module doc). ``memory``: the memory plan of ``at``
     (the plan at the bounds; ``plan`` itself when concrete); without one the values get no
-    arena places (every kernel allocates)."""
+    arena places (every kernel allocates) and the liveness is analysed here (``plan`` must
+    then be concrete)."""
     at = plan if at is None else at
+    live = memory.liveness if memory is not None else analyze(at, symbolic=plan)
     index: dict[Slot, int] = {}
 
     def number(slot: Slot) -> int:
@@ -105,27 +106,25 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
 
     leaves = tuple(LeafValue(number(s), s.node) for s in plan.leaves)
     outputs = tuple(number(s) for s in plan.outputs)
-    static = {i for i, node in leaves if _static_leaf(node)}
+    static = {i for (i, _), s in zip(leaves, at.leaves) if at.resolve(s) in live.static}
     prelude, main = [], []
     for pos, step in enumerate(plan.steps):
         args = tuple(number(i) for i in step.inputs)
         out = number(Slot(step.node, step.device, False))
-        if all(a in static for a in args) and not _mentions_dims(step.node):
+        if live.steps[pos][0] in live.static:  # the memory plan holds it with the weights
             static.add(out)
             prelude.append((pos, args, out))
         else:
             main.append((pos, args, out))
     keep = static | set(outputs)
-    last = {a: n for n, (_, args, _) in enumerate(main) for a in args}
     prelude_ins = [_instruction(plan, pos, args, out, (), None, False)
                    for pos, args, out in prelude]
     instructions = []
-    for n, (pos, args, out) in enumerate(main):
-        free = tuple(sorted({a for a in args if last[a] == n and a not in keep}))
-        placement = None
-        if memory is not None:
-            twin = at.steps[pos]
-            placement = memory.placements.get(at.resolve(Slot(twin.node, twin.device, False)))
+    for pos, args, out in main:
+        key, reads = live.steps[pos]  # the same step in the memory plan's keys
+        free = tuple(sorted({a for a, k in zip(args, reads)
+                             if live.values[k].last == pos and a not in keep}))
+        placement = memory.placements.get(key) if memory is not None else None
         instructions.append(_instruction(plan, pos, args, out, free,
                                          _place(at.steps[pos], placement),
                                          placement is not None and placement.alias_of is None))
@@ -204,16 +203,6 @@ def _prepare(ins: Instruction, static: set[int], prepared: list[Prepared], size:
                 arrays[pos] = prep(arrays[pos])
             return _fn(*arrays, **kw)
     return dataclasses.replace(ins, fn=fn, args=tuple(args)), size
-
-
-def _static_leaf(node: Node) -> bool:
-    """Weights, constants and dims that do not vary with the call's dims."""
-    return node.op.name in STATIC_LEAVES and not _mentions_dims(node)
-
-
-def _mentions_dims(node: Node) -> bool:
-    return bool(free_symbols(tuple(node.shape))) or any(
-        isinstance(v, (sympy.Basic, tuple)) and free_symbols(v) for v in node.attrs.values())
 
 
 def _symbols(instructions: Sequence[Instruction]) -> tuple[sympy.Symbol, ...]:

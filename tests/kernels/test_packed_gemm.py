@@ -269,12 +269,12 @@ def test_a_weight_computed_from_weights_is_packed_once(only_packed, count_packs,
 
 
 def test_planner_rule_static_value():
-    from tensor_graphs.planner.search import static_value
+    from tensor_graphs.ir.graph import is_static
 
     x, w = tg.input("x", (4, 8)), tg.weight("w", (8, 3))
-    assert static_value(w) and static_value(tg.transpose(w)) and static_value(w * 2.0)
-    assert not static_value(x) and not static_value(x @ w)
-    assert not static_value(tg.weight("v", ("n", 3)))  # depends on the call's dims
+    assert is_static(w) and is_static(tg.transpose(w)) and is_static(w * 2.0)
+    assert not is_static(x) and not is_static(x @ w)
+    assert not is_static(tg.weight("v", ("n", 3)))  # depends on the call's dims
 
 
 def test_profiler_measures_on_the_prepared_weight(count_packs):
