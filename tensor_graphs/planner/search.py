@@ -122,6 +122,7 @@ class Planner:
                       "blocks_planned": 0, "block_cache_hits": 0}
         self._blocks: dict[Node, BlockInstancePlan] = {}
         self._inside: set[Node] = set()
+        self._multi_output: set[Node] = set()  # the nodes of blocks with several outputs
         if blocks:
             self._find_blocks()
 
@@ -242,9 +243,14 @@ class Planner:
         return total
 
     def _exclusive(self, covers: tuple[Node, ...], root: Node) -> bool:
-        """A fused kernel may cover inner nodes only when nothing else reads them."""
+        """A fused kernel may cover inner nodes only when nothing else reads them, and none
+        of a block that runs for another output: a kernel fusing one output of a KV-cache
+        layer (its residual add, into the next layer norm) recomputed the layer's attention
+        and MLP beside the block, which ran anyway for its cache updates."""
         if len(covers) == 1:
             return True
+        if any(n in self._multi_output for n in covers if n is not root):
+            return False
         inside = set(covers)
         reads: dict[Node, int] = {}
         for n in covers:
@@ -331,6 +337,8 @@ class Planner:
                 record = BlockInstancePlan(inst, abstract, dict(zip(holders, outer)), shared)
                 for o in inst.outputs:
                     self._blocks[o] = record
+                if len(inst.outputs) > 1:
+                    self._multi_output |= inst.nodes
                 self.stats["blocks"] += 1
         self._inside = claimed - set(self._blocks)
 
