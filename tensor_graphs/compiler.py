@@ -277,9 +277,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
         raise ArgumentError(f"bounds name dims {unknown} that the graph does not use; its "
                             f"dims are {sorted(map(str, free)) or 'none'}")
     if free and free <= set(dims):  # one program for every call with dims up to the bounds
-        prog.add(pipeline.build(dims, prog.stats, symbolic=True))
+        prog.adopt(pipeline.build(dims, prog.stats, symbolic=True))
     elif not free:
-        prog.add(pipeline.build({}, prog.stats), {})
+        prog.adopt(pipeline.build({}, prog.stats), {})
     return prog  # symbolic dims without bounds: built on each first call with new dims
 
 

@@ -375,11 +375,11 @@ class CompiledGraph:
                                                                     0) + 1
         found = self._executables.get(dims_key(dims))
         if found is None:
-            found = self.add(self._pipeline.build(dims, self.stats), dims)
+            found = self.adopt(self._pipeline.build(dims, self.stats), dims)
         self._last = found
         return found
 
-    def add(self, exe: Executable, dims: Mapping | None = None) -> Executable:
+    def adopt(self, exe: Executable, dims: Mapping | None = None) -> Executable:
         """Hold ``exe`` as the program for ``dims``; None: the program planned for the bounds,
         which runs every call with dims up to them (``Executable.bound``)."""
         if dims is not None:
