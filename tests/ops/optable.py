@@ -292,10 +292,6 @@ def lift(a):
     return a if a is None or not is_float(a) else a.astype(np.float64)
 
 
-def round32(a):
-    return a if a is None or not is_float(a) else a.astype(np.float32)
-
-
 def _check_result(row: OpInfo, got, ref, tol: float, what: str, dtype: str) -> None:
     """The float rule's comparison: bools and ints exactly (dtype included), floats to tol in
     ``dtype`` (the run's, or float64 when lifted)."""
@@ -1145,10 +1141,6 @@ def _torch_rotary(torch, x, cos, sin):
 def _nn(name, op, build, oracle, cases, torch, domain=("normal",), tol32=1e-5, **kw):
     return OpInfo(name, op, build, oracle, F64_32, cases, domain=domain, torch=torch,
                   check="float", tol32=tol32, finite=True, **kw)
-
-
-def _d(shape):
-    return shape[-1]
 
 
 SDPA_CASES = [(1, 1, 1, 1, 1, 1), (2, 3, 3, 7, 7, 8), (1, 4, 2, 7, 33, 16), (2, 8, 1, 5, 3, 4),
