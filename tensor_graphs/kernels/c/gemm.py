@@ -4,11 +4,12 @@ The weight operand (b (K, N) of ``a @ b``, or torch's (N, K) weight of ``linear`
 a *prepared* argument (``prepare=`` in the registry): ``pack(w, linear)`` re-lays it out once
 into 16-column panels (a 64-byte header with its K and N, then the panels, 64-byte aligned),
 and the runtime does that once per binding for a weight (or a value computed from weights
-only), keeping the packed copy with the weights (``runtime/program.py``). The planner only
-offers these kernels where the weight is such a static value (``planner/search.py``), since
-packing per call would cost more than the product saves. The kernel function still accepts
-an unpacked weight (a 2-D array): it packs it for that call, correct but slow, so a direct
-call, ``Kernel.__call__`` and the verifier need nothing special.
+only), keeping the packed copy with the weights (``runtime/lower.py`` makes it a prepared
+value). The planner only offers these kernels where the weight is such a static value
+(``ir.graph.is_static``, checked in ``planner/search.py``), since packing per call would
+cost more than the product saves. The kernel function still accepts an unpacked weight (a
+2-D array): it packs it for that call, correct but slow, so a direct call,
+``Kernel.__call__`` and the verifier need nothing special.
 
 A is packed per call in 6-row panels (all of K when K <= 512, else blocks of up to 256
 K-rows); a 6 x 16 register-blocked micro-kernel; OpenMP over N panels, or over blocks of rows
