@@ -1,7 +1,7 @@
 """Static memory planning: liveness of a plan's values, one arena per device with an offset
 for every transient buffer, totals per device and OutOfMemory before anything runs.
 
-    mp = plan_memory(prog.plan)      # a MemoryPlan
+    mp = prog.memory_plan            # a MemoryPlan (plan_memory(plan) makes one)
     mp.totals()                      # {"cpu": arena + weights + state}
     check_fits(mp, {"cpu": tg.Device("cpu", capacity=2**30)})   # raises OutOfMemory
 """

@@ -44,8 +44,6 @@ class OutsideConstraintsError(Exception):
     """A program planned for bounds meets dims where a chosen kernel does not apply."""
 
 
-
-
 class Executable:
     """A lowered program (``runtime/lower.py``) that runs: leaf loaders, the prelude once per
     weight binding, the instructions per call.
