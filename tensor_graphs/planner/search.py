@@ -604,16 +604,15 @@ def _static_shape(node: Node) -> tuple[int, ...] | None:
 
 def _replay_views(base: Node, chain: Sequence[Node]):
     """An array laid out as ``chain`` (movement views, innermost first) leaves ``base``'s
-    dense buffer: the views replayed by numpy on an untouched ``np.empty`` of bytes (no
-    memory is read, so a large one costs only address space), a reshape that cannot be a
-    view starting a new dense buffer as ``numpy_reshape``'s copy does. None when a shape is
-    symbolic."""
+    dense buffer: the views replayed by numpy on byte strides over no buffer
+    (``_dense_layout``), a reshape that cannot be a view starting a new dense layout as
+    ``numpy_reshape``'s copy does. None when a shape is symbolic or too large to index."""
     import numpy as np
 
     shape = _static_shape(base)
-    if shape is None:
+    x = None if shape is None else _dense_layout(shape)
+    if x is None:
         return None
-    x = np.empty(shape, np.uint8)
     for n in chain:
         out = _static_shape(n)
         if out is None:
@@ -630,10 +629,26 @@ def _replay_views(base: Node, chain: Sequence[Node]):
             try:
                 x = np.reshape(x, out, copy=False)
             except ValueError:  # numpy_reshape copies here: a dense result
-                x = np.empty(out, np.uint8)
-        if x.shape != out:
+                x = _dense_layout(out)
+        if x is None or x.shape != out:
             return None
     return x
+
+
+def _dense_layout(shape: tuple[int, ...]):
+    """A C-ordered uint8 array of ``shape`` whose strides lie over one byte: numpy works out
+    views' strides on it as on a real buffer, and nothing of the shape's size is allocated
+    (``np.empty`` of the real size asked for 2.25 TiB when planning GPT-2 at seq=2**30). None
+    when a byte offset would not fit numpy's index type."""
+    import numpy as np
+
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    if step >= 2**62:
+        return None
+    return np.lib.stride_tricks.as_strided(np.empty(1, np.uint8), shape, strides[::-1])
 
 
 def _weights_only(node: Node) -> bool:
