@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import ChainMap
 from collections.abc import Mapping
 
 import numpy as np
@@ -533,7 +534,7 @@ class CompiledGraph:
                             "starts as what you bind, an empty cache included)")
         # bound weights were checked by bind: only what this call brings is validated
         given = {**kept, **feeds}
-        require_feeds(self._leaves, given.keys() | self._bound.keys())
+        require_feeds(self._leaves, ChainMap(given, self._bound))  # no set built per call
         check = [lf for lf in self._leaves if lf.name in given
                  or (lf.name in self._bound and not is_static(lf.shape))]
         arrays, dims = bind_feeds(check, {lf.name: given.get(lf.name, self._bound.get(lf.name))
