@@ -79,7 +79,10 @@ class Spec:
     that do not cancel, so the measured error is the kernel's, not the data's conditioning),
     "ties" (small integers, so comparisons see equal elements), "near_one" (magnitudes in
     [0.6, 1.4], for products), "index" (ints in [0, high)). Int dtypes draw small nonzero ints,
-    bool dtypes random bools.
+    bool dtypes random bools. The adversarial kinds "logits", "masked", "scaled", "offset",
+    "tiny" and "cancel" (``kernels.adversarial``: large and shifted logits, -inf masked
+    positions, rows far from zero, rows far below eps, cancelling float16 sums) draw rows
+    along ``axes`` (None: the whole tensor is one row).
     """
 
     shape: tuple[int, ...]
@@ -87,6 +90,7 @@ class Spec:
     values: str = "normal"
     high: int = 0
     leaf: str = INPUT  # STATE: a tg.state leaf (state_update's first operand)
+    axes: tuple[int, ...] | None = None  # the row of an adversarial kind (None: every axis)
 
     def describe(self) -> str:
         return f"{tuple(self.shape)} {self.dtype}"
@@ -99,8 +103,10 @@ class Case:
     specs: dict[str, Spec]
     attrs: dict = field(default_factory=dict)
     note: str = ""
-    layout: str = "contiguous"  # or "strided", "broadcast" (a stride-0 input)
-    special: bool = False  # NaN, +-inf and large magnitudes mixed into float inputs
+    layout: str = "contiguous"  # or "strided", "broadcast" (a stride-0 input), "transposed"
+    special: bool = False  # NaN, +-inf, -0.0 and large magnitudes mixed into float inputs
+    adversarial: str = ""  # what the adversarial case tries ("offset x", "rows of 1", ...)
+    floor: float = 0.0  # an error any correct kernel may show on its data (adversarial.floor)
 
     def describe(self) -> str:
         parts = [f"{k} {s.describe()}" for k, s in self.specs.items()]
@@ -108,7 +114,7 @@ class Case:
         if shown:
             parts.append(", ".join(f"{k}={v}" for k, v in shown.items()))
         tags = [t for t in (self.note, "" if self.layout == "contiguous" else self.layout,
-                            "special values" if self.special else "") if t]
+                            "special values" if self.special else "", self.adversarial) if t]
         return "; ".join(parts) + (f" [{', '.join(tags)}]" if tags else "")
 
 

@@ -11,8 +11,26 @@ as a graph — pattern variables become ``tg.input`` leaves of the case's shapes
 skips the case when the kernel does not match it (its constraints reject it), draws fresh
 random inputs (never zeros; ints in range where they index), evaluates the graph with the
 reference interpreter in float64 and calls the kernel. Where the constraints allow, one case
-also runs with strided (non-contiguous) inputs and one with a broadcast (stride-0) input; for
-elementwise patterns one case mixes NaN, +-inf and large magnitudes into the float inputs.
+also runs with strided (non-contiguous) inputs, one with a broadcast (stride-0) input and one
+with column-major (Fortran-ordered) inputs; for elementwise patterns one case mixes NaN,
++-inf, -0.0 and large magnitudes into the float inputs.
+
+Adversarial cases (``kernels.adversarial``) then give every kernel the inputs that break the
+usual mistakes, chosen from the atomic ops its reference decomposes to, so a new op or a
+generated region gets them without code of its own: an exp of a max-shifted value (softmax,
+log_softmax, logsumexp, attention, cross_entropy) gets rows shifted by +-1.2..2 log(FLT_MAX)
+and spread by half that ("logits": a softmax without the max subtracted overflows, log of a
+softmax underflows to -inf) and -inf masked positions, scattered or as left/right padding,
+with one finite value per row ("masked"), and the inputs reaching it through a matmul (q, k)
+get logits of that size ("scaled"); a sum of squares of x - mean(x) (layer_norm, var,
+group_norm) gets rows at +-1e3..1e4 with a spread 1e3..1e4 times smaller in float32 ("offset":
+one-pass E[x^2] - E[x]^2 loses every digit); a division by sqrt(a row statistic) (norms) gets
+rows far below eps and constant rows ("tiny": a forgotten eps, a wrong axis); a float16
+or bfloat16 sum gets large terms that cancel ("cancel": a float16 accumulator overflows).
+Every kernel also gets rows of length 1, every size moved to the next prime (64 -> 67) and a
+single element, derived from its first small case. An "offset" case allows the error a correct
+float32 algorithm shows on such rows (``Case.floor``, 16 * 2**-24 * 1e4 = 1e-2), which the
+one-pass variance misses by orders of magnitude (or NaN).
 
 Checks on each call: the result is an array of the node's shape and dtype (a numpy scalar
 stands for a 0-d array, as numpy returns them); it shares no memory
@@ -27,9 +45,10 @@ of a freshly allocated output unwritten is likely to show NaNs.
 A kernel declared ``writes_out`` (see the registry) is called a second time in each case with
 ``out=`` a poisoned buffer (NaN for floats, 0xFF bytes otherwise) of the result's shape and
 dtype: it must return that very buffer, leave its inputs alone and hold exactly what the first
-call returned (NaN where it returned NaN). For an ``inplace=i`` kernel whose input i has the
-result's shape and dtype, a third call passes a copy of input i both as input i and as
-``out``: the same result must come back in that buffer.
+call returned (NaN where it returned NaN); with column-major inputs it need only be as close
+to the reference (torch rounds those 1 ulp differently into a row-major out). For an
+``inplace=i`` kernel whose input i has the result's shape and dtype, a third call passes a
+copy of input i both as input i and as ``out``: the same result must come back in that buffer.
 
 Tolerance: the declared tolerance bounds the error on float32 and float64 outputs. A float16
 or bfloat16 output cannot be closer to the float64 reference than its own rounding: there the
@@ -37,12 +56,13 @@ verifier allows at least 2 * unit roundoff (2**-10, 2**-7). And no output need b
 the pattern evaluated in its own dtypes (per-op rounding, the reference interpreter without
 float64): float16 rounds after every op, and some data make a pattern ill-conditioned
 (``a * b + c`` with ``a * b`` close to ``-c``). So a case passes when its error is within the
-largest of the tolerance, that low-precision floor and twice the own-dtype evaluation's error.
-A kernel that carries ``error_bound(*inputs)`` (generated C kernels: a per-element bound,
-from the rounding of each op of its region, on its distance from the float64 reference) is
-also allowed that bound in the same measure (``bound_error``): where the data make the pattern
-cancel (exp(x) * 0.75 - 0.125 at x near log(1/6)) no constant tolerance covers a correct
-kernel, and libm's last bits differ from numpy's, so twice numpy's error does not either.
+largest of the tolerance, that low-precision floor, an adversarial case's floor and twice
+the own-dtype evaluation's error. A kernel that carries ``error_bound(*inputs)`` (generated
+C kernels: a per-element bound, from the rounding of each op of its region, on its distance
+from the float64 reference) is also allowed that bound in the same measure (``bound_error``):
+where the data make the pattern cancel (exp(x) * 0.75 - 0.125 at x near log(1/6)) no
+constant tolerance covers a correct kernel, and libm's last bits differ from numpy's, so twice
+numpy's error does not either.
 
 Reports are cached in memory per kernel (its name, source hash and the Kernel object, which
 holds its constraints and tolerance) and seed: a kernel is verified once per process.
@@ -53,7 +73,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -73,7 +93,7 @@ from tensor_graphs.ir.graph import decompose, nodes
 from tensor_graphs.ir.node import COMPOSITE, Node
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.names import CAST, STATE, WHERE
-from tensor_graphs.kernels import registry
+from tensor_graphs.kernels import adversarial, registry
 from tensor_graphs.kernels import signatures as sig
 from tensor_graphs.kernels.numpy.exact import atomic_graph
 from tensor_graphs.kernels.signatures import Case, Spec
@@ -333,12 +353,19 @@ def _with_variants(k: registry.Kernel, cases: list[tuple[Case, Built]]) -> list[
         low = [(c, b) for c, b in cases if any(s.dtype == "float16" for s in c.specs.values())]
         for c, b in low[:1]:
             out.append((_replace(c, special=True), b))
-    return out
+    out += adversarial.cases(cases, lambda c: _or_none(build_case(k, c)),
+                             lambda b: atomic_graph(b.root), k.contiguous)
+    unique, seen = [], set()
+    for c, b in out:  # a variant may repeat a plain case (a single element, say)
+        key = (tuple(c.specs.items()), repr(sorted(b.root.attrs.items())), c.layout, c.special)
+        if key not in seen:
+            seen.add(key)
+            unique.append((c, b))
+    return unique
 
 
 def _replace(c: Case, **changes) -> Case:
-    return Case(dict(c.specs), dict(c.attrs), c.note, changes.get("layout", c.layout),
-                changes.get("special", c.special))
+    return replace(c, specs=dict(c.specs), attrs=dict(c.attrs), **changes)
 
 
 def _is_elementwise(root: Node) -> bool:
@@ -355,9 +382,12 @@ def _is_elementwise(root: Node) -> bool:
 
 # ---------------------------------------------------------------------------- values
 def draw(spec: Spec, rng: np.random.Generator, special: bool = False) -> np.ndarray:
-    """Fresh random values for one input (never zeros; see Spec for the kinds)."""
+    """Fresh random values for one input (never zeros but in adversarial kinds; see Spec)."""
     dtype = _dtypes.as_dtype(spec.dtype)
     shape = spec.shape
+    if spec.values in adversarial.KINDS and dtype.is_float:
+        with np.errstate(over="ignore"):
+            return np.asarray(adversarial.draw(spec, rng)).astype(dtype.np_dtype)
     if dtype.is_bool:
         return np.asarray(rng.random(shape) < 0.6)
     if dtype.is_int:
@@ -384,7 +414,8 @@ def draw(spec: Spec, rng: np.random.Generator, special: bool = False) -> np.ndar
     if special and v.size:
         big = BIG[dtype.name]
         mask = rng.random(shape) < 0.25
-        picks = rng.choice(np.array([np.nan, np.inf, -np.inf, big, -big, 1e4, -1e4]), shape)
+        picks = rng.choice(np.array([np.nan, np.inf, -np.inf, big, -big, 1e4, -1e4, -0.0]),
+                           shape)
         v = np.where(mask, picks, v)
     with np.errstate(over="ignore"):
         return np.asarray(v).astype(dtype.np_dtype)
@@ -400,6 +431,8 @@ def _layout(a: np.ndarray, layout: str, first: bool) -> tuple[np.ndarray, np.nda
     if layout == "broadcast" and first and a.ndim >= 1 and a.shape[0] > 1:
         view = np.broadcast_to(a[:1], a.shape)
         return view, np.ascontiguousarray(view)
+    if layout == "transposed" and first and a.ndim >= 2:
+        return np.asfortranarray(a), a  # column-major: the last axis is the slow one
     return a, a
 
 
@@ -588,6 +621,9 @@ def _verify(k: registry.Kernel, rng: np.random.Generator) -> VerificationReport:
         return report
     for case, b in _with_variants(k, built):
         result = _run_case(k, case, b, rng, *io)
+        if result is None:
+            report.rejected.append(f"{case.describe()}: the reference is undefined there")
+            continue
         report.results.append(result)
         report.shapes.append(result.case)
         out = b.root.dtype.name
@@ -601,7 +637,10 @@ def _verify(k: registry.Kernel, rng: np.random.Generator) -> VerificationReport:
     return report
 
 
-def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> CaseResult:
+def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call
+              ) -> CaseResult | None:
+    """The verdict on one case; None when a shape variant has no reference (a slice whose
+    bounds the new sizes pass)."""
     label = case.describe()
     values, feeds = {}, {}
     first = True
@@ -622,6 +661,8 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
             inputs.append(values[name] if name is not None else
                           evaluate(node, {n: feeds[n] for n in feeds}))
     except TensorGraphsError as exc:
+        if case.adversarial in adversarial.SHAPES:  # sizes an attribute also names: n/a
+            return None
         return CaseResult(label, np.inf, False, f"the reference failed: {exc}")
     attrs = dict(b.root.attrs)
     saved = [np.array(a, copy=True) for a in inputs]
@@ -674,7 +715,7 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
         err, problem = compare(got, ref, own_dtypes())
     if problem is not None:
         return CaseResult(label, err, False, problem, seconds)
-    allowed = budget(k, got.dtype)
+    allowed = max(budget(k, got.dtype), case.floor)  # floor: adversarial data's own
     if got.dtype.kind in "fV" and not err <= allowed:
         # as far off as the graph evaluated in its own dtypes is allowed (twice): float16
         # rounding, or data that make the pattern ill-conditioned (a*b + c with a*b ~ -c)
@@ -686,7 +727,14 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call) -> Cas
         return CaseResult(label, err, False, f"relative error {err:.3g} > tolerance "
                           f"{allowed:.3g}{_worst(got, ref)}", seconds, allowed)
     if k.writes_out and "cuda" not in {_kind(d) for d in _placement(k)}:  # out: numpy
-        problem = _check_out(k, call, args, attrs, inputs, saved, got, names)
+        close = None
+        if case.layout == "transposed":  # torch rounds column-major inputs differently into
+            def close(buf):  # a row-major out (1 ulp): there out need only be as accurate
+                e, p = compare(buf, ref)
+                if p is not None and buf.dtype.kind in "fV":
+                    e, p = compare(buf, ref, own_dtypes())
+                return p or (None if e <= allowed else f"relative error {e:.3g} > {allowed:.3g}")
+        problem = _check_out(k, call, args, attrs, inputs, saved, got, names, close)
         if problem is not None:
             return CaseResult(label, err, False, problem, seconds, allowed)
     return CaseResult(label, err, True, "", seconds, allowed)
@@ -702,8 +750,10 @@ def poisoned(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return buf
 
 
-def _check_out(k, call, args, attrs, inputs, saved, want: np.ndarray, names) -> str | None:
-    """Why the ``out=`` calls of a ``writes_out`` kernel break the contract, or None."""
+def _check_out(k, call, args, attrs, inputs, saved, want: np.ndarray, names,
+               close=None) -> str | None:
+    """Why the ``out=`` calls of a ``writes_out`` kernel break the contract, or None.
+    ``close(out)``: instead of the same values as the call without out, a verdict on out."""
     trials = [("out=<poisoned buffer>", list(args), poisoned(want.shape, want.dtype))]
     i = k.inplace
     if i is not None and i < len(inputs) and isinstance(inputs[i], np.ndarray) \
@@ -726,7 +776,11 @@ def _check_out(k, call, args, attrs, inputs, saved, want: np.ndarray, names) -> 
         for j, (a, s) in enumerate(zip(inputs, saved)):
             if trial_args[j] is a and not _same_bytes(a, s):
                 return f"with {what}: modified its input '{names[j]}'"
-        if not _identical(buf, want):
+        if close is not None:
+            problem = close(buf)
+            if problem is not None:
+                return f"with {what}: {problem}"
+        elif not _identical(buf, want):
             bad = _first(~_equal_mask(buf, want)) if buf.ndim else ()
             return (f"with {what}: out holds other values than the call without out "
                     f"returned (first at index {bad}: {buf[bad]!r} instead of {want[bad]!r})")

@@ -3,6 +3,8 @@ modifying, stride-ignoring, half-written, wrong shape or dtype; and passes corre
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -79,7 +81,8 @@ def test_ignoring_strides_is_caught():
     k = make("sin", sin_ignores_strides, dtypes=("float32",))
     report = tg.kernels.verify(k, seed=0)
     assert not report.ok
-    assert all("strided" in f or "broadcast" in f for f in report.failures)
+    assert all(any(layout in f for layout in ("strided", "broadcast", "transposed"))
+               for f in report.failures)
     k = make("sin", sin_ignores_strides, dtypes=("float32",), contiguous=True, tolerance=1e-6)
     assert tg.kernels.verify(k, seed=0).ok  # a contiguous-only kernel is never given strides
 
@@ -111,7 +114,7 @@ def test_constraints_narrow_the_cases():
 
     report = tg.kernels.verify(make("exp", exp_rank2, ranks=(2,), dtypes=("float64",)), seed=0)
     assert report.ok
-    assert all("(7, 33) float64" in s for s in report.shapes)
+    assert all(re.match(r"x \(\d+, \d+\) float64", s) for s in report.shapes), report.shapes
 
 
 def test_fused_pattern_from_a_traced_function():
