@@ -22,6 +22,8 @@ Value kinds (``Spec.values``; drawn by ``draw``; rows are the reduced axes of th
 - ``tiny``: rows scaled by 1, 1e-5, 100, 1e-3, and constant rows (a power of two): mean(x^2)
   and the variance far below eps, so a kernel that forgets eps is off by orders of magnitude
   (or 0 / 0), and a kernel that normalises over the wrong axes mixes scales.
+- ``nonfinite``: normal values with one NaN, +inf or -inf in three rows of four, for every
+  reduction: they propagate as the reference says (no nanmax, no fmax, no clamping).
 - ``cancel``: float16/bfloat16 rows of normal / 2 + 1 with an eighth of the positions in pairs
   +-L, L in 8192..16384: the pairs cancel exactly in float32, while a float16 accumulator
   overflows or loses the small terms.
@@ -33,10 +35,11 @@ inputs (``layout="transposed"``). Sizes that attributes also name (reshape targe
 build: such variants are skipped, as are variants the kernel's constraints reject.
 
 A correct float32 kernel cannot do better than rounding its row statistic once: on ``offset``
-rows a two-pass or Welford layer_norm is off by about u * R (u = 2**-24) while the one-pass
+rows a two-pass or Welford layer_norm is off by about u * R (u = 2**-24), while the one-pass
 variance is off by u * R**2, which is 100 % or NaN. ``floor`` is the error such a case allows
-(``FLOOR_ULPS * u * R_max``, 3e-3 in float32); a wrong algorithm misses it by orders of
-magnitude.
+(``FLOOR_ULPS * u * R_max``, 1e-2 in float32); a wrong algorithm misses it by orders of
+magnitude. The other kinds need no floor: a correct kernel is as exact on them as on unit
+values (a max-subtracted softmax of shifted rows subtracts exactly).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from tensor_graphs.ir.ops.names import EXP, MATMUL, MAX, MUL, SQRT, SUM
 from tensor_graphs.kernels.signatures import FLOATS, Case, Spec
 
 LOW = ("float16", "bfloat16")
-KINDS = ("logits", "masked", "scaled", "offset", "tiny", "cancel")
+KINDS = ("logits", "masked", "scaled", "offset", "tiny", "cancel", "nonfinite")
 SPREAD = {"float64": (1e6, 1e7), "float32": (1e3, 1e4), "float16": (10.0, 30.0),
           "bfloat16": (10.0, 30.0)}  # R of ``offset``: the row's |mean| / its spread
 FLOOR_ULPS = 16  # an offset case allows FLOOR_ULPS * u * R_max (u: the arithmetic's roundoff)
@@ -169,6 +172,17 @@ def _sqrt_of_sum(graph: Node) -> list[tuple[Node, tuple | None]]:
     return out
 
 
+def _reduced(graph: Node) -> list[tuple[Node, tuple | None]]:
+    """sum or max over axes of an elementwise function of an input (every reduction)."""
+    out = []
+    for r in nodes(graph):
+        if r.op.name in (SUM, MAX):
+            out += [(f, _row_axes(r, f)) for f in _frontier(r) if _named(f)]
+            if _named(r.inputs[0]):
+                out.append((r.inputs[0], _row_axes(r, r.inputs[0])))
+    return out
+
+
 def _summed(graph: Node) -> list[tuple[Node, tuple | None]]:
     """sum(x) of an input itself (sum, mean): how it accumulates is the kernel's choice."""
     return [(s.inputs[0], _row_axes(s, s.inputs[0])) for s in nodes(graph)
@@ -184,6 +198,8 @@ MOTIFS = (
     Motif("variance", _centered_square, ("offset",)),
     # layer_norm, rms_norm, group_norm: x divided by sqrt(a row statistic + eps)
     Motif("normalised", _sqrt_of_sum, ("tiny",)),
+    # every reduction: NaN and +-inf propagate as the reference has them (no nanmax, fmax)
+    Motif("reduction", _reduced, ("nonfinite",)),
     # sum, mean of float16/bfloat16: the accumulator's precision and range
     Motif("low-precision sum", _summed, ("cancel",), LOW),
 )
@@ -328,6 +344,9 @@ def draw(spec: Spec, rng: np.random.Generator) -> np.ndarray:
         scale = np.choose(j % 5, [1.0, 1e-5, 100.0, 1e-3, 0.0])
         constant = 2.0 ** rng.integers(-2, 3, (rows, 1)) * np.where(j % 2 == 0, 1.0, -1.0)
         v = np.where(j % 5 == 4, constant, scale * z)
+    elif spec.values == "nonfinite":  # one NaN, +inf or -inf in three rows of four
+        at = rng.integers(0, max(n, 1), (rows, 1)) == np.arange(n)[None, :]
+        v = np.where(at & (j % 4 < 3), np.choose(j % 4, [np.nan, np.inf, -np.inf, 0.0]), z)
     elif spec.values == "cancel":
         v = z * 0.5 + 1.0
         pairs = n // 16

@@ -56,6 +56,36 @@ test suite (`tests/kernels/test_verify_all.py`) and by `tg kernels verify`.
 
 Regenerate with `{COMMAND}` after adding kernels; `tests/kernels/test_docs_kernels.py` fails
 when this page is stale. `tg kernels list` shows the same registry as a table.
+
+## Verification
+
+`tg.kernels.verify(k)` (and `tg kernels verify`, `tg.kernels.load`, every generated kernel
+before it is timed) calls the kernel on fresh random inputs and compares it with the float64
+reference: unit-scale values at sizes 1, 7, 33 and 1025, every dtype it takes, strided,
+broadcast (stride-0) and column-major inputs, and NaN, +-inf and -0.0 for elementwise
+patterns. Then come adversarial cases, chosen from the atomic ops the pattern decomposes to
+(`tensor_graphs/kernels/adversarial.py`), so a new op or a fused region gets them unasked:
+
+- an exp of a max-shifted value (softmax, log_softmax, logsumexp, attention, cross_entropy):
+  rows shifted by +-1.2..2 log(FLT_MAX) or spread by half that, and -inf masked positions
+  (scattered, left or right padding, one finite value per row). Catches a softmax without
+  the max subtracted (inf / inf), log(softmax) (log 0 = -inf), an online softmax that
+  rescales by exp(-inf - -inf).
+- that exp reached through a matmul (attention's q and k): values times sqrt(log(FLT_MAX)).
+- a sum of squares of x - mean(x) (layer_norm, var, group_norm): rows at +-1e3..1e4 whose
+  spread is 1e3..1e4 times smaller (float32). Catches the one-pass variance E[x^2] - E[x]^2.
+- a division by sqrt(a row statistic) (layer_norm, rms_norm, group_norm): rows scaled by
+  1e-5..100 and constant rows. Catches a forgotten eps, the wrong axis.
+- a sum or max reduction: one NaN, +inf or -inf in three rows of four (nanmax, fmax).
+- a float16/bfloat16 sum: pairs of +-8192..16384 that cancel (a float16 accumulator).
+- every pattern: rows of length 1, every size moved to the next prime, a single element
+  (squeeze, odd tails, sizes a kernel's `signatures=` missed).
+
+The declared tolerance bounds the norm-wise error on every case, except that a case of rows
+far from zero allows 16 * 2**-24 * 1e4 = 1e-2 (float32): the error of a correct two-pass or
+Welford algorithm there, which a one-pass variance exceeds by orders of magnitude (or NaN).
+`tests/kernels/test_verify_gallery.py` holds plausible wrong kernels (each refused) and right
+ones (each admitted).
 """
 
 

@@ -121,6 +121,12 @@ def sum_accumulated_in_float16(x, axes, keepdims):
     return np.expand_dims(total, tuple(axes)) if keepdims else total
 
 
+@user_kernel("max", dtypes=F32)
+def max_skips_nan(x, axes, keepdims):
+    """np.nanmax: a NaN in the row vanishes instead of making the maximum NaN."""
+    return np.nanmax(x, axis=tuple(axes), keepdims=keepdims)
+
+
 def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
@@ -146,7 +152,7 @@ def softmax_squeezes_its_input(x, axis):
 WRONG = [softmax_without_max, layer_norm_one_pass, rms_norm_without_eps,
          rms_norm_over_every_axis, log_softmax_as_log_of_softmax,
          softmax_online_without_inf_guard, softmax_reads_memory_in_c_order,
-         sum_accumulated_in_float16, swiglu_in_pairs, softmax_squeezes_its_input]
+         sum_accumulated_in_float16, max_skips_nan, swiglu_in_pairs, softmax_squeezes_its_input]
 
 
 # ---------------------------------------------------------------------------- right kernels
