@@ -25,8 +25,8 @@ Value kinds (``Spec.values``; drawn by ``draw``; rows are the reduced axes of th
 - ``nonfinite``: normal values with one NaN, +inf or -inf in three rows of four, for every
   reduction: they propagate as the reference says (no nanmax, no fmax, no clamping).
 - ``cancel``: float16/bfloat16 rows of normal / 2 + 1 with an eighth of the positions in pairs
-  +-L, L in 8192..16384: the pairs cancel exactly in float32, while a float16 accumulator
-  overflows or loses the small terms.
+  +-L, L in 8192..16384: a float32 accumulator keeps the small terms (to ~1e-5), a float16
+  one overflows or loses them.
 
 Besides values, ``cases`` adds shapes and a layout to every kernel (unless ``contiguous``):
 rows of length 1 (the last axis, and every axis of that size, mapped to 1), odd sizes (every
@@ -53,7 +53,7 @@ import numpy as np
 from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import EXP, MATMUL, MAX, MUL, SQRT, SUM
+from tensor_graphs.ir.ops.names import CAST, EXP, MATMUL, MAX, MUL, SQRT, SUM
 from tensor_graphs.kernels.signatures import FLOATS, Case, Spec
 
 LOW = ("float16", "bfloat16")
@@ -184,9 +184,17 @@ def _reduced(graph: Node) -> list[tuple[Node, tuple | None]]:
 
 
 def _summed(graph: Node) -> list[tuple[Node, tuple | None]]:
-    """sum(x) of an input itself (sum, mean): how it accumulates is the kernel's choice."""
-    return [(s.inputs[0], _row_axes(s, s.inputs[0])) for s in nodes(graph)
-            if s.op.name == SUM and _named(s.inputs[0])]
+    """sum(x) of an input itself, or of it cast (mean of float16 sums in float32): how it
+    accumulates is the kernel's choice."""
+    out = []
+    for s in nodes(graph):
+        if s.op.name == SUM:
+            x = s.inputs[0]
+            while x.op.name == CAST:
+                x = x.inputs[0]
+            if _named(x):
+                out.append((x, _row_axes(s, x)))
+    return out
 
 
 MOTIFS = (
@@ -209,21 +217,17 @@ MOTIFS = (
 def cases(cases_built: list[tuple[Case, object]], build: Callable[[Case], object | None],
           graph_of: Callable[[object], Node], contiguous: bool) -> list[tuple[Case, object]]:
     """The adversarial cases for a kernel whose plain cases are ``cases_built`` ((Case, Built)
-    pairs): each motif's kinds on the first plain case where the motif finds inputs of its
-    dtypes, then shape and layout variants of the first small case. ``build(case)`` builds a
-    case (None when the pattern or the constraints refuse it), ``graph_of(built)`` gives its
+    pairs): each motif's kinds on the first small plain case where the motif finds inputs of
+    its dtypes, then shape and layout variants of the first small case. ``build(case)`` builds
+    a case (None when the pattern or the constraints refuse it), ``graph_of(built)`` gives its
     atomic graph."""
-    out: list[tuple[Case, object]] = []
     base = [(c, b) for c, b in cases_built if _sized(c)]
-    for motif in MOTIFS:
+    if not base:
+        return []
+    out: list[tuple[Case, object]] = []
+    for motif in MOTIFS:  # the one loop over the table
         for case, built in base:
-            names = {id(leaf): name for name, leaf in built.leaves.items()}
-            found: dict[str, tuple | None] = {}
-            for leaf, axes in motif.find(graph_of(built)):
-                name = names.get(id(leaf))
-                spec = case.specs.get(name) if name is not None else None
-                if spec is not None and spec.dtype in motif.dtypes and name not in found:
-                    found[name] = axes
+            found = _inputs(motif, case, built, graph_of(built))
             if not found:
                 continue
             for kind in motif.kinds:
@@ -233,26 +237,56 @@ def cases(cases_built: list[tuple[Case, object]], build: Callable[[Case], object
                 out.append((Case(specs, dict(case.attrs), case.note, adversarial=(
                     f"{kind} {', '.join(found)}"), floor=floor(kind, dtype)), built))
             break
-    if base:
-        case, built = base[0]
-        last = next((s.shape[-1] for s in case.specs.values() if s.shape), 1)
-        sizes = {d for s in case.specs.values() for d in s.shape if d > 1}
-        for label, mapping in zip(SHAPES, ({last: 1}, {d: _next_prime(d) for d in sizes},
-                                           {d: 1 for d in sizes})):
-            if not mapping or all(k == v for k, v in mapping.items()):
-                continue
-            variant = Case({n: _resize(s, mapping) for n, s in case.specs.items()},
-                           dict(case.attrs), case.note, adversarial=label)
-            b = build(variant)
-            if b is not None:
-                out.append((variant, b))
-        if not contiguous:
-            for case, built in base:
-                if any(len(s.shape) >= 2 and _dims_over_one(s.shape) >= 2
-                       for s in case.specs.values()):
-                    out.append((Case(dict(case.specs), dict(case.attrs), case.note,
-                                     layout="transposed"), built))
-                    break
+    return out + _shape_cases(base, build, _row(*base[0], graph_of), contiguous)
+
+
+def _row(case: Case, built, graph_of) -> int | None:
+    """The length of the case's rows: the first reduced axis a motif finds (a softmax's keys,
+    a norm's features), whatever the input's dtype (attention's bool mask)."""
+    names = {id(leaf): name for name, leaf in built.leaves.items()}
+    graph = graph_of(built)
+    for motif in MOTIFS:
+        for leaf, axes in motif.find(graph):
+            if axes and id(leaf) in names:
+                return case.specs[names[id(leaf)]].shape[axes[-1]]
+    return None
+
+
+def _inputs(motif: Motif, case: Case, built, graph: Node) -> dict[str, tuple | None]:
+    """The case's inputs the motif finds (of its dtypes), with their row axes."""
+    names = {id(leaf): name for name, leaf in built.leaves.items()}
+    found: dict[str, tuple | None] = {}
+    for leaf, axes in motif.find(graph):
+        name = names.get(id(leaf))
+        spec = case.specs.get(name) if name is not None else None
+        if spec is not None and spec.dtype in motif.dtypes and name not in found:
+            found[name] = axes
+    return found
+
+
+def _shape_cases(base, build, row: int | None, contiguous: bool) -> list[tuple[Case, object]]:
+    """Rows of 1 (the reduced axis, else the last), odd sizes and one element from the first
+    small case; column-major inputs on the first small case with a matrix."""
+    out = []
+    case = base[0][0]
+    if row is None:
+        row = next((s.shape[-1] for s in case.specs.values() if s.shape), 1)
+    sizes = {d for s in case.specs.values() for d in s.shape if d > 1}
+    for label, mapping in zip(SHAPES, ({row: 1}, {d: _next_prime(d) for d in sizes},
+                                       {d: 1 for d in sizes})):
+        if not mapping or all(k == v for k, v in mapping.items()):
+            continue
+        variant = Case({n: _resize(s, mapping) for n, s in case.specs.items()},
+                       dict(case.attrs), case.note, adversarial=label)
+        b = build(variant)
+        if b is not None:
+            out.append((variant, b))
+    if not contiguous:
+        for case, built in base:
+            if any(_dims_over_one(s.shape) >= 2 for s in case.specs.values()):
+                out.append((Case(dict(case.specs), dict(case.attrs), case.note,
+                                 layout="transposed"), built))
+                break
     return out
 
 
