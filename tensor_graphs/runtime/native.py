@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import dataclasses
 import hashlib
 import struct
 import threading
@@ -122,33 +123,59 @@ class _Wrapped:
         return result
 
 
+# region kinds whose memory is the same across calls (its address is recorded as is) and
+# kinds made per call (a per-dims leaf, a buffer a C kernel allocated), which a recording
+# replayed at other dims replaces by buffers of its own (``native_dims``)
+STABLE = frozenset({"arena", "static", "state", "anon"})
+
+
 class Recorder:
-    """Notes the C calls of one Python run (``lib.recording`` while it runs)."""
+    """Notes the C calls of one Python run (``lib.recording`` while it runs).
+
+    Besides the raw table (``records``: absolute addresses, input pointers relocated), every
+    argument gets a descriptor saying what it is, so that runs at several dims can be fitted
+    into one recording (``native_dims``): ``("i", value)``, ``("f", bits)``, ``("null",)``,
+    ``("region", key, offset)`` (into fixed memory of that key: ``("arena", device)``,
+    ``("static", value)``, ``("state", name)``, ``("leaf", value)``, ``("alloc", step)``),
+    ``("input", k, offset)`` or ``("block", b, offset)``."""
 
     def __init__(self):
         self.thread = threading.get_ident()
         self.records: list[tuple[int, tuple, list[int]]] = []  # (fn, signature, args)
+        self.descs: list[list[tuple]] = []  # per record, per argument: its descriptor
+        self.owners: list[str] = []  # per record: the instruction that made the call
         self.blocks: list[np.ndarray] = []  # owned copies of the blocks kernels passed
+        # per block: a descriptor per 8-byte slot, or None (elements of another size: compared
+        # as bytes)
+        self.block_descs: list[list[tuple] | None] = []
         self._block_of: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (array, index)
         self.relocs: list[tuple[tuple, int, int]] = []  # (where, input, byte offset)
         self.pending: list[tuple[int, tuple, str]] = []  # pointers resolved after the step
         self.failure: str | None = None
         self.keep: list = []  # arrays the records point into
         self.inputs: list[tuple[int, int]] = []
+        self.regions: dict[tuple, tuple[int, int, np.ndarray]] = {}  # key -> start, end, root
+        self.steps: list[tuple] = []  # per instruction: kernel name and what it was given
         self._starts: list[int] = []
         self._regions: list[tuple[int, int]] = []  # fixed regions, sorted by start
+        self._keys: list[tuple] = []  # their keys, in the same order
         self._mark = 0
         self._step = ""
+        self._index = -1
 
     # ---------------------------------------------------------------- regions
-    def fixed(self, a: np.ndarray) -> None:
-        """Memory that stays put for the program (its root buffer)."""
+    def fixed(self, a: np.ndarray, key: tuple | None = None) -> None:
+        """Memory that stays put for the program (its root buffer); ``key`` names it the same
+        way in every run (see the class doc)."""
         start, end = _extent(a)
         i = bisect.bisect_left(self._regions, (start, end))
         if i < len(self._regions) and self._regions[i] == (start, end):
             return
+        key = ("anon", start) if key is None else key
         self._regions.insert(i, (start, end))
         self._starts.insert(i, start)
+        self._keys.insert(i, key)
+        self.regions.setdefault(key, (start, end, storage._root(a)))  # noqa: SLF001
         self.keep.append(a)
 
     def input(self, a: np.ndarray) -> None:
@@ -164,19 +191,31 @@ class Recorder:
                 return True
         return any(s < fe and fs < e for s, e in spans for fs, fe in self._regions)
 
-    def _fixed_at(self, p: int) -> bool:
-        """``p`` lies inside fixed memory (strictly: a temporary may start where a region
-        ends)."""
+    def _region_at(self, p: int) -> int | None:
+        """The index of the fixed region ``p`` lies in (strictly: a temporary may start where
+        a region ends), or None."""
         i = bisect.bisect_right(self._starts, p) - 1
         if i >= 0 and p < self._regions[i][1]:
-            return True
-        return any(s <= p < e for s, e in self._regions)  # regions may nest
+            return i
+        for j, (s, e) in enumerate(self._regions):  # regions may nest
+            if s <= p < e:
+                return j
+        return None
+
+    def _fixed_at(self, p: int) -> bool:
+        return self._region_at(p) is not None
 
     def _input_at(self, p: int) -> tuple[int, int] | None:
         for k, (s, e) in enumerate(self.inputs):
             if s <= p < e:
                 return k, p - s
         return None
+
+    def _fixed_desc(self, p: int) -> tuple | None:
+        i = self._region_at(p)
+        if i is None:
+            return None
+        return ("region", self._keys[i], p - self._regions[i][0])
 
     # ---------------------------------------------------------------- calls
     def wrap(self, fn, blocks=()):
@@ -202,14 +241,20 @@ class Recorder:
         ctypes_sig = tuple(_c_type(t) for t in types)
         index = len(self.records)
         values: list[int] = []
+        descs: list[tuple] = []
+        self.descs.append(descs)  # (pointers resolved later fill their slots in)
         for k, (c, v) in enumerate(zip(ctypes_sig, args)):
             if c == "void *":
+                descs.append(("null",))
                 values.append(self._pointer(v, ("arg", index, k), declared, name))
             elif c in ("float", "double"):
                 values.append(_bits(v))
+                descs.append(("f", values[-1]))
             else:
                 values.append(_int64(v.value if isinstance(v, ctypes._SimpleCData) else v))
+                descs.append(("i", values[-1]))
         address = ctypes.cast(fn, ctypes.c_void_p).value
+        self.owners.append(self._step)
         self.records.append((address, ("int" if ret == "int32_t" else "void", ctypes_sig),
                              values))
 
@@ -221,25 +266,40 @@ class Recorder:
         if isinstance(v, (int, np.integer)):
             return self._address(int(v), where, declared)
         if isinstance(v, ctypes.Array):
-            return self._array_block(v, declared, name)
+            b = self._array_block(v, declared, name)
+            self._describe(where, ("block", b, 0))
+            return _data(self.blocks[b])
         raise NotNativeError(f"{name} takes a {type(v).__name__} as a pointer argument")
 
     def _address(self, p: int, where: tuple, declared=()) -> int:
         if p == 0:
+            self._describe(where, ("null",))
             return 0
         found = self._input_at(p)
         if found is not None:
             self.relocs.append((where, found[0], found[1]))
+            self._describe(where, ("input", found[0], found[1]))
             return 0
-        if self._fixed_at(p):
+        desc = self._fixed_desc(p)
+        if desc is not None:
+            self._describe(where, desc)
             return p
         for a in declared:
             start = _data(a)
             if start <= p < start + a.nbytes:
                 copy, index = self._copy_block(a)
+                self._describe(where, ("block", index, p - start))
                 return _data(copy) + (p - start)
         self.pending.append((p, where, "a pointer argument"))
         return 0
+
+    def _describe(self, where: tuple, desc: tuple) -> None:
+        if where[0] == "arg":
+            self.descs[where[1]][where[2]] = desc
+        else:
+            slots = self.block_descs[where[1]]
+            if slots is not None:
+                slots[where[2]] = desc
 
     def _copy_block(self, a: np.ndarray) -> tuple[np.ndarray, int]:
         found = self._block_of.get(id(a))
@@ -248,6 +308,8 @@ class Recorder:
             copy = np.zeros((raw.size + 7) // 8, np.int64)
             copy.view(np.uint8)[:raw.size] = raw
             self.blocks.append(copy)
+            ints = a.dtype == np.int64 and a.flags.c_contiguous
+            self.block_descs.append([("i", int(v)) for v in copy] if ints else None)
             found = self._block_of[id(a)] = (a, len(self.blocks) - 1)
             self.keep.append(a)  # its id stays unique while the recording lives
         return self.blocks[found[1]], found[1]
@@ -261,19 +323,26 @@ class Recorder:
         elem = v._type_
         if elem is ctypes.c_void_p or (isinstance(elem, type)
                                        and issubclass(elem, ctypes._Pointer)):  # noqa: SLF001
+            self.block_descs.append([("null",)] * len(block))
             for j in range(len(v)):
                 p = int(block[j]) & 0xFFFFFFFFFFFFFFFF
                 block[j] = _int64(self._address(p, ("block", b, j), declared))
         elif ctypes.sizeof(elem) not in (1, 2, 4, 8) or elem in (ctypes.c_char_p,):
             raise NotNativeError(f"{name} takes an array of {elem.__name__}")
-        return _data(block)
+        else:
+            eight = ctypes.sizeof(elem) == 8 and elem not in (ctypes.c_double,)
+            self.block_descs.append([("i", int(x)) for x in block] if eight else None)
+        return b
 
     def _resolve(self, p: int, where: tuple) -> int:
         found = self._input_at(p)
         if found is not None:
             self.relocs.append((where, found[0], found[1]))
+            self._describe(where, ("input", found[0], found[1]))
             return 0
-        if self._fixed_at(p):
+        desc = self._fixed_desc(p)
+        if desc is not None:
+            self._describe(where, desc)
             return p
         raise NotNativeError("a pointer argument points outside the program's memory (a temporary "
                         "array the kernel made per call)")
@@ -285,8 +354,8 @@ class Recorder:
             self.blocks[where[1]][where[2]] = _int64(value)
 
     # ---------------------------------------------------------------- steps
-    def begin_step(self, name: str) -> None:
-        self._step = name
+    def begin_step(self, name: str, index: int = -1) -> None:
+        self._step, self._index = name, index
 
     def after(self, ins, attrs: Mapping, given: list, args: list, raw, out) -> None:
         """Judge one instruction once it has run (``attrs``: its attributes at these dims,
@@ -312,13 +381,18 @@ class Recorder:
                 if not calls and out.size:
                     raise NotNativeError("the C kernel made no C call")
                 if out.size and not (self._fixed_at(_data(out)) or self._input_at(_data(out))):
-                    self.fixed(out)  # allocated by the kernel: kept and reused by every run
+                    # allocated by the kernel: kept and reused by every run
+                    self.fixed(out, ("alloc", self._index))
             else:
                 backend = getattr(k, "backend", "?")
                 raise NotNativeError(f"a {backend} kernel runs in Python")
             pending, self.pending = self.pending, []
             for p, where, _ in pending:
                 self._set(where, self._resolve(p, where))
+            self.steps.append((k.name if k is not None else ins.name,
+                               bool(k is not None and k.view), calls,
+                               tuple((g.shape, g.strides) for g in given),
+                               repr(sorted(attrs.items())), out.shape, out.strides))
         except NotNativeError as exc:
             self.fail(str(exc))
         except Exception as exc:  # noqa: BLE001 - recording never breaks the run itself
@@ -338,13 +412,17 @@ class Recorder:
         block = np.array([dst.ndim, dst.itemsize, *dst.shape, *dst.strides, *value.strides],
                          np.int64)
         self.blocks.append(block)
+        self.block_descs.append([("i", int(v)) for v in block])
         index = len(self.records)
-        args = [self._address(_data(dst), ("arg", index, 0)),
-                self._address(_data(value), ("arg", index, 1)), _data(block)]
+        self.descs.append([("null",), ("null",), ("block", len(self.blocks) - 1, 0)])
+        args = [0, 0, _data(block)]
+        self.owners.append(self._step)
         self.records.append((0, COPY, args))
+        args[0] = self._address(_data(dst), ("arg", index, 0))
+        args[1] = self._address(_data(value), ("arg", index, 1))
 
     # ---------------------------------------------------------------- result
-    def finish(self, outputs: list) -> Recording:
+    def _check_outputs(self, outputs: list) -> None:
         if self.failure is not None:
             raise NotNativeError(self.failure)
         for o in outputs:
@@ -352,7 +430,44 @@ class Recorder:
                 raise NotNativeError("an output is a view of an input")
             if o.size and not self._fixed_at(_data(o)):
                 raise NotNativeError("an output lies outside the program's memory")
+
+    def finish(self, outputs: list) -> Recording:
+        self._check_outputs(outputs)
         return Recording(self, outputs)
+
+    def sample(self, outputs: list, values: tuple[int, ...], states: tuple = ()) -> Sample:
+        """This run as one sample for fitting recordings at several dims (``native_dims``);
+        ``values``: the dims' values (in the program's symbols order), ``states``: (name,
+        buffer, first byte, strides) of each kept state it read."""
+        self._check_outputs(outputs)
+        described = []
+        for o in outputs:
+            desc = self._fixed_desc(_data(o)) if o.size else ("null",)
+            if desc is None:
+                raise NotNativeError("an output lies outside the program's memory")
+            described.append((desc, o.shape, o.strides, o.dtype))
+        return Sample(values, [(fn, sig) for fn, sig, _ in self.records], self.owners,
+                      self.descs, self.blocks, self.block_descs, self.regions, described,
+                      self.steps, len(self.inputs), tuple(states), self.keep)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sample:
+    """One recorded run described for fitting (see ``Recorder``'s descriptors)."""
+
+    values: tuple[int, ...]  # the dims' values
+    calls: list[tuple[int, tuple]]  # (function address, signature)
+    owners: list[str]  # the instruction that made each call
+    descs: list[list[tuple]]
+    blocks: list[np.ndarray]
+    block_descs: list[list[tuple] | None]
+    regions: dict[tuple, tuple[int, int, np.ndarray]]
+    outputs: list[tuple]  # (descriptor of its first byte, shape, strides, dtype)
+    # per instruction: (kernel, is a view, C calls, inputs, attributes, shape, strides)
+    steps: list[tuple]
+    inputs: int
+    states: tuple  # (name, buffer, first byte, strides) of each kept state read
+    keep: list  # the arrays its addresses point into, alive while it is
 
 
 class Recording:
@@ -376,23 +491,23 @@ class Recording:
                 addr = base + 8 * (where[1] * self.stride + 2 + where[2])
             else:
                 addr = _data(rec.blocks[where[1]]) + 8 * where[2]
-            rows.append((addr, k, off))
-        self.relocs = np.array(rows or [(0, 0, 0)], np.int64)
-        self.nrelocs = len(rows)
-        self.bases = np.zeros(max(len(rec.inputs), 1), np.int64)
+            rows.append((addr, 1 + k, off))
+        self.patches = np.array(rows or [(0, 0, 0)], np.int64)  # relocations: input + offset
+        self.npatches = len(rows)
+        self.bases = np.zeros(1 + max(len(rec.inputs), 1), np.int64)  # [0] stays 0
         self.blocks = rec.blocks
         self.keep = rec.keep
         self.outputs = outputs
         self.signatures = sigs
         self.run_fn = runner(tuple(sigs))
-        self._args = (_data(self.table), self.count, self.stride, _data(self.relocs),
-                      self.nrelocs, _data(self.bases))
+        self._args = (_data(self.table), self.count, self.stride, _data(self.patches),
+                      self.npatches, 3, _data(self.bases), 0)
 
     def run(self, inputs: list[np.ndarray]) -> int:
         """Run the table with these input arrays; 0, or 1 + the index of a failed call."""
         bases = self.bases
         for k, a in enumerate(inputs):
-            bases[k] = _data(a)
+            bases[k + 1] = _data(a)
         return self.run_fn(*self._args)
 
 
@@ -462,10 +577,15 @@ def runner_source(signatures: tuple) -> str:
             cases.append(f"        case {i}: {call}; break;")
     return _PRELUDE + "\n".join([
         "int64_t tg_native_run(int64_t *table, int64_t n, int64_t stride,",
-        "                      const int64_t *relocs, int64_t nrelocs, const int64_t *bases) {",
+        "                      const int64_t *patches, int64_t npatches, int64_t pstride,",
+        "                      const int64_t *bases, const int64_t *mono) {",
         "    tg_runs++;",
-        "    for (int64_t r = 0; r < nrelocs; r++)",
-        "        *(int64_t *)P(relocs[3 * r]) = bases[relocs[3 * r + 1]] + relocs[3 * r + 2];",
+        "    for (int64_t r = 0; r < npatches; r++) {",
+        "        const int64_t *p = patches + r * pstride;",
+        "        int64_t v = bases[p[1]] + p[2];",
+        "        for (int64_t j = 3; j < pstride; j++) v += p[j] * mono[j - 3];",
+        "        *(int64_t *)P(p[0]) = v;",
+        "    }",
         "    for (int64_t i = 0; i < n; i++) {",
         "        const int64_t *a = table + i * stride;",
         "        tg_called++;",
@@ -490,7 +610,7 @@ def runner(signatures: tuple):
             library = load_library(f"tg_native_{digest}", source)
             fn = library.tg_native_run
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_void_p]
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
             fn.restype = ctypes.c_int64
             fn._tg_library = library  # noqa: SLF001 - counters for tests
             _runners[signatures] = fn
@@ -512,22 +632,25 @@ def counters() -> dict[str, int]:
 
 # ---------------------------------------------------------------------------- per program
 class NativeLoop:
-    """An executable's recordings, one per dims binding, and why the last call ran where."""
+    """An executable's recordings, one per dims binding, the recording fitted over several dims
+    (``native_dims``), and why the last call ran where."""
 
     def __init__(self):
         self.recordings: dict[tuple, object] = {}  # key -> (Recording, checks) or a reason
         self.seen: dict[tuple, int] = {}
         self.last = "python loop: not run yet"
+        # recordings at distinct dims, fitted into one replayed at any dims once enough agree:
+        # the fitted DimsRecording, a reason it cannot be made, or None while sampling
+        self.symbolic = None
+        self.samples: list = []
+        self._generation = None
 
     def lookup(self, key: tuple, generation: int, arrays: Mapping) -> Recording | None:
         found = self.recordings.get(key)
         if found is None or isinstance(found, str):
             return None
         recording, gen, states = found
-        if gen != generation or any(
-                storage._root(arrays[name]) is not root  # noqa: SLF001
-                or _data(arrays[name]) != start or not arrays[name].flags.c_contiguous
-                for name, root, start in states):
+        if gen != generation or not states_hold(states, arrays):
             del self.recordings[key]  # weights re-bound or a state buffer replaced
             return None
         return recording
@@ -545,3 +668,56 @@ class NativeLoop:
         if len(self.recordings) >= MAX_RECORDINGS:
             self.recordings.pop(next(iter(self.recordings)))
         self.recordings[key] = value
+
+    # ------------------------------------------------------------------ across dims
+    def fitted(self, generation: int, arrays: Mapping, values: tuple[int, ...]):
+        """The recording fitted over several dims if it replays these (same weights and state
+        buffers, pinned dims equal), else None; weights re-bound or a state buffer replaced
+        start the sampling again."""
+        sym = self.symbolic
+        if sym is None or isinstance(sym, str):
+            return None
+        if sym.generation != generation or not states_hold(sym.states, arrays):
+            self.symbolic, self.samples = None, []
+            return None
+        return sym if sym.replays(values) else None
+
+    def wants_sample(self, generation: int, values: tuple[int, ...]) -> bool:
+        """Record this call as a sample for the fit? (While no fit is made or refused, at dims
+        not sampled yet.)"""
+        if self.symbolic is not None:
+            return False
+        if generation != self._generation:
+            self.samples, self._generation = [], generation
+        return all(s.values != values for s in self.samples)
+
+    def add_sample(self, sample: Sample, context) -> None:
+        """Keep ``sample`` and fit the samples when there are enough (``native_dims.fit``):
+        the fitted recording, or the reason none can be made, replaces the sampling."""
+        from tensor_graphs.runtime import native_dims
+
+        self.samples.append(sample)
+        try:
+            found = native_dims.fit(self.samples, context)
+        except NotNativeError as exc:
+            found = f"python loop: dims change every call and {exc}"
+        if found is None and len(self.samples) >= native_dims.MAX_SAMPLES:
+            found = (f"python loop: {len(self.samples)} calls at distinct dims did not determine "
+                     "the dims' effect on the C calls (too few distinct values)")
+        if found is not None:
+            self.symbolic, self.samples = found, []
+
+    def refuse(self, reason: str) -> None:
+        """No recording fitted over dims for this program (``reason``: why)."""
+        self.symbolic, self.samples = reason, []
+
+
+def states_hold(states, arrays: Mapping) -> bool:
+    """Every kept state is still fed as the same view of the same buffer (name, buffer, first
+    byte, strides). The first byte is implied: a call the native loop runs feeds no state
+    itself, so each is its buffer's active prefix, which starts where the buffer does."""
+    for name, root, _, strides in states:
+        a = arrays[name]
+        if a.base is not root and storage._root(a) is not root or a.strides != strides:  # noqa: SLF001
+            return False
+    return True

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import ChainMap
 from collections.abc import Mapping
 
 import numpy as np
@@ -75,8 +74,11 @@ class Executable:
         self.arenas: dict[str, np.ndarray] = {}
         self._bindings: dict[tuple, tuple] = {}
         self._resolvers: list | None = None
+        self._checks: list | None = None  # instructions whose constraints depend on the dims
+        self._checked: dict[tuple, None] = {}  # dims whose constraints hold
         self._generation = 0  # counts prelude runs: a native recording holds their results
         self.native = _native.NativeLoop()
+        self._fit: tuple | None = None  # (dims the native loop fits over, Domain, DIM leaves)
         self.shared_results = False  # the last run's results live in memory runs reuse
 
     def _arenas(self) -> dict[str, np.ndarray]:
@@ -87,6 +89,36 @@ class Executable:
                 weakref.finalize(self, release_later, as_device(device).name, arena.nbytes)
         return self.arenas
 
+    def _resolvers_made(self) -> list:
+        if self._resolvers is None:
+            self._resolvers = [_InstructionResolver(ins, self.symbols)
+                               for ins in self.instructions]
+        return self._resolvers
+
+    def check(self, dims: Mapping) -> None:
+        """Raises OutsideConstraintsError when a kernel's constraints fail at ``dims``. Only
+        the instructions whose constraints read shapes that depend on the dims are checked,
+        each distinct (kernel, shapes, attributes) once (a model's layers share them), and
+        dims that passed are remembered: a decode step checks its attention once, not per
+        layer."""
+        key = dims_key(dims)
+        if key in self._checked:
+            return
+        if self._checks is None:
+            groups: dict = {}
+            for ins, r in zip(self.instructions, self._resolvers_made()):
+                if r.shape_dependent_check:
+                    groups.setdefault(_check_key(ins), (ins, r))
+            self._checks = list(groups.values())
+        values = tuple(int(dims[s]) for s in self.symbols)
+        for ins, r in self._checks:
+            reason = ins.kernel.constraint_failure(r.inputs(values), ins.dtypes, r.attrs(values))
+            if reason is not None:
+                raise OutsideConstraintsError(f"{ins.name} at {dict(key)}: {reason}")
+        if len(self._checked) >= 256:
+            self._checked.pop(next(iter(self._checked)))
+        self._checked[key] = None
+
     def bound(self, dims: Mapping) -> tuple[list, list, list]:
         """Per instruction at ``dims``: attributes, result shape and arena array (or None).
         Raises OutsideConstraintsError when a kernel's constraints fail there."""
@@ -94,18 +126,12 @@ class Executable:
         found = self._bindings.get(key)
         if found is not None:
             return found
+        self.check(dims)
         arenas = self._arenas()
-        if self._resolvers is None:
-            self._resolvers = [_InstructionResolver(ins, self.symbols)
-                               for ins in self.instructions]
         values = tuple(int(dims[s]) for s in self.symbols)
         attrs, shapes, outs = [], [], []
-        for ins, r in zip(self.instructions, self._resolvers):
+        for ins, r in zip(self.instructions, self._resolvers_made()):
             shape, a = r.shape(values), r.attrs(values)
-            if r.shape_dependent_check:  # a shape predicate may fail at other dims
-                reason = ins.kernel.constraint_failure(r.inputs(values), ins.dtypes, a)
-                if reason is not None:
-                    raise OutsideConstraintsError(f"{ins.name} at {dict(key)}: {reason}")
             buf = None
             if ins.place is not None:
                 device, offset, room = ins.place
@@ -129,10 +155,10 @@ class Executable:
             cache_static: bool = True, native: bool = True) -> list[np.ndarray]:
         """One call. ``cache_static``: the weights are the bound ones, so the prelude's results
         from an earlier call stand (False when a call feeds weights itself). ``native``: the
-        native loop may run it (``runtime/native.py``); after the call ``native.last`` says
-        which loop ran and why, and ``shared_results`` whether the results must be copied."""
-        attrs, shapes, outs = self.bound(dims)
-        loop, recorder = self.native, None
+        native loop may run it (``runtime/native.py``, at dims never seen before through
+        ``runtime/native_dims.py``); after the call ``native.last`` says which loop ran and
+        why, and ``shared_results`` whether the results must be copied."""
+        loop, recorder, sample = self.native, None, None
         self.shared_results = False
         if not (native and cache_static):
             loop.last = ("python loop: the native loop is off for this call (prog.native is "
@@ -141,22 +167,38 @@ class Executable:
             key = dims_key(dims)
             recording = loop.lookup(key, self._generation, arrays)
             if recording is not None:
-                inputs = [dense(arrays[node.name], node.dtype.np_dtype)
-                          for _, node in self._inputs]
-                if recording.run(inputs) == 0:
+                if recording.run(self._feeds(arrays)) == 0:
                     loop.last = (f"native loop: {recording.count} C calls in one foreign call")
                     self.shared_results = True
                     return list(recording.outputs)
                 # a C function reported an error: the Python loop runs it again and raises
-            elif loop.wants(key) and _native.RECORD_LOCK.acquire(blocking=False):
-                recorder = _native.Recorder()  # (another thread recording: not this call)
             else:
-                found = loop.recordings.get(key)
-                loop.last = found if isinstance(found, str) else \
-                    "python loop: first call with these dims (the next one is recorded)"
+                point = self._fit_values(dims)
+                if point is not None:
+                    fitted = loop.fitted(self._generation, arrays, point)
+                    if fitted is not None:
+                        got = fitted.run(point, self._feeds(arrays))
+                        if not isinstance(got, int):
+                            loop.last = (f"native loop: {fitted.count} C calls in one foreign "
+                                         "call (fitted over dims)")
+                            self.shared_results = True
+                            return got
+                        # a C function reported an error: the Python loop raises it
+                    elif loop.wants_sample(self._generation, point):
+                        sample = point
+                if (sample is not None or loop.wants(key)) \
+                        and _native.RECORD_LOCK.acquire(blocking=False):
+                    recorder = _native.Recorder()  # (another thread recording: not this call)
+                else:
+                    sample = None
+                    found = loop.recordings.get(key)
+                    refused = loop.symbolic if isinstance(loop.symbolic, str) else None
+                    loop.last = found if isinstance(found, str) else refused or \
+                        "python loop: first call with these dims (the next one is recorded)"
         else:
             loop.wants(dims_key(dims))  # a sighting all the same: the next call records
             loop.last = "python loop: the prelude runs (weights bound since the last call)"
+        attrs, shapes, outs = self.bound(dims)
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
         for i, node in self.leaves:
@@ -179,21 +221,61 @@ class Executable:
             _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
             return [values[i] for i in self.outputs]
         try:
-            return self._record(recorder, arrays, dims, values, attrs, shapes, outs)
+            return self._record(recorder, arrays, dims, values, attrs, shapes, outs, sample)
         finally:
             _native.RECORD_LOCK.release()
 
-    def _record(self, recorder, arrays, dims, values, attrs, shapes, outs) -> list:
+    def _feeds(self, arrays: Mapping) -> list[np.ndarray]:
+        return [dense(arrays[node.name], node.dtype.np_dtype) for _, node in self._inputs]
+
+    def _fit_values(self, dims: Mapping) -> tuple[int, ...] | None:
+        """The values of the dims the native loop fits its recordings over, when these dims
+        lie where it may (``native_dims``: symbolic extents >= 2); None otherwise, and for a
+        program without symbolic dims or one whose recordings cannot be fitted."""
+        if self._fit is None:
+            self._fit = self._fit_setup()
+        symbols, domain, _ = self._fit
+        if domain is None:
+            return None
+        values = tuple(int(dims[s]) for s in symbols)
+        return values if domain.holds(values) else None
+
+    def _fit_setup(self) -> tuple:
+        """(dims, Domain or None, DIM leaves' functions) for ``native_dims``; the dims are
+        the instructions' and those per-dims leaves read (a ``size(past)`` fed to a kernel)."""
+        from tensor_graphs.runtime import native_dims
+
+        symbols = set(self.symbols)
+        exprs = {}
+        for i, node in self.leaves:
+            if node.op.name == DIM and i not in self._static_set:
+                exprs[i] = sympy.sympify(node.attrs["expr"])
+                symbols |= exprs[i].free_symbols
+        symbols = sorted(symbols, key=str)
+        if not symbols:
+            return symbols, None, {}
+        domain = native_dims.analyze(self.instructions, symbols)
+        bad = next((e for e in exprs.values() if not e.is_polynomial(*symbols)), None)
+        if bad is not None:
+            domain = f"a per-dims leaf is {bad}, not a polynomial of the dims"
+        if isinstance(domain, str):
+            self.native.refuse(f"python loop: dims change every call and {domain}")
+            return symbols, None, {}
+        return symbols, domain, {i: _resolver(e, symbols) for i, e in exprs.items()}
+
+    def _record(self, recorder, arrays, dims, values, attrs, shapes, outs, sample) -> list:
         """Run the Python loop while ``recorder`` notes the C calls; keep the recording when
-        the native loop can replay it (see ``runtime/native.py``)."""
+        the native loop can replay it (see ``runtime/native.py``), and when ``sample`` (the
+        fitted dims' values) is given, offer it to the fit over dims (``native_dims``)."""
         from tensor_graphs.errors import CCompileError
         from tensor_graphs.kernels.c import lib
+        from tensor_graphs.runtime.native_dims import Context
 
         key, loop = dims_key(dims), self.native
-        for arena in self.arenas.values():
-            recorder.fixed(arena)
-        for _, v in self._static_values:
-            recorder.fixed(v)
+        for device, arena in self.arenas.items():
+            recorder.fixed(arena, ("arena", device))
+        for i, v in self._static_values:
+            recorder.fixed(v, ("static", i))
         states = []
         for i, node in self.leaves:
             if i in self._static_set:
@@ -203,11 +285,12 @@ class Executable:
                 recorder.input(v)
             elif node.op.name == STATE:
                 if v is not arrays[node.name]:
-                    recorder.fail(f"state '{node.name}' is not a dense prefix of its buffer")
-                recorder.fixed(v)
-                states.append((node.name, storage._root(v), v.__array_interface__["data"][0]))
+                    recorder.fail(f"state '{node.name}' is not a view of its buffer")
+                recorder.fixed(v, ("state", node.name))
+                states.append((node.name, storage._root(v), v.__array_interface__["data"][0],
+                               v.strides))
             else:
-                recorder.fixed(v)  # dims and constants of these dims: as recorded
+                recorder.fixed(v, ("leaf", i))  # dims and constants of these dims: as recorded
         if recorder.overlapping():  # an input shares bytes with another or with the program
             _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
             loop.last = "python loop: an input overlaps another input or the program's memory"
@@ -223,11 +306,33 @@ class Executable:
         except (_native.NotNativeError, CCompileError) as exc:
             loop.last = f"python loop: {exc}"
             loop.store(key, loop.last)
+            if sample is not None:
+                loop.refuse(loop.last)
             return results
         loop.store(key, (recording, self._generation, states))
         loop.last = f"python loop: recorded {recording.count} C calls for the native loop"
         self.shared_results = True  # kernel-allocated results are reused by later runs
+        if sample is not None:
+            symbols, _, leaves = self._fit
+            try:
+                loop.add_sample(recorder.sample(results, sample, states),
+                                Context(tuple(map(str, symbols)), leaves, self._generation))
+            except (_native.NotNativeError, CCompileError) as exc:
+                loop.refuse(f"python loop: dims change every call and {exc}")
+            if not (loop.symbolic is None or isinstance(loop.symbolic, str)):
+                loop.last += " (and fitted a native loop over dims)"
         return results
+
+
+def _check_key(ins: Instruction):
+    """Instructions with one key have the same constraints at any dims."""
+    key = (ins.name, tuple(ins.input_shapes), tuple(ins.dtypes),
+           tuple(sorted(ins.attrs.items(), key=lambda kv: kv[0])))
+    try:
+        hash(key)
+    except TypeError:
+        return id(ins)
+    return key
 
 
 _RESOLVERS: dict = {}  # (value, symbols) -> resolver: the layers of a model share their shapes
@@ -281,12 +386,12 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
     ``recorder``: a native-loop recorder told about each instruction after it ran."""
     regions = list(arenas.values())
     with np.errstate(all="ignore"):
-        for ins, kw, shape, buf in zip(instructions, attrs, shapes, outs):
+        for n, (ins, kw, shape, buf) in enumerate(zip(instructions, attrs, shapes, outs)):
             given = args = [values[a] for a in ins.args]
             if ins.contiguous:  # views (a permute, a slice) are made dense first
                 args = [a if a.flags.c_contiguous else dense(a) for a in args]
             if recorder is not None:
-                recorder.begin_step(ins.name)
+                recorder.begin_step(ins.name, n)
             try:
                 if buf is not None:
                     out = raw = ins.fn(*args, out=buf, **kw)
@@ -360,13 +465,24 @@ class CompiledGraph:
         # where every instruction is C, calls run as one foreign call (runtime/native.py);
         # False keeps the Python loop (benchmarks compare the two)
         self.native = True
+        self._leaf_sets()
+
+    def _leaf_sets(self) -> None:
+        """What a call checks, given what is bound (made again by every bind): the weights and
+        states not bound, the leaves a call must feed, and those it validates (fed, or bound
+        with a shape that binds dims)."""
+        self._unbound = sorted(n for n, lf in self._by_name.items()
+                               if lf.op.name != INPUT and n not in self._bound)
+        self._open = [lf for lf in self._leaves if lf.name not in self._bound]
+        self._checked_leaves = [lf for lf in self._leaves
+                                if lf.name not in self._bound or not is_static(lf.shape)]
 
     # ------------------------------------------------------------------------ planning
     def _executable(self, dims: Mapping) -> Executable:
         if self._symbolic is not None:  # planned once for the bounds
             self._pipeline.check_bounds(dims)
             try:
-                self._symbolic.bound(dims)
+                self._symbolic.check(dims)  # (resolved only if the Python loop runs)
                 self._last = self._symbolic
                 return self._symbolic
             except OutsideConstraintsError:  # a kernel chosen at the bounds does not apply
@@ -511,6 +627,7 @@ class CompiledGraph:
             self._states[name].set(values[name], self._capacity.get(name, 0))
         if weights:  # (a state keeps its buffer: the prelude and recordings still hold)
             self._bound.update((n, values[n]) for n in weights)
+            self._leaf_sets()
             for exe in self._all_executables():
                 exe.invalidate()
 
@@ -525,18 +642,15 @@ class CompiledGraph:
             raise FeedError(f"{overlap} are bound weights; pass them to bind(), not the call")
         kept = {n: st.prefix() for n, st in self._states.items()
                 if n not in feeds and st.buffer is not None}
-        unbound = sorted(n for n, lf in self._by_name.items()
-                         if lf.op.name != INPUT and n not in self._bound and n not in feeds
-                         and n not in kept)
+        unbound = [n for n in self._unbound if n not in feeds and n not in kept]
         if unbound:
             raise FeedError(f"weight(s) or state(s) {unbound} are not bound: call prog.bind("
                             + ", ".join(f"{n}=..." for n in unbound) + ") first (a state "
                             "starts as what you bind, an empty cache included)")
         # bound weights were checked by bind: only what this call brings is validated
         given = {**kept, **feeds}
-        require_feeds(self._leaves, ChainMap(given, self._bound))  # no set built per call
-        check = [lf for lf in self._leaves if lf.name in given
-                 or (lf.name in self._bound and not is_static(lf.shape))]
+        require_feeds(self._open, given)  # (a bound leaf is never missing)
+        check = [lf for lf in self._checked_leaves if lf.name in given or lf.name in self._bound]
         arrays, dims = bind_feeds(check, {lf.name: given.get(lf.name, self._bound.get(lf.name))
                                           for lf in check}, lift=False)
         for name, value in self._bound.items():
@@ -549,8 +663,9 @@ class CompiledGraph:
                           native=self.native and only_inputs)
         if exe.native.last.startswith("native"):
             self.stats["native_runs"] += 1
-        fed = {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()}
-        fed |= {id(v) for _, v in exe._static_values or ()}  # kept for later calls
+        fed = None if exe.shared_results else \
+            {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()} | \
+            {id(v) for _, v in exe._static_values or ()}  # kept for later calls
         out, seen = [], set()
         for i, r in enumerate(results):
             r = np.asarray(r)
@@ -559,7 +674,7 @@ class CompiledGraph:
                 self._states[name].set(r, self._capacity.get(name, 0))
                 out.append(self._states[name].view())
                 continue
-            own = not exe.shared_results and r.flags.owndata and r.base is None \
+            own = fed is not None and r.flags.owndata and r.base is None \
                 and id(r) not in fed and id(r) not in seen
             seen.add(id(r))
             out.append(r if own else r.copy())

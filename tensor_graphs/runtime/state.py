@@ -74,7 +74,8 @@ class State:
 
 
 def _inside(value: np.ndarray, buffer: np.ndarray) -> bool:
-    return value.base is buffer and value.ctypes.data == buffer.ctypes.data
+    return value.base is buffer and (value.__array_interface__["data"][0]
+                                     == buffer.__array_interface__["data"][0])
 
 
 def kept_states(outputs: list[Node]) -> dict[int, tuple[str, int]]:

@@ -53,10 +53,12 @@ def no_python_kernels(prog):
 
 
 def warm(prog, **feeds):
-    """Two calls with these dims: the first plans the prelude, the second records."""
+    """Two calls with these dims: the first plans the prelude, the second records (a program
+    with symbolic dims records new dims on first sight, as a sample for the fit over dims
+    (runtime/native_dims.py): then the second replays)."""
     for _ in range(2):
         prog(**feeds)
-    assert "recorded" in prog.loop, prog.loop
+    assert "recorded" in prog.loop or prog.loop.startswith("native loop"), prog.loop
 
 
 def test_thousand_instructions_in_one_foreign_call():

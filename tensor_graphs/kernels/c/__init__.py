@@ -2,8 +2,8 @@
 
 ``build.py`` compiles and caches libraries (``load_library``; also used by the generated-C
 code generator); ``lib.py`` loads this folder's own ``*.c`` files lazily; ``unary.py``,
-``norms.py``, ``matmul.py``, ``gemm.py``, ``attention.py`` and ``gather.py`` register the
-kernels (``c_<what>``).
+``norms.py``, ``matmul.py``, ``gemm.py``, ``attention.py``, ``gather.py``, ``pointwise.py``
+(a decode's mask and position steps) and ``concat.py`` register the kernels (``c_<what>``).
 Importing registers them and compiles nothing: a missing or failing compiler shows up as
 ``available() is False`` and as a failed ``where`` constraint on every C kernel, so the
 planner uses other backends.
@@ -12,10 +12,12 @@ planner uses other backends.
 from tensor_graphs.errors import CCompileError  # noqa: F401
 from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     attention,
+    concat,
     gather,
     gemm,
     matmul,
     norms,
+    pointwise,
     unary,
 )
 from tensor_graphs.kernels.c.build import (  # noqa: F401
