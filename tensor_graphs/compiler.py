@@ -6,7 +6,8 @@
           -> sink         reshapes moved below pointwise ops                      rewrite/sink
           -> plan         a lock file or the plan cache replayed, else options    planner/
                           per slot and DP within tolerance (profile="missing":
-                          measure what has no row first)
+                          measure what has no row first); the generated kernels
+                          it chose built and verified (refused: planned again)  planner/realize
           -> memory plan  liveness and arena offsets; OutOfMemory before a run    memory/
           -> lower        the plan as a flat program over numbered values         runtime/lower
           -> program      the Executable a call runs                              runtime/program
@@ -43,6 +44,7 @@ from tensor_graphs.planner import cache
 from tensor_graphs.planner.lint import lint_graph, lint_plan
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
+from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.rewrite.recompose import recompose
 from tensor_graphs.rewrite.simplify import simplify
@@ -124,8 +126,9 @@ class Pipeline:
 
     def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
                  backends: Sequence[str] | None, decisions: Sequence[str] | None = None,
-                 bounds: Mapping | None = None, plan_file=None):
+                 bounds: Mapping | None = None, plan_file=None, generate: bool = True):
         self.outputs = outputs
+        self.generate = bool(generate)
         self.bounds = as_symbols(bounds or {})
         self.device = as_device(device)
         self.kinds = tuple(dict.fromkeys((self.device.kind, "cpu")))
@@ -162,20 +165,42 @@ class Pipeline:
         return run_pass("program", Executable, program)
 
     def planner(self, prepared: list[Node], blocks: bool = True,
-                dims: Mapping | None = None) -> Planner:
-        """A planner for ``prepared``; ``dims`` are the values a symbolic graph is costed at."""
+                dims: Mapping | None = None, refused: frozenset[str] = frozenset()) -> Planner:
+        """A planner for ``prepared``; ``dims`` are the values a symbolic graph is costed at;
+        ``refused``: generated kernels it may not offer."""
         return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
                        tolerance=self.tolerance, backends=self.backends, blocks=blocks,
-                       dims=dims)
+                       dims=dims, generate=self.generate, refused=refused)
 
     def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict) -> Plan:
         """Replay a lock file or a cached plan, else (after measuring what is missing, with
-        profile="missing") search. ``costed_at``: the bounds a symbolic graph is costed at."""
+        profile="missing") search; then build the generated kernels the plan chose
+        (``planner/realize``): one that fails its checks or is less accurate than the
+        tolerance is refused and the plan is made again without it. ``costed_at``: the bounds
+        a symbolic graph is costed at."""
+        refused: dict[str, str] = {}
+        while True:
+            plan = self._choose(prepared, costed_at, stats, frozenset(refused))
+            plan, more = realize_plan(plan)
+            if not more:
+                return plan
+            if self.decisions is not None:
+                from tensor_graphs.planner.lockfile import FIX
+
+                name, why = next(iter(more.items()))
+                raise PlanFileError(f"plan file {self.plan_file} chooses the generated kernel "
+                                    f"{name}, which is refused here: {why}; it is not "
+                                    f"re-planned ({FIX})")
+            refused.update(more)
+            stats["generated_refused"] = stats.get("generated_refused", 0) + len(more)
+
+    def _choose(self, prepared: list[Node], costed_at: Mapping | None, stats: dict,
+                refused: frozenset[str]) -> Plan:
         def key() -> tuple:
             return cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
-                             costed_at)
+                             costed_at) + (self.generate, refused)
 
-        planner = self.planner(prepared, dims=costed_at)
+        planner = self.planner(prepared, dims=costed_at, refused=refused)
         found = self.decisions or cache.get(key())
         if found is not None:
             try:
@@ -193,10 +218,10 @@ class Pipeline:
                 from tensor_graphs.profiler.missing import profile_missing
 
                 concrete = prepared if costed_at is None else prepare(self.outputs, costed_at)
-                everything = self.planner(concrete, blocks=False)  # every option it sees
-                everything.solve()
+                everything = self.planner(concrete, blocks=False, refused=refused)
+                everything.solve()  # every option it sees
                 stats["measured"] += profile_missing(everything, self.db)
-                planner = self.planner(prepared, dims=costed_at)  # with the new rows
+                planner = self.planner(prepared, dims=costed_at, refused=refused)
             plan = planner.plan()
             stats["planner_runs"] += 1
             cache.put(key(), plan.decisions)
@@ -243,7 +268,7 @@ def _outputs(graph) -> tuple[list[Node], bool]:
 def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: A001
             db: Database | str | None = None, profile: str = "never",
             bounds: Mapping[str, int] | None = None, plan: str | None = None,
-            backends: Sequence[str] | None = None) -> CompiledGraph:
+            backends: Sequence[str] | None = None, generate: bool = True) -> CompiledGraph:
     """Plan ``graph`` for ``device`` and return a program that runs it.
 
     - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
@@ -259,7 +284,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     - ``plan``: a lock file from ``prog.save_plan``: reused without re-planning; a file that
       cannot be replayed as saved within ``tolerance`` raises ``PlanFileError`` (see
       planner/lockfile);
-    - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``).
+    - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``);
+    - ``generate``: also offer kernels generated for regions of the graph (fused elementwise
+      loops in C: ``kernels/generated``), compiled and verified only when a plan chooses them.
     """
     outs, single = _outputs(graph)
     decisions = None
@@ -268,7 +295,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
 
         decisions = load(plan, outs, device, _check_tolerance(tolerance))
     pipeline = Pipeline(outs, device, tolerance, db, profile, backends, decisions, bounds,
-                        plan_file=plan)
+                        plan_file=plan, generate=generate)
     prog = CompiledGraph(outs, single, pipeline)
     free = symbols(outs)
     dims = as_symbols(bounds or {})
@@ -283,9 +310,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     return prog  # symbolic dims without bounds: built on each first call with new dims
 
 
-def _planner_for(graph, device, tolerance, db, dims, backends) -> Planner:
+def _planner_for(graph, device, tolerance, db, dims, backends, generate) -> Planner:
     outs, _ = _outputs(graph)
-    pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
+    pipeline = Pipeline(outs, device, tolerance, db, "never", backends, generate=generate)
     free = symbols(outs)
     values = as_symbols(dims)
     missing = sorted(str(s) for s in free - set(values))
@@ -315,14 +342,16 @@ def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, d
 
 
 def paths(graph, device="cpu", tolerance: float = 1.0, db=None,
-          backends: Sequence[str] | None = None, **dims) -> Iterator[Plan]:
+          backends: Sequence[str] | None = None, generate: bool = True,
+          **dims) -> Iterator[Plan]:
     """Every valid path for ``graph`` lazily (each a ``Plan``: ``.cost``, ``.kernels``,
     ``.steps``), the cheapest option first at every decision. ``tolerance`` defaults to 1:
-    every kernel counts."""
-    return _planner_for(graph, device, tolerance, db, dims, backends).paths()
+    every kernel counts. Paths through generated kernels (``generate``) name them before they
+    are built: ``step.kernel`` is a ``kernels.generated.Candidate`` there."""
+    return _planner_for(graph, device, tolerance, db, dims, backends, generate).paths()
 
 
 def count_paths(graph, device="cpu", tolerance: float = 1.0, db=None,
-                backends: Sequence[str] | None = None, **dims) -> int:
+                backends: Sequence[str] | None = None, generate: bool = True, **dims) -> int:
     """How many paths ``tg.paths`` yields, counted without enumerating them."""
-    return _planner_for(graph, device, tolerance, db, dims, backends).count()
+    return _planner_for(graph, device, tolerance, db, dims, backends, generate).count()

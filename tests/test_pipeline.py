@@ -26,7 +26,7 @@ from tensor_graphs.runtime.lower import lint_program
 PASSES = ["specialize", "simplify", "recompose", "sink", "plan", "memory plan", "lower",
           "program"]
 LINE = re.compile(r"^tg pass (\S+(?: plan)?) +(\d+) (nodes|steps|buffers|instructions) +"
-                  r"[\d.]+ (us|ms)$")
+                  r"[\d.]+ (us|ms|s)$")
 
 
 def _mlp():

@@ -61,7 +61,10 @@ FREE = Estimate(0.0, "free", 1.0)
 
 
 def format_seconds(seconds: float) -> str:
-    """A time as a plan or report prints it: "1.23 ms" from a millisecond up, else "456 us"."""
+    """A time as a plan or report prints it: "1.23 s" from a second up ("1.6e+03 ms" before),
+    "1.23 ms" from a millisecond, else "456 us"."""
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"

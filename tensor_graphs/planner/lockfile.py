@@ -15,7 +15,9 @@ break the tolerance without a word. Checked here, before anything is planned:
   at most ``MAX_BYTES``, JSON of ``SCHEMA``;
 - the device it was planned for, and a tolerance no looser than the one asked for;
 - every kernel a decision names: listed in the file's kernel table, registered here, and with
-  the source hash recorded (an edited kernel computes, errs and costs differently).
+  the source hash recorded (an edited kernel computes, errs and costs differently). A
+  generated kernel needs no registration: replay renders it again from the graph (its name is
+  the hash of its source) and it is verified before it runs.
 
 Checked as the plan is replayed (``Planner.replay``, where the graph's nodes are known): each
 decision is one of its slot's options, and one within the tolerance asked for.
@@ -36,7 +38,7 @@ from tensor_graphs.files import (
     read_regular,
 )
 from tensor_graphs.kernels import registry
-from tensor_graphs.planner.plan import Plan
+from tensor_graphs.planner.plan import GENERATED, Plan
 
 FORMAT, VERSION = "tensor_graphs.plan", 1
 MAX_BYTES = 16 << 20  # GPT-2's lock file is ~10 KB; anything near this was not written by us
@@ -138,6 +140,14 @@ def kernel_names(label: str) -> list[str]:
     return [p.split(":", 1)[1] for p in parts if p.startswith(KERNEL_LABELS)]
 
 
+def generated_names(label: str) -> list[str]:
+    """The generated kernels a decision label names: they are made again from the graph on
+    replay (their name is the hash of their source, so an edited one cannot match) and
+    verified before they run, so they need no registration."""
+    parts = label[len(BLOCK_LABEL):].split("|") if label.startswith(BLOCK_LABEL) else [label]
+    return [p.split(":", 1)[1] for p in parts if p.startswith(GENERATED + ":")]
+
+
 def _check_kernels(path, table: dict[str, str], decisions: list[str]) -> None:
     """Every kernel the decisions name is in the file's table, registered, and unedited."""
     for i, label in enumerate(decisions):
@@ -148,6 +158,8 @@ def _check_kernels(path, table: dict[str, str], decisions: list[str]) -> None:
                     f"which the file's \"kernels\" table does not list (the file was edited "
                     f"by hand); {FIX}")
     known = {k.name: k.source_hash for k in registry.all()}
+    known.update((name, table[name]) for label in decisions
+                 for name in generated_names(label) if name in table)
     missing = sorted(k for k in table if k not in known)
     if missing:
         raise PlanFileError(f"plan file {path} uses kernels that are not registered: "

@@ -40,6 +40,7 @@ class Slot(NamedTuple):
 
 
 KERNEL, COPY, DECOMPOSE, REWRITE, LEAF = "kernel", "copy", "decompose", "rewrite", "leaf"
+GENERATED = "generated"  # label prefix of a generated kernel's option (kernels/generated.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,6 +209,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
             break
         if s.is_copy:
             computes = f"copy to {s.device}"
+        elif getattr(s.kernel, "generated", False):
+            computes = f"generated: {ops_inside(s.nodes)}"
         else:
             fused = len(s.nodes) - 1
             computes = s.computes + (f" (+{fused} fused)" if fused else "")
@@ -222,6 +225,16 @@ def explain(plan: Plan, limit: int | None = None) -> str:
     lines.append("")
     lines += _totals(plan)
     return "\n".join(lines)
+
+
+def ops_inside(covered) -> str:
+    """The ops a fused step computes, most frequent first: "12 ops: mul x5, add x4, exp x3"."""
+    counts: dict[str, int] = {}
+    for n in covered:
+        counts[n.op.name] = counts.get(n.op.name, 0) + 1
+    shown = ", ".join(f"{k} x{v}" if v > 1 else k
+                      for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{len(covered)} ops: {shown}"
 
 
 def summary(plan: Plan) -> str:

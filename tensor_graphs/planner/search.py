@@ -27,7 +27,7 @@ from tensor_graphs.db.features import features, nbytes
 from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError, PlanFileError
 from tensor_graphs.ir import builder
-from tensor_graphs.ir.algebra import STRIDED_VIEWS
+from tensor_graphs.ir.algebra import ELEMENTWISE, STRIDED_VIEWS
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import is_static, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
@@ -44,10 +44,11 @@ from tensor_graphs.ir.ops.names import (
 )
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.kernels import copy as copies
-from tensor_graphs.kernels import registry
+from tensor_graphs.kernels import generated, registry
 from tensor_graphs.planner.plan import (
     COPY,
     DECOMPOSE,
+    GENERATED,
     KERNEL,
     LEAF,
     REWRITE,
@@ -98,8 +99,11 @@ class Planner:
     def __init__(self, outputs: Sequence[Node], *, target: str, cost: CostModel,
                  tolerance: float, backends: Sequence[str] | None = None,
                  weights_on: str | None = None, blocks: bool = False,
-                 output_device: str = "cpu", dims: Mapping | None = None):
+                 output_device: str = "cpu", dims: Mapping | None = None,
+                 generate: bool = True, refused: frozenset[str] = frozenset()):
         self.outputs = list(outputs)
+        self.generate = generate  # offer generated kernels (kernels/generated.py)
+        self.refused = refused  # generated kernels this plan may not use (too inaccurate)
         self.dims = dict(dims or {})  # values of symbolic dims: costs and constraints use them
         self._twins: dict[Node, Node] = {}  # symbolic node -> node at ``dims``
         self.output_device = output_device
@@ -156,7 +160,7 @@ class Planner:
             return self._leaf(slot)
         if node in self._blocks and kind == self.target:
             return [self._blocks[node].option(slot, self)]
-        out = self._kernels(slot)
+        out = self._kernels(slot) + self._generated(slot)
         if not node.op.is_atomic:
             d = self._decomposition(node)
             out.append(Option(DECOMPOSE, slot, (Slot(d, kind, False),), label=DECOMPOSE))
@@ -196,6 +200,29 @@ class Planner:
                               covers, attrs, est, step_error(k, node.dtype), sig, feats,
                               label=f"kernel:{k.name}",
                               densify=self._densify(args) if k.contiguous else 0.0, cold=cold))
+        return out
+
+    def _generated(self, slot: Slot) -> list[Option]:
+        """The generated kernels' options at the slot: regions rooted at its node that a
+        generator can render (``kernels.generated``), costed like any kernel; nothing is
+        compiled here (the chosen ones are built and verified after planning)."""
+        node, kind, _ = slot
+        if not self.generate or not node.op.is_atomic or node.op.is_leaf:
+            return []
+        out = []
+        for cand in generated.candidates(node, self.uses, self._decomposition):
+            if cand.device != kind or cand.name in self.refused or \
+                    (self.backends is not None and cand.backend not in self.backends):
+                continue
+            if any(n in self._multi_output for n in cand.covers if n is not node):
+                continue  # see _exclusive
+            sig, feats = self._measure_key(cand.covers, cand.inputs, node)
+            est = self.cost.estimate(cand, sig, feats)
+            self.stats["estimates"] += 1
+            out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
+                              cand, cand.covers, {}, est, step_error(cand, node.dtype), sig,
+                              feats, label=f"{GENERATED}:{cand.name}",
+                              cold=self._cold(cand.inputs, node)))
         return out
 
     def _cold(self, args: Sequence[Node], node: Node) -> float:
@@ -325,6 +352,8 @@ class Planner:
         shared: dict = {}
         claimed: set[Node] = set()
         for group in find_repeated_blocks(self.outputs):
+            if self.generate and _pointwise_only(group.instances[0].nodes, self._decomposition):
+                continue  # planned whole, its instances fuse together into generated loops
             for inst in group.instances:
                 if inst.nodes & claimed or any(o in self._blocks for o in inst.outputs):
                     continue
@@ -680,6 +709,29 @@ def _region(root: Node, arguments: Sequence[Node]) -> tuple[Node, ...]:
     return tuple(order)
 
 
+def _pointwise_only(members, expand: Callable[[Node], Node]) -> bool:
+    """Every node of a block instance is an elementwise op or a composite made of them: a
+    block that only a generated loop would compute (planned once per instance, its instances
+    could not fuse across the block boundary: a 12-op chain made 4 steps, not 1)."""
+    stack = [(n, frozenset()) for n in members if not n.op.is_leaf]
+    seen: set[Node] = set()
+    while stack:
+        n, stop = stack.pop()
+        if n in seen or n in stop or n.op.is_leaf:
+            continue
+        seen.add(n)
+        if not n.op.is_atomic:  # its decomposition, down to the composite's own inputs
+            d = expand(n)
+            if d is None:
+                return False
+            stack.append((d, frozenset(n.inputs)))
+        elif n.op.name not in ELEMENTWISE:
+            return False
+        elif stop:  # inside a decomposition
+            stack.extend((i, stop) for i in n.inputs)
+    return True
+
+
 def _describe(n: Node) -> str:
     ins = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in n.inputs)
     return f"{n.op.name}({ins}) -> {format_shape(n.shape)} {n.dtype.name}"
@@ -715,7 +767,7 @@ class BlockInstancePlan:
         sub = Planner(self.abstract, target=planner.target, cost=planner.cost,
                       tolerance=planner.tolerance, backends=planner.backends,
                       weights_on=planner.weights_on, output_device=planner.target,
-                      dims=planner.dims)
+                      dims=planner.dims, generate=planner.generate, refused=planner.refused)
         self.plan = sub.plan() if decisions is None else sub.replay(decisions)
         planner.stats["blocks_planned"] += 1
         for key in ("slots", "options", "estimates"):

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from tensor_graphs.db.cost import is_exact_kernel
 from tensor_graphs.db.store import Database, Measurement
 from tensor_graphs.errors import DatabaseError
+from tensor_graphs.kernels import generated
 from tensor_graphs.planner.plan import KERNEL, Option
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler.measure import Call, measure_together
@@ -58,12 +59,14 @@ def calls_to_measure(planner: Planner) -> list[Option]:
 
 
 def verified(kernel) -> str | None:
-    """None when ``kernel`` passes verification (cached per process), else why not."""
+    """None when ``kernel`` passes verification (cached per process), else why not. A
+    generated kernel is built first (``generated.realize``: compiled, then checked against the
+    float64 reference); one that fails is never timed."""
     if kernel.name not in _verified:
         from tensor_graphs.kernels.verify import verify
 
         try:
-            report = verify(kernel)
+            report = verify(generated.realize(kernel))
             _verified[kernel.name] = None if report.ok else report.summary()
         except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
             _verified[kernel.name] = f"{type(exc).__name__}: {exc}"
@@ -71,8 +74,10 @@ def verified(kernel) -> str | None:
 
 
 def call_of(o: Option) -> Call:
+    """The option's kernel call (a generated kernel already built: see ``verified``)."""
     args = tuple(n.node for n in o.needs)
-    return Call(o.kernel, o.slot.node, args, dict(o.attrs), o.signature,
+    node = getattr(o.kernel, "computes", None) or o.slot.node
+    return Call(generated.realize(o.kernel), node, args, dict(o.attrs), o.signature,
                 o.features.flops, o.features.bytes)
 
 

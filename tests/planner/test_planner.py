@@ -28,7 +28,8 @@ def test_tanh_has_numpy_c_torch_and_decomposition_paths():
     y = tg.tanh(x)
     seen = set()
     decomposed = 0
-    for i, p in enumerate(tg.paths(y, db=":memory:")):
+    # the registered kernels' paths (generated ones: tests/planner/test_generated.py)
+    for i, p in enumerate(tg.paths(y, db=":memory:", generate=False)):
         assert p.cost >= 0 and p.kernels
         if len(p.kernels) == 1:
             seen.add(p.kernels[0])

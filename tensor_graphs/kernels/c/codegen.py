@@ -79,7 +79,7 @@ from tensor_graphs.errors import (
 from tensor_graphs.ir import dtypes as _dt
 from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import decompose, substitute
+from tensor_graphs.ir.graph import decompose
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import (
     ADD,
@@ -912,10 +912,11 @@ def rounding_bound(region: Region, arrays: Sequence[np.ndarray]) -> np.ndarray:
     total: np.ndarray | float = 0.0
     for lifted in (False, True):  # the kernel's roundings, then the float64 reference's
         err: dict[Node, np.ndarray] = {n: np.zeros(np.shape(vals[n])) for n in region.inputs}
-        for c in region.constants:
-            literal = vals[c].astype(np.float64 if lifted else c.dtype.np_dtype)
-            err[c] = np.abs(literal.astype(np.float64) - vals[c]).astype(np.float64)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # an inf literal (a -inf mask value) is exact
+            for c in region.constants:
+                literal = vals[c].astype(np.float64 if lifted else c.dtype.np_dtype)
+                exact = literal.astype(np.float64) == vals[c]
+                err[c] = np.where(exact, 0.0, np.abs(literal.astype(np.float64) - vals[c]))
             for n in region.nodes:
                 v, e, r = [vals[i] for i in n.inputs], [err[i] for i in n.inputs], vals[n]
                 moved = _MOVED[n.op.name](n, v, e, r) if any(x.any() for x in e) else 0.0
@@ -977,7 +978,7 @@ def check_kernel(fn, region: Region, seed: int = 0) -> CheckReport:
         for special in (False, True):
             strided = t % 2 == 1
             leaves = [_leaf_for(k, n, s) for k, (n, s) in enumerate(zip(region.inputs, shapes))]
-            graph = substitute(region.root, dict(zip(region.inputs, leaves)))
+            graph = _on_leaves(region, leaves)
             arrays = [_random_array(rng, s, n.dtype, special, strided)
                       for n, s in zip(region.inputs, shapes)]
             refs = None
@@ -1072,6 +1073,18 @@ def _rounding_decides(region: Region) -> bool:
     return False
 
 
+def _on_leaves(region: Region, leaves: Sequence[Node]) -> Node:
+    """The region's root rebuilt over ``leaves`` in place of its inputs. Only the region's own
+    nodes are rebuilt: ``substitute`` walks the whole graph below the root, and rebuilt a
+    symbolic reshape under an input (GPT-2's (1, seq, 64) under a matmul) on a leaf of the
+    trial's concrete shape, which failed."""
+    built: dict[Node, Node] = dict(zip(region.inputs, leaves))
+    for n in region.nodes:
+        inputs = tuple(built.get(i, i) for i in n.inputs)
+        built[n] = n if inputs == n.inputs else Node.make(n.op, inputs, n.attrs, n.name)
+    return built[region.root]
+
+
 def _at(a: np.ndarray, index: tuple, shape: tuple):
     return np.broadcast_to(a, shape)[index]
 
@@ -1102,6 +1115,7 @@ class FusedKernel(registry.Kernel):
     # error_bound(*arrays): per element, how far a correct kernel may be from the float64
     # reference (rounding_bound of its region); tg.kernels.verify allows that much
     error_bound: Callable | None = None
+    generated: bool = True  # explain() shows the ops inside, not a hand kernel's name
 
     def match(self, node: Node, uses=None, dims=None) -> pat.Match | None:
         if node.op.name != self.op:
@@ -1279,8 +1293,63 @@ def _build(region: Region, emitted: Emitted, digest: bytes) -> FusedKernel:
         dtypes=tuple(dict.fromkeys(in_dtypes)) or None, where=where, tolerance=tolerance,
         writes_out=True,
         doc=f"{summary}: {text if len(text) <= 1000 else text[:1000] + '...'}",
-        source_hash=registry.source_hash(fn), region_digest=digest, pattern_size=size,
+        source_hash=source_hash(emitted), region_digest=digest, pattern_size=size,
         summary=summary, error_bound=functools.partial(rounding_bound, region))
+
+
+def source_hash(emitted: Emitted) -> str:
+    """The kernel's source hash (the database's key for its measurements): its C source and
+    compiler flags, known before compiling, so a planner candidate and the kernel built from
+    it share their rows."""
+    text = emitted.source + "\n" + " ".join(emitted.flags)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+# ---------------------------------------------------------------------------- as planner options
+def _computes(node: Node) -> bool:
+    """A fusable node that reads a value, not only constants (a region is rooted at a value)."""
+    return fusable(node) and not all(inlinable(i) for i in node.inputs)
+
+
+def _fold(node: Node) -> Node:
+    """An op on 0-d constants alone (``sub``'s decomposition leaves ``neg(0.5)`` inside it) as
+    the 0-d constant it computes, in its own dtype: one more C literal, not a kernel input that
+    a step of its own would make."""
+    if not fusable(node) or node.ndim or not node.inputs \
+            or not all(inlinable(i) for i in node.inputs):
+        return node
+    from tensor_graphs.ir.builder import constant
+    from tensor_graphs.ir.evaluate import evaluate
+
+    return constant(np.asarray(evaluate(node, {})), node.dtype)
+
+
+def elementwise_candidate(root: Node, uses: Mapping[Node, int],
+                          expand: Callable[[Node], Node | None]):
+    """The planner's generated option at ``root``: the largest elementwise region rooted there
+    whose inner values nothing else reads, reaching through composite inputs that decompose to
+    elementwise ops (``kernels.generated.grow``), rendered as C (not compiled: see
+    ``kernels.generated.realize``). None when the region would be the root alone."""
+    from tensor_graphs.kernels import generated
+
+    if not _computes(root):
+        return None
+    grown = generated.grow(root, uses, expand, fusable)
+    if grown is None:
+        return None
+    covers, boundary, through = grown
+    top = generated.rebuilt(covers, through, _fold)
+    region = elementwise_region(top, [b for b in boundary if not inlinable(b)],
+                                decompose_composites=False)
+    emitted = emit_c(region)
+
+    def build() -> FusedKernel:
+        return fuse_elementwise(region, register=False)
+
+    return generated.Candidate(
+        "elementwise", root, covers, region.inputs, f"c_fused_{emitted.key}",
+        source_hash(emitted), _floor(region), f"generated C: {_summary(region)}", build,
+        computes=top)
 
 
 def cached_kernels() -> list[registry.Kernel]:
@@ -1305,4 +1374,4 @@ __all__ = ["ELEMENTWISE", "SUPPORTED_DTYPES", "Region", "Emitted", "CheckReport"
            "uniform_value", "elementwise_region", "emit_c", "c_literal", "region_pattern",
            "region_digest", "check_kernel", "evaluate_rounded", "rounding_bound",
            "fuse_elementwise", "make_function", "cached_kernels", "clear_cache", "stats",
-           "FusedKernel", "pattern_size"]
+           "FusedKernel", "pattern_size", "source_hash", "elementwise_candidate"]

@@ -1,0 +1,257 @@
+"""Generated kernels as planner options: regions found in the graph, compiled only when chosen.
+
+A hand-written kernel applies where its pattern matches; a generated one applies to whatever
+region of the graph a generator can render. For each node the planner asks every generator in
+``GENERATORS`` for a ``Candidate``: the region rooted at the node (the nodes it computes, the
+values it reads), the kernel's name and source hash, and a declared error, all known from the
+rendered source without compiling it. The candidate competes with the registered kernels and
+the decomposition on its estimated or measured time; only the candidates a plan (or the
+profiler) actually uses are built (``realize``): compiled (cached on disk by the hash of their
+source and flags) and verified against the float64 reference, once per process. A candidate
+that fails to compile or verify is refused for the rest of the process (``refused``) and its
+plan is made again without it; the profiler records it as a failure row, so no later plan on
+that database considers it.
+
+Regions are described on the graph itself (atomic nodes between boundary values), which is
+backend-neutral: a generator turns one into source for its backend (``kernels/c/codegen.py``
+renders elementwise regions as one C loop). Each generator is
+``fn(root, uses, expand) -> Candidate | None``: ``uses`` counts each node's users in the whole
+graph being planned (a node read outside the region cannot be computed only inside it) and
+``expand(node)`` is the planner's decomposition of a composite node (the same node object every
+time, so a region may reach through a composite input into its decomposition: an ``add`` after
+a ``gelu`` is one loop, not a hand kernel and an add).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tensor_graphs.ir.node import Node
+
+Expand = Callable[[Node], "Node | None"]
+# atomic nodes one region may hold: checking a kernel walks its pattern recursively (a chain of
+# 1000 ops overflowed Python's stack), and past this a longer loop body saves nothing
+MAX_NODES = 192
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """A region the planner may compute with one generated kernel, before anything is built.
+
+    It stands in for the kernel in a planner option (``name``, ``backend``, ``device``,
+    ``source_hash``: what the cost model and the database key on); ``build`` compiles and
+    verifies it and returns the registry Kernel (raising on failure); ``realize`` calls it once.
+    """
+
+    generator: str  # which entry of GENERATORS found it
+    root: Node  # the planner's node the kernel computes
+    covers: tuple[Node, ...]  # the atomic nodes it computes, in topological order, root last
+    inputs: tuple[Node, ...]  # the values it reads, in argument order
+    name: str  # the kernel's name: a hash of its source, so one structure is one kernel
+    source_hash: str
+    tolerance: float  # declared before checking; the checks may raise it (see realize)
+    summary: str  # what explain() shows: which ops it fuses
+    build: Callable[[], object]
+    computes: Node | None = None  # the root over atomic ops and the inputs (``rebuilt``):
+    # what a profiler evaluates (the planner's root may read a composite it reached through)
+    backend: str = "c"
+    device: str = "cpu"
+    view: bool = False
+    contiguous: bool = False  # generated loops read strided inputs themselves
+    generated: bool = True
+    fn: None = None  # not callable before realize
+
+    def __repr__(self) -> str:
+        return f"<generated {self.name} ({self.backend}, {self.device}) {self.summary}>"
+
+
+_lock = threading.Lock()
+_built: dict[str, object] = {}  # candidate name -> its verified Kernel
+refused: dict[str, str] = {}  # candidate name -> why it was refused (compile or verification)
+
+
+def realize(kernel):
+    """The runnable, verified kernel for a planner option's kernel: a Candidate is built once
+    per process (compiled, verified); anything else is returned as it is. A candidate that
+    fails is remembered in ``refused`` and the error is raised again on every later call."""
+    if not isinstance(kernel, Candidate):
+        return kernel
+    with _lock:
+        found = _built.get(kernel.name)
+        if found is not None:
+            return found
+        if kernel.name in refused:
+            from tensor_graphs.errors import KernelVerificationError
+
+            raise KernelVerificationError(f"generated kernel {kernel.name} "
+                                          f"({kernel.summary}) was refused: "
+                                          f"{refused[kernel.name]}")
+        try:
+            built = kernel.build()
+        except Exception as exc:
+            refused[kernel.name] = f"{type(exc).__name__}: {exc}"
+            raise
+        _built[kernel.name] = built
+        return built
+
+
+def candidates(root: Node, uses: Mapping[Node, int], expand: Expand) -> list[Candidate]:
+    """Every generator's candidate for the region rooted at ``root`` (refused ones left out)."""
+    found = []
+    for _name, generator in generators():
+        cand = generator(root, uses, expand)
+        if cand is not None and cand.name not in refused:
+            found.append(cand)
+    return found
+
+
+def generators() -> tuple[tuple[str, Callable], ...]:
+    """The generators, imported on first use (each renders for its own backend)."""
+    from tensor_graphs.kernels.c import codegen, rowgen
+
+    return (
+        # elementwise DAGs of any shape: one C loop over the broadcast output
+        ("elementwise", codegen.elementwise_candidate),
+        # last-axis sum/max with their elementwise prologue and epilogue: one pass per level
+        ("rows", rowgen.row_candidate),
+    )
+
+
+def grow(root: Node, uses: Mapping[Node, int], expand: Expand,
+         inside: Callable[[Node], bool]) -> tuple[tuple[Node, ...], tuple[Node, ...],
+                                                   dict[Node, Node]] | None:
+    """The largest region rooted at ``root`` whose nodes satisfy ``inside`` and are read only
+    inside it: ``(covers, boundary, through)``. ``covers`` are its atomic nodes in topological
+    order (root last); ``boundary`` the values it reads, in first-use order; ``through`` maps
+    each composite it reached through to that composite's decomposition root. A node that is
+    also read outside the region is a boundary (its value is made by another step anyway);
+    None when the region is the root alone."""
+    excluded: set[Node] = set()
+    members = _reach(root, expand, inside, excluded)
+    while True:  # drop nodes read outside, and what only they needed, until none is left
+        reads = _reads(members, expand)
+        outside = {n for n in members if n is not root and reads.get(n, 0) < uses.get(n, 1)}
+        if not outside:
+            break
+        excluded |= outside
+        members = _reach(root, expand, inside, excluded)
+    through = {n: expand(n) for n in members if not n.op.is_atomic}
+    covers = _topological(root, members, expand)
+    if len(covers) < 2:
+        return None
+    boundary: list[Node] = []
+    for n in covers:
+        for i in _inputs(n, members, expand):
+            if i not in members and i not in boundary:
+                boundary.append(i)
+    return tuple(covers), tuple(boundary), through
+
+
+# A member's context: the inputs of each composite whose decomposition it lies in, innermost
+# last. The graph's use counts see a composite read its inputs once; its decomposition's reads
+# of those inputs are not counted there, so they are not counted here either.
+Context = tuple[frozenset, ...]
+
+
+def _reach(root: Node, expand: Expand, inside: Callable[[Node], bool],
+           excluded: set[Node]) -> dict[Node, Context]:
+    """Nodes reachable from ``root`` through members (with their contexts): atomic nodes
+    ``inside`` accepts and composites whose decomposition root it accepts (the composite and
+    that root both)."""
+    members: dict[Node, Context] = {}
+    queue: deque[tuple[Node, Context]] = deque([(root, ())])
+    atomic = 0
+    while queue:  # breadth first: a region cut at MAX_NODES keeps the nodes nearest the root
+        n, ctx = queue.popleft()
+        if n in members:
+            continue
+        if n is not root and (n in excluded or not _joins(n, expand, inside)
+                              or atomic >= MAX_NODES):
+            continue
+        members[n] = ctx
+        atomic += n.op.is_atomic
+        if n.op.is_atomic:
+            queue.extend((i, _leave(ctx, i)) for i in n.inputs)
+        else:
+            queue.append((expand(n), ctx + (frozenset(n.inputs),)))
+    return members
+
+
+def _leave(ctx: Context, node: Node) -> Context:
+    """The context of ``node`` read from inside ``ctx``: out of every decomposition whose
+    composite's inputs it is."""
+    while ctx and node in ctx[-1]:
+        ctx = ctx[:-1]
+    return ctx
+
+
+def _reads(members: Mapping[Node, Context], expand: Expand) -> dict[Node, int]:
+    """How often members read each node, counted as the graph's use counts are."""
+    reads: dict[Node, int] = {}
+    for n, ctx in members.items():
+        if n.op.is_atomic:
+            ins = [i for i in n.inputs if not (ctx and i in ctx[-1])]
+        else:
+            ins = [*n.inputs, expand(n)]
+        for i in ins:
+            reads[i] = reads.get(i, 0) + 1
+    return reads
+
+
+def _joins(n: Node, expand: Expand, inside: Callable[[Node], bool]) -> bool:
+    if n.op.is_leaf:
+        return False
+    if n.op.is_atomic:
+        return inside(n)
+    d = expand(n)
+    return d is not None and _joins(d, expand, inside)
+
+
+def _inputs(n: Node, members: set[Node], expand: Expand) -> tuple[Node, ...]:
+    """What member ``n`` reads: its inputs, or for a composite its decomposition root."""
+    return n.inputs if n.op.is_atomic else (expand(n),)
+
+
+def _topological(root: Node, members: set[Node], expand: Expand) -> list[Node]:
+    """The atomic members, inputs before users, root last."""
+    order: list[Node] = []
+    seen: set[Node] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        n, ready = stack.pop()
+        if ready:
+            if n.op.is_atomic:
+                order.append(n)
+            continue
+        if n in seen or n not in members:
+            continue
+        seen.add(n)
+        stack.append((n, True))
+        stack.extend((i, False) for i in reversed(_inputs(n, members, expand)))
+    return order
+
+
+def rebuilt(covers: tuple[Node, ...], through: Mapping[Node, Node],
+            fold: Callable[[Node], Node] | None = None) -> Node:
+    """The region's root rebuilt so that each composite input it reached through is replaced by
+    its decomposition (what a renderer walks: atomic ops only), each rebuilt node passed through
+    ``fold`` (a renderer folds ops on constants alone into constants). Only covered nodes are
+    rebuilt; the rest of the graph is not touched."""
+    built: dict[Node, Node] = {}
+
+    def value(n: Node) -> Node:
+        if n in through:
+            return value(through[n])
+        return built.get(n, n)
+
+    for n in covers:
+        inputs = tuple(value(i) for i in n.inputs)
+        node = n if inputs == n.inputs else Node.make(n.op, inputs, n.attrs, n.name)
+        built[n] = node if fold is None else fold(node)
+    return built[covers[-1]]
+
+
+__all__ = ["Candidate", "candidates", "generators", "grow", "realize", "rebuilt", "refused"]
