@@ -192,9 +192,17 @@ class Executable:
                 else:
                     sample = None
                     found = loop.recordings.get(key)
-                    refused = loop.symbolic if isinstance(loop.symbolic, str) else None
-                    loop.last = found if isinstance(found, str) else refused or \
-                        "python loop: first call with these dims (the next one is recorded)"
+                    if isinstance(found, str):
+                        loop.last = found
+                    elif isinstance(loop.symbolic, str):  # why no fit over dims
+                        loop.last = loop.symbolic
+                    elif loop.symbolic is not None:
+                        loop.last = ("python loop: dims outside those the native loop was "
+                                     "fitted over (a dim that never varied took another value, "
+                                     "or an extent is below 2)")
+                    else:
+                        loop.last = ("python loop: first call with these dims (the next one "
+                                     "is recorded)")
         else:
             loop.wants(dims_key(dims))  # a sighting all the same: the next call records
             loop.last = "python loop: the prelude runs (weights bound since the last call)"

@@ -154,6 +154,8 @@ def test_a_dim_that_never_varied_is_pinned():
         assert got[3].shape == (m,)
         native_now = prog.loop.startswith("native")
         assert native_now == (i >= 5 and i != 8), (i, prog.loop)
+        if i == 8:
+            assert "dims outside those the native loop was fitted over" in prog.loop
 
 
 def test_a_bad_id_raises_the_kernels_error_and_the_loop_goes_on():
