@@ -57,6 +57,8 @@ class Candidate:
     build: Callable[[], object]
     computes: Node | None = None  # the root over atomic ops and the inputs (``rebuilt``):
     # what a profiler evaluates (the planner's root may read a composite it reached through)
+    prepared: tuple[int, ...] = ()  # argument positions prepared once per binding (a packed
+    # GEMM weight): offered only where those arguments are static (weights), as for kernels
     backend: str = "c"
     device: str = "cpu"
     view: bool = False

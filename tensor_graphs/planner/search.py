@@ -216,6 +216,8 @@ class Planner:
                 continue
             if any(n in self._multi_output for n in cand.covers if n is not node):
                 continue  # see _exclusive
+            if not all(is_static(cand.inputs[i]) for i in cand.prepared):
+                continue  # see _kernels: prepared once per binding
             sig, feats = self._measure_key(cand.covers, cand.inputs, node)
             est = self.cost.estimate(cand, sig, feats)
             self.stats["estimates"] += 1
