@@ -1,0 +1,865 @@
+"""Generated C for row reductions with their elementwise prologue and epilogue.
+
+Softmax, log-softmax and every norm a user writes by hand (RMSNorm, LayerNorm, ScaleNorm, with
+the residual add before them) are one shape of graph: elementwise ops over the full tensor
+(the *prologue*), reductions over the last axis (``sum``/``max`` with keepdims; ``mean`` and
+``var`` decompose to them), possibly dependent (the variance needs the mean, the softmax's sum
+needs the max), and elementwise ops that combine full-row values with the reduced (broadcast)
+ones and with per-column inputs such as a weight and a bias (the *epilogue*). Op by op, each
+of those is a pass over memory; here the region is one C function: for each row, one pass per
+level of dependent reductions over the row (which stays in cache), then one pass that computes
+the epilogue and stores the result.
+
+    cand = row_candidate(root, uses, expand)   # a kernels.generated.Candidate, or None
+    kernel = cand.build()                      # compiled, checked, verified: a RowKernel
+
+The region is found by ``kernels.generated.grow``; a node joins when it is an elementwise op
+``codegen`` can render or a last-axis ``sum``/``max`` with keepdims over a float32/float64
+row, and its last dim is the row's (``D``, the root's) or 1 (a per-row value) or it is 0-d.
+Every value is then one of two kinds: *full* (one value per element of the row: computed in
+the element loops) or *per-row* (a scalar per row: a reduction's result and what is computed
+from such results; computed once per row between the passes). A value's *level* is the number
+of dependent reductions before it; pass ``p`` computes the full values the level-``p+1``
+reductions read, and the last pass (the root's level) the root. A full value computed in one
+pass and read in a later one is *materialised* in a per-thread row buffer instead of being
+computed again (softmax's exp(x - max), LayerNorm's x - mean); a value nothing but constants
+feeds is folded to a literal. Pure elementwise regions are not claimed (``codegen``'s
+generator renders them); nor is a region whose root is itself a reduction (a per-row output),
+or one that reads a prologue value outside (it would have two outputs: ``grow`` keeps that
+value out, so it becomes an input and the rest is still one kernel).
+
+Numerics: elementwise ops are ``codegen``'s C expressions (numpy's semantics, each op rounded
+to its node's dtype, ``-ffp-contract=off``, never -ffast-math). A reduction accumulates in
+explicit lanes (``LANES`` partial results, combined by a fixed pairwise tree), so the loop
+vectorises without reassociation flags and its order is the same on every run and thread:
+float32 rows accumulate in double (one rounding to float32 at the end, where numpy's pairwise
+float32 sum rounds at every level), float64 rows with Neumaier's compensation per lane. ``max``
+propagates NaN as numpy does. The result is checked like ``codegen``'s: ``check_row_kernel``
+declares max(float floor, 16x numpy's own error in the region's dtypes) on seeded trials, then
+``tg.kernels.verify(strict=True)`` runs the adversarial cases (large and masked logits, rows
+far from zero, tiny rows, rows of length 1, odd sizes, strided, broadcast and Fortran-ordered
+inputs) before anything is timed or run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import math
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensor_graphs import threads
+from tensor_graphs.errors import (
+    KernelConstraintError,
+    KernelVerificationError,
+    OutOfMemory,
+)
+from tensor_graphs.ir.algebra import ELEMENTWISE
+from tensor_graphs.ir.dtypes import DType
+from tensor_graphs.ir.graph import substitute
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CAST, MAX, POW, SUM
+from tensor_graphs.ir.shapes import dims_equal
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.c import codegen as cg
+from tensor_graphs.kernels.c import lib as _clib
+from tensor_graphs.rewrite import pattern as pat
+
+LANES = 16  # partial results per reduction: the element loop vectorises over them
+PARALLEL_MIN = cg.PARALLEL_MIN  # OpenMP splits the rows from this many elements
+REDUCED_DTYPES = ("float32", "float64")  # the row dtypes a reduction accumulates here
+ACCUMULATOR = {"float32": "double", "float64": "double"}  # C type of a sum's lanes
+
+
+# ---------------------------------------------------------------------------- regions
+@dataclass(frozen=True, eq=False)
+class RowRegion:
+    """A row region over atomic ops: ``nodes`` in topological order (root last, folded
+    constants left out), ``inputs`` in kernel-argument order, ``consts`` the values of inlined
+    0-d constants and of nodes only constants feed, ``per_row`` the nodes and inputs with one
+    value per row, ``level`` each node's number of dependent reductions before it."""
+
+    root: Node
+    nodes: tuple[Node, ...]
+    inputs: tuple[Node, ...]
+    consts: Mapping[Node, np.generic]
+    per_row: frozenset[Node]
+    level: Mapping[Node, int]
+
+    @property
+    def reductions(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.op.name in REDUCTIONS)
+
+    @property
+    def ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op.name] = counts.get(n.op.name, 0) + 1
+        return dict(sorted(counts.items()))
+
+
+def _last(n: Node):
+    return n.shape[-1] if n.ndim else 1
+
+
+def _is_one(d) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _same_dim(a, b) -> bool:
+    """dims_equal, without sympy where the dims are the same object, equal or both ints."""
+    if a is b or a == b:
+        return True
+    if isinstance(a, int) and isinstance(b, int):
+        return False
+    return dims_equal(a, b)
+
+
+def joins(n: Node, width) -> bool:
+    """Whether atomic node ``n`` may be part of a row region whose rows have ``width``
+    elements: an elementwise op codegen renders (no integer pow: its negative exponents raise)
+    or a last-axis sum/max with keepdims over a full float row; its last dim is ``width``, 1,
+    or it is 0-d."""
+    name = n.op.name
+    if name in REDUCTIONS:
+        x = n.inputs[0]
+        return (bool(n.attrs.get("keepdims")) and x.ndim >= 1
+                and tuple(n.attrs.get("axes", ())) == (x.ndim - 1,)
+                and x.dtype.name in REDUCED_DTYPES and n.dtype == x.dtype
+                and not _is_one(_last(x)) and _same_dim(_last(x), width))
+    if name not in ELEMENTWISE or name == POW and not n.dtype.is_float:
+        return False  # an integer pow's negative exponents raise: not here
+    if n.ndim and not (_is_one(_last(n)) or _same_dim(_last(n), width)):
+        return False
+    return cg.fusable(n)
+
+
+def row_region(top: Node, boundary: Sequence[Node]) -> RowRegion | None:
+    """The row region rooted at ``top`` (a root rebuilt over atomic ops, ``generated.rebuilt``)
+    that stops at ``boundary``; None when it has no reduction or its root is not a full row."""
+    if top.ndim == 0 or _is_one(_last(top)) or top.op.name in REDUCTIONS:
+        return None
+    stop = set(boundary)
+    order: list[Node] = []
+    seen: set[Node] = set()
+    found_inputs: list[Node] = []
+    stack: list[tuple[Node, bool]] = [(top, False)]
+    while stack:  # post-order: inputs before users; boundary values in first-use order
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stop or n.op.is_leaf:
+            found_inputs.append(n)
+            continue
+        stack.append((n, True))
+        stack.extend((i, False) for i in reversed(n.inputs) if i not in seen)
+    consts: dict[Node, np.generic] = {}
+    inputs: list[Node] = []
+    for b in found_inputs:
+        if cg.inlinable(b) and cg.uniform_value(b) is not None:
+            consts[b] = cg.uniform_value(b)
+        else:
+            inputs.append(b)
+    width = _last(top)
+    members: list[Node] = []
+    for n in order:
+        if n.op.name not in REDUCTIONS and all(i in consts for i in n.inputs):
+            consts[n] = _fold(n, consts)  # made of constants only: a literal
+        else:
+            members.append(n)
+    per_row = {n for n in (*inputs, *members) if n.ndim == 0 or _is_one(_last(n))}
+    for n in inputs:  # an input of another width would broadcast along the row
+        if n.ndim and n not in per_row and not _same_dim(_last(n), width):
+            return None
+    level: dict[Node, int] = {}
+    for n in members:
+        base = max((level.get(i, 0) for i in n.inputs), default=0)
+        level[n] = base + 1 if n.op.name in REDUCTIONS else base
+    if top in per_row or not any(n.op.name in REDUCTIONS for n in members):
+        return None
+    return RowRegion(top, tuple(members), tuple(inputs), consts, frozenset(per_row), level)
+
+
+def _fold(n: Node, consts: Mapping[Node, np.generic]) -> np.generic:
+    """A node only constants feed, evaluated as the reference does in its dtype."""
+    args = [np.asarray(consts[i]) for i in n.inputs]
+    with np.errstate(all="ignore"):
+        value = np.asarray(n.op.reference(args, dict(n.attrs))).astype(n.dtype.np_dtype)
+    return value.reshape(()).item() if value.dtype.kind != "f" else value.reshape(())[()]
+
+
+# ---------------------------------------------------------------------------- passes
+@dataclass(frozen=True)
+class Pass:
+    """One loop over a row: the full values it computes (topological), the materialised ones
+    it loads from an earlier pass, the reductions it accumulates (None: the last pass, which
+    stores the root)."""
+
+    computes: tuple[Node, ...]
+    loads: tuple[Node, ...]
+    reduces: tuple[Node, ...] | None
+
+
+def passes(region: RowRegion) -> tuple[list[Pass], set[Node]]:
+    """The passes over each row and the full values they materialise (see the module
+    docstring): pass p serves the reductions of level p + 1, the last pass the root."""
+    last = region.level[region.root]
+    by_level: dict[int, list[Node]] = {}
+    for r in region.reductions:
+        by_level.setdefault(region.level[r], []).append(r)
+    made: dict[Node, int] = {}  # full value -> the pass that computes it
+    stored: set[Node] = set()
+    out: list[Pass] = []
+    for p in range(last + 1):
+        reduces = tuple(by_level.get(p + 1, ())) if p < last else None
+        targets = [r.inputs[0] for r in reduces] if reduces is not None else [region.root]
+        computes: list[Node] = []
+        loads: list[Node] = []
+        seen: set[Node] = set()
+        stack: list[tuple[Node, bool]] = [(t, False) for t in reversed(targets)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                computes.append(n)
+                made[n] = p
+                continue
+            if n in seen or n in region.consts or n in region.per_row or n in region.inputs:
+                continue
+            seen.add(n)
+            if n in made and made[n] < p:  # computed in an earlier pass: kept in a buffer
+                stored.add(n)
+                loads.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((i, False) for i in reversed(n.inputs))
+        out.append(Pass(tuple(computes), tuple(loads), reduces))
+    return out, stored
+
+
+# ---------------------------------------------------------------------------- C emission
+def _ctype(d: DType) -> str:
+    return cg.C_TYPES[d.name][0]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a reduction accumulates in C: its lanes' declarations, one element's update, and
+    the lanes' combination (a statement, then the expression of the node's value); ``a``:
+    the lanes' name, ``t``: the row's C type, ``v``: the element."""
+
+    declare: Callable[[str, str], str]
+    update: Callable[[str, str, str], str]
+    finish: Callable[[str, str], tuple[str, str]]
+
+
+def _sum_declare(a: str, t: str) -> str:
+    if t == "float":
+        return f"double {a}[{LANES}]; for (int l = 0; l < {LANES}; l++) {a}[l] = 0.0;"
+    return (f"double {a}[{LANES}], {a}c[{LANES}]; for (int l = 0; l < {LANES}; l++) "
+            f"{{ {a}[l] = 0.0; {a}c[l] = 0.0; }}")
+
+
+def _sum_update(a: str, t: str, v: str) -> str:
+    if t == "float":  # a float32 row sums in double: exact but for the lanes' roundings
+        return f"{a}[l] += (double){v};"
+    # Neumaier: the low part each addition loses is kept per lane
+    return (f"{{ const double u = {v}, s = {a}[l], w = s + u; "
+            f"{a}c[l] += fabs(s) >= fabs(u) ? (s - w) + u : (u - w) + s; {a}[l] = w; }}")
+
+
+def _sum_finish(a: str, t: str) -> tuple[str, str]:
+    if t == "float":
+        return (f"for (int w = {LANES} / 2; w > 0; w >>= 1) for (int l = 0; l < w; l++) "
+                f"{a}[l] += {a}[l + w];", f"(float){a}[0]")
+    tree = (f"for (int w = {LANES} / 2; w > 0; w >>= 1) for (int l = 0; l < w; l++) "
+            f"{{ {a}[l] += {a}[l + w]; {a}c[l] += {a}c[l + w]; }}")
+    # an infinite or NaN sum makes its compensation NaN: the plain sum is the answer there
+    return tree, f"({t})(isfinite({a}[0]) ? {a}[0] + {a}c[0] : {a}[0])"
+
+
+def _max_declare(a: str, t: str) -> str:
+    return f"{t} {a}[{LANES}]; for (int l = 0; l < {LANES}; l++) {a}[l] = -({t})INFINITY;"
+
+
+def _max_update(a: str, t: str, v: str) -> str:
+    # numpy: NaN anywhere gives NaN (u > m is false for a NaN m, which is then kept)
+    return f"{{ const {t} u = {v}; {a}[l] = (u > {a}[l] || u != u) ? u : {a}[l]; }}"
+
+
+def _max_finish(a: str, t: str) -> tuple[str, str]:
+    tree = (f"for (int w = {LANES} / 2; w > 0; w >>= 1) for (int l = 0; l < w; l++) "
+            f"{{ const {t} u = {a}[l + w]; {a}[l] = (u > {a}[l] || u != u) ? u : {a}[l]; }}")
+    return tree, f"{a}[0]"
+
+
+REDUCTIONS: dict[str, Reduction] = {  # op: how its lanes accumulate
+    SUM: Reduction(_sum_declare, _sum_update, _sum_finish),  # double lanes (Neumaier for f64)
+    MAX: Reduction(_max_declare, _max_update, _max_finish),  # NaN-propagating select
+}
+
+
+@dataclass(frozen=True)
+class RowEmitted:
+    """C source of a row region and what calling it needs (``codegen.source_hash`` reads
+    ``source`` and ``flags``)."""
+
+    source: str
+    symbol: str
+    key: str
+    input_dtypes: tuple[DType, ...]
+    out_dtype: DType
+    full: tuple[bool, ...]  # per input: one value per element of the row (else one per row)
+    flags: tuple[str, ...] = cg.EXTRA_FLAGS
+    passes: int = 0
+    buffers: int = 0  # materialised row buffers
+
+
+def emit_row_c(region: RowRegion) -> RowEmitted:
+    """One C function computing ``region.root`` row by row (see the module docstring).
+
+    ``int f(rows, D, nd, shape, strides, ptrs)``: ``shape`` the ``nd`` (merged) leading dims,
+    ``strides`` per input ``nd + 1`` element strides (its leading dims', then the row's),
+    ``ptrs`` the inputs and the output (C-contiguous, rows of D). Returns 0, or 2 when the
+    row buffers cannot be allocated."""
+    pass_list, stored = passes(region)
+    helpers: set[str] = set()
+    names: dict[Node, str] = {}
+    for c, v in region.consts.items():
+        names[c] = cg.c_literal(v, c.dtype)
+    for k, n in enumerate(region.inputs):
+        names[n] = f"x{k}"
+    for i, n in enumerate(region.nodes):
+        names[n] = f"v{i}"
+    full = tuple(n not in region.per_row for n in region.inputs)
+    mat = {n: j for j, n in enumerate(sorted(stored, key=region.nodes.index))}
+    nstrided = sum(full)  # gather buffers: one per full input, used when it is strided
+
+    def expr(n: Node) -> str:
+        return cg._expr(n, [names[i] for i in n.inputs], helpers, region.consts)  # noqa: SLF001
+
+    def body(p: Pass, indent: str) -> list[str]:
+        used = {i for n in p.computes for i in n.inputs}
+        used |= {region.root} if p.reduces is None else {r.inputs[0] for r in p.reduces}
+        lines = [f"const {_ctype(n.dtype)} x{k} = p{k}[jj];"
+                 for k, n in enumerate(region.inputs) if full[k] and n in used]
+        lines += [f"const {_ctype(n.dtype)} {names[n]} = m{mat[n]}[jj];" for n in p.loads]
+        for n in p.computes:
+            lines.append(f"const {_ctype(n.dtype)} {names[n]} = {expr(n)};")
+            if n in stored:
+                lines.append(f"m{mat[n]}[jj] = {names[n]};")
+        if p.reduces is None:
+            lines.append(f"po[jj] = {names[region.root]};")
+        else:
+            lines += [REDUCTIONS[r.op.name].update(names[r] + "a", _ctype(r.dtype),
+                                                   names[r.inputs[0]]) for r in p.reduces]
+        return [indent + s for s in lines]
+
+    def per_row_values(lv: int) -> list[str]:
+        return [f"    const {_ctype(n.dtype)} {names[n]} = {expr(n)};" for n in region.nodes
+                if n in region.per_row and region.level[n] == lv
+                and n.op.name not in REDUCTIONS]
+
+    out_t = _ctype(region.root.dtype)
+    nin = len(region.inputs)
+    row = ["static void tg_row(int64_t r, int64_t D, int64_t nd, const int64_t *shape, "
+           "const int64_t *strides, void *const *ptrs, char *scratch, size_t bb) {",
+           "    (void)scratch; (void)bb;"]
+    if nin:
+        row += ["    " + " ".join(f"int64_t o{k} = 0;" for k in range(nin)),
+                "    int64_t rem = r;",
+                "    for (int64_t d = nd - 1; d >= 0; d--) {",
+                "        const int64_t i = rem % shape[d];",
+                "        rem /= shape[d];",
+                "        " + " ".join(f"o{k} += i * strides[{k} * (nd + 1) + d];"
+                                      for k in range(nin)),
+                "    }"]
+    row.append(f"    {out_t} *restrict po = ({out_t} *)ptrs[{nin}] + r * D;")
+    for n, j in mat.items():
+        t = _ctype(n.dtype)
+        row.append(f"    {t} *restrict m{j} = ({t} *)(scratch + (size_t){j} * bb);")
+    g = len(mat)
+    for k, n in enumerate(region.inputs):
+        t = _ctype(n.dtype)
+        if not full[k]:
+            row.append(f"    const {t} x{k} = ((const {t} *)ptrs[{k}])[o{k}];")
+            continue
+        row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
+                f"    const int64_t s{k} = strides[{k} * (nd + 1) + nd];",
+                f"    if (s{k} != 1) {{ {t} *g = ({t} *)(scratch + (size_t){g} * bb); "
+                f"for (int64_t j = 0; j < D; j++) g[j] = p{k}[j * s{k}]; p{k} = g; }}"]
+        g += 1
+    row += per_row_values(0)
+    tail = f"(D - D % {LANES})"
+    for index, p in enumerate(pass_list):
+        if p.reduces is None:
+            row += [f"    /* pass {index}: the epilogue, stored */",
+                    *cg.IVDEP,
+                    "    for (int64_t jj = 0; jj < D; jj++) {",
+                    *body(p, "        "),
+                    "    }"]
+            continue
+        row.append(f"    /* pass {index}: {len(p.reduces)} reduction(s) */")
+        row += ["    " + REDUCTIONS[r.op.name].declare(names[r] + "a", _ctype(r.dtype))
+                for r in p.reduces]
+        row += [*cg.IVDEP,  # before the outer loop: GCC unrolls the lanes, vectorises it
+                f"    for (int64_t j = 0; j + {LANES} <= D; j += {LANES}) {{",
+                f"        for (int l = 0; l < {LANES}; l++) {{",
+                "            const int64_t jj = j + l;",
+                *body(p, "            "),
+                "        }",
+                "    }",
+                *cg.IVDEP,
+                f"    for (int64_t jj = {tail}; jj < D; jj++) {{",
+                f"        const int l = (int)(jj - {tail});",
+                *body(p, "        "),
+                "    }"]
+        for r in p.reduces:
+            statement, value = REDUCTIONS[r.op.name].finish(names[r] + "a", _ctype(r.dtype))
+            row += [f"    {statement}", f"    const {_ctype(r.dtype)} {names[r]} = {value};"]
+        row += per_row_values(region.level[p.reduces[0]])
+    row.append("}")
+    return _assemble(region, row, full, len(mat), nstrided, len(pass_list), helpers)
+
+
+def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers: int,
+              gathers: int, npasses: int, helpers: set[str]) -> RowEmitted:
+    """The whole source: includes, helpers, the thread setting, the row function and the
+    entry point that runs rows (in parallel from PARALLEL_MIN elements)."""
+    used = _math_functions(region)
+    vector = sorted(used & cg.vector_math_functions())
+    lines = ["#include <stdint.h>", "#include <stdlib.h>", "#include <math.h>",
+             "#ifdef _OPENMP", "#include <omp.h>", "#endif", ""]
+    if vector:  # libmvec's SIMD variants (see codegen.vector_math_functions)
+        lines += ["#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)",
+                  *(cg._simd_decl(f) for f in vector), "#endif", ""]  # noqa: SLF001
+    lines += [cg._HELPERS[h] + "\n" for h in sorted(helpers)]  # noqa: SLF001
+    lines += ["static int tg_nthreads = 1;  /* set by tensor_graphs.threads */",
+              "void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }", ""]
+    lines += row
+    nin = len(region.inputs)
+    strided = " + ".join(f"(strides[{k} * (nd + 1) + nd] != 1)"
+                         for k in range(nin) if full[k]) or "0"
+    lines += [
+        "",
+        "int NAME(int64_t rows, int64_t D, int64_t nd, const int64_t *shape, "
+        "const int64_t *strides, void *const *ptrs) {",
+        "    if (rows <= 0 || D <= 0) return 0;",
+        f"    const int64_t nbuf = {buffers} + ({strided} ? {gathers} : 0);",
+        "    const size_t bb = ((size_t)D * 8 + 63) & ~(size_t)63;  /* one row buffer */",
+        "    const int serial = rows < 2 || rows * D < " + str(PARALLEL_MIN)
+        + " || tg_nthreads <= 1;",
+        "    const int team = serial ? 1 : tg_nthreads;",
+        "    char *scratch = NULL;",
+        "    if (nbuf) { scratch = (char *)malloc((size_t)team * (size_t)nbuf * bb + 64);"
+        " if (!scratch) return 2; }",
+        "    if (serial) {",
+        "        for (int64_t r = 0; r < rows; r++) tg_row(r, D, nd, shape, strides, ptrs,"
+        " scratch, bb);",
+        "    } else {",
+        "        #pragma omp parallel num_threads(team)",
+        "        {",
+        "            char *mine = scratch;",
+        "#ifdef _OPENMP",
+        "            if (mine) mine += (size_t)omp_get_thread_num() * (size_t)nbuf * bb;",
+        "#endif",
+        "            #pragma omp for schedule(static)",
+        "            for (int64_t r = 0; r < rows; r++) tg_row(r, D, nd, shape, strides, ptrs,"
+        " mine, bb);",
+        "        }",
+        "    }",
+        "    free(scratch);",
+        "    return 0;",
+        "}",
+        "",
+    ]
+    template = "\n".join(lines)
+    signature = ",".join(n.dtype.name for n in region.inputs) + "->" + region.root.dtype.name
+    key = hashlib.blake2b((signature + "\n" + template).encode(), digest_size=6).hexdigest()
+    symbol = f"tg_row_{key}"
+    source = f"/* generated by tensor_graphs.kernels.c.rowgen: {summary(region)} */\n" \
+        + template.replace("int NAME(", f"int {symbol}(", 1)
+    float_to_int = any(n.op.name == CAST and n.inputs[0].dtype.is_float and n.dtype.is_int
+                       for n in region.nodes)
+    flags = cg.EXTRA_FLAGS + (cg.FLOAT_TO_INT_FLAGS if float_to_int else ()) \
+        + (("-lmvec",) if vector else ())
+    return RowEmitted(source, symbol, key, tuple(n.dtype for n in region.inputs),
+                      region.root.dtype, full, flags, npasses, buffers)
+
+
+def _math_functions(region: RowRegion) -> set[str]:
+    """The libm functions the region's C calls (expf, pow, ...), as codegen counts them."""
+    out = set()
+    for n in region.nodes:
+        base = cg._UNARY_C.get(n.op.name) or ("pow" if n.op.name == POW else None)  # noqa: SLF001
+        if n.op.name == POW and n.inputs[1] in region.consts \
+                and float(region.consts[n.inputs[1]]) in cg._POW_AS:  # noqa: SLF001
+            base = None
+        if base and base != "sqrt" and n.dtype.is_float:
+            out.add(base + ("f" if n.dtype.name == "float32" else ""))
+    return out
+
+
+def summary(region: RowRegion) -> str:
+    """What explain() and the source's first line say about the kernel."""
+    reductions = [n.op.name for n in region.reductions]
+    ops = ", ".join(f"{v} {k}" if v > 1 else k for k, v in region.ops.items()
+                    if k not in REDUCTIONS)
+    ins = ", ".join(n.dtype.name for n in region.inputs)
+    npasses = region.level[region.root] + 1
+    return (f"rows: {len(reductions)} reductions ({', '.join(reductions)}) and "
+            f"{len(region.nodes) - len(reductions)} elementwise ops ({ops}) in {npasses} "
+            f"passes over ({ins}) -> {region.root.dtype.name}")
+
+
+# ---------------------------------------------------------------------------- calling
+def _layout(arrays: Sequence[np.ndarray], shape: tuple[int, ...]
+            ) -> tuple[list[int], list[list[int]]]:
+    """Merged leading dims and, per input, their element strides (0 where broadcast) and the
+    row's stride last. Leading axes contiguous with the previous one for every input merge."""
+    rank = len(shape)
+    per = []
+    for a in arrays:
+        lead = rank - a.ndim
+        per.append([0 if i < lead or a.shape[i - lead] == 1 else a.strides[i - lead] // a.itemsize
+                    for i in range(rank)])
+    dims: list[int] = []
+    merged: list[list[int]] = [[] for _ in arrays]
+    for axis in range(rank - 1):
+        size = shape[axis]
+        if size == 1:
+            continue
+        if dims and all(m[-1] == s[axis] * size for m, s in zip(merged, per)):
+            dims[-1] *= size
+            for m, s in zip(merged, per):
+                m[-1] = s[axis]
+            continue
+        dims.append(size)
+        for m, s in zip(merged, per):
+            m.append(s[axis])
+    width = shape[-1] if rank else 1
+    last = [1 if width == 1 else s[-1] for s in per]  # a row of one: any stride reads it
+    return dims, [m + [t] for m, t in zip(merged, last)]
+
+
+def shape_failure(emitted: RowEmitted, shapes: Sequence[tuple]) -> str | None:
+    """Why inputs of these shapes do not fit the kernel: they must broadcast, and each input
+    has the row's length (a full input) or 1 (a per-row input) on the last axis."""
+    try:
+        out = np.broadcast_shapes(*(tuple(s) for s in shapes))
+    except ValueError:
+        return f"input shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast"
+    if not out:
+        return "the result is 0-d: there is no row"
+    for k, (s, full) in enumerate(zip(shapes, emitted.full)):
+        last = s[-1] if len(s) else 1
+        if full and (not len(s) or last != out[-1]):
+            return f"input 'x{k}' {tuple(s)} must span the row ({out[-1]} on the last axis)"
+        if not full and last != 1:
+            return f"input 'x{k}' {tuple(s)} holds one value per row: its last axis must be 1"
+    return None
+
+
+def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
+    """The Python function of a compiled row kernel: numpy arrays in (any strides), a new
+    array out or the ``out=`` buffer filled (``writes_out``). The call layout is remembered
+    per input shapes and strides."""
+    cfn = getattr(lib, emitted.symbol)
+    cfn.restype = ctypes.c_int
+    cfn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                    ctypes.c_void_p, ctypes.c_void_p]
+    in_np = tuple(d.np_dtype for d in emitted.input_dtypes)
+    out_np = emitted.out_dtype.np_dtype
+    nin = len(in_np)
+    ptr_array = ctypes.c_void_p * (nin + 1)
+    plans: dict[tuple, tuple] = {}
+
+    def plan(arrs):
+        why = shape_failure(emitted, [a.shape for a in arrs])
+        if why is not None:
+            raise KernelConstraintError(f"{description}: {why}")
+        shape = np.broadcast_shapes(*(a.shape for a in arrs))
+        copy = tuple(any(st % a.itemsize for st in a.strides) for a in arrs)
+        arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
+        dims, strides = _layout(arrs, shape)
+        dims_a = np.asarray(dims or [1], np.int64)
+        st = np.asarray(strides, np.int64).reshape(-1) if nin else np.zeros(1, np.int64)
+        rows = math.prod(shape[:-1])
+        if len(plans) >= 256:
+            plans.clear()
+        return shape, copy, rows, shape[-1], len(dims), dims_a.ctypes.data, st.ctypes.data, \
+            (dims_a, st)
+
+    def run(*arrays, out=None):
+        if len(arrays) != nin:
+            raise KernelConstraintError(f"{description}: takes {nin} inputs, got {len(arrays)}")
+        arrs = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
+        for k, (a, want) in enumerate(zip(arrs, in_np)):
+            if a.dtype != want:
+                raise KernelConstraintError(f"{description}: input x{k} must be {want}, "
+                                            f"got {a.dtype}")
+        key = tuple((a.shape, a.strides) for a in arrs)
+        found = plans.get(key)
+        if found is None:
+            found = plans[key] = plan(arrs)
+        shape, copy, rows, width, nd, dims_p, st_p, blocks = found
+        if any(copy):
+            arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
+        if out is None:
+            out = np.empty(shape, out_np)
+        if out.size == 0:
+            return out
+        ptrs = ptr_array(*[a.ctypes.data for a in arrs], out.ctypes.data)
+        rec = _clib.recording  # the native loop records the call; dims/strides are small blocks
+        call = cfn if rec is None else rec.wrap(cfn, blocks)
+        if call(rows, width, nd, dims_p, st_p, ptrs):
+            raise OutOfMemory(f"{description}: no memory for its row buffers "
+                              f"({emitted.buffers} of {width} elements per thread)", "cpu")
+        return out
+
+    run.source_text = emitted.source
+    run.c_function = cfn
+    run.__name__ = f"c_row_{emitted.key}"
+    run.__qualname__ = run.__name__
+    run.__doc__ = description
+    return run
+
+
+# ---------------------------------------------------------------------------- checking
+def trial_shapes(region: RowRegion) -> list[list[tuple[int, ...]]]:
+    """Input shapes to check on: the region's own (when small) and variants whose rows have
+    1, 7, 33 and 1025 elements and whose other dims are at most 3, broadcasts kept."""
+    ins = [cg._concrete_shape(n.shape) for n in region.inputs]  # noqa: SLF001
+    out = tuple(np.broadcast_shapes(*ins))
+    rank = len(out)
+    trials = [ins] if math.prod(out) <= 1 << 16 else []
+    for last in (1, 7, 33, 1025):
+        sizes = [min(d, 3) for d in out[:-1]] + [last]
+        trials.append([tuple(1 if d == 1 else sizes[rank - len(s) + j]
+                             for j, d in enumerate(s)) for s in ins])
+    return trials
+
+
+def _floor(region: RowRegion) -> float:
+    """The smallest tolerance the kernel can declare: its least precise float dtype's."""
+    floats = [n.dtype.name for n in (*region.nodes, *region.inputs) if n.dtype.is_float]
+    return max((cg.FLOAT_TOLERANCE[d] for d in floats), default=cg.EXACT_TOLERANCE)
+
+
+def check_row_kernel(fn, region: RowRegion, seed: int = 0) -> cg.CheckReport:
+    """Run ``fn`` on seeded random inputs of ``trial_shapes`` (every other trial strided) and
+    compare with ``tg.evaluate`` of the region: NaN and inf where the float64 or the
+    native-dtype evaluation has them, finite values within max(floor, 16x the native-dtype
+    evaluation's error against float64) — the tolerance the kernel then declares."""
+    from tensor_graphs.ir.builder import input as _input
+    from tensor_graphs.ir.evaluate import evaluate
+    from tensor_graphs.kernels.verify import compare
+    from tensor_graphs.numerics import relative_error
+
+    rng = np.random.default_rng(seed)
+    errors: list[tuple[float, tuple]] = []
+    native = 0.0
+    tried = []
+    for t, shapes in enumerate(trial_shapes(region)):
+        leaves = [_input(f"x{k}", s, n.dtype) for k, (n, s) in
+                  enumerate(zip(region.inputs, shapes))]
+        graph = substitute(region.root, dict(zip(region.inputs, leaves)))
+        arrays = [cg._random_array(rng, s, n.dtype, False, t % 2 == 1)  # noqa: SLF001
+                  for n, s in zip(region.inputs, shapes)]
+        feeds = {leaf.name: a for leaf, a in zip(leaves, arrays)}
+        r32, r64 = evaluate(graph, feeds), evaluate(graph, feeds, dtype="float64")
+        got = fn(*arrays)
+        tried.append(tuple(map(tuple, shapes)))
+        if got.shape != r32.shape or got.dtype != r32.dtype:
+            return cg.CheckReport(False, math.inf, 0.0, tried, f"output {got.shape} "
+                                  f"{got.dtype}, reference {r32.shape} {r32.dtype}")
+        if got.dtype.kind != "f":
+            if not np.array_equal(got, r32) and not np.array_equal(got, r64.astype(got.dtype)):
+                return cg.CheckReport(False, math.inf, 0.0, tried, f"shapes {shapes}: "
+                                      "differs from the reference")
+            continue
+        error, problem = compare(got, r64, r32)
+        if problem is not None:
+            return cg.CheckReport(False, math.inf, 0.0, tried, f"shapes {shapes}: {problem}")
+        fin = np.isfinite(r32) & np.isfinite(r64)
+        if fin.any():
+            native = max(native, relative_error(r32[fin], r64[fin]))
+        errors.append((error, tuple(map(tuple, shapes))))
+    tolerance = max(_floor(region), 16 * native)
+    worst = max((e for e, _ in errors), default=0.0)
+    over = [(e, s) for e, s in errors if not e <= tolerance]
+    msg = ""
+    if over:
+        msg = (f"relative error {over[0][0]:.3g} > tolerance {tolerance:.3g} (numpy's own "
+               f"error {native:.3g}) at shapes {list(over[0][1])}")
+    return cg.CheckReport(not over, worst, tolerance, tried, msg)
+
+
+# ---------------------------------------------------------------------------- kernels
+@dataclass(frozen=True, eq=False, repr=False)
+class RowKernel(registry.Kernel):
+    """A generated row kernel: a Kernel whose pattern is its region (what ``tg.kernels.verify``
+    builds its reference from), shown by the ops inside."""
+
+    summary: str = ""
+    generated: bool = True  # explain() shows the ops inside, not a hand kernel's name
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name} ({self.backend}, {self.device}) {self.summary}>"
+
+
+def region_pattern(region: RowRegion) -> tuple[pat.Pat, tuple[str, ...]]:
+    """The region as a pattern: inputs ``x0, x1, ...`` (guarded by dtype), constants and
+    folded values ``pat.Const``, reductions with their axes and keepdims, casts with their
+    dtype; a node used twice is one named sub-pattern."""
+    built: dict[Node, pat.Pat] = {}
+    names = []
+    for k, n in enumerate(region.inputs):
+        built[n] = pat.var(f"x{k}", dtype=n.dtype)
+        names.append(f"x{k}")
+    for c, v in region.consts.items():
+        built[c] = pat.Const(v.item() if isinstance(v, np.generic) else v)
+    users: dict[Node, list[Node]] = {}
+    for n in region.nodes:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n)
+    for k, n in enumerate(region.nodes):
+        keep = ("axes", "keepdims") if n.op.name in REDUCTIONS else \
+            ("dtype",) if n.op.name == CAST else ()
+        p = pat.OpPat(n.op.name, tuple(built[i] for i in n.inputs),
+                      {a: n.attrs[a] for a in keep})
+        if len(users.get(n, ())) > 1 and not cg._joins_user_chain(n, users[n]):  # noqa: SLF001
+            p = p.bind(f"v{k}")
+        built[n] = p
+    return built[region.root], tuple(names)
+
+
+def region_signatures(region: RowRegion) -> list[dict]:
+    """``trial_shapes`` as ``tg.kernels.verify`` signatures."""
+    from tensor_graphs.kernels.signatures import Spec
+
+    return [{f"x{k}": Spec(tuple(s), n.dtype.name, "normal")
+             for k, (n, s) in enumerate(zip(region.inputs, shapes))}
+            for shapes in trial_shapes(region)]
+
+
+def build_row_kernel(region: RowRegion, emitted: RowEmitted | None = None,
+                     verify: bool = True) -> RowKernel:
+    """Compile, check and verify the region's kernel (``KernelVerificationError`` when it
+    disagrees with the reference, ``CCompileError`` when it does not compile); not
+    registered."""
+    from tensor_graphs.kernels.c.build import load_library
+    from tensor_graphs.kernels.verify import verify as project_verify
+
+    emitted = emitted or emit_row_c(region)
+    name = f"c_row_{emitted.key}"
+    text = f"generated C {summary(region)}"
+    lib = load_library(name, emitted.source, emitted.flags)
+    threads.register_library(lib)  # one thread count for OpenMP, OpenBLAS and torch
+    fn = make_row_function(emitted, lib, f"{name} ({text})")
+    pattern, var_names = region_pattern(region)
+
+    def where(shapes, dts, attrs):
+        for k, (d, want) in enumerate(zip(dts, emitted.input_dtypes)):
+            if d != want:
+                return f"input 'x{k}' must be {want.name}, got {d.name}"
+        return shape_failure(emitted, shapes) or True
+
+    kernel = RowKernel(
+        name=name, pattern=pattern, backend="c", device="cpu", fn=fn, inputs=var_names,
+        signatures=region_signatures(region),
+        dtypes=tuple(dict.fromkeys(emitted.input_dtypes)) or None, where=where,
+        tolerance=_floor(region), writes_out=True, doc=text,
+        source_hash=cg.source_hash(emitted), summary=text)
+    if not verify:
+        return kernel
+    report = check_row_kernel(fn, region)
+    if not report.ok:
+        raise KernelVerificationError(f"{name} ({text}) disagrees with the reference: "
+                                      f"{report.message}\n{emitted.source}")
+    kernel = dataclasses.replace(kernel, tolerance=report.tolerance)
+    project_verify(kernel, strict=True)
+    return kernel
+
+
+# ---------------------------------------------------------------------------- as planner options
+_reaching: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {width: bool}
+
+
+def reaches_reduction(root: Node, expand: Callable[[Node], Node | None], width) -> bool:
+    """Whether a reduction joins the region rooted at ``root`` through nodes that ``joins``
+    (composites through their decompositions), ignoring what is read outside: the cheap test
+    before ``grow``, memoised per node (nodes are immutable), so each node of a graph is
+    looked at once however many roots reach it."""
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        n, ready = stack.pop()
+        memo = _reaching.setdefault(n, {})
+        if width in memo:
+            continue
+        if n.op.is_leaf:
+            memo[width] = False
+            continue
+        inner = (expand(n),) if not n.op.is_atomic else n.inputs
+        if not n.op.is_atomic and inner[0] is None:
+            memo[width] = False
+            continue
+        if n.op.is_atomic and not joins(n, width):
+            memo[width] = False
+            continue
+        if n.op.is_atomic and n.op.name in REDUCTIONS:
+            memo[width] = True
+            continue
+        if not ready:
+            stack.append((n, True))
+            stack.extend((i, False) for i in inner if width not in _reaching.get(i, {}))
+            continue
+        memo[width] = any(_reaching[i][width] for i in inner)
+    return _reaching[root][width]
+
+
+def row_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node], Node | None]):
+    """The planner's generated option at ``root``: the largest row region rooted there (an
+    elementwise root over full rows, at least one last-axis reduction inside) whose inner
+    values nothing else reads, reaching through composites (mean, var, rsqrt, ...) into their
+    decompositions (``kernels.generated.grow``); rendered, not compiled (see
+    ``kernels.generated.realize``). None for pure elementwise regions (``codegen``'s) and
+    where the region has no reduction."""
+    from tensor_graphs.kernels import generated
+
+    if not cg.fusable(root) or root.ndim == 0 or _is_one(_last(root)):
+        return None
+    width = _last(root)
+    if not reaches_reduction(root, expand, width):  # most roots: no grow needed
+        return None
+    grown = generated.grow(root, uses, expand, lambda n: joins(n, width))
+    if grown is None:
+        return None
+    covers, boundary, through = grown
+    if not any(n.op.name in REDUCTIONS for n in covers):
+        return None
+    region = row_region(generated.rebuilt(covers, through), boundary)
+    if region is None:
+        return None
+    emitted = emit_row_c(region)
+
+    def build() -> RowKernel:
+        return build_row_kernel(region, emitted)
+
+    return generated.Candidate(
+        "rows", root, covers, region.inputs, f"c_row_{emitted.key}", cg.source_hash(emitted),
+        _floor(region), f"generated C {summary(region)}", build)
+
+
+__all__ = ["LANES", "REDUCTIONS", "RowRegion", "RowEmitted", "RowKernel", "Pass", "joins",
+           "row_region", "passes", "emit_row_c", "make_row_function", "shape_failure",
+           "trial_shapes", "check_row_kernel", "region_pattern", "region_signatures",
+           "build_row_kernel", "row_candidate", "summary"]
