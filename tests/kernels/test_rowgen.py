@@ -278,25 +278,44 @@ def test_pure_elementwise_regions_and_per_row_roots_are_not_claimed():
     assert rowgen.row_candidate(atomic_root(across, expand), {}, expand) is None
 
 
-def test_values_computed_in_an_earlier_pass_are_kept_not_recomputed():
-    """softmax: exp(x - max) is made in the sum's pass and read back by the epilogue."""
+def region_of(y, width):
     expand = expand_of()
-    top = atomic_root(form("softmax", (4, 16)), expand)
+    top = atomic_root(y, expand)
     covers, boundary, through = generated.grow(top, {}, expand,
-                                               lambda n: rowgen.joins(n, 16))
-    region = rowgen.row_region(generated.rebuilt(covers, through), boundary)
+                                               lambda n: rowgen.joins(n, width))
+    return rowgen.row_region(generated.rebuilt(covers, through), boundary)
+
+
+def test_an_exp_made_in_an_earlier_pass_is_kept_in_the_output_row():
+    """softmax: exp(x - max) is made in the sum's pass, kept in the output row (no scratch)
+    and read back by the epilogue, not computed again."""
+    region = region_of(form("softmax", (4, 16)), 16)
     passes, stored = rowgen.passes(region)
     assert [len(p.reduces) if p.reduces is not None else None for p in passes] == [1, 1, None]
     assert [n.op.name for n in stored] == ["exp"]
     assert [n.op.name for n in passes[2].loads] == ["exp"]
     assert not any(n.op.name == "exp" for n in passes[2].computes)
+    assert list(rowgen.row_buffers(region, passes, stored).values()) == ["po"]
+
+
+def test_layer_norm_keeps_x_plus_r_and_subtracts_the_mean_again():
+    """x + r reads two rows: kept (in the output row); x - mean is one subtraction from it:
+    computed again in the variance's pass and in the epilogue rather than stored."""
+    region = region_of(form("layer_norm + residual", (4, 16)), 16)
+    passes, stored = rowgen.passes(region)
+    assert [n.op.name for n in stored] == ["add"] and {n.ndim for n in stored} == {2}
+    assert rowgen.row_buffers(region, passes, stored) == {next(iter(stored)): "po"}
+    centred = [n for p in passes[1:] for n in p.computes
+               if n.op.name == "add" and n.inputs[0] in stored]
+    assert len(centred) == 2  # once per later pass
 
 
 # ---------------------------------------------------------------------------- refusal
 def test_a_render_without_the_max_subtraction_is_refused_and_planned_without(monkeypatch):
     """The renderer's max gives 0: exp(x) / sum(exp(x)) agrees on unit-scale rows, overflows
     on large logits; verification refuses it before it runs and the plan is made again."""
-    wrong = rowgen.Reduction(rowgen.REDUCTIONS[MAX].declare, rowgen.REDUCTIONS[MAX].update,
+    right = rowgen.REDUCTIONS[MAX]
+    wrong = rowgen.Reduction(right.declare, right.block, right.merge, right.identity,
                              lambda a, t: ("", f"({t})0"))
     monkeypatch.setitem(rowgen.REDUCTIONS, MAX, wrong)
     monkeypatch.setattr(generated, "refused", {})

@@ -30,8 +30,9 @@ value out, so it becomes an input and the rest is still one kernel).
 
 Numerics: elementwise ops are ``codegen``'s C expressions (numpy's semantics, each op rounded
 to its node's dtype, ``-ffp-contract=off``, never -ffast-math). A reduction accumulates in
-explicit lanes (``LANES`` partial results, combined by a fixed pairwise tree), so the loop
-vectorises without reassociation flags and its order is the same on every run and thread:
+explicit lanes (``CHAINS`` GCC vectors of ``LANES`` partial results, combined by a fixed
+pairwise tree), so the loop vectorises without reassociation flags, several additions are in
+flight, and the order is the same on every run and thread:
 float32 rows accumulate in double (one rounding to float32 at the end, where numpy's pairwise
 float32 sum rounds at every level), float64 rows with Neumaier's compensation per lane. ``max``
 propagates NaN as numpy does. The result is checked like ``codegen``'s: ``check_row_kernel``
@@ -63,14 +64,17 @@ from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import substitute
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import CAST, MAX, POW, SUM
+from tensor_graphs.ir.ops.names import CAST, ERF, EXP, LOG, MAX, POW, RECIPROCAL, SIN, SQRT, SUM
 from tensor_graphs.ir.shapes import dims_equal
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import codegen as cg
 from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
 
-LANES = 16  # partial results per reduction: the element loop vectorises over them
+LANES = 16  # partial results per vector of a reduction (a GCC vector of that many values)
+CHAINS = 4  # independent vectors per reduction, so that several additions are in flight
+BLOCK = 1024  # elements computed per block before the lanes take them in: a multiple of
+# LANES * CHAINS
 PARALLEL_MIN = cg.PARALLEL_MIN  # OpenMP splits the rows from this many elements
 REDUCED_DTYPES = ("float32", "float64")  # the row dtypes a reduction accumulates here
 ACCUMULATOR = {"float32": "double", "float64": "double"}  # C type of a sum's lanes
@@ -209,9 +213,24 @@ class Pass:
     reduces: tuple[Node, ...] | None
 
 
+EXPENSIVE = frozenset({EXP, LOG, SIN, ERF, POW, SQRT, RECIPROCAL})  # worth a row buffer
+
+
+def recomputed(n: Node, region: RowRegion) -> bool:
+    """Whether a later pass computes ``n`` again rather than reading it from a row buffer:
+    an op that is cheap next to a store and a load (no libm call or division) and reads one
+    full row at most (LayerNorm's x - mean: one subtraction from the row of x it reads)."""
+    if n.op.name in EXPENSIVE:
+        return False
+    full = [i for i in n.inputs if i not in region.consts and i not in region.per_row]
+    return len(set(full)) <= 1
+
+
 def passes(region: RowRegion) -> tuple[list[Pass], set[Node]]:
     """The passes over each row and the full values they materialise (see the module
-    docstring): pass p serves the reductions of level p + 1, the last pass the root."""
+    docstring): pass p serves the reductions of level p + 1, the last pass the root. A value
+    a later pass needs is read from a row buffer unless ``recomputed`` says to compute it
+    again."""
     last = region.level[region.root]
     by_level: dict[int, list[Node]] = {}
     for r in region.reductions:
@@ -235,8 +254,8 @@ def passes(region: RowRegion) -> tuple[list[Pass], set[Node]]:
             if n in seen or n in region.consts or n in region.per_row or n in region.inputs:
                 continue
             seen.add(n)
-            if n in made and made[n] < p:  # computed in an earlier pass: kept in a buffer
-                stored.add(n)
+            if n in made and made[n] < p and not recomputed(n, region):
+                stored.add(n)  # computed in an earlier pass: kept in a row buffer
                 loads.append(n)
                 continue
             stack.append((n, True))
@@ -252,28 +271,56 @@ def _ctype(d: DType) -> str:
 
 @dataclass(frozen=True)
 class Reduction:
-    """How a reduction accumulates in C: its lanes' declarations, one element's update, and
-    the lanes' combination (a statement, then the expression of the node's value); ``a``:
-    the lanes' name, ``t``: the row's C type, ``v``: the element."""
+    """How a reduction accumulates in C: ``LANES`` partial results in a GCC vector (``a``: its
+    name, ``t``: the row's C type), their declaration, their update by a vector ``u`` of
+    LANES elements, the merge of another such vector ``b`` into them, the value that leaves a
+    lane as it is (what pads a row's last, partial vector), and the lanes' combination by a
+    fixed pairwise tree (a statement, then the expression of the node's value); ``open`` and
+    ``close`` run at each block's start and end (a float32 sum adds a block's elements in
+    float lanes, then those into its double lanes)."""
 
     declare: Callable[[str, str], str]
-    update: Callable[[str, str, str], str]
+    block: Callable[[str, str, str], str]
+    merge: Callable[[str, str, str], str]
+    identity: Callable[[str], str]
     finish: Callable[[str, str], tuple[str, str]]
+    open: Callable[[str, str], str] = lambda a, t: ""  # at each block's start
+    close: Callable[[str, str], str] = lambda a, t: ""  # at each block's end
+
+
+def _vector(t: str) -> tuple[str, str]:
+    """The vector type of LANES values of C type ``t`` and its mask type (the prelude's)."""
+    return ("tg_vf", "tg_mf") if t == "float" else ("tg_vd", "tg_md")
 
 
 def _sum_declare(a: str, t: str) -> str:
     if t == "float":
-        return f"double {a}[{LANES}]; for (int l = 0; l < {LANES}; l++) {a}[l] = 0.0;"
-    return (f"double {a}[{LANES}], {a}c[{LANES}]; for (int l = 0; l < {LANES}; l++) "
-            f"{{ {a}[l] = 0.0; {a}c[l] = 0.0; }}")
+        return f"tg_vd {a} = {{0}};"
+    return f"tg_vd {a} = {{0}}, {a}c = {{0}};"
 
 
-def _sum_update(a: str, t: str, v: str) -> str:
-    if t == "float":  # a float32 row sums in double: exact but for the lanes' roundings
-        return f"{a}[l] += (double){v};"
+def _sum_open(a: str, t: str) -> str:
+    return f"tg_vf {a}f = {{0}};" if t == "float" else ""
+
+
+def _sum_close(a: str, t: str) -> str:
+    return f"{a} += __builtin_convertvector({a}f, tg_vd);" if t == "float" else ""
+
+
+def _sum_block(a: str, t: str, u: str) -> str:
+    if t == "float":  # a block's elements, at most BLOCK / (LANES * CHAINS) per float lane
+        return f"{a}f += {u};"
     # Neumaier: the low part each addition loses is kept per lane
-    return (f"{{ const double u = {v}, s = {a}[l], w = s + u; "
-            f"{a}c[l] += fabs(s) >= fabs(u) ? (s - w) + u : (u - w) + s; {a}[l] = w; }}")
+    return (f"{{ const tg_vd w = {a} + {u}; "
+            f"const tg_md big = TG_ABS({a}) >= TG_ABS({u}); "
+            f"{a}c += TG_SELECT(tg_vd, tg_md, big, ({a} - w) + {u}, ({u} - w) + {a}); "
+            f"{a} = w; }}")
+
+
+def _sum_merge(a: str, t: str, b: str) -> str:
+    if t == "float":
+        return f"{a} += {b};"
+    return f"{_sum_block(a, t, b)} {a}c += {b}c;"  # b's sum in a's lanes, then its low parts
 
 
 def _sum_finish(a: str, t: str) -> tuple[str, str]:
@@ -287,12 +334,14 @@ def _sum_finish(a: str, t: str) -> tuple[str, str]:
 
 
 def _max_declare(a: str, t: str) -> str:
-    return f"{t} {a}[{LANES}]; for (int l = 0; l < {LANES}; l++) {a}[l] = -({t})INFINITY;"
+    v, _ = _vector(t)
+    return f"{v} {a}; for (int l = 0; l < {LANES}; l++) {a}[l] = -({t})INFINITY;"
 
 
-def _max_update(a: str, t: str, v: str) -> str:
+def _max_block(a: str, t: str, u: str) -> str:
     # numpy: NaN anywhere gives NaN (u > m is false for a NaN m, which is then kept)
-    return f"{{ const {t} u = {v}; {a}[l] = (u > {a}[l] || u != u) ? u : {a}[l]; }}"
+    v, m = _vector(t)
+    return f"{a} = TG_SELECT({v}, {m}, ({u} > {a}) | ({u} != {u}), {u}, {a});"
 
 
 def _max_finish(a: str, t: str) -> tuple[str, str]:
@@ -302,9 +351,27 @@ def _max_finish(a: str, t: str) -> tuple[str, str]:
 
 
 REDUCTIONS: dict[str, Reduction] = {  # op: how its lanes accumulate
-    SUM: Reduction(_sum_declare, _sum_update, _sum_finish),  # double lanes (Neumaier for f64)
-    MAX: Reduction(_max_declare, _max_update, _max_finish),  # NaN-propagating select
+    # float32 rows: float lanes per block, double lanes across blocks (a float lane adds
+    # BLOCK / (LANES * CHAINS) = 16 elements of a block, as each of numpy's 8 pairwise
+    # accumulators adds 16 of 128; the blocks' sums then add without rounding in double, where
+    # numpy's tree rounds log2(n / 128) more times); float64 rows: Neumaier's compensation;
+    # 0 pads
+    SUM: Reduction(_sum_declare, _sum_block, _sum_merge, lambda t: f"({t})0", _sum_finish,
+                   _sum_open, _sum_close),
+    # a NaN-propagating select; -inf pads
+    MAX: Reduction(_max_declare, _max_block, _max_block, lambda t: f"-({t})INFINITY",
+                   _max_finish),
 }
+# GCC/Clang vector types of LANES values (lane-wise IEEE operations, no reassociation): the
+# lanes stay in registers, where GCC neither vectorised an array of lanes with a select (max)
+# nor kept one out of memory
+VECTOR_PRELUDE = f"""typedef float tg_vf __attribute__((vector_size({LANES} * sizeof(float))));
+typedef int32_t tg_mf __attribute__((vector_size({LANES} * sizeof(int32_t))));
+typedef double tg_vd __attribute__((vector_size({LANES} * sizeof(double))));
+typedef int64_t tg_md __attribute__((vector_size({LANES} * sizeof(int64_t))));
+#define TG_SELECT(V, M, m, x, y) ((V)(((M)(x) & (m)) | ((M)(y) & ~(m))))
+#define TG_ABS(x) ((tg_vd)((tg_md)(x) & (tg_md){{0}} + 0x7fffffffffffffffLL))
+"""
 
 
 @dataclass(frozen=True)
@@ -321,6 +388,32 @@ class RowEmitted:
     flags: tuple[str, ...] = cg.EXTRA_FLAGS
     passes: int = 0
     buffers: int = 0  # materialised row buffers
+
+
+def row_buffers(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
+                ) -> dict[Node, str]:
+    """Each materialised value's row buffer: ``po`` (the output row, written last by the
+    epilogue) or scratch ``m0``, ``m1``, ... A buffer is reused once its value's last reader
+    has loaded it: in a pass, every load of element jj precedes every store of element jj, so
+    LayerNorm's x + r and x - mean take turns in the output row and need no scratch. A value
+    a reduction reads straight from its buffer after the pass's element loop keeps that
+    buffer to itself for the whole pass."""
+    made = {n: k for k, p in enumerate(pass_list) for n in p.computes if n in stored}
+    last: dict[Node, float] = {}
+    for k, p in enumerate(pass_list):
+        direct = {r.inputs[0] for r in p.reduces or ()}
+        for n in p.loads:
+            last[n] = max(last.get(n, 0), k + (0.5 if n in direct else 0.0))
+    slots: list[list] = [["po", region.root.dtype, -1.0]]  # name, dtype, busy until
+    out: dict[Node, str] = {}
+    for n in sorted(stored, key=lambda n: (made[n], region.nodes.index(n))):
+        slot = next((s for s in slots if s[1] == n.dtype and s[2] <= made[n]), None)
+        if slot is None:
+            slot = [f"m{len(slots) - 1}", n.dtype, -1.0]
+            slots.append(slot)
+        slot[2] = last.get(n, made[n])
+        out[n] = slot[0]
+    return out
 
 
 def emit_row_c(region: RowRegion) -> RowEmitted:
@@ -340,28 +433,54 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
     for i, n in enumerate(region.nodes):
         names[n] = f"v{i}"
     full = tuple(n not in region.per_row for n in region.inputs)
-    mat = {n: j for j, n in enumerate(sorted(stored, key=region.nodes.index))}
-    nstrided = sum(full)  # gather buffers: one per full input, used when it is strided
+    buf = row_buffers(region, pass_list, stored)
+    scratch = sorted({b for b in buf.values() if b != "po"}, key=lambda b: int(b[1:]))
+    position = {n: k for k, n in enumerate(region.inputs)}
 
     def expr(n: Node) -> str:
         return cg._expr(n, [names[i] for i in n.inputs], helpers, region.consts)  # noqa: SLF001
+
+    def source(r: Node) -> str | None:
+        """Where a reduction's elements already lie in a row (None: the block buffer)."""
+        x = r.inputs[0]
+        if x in position:
+            return f"p{position[x]}"
+        return buf.get(x)
 
     def body(p: Pass, indent: str) -> list[str]:
         used = {i for n in p.computes for i in n.inputs}
         used |= {region.root} if p.reduces is None else {r.inputs[0] for r in p.reduces}
         lines = [f"const {_ctype(n.dtype)} x{k} = p{k}[jj];"
                  for k, n in enumerate(region.inputs) if full[k] and n in used]
-        lines += [f"const {_ctype(n.dtype)} {names[n]} = m{mat[n]}[jj];" for n in p.loads]
+        lines += [f"const {_ctype(n.dtype)} {names[n]} = {buf[n]}[jj];" for n in p.loads]
         for n in p.computes:
             lines.append(f"const {_ctype(n.dtype)} {names[n]} = {expr(n)};")
             if n in stored:
-                lines.append(f"m{mat[n]}[jj] = {names[n]};")
+                lines.append(f"{buf[n]}[jj] = {names[n]};")
         if p.reduces is None:
             lines.append(f"po[jj] = {names[region.root]};")
-        else:
-            lines += [REDUCTIONS[r.op.name].update(names[r] + "a", _ctype(r.dtype),
-                                                   names[r.inputs[0]]) for r in p.reduces]
+        else:  # the elements a reduction reads, for the lanes' loop after this one
+            lines += [f"{names[r]}t[jj - j0] = {names[r.inputs[0]]};" for r in p.reduces
+                      if source(r) is None]
         return [indent + s for s in lines]
+
+    def block(r: Node, chain: int, at: str) -> str:
+        t = _ctype(r.dtype)
+        v, _ = _vector(t)
+        return (f"{{ {v} u; __builtin_memcpy(&u, {at}, sizeof u); "
+                f"{REDUCTIONS[r.op.name].block(f'{names[r]}a{chain}', t, 'u')} }}")
+
+    def padded(r: Node) -> str:
+        """The row's last elements, fewer than LANES, padded with the identity."""
+        t = _ctype(r.dtype)
+        v, _ = _vector(t)
+        red = REDUCTIONS[r.op.name]
+        return (f"{{ {v} u; for (int l = 0; l < {LANES}; l++) u[l] = k + l < n ? "
+                f"{start(r)}[k + l] : {red.identity(t)}; "
+                f"{red.block(f'{names[r]}a0', t, 'u')} }}")
+
+    def start(r: Node) -> str:
+        return f"{names[r]}t" if source(r) is None else f"({source(r)} + j0)"
 
     def per_row_values(lv: int) -> list[str]:
         return [f"    const {_ctype(n.dtype)} {names[n]} = {expr(n)};" for n in region.nodes
@@ -383,10 +502,10 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                                       for k in range(nin)),
                 "    }"]
     row.append(f"    {out_t} *restrict po = ({out_t} *)ptrs[{nin}] + r * D;")
-    for n, j in mat.items():
-        t = _ctype(n.dtype)
-        row.append(f"    {t} *restrict m{j} = ({t} *)(scratch + (size_t){j} * bb);")
-    g = len(mat)
+    for j, name in enumerate(scratch):
+        t = _ctype(next(n.dtype for n, b in buf.items() if b == name))
+        row.append(f"    {t} *restrict {name} = ({t} *)(scratch + (size_t){j} * bb);")
+    g = len(scratch)
     for k, n in enumerate(region.inputs):
         t = _ctype(n.dtype)
         if not full[k]:
@@ -398,7 +517,6 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                 f"for (int64_t j = 0; j < D; j++) g[j] = p{k}[j * s{k}]; p{k} = g; }}"]
         g += 1
     row += per_row_values(0)
-    tail = f"(D - D % {LANES})"
     for index, p in enumerate(pass_list):
         if p.reduces is None:
             row += [f"    /* pass {index}: the epilogue, stored */",
@@ -407,27 +525,49 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                     *body(p, "        "),
                     "    }"]
             continue
+        # blocks of BLOCK elements: one plain loop computes them (it vectorises, calls the
+        # SIMD libm), then the lanes take them in from where they lie (a row, or the block)
         row.append(f"    /* pass {index}: {len(p.reduces)} reduction(s) */")
-        row += ["    " + REDUCTIONS[r.op.name].declare(names[r] + "a", _ctype(r.dtype))
-                for r in p.reduces]
-        row += [*cg.IVDEP,  # before the outer loop: GCC unrolls the lanes, vectorises it
-                f"    for (int64_t j = 0; j + {LANES} <= D; j += {LANES}) {{",
-                f"        for (int l = 0; l < {LANES}; l++) {{",
-                "            const int64_t jj = j + l;",
-                *body(p, "            "),
+        row += ["    " + REDUCTIONS[r.op.name].declare(f"{names[r]}a{c}", _ctype(r.dtype))
+                for r in p.reduces for c in range(CHAINS)]
+        opened = [f"        {line}" for r in p.reduces for c in range(CHAINS)
+                  if (line := REDUCTIONS[r.op.name].open(f"{names[r]}a{c}", _ctype(r.dtype)))]
+        closed = [f"        {line}" for r in p.reduces for c in range(CHAINS)
+                  if (line := REDUCTIONS[r.op.name].close(f"{names[r]}a{c}", _ctype(r.dtype)))]
+        row += [f"    for (int64_t j0 = 0; j0 < D; j0 += {BLOCK}) {{",
+                f"        const int64_t n = D - j0 < {BLOCK} ? D - j0 : {BLOCK};",
+                *(f"        {_ctype(r.dtype)} {names[r]}t[{BLOCK}];" for r in p.reduces
+                  if source(r) is None), *opened]
+        if p.computes or any(source(r) is None for r in p.reduces):
+            row += [*("    " + line for line in cg.IVDEP),
+                    "        for (int64_t jj = j0; jj < j0 + n; jj++) {",
+                    *body(p, "            "),
+                    "        }"]
+        step = LANES * CHAINS
+        row += ["        int64_t k = 0;",
+                f"        for (; k + {step} <= n; k += {step}) {{",
+                *(f"            {block(r, c, f'{start(r)} + k + {c * LANES}')}"
+                  for r in p.reduces for c in range(CHAINS)),
                 "        }",
-                "    }",
-                *cg.IVDEP,
-                f"    for (int64_t jj = {tail}; jj < D; jj++) {{",
-                f"        const int l = (int)(jj - {tail});",
-                *body(p, "        "),
+                f"        for (; k + {LANES} <= n; k += {LANES}) {{",
+                *(f"            {block(r, 0, f'{start(r)} + k')}" for r in p.reduces),
+                "        }",
+                "        if (k < n) {",
+                *(f"            {padded(r)}" for r in p.reduces),
+                "        }",
+                *closed,
                 "    }"]
         for r in p.reduces:
-            statement, value = REDUCTIONS[r.op.name].finish(names[r] + "a", _ctype(r.dtype))
-            row += [f"    {statement}", f"    const {_ctype(r.dtype)} {names[r]} = {value};"]
+            red, t, a = REDUCTIONS[r.op.name], _ctype(r.dtype), f"{names[r]}a"
+            w = CHAINS // 2
+            while w:  # the chains pairwise, then the lanes pairwise
+                row += [f"    {red.merge(f'{a}{c}', t, f'{a}{c + w}')}" for c in range(w)]
+                w //= 2
+            statement, value = red.finish(f"{a}0", t)
+            row += [f"    {statement}", f"    const {t} {names[r]} = {value};"]
         row += per_row_values(region.level[p.reduces[0]])
     row.append("}")
-    return _assemble(region, row, full, len(mat), nstrided, len(pass_list), helpers)
+    return _assemble(region, row, full, len(scratch), sum(full), len(pass_list), helpers)
 
 
 def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers: int,
@@ -441,6 +581,7 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     if vector:  # libmvec's SIMD variants (see codegen.vector_math_functions)
         lines += ["#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)",
                   *(cg._simd_decl(f) for f in vector), "#endif", ""]  # noqa: SLF001
+    lines += [VECTOR_PRELUDE]
     lines += [cg._HELPERS[h] + "\n" for h in sorted(helpers)]  # noqa: SLF001
     lines += ["static int tg_nthreads = 1;  /* set by tensor_graphs.threads */",
               "void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }", ""]
