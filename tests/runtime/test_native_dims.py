@@ -98,8 +98,10 @@ def test_decode_runs_natively_at_every_length_and_equals_the_python_loop():
         ids = RNG.integers(0, VOCAB, (1, 1))
         new, got = step(prog, outs, w, cache, {"ids": ids})
         expected = twin(ids=ids)
-        for g, e in zip(got, expected):  # the same C calls: the same numbers
-            np.testing.assert_array_equal(g, e)
+        # the same C calls; bit for bit but for the thread count a GEMM takes (under load the
+        # C kernels run on the calling thread alone: another summation order)
+        for g, e in zip(got, expected):
+            assert relative_error(g, e) <= 1e-6
         cache = new
         loops.append(prog.loop)
     assert prog.state("k").shape == (1, H, 27, D)
