@@ -49,6 +49,16 @@ RIGHT = FILL.format(shape=SHAPE, top="", body=WHERE)
 WRONG = FILL.format(  # 0.1 % off; its import marks the environment of the process running it
     shape=SHAPE, top="import os\nos.environ['TG_TEST_WRONG_IMPORTED'] = '1'\n",
     body=WHERE.replace("np.float32(1.0)\n", "np.float32(1.0) * np.float32(1.001)\n"))
+# Right in its trial process; in tg's own it verifies on one small shape only and, past 5000
+# elements, turns the NaN of log(negative) into 0 (which the timing's error, finite-masked,
+# cannot see): only tg re-running the trial's checks itself refuses it.
+SNEAKY = FILL.format(
+    shape=SHAPE, top="import sys\nIN_TRIAL = 'kernel_trial' in sys.argv[0]\n",
+    body=WHERE.replace("    return y", "    if not IN_TRIAL and x0.size > 5000:\n"
+                                       "        y = np.where(x0 >= 0, x0, np.float32(0))\n"
+                                       "    return y")).replace(
+    'print("Here', 'block = block.replace("\\n@tg.kernel(", "\\nif not IN_TRIAL:\\n    '
+                  'SIGNATURES = [{\'x0\': ((3, 7), \'float32\')}]\\n@tg.kernel(")\nprint("Here')
 SLOW = FILL.format(shape=SHAPE, top="import time\n", body=(
     "    time.sleep(0.03)\n    y = x0\n    for _ in range(6):\n"
     "        y = np.exp(np.log(y))\n    return y * np.float32(0.5) + np.float32(1.0)\n"))
@@ -142,6 +152,13 @@ def test_a_wrong_kernel_is_refused_and_never_imported_here(graph, tmp_path, caps
     assert "TG_TEST_WRONG_IMPORTED" not in os.environ
     assert not any(m.startswith("tg_user_kernels_") for m in set(sys.modules) - modules)
     assert not any(k.name.startswith("lm_") for k in tg.kernels.all())
+
+
+def test_what_decides_is_what_runs_in_tg_itself_not_the_trial(graph, tmp_path, capsys):
+    assert main(generate(graph, tmp_path, command(tmp_path, "sneaky", SNEAKY))) == 0
+    out = capsys.readouterr().out
+    assert "wrong" in row(out) and "nan mismatch" in out, out
+    assert kept(tmp_path) == [] and not any(k.name.startswith("lm_") for k in tg.kernels.all())
 
 
 def test_a_correct_but_slow_kernel_is_slower_and_not_kept(graph, tmp_path, capsys):

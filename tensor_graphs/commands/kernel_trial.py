@@ -10,8 +10,8 @@ region's reference graphs, one per signature the plan calls it with, inputs ``x0
 and ``trial.json`` (``{"tolerance": T, "signatures": [...], "name": N}``: the region's
 verification signatures and the kernel name asked for). The verdict goes to
 ``WORKDIR/verdict.json`` (the kernel may write to stdout). Only a kernel that passes here is
-imported by ``tg`` itself, where ``tg.kernels.load`` verifies it again before registering it
-and before anything times it.
+imported by ``tg`` itself, where the same checks (``tg.kernels.load``'s verification
+included) run again before anything times it: what decides is what ran in tg's own process.
 
 The checks (``judge``), in order: the file imports and ``tg.kernels.load`` verifies every
 kernel it defines on its own declared signatures; one of them matches the region's graph at
@@ -138,33 +138,37 @@ def check_calls(k: Kernel, roots: Sequence[Node], tolerance: float, seed: int = 
 
 
 def judge(path: Path, roots: Sequence[Node], tolerance: float,
-          signatures: Sequence[dict], name: str = "") -> Verdict:
+          signatures: Sequence[dict], name: str = "") -> tuple[list[Kernel], Kernel | None,
+                                                               Verdict]:
     """Every check of the module doc on the kernel file at ``path`` (``name``: the kernel
-    name the request asked for; kept files are loaded side by side, so it must be that)."""
+    name the request asked for; kept files are loaded side by side, so it must be that):
+    (the kernels ``tg.kernels.load`` registered, the one that passed or None, the verdict).
+    The caller unregisters what it does not keep."""
     from tensor_graphs.kernels.loading import load
     from tensor_graphs.kernels.verify import verify
 
     try:
-        admitted = load(path)
+        loaded = load(path)
     except KernelVerificationError as exc:
-        return Verdict("wrong", _first_line(exc))
+        return list(getattr(exc, "admitted", [])), None, Verdict("wrong", _first_line(exc))
     except TensorGraphsError as exc:
-        return Verdict("broken", _first_line(exc))
-    k, verdict = pick(admitted, roots, tolerance)
+        return [], None, Verdict("broken", _first_line(exc))
+    k, verdict = pick(loaded, roots, tolerance)
     if k is None:
-        return verdict
+        return loaded, None, verdict
     if name and k.name != name:
-        return Verdict("broken", f"its kernel is named {k.name!r}, not {name!r} as asked",
-                       k.name)
+        return loaded, None, Verdict("broken", f"its kernel is named {k.name!r}, not {name!r} "
+                                     "as asked", k.name)
     strict = on_region_signatures(k, roots[0], signatures)
     if strict is not k:
         report = verify(strict)
         if not report.ok:
-            return Verdict("wrong", "; ".join(report.failures[:2]) or report.summary(), k.name)
+            return loaded, None, Verdict("wrong", "; ".join(report.failures[:2])
+                                         or report.summary(), k.name)
     error, problem = check_calls(k, roots, tolerance)
     if problem:
-        return Verdict("wrong", problem, k.name, error)
-    return Verdict(OK, kernel=k.name, error=error)
+        return loaded, None, Verdict("wrong", problem, k.name, error)
+    return loaded, k, Verdict(OK, kernel=k.name, error=error)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -200,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     graphs = load_graph(work / "region.json")
     roots = list(graphs) if isinstance(graphs, (list, tuple)) else [graphs]
     try:
-        verdict = judge(work / "kernel.py", roots, float(spec["tolerance"]),
-                        signatures_from_json(spec["signatures"]), spec.get("name", ""))
+        _, _, verdict = judge(work / "kernel.py", roots, float(spec["tolerance"]),
+                              signatures_from_json(spec["signatures"]), spec.get("name", ""))
     except Exception as exc:  # noqa: BLE001 - the kernel's own failure is a verdict
         verdict = Verdict("wrong", f"{type(exc).__name__}: {exc}"[:300])
     (work / "verdict.json").write_text(json.dumps(dataclasses.asdict(verdict)))

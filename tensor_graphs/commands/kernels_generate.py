@@ -13,8 +13,8 @@ by kernel name: a layer's region once) asks CMD for a kernel:
 2. a Python file is taken from its standard output (all of it, or its first ```python block);
 3. nothing from it runs in this process before it verifies: a child process imports and
    verifies it (``kernel_trial``: the file's own checks, the region's pattern and signatures,
-   the plan's shapes, under the timeout); only then ``tg.kernels.load`` imports it here and
-   verifies it again before registering it;
+   the plan's shapes, under the timeout); only then ``tg.kernels.load`` imports it here, and
+   the same checks run again before anything times it;
 4. it is timed against the generated kernel and against the region compiled without generated
    kernels (the unfused option), interleaved (``profiler.measure_together``) on the plan's
    calls; it is admitted — written atomically into the kernel folder, with a header naming the
@@ -44,8 +44,8 @@ from tensor_graphs import cli_args
 from tensor_graphs.commands.kernel_answer import ask, command_argv, run_captured
 from tensor_graphs.commands.kernel_trial import (
     Verdict,
+    judge,
     leaves_of,
-    pick,
     signatures_json,
 )
 from tensor_graphs.commands.profile import GRAPHS, graph_source, load_graph, parse_dims
@@ -159,16 +159,14 @@ def request(kernel, name: str, builts: Sequence, tolerance: float) -> str | None
     return text + ANSWER_FORMAT.format(name=name, tolerance=tolerance)
 
 
-ANSWER_FORMAT = """
-## Your answer
-
-Answer with the whole kernel file: a ```python fenced block (the first one is taken), or the
-bare file and nothing else. Keep the template's PATTERN and SIGNATURES lines, the kernel's name
-`{name}`, and a declared tolerance of at most {tolerance:g}. It is imported and verified in a
-separate process first, then timed against the generated C kernel for this region and against
-its ops run one by one, and kept only if it is correct and faster than both: aim for speed on
-the calls listed above.
-"""
+ANSWER_FORMAT = (
+    "\n## Your answer\n\n"
+    "Answer with the whole kernel file: a ```python fenced block (the first one is taken), or "
+    "the bare file and nothing else. Keep the template's PATTERN and SIGNATURES lines, the "
+    "kernel's name `{name}`, and a declared tolerance of at most {tolerance:g}. It is imported "
+    "and verified in a separate process first, then timed against the generated C kernel for "
+    "this region and against its ops run one by one, and kept only if it is correct and "
+    "faster than both: aim for speed on the calls listed above.\n")
 
 
 # ---------------------------------------------------------------------------- one region
@@ -245,7 +243,8 @@ def run_region(region: Region, argv: list[str], *, out: Path, tolerance: float, 
             return Row(summary, shape, verdict.verdict, verdict.detail, stderr=answer.stderr)
         # compiled before the new kernel is registered, which its plan would otherwise use
         plain = [_unfused_or_none(b.root, tolerance, db) for b in builts]
-        row = _load_and_time(work / "kernel.py", region, gen, builts, plain, tolerance, db)
+        row = _load_and_time(work / "kernel.py", region, gen, builts, plain, tolerance,
+                             gen.signatures or [], name, db)
         row.region, row.shape, row.stderr = summary, shape, answer.stderr
         if row.verdict == "admitted":
             row.path = str(admit(out, answer.source, row, gen, builts, source))
@@ -289,22 +288,14 @@ def _trial(work: Path, source: str, roots, tolerance: float, signatures, name: s
 
 
 def _load_and_time(path: Path, region: Region, gen, builts, plain, tolerance: float,
-                   db) -> Row:
-    """Load the tried file here (``tg.kernels.load``: verified before registered), then time
-    it, the generated kernel and the unfused ops on each call of the plan."""
-    from tensor_graphs.errors import KernelVerificationError, TensorGraphsError
-    from tensor_graphs.kernels import loading, registry
+                   signatures, name: str, db) -> Row:
+    """Load the tried file here and check it again as its trial did (``kernel_trial.judge``:
+    ``tg.kernels.load`` verifies before registering), then time it, the generated kernel and
+    the unfused ops on each call of the plan. Its kernels are unregistered afterwards."""
+    from tensor_graphs.kernels import registry
 
+    loaded, k, verdict = judge(path, [b.root for b in builts], tolerance, signatures, name)
     try:
-        loaded = loading.load(path)
-    except KernelVerificationError as exc:
-        for k in getattr(exc, "admitted", []):
-            registry.unregister(k.name)
-        return Row("", "", "wrong", str(exc).splitlines()[0])
-    except TensorGraphsError as exc:
-        return Row("", "", "broken", str(exc).splitlines()[0])
-    try:
-        k, verdict = pick(loaded, [b.root for b in builts], tolerance)
         if k is None:
             return Row("", "", verdict.verdict, verdict.detail)
         return _time(k, region, gen, builts, plain, tolerance, db)
