@@ -34,6 +34,17 @@
 #include "tg_common.h"
 #include <stdlib.h>
 
+/* Generated epilogues (kernels/c/gemm_epilogue.py) compile this text after their own code,
+ * with TG_GEMM_GENERATED defined to 1 and a function
+ *     tg_gemm_gen_row(const void *gen, float *t, int64_t row, int64_t col, int cols)
+ * that applies the generated epilogue in place to one tile row's 16 lanes t (C's row `row`,
+ * columns col .. col + cols - 1; lanes past cols are ignored), before its one store; `gen`
+ * (tile_ep.gen, passed to gemm_packed) holds that epilogue's operands. The hand-written
+ * kernels are compiled without it: gen_lanes is empty there and gen always NULL. */
+#ifndef TG_GEMM_GENERATED
+#define TG_GEMM_GENERATED 0
+#endif
+
 typedef float v8 __attribute__((vector_size(32)));            /* 32-byte aligned */
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment */
 
@@ -176,7 +187,36 @@ TG_INLINE void act_lanes(float *t, const int lanes, const float *bias, int act) 
  * column of the bias (or NULL), `act` the activation, then + the residual `res` (or NULL: the
  * whole (M, N) operand; `c` is C's origin, so a tile at c + o reads res + o); `on` is 0 before
  * the last K block. */
-typedef struct { const float *bias; int act; int on; const float *res; const float *c; } tile_ep;
+typedef struct {
+    const float *bias;
+    int act;
+    int on;
+    const float *res;
+    const float *c;
+    const void *gen; /* a generated epilogue's operands (NULL: none) */
+} tile_ep;
+
+/* the generated epilogue on the NR lanes t of C's row `row` from column `col` (cols valid) */
+TG_INLINE void gen_lanes(const void *gen, float *t, int64_t row, int64_t col, int cols) {
+#if TG_GEMM_GENERATED
+    if (gen) tg_gemm_gen_row(gen, t, row, col, cols);
+#else
+    (void)gen; (void)t; (void)row; (void)col; (void)cols;
+#endif
+}
+
+/* ... on row r of the tile at c (ldc): its row and column from its offset to C's origin */
+TG_INLINE void gen_row(const tile_ep *ep, const float *c, int64_t ldc, int r, float *t,
+                       int cols) {
+#if TG_GEMM_GENERATED
+    if (ep->gen) {
+        int64_t off = c - ep->c, row = off / ldc;
+        tg_gemm_gen_row(ep->gen, t, row + r, off - row * ldc, cols);
+    }
+#else
+    (void)ep; (void)c; (void)ldc; (void)r; (void)t; (void)cols;
+#endif
+}
 
 /* the residual's row r of the tile at c (ldc) */
 TG_INLINE const float *tile_res(const tile_ep *ep, const float *c, int64_t ldc, int r) {
@@ -200,6 +240,7 @@ TG_INLINE void store_cols(float t[MR][NR], int nr, int cols, float *c, int64_t l
             for (int j = 0; j < cols; j++) t[r][j] += cr[j];
         if (ep->on) {
             act_lanes(t[r], NR, ep->bias ? b : NULL, ep->act);
+            gen_row(ep, c, ldc, r, t[r], cols);
             if (ep->res) {
                 const float *rr = tile_res(ep, c, ldc, r);
                 for (int j = 0; j < cols; j++) t[r][j] += rr[j];
@@ -240,6 +281,7 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
                 v16u *cr = (v16u *)(c + r * ldc);
                 *(v16 *)t = accumulate ? *cr + x[r] : x[r];
                 act_lanes(t, NR, ep->bias, ep->act);
+                gen_row(ep, c, ldc, r, t, NR);
                 if (ep->res) *(v16 *)t += *(const v16u *)tile_res(ep, c, ldc, r);
                 *cr = *(v16 *)t;
             }
@@ -286,6 +328,7 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
                 *(v8 *)t = y0;
                 *(v8 *)(t + 8) = y1;
                 act_lanes(t, NR, ep->bias, ep->act);
+                gen_row(ep, c, ldc, r, t, NR);
                 y0 = *(v8 *)t;
                 y1 = *(v8 *)(t + 8);
                 if (ep->res) {
@@ -347,7 +390,8 @@ static void micro_in_place(int64_t kc, const float *ap, int64_t lda, const float
  * blocking (a stays in L1) and four interleaved partial sums per 8-lane half to hide the FMA
  * latency; each thread streams its own panels once. */
 static void gemv_packed(const float *a, const float *bp, const float *bias, const float *res,
-                        float *c, int64_t n, int64_t k, int64_t panels, int nt, int act) {
+                        float *c, int64_t n, int64_t k, int64_t panels, int nt, int act,
+                        const void *gen) {
     #pragma omp parallel for schedule(dynamic, 8) num_threads(nt)
     for (int64_t j = 0; j < panels; j++) {
         const float *b = bp + j * k * NR;
@@ -370,6 +414,7 @@ static void gemv_packed(const float *a, const float *bp, const float *bias, cons
         *(v8 *)(t + 8) = (s1[0] + s1[1]) + (s1[2] + s1[3]);
         int64_t col = j * NR;
         int cols = (int)imin(NR, n - col);
+        gen_lanes(gen, t, 0, col, cols);
         for (int q = 0; q < cols; q++) c[col + q] = t[q];
         if (bias || act || res)
             epilogue(c + col, n, 1, cols, bias ? bias + col : NULL, act, res ? res + col : NULL);
@@ -391,7 +436,7 @@ static int64_t k_block(int64_t k, int64_t kc_max) {
  * where the threads split M. */
 static void rows_block(const float *a, int64_t lda, const float *bp, const float *bias,
                        const float *res, float *c, int64_t i0, int64_t mc, int64_t n, int64_t k,
-                       int64_t kcb, int64_t panels, int act) {
+                       int64_t kcb, int64_t panels, int act, const void *gen) {
     int64_t mpanels = (mc + MR - 1) / MR;
     for (int64_t pc = 0; pc < k; pc += kcb) {
         int64_t kc = imin(kcb, k - pc);
@@ -401,7 +446,8 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
             int cols = (int)imin(NR, n - col);
             const float *bj = bp + j * k * NR + pc * NR;
             const float *next = j + 1 < panels ? bj + k * NR : NULL;
-            tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act || res), res, c};
+            tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act || res || gen), res,
+                          c, gen};
             for (int64_t r = 0; r < mpanels; r++) {
                 int rows = (int)imin(MR, mc - r * MR);
                 float *ct = c + (i0 + r * MR) * n + col;
@@ -413,10 +459,12 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
 }
 
 /* C (m, n) = act(A (m, k), row stride lda, @ packed B + bias) + res (m, n), bias and res
- * optional (NULL); C must not overlap res. Returns 0, -1 for a buffer that is not a packed
- * operand of (k, n), -2 when out of memory. */
-int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const float *bias,
-                       const float *res, float *c, int64_t m, int64_t n, int64_t k, int act) {
+ * optional (NULL), then the generated epilogue `gen` (NULL: none; see TG_GEMM_GENERATED);
+ * C must not overlap res. Returns 0, -1 for a buffer that is not a packed operand of (k, n),
+ * -2 when out of memory. */
+static int gemm_packed(const float *a, int64_t lda, const float *packed, const float *bias,
+                       const float *res, float *c, int64_t m, int64_t n, int64_t k, int act,
+                       const void *gen) {
     const int64_t *h = (const int64_t *)packed;
     if (h[0] != MAGIC || h[1] != k || h[2] != n) return -1;
     if (m <= 0 || n <= 0) return 0;
@@ -427,6 +475,12 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
             memset(c + i * n, 0, sizeof(float) * (size_t)n);
             if (bias || act || res) epilogue(c + i * n, n, 1, (int)n, bias, act,
                                              res ? res + i * n : NULL);
+            for (int64_t j = 0; gen && j < n; j += NR) {
+                float t[NR] __attribute__((aligned(64))) = {0};
+                int cols = (int)imin(NR, n - j);
+                gen_lanes(gen, t, i, j, cols);
+                memcpy(c + i * n + j, t, sizeof(float) * (size_t)cols);
+            }
         }
         return 0;
     }
@@ -447,7 +501,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
         for (int64_t b = 0; b < blocks; b++) {
             int64_t p0 = b * base + imin(b, extra), np = base + (b < extra);
             int64_t i0 = p0 * MR, mc = imin(np * MR, m - i0);
-            rows_block(a, lda, bp, bias, res, c, i0, mc, n, k, kcb, panels, act);
+            rows_block(a, lda, bp, bias, res, c, i0, mc, n, k, kcb, panels, act, gen);
         }
         return 0;
     }
@@ -456,7 +510,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     if (nt > panels) nt = (int)panels;
     if ((double)m * (double)n * (double)k < 262144.0) nt = 1;
     if (m == 1) {
-        gemv_packed(a, bp, bias, res, c, n, k, panels, nt, act);
+        gemv_packed(a, bp, bias, res, c, n, k, panels, nt, act, gen);
         return 0;
     }
     int64_t mc_max = imin(MC, mp_all * MR);
@@ -504,7 +558,7 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
                                             : bp + j0 * k * NR + (pc + kcb) * NR;
                         int64_t nkc = j + 1 < j1 ? kc : imin(kcb, k - pc - kcb);
                         tile_ep ep = {bias ? bias + col : NULL, act,
-                                      last && (bias || act || res), res, c};
+                                      last && (bias || act || res || gen), res, c, gen};
                         for (int64_t r = 0; r < mpanels; r++) {
                             int rows = (int)imin(MR, mc - r * MR);
                             float *ct = c + (ic + r * MR) * n + col;
@@ -522,4 +576,9 @@ int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const f
     }
     tg_ws_give(&a_ws, ap, owned);
     return 0;
+}
+
+int tg_gemm_packed_f32(const float *a, int64_t lda, const float *packed, const float *bias,
+                       const float *res, float *c, int64_t m, int64_t n, int64_t k, int act) {
+    return gemm_packed(a, lda, packed, bias, res, c, m, n, k, act, NULL);
 }
