@@ -151,6 +151,21 @@ def test_rows_of_a_symbolic_dim_and_the_native_loop():
     assert "native loop" in prog.loop, prog.loop
 
 
+def test_a_reshape_of_symbolic_rows():
+    """(s, K) @ W + b viewed as (1, s, N) before the activation and a (1, s, N) residual:
+    the frames follow the dims each call binds."""
+    K, N = 24, 40
+    x, r = tg.input("x", ("s", K)), tg.input("r", (1, "s", N))
+    w, b = tg.weight("w", (K, N)), tg.weight("b", (N,))
+    h = tg.reshape(x @ w + b, (1, "s", N))
+    y = tg.tanh(h) * 0.5 + r
+    weights = dict(w=rand(K, N), b=rand(N))
+    prog = compiled(y, weights, bounds={"s": 12})
+    one_generated_gemm(prog, "reshape", "exp")
+    for rows in (12, 7, 1, 12):
+        check(prog, y, {"x": rand(rows, K), "r": rand(1, rows, N)}, weights)
+
+
 def test_a_weight_fed_per_call_gets_no_generated_gemm():
     x, w, b = tg.input("x", (24, 40)), tg.input("w", (40, 56)), tg.weight("b", (56,))
     y = silu(x @ w + b) * 3.0

@@ -548,7 +548,7 @@ def _resolve(shape: Sequence, bound: Mapping) -> tuple[int, ...]:
         if isinstance(d, int):
             out.append(d)
             continue
-        v = sympy.sympify(d).xreplace(bound)
+        v = sympy.sympify(sympy.sympify(d).xreplace(bound))  # a lone symbol gives the int
         if not v.is_Integer:
             raise KernelConstraintError(f"dims {sorted(map(str, v.free_symbols))} of "
                                         f"{_shape(shape)} are not named by the operands")
