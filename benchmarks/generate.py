@@ -252,7 +252,7 @@ def main(argv=None) -> int:
           f"our build (compile both programs) {time.perf_counter() - start:.1f} s")
     ort = None
     if not args.no_ort:
-        folder = tempfile.TemporaryDirectory(prefix="tg-generate-")
+        folder = tempfile.TemporaryDirectory(prefix="tg-ort-decode-")
         ort = OrtDecoder(lm, prompt, Path(folder.name), n_threads)
         print(f"# ORT: export of prefill and decode graphs {ort.export_s:.1f} s, sessions "
               f"{ort.session_s:.1f} s (onnxruntime {ort.version})")
