@@ -234,6 +234,20 @@ def test_a_file_that_fails_its_trial_gets_a_verdict(top, name, verdict, says, gr
     assert kept(tmp_path) == []
 
 
+def test_a_row_region_is_asked_for_with_its_reductions_spelled_out(tmp_path, capsys):
+    x = tg.input("x", (64, 512), "float32")
+    g = tg.input("g", (512,), "float32")
+    tg.save(tg.tanh(x / tg.sqrt(tg.sum(x * x, axis=-1, keepdims=True)) * g), tmp_path / "n.json")
+    saved = tmp_path / "request.txt"
+    keep = f"import sys\nopen({str(saved)!r}, 'w').write(sys.stdin.read())\nprint('no')\n"
+    assert main(generate(str(tmp_path / "n.json"), tmp_path, command(tmp_path, "keep", keep))) == 0
+    out = capsys.readouterr().out
+    assert "sum" in row(out) and "garbage" in row(out), out  # reductions named first
+    text = saved.read_text()
+    assert "tg.pat.op('sum', " in text and "axes=(1,), keepdims=True" in text
+    assert "x0 (64, 512) float32; x1 (512,) float32 [this plan] -> (64, 512) float32" in text
+
+
 @pytest.mark.parametrize("args, says", [
     (["kernels", "generate", "gpt5", "--command", "x"], "neither a graph file"),
     (["kernels", "generate", "block", "--command", "no-such-llm-here -m x"],

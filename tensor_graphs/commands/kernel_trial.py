@@ -36,6 +36,7 @@ from tensor_graphs.errors import KernelVerificationError, TensorGraphsError
 from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CONSTANT
 from tensor_graphs.kernels.registry import Kernel, describe
 from tensor_graphs.kernels.signatures import Spec, as_spec
 
@@ -59,7 +60,7 @@ class Verdict:
 def leaves_of(root: Node) -> list[Node]:
     """The region graph's inputs in argument order (x0, x1, ...)."""
     found = [n for n in nodes(root) if n.op.is_leaf and n.name is not None
-             and n.op.name != "constant"]
+             and n.op.name != CONSTANT]
     return sorted(found, key=lambda n: int(n.name[1:]) if n.name[1:].isdigit() else 1 << 30)
 
 

@@ -49,9 +49,11 @@ from tensor_graphs.commands.kernel_trial import (
     signatures_json,
 )
 from tensor_graphs.commands.profile import GRAPHS, graph_source, load_graph, parse_dims
+from tensor_graphs.ir.ops.names import MAX, SUM
 
 DEFAULT_TOLERANCE = 1e-5
 DEFAULT_TIMEOUT = 300.0
+REDUCTIONS = (SUM, MAX)  # named first in a region's summary
 STDERR_LINES = 5  # lines of CMD's standard error shown under a crashed or timed-out row
 
 # The verdicts of the table: (verdict, what it means). Only "admitted" writes a file.
@@ -124,12 +126,13 @@ def plan_regions(outputs, dims: Mapping[str, int], tolerance: float, db) -> list
 
 
 def ops_summary(covers) -> str:
-    """"14 ops: 6 exp, 6 log, add, mul": the region's atomic ops, most frequent first."""
+    """"14 ops: 6 exp, 6 log, add, mul": the region's atomic ops, its reductions first (what
+    makes it a row region), then the most frequent."""
     counts: dict[str, int] = {}
     for n in covers:
         counts[n.op.name] = counts.get(n.op.name, 0) + 1
-    parts = [f"{c} {op}" if c > 1 else op
-             for op, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    order = sorted(counts.items(), key=lambda kv: (kv[0] not in REDUCTIONS, -kv[1], kv[0]))
+    parts = [f"{c} {op}" if c > 1 else op for op, c in order]
     return f"{len(covers)} ops: {', '.join(parts)}"
 
 
@@ -427,7 +430,7 @@ def table(rows: Sequence[Row]) -> str:
         return "-" if v is None or v != v else format_seconds(v)
 
     head = ("#", "region", "shape", "verdict", "this", "generated", "unfused", "speedup")
-    body = [(str(i), _cut(r.region, 44), r.shape, r.verdict, secs(r, "this"),
+    body = [(str(i), _cut(r.region, 60), r.shape, r.verdict, secs(r, "this"),
              secs(r, "generated"), secs(r, "unfused"),
              "-" if r.speedup is None else f"{r.speedup:.2f}x")
             for i, r in enumerate(rows, 1)]
