@@ -200,6 +200,27 @@ def test_the_residual_stream_read_outside_is_an_input():
     assert compare(got[1], want[1])[0] <= 1e-5
 
 
+def test_an_input_that_also_feeds_another_input_is_checked_as_the_region_reads_it():
+    """x and m = (x @ V) @ W both feed the region (as a block's input and its attention
+    output feed GPT-2's residual add and norm): the check builds the region alone over its
+    inputs, not the whole graph above them at the trial shapes (x at (3, 1) in x @ V was a
+    ShapeError, and every such norm was refused)."""
+    x, _, _, _, g, _ = leaves((4, 32))
+    m = (x @ tg.weight("V", (32, 32))) @ tg.weight("W", (32, 32))
+    y = x * g / tg.sqrt(tg.sum(m * m, axis=-1, keepdims=True))
+    prog = tg.compile(y, db=":memory:")
+    assert not prog.stats.get("generated_refused"), generated.refused
+    (step,) = [s for s in prog.plan.steps if isinstance(s.kernel, rowgen.RowKernel)]
+    assert {s.node.op.name for s in step.inputs} >= {"input", "matmul"}
+    rng = np.random.default_rng(7)
+    weights = {"V": rng.standard_normal((32, 32)).astype(np.float32) / 6,
+               "W": rng.standard_normal((32, 32)).astype(np.float32) / 6,
+               "g": np.asarray(1.5, np.float32)}
+    prog.bind(**weights)
+    feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32)}
+    assert_close(prog(**feeds), y, {**feeds, **weights}, 1e-5)
+
+
 def test_a_tie_with_a_hand_kernel_still_offers_the_generated_step():
     """float32 LayerNorm + residual: c_add_layer_norm and the generated kernel cover the same
     region at the same estimated cost; the hand kernel wins the tie, the other is one path."""

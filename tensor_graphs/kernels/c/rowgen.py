@@ -21,9 +21,11 @@ the element loops) or *per-row* (a scalar per row: a reduction's result and what
 from such results; computed once per row between the passes). A value's *level* is the number
 of dependent reductions before it; pass ``p`` computes the full values the level-``p+1``
 reductions read, and the last pass (the root's level) the root. A full value computed in one
-pass and read in a later one is *materialised* in a per-thread row buffer instead of being
-computed again (softmax's exp(x - max), LayerNorm's x - mean); a value nothing but constants
-feeds is folded to a literal. Pure elementwise regions are not claimed (``codegen``'s
+pass and read in a later one is *materialised* in a row buffer (softmax's exp(x - max),
+LayerNorm's x + r), unless it is one cheap op on one row (LayerNorm's x - mean: computed
+again, ``recomputed``); the output row itself is the first buffer (``row_buffers``: buffers
+are reused once read for the last time), so the usual forms need no scratch. A value nothing
+but constants feeds is folded to a literal. Pure elementwise regions are not claimed (``codegen``'s
 generator renders them); nor is a region whose root is itself a reduction (a per-row output),
 or one that reads a prologue value outside (it would have two outputs: ``grow`` keeps that
 value out, so it becomes an input and the rest is still one kernel).
@@ -32,10 +34,12 @@ Numerics: elementwise ops are ``codegen``'s C expressions (numpy's semantics, ea
 to its node's dtype, ``-ffp-contract=off``, never -ffast-math). A reduction accumulates in
 explicit lanes (``CHAINS`` GCC vectors of ``LANES`` partial results, combined by a fixed
 pairwise tree), so the loop vectorises without reassociation flags, several additions are in
-flight, and the order is the same on every run and thread:
-float32 rows accumulate in double (one rounding to float32 at the end, where numpy's pairwise
-float32 sum rounds at every level), float64 rows with Neumaier's compensation per lane. ``max``
-propagates NaN as numpy does. The result is checked like ``codegen``'s: ``check_row_kernel``
+flight, and the order is the same on every run and thread. A float32 row is summed in blocks
+of ``BLOCK`` elements: float lanes within a block (16 elements each, as each of numpy's
+pairwise accumulators adds 16), double lanes across blocks (where numpy's tree rounds again
+at every level); one rounding to float32 at the end. float64 rows keep Neumaier's
+compensation per lane. ``max`` propagates NaN as numpy does. The result is checked like
+``codegen``'s: ``check_row_kernel``
 declares max(float floor, 16x numpy's own error in the region's dtypes) on seeded trials, then
 ``tg.kernels.verify(strict=True)`` runs the adversarial cases (large and masked logits, rows
 far from zero, tiny rows, rows of length 1, odd sizes, strided, broadcast and Fortran-ordered
@@ -51,6 +55,7 @@ import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -62,7 +67,6 @@ from tensor_graphs.errors import (
 )
 from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import substitute
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import CAST, ERF, EXP, LOG, MAX, POW, RECIPROCAL, SIN, SQRT, SUM
 from tensor_graphs.ir.shapes import dims_equal
@@ -76,6 +80,7 @@ CHAINS = 4  # independent vectors per reduction, so that several additions are i
 BLOCK = 1024  # elements computed per block before the lanes take them in: a multiple of
 # LANES * CHAINS
 PARALLEL_MIN = cg.PARALLEL_MIN  # OpenMP splits the rows from this many elements
+COMMON_HEADER = Path(__file__).with_name("tg_common.h")  # the C kernels' thread team
 REDUCED_DTYPES = ("float32", "float64")  # the row dtypes a reduction accumulates here
 ACCUMULATOR = {"float32": "double", "float64": "double"}  # C type of a sum's lanes
 
@@ -572,19 +577,17 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
 
 def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers: int,
               gathers: int, npasses: int, helpers: set[str]) -> RowEmitted:
-    """The whole source: includes, helpers, the thread setting, the row function and the
-    entry point that runs rows (in parallel from PARALLEL_MIN elements)."""
+    """The whole source: the C kernels' common header (inlined, so the source hash covers
+    it: the team of a parallel region, ``tg_team``), helpers, the row function and the entry
+    point that runs rows (in parallel from PARALLEL_MIN elements)."""
     used = _math_functions(region)
     vector = sorted(used & cg.vector_math_functions())
-    lines = ["#include <stdint.h>", "#include <stdlib.h>", "#include <math.h>",
-             "#ifdef _OPENMP", "#include <omp.h>", "#endif", ""]
+    lines = [COMMON_HEADER.read_text(), ""]
     if vector:  # libmvec's SIMD variants (see codegen.vector_math_functions)
         lines += ["#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)",
                   *(cg._simd_decl(f) for f in vector), "#endif", ""]  # noqa: SLF001
     lines += [VECTOR_PRELUDE]
     lines += [cg._HELPERS[h] + "\n" for h in sorted(helpers)]  # noqa: SLF001
-    lines += ["static int tg_nthreads = 1;  /* set by tensor_graphs.threads */",
-              "void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }", ""]
     lines += row
     nin = len(region.inputs)
     strided = " + ".join(f"(strides[{k} * (nd + 1) + nd] != 1)"
@@ -596,9 +599,10 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
         "    if (rows <= 0 || D <= 0) return 0;",
         f"    const int64_t nbuf = {buffers} + ({strided} ? {gathers} : 0);",
         "    const size_t bb = ((size_t)D * 8 + 63) & ~(size_t)63;  /* one row buffer */",
-        "    const int serial = rows < 2 || rows * D < " + str(PARALLEL_MIN)
-        + " || tg_nthreads <= 1;",
-        "    const int team = serial ? 1 : tg_nthreads;",
+        # the process's thread setting, or the calling thread alone while the cores are
+        # oversubscribed (a region waits for its slowest thread: tg_common.h, tg_team)
+        "    const int team = rows < 2 || rows * D < " + str(PARALLEL_MIN) + " ? 1 : tg_team();",
+        "    const int serial = team <= 1;",
         "    char *scratch = NULL;",
         "    if (nbuf) { scratch = (char *)malloc((size_t)team * (size_t)nbuf * bb + 64);"
         " if (!scratch) return 2; }",
@@ -795,6 +799,16 @@ def _floor(region: RowRegion) -> float:
     return max((cg.FLOAT_TOLERANCE[d] for d in floats), default=cg.EXACT_TOLERANCE)
 
 
+def region_graph(region: RowRegion, leaves: Sequence[Node]) -> Node:
+    """The region alone over new leaves for its inputs (``ir.graph.substitute`` would rebuild
+    the whole graph above them: a block's input that also feeds another input's producer
+    would be rebuilt there at the trial's shape, a ShapeError)."""
+    built: dict[Node, Node] = dict(zip(region.inputs, leaves))
+    for n in region.nodes:
+        built[n] = Node.make(n.op, tuple(built.get(i, i) for i in n.inputs), n.attrs, n.name)
+    return built[region.root]
+
+
 def check_row_kernel(fn, region: RowRegion, seed: int = 0) -> cg.CheckReport:
     """Run ``fn`` on seeded random inputs of ``trial_shapes`` (every other trial strided) and
     compare with ``tg.evaluate`` of the region: NaN and inf where the float64 or the
@@ -812,7 +826,7 @@ def check_row_kernel(fn, region: RowRegion, seed: int = 0) -> cg.CheckReport:
     for t, shapes in enumerate(trial_shapes(region)):
         leaves = [_input(f"x{k}", s, n.dtype) for k, (n, s) in
                   enumerate(zip(region.inputs, shapes))]
-        graph = substitute(region.root, dict(zip(region.inputs, leaves)))
+        graph = region_graph(region, leaves)
         arrays = [cg._random_array(rng, s, n.dtype, False, t % 2 == 1)  # noqa: SLF001
                   for n, s in zip(region.inputs, shapes)]
         feeds = {leaf.name: a for leaf, a in zip(leaves, arrays)}
