@@ -61,6 +61,8 @@ def test_run_minilm_similarities_plan_and_checks(capsys):
     assert "by backend:" in out and "by source:" in out
     fused = out.split("fused or whole:")[1].splitlines()[0]
     norms = sum(int(n) for n in re.findall(r"layer_norm x(\d+)", fused))  # with add or not
+    # a generated row kernel takes the embeddings' two adds and their norm (kernels/c/rowgen)
+    norms += sum(int(n) for n in re.findall(r"c_row_\w+ x(\d+)", fused))
     assert norms == 13 and re.search(r"attention\w* x6", fused)
     assert "gelu x6" in fused
     assert "planner runs 1:" in out
