@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tensor_graphs as tg
-from tensor_graphs.ir.graph import decompose, nodes
+from tensor_graphs.ir.graph import decompose, use_counts
 from tensor_graphs.kernels import generated
 from tensor_graphs.kernels.c import build, gemm
 from tensor_graphs.kernels.c import gemm_epilogue as ge
@@ -58,11 +58,8 @@ def one_generated_gemm(prog, *ops):
 
 
 def region_of(y):
-    """(covers, region) as the planner's generator sees the graph of ``y``."""
-    uses: dict = {}
-    for n in nodes(y):
-        for i in n.inputs:
-            uses[i] = uses.get(i, 0) + 1
+    """(uses, expand, (covers, region)) as the planner's generator sees the graph of ``y``."""
+    uses = use_counts(y)
     memo: dict = {}
 
     def expand(n):
@@ -178,10 +175,14 @@ def test_a_weight_fed_per_call_gets_no_generated_gemm():
 def test_regions_a_hand_written_packed_kernel_computes_are_left_to_it():
     x, w, b = tg.input("x", (24, 40)), tg.weight("w", (40, 56)), tg.weight("b", (56,))
     r = tg.input("r", (24, 56))
-    for y in (x @ w + b, tg.relu(x @ w + b), x @ w + b + r):
+    for y in (x @ w + b, tg.relu(x @ w + b), x @ w + b + r,
+              tg.gelu(x @ w + b, approximate="tanh")):  # asked at the mul gelu ends in
         uses, expand, found = region_of(y)
         assert found is not None  # the generator sees the region...
-        assert ge.gemm_candidate(y, uses, expand) is None  # ...and leaves it to c_packed_*
+        root = y
+        while not root.op.is_atomic:
+            root = expand(root)
+        assert ge.gemm_candidate(root, uses, expand) is None  # ...and leaves it to c_packed_*
     y = (x @ w + b) * 2.0
     uses, expand, _ = region_of(y)
     cand = ge.gemm_candidate(y, uses, expand)
@@ -193,10 +194,7 @@ def test_a_product_read_outside_the_region_is_not_fused():
     h = x @ w
     y = tg.exp(h) * 2.0
     outs = [y, h * 3.0]  # h is also an output's operand: computed once, by its own step
-    uses: dict = {}
-    for n in nodes(outs):
-        for i in n.inputs:
-            uses[i] = uses.get(i, 0) + 1
+    uses = use_counts(outs)
     assert ge.gemm_region(y, uses, lambda n: decompose(n, depth=1)) is None
 
 

@@ -64,7 +64,7 @@ from tensor_graphs import threads
 from tensor_graphs.errors import KernelConstraintError, KernelVerificationError, ShapeError
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import CAST, MATMUL, PERMUTE, POW, RESHAPE
+from tensor_graphs.ir.ops.names import CAST, CONSTANT, MATMUL, PERMUTE, POW, RESHAPE
 from tensor_graphs.ir.shapes import broadcast_shapes, free_symbols, numel
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import codegen as cg
@@ -858,7 +858,7 @@ def gemm_rounding_bound(region: GemmRegion, *arrays) -> np.ndarray:
     vals: dict[Node, np.ndarray] = {leaf: by_leaf[leaf] for leaf in leaves}
     with np.errstate(all="ignore"):
         for n in order:
-            if n.op.name == "constant":
+            if n.op.name == CONSTANT:
                 stored = np.asarray(n.attrs["value"].array)
                 vals[n] = stored.astype(np.float64 if n.dtype.is_float else n.dtype.np_dtype)
                 continue
@@ -876,7 +876,7 @@ def gemm_rounding_bound(region: GemmRegion, *arrays) -> np.ndarray:
         with np.errstate(all="ignore"):
             for n in order:
                 r = vals[n]
-                if n.op.name == "constant":
+                if n.op.name == CONSTANT:
                     literal = r.astype(np.float64 if lifted else n.dtype.np_dtype) \
                         if n.dtype.is_float else r
                     exact = literal.astype(np.float64) == r
@@ -957,7 +957,7 @@ def region_pattern(region: GemmRegion) -> tuple[pat.Pat, tuple[str, ...]]:
             users.setdefault(i, []).append(n)
     keep = {CAST: ("dtype",), RESHAPE: ("shape",), PERMUTE: ("perm",)}
     for k, n in enumerate(order):
-        if n.op.name == "constant":
+        if n.op.name == CONSTANT:
             built[n] = pat.Const(np.asarray(n.attrs["value"].array).reshape(()).item())
             continue
         attrs = {a: n.attrs[a] for a in keep.get(n.op.name, ())}
@@ -1062,21 +1062,48 @@ def source_hash(emitted: GemmEmitted) -> str:
 
 
 # ---------------------------------------------------------------------------- as planner options
-def _covered_by_hand_kernel(root: Node, uses: Mapping[Node, int], covers: Sequence[Node],
-                            args: Sequence[Node]) -> bool:
+_composites: list = [None, -1, {}]  # [the uses mapping it was made for, its size then,
+# decomposition root -> the composite it decomposes] (the planner asks at such roots)
+
+
+def _composite_of(root: Node, uses: Mapping[Node, int], expand) -> Node | None:
+    """The graph's composite whose decomposition ``root`` is (gelu's, for the mul at its
+    root), or None. The map is made once per graph (per ``uses``), again when the planner
+    has added nodes to ``uses`` since (decompositions it expanded)."""
+    if _composites[0] is not uses or (root not in _composites[2]
+                                      and _composites[1] != len(uses)):
+        found = {}
+        for n in list(uses):  # expanding may add the decomposition's nodes to uses
+            if not n.op.is_atomic and not n.op.is_leaf:
+                d = expand(n)
+                if d is not None:
+                    found[d] = n
+        _composites[:] = [uses, len(uses), found]
+    return _composites[2].get(root)
+
+
+def _covered_by_hand_kernel(root: Node, uses: Mapping[Node, int], expand,
+                            covers: Sequence[Node], args: Sequence[Node]) -> bool:
     """A registered packed kernel already computes this region from the same arguments (a
-    bias, a residual, relu/gelu): same core, same store, nothing to win by compiling.
+    bias, a residual, relu/gelu): same core, same store, nothing to win by compiling. Asked at
+    the root and at the composites it is the decomposition of (``c_packed_*_gelu_tanh``
+    matches the gelu, the planner asks this generator at the mul its formula ends in).
     Symbolic dims are taken at 2 for the kernels' constraints (only the structure matters)."""
     def plain(n: Node) -> Node:  # x @ permute(W) and linear(x, W) read the same weight
         return n.inputs[0] if _transposed(n) else n
 
     dims = dict.fromkeys(free_symbols(tuple(d for n in (*covers, *args) for d in n.shape)), 2)
     want = {plain(n) for n in args}
-    try:
-        found = registry.matching(root, uses, dims=dims or None)
-    except (ShapeError, TypeError):  # a constraint that cannot decide at these dims
-        return False
-    return any(k.prepare and {plain(n) for n in k.arguments(m)} == want for k, m in found)
+    node: Node | None = root
+    while node is not None:
+        try:
+            found = registry.matching(node, uses, dims=dims or None)
+        except (ShapeError, TypeError):  # a constraint that cannot decide at these dims
+            found = []
+        if any(k.prepare and {plain(n) for n in k.arguments(m)} == want for k, m in found):
+            return True
+        node = _composite_of(node, uses, expand)
+    return False
 
 
 def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node], Node | None]):
@@ -1091,7 +1118,7 @@ def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node]
         return None
     covers, region = found
     args = (region.a, region.w, *region.inputs)
-    if _covered_by_hand_kernel(root, uses, covers, args):
+    if _covered_by_hand_kernel(root, uses, expand, covers, args):
         return None
     emitted = emit_gemm_c(region)
 
