@@ -112,11 +112,13 @@ def candidates(root: Node, uses: Mapping[Node, int], expand: Expand) -> list[Can
 
 def generators() -> tuple[tuple[str, Callable], ...]:
     """The generators, imported on first use (each renders for its own backend)."""
-    from tensor_graphs.kernels.c import codegen, gemm_epilogue
+    from tensor_graphs.kernels.c import codegen, gemm_epilogue, rowgen
 
     return (
         # elementwise DAGs of any shape: one C loop over the broadcast output
         ("elementwise", codegen.elementwise_candidate),
+        # last-axis sum/max with their elementwise prologue and epilogue: one pass per level
+        ("rows", rowgen.row_candidate),
         # a matmul on a static weight and the elementwise region after it, in the GEMM's store
         ("gemm_epilogue", gemm_epilogue.gemm_candidate),
     )
