@@ -137,7 +137,7 @@ class Recorder:
     into one recording (``native_dims``): ``("i", value)``, ``("f", bits)``, ``("null",)``,
     ``("region", key, offset)`` (into fixed memory of that key: ``("arena", device)``,
     ``("static", value)``, ``("state", name)``, ``("leaf", value)``, ``("alloc", step)``),
-    ``("input", k, offset)`` or ``("block", b, offset)``."""
+    ``("feed", k, offset)`` or ``("block", b, offset)``."""
 
     def __init__(self):
         self.thread = threading.get_ident()
@@ -278,7 +278,7 @@ class Recorder:
         found = self._input_at(p)
         if found is not None:
             self.relocs.append((where, found[0], found[1]))
-            self._describe(where, ("input", found[0], found[1]))
+            self._describe(where, ("feed", found[0], found[1]))
             return 0
         desc = self._fixed_desc(p)
         if desc is not None:
@@ -338,7 +338,7 @@ class Recorder:
         found = self._input_at(p)
         if found is not None:
             self.relocs.append((where, found[0], found[1]))
-            self._describe(where, ("input", found[0], found[1]))
+            self._describe(where, ("feed", found[0], found[1]))
             return 0
         desc = self._fixed_desc(p)
         if desc is not None:

@@ -329,7 +329,7 @@ class _Fitter:
         if any(d[1] != descs[0][1] for d in descs):
             raise NotNativeError(f"{what()} points into different memory at different dims")
         offset = self._solve([d[2] for d in descs], what)
-        if kind == "input":
+        if kind == "feed":  # an input fed per call: its base is patched in
             return self._place(target, 0, offset, 1 + descs[0][1])
         if kind == "block":
             return self._place(target, _data(self.blocks[descs[0][1]]), offset)
