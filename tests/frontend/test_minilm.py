@@ -104,7 +104,10 @@ def test_attention_norms_and_gelu_on_fused_kernels(compiled):
     # handed over whole by torch.export, kept whole, and computed by one kernel each
     assert len(covered["scaled_dot_product_attention"]) == 6
     assert all("attention" in k for k in covered["scaled_dot_product_attention"])
-    assert len(covered["layer_norm"]) == 13  # embeddings + 2 per layer
+    # embeddings + 2 per layer; a generated row kernel (kernels/c/rowgen) may take the
+    # embeddings' two adds and their norm as one step
+    rows = [s for s in prog.plan.steps if s.kernel.name.startswith("c_row_")]
+    assert len(covered["layer_norm"]) + len(rows) == 13
     assert all("layer_norm" in k for k in covered["layer_norm"])
     assert len(covered["gelu"]) == 6
     assert all("gelu" in k for k in covered["gelu"])
