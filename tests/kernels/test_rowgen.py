@@ -357,3 +357,19 @@ def test_the_right_render_of_the_same_softmax_is_admitted():
     y = softmax(x * 0.75 - 0.5)
     prog = tg.compile(y, db=":memory:")
     row_step(prog)
+
+
+def test_large_rows_in_parallel_with_row_buffers_and_gathers():
+    """(64, 1024): the rows split across threads (when the cores are free), each thread with
+    its own scratch (a float64 exp kept apart from the float32 output row) and gather buffers
+    (strided and column-major inputs); the same values whatever the layout."""
+    z = tg.input("z", (64, 1024), "float64")
+    y = tg.cast(softmax(z), "float32")
+    prog = tg.compile(y, db=":memory:")
+    step = row_step(prog)
+    zv = np.random.default_rng(8).standard_normal((64, 1024)) * 30
+    got = prog(z=zv)
+    assert_close(got, y, {"z": zv}, 1e-6)
+    for view in (np.repeat(zv, 2, axis=1)[:, ::2], np.asfortranarray(zv)):
+        assert np.array_equal(step.kernel.fn(view), got)
+    assert "m0" in step.kernel.fn.source_text  # the float64 exp's buffer
