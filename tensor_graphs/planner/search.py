@@ -20,6 +20,7 @@ before producers).
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tensor_graphs.db.cost import FREE, CostModel, Estimate
@@ -64,6 +65,13 @@ PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheap
 MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
 LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+# The native loop (runtime/native.py) runs a program whose steps are all C as one foreign call:
+# a C step costs it ~0.003-0.04 us besides the kernel, where the Python loop spends ~3 us per
+# step (the calibrated "dispatch"). One numpy or torch step keeps the whole program in Python,
+# so C steps are priced at the native loop's cost and the others at the Python loop's: a plan
+# that can run natively wins by what it saves (GPT-2 decode: 3.5-4.5 ms a token, 238 steps).
+NATIVE_BACKENDS = frozenset({"c"})
+NATIVE_DISPATCH = 5e-8
 INF = math.inf
 
 
@@ -116,6 +124,10 @@ class Planner:
         self.dispatch = cost.rates(target).get("dispatch", 0.0)
         self.uses = use_counts(self.outputs)
         self.shared = {n for n, c in self.uses.items() if c > 1}
+        # what a generated region sees: an output is also read by the caller, so a region
+        # never computes one only inside it ([h, rms_norm(h + 1)] recomputed h beside c_add)
+        self._region_uses = ChainMap({o: self.uses.get(o, 0) + 1 for o in self.outputs},
+                                     self.uses)
         self.depth: dict[Node, int] = {n: 0 for n in self.uses}
         self._options: dict[Slot, list[Option]] = {}
         self._rejected: dict[Slot, list[Option]] = {}
@@ -210,7 +222,7 @@ class Planner:
         if not self.generate or not node.op.is_atomic or node.op.is_leaf:
             return []
         out = []
-        for cand in generated.candidates(node, self.uses, self._decomposition):
+        for cand in generated.candidates(node, self._region_uses, self._decomposition):
             if cand.device != kind or cand.name in self.refused or \
                     (self.backends is not None and cand.backend not in self.backends):
                 continue
@@ -415,14 +427,34 @@ class Planner:
                 closure.add(need)
                 closure |= below
         total = self._own(opt) + sum(self._own(self._best[s][1]) for s in closure)
-        return total, frozenset(closure)
+        return total - self._absorbed(opt), frozenset(closure)
+
+    def _absorbed(self, opt: Option) -> float:
+        """What a kernel saves by computing shared values inside it: a value the graph uses
+        twice is a boundary, costed where it is made and not by its consumers, but a kernel
+        covers one only when every user is inside it (``_exclusive``, ``generated.grow``), so
+        choosing it makes that value's own step unnecessary. Without this credit the kernel
+        paid for the value and its rival did not: Mish after a matmul, ``h * tanh(softplus(h))``
+        with ``h`` read twice, planned the GEMM and the epilogue apart."""
+        if opt.how != KERNEL or len(opt.covers) < 2:
+            return 0.0
+        root = opt.slot.node
+        saved = 0.0
+        for n in opt.covers:
+            if n is not root and n in self.shared and not n.op.is_leaf:
+                cost = self._solve_slot(Slot(n, opt.slot.device, False))[0]
+                if cost < INF:
+                    saved += cost
+        return saved
 
     def _own(self, opt: Option) -> float:
         """An option's own seconds; a step that runs also costs its activations' traffic
-        (``_cold``), the runtime's dispatch (so fewer, fused steps win ties) and any
-        densifying copies of its inputs."""
+        (``_cold``), the runtime's dispatch (so fewer, fused steps win ties; a C step at the
+        native loop's price, see NATIVE_DISPATCH) and any densifying copies of its inputs."""
         if opt.runs and opt.estimate is not FREE:
-            return opt.seconds + opt.cold + self.dispatch + opt.densify
+            dispatch = NATIVE_DISPATCH if opt.kernel.backend in NATIVE_BACKENDS \
+                else self.dispatch
+            return opt.seconds + opt.cold + dispatch + opt.densify
         return opt.seconds
 
     def _boundary(self, node: Node) -> bool:

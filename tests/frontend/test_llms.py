@@ -32,12 +32,12 @@ class LogitsOnly(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
-def _compile(model, vocab: int, max_len: int = 32):
+def _compile(model, vocab: int, max_len: int = 32, **options):
     torch.manual_seed(0)
     wrapped = LogitsOnly(model.eval())
     seq = torch.export.Dim("seq", max=max_len)
     ids = torch.randint(0, vocab, (1, LENGTHS[0]))
-    prog = tg.from_torch(wrapped, (ids,), ({1: seq},))
+    prog = tg.from_torch(wrapped, (ids,), ({1: seq},), **options)
     for n in LENGTHS:
         ids = torch.randint(0, vocab, (1, n))
         with torch.no_grad():
@@ -109,7 +109,9 @@ def test_qwen3_rmsnorm_swiglu_rope_attention_land_on_fused_kernels():
     cfg = transformers.Qwen3Config(num_hidden_layers=layers, vocab_size=1000, hidden_size=64,
                                    intermediate_size=128, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=16)
-    prog = _compile(transformers.Qwen3ForCausalLM(cfg), 1000)
+    # the hand kernels (generated ones take residual adds with their norms: both are checked
+    # against torch in _compile; test_generated_kernels_take_what_hand_kernels_leave below)
+    prog = _compile(transformers.Qwen3ForCausalLM(cfg), 1000, generate=False)
     by_root = _kernels_by_root(prog)
     # per layer: input and post-attention norms, q_norm and k_norm; plus the final norm
     _lands(by_root, "rms_norm", "rms_norm", 4 * layers + 1)
@@ -119,6 +121,20 @@ def test_qwen3_rmsnorm_swiglu_rope_attention_land_on_fused_kernels():
     assert len(swiglu) == layers, by_root
     _no_spelled_out(prog)
     assert "rms_norm" in prog.explain()
+
+
+def test_generated_kernels_take_what_hand_kernels_leave():
+    """With generation on (the default), a Qwen3-style model plans fewer steps than with the
+    hand kernels alone, some of them generated, and still matches torch (checked in _compile)."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(num_hidden_layers=2, vocab_size=1000, hidden_size=64,
+                                   intermediate_size=96, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16)  # planned nowhere else
+    model = transformers.Qwen3ForCausalLM(cfg)
+    hand = _compile(model, 1000, generate=False)
+    both = _compile(model, 1000)
+    assert any(getattr(s.kernel, "generated", False) for s in both.plan.steps)
+    assert len(both.plan.steps) < len(hand.plan.steps)
 
 
 def test_gemma3_270m_shapes_with_sliding_window():
@@ -132,7 +148,7 @@ def test_gemma3_270m_shapes_with_sliding_window():
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=8,
         layer_types=["sliding_attention", "full_attention"], max_position_embeddings=2048,
         query_pre_attn_scalar=256)
-    prog = _compile(transformers.Gemma3ForCausalLM(cfg), 4096)
+    prog = _compile(transformers.Gemma3ForCausalLM(cfg), 4096, generate=False)
     by_root = _kernels_by_root(prog)
     # per layer: four norms around attention and MLP, q_norm and k_norm; plus the final norm
     _lands(by_root, "rms_norm", "rms_norm", 6 * layers + 1)

@@ -1339,6 +1339,8 @@ def elementwise_candidate(root: Node, uses: Mapping[Node, int],
         return None
     covers, boundary, through = grown
     top = generated.rebuilt(covers, through, _fold)
+    if top.op.is_leaf:  # folded to a constant: the region reads no value
+        return None
     region = elementwise_region(top, [b for b in boundary if not inlinable(b)],
                                 decompose_composites=False)
     emitted = emit_c(region)
