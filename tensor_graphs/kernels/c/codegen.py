@@ -638,6 +638,22 @@ def _layout(arrays: Sequence[np.ndarray], shape: tuple[int, ...]):
     return dims, merged
 
 
+def checked_arrays(arrays: Sequence, dtypes: Sequence[np.dtype],
+                   description: str) -> list[np.ndarray]:
+    """A generated kernel's arguments as arrays, one per input of the listed dtypes; anything
+    else is a ``KernelConstraintError`` naming the kernel (every generated C renderer calls
+    this before handing pointers to C, which would read any bytes it is given)."""
+    if len(arrays) != len(dtypes):
+        raise KernelConstraintError(f"{description}: takes {len(dtypes)} inputs, got "
+                                    f"{len(arrays)}")
+    arrs = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
+    for k, (a, want) in enumerate(zip(arrs, dtypes)):
+        if a.dtype != want:
+            raise KernelConstraintError(f"{description}: input x{k} must be {want}, got "
+                                        f"{a.dtype}")
+    return arrs
+
+
 def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
     """The Python function of a compiled region: numpy arrays in, a new array out (or the
     ``out=`` buffer filled: ``writes_out``, see the registry). The call layout (output shape,
@@ -669,13 +685,7 @@ def make_function(emitted: Emitted, lib: ctypes.CDLL, description: str):
         return shape, copy, len(dims), dims_a.ctypes.data, st.ctypes.data, (dims_a, st)
 
     def fused(*arrays, out=None):
-        if len(arrays) != nin:
-            raise KernelConstraintError(f"{description}: takes {nin} inputs, got {len(arrays)}")
-        arrs = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
-        for k, (a, want) in enumerate(zip(arrs, in_np)):
-            if a.dtype != want:
-                raise KernelConstraintError(f"{description}: input x{k} must be {want}, "
-                                            f"got {a.dtype}")
+        arrs = checked_arrays(arrays, in_np, description)
         key = tuple((a.shape, a.strides) for a in arrs)
         found = plans.get(key)
         if found is None:

@@ -744,13 +744,7 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
             (dims_a, st)
 
     def run(*arrays, out=None):
-        if len(arrays) != nin:
-            raise KernelConstraintError(f"{description}: takes {nin} inputs, got {len(arrays)}")
-        arrs = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
-        for k, (a, want) in enumerate(zip(arrs, in_np)):
-            if a.dtype != want:
-                raise KernelConstraintError(f"{description}: input x{k} must be {want}, "
-                                            f"got {a.dtype}")
+        arrs = cg.checked_arrays(arrays, in_np, description)
         key = tuple((a.shape, a.strides) for a in arrs)
         found = plans.get(key)
         if found is None:
