@@ -111,7 +111,7 @@ class Planner:
                  generate: bool = True, refused: frozenset[str] = frozenset()):
         self.outputs = list(outputs)
         self.generate = generate  # offer generated kernels (kernels/generated.py)
-        self.refused = refused  # generated kernels this plan may not use (too inaccurate)
+        self.refused = refused  # generated kernels refused for this plan (checks, accuracy)
         self.dims = dict(dims or {})  # values of symbolic dims: costs and constraints use them
         self._twins: dict[Node, Node] = {}  # symbolic node -> node at ``dims``
         self.output_device = output_device
