@@ -718,7 +718,9 @@ def test_libraries_follow_the_thread_setting_and_use_vector_math():
     y = tg.exp(x) * tg.sin(x)
     k = cg.fuse_elementwise(y)
     source = k.fn.source_text
-    assert "num_threads(tg_nthreads)" in source and "tg_set_threads" in source
+    # the C kernels' team (tg_common.h): the setting, or one thread under contention
+    assert "num_threads(team)" in source and "tg_team()" in source
+    assert "tg_set_threads" in source and "tg_share_team" in source
     if {"expf", "sinf"} <= cg.vector_math_functions():
         assert "__simd__" in source and "-lmvec" in cg.emit_c(cg.elementwise_region(y)).flags
     X = np.random.default_rng(11).standard_normal((33, 1025)).astype(np.float32)

@@ -16,7 +16,8 @@ The emitted C is shape-generic: one function per region *structure* and dtypes, 
 the output shape and per-input strides in elements (0 on broadcast axes) that Python derives
 from numpy's broadcasting of the actual arguments, after merging axes that are contiguous for
 every operand. The loop runs over tiles of at most TILE elements of the innermost axis
-(OpenMP-parallel from PARALLEL_MIN elements, with tensor_graphs.threads' count); an input whose
+(OpenMP-parallel from PARALLEL_MIN elements, on the C kernels' team ``tg_team``: the thread
+setting, or the calling thread alone while the cores are oversubscribed); an input whose
 innermost stride is not 1 (broadcast or strided) is first gathered into a per-tile buffer, so
 the loop body reads unit-stride arrays and vectorises. Each op is one C statement on locals;
 the output is written once, contiguous. On x86-64 with GCC and glibc, exp/log/sin/erf/pow are
@@ -64,6 +65,7 @@ import platform
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import sympy
@@ -118,6 +120,7 @@ C_TYPES: dict[str, tuple[str, str]] = {
 }
 SUPPORTED_DTYPES = tuple(_dt.BY_NAME[n] for n in C_TYPES)  # float16/bfloat16: no C type here
 
+COMMON_HEADER = Path(__file__).with_name("tg_common.h")  # inlined: the source hash covers it
 TILE = 1024  # elements of the innermost axis per tile (and per gather buffer)
 PARALLEL_MIN = 1 << 16  # OpenMP splits the tiles across threads from this many elements
 EXTRA_FLAGS = ("-ffp-contract=off",)  # no FMA contraction: roundings and overflows as numpy's
@@ -468,8 +471,7 @@ def emit_c(region: Region) -> Emitted:
         lines += ["#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)",
                   *(_simd_decl(f) for f in vector), "#endif", ""]
     lines += [_HELPERS[h] + "\n" for h in sorted(helpers)]
-    lines += ["static int tg_nthreads = 1;  /* set by tensor_graphs.threads */",
-              "void tg_set_threads(int n) { tg_nthreads = n > 0 ? n : 1; }", ""]
+    lines = [COMMON_HEADER.read_text(), ""] + lines  # the thread team: tg_team
     lines.append("int NAME(int64_t n, int64_t nd, const int64_t *shape, const int64_t *strides, "
                  "void *const *ptrs) {")
     lines.append("    if (n <= 0) return 0;")
@@ -483,7 +485,7 @@ def emit_c(region: Region) -> Emitted:
         "    const int64_t ntiles = (n / inner) * per_row;",
         "    int bad = 0;",
     ]
-    pragma = ("    #pragma omp parallel for schedule(static) num_threads(tg_nthreads)"
+    pragma = ("    #pragma omp parallel for schedule(static) num_threads(team)"
               + (" reduction(|:bad)" if checks_pow else ""))
     head = len(lines)
     lines += [
@@ -532,9 +534,11 @@ def emit_c(region: Region) -> Emitted:
     ]
     # small calls skip OpenMP entirely: even a parallel region switched off by an if clause
     # costs about half a microsecond (the native loop runs thousands of such calls)
+    # the team: the thread setting, or the calling thread alone while other processes keep
+    # the cores busy (a region waits for its slowest thread: tg_common.h, tg_team)
     loop = lines[head:]
-    lines[head:] = [f"    if (n < {PARALLEL_MIN} || tg_nthreads <= 1) {{", *loop,
-                    "    } else {", pragma, *loop, "    }"]
+    lines[head:] = [f"    const int team = n < {PARALLEL_MIN} ? 1 : tg_team();",
+                    "    if (team <= 1) {", *loop, "    } else {", pragma, *loop, "    }"]
     lines += [
         "    return bad;",
         "}",
