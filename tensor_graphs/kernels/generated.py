@@ -2,7 +2,7 @@
 
 A hand-written kernel applies where its pattern matches; a generated one applies to whatever
 region of the graph a generator can render. For each node the planner asks every generator in
-``GENERATORS`` for a ``Candidate``: the region rooted at the node (the nodes it computes, the
+``generators()`` for a ``Candidate``: the region rooted at the node (the nodes it computes, the
 values it reads), the kernel's name and source hash, and a declared error, all known from the
 rendered source without compiling it. The candidate competes with the registered kernels and
 the decomposition on its estimated or measured time; only the candidates a plan (or the
@@ -46,7 +46,7 @@ class Candidate:
     verifies it and returns the registry Kernel (raising on failure); ``realize`` calls it once.
     """
 
-    generator: str  # which entry of GENERATORS found it
+    generator: str  # which entry of generators() found it
     root: Node  # the planner's node the kernel computes
     covers: tuple[Node, ...]  # the atomic nodes it computes, in topological order, root last
     inputs: tuple[Node, ...]  # the values it reads, in argument order
