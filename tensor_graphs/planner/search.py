@@ -20,7 +20,6 @@ before producers).
 from __future__ import annotations
 
 import math
-from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from tensor_graphs.db.cost import FREE, CostModel, Estimate
@@ -126,8 +125,7 @@ class Planner:
         self.shared = {n for n, c in self.uses.items() if c > 1}
         # what a generated region sees: an output is also read by the caller, so a region
         # never computes one only inside it ([h, rms_norm(h + 1)] recomputed h beside c_add)
-        self._region_uses = ChainMap({o: self.uses.get(o, 0) + 1 for o in self.outputs},
-                                     self.uses)
+        self._region_uses = _ReadOutside(self.uses, set(self.outputs))
         self.depth: dict[Node, int] = {n: 0 for n in self.uses}
         self._options: dict[Slot, list[Option]] = {}
         self._rejected: dict[Slot, list[Option]] = {}
@@ -636,6 +634,24 @@ class Planner:
 
     def _needed(self, slot: Slot) -> list[Slot]:
         return [n for o in self._ranked(slot) for n in o.needs]
+
+
+class _ReadOutside(Mapping):
+    """The planner's use counts with each output read once more (by the caller), live as the
+    planner adds decompositions to them; its length is theirs, O(1) (a ChainMap's is a union
+    of keys, and a generator asks for it at every node)."""
+
+    def __init__(self, uses: Mapping[Node, int], outputs: set[Node]):
+        self.uses, self.outputs = uses, outputs
+
+    def __getitem__(self, node: Node) -> int:
+        return self.uses[node] + (node in self.outputs)
+
+    def __iter__(self):
+        return iter(self.uses)
+
+    def __len__(self) -> int:
+        return len(self.uses)
 
 
 MOVEMENT_VIEWS = STRIDED_VIEWS | {RESHAPE}  # STRIDED_VIEWS: ir/algebra.py
