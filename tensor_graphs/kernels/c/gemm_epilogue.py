@@ -47,7 +47,6 @@ worst-case K-sum bound gamma_K |a| @ |w|, carried through the epilogue's ops as
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import hashlib
 import math
@@ -61,7 +60,7 @@ import numpy as np
 import sympy
 
 from tensor_graphs import threads
-from tensor_graphs.errors import KernelConstraintError, KernelVerificationError, ShapeError
+from tensor_graphs.errors import KernelConstraintError, ShapeError
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import CAST, CONSTANT, MATMUL, PERMUTE, POW, RESHAPE
@@ -486,9 +485,7 @@ def emit_gemm_c(region: GemmRegion) -> GemmEmitted:
         "}",
         ""])
     template = prelude + "\n" + gemm.SOURCE + "\n" + entry
-    flags = (cg.FLOAT_TO_INT_FLAGS if any(
-        n.op.name == CAST and n.inputs[0].dtype.is_float and n.dtype.is_int
-        for n in region.nodes) else ()) + (("-lmvec",) if vector else ())
+    flags = cg.float_to_int_flags(region.nodes) + (("-lmvec",) if vector else ())
     structure = _structure(region)
     key = hashlib.blake2b((structure + "\n" + " ".join(flags) + "\n" + template).encode(),
                           digest_size=6).hexdigest()
@@ -1024,7 +1021,6 @@ def build_gemm_kernel(region: GemmRegion, emitted: GemmEmitted | None = None,
     disagrees with the reference, ``CCompileError`` when it does not compile); not
     registered."""
     from tensor_graphs.kernels.c.build import load_library
-    from tensor_graphs.kernels.verify import verify as project_verify
 
     emitted = emitted or emit_gemm_c(region)
     name = f"c_gemm_ep_{emitted.key}"
@@ -1040,25 +1036,12 @@ def build_gemm_kernel(region: GemmRegion, emitted: GemmEmitted | None = None,
     kernel = GemmKernel(
         name=name, pattern=pattern, backend="c", device="cpu", fn=fn, inputs=names,
         signatures=region_signatures(region), where=_where(region), tolerance=DECLARED,
-        contiguous=True, writes_out=True, doc=text, source_hash=source_hash(emitted),
+        contiguous=True, writes_out=True, doc=text, source_hash=cg.source_hash(emitted),
         prepare={names[1]: prep}, summary=text,
         error_bound=functools.partial(gemm_rounding_bound, region))
     if not verify:
         return kernel
-    report = check_gemm_kernel(fn, region)
-    if not report.ok:
-        raise KernelVerificationError(f"{name} ({text}) disagrees with the reference: "
-                                      f"{report.message}")
-    kernel = dataclasses.replace(kernel, tolerance=report.tolerance)
-    project_verify(kernel, strict=True)
-    return kernel
-
-
-def source_hash(emitted: GemmEmitted) -> str:
-    """The database's key for the kernel's rows: its source, flags and structure (known
-    before compiling)."""
-    text = emitted.key + "\n" + emitted.source + "\n" + " ".join(emitted.flags)
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    return cg.admitted(kernel, check_gemm_kernel(fn, region))
 
 
 # ---------------------------------------------------------------------------- as planner options
@@ -1127,11 +1110,11 @@ def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node]
 
     return generated.Candidate(
         "gemm_epilogue", root, covers, args, f"c_gemm_ep_{emitted.key}",
-        source_hash(emitted), DECLARED, f"generated C {summary(region)}", build,
+        cg.source_hash(emitted), DECLARED, f"generated C {summary(region)}", build,
         computes=region.root, prepared=(1,), contiguous=True)
 
 
 __all__ = ["GemmRegion", "GemmEmitted", "GemmKernel", "gemm_region", "emit_gemm_c",
            "make_gemm_function", "trial_shapes", "check_gemm_kernel", "gemm_rounding_bound",
-           "region_pattern", "region_signatures", "build_gemm_kernel", "source_hash",
+           "region_pattern", "region_signatures", "build_gemm_kernel",
            "gemm_candidate", "summary"]
