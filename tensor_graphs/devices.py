@@ -111,7 +111,35 @@ def as_device(value: Device | str) -> Device:
     return value if isinstance(value, Device) else Device(value)
 
 
+SIMULATED = "TG_SIMULATED_CUDA"  # environment: a GPU simulated in host memory (see below)
+SIMULATED_CAPACITY = 1 << 30  # the simulated GPU's memory when the variable is just "1"
+
+
+def simulated_cuda() -> int | None:
+    """The capacity of the simulated GPU, or None when there is none.
+
+    Every session but a few has no GPU, yet the GPU path (planning across devices, a torch
+    arena per GPU, torch CUDA and Triton kernels, copies) must run in CI. With
+    ``TG_SIMULATED_CUDA=1`` (or a capacity in bytes) set before tensor_graphs is imported,
+    ``cuda:0`` is a device whose memory is host memory: its tensors are torch CPU tensors,
+    torch's CUDA kernels run as CPU ops and Triton kernels run in Triton's interpreter. The
+    code paths are the GPU's; only the timings are not (never profile on it). The variable
+    wins over a real GPU, so a GPU machine can run the simulation too."""
+    value = os.environ.get(SIMULATED, "").strip()
+    if value in ("", "0"):
+        return None
+    if value == "1":
+        return SIMULATED_CAPACITY
+    if not value.isdigit():
+        raise DeviceError(f"{SIMULATED}={value!r}: give 1 (a {SIMULATED_CAPACITY >> 30} GiB "
+                          "simulated GPU) or the simulated GPU's capacity in bytes")
+    return int(value)
+
+
 def cuda_available() -> bool:
+    """A GPU tensor_graphs can run on: a real one (torch with CUDA), or the simulated one."""
+    if simulated_cuda() is not None:
+        return True
     try:
         import torch
     except ImportError:
@@ -119,8 +147,23 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def torch_device(device: Device | str) -> str:
+    """The torch device whose memory holds values of ``device`` ("cpu", "cuda", "cuda:N"):
+    itself, except that the simulated GPU's memory is the host's ("cpu")."""
+    name = str(device.name if isinstance(device, Device) else device)
+    kind, _, index = name.partition(":")
+    if kind == "cpu" or simulated_cuda() is not None:
+        return "cpu"
+    return f"cuda:{index or 0}"
+
+
 def _detect_capacity(kind: str, index: int) -> int:
     if kind == "cuda":
+        simulated = simulated_cuda()
+        if simulated is not None:
+            if index != 0:
+                raise DeviceError(f"cuda:{index} does not exist: the simulated GPU is cuda:0")
+            return simulated
         if not cuda_available():
             raise DeviceError(f"cuda:{index} is not available here (no CUDA-enabled torch or "
                               "no GPU); plan for 'cpu' instead")

@@ -72,7 +72,28 @@ def test_cuda_unavailable_says_so():
         tg.Device("cuda")
 
 
-@pytest.mark.skipif(not cuda_available(), reason="no usable CUDA GPU")
+def test_simulated_gpu_is_cuda0_in_host_memory(monkeypatch):
+    """TG_SIMULATED_CUDA makes cuda:0 a device whose tensors live in host memory, so the GPU
+    path runs in CI; a capacity may be given, anything else is refused by name."""
+    from tensor_graphs import devices
+
+    monkeypatch.setenv("TG_SIMULATED_CUDA", "1")
+    d = tg.Device("cuda")
+    assert (d.name, d.capacity) == ("cuda:0", devices.SIMULATED_CAPACITY)
+    assert devices.torch_device(d) == "cpu" and devices.cuda_available()
+    with pytest.raises(tg.DeviceError, match="simulated GPU is cuda:0"):
+        tg.Device("cuda:1")
+    monkeypatch.setenv("TG_SIMULATED_CUDA", str(3 << 20))
+    assert tg.Device("cuda:0").capacity == 3 << 20
+    monkeypatch.setenv("TG_SIMULATED_CUDA", "lots")
+    with pytest.raises(tg.DeviceError, match="TG_SIMULATED_CUDA='lots'"):
+        tg.Device("cuda")
+    monkeypatch.delenv("TG_SIMULATED_CUDA")
+    assert devices.torch_device("cuda:1") == "cuda:1" and devices.torch_device("cpu") == "cpu"
+
+
+@pytest.mark.skipif(not cuda_available() or bool(os.environ.get("TG_SIMULATED_CUDA")),
+                    reason="no usable CUDA GPU")
 def test_cuda_device():
     import torch
 

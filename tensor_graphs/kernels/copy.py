@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensor_graphs.devices import as_device
+from tensor_graphs.devices import as_device, torch_device
 from tensor_graphs.errors import ArgumentError, DeviceError
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.registry import Kernel, kernel
@@ -112,7 +112,7 @@ def _register_cuda() -> None:
         """x on ``device``, always a new tensor (``Tensor.to`` returns x itself when it is
         already there)."""
         t = convert.to_torch(x)
-        out = t.to(str(device))
+        out = t.to(torch_device(device))
         return out.clone() if out is t else out
 
 

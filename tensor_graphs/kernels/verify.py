@@ -79,6 +79,7 @@ from dataclasses import dataclass, field, replace
 import ml_dtypes
 import numpy as np
 
+from tensor_graphs.devices import cuda_available, torch_device
 from tensor_graphs.errors import (
     ArgumentError,
     KernelConstraintError,
@@ -548,16 +549,14 @@ def _device_io(k: registry.Kernel):
     if "cuda" not in (source, target):
         return (lambda a: a), _to_numpy, lambda args, attrs: k(*args, **attrs)
     try:
-        import torch
-
         from tensor_graphs.kernels.torch import convert
     except ImportError as exc:
         raise _NoDeviceError(f"{k.device} kernels need torch ({exc})") from None
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise _NoDeviceError("no CUDA device on this machine")
 
     def to_device(a):
-        return convert.to_torch(a).to("cuda") if source == "cuda" else a
+        return convert.to_torch(a).to(torch_device("cuda")) if source == "cuda" else a
 
     def call(args, attrs):  # Kernel.__call__ checks numpy dtypes: check, then call fn
         reason = k.constraint_failure([tuple(a.shape) for a in args],

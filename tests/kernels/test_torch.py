@@ -13,12 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.devices import simulated_cuda  # noqa: E402
 from tensor_graphs.kernels import copy as copies  # noqa: E402
 from tensor_graphs.kernels.torch import _gpu_build, convert, cuda_available  # noqa: E402
 from tensor_graphs.kernels.verify import budget  # noqa: E402
 from tensor_graphs.numerics import relative_error  # noqa: E402
 
-CUDA = cuda_available()
+CUDA = cuda_available() and simulated_cuda() is None  # a real GPU: these tests move to "cuda"
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no usable CUDA GPU")
 SIZES = (1, 7, 33)
 
@@ -632,8 +633,8 @@ def test_copy_kernels_to_cuda_need_cuda():
     node = tg.copy_to(tg.input("x", (6,)), "cuda:0")
     assert tg.kernels.get("copy_same_memory").match(node) is None
     names = {k.name for k in tg.kernels.all() if k.backend == "copy"}
-    assert ("copy_host_to_cuda" in names) == CUDA
-    if not CUDA:
+    assert ("copy_host_to_cuda" in names) == cuda_available()  # a real or simulated GPU
+    if not cuda_available():
         with pytest.raises(tg.DeviceError, match="cuda"):
             copies.route("cpu", "cuda:0")
 

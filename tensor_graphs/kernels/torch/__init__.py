@@ -28,6 +28,8 @@ import os
 import re
 import sys
 
+from tensor_graphs.devices import simulated_cuda
+
 
 def available() -> bool:
     """True when torch is installed (it is imported only when a kernel first runs)."""
@@ -52,9 +54,12 @@ def _gpu_build() -> bool:
 
 
 def cuda_available() -> bool:
-    """True when torch can run on a GPU here (imports torch only for a GPU build of it)."""
+    """True when torch can run on a GPU here (imports torch only for a GPU build of it), or
+    the simulated GPU is on (``devices.simulated_cuda``: its tensors are CPU tensors)."""
     if not available():
         return False
+    if simulated_cuda() is not None:
+        return True
     if "torch" not in sys.modules and not _gpu_build():
         return False
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from tensor_graphs.devices import torch_device
 from tensor_graphs.ir.dtypes import ALL, FLOATS, INTS
 
 # NUMBERS keeps the name NUMERIC here: the decorators below spell it, and a kernel's decorator
@@ -417,7 +418,7 @@ def matmul(a, b, *, out=None):
 
 
 def iota_cuda(length, dtype):
-    return torch.arange(int(length), dtype=torch_dtype(dtype), device="cuda")
+    return torch.arange(int(length), dtype=torch_dtype(dtype), device=torch_device("cuda"))
 
 
 @torch_kernel("iota", dtypes=None, tolerance=EXACT, cuda=iota_cuda)
