@@ -1,0 +1,350 @@
+"""On a GPU: the GPU tests, then tensor_graphs against torch eager and torch.compile.
+
+    python benchmarks/gpu.py [--out DIR] [--only TEXT] [--dtypes fp32,bf16] [--repeats 20]
+                             [--no-tests] [--no-compile] [--profile missing|never]
+
+Run where a GPU is usable (the ``device`` tool's machine: ``--out $OUT``). First the GPU tests
+(``pytest tests/gpu tests/kernels/test_torch.py``, real GPU, no simulation; their log goes to
+``DIR/gpu_tests.log``), then each workload in each dtype, every runner with the same weights and
+inputs in one process: ``ours`` is ``tg.from_torch(module, args, device="cuda")`` planned from a
+fresh measurement database in ``DIR`` (``profile="missing"`` measures what the plan lacks on
+this GPU: the first-run cost a new user pays is printed as its setup time), ``eager`` the module
+under ``torch.no_grad``, ``compile`` ``torch.compile(module)`` and ``compile-ro`` its
+``mode="reduce-overhead"`` (CUDA graphs). Each output is checked against eager in float32 first
+(norm-wise relative error), so a row never compares different computations. Timed calls are
+interleaved (the order rotates per repeat), each between two ``torch.cuda.synchronize()``;
+medians with min-max spread, ratios ours/competitor (< 1: ours is faster). Decode: GPT-2 124M
+greedy tokens from ``tg.nn.Generator`` on the GPU against transformers' ``generate``, with the
+HBM floor (the decode program's weights read once per token at the device-to-device copy rate
+measured here). The table is appended to ``DIR/gpu_table.md`` as each row finishes, so a run
+cut short keeps what it measured; the database is ``DIR/gpu.sqlite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import tensor_graphs as tg  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}  # against eager in float32 (bf16 rounds each weight)
+
+
+# ---------------------------------------------------------------------------- workloads
+class Logits(torch.nn.Module):
+    """A causal LM returning its full logits for ``input_ids`` (no cache)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids):
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+class Embed(torch.nn.Module):
+    """A BERT encoder's last hidden state for ids and an attention mask (MiniLM-shaped)."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(attn_implementation="sdpa")
+    return Logits(GPT2LMHeadModel(cfg).eval()), (torch.randint(0, cfg.vocab_size, (1, 128)),)
+
+
+def qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)  # Qwen3-0.6B's shape, random weights (no download)
+    cfg = Qwen3Config(num_hidden_layers=28, hidden_size=1024, intermediate_size=3072,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                      vocab_size=151936, tie_word_embeddings=True, attn_implementation="sdpa")
+    return Logits(Qwen3ForCausalLM(cfg).eval()), (torch.randint(0, cfg.vocab_size, (1, 128)),)
+
+
+def minilm():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)  # all-MiniLM-L6-v2's shape, random weights
+    cfg = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=1536, attn_implementation="sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (32, 128))
+    mask = torch.ones_like(ids)
+    mask[1::2, 96:] = 0  # half the sentences padded
+    return Embed(BertModel(cfg, add_pooling_layer=False).eval()), (ids, mask)
+
+
+WORKLOADS = {
+    "gpt2-124m prefill 1x128": gpt2,
+    "qwen3-0.6b-shape prefill 1x128": qwen3,
+    "minilm-shape 32x128": minilm,
+}
+
+
+# ---------------------------------------------------------------------------- runners
+def on_gpu(module, args, dtype):
+    module = module.to("cuda", dtype)
+    return module, tuple(a.to("cuda") for a in args)
+
+
+def ours(module, args, db):
+    prog = tg.from_torch(module, args, device="cuda", db=db, profile=PROFILE)
+    return lambda: prog(*args)
+
+
+def eager(module, args, db):
+    def run():
+        with torch.no_grad():
+            return module(*args)
+    return run
+
+
+def compiled(mode):
+    def build(module, args, db):
+        fn = torch.compile(module, mode=mode)
+
+        def run():
+            with torch.no_grad():
+                return fn(*args)
+        return run
+    return build
+
+
+RUNNERS = {"ours": ours, "eager": eager, "compile": compiled(None),
+           "compile-ro": compiled("reduce-overhead")}
+PROFILE = "missing"
+
+
+def _array(out) -> np.ndarray:
+    if isinstance(out, (list, tuple)):
+        out = out[0]
+    if isinstance(out, torch.Tensor):
+        return out.detach().float().cpu().numpy()
+    return np.asarray(out, dtype=np.float64)
+
+
+def _error(got, ref) -> float:
+    got, ref = _array(got).astype(np.float64), _array(ref).astype(np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def bench(name, make, dtype, runners, repeats, db, table) -> None:
+    module, args = make()
+    module, args = on_gpu(module, args, torch.float32)
+    with torch.no_grad():
+        ref = module(*args)
+    if dtype != "fp32":
+        module = module.to(DTYPES[dtype])
+    calls, notes = {}, {}
+    for label, build in runners.items():
+        start = time.perf_counter()
+        try:
+            fn = build(module, args, db)
+            err = _error(fn(), ref)
+        except Exception as exc:  # a runner that cannot run this model is a result
+            notes[label] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            traceback.print_exc(limit=3)
+            continue
+        if not err <= TOLERANCE[dtype]:
+            notes[label] = f"wrong result: relative error {err:.1e}"
+            continue
+        notes[label] = f"setup {time.perf_counter() - start:.1f} s, error {err:.1e}"
+        for _ in range(3):
+            fn()
+        calls[label] = fn
+    samples = {label: [] for label in calls}
+    order = list(calls)
+    for r in range(repeats):
+        for label in order[r % len(order):] + order[:r % len(order)]:
+            samples[label].append(timed(calls[label]))
+    lines = [f"\n## {name}, {dtype}"]
+    for label in runners:
+        if label in samples:
+            s = samples[label]
+            lines.append(f"  {label:10s} {statistics.median(s):9.3f} ms  ({min(s):.3f}-"
+                         f"{max(s):.3f})  {notes[label]}")
+        else:
+            lines.append(f"  {label:10s}    -       {notes.get(label, '')}")
+    if "ours" in samples:
+        mine = statistics.median(samples["ours"])
+        lines.append("  " + ", ".join(f"ours/{label} {mine / statistics.median(s):.2f}"
+                                      for label, s in samples.items() if label != "ours"))
+    report(table, "\n".join(lines))
+
+
+def device_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read and written."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    best = min(timed(lambda: b.copy_(a)) for _ in range(10))
+    return 2 * a.numel() / (best / 1e3)
+
+
+def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
+    import transformers
+
+    from tensor_graphs.nn import Generator
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(bos_token_id=None, eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len))
+    start = time.perf_counter()
+    try:
+        gen = Generator.from_transformers(lm, max_len=prompt_len + tokens,
+                                          max_prompt=prompt_len, device="cuda", db=db,
+                                          profile=PROFILE)
+    except Exception as exc:
+        traceback.print_exc(limit=3)
+        report(table, f"\n## gpt2-124m decode\n  ours failed: {type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:160]}")
+        return
+    setup = time.perf_counter() - start
+    lm = lm.to("cuda")
+    gpu_prompt = prompt.to("cuda")
+
+    def ours_steps():
+        stream = gen.stream(prompt.numpy(), tokens)
+        out, steps = [next(stream)], []
+        while True:
+            t = time.perf_counter()
+            try:
+                out.append(next(stream))
+            except StopIteration:
+                return statistics.median(steps), [int(x[0]) for x in out]
+            steps.append((time.perf_counter() - t) * 1e3)
+
+    def hf_steps():
+        kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(gpu_prompt))
+        with torch.no_grad():
+            one = timed(lambda: lm.generate(gpu_prompt, max_new_tokens=1, min_new_tokens=1,
+                                            **kw))
+            out = []
+            many = timed(lambda: out.append(lm.generate(gpu_prompt, max_new_tokens=tokens,
+                                                        min_new_tokens=tokens, **kw)))
+        return (many - one) / (tokens - 1), out[0][0, prompt_len:].tolist()
+
+    ours_steps()
+    hf_steps()
+    mine, theirs, agree = [], [], True
+    for _ in range(5):
+        step, got = ours_steps()
+        mine.append(step)
+        step, ref = hf_steps()
+        theirs.append(step)
+        agree = agree and got == ref
+    weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
+        - lm.transformer.wpe.weight.numel() * 4  # a step reads one row of the positions
+    floor = weights / device_bandwidth() * 1e3  # the copy's rate counts bytes read + written
+    lines = [f"\n## gpt2-124m decode, fp32, prompt {prompt_len}, {tokens} tokens "
+             f"(our build {setup:.1f} s; tokens {'equal' if agree else 'DIFFER'})",
+             f"  ours        {statistics.median(mine):8.3f} ms/token",
+             f"  hf generate {statistics.median(theirs):8.3f} ms/token",
+             f"  HBM floor   {floor:8.3f} ms/token ({weights / 1e6:.0f} MB of weights)",
+             f"  ours/floor {statistics.median(mine) / floor:.2f}, ours/hf "
+             f"{statistics.median(mine) / statistics.median(theirs):.2f}"]
+    report(table, "\n".join(lines))
+
+
+def report(table: Path, text: str) -> None:
+    print(text, flush=True)
+    with open(table, "a") as f:
+        f.write(text + "\n")
+
+
+def run_tests(out: Path) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("TG_SIMULATED_CUDA",
+                                                            "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    tests = [t for t in ("tests/gpu", "tests/kernels/triton", "tests/kernels/test_torch.py")
+             if (ROOT / t).exists()]
+    with open(out / "gpu_tests.log", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               *tests], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    tail = (out / "gpu_tests.log").read_text().strip().splitlines()[-1:]
+    print(f"# GPU tests ({', '.join(tests)}): {tail[0] if tail else '?'}", flush=True)
+    return done.returncode
+
+
+def main(argv=None) -> int:
+    global PROFILE
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="Workloads: " + "; ".join(WORKLOADS) + "; gpt2 decode.")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-results"),
+                    help="folder for the table, the test log and the database (default $OUT)")
+    ap.add_argument("--only", default="", help="run workloads whose name contains this text "
+                    "('decode' for the decode run)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    ap.add_argument("--repeats", type=int, default=20, help="interleaved timed calls each")
+    ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile runners")
+    ap.add_argument("--profile", choices=("missing", "never"), default="missing")
+    args = ap.parse_args(argv)
+    PROFILE = args.profile
+    if not torch.cuda.is_available() or os.environ.get("TG_SIMULATED_CUDA"):
+        print("benchmarks/gpu.py needs a real GPU (torch.cuda.is_available() is False, or "
+              "TG_SIMULATED_CUDA is set)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table, db = out / "gpu_table.md", str(out / "gpu.sqlite")
+    props = torch.cuda.get_device_properties(0)
+    report(table, f"# benchmarks/gpu.py: {props.name}, {props.total_memory >> 30} GiB, torch "
+                  f"{torch.__version__}, tensor_graphs at {_revision()}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M')}")
+    failed = 0 if args.no_tests else run_tests(out)
+    runners = {k: v for k, v in RUNNERS.items() if not (args.no_compile and "compile" in k)}
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for name, make in WORKLOADS.items():
+        if args.only in name:
+            for dtype in dtypes:
+                bench(name, make, dtype, runners, args.repeats, db, table)
+    if args.only in "gpt2-124m decode":
+        decode(db, table)
+    return 1 if failed else 0
+
+
+def _revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
