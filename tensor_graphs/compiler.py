@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from tensor_graphs.db import hardware as _hardware
 from tensor_graphs.db.cost import CostModel, format_seconds
 from tensor_graphs.db.store import Database, open_db
-from tensor_graphs.devices import as_device
+from tensor_graphs.devices import Device, as_device
 from tensor_graphs.errors import ArgumentError, PassError, PlanFileError, ShapeError
 from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import Node
@@ -53,6 +53,7 @@ from tensor_graphs.runtime.lower import Program, lint_program, lower
 from tensor_graphs.runtime.program import CompiledGraph, Executable
 
 PROFILE_MODES = ("never", "missing")
+OUTPUTS = ("host", "device")  # where a program's results come back (tg.compile's outputs=)
 DEFAULT_TOLERANCE = 1e-5
 
 
@@ -126,12 +127,20 @@ class Pipeline:
 
     def __init__(self, outputs: list[Node], device, tolerance, db, profile: str,
                  backends: Sequence[str] | None, decisions: Sequence[str] | None = None,
-                 bounds: Mapping | None = None, plan_file=None, generate: bool = True):
+                 bounds: Mapping | None = None, plan_file=None, generate: bool = True,
+                 results: str = "host"):
         self.outputs = outputs
         self.generate = bool(generate)
         self.bounds = as_symbols(bounds or {})
         self.device = as_device(device)
         self.kinds = tuple(dict.fromkeys((self.device.kind, "cpu")))
+        if results not in OUTPUTS:
+            raise ArgumentError(f"outputs must be one of {OUTPUTS} (where results come back: "
+                                f"numpy arrays on the host, or tensors left on the device), "
+                                f"got {results!r}")
+        # the device kind the planner delivers outputs on: the host's numpy arrays, or the
+        # target device's memory (torch tensors on a GPU, no copy to the host)
+        self.output_kind = self.device.kind if results == "device" else "cpu"
         self.tolerance = _check_tolerance(tolerance)
         if profile not in PROFILE_MODES:
             raise ArgumentError(f"profile must be one of {PROFILE_MODES}, got {profile!r}")
@@ -159,10 +168,21 @@ class Pipeline:
         at = plan.at(dims) if symbolic else plan  # concrete shapes, steps in the same order
         memory = run_pass("memory plan", plan_memory, at, symbolic=plan)  # static: on plan
         if fits:
-            check_fits(memory, {self.device.kind: self.device})
+            check_fits(memory, self.devices())
         program = run_pass("lower", lower, plan, memory, at)
         stats["plans"] += 1
-        return run_pass("program", Executable, program)
+        return run_pass("program", Executable, program, {self.device.kind: self.device.name})
+
+    def devices(self) -> dict[str, Device]:
+        """The device each kind of the plan means: the target (with the capacity given), and
+        the host for values a GPU plan keeps there."""
+        return {"cpu": self.device if self.device.kind == "cpu" else Device("cpu"),
+                self.device.kind: self.device}
+
+    def named(self, totals: Mapping[str, int]) -> dict[str, int]:
+        """Bytes per device kind as bytes per device name ("cuda" -> "cuda:0")."""
+        names = {kind: d.name for kind, d in self.devices().items()}
+        return {names.get(kind, kind): n for kind, n in totals.items()}
 
     def planner(self, prepared: list[Node], blocks: bool = True,
                 dims: Mapping | None = None, refused: frozenset[str] = frozenset()) -> Planner:
@@ -170,7 +190,8 @@ class Pipeline:
         ``refused``: generated kernels it may not offer."""
         return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
                        tolerance=self.tolerance, backends=self.backends, blocks=blocks,
-                       dims=dims, generate=self.generate, refused=refused)
+                       dims=dims, generate=self.generate, refused=refused,
+                       output_device=self.output_kind)
 
     def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict) -> Plan:
         """Replay a lock file or a cached plan, else (after measuring what is missing, with
@@ -198,7 +219,7 @@ class Pipeline:
                 refused: frozenset[str]) -> Plan:
         def key() -> tuple:
             return cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
-                             costed_at) + (self.generate, refused)
+                             costed_at) + (self.generate, refused, self.output_kind)
 
         planner = self.planner(prepared, dims=costed_at, refused=refused)
         found = self.decisions or cache.get(key())
@@ -268,8 +289,15 @@ def _outputs(graph) -> tuple[list[Node], bool]:
 def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: A001
             db: Database | str | None = None, profile: str = "never",
             bounds: Mapping[str, int] | None = None, plan: str | None = None,
-            backends: Sequence[str] | None = None, generate: bool = True) -> CompiledGraph:
+            backends: Sequence[str] | None = None, generate: bool = True,
+            outputs: str = "host") -> CompiledGraph:
     """Plan ``graph`` for ``device`` and return a program that runs it.
+
+    ``device``: "cpu", "cuda" / "cuda:N" or a ``tg.Device`` (its capacity is what the program
+    may take: ``OutOfMemory`` before anything runs). On a GPU, weights and kept states live on
+    it (``bind`` moves them there once; ``bind_safetensors`` loads them there), each step runs
+    where the planner finds it fastest, values cross through copy steps, and inputs may be
+    numpy arrays or torch tensors already on the GPU (used without a copy).
 
     - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
     - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
@@ -286,7 +314,9 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
       planner/lockfile);
     - ``backends``: restrict kernels to these backends (e.g. ``("numpy",)``);
     - ``generate``: also offer kernels generated for regions of the graph (fused elementwise
-      loops in C: ``kernels/generated``), compiled and verified only when a plan chooses them.
+      loops in C: ``kernels/generated``), compiled and verified only when a plan chooses them;
+    - ``outputs``: "host" returns numpy arrays; "device" leaves results where the device
+      holds them (torch tensors on a GPU: no copy to the host; the same as "host" on the cpu).
     """
     outs, single = _outputs(graph)
     decisions = None
@@ -295,7 +325,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
 
         decisions = load(plan, outs, device, _check_tolerance(tolerance))
     pipeline = Pipeline(outs, device, tolerance, db, profile, backends, decisions, bounds,
-                        plan_file=plan, generate=generate)
+                        plan_file=plan, generate=generate, results=outputs)
     prog = CompiledGraph(outs, single, pipeline)
     free = symbols(outs)
     dims = as_symbols(bounds or {})
@@ -324,8 +354,9 @@ def _planner_for(graph, device, tolerance, db, dims, backends, generate) -> Plan
 
 def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, db=None,
                     backends: Sequence[str] | None = None, **dims) -> dict[str, int]:
-    """Bytes per device (arena + weights + state) the graph's plan needs for these dims, from
-    the plan alone: nothing runs and nothing is allocated."""
+    """Bytes per device name (arena + weights + state) the graph's plan needs for these dims,
+    from the plan alone: nothing runs and nothing is allocated ({"cpu": ..., "cuda:0": ...}
+    for a GPU plan, as ``prog.memory()``)."""
     outs, _ = _outputs(graph)
     pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
     values = as_symbols(dims)
@@ -338,7 +369,7 @@ def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, d
                                "block_cache_hits", "plans")}
     # as tg.compile(..., bounds=dims) builds it, without the check that it fits the device
     exe = pipeline.build(values, counters, symbolic=bool(symbols(outs)), fits=False)
-    return exe.memory.totals()
+    return pipeline.named(exe.memory.totals())
 
 
 def paths(graph, device="cpu", tolerance: float = 1.0, db=None,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from tensor_graphs import compiler
+from tensor_graphs.devices import as_device, torch_device
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, TensorGraphsError
 from tensor_graphs.frontend.aten import lookup, mutates
 from tensor_graphs.frontend.aten.common import (
@@ -93,12 +94,14 @@ def _dim_names(module, example_args, dynamic_shapes, user_inputs) -> dict[tuple[
     return out
 
 
-def import_exported(exported, dim_names: Mapping | None = None):
+def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = False):
     """An ExportedProgram as our graph: (outputs, user inputs, weights, bounds).
 
     ``outputs``: the values of the user outputs (Nodes, or Python values) in order;
     ``inputs``: the user inputs' ``tg.input`` leaves (or Python values) in call order;
-    ``weights``: state-dict name -> numpy array; ``bounds``: dim name -> largest value.
+    ``weights``: state-dict name -> numpy array (with ``tensors``: the detached torch tensor,
+    left where it is, for a program that keeps its weights on a GPU); ``bounds``: dim name ->
+    largest value.
     """
     torch = torch_module()
     from torch.export.graph_signature import InputKind, OutputKind
@@ -131,9 +134,9 @@ def import_exported(exported, dim_names: Mapping | None = None):
         spec = kinds[node.name]
         val = node.meta.get("val")
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-            array = state[spec.target].detach().cpu().numpy().copy()
-            weights[spec.target] = array
-            env[node] = tg.weight(spec.target, array.shape, dtype_name(val.dtype))
+            found = state[spec.target].detach()
+            weights[spec.target] = found if tensors else found.cpu().numpy().copy()
+            env[node] = tg.weight(spec.target, tuple(found.shape), dtype_name(val.dtype))
             continue
         if spec.kind != InputKind.USER_INPUT:
             raise UnsupportedOpError(f"input '{node.name}' of kind {spec.kind.name} is not "
@@ -205,10 +208,13 @@ def import_exported(exported, dim_names: Mapping | None = None):
 
 class TorchProgram:
     """A compiled torch module: call it like the module (torch tensors or numpy arrays in,
-    numpy out, in the module's output structure). ``.program`` is the CompiledGraph."""
+    numpy out, in the module's output structure; compiled with ``outputs="device"`` on a GPU,
+    tensors there). ``.program`` is the CompiledGraph. On a GPU, tensor arguments are fed as
+    they are (one already on the GPU is not copied)."""
 
-    def __init__(self, program, inputs, outputs, out_spec, names):
+    def __init__(self, program, inputs, outputs, out_spec, names, on_gpu: bool = False):
         self.program = program
+        self._on_gpu = on_gpu
         self._inputs = inputs  # Node leaves (or Python values export specialised)
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
@@ -241,13 +247,18 @@ class TorchProgram:
                                         f"module was exported; got {arg!r}")
                 continue
             if isinstance(arg, torch.Tensor):
-                arg = arg.detach().cpu().numpy()
-            arg = np.asarray(arg)
+                arg = arg.detach()
+                if not self._on_gpu:
+                    arg = arg.cpu().numpy()
+            else:
+                arg = np.asarray(arg)
+            shape = tuple(arg.shape)
             if arg.ndim != leaf.ndim or any(isinstance(d, int) and d != s
-                                            for d, s in zip(leaf.shape, arg.shape)):
-                raise ShapeError(f"argument {self._arg_name(i)} has shape {arg.shape}; the "
+                                            for d, s in zip(leaf.shape, shape)):
+                raise ShapeError(f"argument {self._arg_name(i)} has shape {shape}; the "
                                  f"exported module takes {tuple(map(str, leaf.shape))}")
-            if arg.dtype != leaf.dtype.np_dtype:
+            dtype = dtype_name(arg.dtype) if isinstance(arg, torch.Tensor) else arg.dtype
+            if dtype != leaf.dtype.np_dtype and dtype != leaf.dtype.name:
                 raise DTypeError(f"argument {self._arg_name(i)} has dtype {arg.dtype}; the "
                                  f"exported module takes {leaf.dtype.name} (convert it, e.g. "
                                  f"x.astype('{leaf.dtype.name}'))")
@@ -263,7 +274,9 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     """``torch.export`` ``module`` on ``example_args``, import its ATen graph, compile it and
     bind its parameters and buffers. Dims export marks dynamic (``dynamic_shapes`` with
     ``torch.export.Dim("batch")``) become symbolic dims of that name, bounded by the Dim's
-    ``max`` when given, else by the example's size (``bounds=`` overrides).
+    ``max`` when given, else by the example's size (``bounds=`` overrides). ``device="cuda"``
+    plans for the GPU and keeps the parameters there (copied from the module once, with no
+    numpy stage); the other options go to ``tg.compile`` (``outputs="device"``...).
 
     Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
     """
@@ -277,7 +290,8 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
     user = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     names = _dim_names(module, example_args, dynamic_shapes, user)
-    outputs, inputs, weights, found = import_exported(exported, names)
+    on_gpu = as_device(device).kind != "cpu"
+    outputs, inputs, weights, found = import_exported(exported, names, tensors=on_gpu)
     found.update(bounds or {})
 
     nodes = [o for o in outputs if isinstance(o, Node)]
@@ -296,9 +310,21 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
                                    bounds={k: v for k, v in found.items() if k in used} or None,
                                    **options)
         present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
-        program.bind(**{n: w for n, w in weights.items() if n in present})
+        # the program owns its weights: a parameter already on the GPU is cloned there (the
+        # module may change it later), one elsewhere moves through the copy kernel
+        program.bind(**{n: _owned(w, program) for n, w in weights.items() if n in present})
     try:
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         params = []
-    return TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params)
+    return TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params,
+                        on_gpu)
+
+
+def _owned(weight, program):
+    """A parameter for ``program.bind``: numpy arrays are copies already; a tensor on the
+    device the program keeps its weights on is cloned (bind would hold it as is)."""
+    if isinstance(weight, np.ndarray):
+        return weight
+    target = torch_module().device(torch_device(program.device_name("cuda")))
+    return weight.clone() if weight.device == target else weight

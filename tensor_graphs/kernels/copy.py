@@ -17,8 +17,9 @@ numpy arrays (torch views them without copying), so no copy is ever needed betwe
 backends. ``copy_same_memory`` covers a ``copy_to`` whose value is already on its target: it
 returns its input (a view, zero cost). With a usable GPU (torch with CUDA):
 ``copy_host_to_cuda`` (numpy array -> torch CUDA tensor), ``copy_cuda_to_host`` (-> numpy),
-``copy_cuda_to_cuda`` (between two GPUs) and ``copy_same_memory_cuda``. The copies are
-synchronous; the values are the same bits (tolerance ``EXACT``).
+``copy_cuda_to_cuda`` (between two GPUs) and ``copy_same_memory_cuda``. The cross-device
+copies write into ``out=`` (their place in the target's arena) when given, and their results
+are C-contiguous. The copies are synchronous; the values are the same bits (``EXACT``).
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ def _signatures(target: str):
             for dt in ("float32", "bfloat16", "int64", "bool") for s in shapes]
 
 
-def copy_kernel(name: str, source: str, target: str, same_memory: bool = False):
-    """Register ``fn`` as the copy kernel ``name`` for moves from ``source`` to ``target``."""
+def copy_kernel(name: str, source: str, target: str, same_memory: bool = False,
+                writes_out: bool = False):
+    """Register ``fn`` as the copy kernel ``name`` for moves from ``source`` to ``target``.
+    ``writes_out``: fn takes ``out=`` (its place in the target's arena) and copies into it."""
 
     def decorate(fn) -> Kernel:
         k = kernel("copy_to", backend="copy", name=name, device=target, where=_to(target),
-                   tolerance=EXACT, view=same_memory,
+                   tolerance=EXACT, view=same_memory, writes_out=writes_out,
                    signatures=None if target == "cpu" else _signatures(target))(fn)
         ROUTES[name] = (source, target)
         if same_memory:
@@ -81,39 +84,51 @@ def copy_same_memory(x):
 
 
 def _register_cuda() -> None:
-    from tensor_graphs.kernels.torch import convert
-
     @copy_kernel("copy_same_memory_cuda", "cuda", "cuda", same_memory=True)
     def copy_same_memory_cuda(x):
         """The value is already on this GPU."""
         return x
 
-    @copy_kernel("copy_host_to_cuda", "cpu", "cuda")
-    def copy_host_to_cuda(x, device):
-        """numpy array -> torch tensor on the target GPU (viewed as a CPU tensor first)."""
-        return _moved(x, device)
+    @copy_kernel("copy_host_to_cuda", "cpu", "cuda", writes_out=True)
+    def copy_host_to_cuda(x, device, *, out=None):
+        """numpy array -> torch tensor on the target GPU (viewed as a CPU tensor first), into
+        ``out`` (its arena place) when given; C-contiguous either way."""
+        return _moved(x, device, out)
 
-    @copy_kernel("copy_cuda_to_host", "cuda", "cpu")
-    def copy_cuda_to_host(x):
-        """torch CUDA tensor -> numpy array in host memory (always a new array)."""
-        if not convert.is_tensor(x):
-            return np.array(x, copy=True)
-        out = x.detach().cpu()
-        if out.data_ptr() == x.data_ptr():  # it was in host memory already
-            out = out.clone()
-        return convert.to_numpy(out)
+    @copy_kernel("copy_cuda_to_host", "cuda", "cpu", writes_out=True)
+    def copy_cuda_to_host(x, *, out=None):
+        """torch CUDA tensor -> numpy array in host memory: ``out`` when given, else a new
+        array numpy owns (a program hands it back without copying it again)."""
+        return _to_host(x, out)
 
-    @copy_kernel("copy_cuda_to_cuda", "cuda", "cuda")
-    def copy_cuda_to_cuda(x, device):
+    @copy_kernel("copy_cuda_to_cuda", "cuda", "cuda", writes_out=True)
+    def copy_cuda_to_cuda(x, device, *, out=None):
         """Between two GPUs (peer to peer where the driver allows)."""
-        return _moved(x, device)
+        return _moved(x, device, out)
 
-    def _moved(x, device):
-        """x on ``device``, always a new tensor (``Tensor.to`` returns x itself when it is
-        already there)."""
-        t = convert.to_torch(x)
-        out = t.to(torch_device(device))
-        return out.clone() if out is t else out
+
+def _moved(x, device, out=None):
+    """x on ``device`` (a GPU), always a new C-contiguous tensor, or ``out`` filled
+    (``Tensor.to`` returns x itself when it is already there, and keeps a permuted layout)."""
+    from tensor_graphs.kernels.torch import convert
+
+    t = convert.to_torch(x)
+    if out is None:
+        out = convert.torch.empty(tuple(t.shape), dtype=t.dtype, device=torch_device(device))
+    if out.numel():
+        out.copy_(t)
+    return out
+
+
+def _to_host(x, out=None) -> np.ndarray:
+    """x (a GPU tensor) in host memory: ``out`` filled, or a new array numpy owns."""
+    from tensor_graphs.kernels.torch import convert
+
+    if out is None:
+        out = np.empty(tuple(x.shape), convert.numpy_dtype(x))
+    if out.size:
+        convert.to_torch(out).copy_(convert.to_torch(x))
+    return out
 
 
 def _cuda_usable() -> bool:

@@ -6,7 +6,14 @@ for every transient buffer, totals per device and OutOfMemory before anything ru
     check_fits(mp, {"cpu": tg.Device("cpu", capacity=2**30)})   # raises OutOfMemory
 """
 
-from tensor_graphs.memory.arena import ALIGNMENT, STRATEGIES, assign_offsets, overlapping_pairs
+from tensor_graphs.memory.arena import (
+    ALIGNMENT,
+    ALIGNMENTS,
+    STRATEGIES,
+    alignment_for,
+    assign_offsets,
+    overlapping_pairs,
+)
 from tensor_graphs.memory.errors import OutOfMemory
 from tensor_graphs.memory.liveness import (
                                            Buffer,
@@ -27,7 +34,7 @@ from tensor_graphs.memory.plan import (
                                            plan_memory,
 )
 
-__all__ = ["ALIGNMENT", "STRATEGIES", "Buffer", "Liveness", "MemoryPlan", "OutOfMemory",
-           "Placement", "Tensor", "Value", "analyze", "assign_offsets", "check_fits",
-           "format_bytes", "lint_memory", "max_live_lower_bound", "no_reuse_total",
-           "overlapping_pairs", "plan_memory", "static_keys"]
+__all__ = ["ALIGNMENT", "ALIGNMENTS", "STRATEGIES", "Buffer", "Liveness", "MemoryPlan",
+           "OutOfMemory", "Placement", "Tensor", "Value", "alignment_for", "analyze",
+           "assign_offsets", "check_fits", "format_bytes", "lint_memory", "max_live_lower_bound",
+           "no_reuse_total", "overlapping_pairs", "plan_memory", "static_keys"]

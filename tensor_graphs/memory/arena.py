@@ -2,8 +2,8 @@
 
 The problem is dynamic storage allocation with known lifetimes: each buffer is a rectangle
 (size x closed interval of step positions) and two rectangles whose intervals meet must not
-share bytes. Sizes are rounded up to ``ALIGNMENT`` (64 bytes: a cache line, and enough for
-every SIMD width the C kernels use), so every offset is a multiple of it.
+share bytes. Sizes are rounded up to the device's alignment (``ALIGNMENTS``), so every offset
+is a multiple of it.
 
 The planner runs four greedy strategies and keeps the smallest arena (ties: the first one
 listed). Each strategy takes buffers in some order and places each one against the already
@@ -34,7 +34,17 @@ from collections.abc import Sequence
 
 from tensor_graphs.memory.liveness import Buffer, align
 
-ALIGNMENT = 64
+ALIGNMENT = 64  # the host's (and the default for a device kind not in ALIGNMENTS)
+# Per device kind, the byte alignment of every arena offset:
+ALIGNMENTS = {
+    "cpu": 64,  # a cache line, and enough for every SIMD width the C kernels use
+    "cuda": 256,  # cudaMalloc's own; Triton specializes pointers on 16-byte alignment
+}
+
+
+def alignment_for(device: str) -> int:
+    """The arena alignment of a device kind or name ("cuda:1" aligns as "cuda")."""
+    return ALIGNMENTS.get(str(device).partition(":")[0], ALIGNMENT)
 
 
 def _place(order: Sequence[Buffer], sizes: dict[int, int], best_fit: bool) -> dict[int, int]:

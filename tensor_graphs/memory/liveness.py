@@ -8,9 +8,11 @@ buffers may share bytes only when their intervals are disjoint, so a buffer free
 never the result of step i (the kernel reads its inputs while writing its result) unless the
 kernel declares ``inplace`` (below). Outputs live to ``END = len(plan.steps)``.
 
-- **Keys.** A value is keyed by its resolved slot: ``plan.resolve(Slot(step.node, step.device,
-  False))`` for a step's result, ``plan.resolve(slot)`` for inputs, leaves and outputs (what
-  ``runtime.lower`` numbers).
+- **Keys.** A value is keyed by its resolved slot: ``plan.resolve(step.slot)`` for a step's
+  result (a copy to another device fills the value's movable slot there), ``plan.resolve(slot)``
+  for inputs, leaves and outputs (what ``runtime.lower`` numbers). A value lives on its slot's
+  device kind: a copy's result is a new buffer on the target (a copy of a weight is static, so
+  it is held with the weights there).
 - **Leaves** (``plan.leaves``) live outside the arena: inputs (the caller's arrays), weights,
   constants and dims (bound with the weights), states (their own persistent buffers).
 - **Static values** (``static_keys``, the rule ``ir.graph.is_static``): a step whose inputs
@@ -215,7 +217,7 @@ def static_keys(plan: Plan, symbolic: Plan | None = None) -> set[Slot]:
     static = {plan.resolve(s) for s, t in zip(plan.leaves, source.leaves) if is_static(t.node)}
     for step, twin in zip(plan.steps, source.steps):
         if is_static(twin.node, all(plan.resolve(i) in static for i in step.inputs)):
-            static.add(plan.resolve(Slot(step.node, step.device, False)))
+            static.add(plan.resolve(step.slot))
     return static
 
 
@@ -247,8 +249,8 @@ def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = Tr
         values[key] = Value(key, key.node, key.device, nb, b, c_strides(key.node.shape), 0,
                             first=-1)
 
-    steps = [(plan.resolve(Slot(st.node, st.device, False)),
-              tuple(plan.resolve(i) for i in st.inputs)) for st in plan.steps]
+    steps = [(plan.resolve(st.slot), tuple(plan.resolve(i) for i in st.inputs))
+             for st in plan.steps]
     outputs = {plan.resolve(o) for o in plan.outputs}
 
     # Pass 1: which value is a view of which (layouts do not depend on in-place decisions:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tensor_graphs.ir.shapes import format_shape
-from tensor_graphs.memory.arena import ALIGNMENT, assign_offsets, overlapping_pairs
+from tensor_graphs.memory.arena import ALIGNMENT, alignment_for, assign_offsets, overlapping_pairs
 from tensor_graphs.memory.errors import OutOfMemory
 from tensor_graphs.memory.liveness import (
     ARENA,
@@ -80,8 +80,13 @@ class MemoryPlan:
     no_reuse: Mapping[str, int]  # each arena without any reuse
     strategy: Mapping[str, str]
     liveness: Liveness
-    alignment: int = ALIGNMENT
+    alignments: Mapping[str, int] = dataclasses.field(default_factory=dict)  # per device
     prepared: Mapping[str, int] = dataclasses.field(default_factory=dict)  # packed weights
+
+    @property
+    def alignment(self) -> int:
+        """The host arena's alignment (``alignments`` has every device's: 256 on a GPU)."""
+        return self.alignments.get("cpu", ALIGNMENT)
 
     @property
     def devices(self) -> list[str]:
@@ -133,14 +138,16 @@ class MemoryPlan:
 
 
 def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
-                alignment: int = ALIGNMENT, scratch: bool = True,
+                alignment: int | None = None, scratch: bool = True,
                 symbolic: Plan | None = None) -> MemoryPlan:
     """Liveness plus arena offsets for ``plan`` (shapes must be concrete: a plan made for
     dims, or a plan for bounds at them, ``symbolic.at(bounds)``). ``static_keys``: values
     computed once per binding (default: ``liveness.static_keys``, decided on ``symbolic`` when
-    given); ``scratch``: plan the dense copies of strided inputs that ``contiguous`` kernels
-    make."""
+    given); ``alignment``: one for every arena (default: each device's, ``arena.ALIGNMENTS``:
+    64 bytes on the host, 256 on a GPU); ``scratch``: plan the dense copies of strided inputs
+    that ``contiguous`` kernels make."""
     live = analyze(plan, static_keys, scratch=scratch, symbolic=symbolic)
+    alignments = {d: alignment or alignment_for(d) for d in live.devices}
     arena, lower, no_reuse, strategy = {}, {}, {}, {}
     weights: dict[str, int] = {}
     state: dict[str, int] = {}
@@ -149,11 +156,12 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
     for device in live.devices:
         bufs = live.arena_buffers(device)
         if bufs:
-            offsets, size, name = assign_offsets(bufs, alignment)
+            align = alignments[device]
+            offsets, size, name = assign_offsets(bufs, align)
             buffer_offsets.update(offsets)
             arena[device], strategy[device] = size, name
-            lower[device] = max_live_lower_bound(bufs, alignment)
-            no_reuse[device] = no_reuse_total(bufs, alignment)
+            lower[device] = max_live_lower_bound(bufs, align)
+            no_reuse[device] = no_reuse_total(bufs, align)
     needed = _needed_static(live)
     for b in live.buffers:
         if b.kind == WEIGHT and (b.node.op.kind == "leaf" or b.id in needed):
@@ -176,7 +184,7 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
             None if v.strides is None else tuple(s * itemsize for s in v.strides),
             None if owner == key else owner, b.id, v.first, v.last)
     return MemoryPlan(placements, buffer_offsets, arena, weights, state, inputs, lower,
-                      no_reuse, strategy, live, alignment, prepared)
+                      no_reuse, strategy, live, alignments, prepared)
 
 
 def _prepared(plan: Plan) -> list[tuple[str, int]]:

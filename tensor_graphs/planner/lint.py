@@ -86,7 +86,7 @@ def lint_plan(plan: Plan) -> list[str]:
         if step.nodes and step.nodes[-1] is not step.node:
             problems.append(f"{what} is filed under {_describe(step.node)} but computes "
                             f"{_describe(step.nodes[-1])}")
-        key = plan.resolve(Slot(step.node, step.device, False))
+        key = plan.resolve(step.slot)
         if key in made:
             problems.append(f"{what} makes {_slot(key)}, already made by {made[key]}")
         made[key] = what

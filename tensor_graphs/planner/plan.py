@@ -106,6 +106,14 @@ class Step:
     def is_copy(self) -> bool:
         return self.kernel.backend == "copy"
 
+    @property
+    def slot(self) -> Slot:
+        """The slot the step fills. A copy of a value to another device fills that value's
+        movable slot there (its input is the same node on the other device); every other step
+        fills its node's own slot."""
+        moved = self.is_copy and bool(self.inputs) and self.inputs[0].node is self.node
+        return Slot(self.node, self.device, moved)
+
     def __repr__(self) -> str:
         return f"<Step {self.kernel.name} -> {self.node.op.name} {format_shape(self.node.shape)}>"
 

@@ -29,7 +29,7 @@ from tensor_graphs.errors import NoPathError, PlanFileError
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.algebra import ELEMENTWISE, STRIDED_VIEWS
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import is_static, nodes, use_counts
+from tensor_graphs.ir.graph import is_static, nodes, root_state, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops.names import (
     CONSTANT,
@@ -40,6 +40,7 @@ from tensor_graphs.ir.ops.names import (
     RESHAPE,
     SLICE,
     STATE,
+    STATE_UPDATE,
     WEIGHT,
 )
 from tensor_graphs.ir.shapes import format_shape
@@ -72,6 +73,11 @@ LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 NATIVE_BACKENDS = frozenset({"c"})
 NATIVE_DISPATCH = 5e-8
 INF = math.inf
+
+
+def _kept_state(node: Node) -> bool:
+    """A new version of a ``tg.state`` (a state_update chain on a state leaf)."""
+    return node.op.name == STATE_UPDATE and root_state(node).op.name == STATE
 
 
 def json_attr(value):
@@ -143,7 +149,10 @@ class Planner:
     # ------------------------------------------------------------------------ options
     @property
     def output_slots(self) -> list[Slot]:
-        return [Slot(o, self.output_device, True) for o in self.outputs]
+        """Outputs are wanted on ``output_device``; a new version of a kept state stays where
+        the state lives (a KV cache on the GPU is not copied to the host and back per call)."""
+        return [Slot(o, self.weights_on if _kept_state(o) else self.output_device, True)
+                for o in self.outputs]
 
     def options(self, slot: Slot) -> list[Option]:
         """The slot's options within tolerance, in a fixed order."""
@@ -306,7 +315,8 @@ class Planner:
         sig = signature((twin,), {"device": slot.device})
         feats = features((), (twin,), twin)
         est = FREE if copies.cost_hint(k) == 0.0 else self.cost.estimate(k, sig, feats)
-        return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), {}, est,
+        attrs = {"device": slot.device} if "device" in k.attrs else {}  # (the runtime's GPU)
+        return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), attrs, est,
                        step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}")]
 
     def _decomposition(self, node: Node) -> Node:

@@ -10,7 +10,11 @@ rather than working it out again:
 - **frees**: an instruction drops a value after its last use (``Value.last`` of the memory
   plan's liveness), unless it is static or an output.
 - **places**: a kernel that writes into a given buffer writes its result at the value's arena
-  offset; a view kernel whose result the memory plan lays out as a copy copies.
+  offset (in the arena of the value's device); a view kernel whose result the memory plan lays
+  out as a copy copies.
+- **devices**: every instruction says where its arguments and its result live (``reads``,
+  ``device``: "cpu" values are numpy arrays, "cuda" values torch tensors); a copy from the host
+  to a GPU of an input leaf is marked (``copy_in``), so a feed already on the GPU is used as is.
 
 A plan made for bounds keeps its symbolic dims; ``at`` is the same plan at the bounds (steps
 in the same order), which the memory plan laid out, so the two are matched by position.
@@ -31,6 +35,7 @@ import sympy
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT
 from tensor_graphs.ir.shapes import free_symbols
+from tensor_graphs.kernels.copy import placement as kernel_placement
 from tensor_graphs.memory.liveness import ARENA, analyze
 from tensor_graphs.memory.plan import MemoryPlan
 from tensor_graphs.planner.plan import Plan, Slot
@@ -52,6 +57,9 @@ class Instruction:
     input_shapes: tuple = ()  # the kernel's arguments' shapes (symbolic), for constraints
     dtypes: tuple = ()
     dtype: object = None  # the result's numpy dtype
+    device: str = "cpu"  # the device kind the result lives on ("cuda": a torch tensor)
+    reads: str = "cpu"  # the device kind the kernel reads its arguments on
+    copy_in: bool = False  # copies an input leaf from the host to a GPU (a GPU feed skips it)
 
 
 class LeafValue(NamedTuple):
@@ -90,6 +98,16 @@ class Program:
     dense_static: tuple[int, ...]  # static views made dense once (a kernel reads them densely)
     inputs: tuple[LeafValue, ...]  # the leaves fed per call
     symbols: tuple[sympy.Symbol, ...]  # the dims the instructions' shapes and attrs mention
+    devices: dict[int, str] = dataclasses.field(default_factory=dict)  # value -> device kind
+    host_reads: frozenset[int] = frozenset()  # input values read on the host (not just copied)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The device kinds the per-call instructions and the outputs touch."""
+        found = {self.devices.get(i, "cpu") for i in self.outputs}
+        for ins in self.instructions:
+            found |= {ins.device, ins.reads}
+        return tuple(sorted(found))
 
 
 def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) -> Program:
@@ -106,11 +124,14 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
 
     leaves = tuple(LeafValue(number(s), s.node) for s in plan.leaves)
     outputs = tuple(number(s) for s in plan.outputs)
+    devices = {number(s): s.device for s in plan.leaves}
+    devices.update((number(s), plan.resolve(s).device) for s in plan.outputs)
     static = {i for (i, _), s in zip(leaves, at.leaves) if at.resolve(s) in live.static}
     prelude, main = [], []
     for pos, step in enumerate(plan.steps):
         args = tuple(number(i) for i in step.inputs)
-        out = number(Slot(step.node, step.device, False))
+        out = number(step.slot)
+        devices[out] = step.device
         if live.steps[pos][0] in live.static:  # the memory plan holds it with the weights
             static.add(out)
             prelude.append((pos, args, out))
@@ -131,6 +152,11 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
     size, prepared = len(index), []
     for j, ins in enumerate(instructions):
         instructions[j], size = _prepare(ins, static, prepared, size)
+    for p in prepared:
+        devices[p.index] = devices.get(p.source, "cpu")
+    fed = {leaf.index for leaf in leaves if leaf.node.op.name == INPUT}
+    host_reads = frozenset(i for i in fed if i in outputs or any(
+        i in ins.args and not ins.copy_in for ins in instructions))
     needed = {a for ins in instructions for a in ins.args} | set(outputs)
     made = {p.index for p in prepared}  # prepared values are made as the kernel wants them
     kept = sorted(i for i in static if i in needed)
@@ -140,7 +166,7 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
     return Program(plan, at, memory, size, leaves, tuple(prelude_ins), tuple(instructions),
                    tuple(prepared), outputs, tuple(kept), tuple(dense_static),
                    tuple(leaf for leaf in leaves if leaf.node.op.name == INPUT),
-                   _symbols(instructions))
+                   _symbols(instructions), devices, host_reads)
 
 
 def _instruction(plan: Plan, pos: int, args: tuple[int, ...], out: int,
@@ -151,11 +177,14 @@ def _instruction(plan: Plan, pos: int, args: tuple[int, ...], out: int,
     (1, 1, H, D) is contiguous)."""
     s = plan.steps[pos]
     k = s.kernel
+    reads, _ = kernel_placement(k)
+    copy_in = s.slot.moved and reads == "cpu" and s.device != "cpu" \
+        and s.node.op.name == INPUT
     return Instruction(
         k.fn, args, dict(s.attrs), out, free, k.name, tuple(s.node.shape), k.contiguous,
         place, place is None and (not k.view or copies), k,
         tuple(tuple(x.node.shape) for x in s.inputs), tuple(x.node.dtype for x in s.inputs),
-        s.node.dtype.np_dtype)
+        s.node.dtype.np_dtype, s.device, reads, copy_in)
 
 
 def _place(step, placement) -> tuple | None:

@@ -12,6 +12,7 @@ ran and why.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
@@ -36,8 +37,12 @@ from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resol
 from tensor_graphs.kernels import storage
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.runtime import native as _native
+from tensor_graphs.runtime import values as dv
 from tensor_graphs.runtime.lower import Instruction, Program
 from tensor_graphs.runtime.state import State, kept_states
+
+GPU_LOOP = ("python loop: the program has GPU steps (the native loop runs host C kernels "
+            "only)")
 
 
 class OutsideConstraintsError(Exception):
@@ -54,15 +59,21 @@ class Executable:
     needs more bytes at smaller dims, so its place still fits (checked; otherwise it is
     allocated)."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, devices: Mapping[str, str] | None = None):
+        """``devices``: the device each kind of the plan means ({"cuda": "cuda:1"}; a GPU
+        kind defaults to its device 0)."""
         self.program = program
+        self.names = {"cpu": "cpu", "cuda": "cuda:0", **dict(devices or {})}
+        self.kinds = program.devices  # value index -> the device kind holding it
+        self.gpu = any(kind != "cpu" for kind in program.kinds)
         self.plan = program.plan
         self.memory = program.memory  # the MemoryPlan of ``twin`` (the plan at the bounds)
         self.twin = program.at
         self.size = program.size
         self.leaves = list(program.leaves)
         self.prelude = list(program.prelude)
-        self.instructions = list(program.instructions)  # (tools time them by replacing fns)
+        # (tools time them by replacing fns); a copy names the GPU it moves to
+        self.instructions = [self._named(ins) for ins in program.instructions]
         self.prepared = list(program.prepared)
         self.outputs = list(program.outputs)
         self.static = list(program.static)
@@ -71,7 +82,7 @@ class Executable:
         self.symbols = list(program.symbols)
         self._inputs = list(program.inputs)
         self._static_values: list | None = None
-        self.arenas: dict[str, np.ndarray] = {}
+        self.arenas: dict = {}  # device kind -> its arena (numpy bytes, or a torch tensor)
         self._bindings: dict[tuple, tuple] = {}
         self._resolvers: list | None = None
         self._checks: list | None = None  # instructions whose constraints depend on the dims
@@ -81,12 +92,22 @@ class Executable:
         self._fit: tuple | None = None  # (dims the native loop fits over, Domain, DIM leaves)
         self.shared_results = False  # the last run's results live in memory runs reuse
 
-    def _arenas(self) -> dict[str, np.ndarray]:
+    def _named(self, ins: Instruction) -> Instruction:
+        """A copy's target device kind ("cuda") as the device it means ("cuda:0")."""
+        target = ins.attrs.get("device")
+        if ins.kernel is None or ins.kernel.backend != "copy" or target not in self.names:
+            return ins
+        return dataclasses.replace(ins, attrs={**ins.attrs, "device": self.names[target]})
+
+    def _arenas(self) -> dict:
+        """One arena per device, allocated on first use: numpy bytes on the host, a torch
+        uint8 tensor on a GPU; each counted in its Device.allocated."""
         if not self.arenas and self.memory is not None:
-            self.arenas = {d: np.empty(n, np.uint8) for d, n in self.memory.arena.items()}
-            for device, arena in self.arenas.items():  # Device.allocated counts them
-                track(device, arena.nbytes)
-                weakref.finalize(self, release_later, as_device(device).name, arena.nbytes)
+            for kind, n in self.memory.arena.items():
+                name = as_device(self.names.get(kind, kind)).name
+                self.arenas[kind] = dv.new_arena(name, n)
+                track(name, n)
+                weakref.finalize(self, release_later, name, n)
         return self.arenas
 
     def _resolvers_made(self) -> list:
@@ -136,7 +157,7 @@ class Executable:
             if ins.place is not None:
                 device, offset, room = ins.place
                 if math.prod(shape) * ins.dtype.itemsize <= room:
-                    buf = np.ndarray(shape, ins.dtype, buffer=arenas[device], offset=offset)
+                    buf = dv.arena_view(arenas[device], offset, shape, ins.dtype)
             attrs.append(a)
             shapes.append(shape)
             outs.append(buf)
@@ -160,7 +181,9 @@ class Executable:
         why, and ``shared_results`` whether the results must be copied."""
         loop, recorder, sample = self.native, None, None
         self.shared_results = False
-        if not (native and cache_static):
+        if self.gpu:
+            loop.last = GPU_LOOP
+        elif not (native and cache_static):
             loop.last = ("python loop: the native loop is off for this call (prog.native is "
                          "False, or the call feeds weights or states)")
         elif self._static_values is not None:
@@ -209,9 +232,10 @@ class Executable:
         attrs, shapes, outs = self.bound(dims)
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
+        feeds: dict[int, object] = {}  # input values fed as GPU tensors: copies skip them
         for i, node in self.leaves:
             if not (cached and i in self._static_set):
-                values[i] = leaf_value(node, arrays, dims)
+                values[i] = self._leaf(i, node, arrays, dims, feeds)
         if self._static_values is None or not cache_static:
             _execute(self.prelude, values, [ins.attrs for ins in self.prelude],
                      [ins.shape for ins in self.prelude], [None] * len(self.prelude), {})
@@ -226,15 +250,34 @@ class Executable:
         for i, v in self._static_values if cache_static else ():
             values[i] = v
         if recorder is None:
-            _execute(self.instructions, values, attrs, shapes, outs, self.arenas)
+            _execute(self.instructions, values, attrs, shapes, outs, self.arenas, None, feeds)
             return [values[i] for i in self.outputs]
         try:
             return self._record(recorder, arrays, dims, values, attrs, shapes, outs, sample)
         finally:
             _native.RECORD_LOCK.release()
 
+    def _leaf(self, i: int, node: Node, arrays: Mapping, dims: Mapping, feeds: dict):
+        """Leaf ``i``'s value where the plan holds it: a host value as numpy, a GPU value as a
+        tensor on that GPU (bound weights are there already; a constant or a weight fed per
+        call crosses through the copy kernel). An input fed as a GPU tensor goes to ``feeds``
+        (the copy that would bring it there is skipped) and to the host only where a host
+        kernel reads it."""
+        kind = self.kinds.get(i, "cpu")
+        given = arrays.get(node.name)
+        if node.op.name == INPUT and dv.is_tensor(given) and kind == "cpu":
+            feeds[i] = dv.dense(given, node.dtype.np_dtype)
+            return dv.on_host(given, node.dtype.np_dtype) \
+                if i in self.program.host_reads else None
+        value = leaf_value(node, arrays, dims)
+        if kind == "cpu":
+            return dv.on_host(value, node.dtype.np_dtype) if dv.is_tensor(value) else value
+        return value if dv.is_tensor(value) else dv.on_device(
+            value, self.names.get(kind, kind), node.dtype.np_dtype)
+
     def _feeds(self, arrays: Mapping) -> list[np.ndarray]:
-        return [dense(arrays[node.name], node.dtype.np_dtype) for _, node in self._inputs]
+        return [dense(dv.on_host(arrays[node.name]), node.dtype.np_dtype)
+                for _, node in self._inputs]
 
     def _fit_values(self, dims: Mapping) -> tuple[int, ...] | None:
         """The values of the dims the native loop fits its recordings over, when these dims
@@ -286,9 +329,9 @@ class Executable:
             recorder.fixed(v, ("static", i))
         states = []
         for i, node in self.leaves:
-            if i in self._static_set:
-                continue
             v = values[i]
+            if i in self._static_set or dv.is_tensor(v):  # (a GPU value only the prelude reads)
+                continue
             if node.op.name == INPUT:
                 recorder.input(v)
             elif node.op.name == STATE:
@@ -387,32 +430,42 @@ class _InstructionResolver:
 
 
 def _execute(instructions: list[Instruction], values: list, attrs: list, shapes: list,
-             outs: list, arenas: Mapping, recorder=None) -> None:
+             outs: list, arenas: Mapping, recorder=None, feeds: Mapping | None = None) -> None:
     """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
     arena place) or None. A kernel that allocates but hands back memory inside an arena (an
     undeclared alias of an input) gets its result copied out, so arena reuse stays safe.
-    ``recorder``: a native-loop recorder told about each instruction after it ran."""
+    ``recorder``: a native-loop recorder told about each instruction after it ran. ``feeds``:
+    inputs fed as GPU tensors, which the copies of those inputs to the GPU hand on as they are.
+    Host values are numpy arrays, GPU values torch tensors (``runtime/values.py``)."""
     regions = list(arenas.values())
     with np.errstate(all="ignore"):
         for n, (ins, kw, shape, buf) in enumerate(zip(instructions, attrs, shapes, outs)):
+            if ins.copy_in and feeds and ins.args[0] in feeds:  # already on the GPU
+                values[ins.out] = feeds[ins.args[0]]
+                for f in ins.free:
+                    values[f] = None
+                continue
             given = args = [values[a] for a in ins.args]
             if ins.contiguous:  # views (a permute, a slice) are made dense first
-                args = [a if a.flags.c_contiguous else dense(a) for a in args]
+                args = [a if dv.is_dense(a) else dense(a) for a in args]
             if recorder is not None:
                 recorder.begin_step(ins.name, n)
             try:
                 if buf is not None:
                     out = raw = ins.fn(*args, out=buf, **kw)
+                    if out is not buf and dv.is_tensor(out) and any(  # a GPU kernel may
+                            dv.inside(out, r) for r in regions):  # allocate after all
+                        out = dv.copy(out)
                 else:
                     out = raw = ins.fn(*args, **kw)
-                    if ins.fresh and regions and out.base is not None and any(
-                            np.may_share_memory(out, r) for r in regions):
-                        out = out.copy()
-                if out.shape != shape:
+                    if ins.fresh and regions and not dv.fresh(out) and any(
+                            dv.inside(out, r) for r in regions):
+                        out = dv.copy(out)
+                if tuple(out.shape) != tuple(shape):
                     raise ValueError(f"returned shape {format_shape(out.shape)}, the plan "
                                      f"expects {format_shape(shape)}")
             except Exception as exc:
-                shown = ", ".join(format_shape(values[a].shape) for a in ins.args)
+                shown = ", ".join(format_shape(tuple(values[a].shape)) for a in ins.args)
                 raise EvaluationError(f"kernel {ins.name} on inputs of shapes {shown}: "
                                       f"{type(exc).__name__}: {exc}") from exc
             if recorder is not None:
@@ -426,21 +479,22 @@ def dims_key(dims: Mapping) -> tuple:
     return tuple(sorted((str(k), int(v)) for k, v in dims.items()))
 
 
-def dense(a, dtype=None) -> np.ndarray:
-    """``a`` as a C-contiguous array (itself when it already is; 0-d stays 0-d, unlike
-    ``np.ascontiguousarray``)."""
-    a = np.asarray(a, dtype=dtype)
-    return a if a.flags.c_contiguous else a.copy(order="C")
+def dense(a, dtype=None):
+    """``a`` as a C-contiguous array or GPU tensor (itself when it already is; 0-d stays 0-d,
+    unlike ``np.ascontiguousarray``)."""
+    return dv.dense(a, dtype)
 
 
-def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping) -> np.ndarray:
+def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping):
+    """A leaf's value as given (an array, or a tensor where one was bound or fed)."""
     kind = node.op.name
     if kind == CONSTANT:
         return node.attrs["value"].array.astype(node.dtype.np_dtype, copy=False)
     if kind == DIM:
         return np.asarray(resolve(node.attrs["expr"], dims), dtype=node.dtype.np_dtype)
     if kind == STATE:  # a kept state's active prefix: strided, appended in place, not copied
-        return np.asarray(arrays[node.name], node.dtype.np_dtype)
+        value = arrays[node.name]
+        return value if dv.is_tensor(value) else np.asarray(value, node.dtype.np_dtype)
     return dense(arrays[node.name], node.dtype.np_dtype)
 
 
@@ -455,14 +509,18 @@ class CompiledGraph:
         # tg.compile's passes with its settings (compiler.Pipeline): builds the executable for
         # dims the program meets first (a graph with symbolic dims and no bounds)
         self._pipeline = pipeline
+        device = getattr(pipeline, "device", None)
+        # where weights and kept states live: the planner keeps them on the target device
+        self._weights_on = device.name if device is not None and device.kind != "cpu" \
+            else "cpu"
         self._leaves = leaves(outputs)
         self._by_name = {leaf.name: leaf for leaf in self._leaves}
-        self._bound: dict[str, np.ndarray] = {}
+        self._bound: dict[str, object] = {}  # arrays, or tensors on the GPU weights live on
         self._executables: dict[tuple, Executable] = {}
         self._symbolic: Executable | None = None
         self._last: Executable | None = None
         self._kept = kept_states(outputs)  # output position -> (state name, axis)
-        self._states = {name: State(self._by_name[name], axis)
+        self._states = {name: State(self._by_name[name], axis, self._weights_on)
                         for name, axis in self._kept.values()}
         self._capacity: dict[str, int] = {}  # a kept state's length at the bounds
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
@@ -541,7 +599,44 @@ class CompiledGraph:
         return self._last.memory
 
     def explain(self, limit: int | None = None) -> str:
-        return self.plan.explain(limit) + f"\nloop: {self.loop}"
+        """The plan's table and totals, where its steps run and what crosses between devices
+        (``devices:``, ``copies:``), and which loop ran the last call."""
+        return self.plan.explain(limit) + "".join(
+            f"\n{line}" for line in self._placement()) + f"\nloop: {self.loop}"
+
+    def _placement(self) -> list[str]:
+        """Steps per device and copies per direction (per call, or once per binding)."""
+        if not any(s.device != "cpu" or s.is_copy for s in self.plan.steps):
+            return []
+        runs: dict[str, dict[str, int]] = {}
+        moves: dict[tuple, int] = {}
+        static = self._last.memory.liveness.static if self._last.memory is not None else set()
+        plan = self.concrete_plan
+        for step in plan.steps:
+            if step.is_copy:
+                source, _ = (step.inputs[0].device, step.device)
+                once = plan.resolve(step.slot) in static
+                key = (self.device_name(source), self.device_name(step.device), once)
+                moves[key] = moves.get(key, 0) + 1
+                continue
+            backends = runs.setdefault(self.device_name(step.device), {})
+            backends[step.kernel.backend] = backends.get(step.kernel.backend, 0) + 1
+        lines = ["devices: " + "; ".join(
+            f"{d} {sum(b.values())} steps (" + ", ".join(f"{k} {n}" for k, n in
+                                                        sorted(b.items())) + ")"
+            for d, b in sorted(runs.items()))]
+        if moves:
+            lines.append("copies: " + "; ".join(
+                f"{n} {src} -> {dst}" + (" once per binding" if once else " per call")
+                for (src, dst, once), n in sorted(moves.items())))
+        return lines
+
+    def device_name(self, kind: str) -> str:
+        """The device a plan's device kind means here ("cuda" -> "cuda:0")."""
+        if kind == "cpu":
+            return "cpu"
+        device = getattr(self._pipeline, "device", None)
+        return device.name if device is not None and device.kind == kind else f"{kind}:0"
 
     @property
     def loop(self) -> str:
@@ -568,9 +663,9 @@ class CompiledGraph:
             shape[st.axis] = self._capacity.get(st.leaf.name, shape[st.axis])
             room = math.prod(shape) * b.node.dtype.itemsize
             if st.buffer is not None:
-                room = max(room, st.buffer.nbytes)
+                room = max(room, st.nbytes)
             totals[b.device] = totals.get(b.device, 0) + max(room - b.nbytes, 0)
-        return totals
+        return {self.device_name(kind): n for kind, n in totals.items()}
 
     def save_plan(self, path) -> None:
         from tensor_graphs.planner.lockfile import save
@@ -590,14 +685,19 @@ class CompiledGraph:
         or to None to skip one), replacing values bound before. The file is memory-mapped and
         each tensor copied once into its own buffer; weights the graph has but the file lacks
         raise before anything is bound, unless already bound (bind them with ``bind`` first
-        to allow that). ``strict``: the file may hold nothing else."""
-        from tensor_graphs.runtime.weights import read_safetensors
+        to allow that). ``strict``: the file may hold nothing else. A program whose weights
+        live on a GPU loads them there directly (safetensors' torch loader: no numpy stage)."""
+        from tensor_graphs.runtime.weights import read_safetensors, read_safetensors_to_device
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
         wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
                   if leaf.op.name != INPUT and n not in self._states}
-        arrays = read_safetensors(path, wanted, strict=strict, rename=rename,
-                                  optional=set(self._bound))
+        if self._weights_on != "cpu":  # straight onto the GPU the weights live on
+            arrays = read_safetensors_to_device(path, wanted, self._weights_on, strict=strict,
+                                                rename=rename, optional=set(self._bound))
+        else:
+            arrays = read_safetensors(path, wanted, strict=strict, rename=rename,
+                                      optional=set(self._bound))
         self._rebind(arrays, f"bind_safetensors({path})")
         return self
 
@@ -616,7 +716,7 @@ class CompiledGraph:
                 kind = "an input: feed it at call time" if leaf is not None else "unknown"
                 raise FeedError(f"{what}: '{name}' is {kind}; the graph's weights and states "
                                 f"are {known or 'none'}")
-            array = np.asarray(value)
+            array = dv.placeholder(value) if dv.is_tensor(value) else np.asarray(value)
             if is_static(leaf.shape) and array.shape != tuple(leaf.shape):
                 raise ShapeError(f"{what}: {leaf.op.name} '{name}' has shape "
                                  f"{format_shape(array.shape)}, the graph declares "
@@ -630,7 +730,7 @@ class CompiledGraph:
                 bind_feeds([self._by_name[n] for n in group], group, lift=False)
             except TensorGraphsError as exc:
                 raise type(exc)(f"{what}: {exc}") from None
-        values = {n: dense(a, self._by_name[n].dtype.np_dtype) for n, a in arrays.items()}
+        values = {n: self._held(a, self._by_name[n]) for n, a in arrays.items()}
         for name in states:  # kept state: into its buffer, grown by later calls
             self._states[name].set(values[name], self._capacity.get(name, 0))
         if weights:  # (a state keeps its buffer: the prelude and recordings still hold)
@@ -638,6 +738,15 @@ class CompiledGraph:
             self._leaf_sets()
             for exe in self._all_executables():
                 exe.invalidate()
+
+    def _held(self, value, leaf: Node):
+        """A bound value where the program keeps it: a dense array in its dtype on the host,
+        a tensor on the GPU weights live on (moved there once, by the copy kernel; a tensor
+        already there is held as is, as an array is on the host)."""
+        dtype = leaf.dtype.np_dtype
+        if self._weights_on == "cpu":
+            return dense(dv.on_host(value) if dv.is_tensor(value) else value, dtype)
+        return dv.on_device(value, self._weights_on, dtype)
 
     # ------------------------------------------------------------------------ running
     def __call__(self, **feeds):
@@ -659,8 +768,14 @@ class CompiledGraph:
         given = {**kept, **feeds}
         require_feeds(self._open, given)  # (a bound leaf is never missing)
         check = [lf for lf in self._checked_leaves if lf.name in given or lf.name in self._bound]
-        arrays, dims = bind_feeds(check, {lf.name: given.get(lf.name, self._bound.get(lf.name))
-                                          for lf in check}, lift=False)
+        raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
+        # tensors are checked through stand-ins of their shape and dtype: they stay where they
+        # are (a GPU feed is not copied to the host to be checked)
+        arrays, dims = bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()},
+                                  lift=False)
+        for name, value in raw.items():
+            if dv.is_tensor(value):
+                arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
         for name, value in self._bound.items():
             arrays.setdefault(name, value)
         exe = self._executable(dims)
@@ -676,16 +791,18 @@ class CompiledGraph:
             {id(v) for _, v in exe._static_values or ()}  # kept for later calls
         out, seen = [], set()
         for i, r in enumerate(results):
-            r = np.asarray(r)
+            r = r if dv.is_tensor(r) else np.asarray(r)
             if i in self._kept:  # the new state: kept, and shown read-only (no copy)
                 name = self._kept[i][0]
                 self._states[name].set(r, self._capacity.get(name, 0))
                 out.append(self._states[name].view())
                 continue
-            own = fed is not None and r.flags.owndata and r.base is None \
-                and id(r) not in fed and id(r) not in seen
+            # a result the program may write again (arena, weights, feeds) is copied, on the
+            # device that holds it (outputs="device": no copy to the host)
+            own = fed is not None and dv.fresh(r) and id(r) not in fed and id(r) not in seen \
+                and not any(dv.inside(r, a) for a in exe.arenas.values())
             seen.add(id(r))
-            out.append(r if own else r.copy())
+            out.append(r if own else dv.copy(r))
         return out[0] if self._single else out
 
     def state(self, name: str) -> np.ndarray:

@@ -10,31 +10,43 @@ the buffer doubles (a program without bounds).
 
 from __future__ import annotations
 
-import numpy as np
-
 from tensor_graphs.errors import StateError
 from tensor_graphs.ir.graph import root_state
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import STATE, STATE_UPDATE
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.kernels import storage
+from tensor_graphs.runtime import values
 
 
 class State:
-    """One kept state: its buffer, the axis that grows and the active length along it."""
+    """One kept state: its buffer, the axis that grows and the active length along it. The
+    buffer lives on ``device``: a numpy array on the host, a torch tensor on a GPU (where the
+    state's consumers run; ``kernels/torch/state.py`` appends to it in place)."""
 
-    def __init__(self, leaf: Node, axis: int):
+    def __init__(self, leaf: Node, axis: int, device: str = "cpu"):
         self.leaf = leaf
         self.axis = axis
-        self.buffer: np.ndarray | None = None
+        self.device = device
+        self.buffer = None
         self.active = 0
 
-    def prefix(self) -> np.ndarray:
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def nbytes(self) -> int:
+        return values.size_in_bytes(self.buffer) if self.buffer is not None else 0
+
+    def prefix(self):
+        if self.on_gpu:
+            return self.buffer.narrow(self.axis, 0, self.active)
         index = [slice(None)] * self.buffer.ndim
         index[self.axis] = slice(0, self.active)
         return self.buffer[tuple(index)]
 
-    def reserve(self, like: np.ndarray, length: int) -> None:
+    def reserve(self, like, length: int) -> None:
         """Room for ``length`` along the axis (keeping the active prefix), shaped like
         ``like`` on the other axes."""
         buf = self.buffer
@@ -45,18 +57,27 @@ class State:
             return
         shape = list(like.shape)
         shape[self.axis] = max(length, 2 * (buf.shape[self.axis] if buf is not None else 0))
-        new = storage.allocate(tuple(shape), like.dtype)
+        if self.on_gpu:
+            from tensor_graphs.kernels.torch import state as gpu_state
+
+            new = gpu_state.allocate(tuple(shape), like.dtype, self.device)
+        else:
+            new = storage.allocate(tuple(shape), like.dtype)
         if buf is not None and self.active and new.ndim == buf.ndim:
             keep = [slice(0, n) for n in buf.shape]
             keep[self.axis] = slice(0, self.active)
             new[tuple(keep)] = buf[tuple(keep)]
         self.buffer = new
 
-    def set(self, value: np.ndarray, capacity: int = 0) -> None:
+    def set(self, value, capacity: int = 0) -> None:
         """Make ``value`` the active state (bind, or a version computed out of place)."""
         if value.ndim != self.leaf.ndim:
             raise StateError(f"state '{self.leaf.name}' {format_shape(self.leaf.shape)} cannot "
-                             f"hold an array of shape {format_shape(value.shape)}")
+                             f"hold an array of shape {format_shape(tuple(value.shape))}")
+        if self.on_gpu and not values.is_tensor(value):
+            value = values.on_device(value, self.device, self.leaf.dtype.np_dtype)
+        elif not self.on_gpu and values.is_tensor(value):
+            value = values.on_host(value, self.leaf.dtype.np_dtype)
         length = value.shape[self.axis]
         if self.buffer is not None and _inside(value, self.buffer):
             self.active = length  # grown in place
@@ -66,14 +87,21 @@ class State:
         self.active = length
         self.prefix()[...] = value
 
-    def view(self) -> np.ndarray:
-        """The active state, read-only (later calls append past it; bind replaces it)."""
+    def view(self):
+        """The active state, read-only on the host (later calls append past it; bind replaces
+        it); on a GPU the prefix tensor itself (torch has no read-only tensors: do not write
+        to it)."""
         v = self.prefix()
-        v.flags.writeable = False
+        if not self.on_gpu:
+            v.flags.writeable = False
         return v
 
 
-def _inside(value: np.ndarray, buffer: np.ndarray) -> bool:
+def _inside(value, buffer) -> bool:
+    """``value`` is a prefix view of ``buffer`` (it starts where the buffer starts)."""
+    if values.is_tensor(buffer):
+        return values.is_tensor(value) and value.data_ptr() == buffer.data_ptr() and \
+            value.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
     return value.base is buffer and (value.__array_interface__["data"][0]
                                      == buffer.__array_interface__["data"][0])
 

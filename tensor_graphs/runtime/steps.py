@@ -6,7 +6,8 @@ measured 0.028 ms alone and ran in ~0.2 ms in MiniLM). ``step_times(prog, feeds)
 program's Python loop with a timer around every instruction and returns the medians, grouped
 by kernel and input shapes, largest total first. The native loop is off while it runs (it has
 no per-call hooks), so the sum is the Python loop's; outside the timed kernels that adds a few
-microseconds an instruction.
+microseconds an instruction. On a GPU each timed instruction synchronizes before and after
+(kernels run asynchronously), so the times are each kernel's own, not the overlapped call's.
 
     from tensor_graphs.runtime.steps import format_step_times, step_times
     print(format_step_times(step_times(prog, {"x": x}, repeats=7)))
@@ -30,14 +31,28 @@ class StepTime(NamedTuple):
 
 def _timed(ins, samples: list):
     fn = ins.fn
+    sync = _gpu_sync(ins)
 
     def run(*args, **kw):
+        sync()  # a GPU runs kernels asynchronously: time from an idle GPU to a done kernel
         start = time.perf_counter()
         try:
             return fn(*args, **kw)
         finally:
+            sync()
             samples.append(time.perf_counter() - start)
     return dataclasses.replace(ins, fn=run)
+
+
+def _gpu_sync(ins):
+    """torch.cuda.synchronize for an instruction that touches a real GPU, else nothing."""
+    from tensor_graphs.devices import simulated_cuda
+
+    if "cuda" not in (ins.device, ins.reads) or simulated_cuda() is not None:
+        return lambda: None
+    import torch
+
+    return torch.cuda.synchronize
 
 
 def step_times(prog, feeds: Mapping, repeats: int = 5, pause: float = 0.0) -> list[StepTime]:

@@ -288,6 +288,51 @@ def read_safetensors(
         return _copy_all(f, header, found, allocate)
 
 
+def read_safetensors_to_device(
+    path,
+    wanted: Mapping[str, tuple[tuple, DType]],
+    device: str,
+    *,
+    strict: bool = False,
+    rename: Callable[[str], str | None] | None = None,
+    optional: Collection[str] = (),
+) -> dict[str, object]:
+    """``read_safetensors`` for weights a program keeps on GPU ``device`` ("cuda:0"): the
+    same checks first (file, names, shapes, dtypes: nothing is read before they pass), then
+    each tensor is loaded onto the GPU by safetensors' own torch loader, with no numpy array
+    on the way, and converted to the leaf's dtype there. Returns ``{leaf name: tensor}``.
+    Without the safetensors package it reads through ``read_safetensors`` and moves each
+    array over (the caller's copy to the device)."""
+    path = path_of(path, "safetensors file")
+    with _open(path) as f:
+        header = _parse_header(f, path)
+        found = _match(header, wanted, strict, rename, set(optional))
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return read_safetensors(path, wanted, strict=strict, rename=rename, optional=optional)
+    from tensor_graphs.devices import torch_device
+    from tensor_graphs.kernels.torch.convert import torch_dtype
+
+    out: dict[str, object] = {}
+    try:
+        with safe_open(path, framework="pt", device=torch_device(device)) as st:
+            for name, (info, dt) in found.items():
+                t = st.get_tensor(info.name)
+                if tuple(t.shape) != tuple(info.shape):
+                    raise SerializationError(f"{path}: tensor {info.name!r} changed while it "
+                                             "was read; read it again once whatever writes "
+                                             "it is done")
+                want = torch_dtype(dt)
+                out[name] = t if t.dtype == want else t.to(want)
+    except SerializationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors' own errors, e.g. a file changed
+        raise SerializationError(f"cannot load {path} onto {device}: {type(exc).__name__}: "
+                                 f"{exc}") from None
+    return out
+
+
 def _dim(d):
     """A wanted dim as an int, or itself when it is symbolic (any size fits)."""
     if isinstance(d, (int, np.integer)) or getattr(d, "is_Integer", False):

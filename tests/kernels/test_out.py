@@ -204,13 +204,3 @@ def test_torch_cpu_kernels_fill_a_numpy_buffer_through_a_tensor_view():
     flags = np.array([True, False])
     buf = poisoned((2,), np.dtype(np.bool_))
     assert add(flags, flags[::-1].copy(), out=buf) is buf and buf.tolist() == [True, True]
-
-
-def test_torch_functions_registered_on_cuda_lose_their_out_parameter():
-    import inspect
-
-    from tensor_graphs.kernels.torch import base, ops
-
-    plain = base._without_out(ops.exp)
-    assert "out" not in inspect.signature(plain).parameters
-    assert "out" in inspect.signature(ops.exp).parameters

@@ -74,3 +74,8 @@ if available():
 
     _base.CUDA = cuda_available()
     from tensor_graphs.kernels.torch import ops as _ops  # noqa: F401  (registers the kernels)
+
+    if _base.CUDA:
+        from tensor_graphs.kernels.torch import state as _state
+
+        _state.register()  # kept states (KV caches) appended in place on the GPU

@@ -11,7 +11,8 @@ node's attributes it names, and returns a new torch tensor. ``torch_kernel`` reg
 ``writes_out=True``: the function takes ``out=`` (a torch tensor, or None to allocate) and
 writes its result there (``torch.add(a, b, out=out)``); the CPU kernel then fills a given numpy
 ``out`` buffer through its zero-copy tensor view and returns that buffer (the registry's
-``writes_out`` contract). CUDA kernels never take ``out``.
+``writes_out`` contract). The CUDA kernel is the function itself, also ``writes_out``: a
+program hands it its place in the GPU's arena (a tensor view) and the result lands there.
 
 Tolerances follow the verifier's convention: a kernel's tolerance bounds its error on float32
 and float64 outputs; a float16/bfloat16 output is allowed its own rounding on top
@@ -22,7 +23,6 @@ result is exact in any dtype (movement, comparisons, max...) declare ``EXACT``.
 from __future__ import annotations
 
 import functools
-import inspect
 
 from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.dtypes import FLOATS
@@ -65,9 +65,8 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
         if CUDA and cuda is not False:
             on_cuda = cuda or fn
             kernel(pattern, name=f"torch_cuda_{name}", device="cuda",
-                   tolerance=cuda_tolerance or tolerance,
-                   **_dtype_constraints(cuda_dtypes or dtypes, typed, where), **common)(
-                       _without_out(on_cuda) if writes_out and on_cuda is fn else on_cuda)
+                   tolerance=cuda_tolerance or tolerance, writes_out=writes_out and on_cuda is fn,
+                   **_dtype_constraints(cuda_dtypes or dtypes, typed, where), **common)(on_cuda)
         return fn
 
     return decorate
@@ -120,19 +119,6 @@ def _on_cpu(fn, view: bool, writes_out: bool = False):
             out.flags.writeable = False  # as numpy's own views: broadcast or of a read-only input
         return out
 
-    return run
-
-
-def _without_out(fn):
-    """fn presented without its ``out`` parameter (called without it, it allocates)."""
-
-    @functools.wraps(fn)
-    def run(*tensors, **attrs):
-        return fn(*tensors, **attrs)
-
-    sig = inspect.signature(fn)
-    run.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values()
-                                                if p.name != "out"])
     return run
 
 

@@ -127,6 +127,11 @@ _TORCH_NAMES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int32": "int3
                 "float32": "float32", "float64": "float64"}
 
 
+def numpy_dtype(value) -> np.dtype:
+    """The numpy dtype of a numpy array or a torch tensor (ml_dtypes' for bfloat16)."""
+    return dtype_of(value).np_dtype
+
+
 def dtype_of(value) -> _dtypes.DType:
     """Our dtype of a numpy array or a torch tensor."""
     if is_tensor(value):

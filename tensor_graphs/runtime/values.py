@@ -1,0 +1,134 @@
+"""Values on devices: what the runtime does to a value, whichever memory holds it.
+
+A value of a "cpu" slot is a numpy array; a value of a "cuda" slot is a torch tensor on the
+GPU (on the simulated GPU, ``devices.simulated_cuda``, a torch CPU tensor). The Python loop
+asks the same questions of both: is it dense, make it dense, does it live inside an arena, did
+a kernel allocate it; and each device has one arena, a numpy byte buffer on the host and a
+torch uint8 tensor on a GPU, viewed at planned offsets. Torch is imported only for a GPU value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensor_graphs.devices import torch_device
+
+
+def _convert():
+    from tensor_graphs.kernels.torch import convert
+
+    return convert
+
+
+def is_tensor(value) -> bool:
+    return type(value).__module__ == "torch" and hasattr(value, "data_ptr")
+
+
+def is_dense(a) -> bool:
+    if is_tensor(a):
+        return a.is_contiguous()
+    return a.flags.c_contiguous
+
+
+def dense(a, dtype=None):
+    """``a`` as a C-contiguous array or tensor (itself when it already is; 0-d stays 0-d,
+    unlike ``np.ascontiguousarray``)."""
+    if is_tensor(a):
+        if dtype is not None and _convert().dtype_of(a).np_dtype != np.dtype(dtype):
+            a = a.to(_convert().torch_dtype(np.dtype(dtype)))
+        return a if a.is_contiguous() else a.contiguous()
+    a = np.asarray(a, dtype=dtype)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def new_arena(device: str, nbytes: int):
+    """The arena of ``device`` (a name or kind): numpy bytes on the host, one torch uint8
+    tensor on a GPU."""
+    if str(device).partition(":")[0] == "cpu":
+        return np.empty(nbytes, np.uint8)
+    torch = _convert().torch
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch_device(device))
+
+
+def arena_view(arena, offset: int, shape: tuple, dtype: np.dtype):
+    """A C-contiguous view of ``shape`` and ``dtype`` at byte ``offset`` in ``arena``."""
+    if isinstance(arena, np.ndarray):
+        return np.ndarray(shape, dtype, buffer=arena, offset=offset)
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    flat = arena[offset:offset + nbytes].view(_convert().torch_dtype(dtype))
+    return flat.view(tuple(shape))
+
+
+def nbytes(arena) -> int:
+    return arena.nbytes if isinstance(arena, np.ndarray) else arena.numel()
+
+
+def inside(value, arena) -> bool:
+    """Whether ``value`` (an array or tensor) shares memory with ``arena``."""
+    if is_tensor(arena):
+        return is_tensor(value) and value.device == arena.device and \
+            value.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr()
+    if is_tensor(value):
+        return False
+    return value.base is not None and np.may_share_memory(value, arena)
+
+
+def fresh(value) -> bool:
+    """Memory of the value's own, allocated for it (not a view of anything)."""
+    if is_tensor(value):
+        return value._base is None  # noqa: SLF001 - torch's view marker
+    return value.flags.owndata and value.base is None
+
+
+def copy(value):
+    """A copy in the same memory (host or GPU)."""
+    return value.clone() if is_tensor(value) else value.copy()
+
+
+def shape_of(value) -> tuple:
+    return tuple(value.shape)
+
+
+def on_device(value, device: str, dtype: np.dtype | None = None):
+    """``value`` (an array, a tensor, a number) as a C-contiguous tensor on ``device`` (a GPU
+    name): a tensor already there is used as is; anything else crosses through the copy
+    kernel (``kernels/copy.py``), so every move to a GPU is one kernel's."""
+    from tensor_graphs.kernels import copy as copies
+
+    convert = _convert()
+    if is_tensor(value):
+        if str(value.device) == str(convert.torch.device(torch_device(device))):
+            return dense(value, dtype)
+        return copies.route("cpu", device).fn(dense(value.detach().cpu(), dtype), device=device)
+    return copies.route("cpu", device).fn(dense(value, dtype), device=device)
+
+
+def on_host(value, dtype: np.dtype | None = None) -> np.ndarray:
+    """``value`` as a numpy array (a GPU tensor is copied to the host; a CPU tensor viewed)."""
+    if is_tensor(value):
+        value = _convert().to_host(value)
+    return dense(value, dtype) if dtype is not None else np.asarray(value)
+
+
+def retyped(value, dtype: np.dtype):
+    """A tensor in ``dtype`` (itself when it has it), keeping its device and layout."""
+    convert = _convert()
+    if convert.dtype_of(value).np_dtype == np.dtype(dtype):
+        return value
+    return value.to(convert.torch_dtype(np.dtype(dtype)))
+
+
+def size_in_bytes(value) -> int:
+    if is_tensor(value):
+        return value.numel() * value.element_size()
+    return value.nbytes
+
+
+def placeholder(value):
+    """A numpy stand-in with ``value``'s shape and dtype and no memory (a broadcast zero), so
+    a tensor feed goes through the same checks as an array without leaving its device."""
+    if not is_tensor(value):
+        return value
+    return np.broadcast_to(np.zeros((), _convert().numpy_dtype(value)), tuple(value.shape))
