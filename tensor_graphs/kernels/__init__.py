@@ -16,6 +16,9 @@ from tensor_graphs.kernels import c  # noqa: F401
 from tensor_graphs.kernels import torch  # noqa: F401
 
 # isort: split
+from tensor_graphs.kernels.triton import templates  # noqa: F401  (with triton and a GPU)
+
+# isort: split
 from tensor_graphs.kernels import copy  # noqa: F401
 from tensor_graphs.kernels.loading import load, prompt  # noqa: F401,E402
 from tensor_graphs.kernels.registry import (  # noqa: F401

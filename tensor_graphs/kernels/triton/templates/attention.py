@@ -1,0 +1,288 @@
+"""Attention kernels from ``attention_jit.py``: flash attention and split-K decode attention.
+
+Patterns: ``scaled_dot_product_attention(q, k, v)`` and ``(q, k, v, attn_mask)``, as the
+torch CUDA kernels declare them; attributes ``is_causal`` and ``scale``. q, k, v are
+(batch, heads, seq, dim) or (heads, seq, dim) of one float dtype with head dims up to 128
+(what one program keeps in registers and shared memory); the mask is bool or float and
+broadcasts to the scores (batch, heads, Sq, Sk) (an expanded view: stride 0, never copied).
+
+- ``triton_flash_attention*``: a program per (block of query rows, batch x head), looping over
+  key blocks (up to the diagonal when causal).
+- ``triton_decode_attention*``: only for one query row (Sq == 1, a decode step). A program
+  per (batch x kv head, split of the keys) takes the G query heads that share the kv head as
+  the rows of its tiles (grouped-query attention reads each K/V block once for all G), and a
+  second kernel combines the splits' partial softmaxes. The number of splits aims at two
+  waves of an H100's 132 SMs, up to the config's limit.
+
+fp32 operands multiply in full fp32 ("ieee"): TF32 scores would put errors of ~1e-3 x |score|
+into the exponent, 9% on logits of 88, so there is no TF32 variant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tensor_graphs.kernels.registry import kernel
+from tensor_graphs.kernels.triton.templates.runtime import (
+    REDUCTION,
+    deliver,
+    float_dtypes,
+    interpreted,
+    ints,
+    jit,
+    next_power_of_2,
+    source_text,
+    target,
+    torch,
+)
+from tensor_graphs.rewrite import pattern as pat
+
+JIT = "attention_jit"
+SDPA = "scaled_dot_product_attention"
+MAX_HEAD_DIM = 128
+PRECISION = "ieee"
+PROGRAMS = 2 * 132  # decode: programs to aim for (two waves of an H100's SMs)
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2  # attention_jit's MASK codes
+COMBINE_WARPS = 4
+
+
+@dataclass(frozen=True)
+class Flash:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+    @property
+    def label(self) -> str:
+        return f"m{self.block_m}n{self.block_n}"
+
+
+@dataclass(frozen=True)
+class Decode:
+    block_n: int
+    max_splits: int
+    warps: int
+    stages: int
+
+    @property
+    def label(self) -> str:
+        return f"n{self.block_n}s{self.max_splits}"
+
+
+FLASH_CONFIGS = (
+    Flash(64, 64, 4, 2),  # short sequences, many heads: more programs
+    Flash(128, 64, 8, 2),  # prefill: a taller query block per program reuses each K/V block
+)
+DECODE_CONFIGS = (
+    Decode(64, 16, 4, 2),  # a few hundred keys: small chunks, up to 16 splits
+    Decode(128, 64, 4, 2),  # long caches: larger chunks, up to 64 splits
+)
+
+
+# ---------------------------------------------------------------------------- shapes
+def _as_4d(q, k, v, mask):
+    """(q, k, v, mask) as (B, H, S, D) views; the mask expanded to the scores' shape (stride 0
+    where it broadcasts), bool viewed as uint8, None when absent."""
+    three = q.dim() == 3
+    scores = tuple(q.shape[:-1]) + (k.shape[-2],)
+    if mask is not None:
+        mask = mask.expand(scores)
+        if mask.dtype == torch.bool:
+            mask = mask.view(torch.uint8)
+    if three:
+        q, k, v = q[None], k[None], v[None]
+        mask = None if mask is None else mask[None]
+    return q, k, v, mask
+
+
+def _mask_code(mask) -> int:
+    if mask is None:
+        return NO_MASK
+    return BOOL_MASK if mask.dtype == torch.uint8 else FLOAT_MASK
+
+
+def _scale(scale, d: int) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def _blocks(d: int, dv: int) -> tuple[int, int]:
+    return max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
+
+
+def flash(cfg: Flash, q, k, v, mask, is_causal, scale, out=None):
+    """softmax(q k^T * scale + mask) v with the flash template."""
+    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    o = target(shape, q, out)
+    q4, k4, v4, m4 = _as_4d(q, k, v, mask)
+    b, h, sq, d = q4.shape
+    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    if o.numel():
+        o4 = o.view(b, h, sq, dv)
+        mm = o4 if m4 is None else m4
+        block_d, block_dv = _blocks(d, dv)
+        grid = (-(-sq // cfg.block_m), b * h)
+        jit(JIT).flash[grid](
+            q4, k4, v4, mm, o4, h, h // hkv, sq, sk, d, dv, _scale(scale, d),
+            *q4.stride(), *k4.stride(), *v4.stride(), *mm.stride(), *o4.stride(),
+            MASK=_mask_code(m4), CAUSAL=bool(is_causal), PRECISION=PRECISION,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            num_warps=cfg.warps, num_stages=cfg.stages)
+    return deliver(o, out)
+
+
+def splits_for(cfg: Decode, sk: int, programs: int) -> tuple[int, int]:
+    """(splits, keys per split): enough splits for ``PROGRAMS`` programs in all, at most the
+    config's, each a whole number of key blocks and none empty."""
+    blocks = max(1, -(-sk // cfg.block_n))
+    want = max(1, min(cfg.max_splits, blocks, -(-PROGRAMS // max(1, programs))))
+    chunk = -(-blocks // want) * cfg.block_n
+    return max(1, -(-sk // chunk)), chunk
+
+
+def split_block(cfg: Decode) -> int:
+    """The combine kernel's block over splits: every split of the config at once."""
+    return max(2, next_power_of_2(cfg.max_splits))
+
+
+def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
+    """Attention of one query row per head: split-K partial softmaxes, then their combination."""
+    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    o = target(shape, q, out)
+    q4, k4, v4, m4 = _as_4d(q, k, v, mask)
+    b, h, _, d = q4.shape
+    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    if o.numel():
+        o4 = o.view(b, h, 1, dv)
+        mm = o4 if m4 is None else m4
+        splits, chunk = splits_for(cfg, sk, b * hkv)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        part_m = torch.empty((b, h, splits), **f32)
+        part_l = torch.empty((b, h, splits), **f32)
+        part_o = torch.empty((b, h, splits, dv), **f32)
+        block_d, block_dv = _blocks(d, dv)
+        mod = jit(JIT)
+        mod.decode_split[(b * hkv, splits)](
+            q4, k4, v4, mm, part_m, part_l, part_o, hkv, h // hkv, sk, d, dv, chunk,
+            _scale(scale, d), q4.stride(0), q4.stride(1), q4.stride(3), *k4.stride(),
+            *v4.stride(), mm.stride(0), mm.stride(1), mm.stride(3),
+            MASK=_mask_code(m4), CAUSAL=bool(is_causal), PRECISION=PRECISION,
+            BLOCK_G=max(16, next_power_of_2(h // hkv)), BLOCK_N=cfg.block_n,
+            BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=cfg.warps, num_stages=cfg.stages)
+        mod.decode_combine[(b * h,)](
+            part_m, part_l, part_o, o4, h, splits, dv, o4.stride(0), o4.stride(1),
+            o4.stride(3), BLOCK_S=split_block(cfg), BLOCK_DV=block_dv,
+            num_warps=COMBINE_WARPS)
+    return deliver(o, out)
+
+
+# ---------------------------------------------------------------------------- constraints
+def constraint(decode_only: bool, dtypes: tuple[str, ...]):
+    """The ``where`` of the attention kernels (torch's, plus what the templates hold)."""
+    def fits(shapes, dts, attrs):
+        q, k, v = (tuple(s) for s in shapes[:3])
+        if len({len(q), len(k), len(v)}) != 1 or len(q) not in (3, 4):
+            return "q, k and v must all be (batch, heads, seq, dim) or (heads, seq, dim)"
+        if q[:-3] != k[:-3] or k[:-3] != v[:-3]:
+            return "q, k and v must have one batch size (no broadcasting of the batch axis)"
+        if len(set(dts[:3])) > 1:
+            return "q, k and v must share one dtype"
+        if len(shapes) > 3:
+            m, mdt = tuple(shapes[3]), dts[3]
+            if len(m) > len(q):
+                return "attn_mask has more axes than the scores"
+            if not (mdt.is_bool or mdt.name in dtypes or mdt.name == "float64"):
+                return f"attn_mask must be bool or a float of {dtypes + ('float64',)}"
+        if not ints(q, k, v):
+            return True
+        hq, hkv = q[-3], k[-3]
+        if hkv == 0 or hq % hkv or k[-3] != v[-3]:
+            return "the query heads must be a multiple of the kv heads (and k, v heads equal)"
+        if max(q[-1], v[-1]) > MAX_HEAD_DIM:
+            return f"head dims up to {MAX_HEAD_DIM} (got {q[-1]} and {v[-1]})"
+        if decode_only and q[-2] != 1:
+            return f"one query row (decode), got Sq = {q[-2]}"
+        return True
+
+    return fits
+
+
+def signatures(decode_only: bool, masked: bool, dtypes: tuple[str, ...]):
+    """Verification cases: tiny in the interpreter; longer sequences on a GPU."""
+    def cases():
+        sq = 1 if decode_only else 7
+        table = [  # q, k, v, mask (shape, dtype; None: q's), is_causal, scale
+            ((1, 4, sq, 8), (1, 2, 33, 8), (1, 2, 33, 8), ((sq, 33), "bool"), False, None),
+            ((2, 2, sq, 16), (2, 2, 70, 16), (2, 2, 70, 16), ((2, 1, 1, 70), None), True, 0.3),
+            ((2, sq, 8), (2, 33, 8), (2, 33, 12), ((sq, 33), None), False, None),
+            ((1, 1, 1, 4), (1, 1, 1, 4), (1, 1, 1, 4), ((1, 1), "bool"), False, None),
+        ]
+        if not decode_only:
+            table.append(((1, 2, 33, 8), (1, 2, 33, 8), (1, 2, 33, 8), ((33, 33), "bool"),
+                          True, 0.125))
+        if not interpreted():
+            table += [((1, 1, sq, 64), (1, 1, 1025, 64), (1, 1, 1025, 64),
+                       ((sq, 1025), "bool"), True, None),
+                      ((1, 8, sq, 128), (1, 2, 4099, 128), (1, 2, 4099, 128),
+                       ((1, 1, sq, 4099), None), False, None)]
+        out = []
+        for dt in dtypes:
+            for qs, ks, vs, (ms, mdt), causal, sc in (table if dt == dtypes[0] else table[:3]):
+                sig = {"q": (qs, dt), "k": (ks, dt), "v": (vs, dt),
+                       "attrs": {"is_causal": causal, "scale": sc}}
+                if masked:
+                    sig["attn_mask"] = (ms, mdt or dt)
+                out.append(sig)
+        return out
+
+    return cases
+
+
+def register() -> None:
+    text = source_text(JIT)
+    dtypes = float_dtypes()
+    for masked in (False, True):
+        if masked:
+            pattern = SDPA
+            suffix = "_mask"
+        else:
+            pattern = pat.OpPat(SDPA, tuple(pat.var(n) for n in ("q", "k", "v")),
+                                {"args": ("q", "k", "v")})
+            suffix = ""
+        for kind, configs, decode_only in (("flash", FLASH_CONFIGS, False),
+                                           ("decode", DECODE_CONFIGS, True)):
+            for cfg in configs:
+                name = f"triton_{kind}_attention{suffix}_{cfg.label}"
+                fn = _function(kind, cfg, masked)
+                fn.source_text = f"{text}\n# {name}: {cfg}"
+                kernel(pattern, backend="triton", name=name, device="cuda", dtypes=None,
+                       where=_typed(dtypes, constraint(decode_only, dtypes)),
+                       tolerance=REDUCTION, signatures=signatures(decode_only, masked, dtypes),
+                       writes_out=True)(fn)
+
+
+def _typed(dtypes: tuple[str, ...], where):
+    """q, k and v have a dtype of ``dtypes`` (the mask has its own), then ``where``."""
+    def check(shapes, dts, attrs):
+        for d in dts[:3]:
+            if d.name not in dtypes:
+                return f"dtype {d.name}; accepts {', '.join(dtypes)}"
+        return where(shapes, dts, attrs)
+
+    return check
+
+
+def _function(kind: str, cfg, masked: bool):
+    run_one = flash if kind == "flash" else decode
+    if masked:
+        def run(q, k, v, attn_mask, is_causal, scale, *, out=None):
+            return run_one(cfg, q, k, v, attn_mask, is_causal, scale, out)
+    else:
+        def run(q, k, v, is_causal, scale, *, out=None):
+            return run_one(cfg, q, k, v, None, is_causal, scale, out)
+    what = ("flash attention" if kind == "flash" else
+            "split-K decode attention (one query row)")
+    run.__doc__ = (f"softmax(q k^T * scale{' + mask' if masked else ''}) v, {what}, causal or "
+                   f"not, grouped-query heads ({cfg.label}, {cfg.warps} warps).")
+    return run

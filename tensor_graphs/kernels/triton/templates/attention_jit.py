@@ -1,0 +1,169 @@
+# ruff: noqa: N803  (Triton spells sizes and constexpr parameters in capitals)
+"""Attention templates: flash attention, and split-K decode attention with its combine kernel.
+
+Both follow the reference (``scaled_dot_product_attention`` in ir/ops/nn.py): scores =
+q k^T * scale, a float mask added after the mask is rounded to q's dtype, a bool mask and the
+causal triangle (key j <= query i, top-left, also when Sq != Sk) set -inf, softmax over keys,
+rows with nothing to attend to give 0. Online softmax in fp32: a running max m, sum l and
+accumulator per query row; a block whose scores are all -inf shifts by 0 instead of -inf
+(exp(-inf - -inf) would be NaN), and l = 0 at the end means an empty row. NaN and +inf scores
+give NaN rows, as the reference does. Every load is masked; tensors of any strides
+(a broadcast mask has stride 0); query head h reads kv head h // G (grouped-query attention).
+
+MASK (constexpr): 0 none, 1 bool (nonzero = attend), 2 float (added).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scores(q, k_ptrs, mask_ptrs, rows, rn, SQ, SK, scale,
+            MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, kmask):
+    """One block of scores (rows x keys rn), masked positions -inf."""
+    kt = tl.load(k_ptrs, mask=kmask, other=0.0)
+    s = tl.dot(q, kt, input_precision=PRECISION) * scale
+    valid = (rn[None, :] < SK) & (rows[:, None] < SQ)
+    if MASK == 1:
+        allowed = tl.load(mask_ptrs, mask=valid, other=0)
+        valid = valid & (allowed != 0)
+    elif MASK == 2:
+        added = tl.load(mask_ptrs, mask=valid, other=0.0)
+        s += added.to(q.dtype).to(tl.float32)
+    return s, valid
+
+
+@triton.jit
+def _online(s, valid, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """The running (max, sum, accumulator) after one more block of keys."""
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - shift)
+    p = tl.exp(s - shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
+          s_qb, s_qh, s_qm, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+          s_mb, s_mh, s_mm, s_mn, s_ob, s_oh, s_om, s_od,
+          MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_DV: tl.constexpr):
+    """Grid (cdiv(SQ, BLOCK_M), B * H): one block of query rows of one head."""
+    start = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    kvh = h // G
+    rows = start + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    rdv = tl.arange(0, BLOCK_DV)
+    rn0 = tl.arange(0, BLOCK_N)
+
+    q_ptrs = q_ptr + b * s_qb + h * s_qh + rows[:, None].to(tl.int64) * s_qm + rd[None, :] * s_qd
+    q = tl.load(q_ptrs, mask=(rows[:, None] < SQ) & (rd[None, :] < D), other=0.0)
+    k_base = k_ptr + b * s_kb + kvh * s_kh
+    v_base = v_ptr + b * s_vb + kvh * s_vh
+    m_base = mask_ptr + b * s_mb + h * s_mh + rows[:, None].to(tl.int64) * s_mm
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    end = SK
+    if CAUSAL:
+        end = tl.minimum(SK, start + BLOCK_M)
+    for n0 in range(0, end, BLOCK_N):
+        rn = n0 + rn0
+        rn64 = rn.to(tl.int64)
+        k_ptrs = k_base + rn64[None, :] * s_kn + rd[:, None] * s_kd
+        s, valid = _scores(q, k_ptrs, m_base + rn64[None, :] * s_mn, rows, rn, SQ, SK, scale,
+                           MASK, CAUSAL, PRECISION, (rn[None, :] < SK) & (rd[:, None] < D))
+        if CAUSAL:
+            valid = valid & (rn[None, :] <= rows[:, None])
+        v = tl.load(v_base + rn64[:, None] * s_vn + rdv[None, :] * s_vd,
+                    mask=(rn[:, None] < SK) & (rdv[None, :] < DV), other=0.0)
+        m_i, l_i, acc = _online(s, valid, v, m_i, l_i, acc, PRECISION)
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = o_ptr + b * s_ob + h * s_oh + rows[:, None].to(tl.int64) * s_om + rdv[None, :] * s_od
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty),
+             mask=(rows[:, None] < SQ) & (rdv[None, :] < DV))
+
+
+@triton.jit
+def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o,
+                 HKV, G, SK, D, DV, chunk, scale,
+                 s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+                 s_mb, s_mh, s_mn,
+                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DV: tl.constexpr):
+    """Grid (B * HKV, splits): the G query heads of one kv head (one query row each) over one
+    chunk of keys; writes the chunk's max, sum and unnormalised output per head."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    b = (pid // HKV).to(tl.int64)
+    kvh = (pid % HKV).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    heads = kvh * G + g  # the query heads of this kv head
+    rd = tl.arange(0, BLOCK_D)
+    rdv = tl.arange(0, BLOCK_DV)
+    rn0 = tl.arange(0, BLOCK_N)
+    zero = tl.zeros([BLOCK_G], tl.int32)  # every row is query position 0
+
+    q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + rd[None, :] * s_qd,
+                mask=(g[:, None] < G) & (rd[None, :] < D), other=0.0)
+    k_base = k_ptr + b * s_kb + kvh * s_kh
+    v_base = v_ptr + b * s_vb + kvh * s_vh
+    m_base = mask_ptr + b * s_mb + heads[:, None] * s_mh
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+    first = split * chunk
+    last = tl.minimum(first + chunk, SK)
+    if CAUSAL:  # query 0 attends key 0 only
+        last = tl.minimum(last, 1)
+    for n0 in range(first, last, BLOCK_N):
+        rn = n0 + rn0
+        rn64 = rn.to(tl.int64)
+        k_ptrs = k_base + rn64[None, :] * s_kn + rd[:, None] * s_kd
+        s, valid = _scores(q, k_ptrs, m_base + rn64[None, :] * s_mn, g, rn, G, last, scale,
+                           MASK, CAUSAL, PRECISION, (rn[None, :] < last) & (rd[:, None] < D))
+        if CAUSAL:
+            valid = valid & (rn[None, :] <= zero[:, None])
+        v = tl.load(v_base + rn64[:, None] * s_vn + rdv[None, :] * s_vd,
+                    mask=(rn[:, None] < last) & (rdv[None, :] < DV), other=0.0)
+        m_i, l_i, acc = _online(s, valid, v, m_i, l_i, acc, PRECISION)
+
+    at = (b * HKV * G + heads) * splits + split  # (batch, query head, split)
+    tl.store(part_m + at, m_i, mask=g < G)
+    tl.store(part_l + at, l_i, mask=g < G)
+    tl.store(part_o + at[:, None] * DV + rdv[None, :], acc,
+             mask=(g[:, None] < G) & (rdv[None, :] < DV))
+
+
+@triton.jit
+def decode_combine(part_m, part_l, part_o, o_ptr, H, S, DV, s_ob, s_oh, s_od,
+                   BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Grid (B * H,): one query head's output from its S splits' partial softmaxes."""
+    pid = tl.program_id(0)
+    b = (pid // H).to(tl.int64)
+    h = (pid % H).to(tl.int64)
+    rs = tl.arange(0, BLOCK_S)
+    rdv = tl.arange(0, BLOCK_DV)
+    at = pid.to(tl.int64) * S + rs
+    ms = tl.load(part_m + at, mask=rs < S, other=float("-inf"))
+    top = tl.max(ms, 0)
+    w = tl.exp(ms - tl.where(top == float("-inf"), 0.0, top))
+    total = tl.sum(tl.load(part_l + at, mask=rs < S, other=0.0) * w, 0)
+    parts = tl.load(part_o + at[:, None] * DV + rdv[None, :],
+                    mask=(rs[:, None] < S) & (rdv[None, :] < DV), other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + b * s_ob + h * s_oh + rdv * s_od, out.to(o_ptr.dtype.element_ty),
+             mask=rdv < DV)

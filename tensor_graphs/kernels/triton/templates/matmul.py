@@ -1,0 +1,240 @@
+"""GEMM kernels from the template in ``matmul_jit.py``: linear and matmul with a fused epilogue.
+
+One kernel per (pattern, config), named ``triton_<pattern>_<config>``, so the profiler times
+every config on every shape and the database keeps what it measured. The patterns are those
+the torch CUDA kernels and the C GEMMs cover: ``linear`` (torch's (out, in) weight: b is the
+weight with swapped strides, no transposed copy) and ``a @ b`` with a 2-D ``b``, each plain,
+with a bias, a bias and an activation (relu, gelu in its erf and tanh forms), or plus an
+operand of the result's shape (a transformer block's residual). The epilogue runs on the fp32
+accumulator; the result is rounded once.
+
+fp32 operands: the "ieee" configs multiply in full fp32 (FMA on the GPU, tolerance 1e-5, what
+cuBLAS gives by default); the "tf32" configs use the tensor cores (10-bit mantissas, declared
+2e-3), so the planner takes them only where the tolerance asked for allows that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.registry import kernel
+from tensor_graphs.kernels.triton.templates.runtime import (
+    REDUCTION,
+    TF32,
+    deliver,
+    float_dtypes,
+    interpreted,
+    ints,
+    jit,
+    source_text,
+    target,
+)
+
+JIT = "matmul_jit"
+ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}  # matmul_jit's ACT codes
+GROUP_M = 8  # rows of tiles that share b's columns (L2 reuse)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tile shape and launch setting; ``precision`` is tl.dot's for fp32 operands."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    precision: str = "ieee"
+
+    @property
+    def label(self) -> str:
+        tiles = f"m{self.block_m}n{self.block_n}k{self.block_k}"
+        return tiles if self.precision == "ieee" else f"{self.precision}_{tiles}"
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return ("float32",) if self.precision == "tf32" else float_dtypes()
+
+    @property
+    def tolerance(self) -> float:
+        return TF32 if self.precision == "tf32" else REDUCTION
+
+
+CONFIGS = (
+    Config(16, 64, 128, 4, 4),  # a few rows (decode): many programs along N, long K steps
+    Config(64, 128, 64, 4, 4),  # mid-sized M
+    Config(128, 128, 64, 8, 3),  # prefill: large tiles, 8 warps
+    Config(64, 128, 32, 4, 4, "tf32"),  # fp32 on the tensor cores, mid-sized M
+    Config(128, 128, 32, 8, 3, "tf32"),  # fp32 on the tensor cores, prefill
+)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a pattern computes around its product."""
+
+    label: str
+    linear: bool  # x @ weight.T (torch's linear), else a @ b
+    bias: bool
+    act: str | None
+    residual: bool  # + an operand of the result's shape, after the activation
+
+
+EPILOGUES = (
+    Epilogue("linear", True, True, None, False),  # x @ w.T + b
+    Epilogue("linear_nobias", True, False, None, False),  # x @ w.T
+    Epilogue("linear_relu", True, True, "relu", False),  # relu(x @ w.T + b)
+    Epilogue("linear_gelu", True, True, "gelu", False),  # BERT's MLP
+    Epilogue("linear_gelu_tanh", True, True, "gelu_tanh", False),  # GPT-2's MLP
+    Epilogue("linear_add", True, True, None, True),  # a projection + the residual
+    Epilogue("linear_nobias_add", True, False, None, True),  # Llama's o_proj/down + residual
+    Epilogue("matmul", False, False, None, False),  # a @ b
+    Epilogue("matmul_bias", False, True, None, False),  # GPT-2's Conv1D (addmm)
+    Epilogue("matmul_bias_relu", False, True, "relu", False),
+    Epilogue("matmul_bias_gelu", False, True, "gelu", False),
+    Epilogue("matmul_bias_gelu_tanh", False, True, "gelu_tanh", False),
+    Epilogue("matmul_add", False, False, None, True),
+    Epilogue("matmul_bias_add", False, True, None, True),
+)
+
+
+def gemm(cfg: Config, e: Epilogue, a, b, bias=None, res=None, out=None):
+    """act(a @ op(b) + bias) + res through the template (op: transpose for ``linear``)."""
+    k = a.shape[-1]
+    n = b.shape[0] if e.linear else b.shape[1]
+    shape = tuple(a.shape[:-1]) + (n,)
+    m = math.prod(a.shape[:-1])
+    c = target(shape, a, out)
+    if m and n:
+        a2 = a.reshape(m, k)
+        c2 = c.view(m, n)
+        r2 = c2 if res is None else res.reshape(m, n)
+        s_bk, s_bn = (b.stride(1), b.stride(0)) if e.linear else (b.stride(0), b.stride(1))
+        grid = (-(-m // cfg.block_m) * -(-n // cfg.block_n),)
+        jit(JIT).gemm[grid](
+            a2, b, c2 if bias is None else bias, r2, c2, m, n, k,
+            a2.stride(0), a2.stride(1), s_bk, s_bn, 0 if bias is None else bias.stride(0),
+            r2.stride(0), r2.stride(1), c2.stride(0), c2.stride(1),
+            HAS_BIAS=bias is not None, HAS_RES=res is not None, ACT=ACTS[e.act],
+            PRECISION=cfg.precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, GROUP_M=GROUP_M, num_warps=cfg.warps,
+            num_stages=cfg.stages)
+    return deliver(c, out)
+
+
+def pattern(e: Epilogue):
+    """The pattern of an epilogue: variables (x, weight[, bias][, res]) or (a, b[, ...])."""
+    def act(y):
+        if e.act is None:
+            return y
+        if e.act == "relu":
+            return tg.relu(y)
+        return tg.gelu(y, approximate="tanh" if e.act == "gelu_tanh" else "none")
+
+    if e.linear:
+        core = ((lambda x, weight, bias: act(tg.linear(x, weight, bias))) if e.bias
+                else (lambda x, weight: act(tg.linear(x, weight))))
+    else:
+        core = ((lambda a, b, bias: act(a @ b + bias)) if e.bias else (lambda a, b: act(a @ b)))
+    if not e.residual:
+        return core
+    if e.linear:
+        return ((lambda x, weight, bias, res: core(x, weight, bias) + res) if e.bias
+                else (lambda x, weight, res: core(x, weight) + res))
+    return ((lambda a, b, bias, res: core(a, b, bias) + res) if e.bias
+            else (lambda a, b, res: core(a, b) + res))
+
+
+def function(cfg: Config, e: Epilogue):
+    """The kernel function, its parameters named as the pattern's variables."""
+    if e.linear and e.bias and e.residual:
+        def run(x, weight, bias, res, *, out=None):
+            return gemm(cfg, e, x, weight, bias, res, out)
+    elif e.linear and e.bias:
+        def run(x, weight, bias, *, out=None):
+            return gemm(cfg, e, x, weight, bias, None, out)
+    elif e.linear and e.residual:
+        def run(x, weight, res, *, out=None):
+            return gemm(cfg, e, x, weight, None, res, out)
+    elif e.linear:
+        def run(x, weight, *, out=None):
+            return gemm(cfg, e, x, weight, None, None, out)
+    elif e.bias and e.residual:
+        def run(a, b, bias, res, *, out=None):
+            return gemm(cfg, e, a, b, bias, res, out)
+    elif e.bias:
+        def run(a, b, bias, *, out=None):
+            return gemm(cfg, e, a, b, bias, None, out)
+    elif e.residual:
+        def run(a, b, res, *, out=None):
+            return gemm(cfg, e, a, b, None, res, out)
+    else:
+        def run(a, b, *, out=None):
+            return gemm(cfg, e, a, b, None, None, out)
+    what = "x @ weight.T" if e.linear else "a @ b"
+    run.__doc__ = (f"{e.act + '(' if e.act else ''}{what}{' + bias' if e.bias else ''}"
+                   f"{')' if e.act else ''}{' + res' if e.residual else ''} in one Triton GEMM "
+                   f"({cfg.label}, {cfg.warps} warps, {cfg.stages} stages).")
+    return run
+
+
+def constraint(e: Epilogue):
+    """The ``where`` of an epilogue's kernels: one dtype, a 2-D weight, the bias and the added
+    operand of the shapes the epilogue reads (no broadcasting)."""
+    def fits(shapes, dtypes, attrs):
+        if len(set(dtypes)) > 1:
+            return "every operand must have one dtype (cast first)"
+        a, b = tuple(shapes[0]), tuple(shapes[1])
+        if len(b) != 2:
+            return f"the {'weight' if e.linear else 'right operand'} must be 2-D, got {b}"
+        if len(a) < (1 if e.linear else 2):
+            return f"the left operand needs rank >= {1 if e.linear else 2}, got {a}"
+        n, k = b if e.linear else b[::-1]
+        if ints(a, b) and a[-1] != k:
+            return f"inner dims differ: {a} and {b}"
+        if e.bias and tuple(shapes[2]) != (n,):
+            return f"bias must have shape ({n},), got {tuple(shapes[2])}"
+        if e.residual and tuple(shapes[-1]) != a[:-1] + (n,):
+            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
+                    f"{tuple(shapes[-1])}")
+        return True
+
+    return fits
+
+
+def signatures(e: Epilogue, dtypes: tuple[str, ...]):
+    """Verification cases: tiny in the interpreter (it runs each program in Python), sizes
+    up to 1025 and a transformer's on a GPU."""
+    def cases():
+        table = [(1, 1, 1, ()), (7, 33, 9, ()), (5, 40, 17, (2,))]  # (m, k, n, leading)
+        if not interpreted():
+            table += [(5, 1025, 33, ()), (33, 7, 1025, (2,)), (1, 1025, 7, ()),
+                      (128, 768, 768, ())]
+        out = []
+        for dt in dtypes:
+            for m, k, n, lead in (table if dt == dtypes[0] else table[1:3]):
+                a = (lead + (m, k), dt)
+                b = ((n, k) if e.linear else (k, n), dt)
+                sig = {"x": a, "weight": b} if e.linear else {"a": a, "b": b}
+                if e.bias:
+                    sig["bias"] = ((n,), dt)
+                if e.residual:
+                    sig["res"] = (lead + (m, n), dt)
+                out.append(sig)
+        return out
+
+    return cases
+
+
+def register() -> None:
+    text = source_text(JIT)
+    for e in EPILOGUES:
+        for cfg in CONFIGS:
+            name = f"triton_{e.label}_{cfg.label}"
+            fn = function(cfg, e)
+            fn.source_text = f"{text}\n# {name}: {cfg}"
+            kernel(pattern(e), backend="triton", name=name, device="cuda", dtypes=cfg.dtypes,
+                   where=constraint(e), tolerance=cfg.tolerance,
+                   signatures=signatures(e, cfg.dtypes), writes_out=True)(fn)

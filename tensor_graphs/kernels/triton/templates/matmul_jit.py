@@ -1,0 +1,75 @@
+# ruff: noqa: N803  (Triton spells sizes and constexpr parameters in capitals)
+"""The GEMM template: c = act(a @ b + bias) + res, one (BLOCK_M, BLOCK_N) tile per program.
+
+Plain pointer arithmetic on any strides (a transposed weight is b with swapped strides; no
+block pointers: triton 3.9 refuses them), grouped tile order (GROUP_M rows of tiles share b's
+columns in L2), fp32 accumulation, and the epilogue applied to the fp32 tile before its one
+rounding to c's dtype. Every load is masked, so any M, N, K works with power-of-two tiles;
+BLOCK_K >= 16 (the GPU's tl.dot needs it) whatever K is. Offsets along M and N are 64-bit:
+a large activation times its row stride passes 2**31.
+"""
+
+import triton
+import triton.language as tl
+
+# ACT codes (constexpr): which activation the epilogue applies.
+NONE, RELU, GELU, GELU_TANH = 0, 1, 2, 3
+
+
+@triton.jit
+def _activation(y, ACT: tl.constexpr):
+    if ACT == 1:  # relu; NaN stays NaN (y < 0 is false for it)
+        y = tl.where(y < 0, 0.0, y)
+    elif ACT == 2:  # gelu, erf form
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    elif ACT == 3:  # gelu, tanh form; tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|)
+        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        e = tl.exp(-2.0 * tl.abs(u))
+        t = (1.0 - e) / (1.0 + e)
+        y = 0.5 * y * (1.0 + tl.where(u < 0, -t, t))
+    return y
+
+
+@triton.jit
+def gemm(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
+         stride_am, stride_ak, stride_bk, stride_bn, stride_bias, stride_rm, stride_rn,
+         stride_cm, stride_cn,
+         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rm64 = rm.to(tl.int64)
+    rn64 = rn.to(tl.int64)
+    a_ptrs = a_ptr + rm64[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn64[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rn64 * stride_bias, mask=rn < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    acc = _activation(acc, ACT)
+    inside = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_RES:
+        res = tl.load(res_ptr + rm64[:, None] * stride_rm + rn64[None, :] * stride_rn,
+                      mask=inside, other=0.0)
+        acc += res.to(tl.float32)
+    c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=inside)

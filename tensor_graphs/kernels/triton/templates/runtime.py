@@ -1,0 +1,101 @@
+"""How the templates reach Triton and torch: lazily, with the interpreter under the simulated GPU.
+
+Importing tensor_graphs never imports triton or torch: the jit modules (``*_jit.py``, the
+``@triton.jit`` functions, beside this file) are imported on a kernel's first call by ``jit``.
+Triton decides at decoration time whether a ``@triton.jit`` function is compiled or
+interpreted (``TRITON_INTERPRET``), so under the simulated GPU (``TG_SIMULATED_CUDA``, whose
+tensors are CPU tensors) ``jit`` sets ``TRITON_INTERPRET=1`` before the first import; on a
+real GPU the variable is left as the user set it. The AOT compile (``targets.py``) imports the
+same modules without the switch.
+
+(The generated-kernel renderer of ``kernels/triton`` needs the same switch; this small copy
+keeps the templates independent of it until the two are merged.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from tensor_graphs.devices import simulated_cuda
+from tensor_graphs.ir.dtypes import bfloat16, float16, float32
+from tensor_graphs.kernels.torch.convert import Lazy, is_tensor, to_torch
+
+torch = Lazy("torch", globals(), "torch")
+
+HERE = Path(__file__).resolve().parent
+INTERPRET = "TRITON_INTERPRET"
+
+# fp32 tl.dot on a GPU with input_precision="tf32" rounds both operands to 10-bit mantissas
+# (unit roundoff 2**-11): products lose ~5e-4 each, a norm-wise ~3e-4 on random data. Declared
+# with a margin; exact in the interpreter, where tl.dot is numpy's matmul.
+TF32 = 2e-3
+# fp32 accumulation of exact products (fp16/bf16 operands, or fp32 with "ieee"), online
+# softmax: the same bound as torch's reductions (measured below 1e-6 up to 1025 terms).
+REDUCTION = 1e-5
+ELEMENTWISE = 1e-6  # a few fp32 ulps: RoPE's x * cos +- x' * sin in fp32, rounded once
+EXACT = 1e-12  # a gather moves bits
+
+
+def interpreted() -> bool:
+    """True when the templates run in Triton's interpreter (the simulated GPU)."""
+    return simulated_cuda() is not None
+
+
+def float_dtypes() -> tuple[str, ...]:
+    """The float dtypes the templates take here: bfloat16 only on a real GPU (the interpreter
+    computes bfloat16 on raw bits: 2.5 + 2.0 gave -2.9e-39)."""
+    if interpreted():
+        return (float32.name, float16.name)
+    return (float32.name, float16.name, bfloat16.name)
+
+
+def jit(module: str):
+    """The jit module ``module`` (``matmul_jit``...), imported on first use; interpreted under
+    the simulated GPU (the variable is set before the import)."""
+    if interpreted():
+        os.environ[INTERPRET] = "1"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset; 1 is 3.6's
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+def source_text(module: str) -> str:
+    """The jit module's source, read without importing it: part of each kernel's source hash,
+    so measurements of an edited template stop counting."""
+    return (HERE / f"{module}.py").read_text()
+
+
+def _as_tensor(out):
+    return out if is_tensor(out) else to_torch(out)
+
+
+def target(shape: tuple, like, out=None):
+    """The tensor a kernel writes its result to: ``out`` (a torch tensor, or a numpy buffer
+    viewed as one: the simulated GPU's arena is host memory) when it is contiguous memory on
+    ``like``'s device, else a new tensor of ``like``'s dtype and device."""
+    if out is not None:
+        t = _as_tensor(out)
+        if t.device == like.device and t.is_contiguous() and t.dtype == like.dtype:
+            return t
+    return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+
+
+def deliver(written, out=None):
+    """What a ``writes_out`` kernel returns: ``out`` itself (``written`` copied into it when
+    the kernel could not write there), or ``written`` when no ``out`` was given."""
+    if out is None:
+        return written
+    t = _as_tensor(out)
+    if t.device != written.device or t.data_ptr() != written.data_ptr():
+        t.copy_(written)
+    return out
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def ints(*shapes) -> bool:
+    """Every dim concrete (constraints are also asked at symbolic shapes)."""
+    return all(isinstance(d, int) for s in shapes for d in s)
