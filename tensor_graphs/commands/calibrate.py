@@ -1,6 +1,13 @@
 """This machine's peak rates and the runtime's dispatch per step, stored in the database for
 the cost model's roofline estimates (``db/cost.py``, "estimated"). The dispatch is timed on a
-compiled program, so calibration sits above the compiler, with ``tg profile`` that runs it."""
+compiled program, so calibration sits above the compiler, with ``tg profile`` that runs it.
+
+A GPU (``calibrate_gpu``, when one is usable) gets its own rates under its own hardware key:
+a float32 matrix product's flop rate, a device-to-device copy's bandwidth, the host<->GPU
+link's bandwidth and latency, and a torch launch's cost; each timed with the device
+synchronized before and after, since a launch returns before its work is done. The simulated
+GPU is calibrated the same way on small sizes: its rates are the CPU's (under its own key).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import time
 import numpy as np
 
 from tensor_graphs.compiler import compile as compile_graph
+from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.ir import builder
 from tensor_graphs.kernels.registry import get
 
@@ -58,6 +66,73 @@ def calibrate(db, hardware, seconds: float = 0.3) -> dict:
             break
     rates = {"flops": 2.0 * n ** 3 / best_mm, "bytes": 2.0 * src.nbytes / best_copy,
              "dispatch": dispatch_overhead()}
+    if db is not None and not db.readonly:
+        db.set_calibration(hardware, rates)
+    return rates
+
+
+def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
+    """Measure the GPU's rates (see the module doc) and store them in the database for
+    ``hardware`` (its key: ``db.hardware.current("cuda")``); returns them: "flops", "bytes"
+    (read plus written per second), "link" (host<->GPU bytes per second, each way's best),
+    "link_latency" and "launch" (seconds). Needs torch with a usable GPU, or the simulated
+    one."""
+    import torch
+
+    from tensor_graphs.kernels.torch import convert
+
+    device = torch_device("cuda")
+    simulated = simulated_cuda() is not None
+    sync = (lambda: None) if simulated else torch.cuda.synchronize
+    n = 512 if simulated else 4096  # 0.27 / 137 GFLOP: milliseconds on either
+    moved = (8 << 20) if simulated else (256 << 20)  # bytes: past every cache
+    over_link = (8 << 20) if simulated else (64 << 20)
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    src = torch.ones(moved // 4, device=device)
+    dst = torch.empty_like(src)
+    host = np.ones(over_link // 4, np.float32)
+    on_gpu = torch.ones(over_link // 4, device=device)
+    one = np.ones(1, np.float32)
+    tiny = torch.zeros(1, device=device)
+    launches = 100
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    def launch_many():
+        for _ in range(launches):
+            tiny.add_(1.0)
+
+    cases = {  # rate -> (the call, its work or None for a time)
+        "flops": (lambda: torch.mm(a, b), 2.0 * n ** 3),
+        "bytes": (lambda: dst.copy_(src), 2.0 * src.numel() * 4),
+        "to_gpu": (lambda: convert.to_torch(host).to(device).clone() if simulated
+                   else convert.to_torch(host).to(device), float(host.nbytes)),
+        "to_host": (lambda: on_gpu.cpu().clone() if simulated else on_gpu.cpu(),
+                    float(host.nbytes)),
+        "link_latency": (lambda: convert.to_torch(one).to(device).clone() if simulated
+                         else convert.to_torch(one).to(device), None),
+        "launch": (launch_many, None),
+    }
+    for fn, _ in cases.values():  # warm-up: cuBLAS handles, the caching allocator
+        timed(fn)
+    best = {name: math.inf for name in cases}
+    deadline = time.perf_counter() + seconds
+    while True:
+        for name, (fn, _) in cases.items():
+            best[name] = min(best[name], timed(fn))
+        if time.perf_counter() > deadline:
+            break
+    rates = {"flops": cases["flops"][1] / best["flops"],
+             "bytes": cases["bytes"][1] / best["bytes"],
+             # a round trip's rate: the cost model has one link rate for both ways
+             "link": 2.0 * host.nbytes / (best["to_gpu"] + best["to_host"]),
+             "link_latency": best["link_latency"], "launch": best["launch"] / launches}
     if db is not None and not db.readonly:
         db.set_calibration(hardware, rates)
     return rates

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_graphs.commands.calibrate import calibrate
+from tensor_graphs.commands.calibrate import calibrate, calibrate_gpu
 from tensor_graphs.compiler import prepare
 from tensor_graphs.db.cost import format_seconds
+from tensor_graphs.devices import cuda_available
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols
 from tensor_graphs.profiler.measure import sample_times
@@ -108,9 +109,13 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     deadline = None if budget is None else time.monotonic() + budget
     prepared = prepare(outputs, dims)
     planner = settings.planner(prepared, blocks=False)  # every option of every slot
-    if db.calibration(planner.cost.hardware["cpu"]) is None:
+    uncalibrated = [kind for kind in planner.kinds
+                    if db.calibration(planner.cost.hardware[kind]) is None
+                    and (kind == "cpu" or cuda_available())]
+    if uncalibrated:
         db.record_in_memory()  # a read-only database: for this run's plans only (warned)
-        calibrate(db, planner.cost.hardware["cpu"])
+        for kind in uncalibrated:  # the CPU's rates, and a GPU's under its own key
+            (calibrate if kind == "cpu" else calibrate_gpu)(db, planner.cost.hardware[kind])
         planner = settings.planner(prepared, blocks=False)
     default = planner.plan()
     todo = calls_to_measure(planner)
@@ -119,7 +124,7 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     report.skipped = sum(1 for opts in planner._options.values() for o in opts
                          if o.estimate is not None and o.estimate.source == "measured")
     bar = Progress(len(todo), "measuring kernels") if progress else None
-    work = Work(db, todo, deadline=deadline)
+    work = Work(db, todo, deadline=deadline, hardware=planner.cost.hardware)
     for window in work:
         for o, m in window:
             db.record(m)

@@ -12,9 +12,16 @@ Every answer is an ``Estimate`` that says where it came from, in order of trust:
    call overhead). Uncertainty grows with the distance to the nearest measurement.
 3. ``stale``: only rows of an edited kernel (another source hash) for this signature: a rough
    guide, with a wide uncertainty.
-4. ``estimated``: a roofline estimate from the device's peak rates, calibrated once per machine
-   (``commands/calibrate.py``, stored in the database; built-in defaults before that) plus the
-   backend's call overhead.
+4. ``estimated``: a roofline estimate from the device's peak rates, calibrated once per device
+   (``commands/calibrate.py``, stored in the database; built-in defaults per device kind
+   before that: a GPU's are a datacenter GPU's, not the CPU's) plus the call's overhead per
+   (backend, device kind): a Python call on the CPU, a launch on a GPU. A copy between the
+   host and a GPU costs the link's latency plus its bytes at the link's rate (PCIe-like
+   until calibrated), so 1 GB costs ~0.08 s before it is measured.
+
+Rows are filed and looked up under the hardware key of the device that runs the kernel
+(``measured_on``: a host<->GPU copy is the GPU's), so a GPU's rows, and the simulated GPU's
+(CPU times under a key of their own), never mix with the CPU's.
 
 A copy within one device's memory costs nothing (``free``). Answers are cached in memory until
 the database changes (``refresh``).
@@ -29,12 +36,37 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_graphs.db.features import Features
+from tensor_graphs.kernels.copy import placement
 
-# Built-in rates for a machine that was never calibrated: a modest two-core CPU. "dispatch" is
-# what the runtime spends per step around the kernel call itself (seconds).
-DEFAULT_RATES = {"flops": 50e9, "bytes": 10e9, "dispatch": 3e-6}
-# Seconds one call costs beyond its work: Python dispatch, argument checks, thread start-up.
-OVERHEAD = {"numpy": 3e-6, "c": 2e-6, "torch": 6e-6, "triton": 20e-6, "copy": 1e-6}
+# Built-in rates per device kind, for a device never calibrated (``commands/calibrate.py``
+# stores measured ones): peak flop rate, peak bandwidth (bytes read plus written per second);
+# "dispatch" is what the runtime's Python loop spends per step around a kernel call (seconds):
+# the host's, so a GPU takes the host's calibrated figure unless its own calibration has one;
+# "link": bytes per second across the host<->GPU link, each byte counted once.
+DEFAULT_RATES = {
+    "cpu": {"flops": 50e9, "bytes": 10e9, "dispatch": 3e-6},  # a modest two-core CPU
+    # a datacenter GPU at ~3/4 of an H100's peaks (67 TFLOP/s fp32 without TF32, 3.35 TB/s);
+    # copies from pageable host memory (no pinned staging yet) at ~12 GB/s over PCIe
+    "cuda": {"flops": 50e12, "bytes": 2e12, "dispatch": 3e-6, "link": 12e9},
+}
+# Seconds one call costs beyond its work, per (backend, device kind whose rates cost it: see
+# ``measured_on``). Where a row is missing, the backend's CPU figure, else DEFAULT_OVERHEAD.
+OVERHEAD = {
+    ("numpy", "cpu"): 3e-6,  # Python call and numpy's argument handling
+    ("c", "cpu"): 2e-6,  # ctypes call, argument checks, the thread team's wake-up
+    ("torch", "cpu"): 6e-6,  # torch's dispatcher over numpy views
+    ("triton", "cpu"): 20e-6,  # Triton's launcher (the simulated GPU runs it on the host)
+    ("copy", "cpu"): 1e-6,  # a move within host memory (a view: costed free anyway)
+    ("torch", "cuda"): 8e-6,  # one CUDA launch from Python through torch (~5-10 us)
+    ("triton", "cuda"): 15e-6,  # Triton's launcher binds, checks and launches (~10-20 us)
+    ("copy", "cuda"): 10e-6,  # a host<->GPU transfer's setup and synchronization (latency)
+}
+DEFAULT_OVERHEAD = 5e-6  # a backend the table does not know
+# Calibrated rates that replace an overhead above (``commands/calibrate.calibrate_gpu``)
+CALIBRATED_OVERHEAD = {
+    ("torch", "cuda"): "launch",  # seconds per launch of a tiny torch op, back to back
+    ("copy", "cuda"): "link_latency",  # seconds of a one-element host->GPU copy
+}
 EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter
 # numpy computes a composite (softmax, attention, a norm) as several whole-array passes, where
 # C and torch kernels make one: until measured, its work counts this many times
@@ -98,10 +130,15 @@ class CostModel:
             self.revision = revision
 
     def rates(self, kind: str) -> dict:
+        """The device kind's rates: its calibration over the kind's built-in ones; a GPU's
+        "dispatch" (the runtime's Python loop, on the host) is the host's unless its own
+        calibration measured one."""
         found = self._rates.get(kind)
         if found is None:
             stored = self.db.calibration(self.hardware[kind]) if self.db is not None else None
-            found = {**DEFAULT_RATES, **(stored or {})}
+            found = {**DEFAULT_RATES.get(kind, DEFAULT_RATES["cpu"]), **(stored or {})}
+            if kind != "cpu" and "cpu" in self.hardware and "dispatch" not in (stored or {}):
+                found["dispatch"] = self.rates("cpu")["dispatch"]
             self._rates[kind] = found
         return found
 
@@ -109,6 +146,26 @@ class CostModel:
         """Roofline seconds: the larger of compute time and memory time at peak rates."""
         rates = self.rates(kind)
         return max(feats.flops / rates["flops"], feats.bytes / rates["bytes"], 1e-12)
+
+    def kernel_work(self, kernel, feats: Features) -> float:
+        """Seconds of ``kernel``'s work at the rates of the device that costs it: the roofline,
+        or for a copy between host and GPU its bytes across the link (a copy's features count
+        the value read and written; it crosses the link once)."""
+        kind = measured_on(kernel)
+        if crosses_link(kernel):
+            return max(feats.bytes / 2 / self.rates(kind)["link"], 1e-12)
+        return self.work(feats, kind)
+
+    def overhead(self, kernel) -> float:
+        """Seconds one call of ``kernel`` costs beyond its work (``OVERHEAD``), or the
+        calibrated figure that replaces it (``CALIBRATED_OVERHEAD``)."""
+        key = (kernel.backend, measured_on(kernel))
+        rate = CALIBRATED_OVERHEAD.get(key)
+        if rate is not None and key[1] in self.hardware:
+            found = self.rates(key[1]).get(rate)
+            if found is not None:
+                return float(found)
+        return OVERHEAD.get(key, OVERHEAD.get((kernel.backend, "cpu"), DEFAULT_OVERHEAD))
 
     def estimate(self, kernel, signature: str, feats: Features) -> Estimate:
         key = (kernel.name, signature)
@@ -119,7 +176,7 @@ class CostModel:
         return found
 
     def _estimate(self, kernel, signature: str, feats: Features) -> Estimate:
-        hw = self.hardware[kernel.device]
+        hw = self.hardware[measured_on(kernel)]
         stale = None
         if self.db is not None:
             row = self.db.lookup(kernel.name, signature, hw, kernel.source_hash)
@@ -140,11 +197,11 @@ class CostModel:
         return self._roofline(kernel, feats)
 
     def _roofline(self, kernel, feats: Features) -> Estimate:
-        seconds = OVERHEAD.get(kernel.backend, 5e-6)
+        seconds = self.overhead(kernel)
         if not kernel.view:  # a view moves no data
             passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \
                 _is_composite(kernel) else 1.0
-            seconds += passes * self.work(feats, kernel.device)
+            seconds += passes * self.kernel_work(kernel, feats)
         if is_exact_kernel(kernel):
             seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
         return Estimate(seconds, "estimated", UNCERTAINTY["estimated"])
@@ -156,13 +213,14 @@ class CostModel:
         found = self._rows.get(key)
         if found is None:
             found = []
-            for r in self.db.rows_for(kernel.name, self.hardware[kernel.device]):
+            for r in self.db.rows_for(kernel.name, self.hardware[measured_on(kernel)]):
                 flops, moved = getattr(r, "flops", None), getattr(r, "bytes", None)
                 if (r.source_hash != kernel.source_hash or r.failure is not None
                         or flops is None or moved is None or not r.seconds > 0
                         or _shape_class(r.signature) != want):
                     continue
-                found.append((self.work(Features(flops, moved, 0.0), kernel.device), r.seconds))
+                found.append((self.kernel_work(kernel, Features(flops, moved, 0.0)),
+                              r.seconds))
             self._rows[key] = found
         return found
 
@@ -170,7 +228,7 @@ class CostModel:
         rows = self._measured_rows(kernel, signature)
         if not rows:
             return None
-        w = self.work(feats, kernel.device)
+        w = self.kernel_work(kernel, feats)
         by_work: dict[float, list[float]] = {}
         for rw, seconds in rows:
             by_work.setdefault(rw, []).append(seconds)
@@ -179,7 +237,7 @@ class CostModel:
         distance = abs(math.log(points[0][0] / w))
         if len(points) == 1:
             (rw, seconds), = points
-            overhead = min(OVERHEAD.get(kernel.backend, 5e-6), 0.5 * seconds)
+            overhead = min(self.overhead(kernel), 0.5 * seconds)
             predicted = overhead + (seconds - overhead) * (w / rw)
         else:
             xs = np.log([p[0] for p in points])
@@ -191,6 +249,20 @@ class CostModel:
         inside = min(p[0] for p in points) <= w <= max(p[0] for p in points)
         uncertainty = UNCERTAINTY["interpolated"] * (1.0 if inside else 1.0 + distance / 3)
         return Estimate(predicted, "interpolated", round(uncertainty, 3))
+
+
+def measured_on(kernel) -> str:
+    """The device kind whose hardware key files ``kernel``'s rows and whose rates cost it:
+    where it runs, except that a copy between the host and a GPU is the GPU's whichever way it
+    goes (the link and the GPU's copy engines set its speed; a host key would mix it with CPU
+    rows and let a simulated GPU's copies stand for a real one's)."""
+    return next((k for k in placement(kernel) if k != "cpu"), "cpu")
+
+
+def crosses_link(kernel) -> bool:
+    """A copy between the host and a GPU: costed by the link, not by a roofline."""
+    source, target = placement(kernel)
+    return source != target and "cpu" in (source, target)
 
 
 def _is_composite(kernel) -> bool:

@@ -2,7 +2,8 @@
 
 Three layers, coarse to fine in what they change: ``machine`` (this box: a measurement taken
 here is preferred), ``device`` (what the kernel ran on: CPU model, the SIMD flags that change
-which code paths run, core count; or GPU name and driver) and ``libs`` (the backend library
+which code paths run, core count; or GPU name, compute capability and driver; the simulated
+GPU is "cuda|simulated|" and the CPU's layer) and ``libs`` (the backend library
 versions and C compiler that produced the code). Timings transfer between machines that share
 the device and libs layers, so lookups match on those two and only *prefer* the machine.
 """
@@ -18,6 +19,8 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
+
+from tensor_graphs.devices import simulated_cuda
 
 # SIMD features that decide which kernels (BLAS, compiler auto-vectorisation) run.
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
@@ -113,10 +116,19 @@ def _cpu_device() -> str:
     return f"cpu|{_cpu_model()}|{flags}|{cores} core{'s' if cores != 1 else ''}"
 
 
+SIMULATED_GPU = "cuda|simulated"  # the device layer's head for the simulated GPU (devices.py)
+
+
 def _other_device(kind: str) -> str:
-    """GPU name and driver via torch (imported only here, when a GPU key is asked for)."""
+    """GPU name and driver via torch (imported only here, when a GPU key is asked for). The
+    simulated GPU (``TG_SIMULATED_CUDA``) runs its kernels on this CPU, so its key is its own,
+    "cuda|simulated|" and the CPU's layer: its timings are CPU times and must never land in a
+    real GPU's rows, nor in those of a simulation on another CPU. It wins over a real GPU, as
+    in ``devices.simulated_cuda``."""
     if kind != "cuda":
         return kind
+    if simulated_cuda() is not None:
+        return f"{SIMULATED_GPU}|{_cpu_device()}"
     try:
         import torch
 

@@ -8,6 +8,13 @@ calls; the row keeps the median, min and max seconds per call. ``measure_togethe
 samples of several calls in interleaved rounds, so alternatives see the same load. A kernel
 that raises is recorded as a failure (with its message) so a profiling run moves on and a
 resumed run does not retry it.
+
+A GPU kernel's call (and a copy to or from a GPU) is measured the same way through its
+``device.DeviceIO``: inputs made on the host and moved to the GPU once, outside the timing;
+the result brought back for the check; every sample (and the warm-up and calibration) taken
+with the device synchronized before and after, so an asynchronous launch is not timed as free.
+A call's row carries its ``hardware`` (the GPU's key for a GPU call), never the CPU's by
+default.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_graphs import threads
+from tensor_graphs.db.hardware import Hardware
 from tensor_graphs.db.store import Measurement
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.evaluate import evaluate
@@ -26,12 +34,14 @@ from tensor_graphs.ir.graph import substitute
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import STATE, STATE_UPDATE
 from tensor_graphs.numerics import relative_error
+from tensor_graphs.profiler.device import device_io
 
 
 @dataclass(frozen=True)
 class Call:
     """What to measure: ``kernel`` computing ``node`` from ``arguments`` (positional), with
-    ``attrs`` as keywords; ``signature`` is the database key; ``flops``/``bytes`` its work."""
+    ``attrs`` as keywords; ``signature`` is the database key; ``flops``/``bytes`` its work;
+    ``hardware`` the key its row is filed under (None: this machine's CPU)."""
 
     kernel: object
     node: Node
@@ -40,6 +50,7 @@ class Call:
     signature: str
     flops: float = 0.0
     bytes: float = 0.0
+    hardware: Hardware | None = None
 
 
 # arguments that stay states as leaves: ``state_update`` accepts only a state (or a version
@@ -119,29 +130,33 @@ class _Timer:
     def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int):
         k = call.kernel
         self.base = dict(kernel=k.name, source_hash=k.source_hash, signature=call.signature,
-                         flops=call.flops, bytes=call.bytes)
+                         flops=call.flops, bytes=call.bytes, hardware=call.hardware)
         self.failure: str | None = None
         self.samples: list[float] = []
         self.error = math.nan
+        self.sync = None
         try:
+            io = device_io(k)
+            self.sync = io.sync
             rng = np.random.default_rng(seed)
             graph, names = region_graph(call)
             values = random_inputs(call, rng)
-            # arguments prepared at bind time (a packed weight) are prepared once, outside the
-            # timing, as the runtime does per binding (registry: ``prepare=``)
-            arrays = k.prepare_arguments([values[a] for a in call.arguments])
+            # inputs go to the kernel's device once, and arguments prepared at bind time (a
+            # packed weight) are prepared once, outside the timing, as the runtime does per
+            # binding (registry: ``prepare=``)
+            placed = {a: io.to_device(v) for a, v in values.items()}
+            arrays = k.prepare_arguments([placed[a] for a in call.arguments])
             with np.errstate(all="ignore"):
                 ref = evaluate(graph, {names[a]: v for a, v in values.items()},
                                dtype="float64")
-                got = k.fn(*arrays, **call.attrs)
-            got = np.asarray(got)
+                got = io.to_host(k.fn(*arrays, **call.attrs))
             if got.shape != ref.shape:
                 raise ValueError(f"result shape {got.shape}, expected {ref.shape}")
             finite = np.isfinite(ref)
             self.error = relative_error(np.where(finite, got, 0), np.where(finite, ref, 0))
             self.fn = lambda: k.fn(*arrays, **call.attrs)
             start = time.perf_counter()
-            self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds)
+            self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds, self.sync)
             self.budget = max_seconds - (time.perf_counter() - start)
             if not self.calls:  # one call took half the budget: it is the only sample
                 self.samples.append(first)
@@ -154,7 +169,7 @@ class _Timer:
 
     def sample(self) -> None:
         try:
-            seconds = _sample(self.fn, self.calls)
+            seconds = _sample(self.fn, self.calls, self.sync)
             self.samples.append(seconds)
             self.budget -= seconds * self.calls
         except Exception as exc:  # noqa: BLE001
@@ -172,40 +187,49 @@ class _Timer:
                            error=None if math.isnan(self.error) else float(self.error))
 
 
-def _calls_per_sample(fn, min_sample: float, max_seconds: float) -> tuple[int, float]:
+def _calls_per_sample(fn, min_sample: float, max_seconds: float, sync=None
+                      ) -> tuple[int, float]:
     """(calls per sample, the first sample's seconds per call): a warm-up, then enough calls
     to last ``min_sample`` (found by doubling, so one slow first call does not shrink every
     sample to a single call). 0 calls when the warm-up alone took half of ``max_seconds``:
-    that one call is the only sample."""
+    that one call is the only sample. ``sync`` waits for a device's queued work (see
+    ``_sample``)."""
     start = time.perf_counter()
     fn()  # warm-up (caches, lazy compilation, thread pools)
+    if sync is not None:
+        sync()
     if time.perf_counter() - start > max_seconds / 2:
         return 0, time.perf_counter() - start
     calls = 1
     while True:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        batch = time.perf_counter() - t0
+        batch = _sample(fn, calls, sync) * calls
         if batch >= min_sample or time.perf_counter() - start > max_seconds / 4:
             return calls, batch / calls
         calls *= 2
 
 
-def sample_times(fn, repeats: int, min_sample: float, max_seconds: float) -> list[float]:
+def sample_times(fn, repeats: int, min_sample: float, max_seconds: float,
+                 sync=None) -> list[float]:
     """Seconds per call of ``fn`` alone: the first sample as ``_calls_per_sample`` finds it,
     then more of the same length until ``repeats`` samples or ``max_seconds``."""
     start = time.perf_counter()
-    calls, first = _calls_per_sample(fn, min_sample, max_seconds)
+    calls, first = _calls_per_sample(fn, min_sample, max_seconds, sync)
     samples = [first]
     while calls and len(samples) < repeats and time.perf_counter() < start + max_seconds:
-        samples.append(_sample(fn, calls))
+        samples.append(_sample(fn, calls, sync))
     return samples
 
 
-def _sample(fn, calls: int) -> float:
-    """Seconds per call of ``calls`` back-to-back calls."""
+def _sample(fn, calls: int, sync=None) -> float:
+    """Seconds per call of ``calls`` back-to-back calls. With ``sync`` (a GPU's
+    ``torch.cuda.synchronize``) the device is drained before the clock starts and waited for
+    before it stops: a launch returns before its kernel runs, so without it a sample times
+    the launches (or, once the queue is full, a previous sample's kernels)."""
+    if sync is not None:
+        sync()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
+    if sync is not None:
+        sync()
     return (time.perf_counter() - t0) / calls

@@ -6,9 +6,17 @@ kernel and signature). The float64-reference kernels (numpy_exact_*) are measure
 slot has nothing else. Each kernel is verified (``tg.kernels.verify``) before its first
 measurement; one that fails verification is recorded as a failure and never measured.
 
+GPU kernels (torch CUDA kernels, generated kernels for "cuda") and the copies between host and
+GPU are measured too when a GPU is usable, on the GPU (``device.DeviceIO``: inputs moved there
+once, samples synchronized), and filed under the GPU's hardware key (the cost model's
+``hardware[measured_on(kernel)]``), so they never mix with CPU rows. The simulated GPU
+(``TG_SIMULATED_CUDA``) is measured the same way under a key of its own: CPU times that say
+nothing about a GPU, kept apart from a real GPU's rows.
+
 The calls go in the graph's order (a slot's options, and those of the slots next to it, side by
 side) and are timed ``WINDOW`` at a time in interleaved rounds (``measure_together``), so a
-fused kernel and the unfused steps it competes with are measured under the same load.
+fused kernel and the unfused steps it competes with are measured under the same load. A window
+holds the calls of one device (claims are per hardware key).
 
 Profilers sharing a database file split the work: before measuring a window each claims its
 calls in the database (``Database.claim``), skipping calls another live profiler holds, and
@@ -27,13 +35,15 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-from tensor_graphs.db.cost import is_exact_kernel
+from tensor_graphs.db.cost import is_exact_kernel, measured_on
+from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.db.store import Database, Measurement
+from tensor_graphs.devices import cuda_available
 from tensor_graphs.errors import DatabaseError
 from tensor_graphs.kernels import generated
-from tensor_graphs.planner.plan import KERNEL, Option
+from tensor_graphs.planner.plan import COPY, KERNEL, Option
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler.measure import Call, measure_together
 from tensor_graphs.profiler.progress import Progress
@@ -44,18 +54,32 @@ LEASE_SECONDS = 30.0  # a claim's life unless renewed: how long a dead profiler'
 
 
 def calls_to_measure(planner: Planner) -> list[Option]:
-    """The planner's kernel options without a measurement, one per (kernel, signature), in the
-    order of the slots (bottom-up: a node's options next to those of its inputs)."""
+    """The planner's kernel and copy options without a row, one per (kernel, signature), in
+    the order of the slots (bottom-up: a node's options next to those of its inputs). GPU
+    kernels and host<->GPU copies only when a GPU (real or simulated) is usable here."""
     found: dict[tuple[str, str], Option] = {}
+    gpu = None
     for options in planner._options.values():
-        alternatives = [o for o in options if o.how == KERNEL]
+        alternatives = [o for o in options if o.how in (KERNEL, COPY)]
         for o in alternatives:
-            if o.estimate.source in ("measured", "free") or o.kernel.device != "cpu":
+            if o.estimate.source in ("measured", "free", "failed"):
                 continue
+            if measured_on(o.kernel) != "cpu":
+                if gpu is None:
+                    gpu = cuda_available()
+                if not gpu:
+                    continue
             if is_exact_kernel(o.kernel) and len(alternatives) > 1:
                 continue
             found.setdefault((o.kernel.name, o.signature), o)
     return list(found.values())
+
+
+def hardware_of(o: Option, hardware: Mapping[str, Hardware] | None) -> Hardware:
+    """The key ``o``'s row is filed under: the cost model's for the kernel's device kind (so
+    the planner finds it), else this process's."""
+    kind = measured_on(o.kernel)
+    return (hardware or {}).get(kind) or current(kind)
 
 
 def verified(kernel) -> str | None:
@@ -73,27 +97,34 @@ def verified(kernel) -> str | None:
     return _verified[kernel.name]
 
 
-def call_of(o: Option) -> Call:
-    """The option's kernel call (a generated kernel already built: see ``verified``)."""
+def call_of(o: Option, hardware: Mapping[str, Hardware] | None = None) -> Call:
+    """The option's kernel call (a generated kernel already built: see ``verified``). A copy
+    is called with its target device, as its signature names it."""
     args = tuple(n.node for n in o.needs)
     node = getattr(o.kernel, "computes", None) or o.slot.node
-    return Call(generated.realize(o.kernel), node, args, dict(o.attrs), o.signature,
-                o.features.flops, o.features.bytes)
+    attrs = dict(o.attrs)
+    if o.how == COPY and "device" in o.kernel.attrs:
+        attrs["device"] = o.slot.device
+    return Call(generated.realize(o.kernel), node, args, attrs, o.signature,
+                o.features.flops, o.features.bytes, hardware_of(o, hardware))
 
 
-def measure_options(options: list[Option]):
+def measure_options(options: list[Option], hardware: Mapping[str, Hardware] | None = None):
     """Verify each option's kernel (once per process), then measure the calls ``WINDOW`` at a
-    time in interleaved rounds; yields (option, Measurement) per window, in order. A kernel
-    that fails verification gives a failure row and is never timed."""
+    time in interleaved rounds; yields (option, Measurement) per window, in order, each row
+    keyed by ``hardware_of``. A kernel that fails verification gives a failure row and is
+    never timed."""
     nan = float("nan")
     for i in range(0, len(options), WINDOW):
         window = options[i:i + WINDOW]
         failures = {id(o): verified(o.kernel) for o in window}
         timed = [o for o in window if failures[id(o)] is None]
-        rows = dict(zip(map(id, timed), measure_together([call_of(o) for o in timed])))
+        rows = dict(zip(map(id, timed),
+                        measure_together([call_of(o, hardware) for o in timed])))
         yield [(o, rows.get(id(o)) or Measurement(
             o.kernel.name, o.kernel.source_hash, o.signature, 0, nan, nan, nan, None,
-            f"verification failed: {failures[id(o)]}")) for o in window]
+            f"verification failed: {failures[id(o)]}", hardware_of(o, hardware)))
+            for o in window]
 
 
 class Claims:
@@ -108,10 +139,11 @@ class Claims:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def take(self, options: Sequence[Option], limit: int) -> list[str]:
-        """``Database.claim`` for the options' calls, in order."""
+    def take(self, options: Sequence[Option], limit: int,
+             hardware: Hardware | None = None) -> list[str]:
+        """``Database.claim`` for the options' calls on ``hardware``, in order."""
         states = self.db.claim([(o.kernel.name, o.kernel.source_hash, o.signature)
-                                for o in options], self.owner, self.lease, limit)
+                                for o in options], self.owner, self.lease, limit, hardware)
         if "claimed" in states and self._thread is None:
             self._thread = threading.Thread(target=self._renew, name="tg-profiler-claims",
                                             daemon=True)
@@ -147,28 +179,40 @@ class Work:
     time) and ``by_others`` how many calls others recorded."""
 
     def __init__(self, db: Database, options: Sequence[Option], lease: float | None = None,
-                 deadline: float | None = None):
-        self.db, self.deadline = db, deadline
+                 deadline: float | None = None,
+                 hardware: Mapping[str, Hardware] | None = None):
+        self.db, self.deadline, self.hardware = db, deadline, hardware
         self.lease = LEASE_SECONDS if lease is None else float(lease)
         self.pending = list(options)
         self.by_others = 0
 
     def __iter__(self) -> Iterator[list[tuple[Option, Measurement]]]:
         claims = Claims(self.db, self.lease)
+        keys = {id(o): hardware_of(o, self.hardware) for o in self.pending}
+        held: set[Hardware] = set()  # devices whose pending calls others hold, since a wait
         started = False
         try:
             while self.pending:
                 if started and self.deadline is not None and time.monotonic() > self.deadline:
                     return
-                states = claims.take(self.pending, WINDOW)
-                window = [o for o, s in zip(self.pending, states) if s == "claimed"]
-                self.by_others += states.count("done")
-                self.pending = [o for o, s in zip(self.pending, states) if s in ("held", "later")]
-                started = True
-                if not window:  # all held by live profilers: wait for their rows
+                # the next window: calls of one device, claimed under its key, first the device
+                # of the first pending call that is not all held by others
+                hw = next((keys[id(o)] for o in self.pending if keys[id(o)] not in held), None)
+                if hw is None:  # all held by live profilers: wait for their rows
                     time.sleep(min(0.5, self.lease / 4))
+                    held.clear()
                     continue
-                yield from measure_options(window)
+                same = [o for o in self.pending if keys[id(o)] == hw]
+                states = dict(zip(map(id, same), claims.take(same, WINDOW, hw)))
+                window = [o for o in same if states[id(o)] == "claimed"]
+                self.by_others += sum(1 for s in states.values() if s == "done")
+                self.pending = [o for o in self.pending
+                                if states.get(id(o), "later") in ("held", "later")]
+                started = True
+                if not window:
+                    held.add(hw)
+                    continue
+                yield from measure_options(window, self.hardware)
                 claims.release()  # what the caller did not record
         finally:
             claims.close()
@@ -186,7 +230,7 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
     db.record_in_memory()  # a read-only database: keep the rows for this process's plans
     bar = Progress(len(todo), "profiling") if progress else None
     added = 0
-    for window in Work(db, todo, lease):
+    for window in Work(db, todo, lease, hardware=planner.cost.hardware):
         for o, m in window:
             db.record(m)
             added += 1

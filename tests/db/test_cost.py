@@ -32,7 +32,7 @@ OTHER_DEVICE = Hardware(HW.machine, "other-cpu|sse4_2|64 cores", HW.libs)
 OTHER_LIBS = Hardware(HW.machine, HW.device, "numpy 9.9|cc 0")
 RATES = {"flops": 1e9, "bytes": 1e10, "dispatch": 1e-6}
 MATMUL = registry.get("numpy_matmul")
-NUMPY = OVERHEAD["numpy"]  # 3 us: what a numpy kernel call costs beyond its work
+NUMPY = OVERHEAD["numpy", "cpu"]  # 3 us: what a numpy kernel call costs beyond its work
 US, MS = 1e-6, 1e-3
 
 
@@ -299,7 +299,7 @@ def test_the_roofline_per_kind_of_kernel(db):
     model = CostModel(db, {"cpu": HW})
     cases = {
         "numpy_softmax": NUMPY + 3 * 501 * US,  # numpy: three whole-array passes
-        "c_softmax": OVERHEAD["c"] + 501 * US,  # one pass
+        "c_softmax": OVERHEAD["c", "cpu"] + 501 * US,  # one pass
         "numpy_exact_softmax": 40 * US + 20 * (NUMPY + 3 * 501 * US),  # float64 reference
     }
     for name, seconds in cases.items():
@@ -332,3 +332,120 @@ def test_answers_are_cached_until_refresh_sees_a_new_revision(db):
 def test_an_estimate_reads_as_time_source_and_uncertainty():
     assert str(Estimate(7.979e-3, "interpolated", 2.54)) == "7.98 ms (interpolated, x2.5)"
     assert str(Estimate(4.5e-6, "estimated", 4.0)) == "4.5 us (estimated, x4)"
+
+
+# ------------------------------------------------------------------------------ a GPU
+GPU = Hardware("test-box", "cuda|Test GPU|sm 9.0|driver 1|cuda 13", HW.libs)
+GPU_KERNELS = ("test_cost_gpu_tanh", "test_cost_triton_tanh", "copy_host_to_cuda",
+               "copy_cuda_to_host")
+
+
+@pytest.fixture
+def gpu_kernels():
+    """A GPU's torch and Triton tanh and the host<->GPU copies. On a machine without a GPU the
+    copies are registered here as host functions: costing needs only names and routes."""
+    from tensor_graphs.kernels import copy as copies
+
+    made = []
+    real = {k.name for k in registry.all()}
+    for name, backend in (("test_cost_gpu_tanh", "torch"), ("test_cost_triton_tanh", "triton")):
+        tg.kernel("tanh", backend=backend, device="cuda", name=name)(lambda x: np.tanh(x))
+        made.append(name)
+    for name, src, dst in (("copy_host_to_cuda", "cpu", "cuda"),
+                           ("copy_cuda_to_host", "cuda", "cpu")):
+        if name not in real:
+            copies.copy_kernel(name, src, dst)(lambda x: np.array(x))
+            made.append(name)
+    try:
+        yield {name: registry.get(name) for name in GPU_KERNELS}
+    finally:
+        for name in made:
+            registry.unregister(name)
+            copies.ROUTES.pop(name, None)
+
+
+def tanh_call(shape):
+    x = tg.input("x", shape)
+    y = tg.tanh(x)
+    return sig_of(y), features([y], [x], y)
+
+
+def copy_call(shape, device):
+    x = tg.input("x", shape)
+    return signature_text([(x.shape, "float32")], {"device": device}), features((), [x], x)
+
+
+def test_a_gpu_uncalibrated_has_a_datacenter_gpus_rates_and_a_launch_per_step(db, gpu_kernels):
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})  # the CPU calibrated, the GPU not
+    sig, f = tanh_call((4096, 4096))  # 16.8 M elements: 67 MB in, 67 MB out
+    assert f.bytes == 2 * 4096 * 4096 * 4
+    flops_at, bytes_at = f.flops / 50e12, f.bytes / 2e12  # 50 TFLOP/s, 2 TB/s
+    for name, launch in (("test_cost_gpu_tanh", 8 * US), ("test_cost_triton_tanh", 15 * US)):
+        assert_estimate(model.estimate(gpu_kernels[name], sig, f),
+                        launch + max(flops_at, bytes_at), "estimated", UNCERTAINTY["estimated"])
+    # on the CPU the same call is the CPU's rates (1 GFLOP/s here): ~2000x slower
+    cpu = model.estimate(registry.get("torch_tanh"), sig, f)
+    assert cpu.seconds == pytest.approx(6 * US + f.flops / 1e9, rel=1e-12)
+    # a tiny call costs its launch: 8 us on the GPU, where numpy's Python call is 3 us
+    tiny_sig, tiny = tanh_call((4, 16))
+    gpu_tiny = model.estimate(gpu_kernels["test_cost_gpu_tanh"], tiny_sig, tiny).seconds
+    assert 8 * US < gpu_tiny < 8.001 * US
+    assert model.rates("cuda")["dispatch"] == RATES["dispatch"]  # the host's runtime loop
+
+
+def test_a_host_gpu_copy_costs_the_links_latency_and_bandwidth(db, gpu_kernels):
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    for name, device in (("copy_host_to_cuda", "cuda"), ("copy_cuda_to_host", "cpu")):
+        sig, f = copy_call((16384, 16384), device)  # 1 GiB: read once, written once
+        got = model.estimate(gpu_kernels[name], sig, f)
+        # 10 us latency + 2^30 B over a 12 GB/s link (it crosses once, not read + written)
+        assert_estimate(got, 10 * US + 2 ** 30 / 12e9, "estimated", UNCERTAINTY["estimated"])
+        assert 0.05 < got.seconds < 0.2  # ~0.1 s before it is measured
+        small = model.estimate(gpu_kernels[name], *copy_call((4, 16), device)).seconds
+        assert 10 * US < small < 10.1 * US  # a small copy is its latency
+
+
+def test_a_gpus_calibration_replaces_its_rates_launch_and_link(db, gpu_kernels):
+    db.set_calibration(GPU, {"flops": 1e13, "bytes": 1e12, "link": 25e9,
+                             "link_latency": 20 * US, "launch": 4 * US})
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    sig, f = tanh_call((4096, 4096))
+    assert_estimate(model.estimate(gpu_kernels["test_cost_gpu_tanh"], sig, f),
+                    4 * US + max(f.flops / 1e13, f.bytes / 1e12), "estimated",
+                    UNCERTAINTY["estimated"])
+    # Triton's launcher is not calibrated: it keeps its built-in 15 us
+    assert model.estimate(gpu_kernels["test_cost_triton_tanh"], sig, f).seconds == \
+        pytest.approx(15 * US + max(f.flops / 1e13, f.bytes / 1e12), rel=1e-12)
+    got = model.estimate(gpu_kernels["copy_cuda_to_host"], *copy_call((16384, 16384), "cpu"))
+    assert got.seconds == pytest.approx(20 * US + 2 ** 30 / 25e9, rel=1e-12)
+    assert model.rates("cuda")["dispatch"] == RATES["dispatch"]
+
+
+def test_gpu_rows_and_copies_are_read_under_the_gpus_key_only(db, gpu_kernels):
+    """A GPU kernel's rows, and a copy's either way, are the GPU's: a row of the same call
+    under the CPU's key (or another GPU's, or the simulated GPU's) is not its time."""
+    simulated = Hardware("test-box", "cuda|simulated|" + HW.device, HW.libs)
+    other_gpu = Hardware("test-box", "cuda|Other GPU|sm 8.0|driver 1|cuda 13", HW.libs)
+    calls = {"test_cost_gpu_tanh": tanh_call((64, 64)),
+             "copy_cuda_to_host": copy_call((64, 64), "cpu"),
+             "copy_host_to_cuda": copy_call((64, 64), "cuda")}
+    for name, (sig, _) in calls.items():
+        k = gpu_kernels[name]
+        for hw, seconds in ((HW, 1 * MS), (simulated, 2 * MS), (other_gpu, 3 * MS)):
+            db.record(Measurement(name, k.source_hash, sig, 5, seconds, seconds, seconds, 0.0,
+                                  hardware=hw))
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    for name, (sig, f) in calls.items():
+        assert model.estimate(gpu_kernels[name], sig, f).source == "estimated"
+    for name, (sig, _) in calls.items():
+        k = gpu_kernels[name]
+        db.record(Measurement(name, k.source_hash, sig, 5, 5 * US, 5 * US, 5 * US, 0.0,
+                              hardware=GPU))
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    for name, (sig, f) in calls.items():
+        assert_estimate(model.estimate(gpu_kernels[name], sig, f), 5 * US, "measured",
+                        UNCERTAINTY["measured"])
+    # and the simulated GPU's model reads the simulated rows only
+    model = CostModel(db, {"cpu": HW, "cuda": simulated})
+    for name, (sig, f) in calls.items():
+        assert model.estimate(gpu_kernels[name], sig, f).seconds == 2 * MS

@@ -1,0 +1,169 @@
+"""Measuring on a GPU: what the profiler adds for a GPU plan, where the rows are filed, and
+that a second compile plans from them.
+
+Runs on a real GPU and under the simulated one (``TG_SIMULATED_CUDA=1``: cuda:0's tensors are
+CPU tensors, so CI exercises the same path with CPU timings under the key "cuda|simulated|...").
+Shapes are tiny except in the real-GPU-only timing check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.db import hardware  # noqa: E402
+from tensor_graphs.db.cost import CostModel, measured_on  # noqa: E402
+from tensor_graphs.db.store import open_db  # noqa: E402
+from tensor_graphs.devices import cuda_available, simulated_cuda  # noqa: E402
+from tensor_graphs.kernels import registry  # noqa: E402
+from tensor_graphs.planner.search import Planner, signature  # noqa: E402
+from tensor_graphs.profiler import missing  # noqa: E402
+from tensor_graphs.profiler.device import device_io  # noqa: E402
+from tensor_graphs.profiler.measure import Call, measure  # noqa: E402
+
+if not cuda_available():
+    pytest.skip("needs a GPU, real or simulated (TG_SIMULATED_CUDA=1)", allow_module_level=True)
+
+SIMULATED = simulated_cuda() is not None
+CPU, GPU = hardware.current("cpu"), hardware.current("cuda")
+COPIES = {"copy_host_to_cuda", "copy_cuda_to_host"}
+
+
+def test_the_gpus_rows_have_a_key_of_their_own():
+    if SIMULATED:  # CPU times, never a real GPU's rows nor this CPU's
+        assert GPU.device == "cuda|simulated|" + CPU.device
+    else:
+        assert GPU.device.startswith("cuda|") and "|sm " in GPU.device
+        assert not GPU.device.startswith("cuda|simulated")
+    assert GPU.device_key != CPU.device_key
+
+
+def planner_for(db, outputs, backends=("numpy", "torch", "copy")) -> Planner:
+    cost = CostModel(db, {"cpu": CPU, "cuda": GPU})
+    planner = Planner(outputs, target="cuda", cost=cost, tolerance=1e-5, backends=backends,
+                      generate=False)
+    planner.solve()  # every option of every slot
+    return planner
+
+
+def tanh_of_product():
+    x, w = tg.input("x", (8, 16)), tg.input("w", (16, 16))
+    return x, w, tg.tanh(x @ w)
+
+
+def test_profile_missing_measures_gpu_kernels_and_copies_on_the_gpu(tmp_path):
+    db = open_db(tmp_path / "gpu.sqlite")
+    *_, y = tanh_of_product()
+    planner = planner_for(db, [y])
+    todo = missing.calls_to_measure(planner)
+    on_gpu = {o.kernel.name for o in todo if measured_on(o.kernel) == "cuda"}
+    assert {"torch_cuda_matmul", "torch_cuda_tanh"} | COPIES <= on_gpu
+    added = missing.profile_missing(planner, db, progress=False)
+    rows = db.rows()
+    assert added == len(rows) == len(todo)
+    for r in rows:  # each checked against the float64 reference before it was timed
+        assert r.failure is None and r.runs > 0 and r.min > 0, r
+        assert r.error is not None and r.error <= 1e-5, r
+        assert r.hardware == (GPU if measured_on(registry.get(r.kernel)) == "cuda" else CPU)
+        if r.kernel in COPIES:
+            assert r.error == 0.0  # the same bits, moved
+    assert on_gpu <= {r.kernel for r in rows if r.hardware == GPU}
+    # a second planner finds every option measured, the GPU's under the GPU's key
+    again = planner_for(db, [y])
+    assert missing.calls_to_measure(again) == []
+    sources = {o.kernel.name: o.estimate.source for opts in again._options.values()
+               for o in opts if o.kernel is not None and o.kernel.name in on_gpu}
+    assert set(sources) == on_gpu and set(sources.values()) == {"measured"}
+
+
+@pytest.fixture
+def wrong_gpu_tanh():
+    """A torch kernel on the GPU that is off by one: verification must catch it on the GPU."""
+    name = "test_wrong_cuda_tanh"
+    tg.kernel("tanh", backend="torch", device="cuda", name=name)(lambda x: x.tanh() + 1)
+    try:
+        yield registry.get(name)
+    finally:
+        registry.unregister(name)
+        missing._verified.pop(name, None)
+
+
+def test_a_wrong_gpu_kernel_gets_a_failure_row_never_a_time(tmp_path, wrong_gpu_tanh):
+    db = open_db(tmp_path / "gpu.sqlite")
+    x = tg.input("x", (8, 16))
+    y = tg.tanh(x)
+    planner = planner_for(db, [y])
+    assert wrong_gpu_tanh.name in {o.kernel.name for o in missing.calls_to_measure(planner)}
+    missing.profile_missing(planner, db, progress=False)
+    (row,) = db.rows(wrong_gpu_tanh.name)
+    assert row.failure.startswith("verification failed") and row.runs == 0
+    assert math.isnan(row.min) and row.hardware == GPU
+    again = planner_for(db, [y])
+    estimates = [o.estimate for opts in again._options.values() for o in opts
+                 if o.kernel is wrong_gpu_tanh]
+    assert estimates and all(e.source == "failed" for e in estimates)
+    assert wrong_gpu_tanh.name not in again.plan().kernels
+
+
+def test_compile_profile_missing_on_the_gpu_then_plans_from_the_rows(tmp_path):
+    path = tmp_path / "gpu.sqlite"
+    x, w, y = tanh_of_product()
+    first = tg.compile(y, device="cuda", db=path, profile="missing")
+    with open_db(path) as db:
+        gpu_rows = {r.kernel for r in db.rows() if r.hardware == GPU}
+    assert {"torch_cuda_matmul", "torch_cuda_tanh"} | COPIES <= gpu_rows
+    second = tg.compile(y, device="cuda", db=path)
+    text = second.explain()
+    assert "estimated" not in text and "measured" in text
+    assert [s.kernel.name for s in second.plan.steps] == \
+        [s.kernel.name for s in first.plan.steps]
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((8, 16)).astype(np.float32)
+    ws = rng.standard_normal((16, 16)).astype(np.float32)
+    got = np.asarray(second(x=xs, w=ws))
+    ref = np.tanh(xs.astype(np.float64) @ ws.astype(np.float64))
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_gpu_call_runs_on_the_gpu_and_its_samples_wait_for_it():
+    """Inputs go to the GPU's memory and samples synchronize the device (the simulated GPU's
+    memory is the host's and its ops are synchronous: nothing to wait for). On a real GPU, a
+    4096^3 float32 product is 137 GFLOP: at least 137 us on any GPU (1 PFLOP/s is past every
+    fp32 and TF32 peak), where its launch returns in microseconds; timed without
+    synchronizing, hundreds of launches fit in a 2 ms sample before the queue fills."""
+    k = registry.get("torch_cuda_matmul")
+    io = device_io(k)
+    placed = io.to_device(np.ones((2, 2), np.float32))
+    assert str(placed.device) == ("cpu" if SIMULATED else "cuda:0")
+    assert (io.sync is None) == SIMULATED
+    if SIMULATED:
+        return
+    n = 4096
+    a, b = tg.input("a", (n, n)), tg.input("b", (n, n))
+    node = a @ b
+    row = measure(Call(k, node, (a, b), {}, signature([a, b], node.attrs), hardware=GPU),
+                  repeats=3)
+    assert row.failure is None and row.error < 1e-5, row
+    assert row.min >= 2.0 * n ** 3 / 1e15, row
+
+
+def test_calibrating_the_gpu_stores_its_rates_under_its_key(tmp_path):
+    from tensor_graphs.commands.calibrate import calibrate_gpu
+
+    db = open_db(tmp_path / "gpu.sqlite")
+    rates = calibrate_gpu(db, GPU, seconds=0.2)
+    assert set(rates) == {"flops", "bytes", "link", "link_latency", "launch"}
+    assert all(v > 0 and math.isfinite(v) for v in rates.values())
+    assert db.calibration(GPU) == rates and db.calibration(CPU) is None
+    if not SIMULATED:  # any GPU of the last decade
+        assert rates["flops"] > 1e12 and rates["bytes"] > 1e11 and rates["link"] > 1e9
+        assert 1e-7 < rates["launch"] < 1e-4 and rates["link_latency"] < 1e-3
+    model = CostModel(db, {"cpu": CPU, "cuda": GPU})
+    assert model.overhead(registry.get("torch_cuda_tanh")) == rates["launch"]
+    assert model.overhead(registry.get("copy_cuda_to_host")) == rates["link_latency"]
+    assert model.rates("cuda")["flops"] == rates["flops"]
