@@ -12,6 +12,7 @@ from typing import Any
 
 from tensor_graphs.cli_args import Parser, choice_of, count, existing_file, positive_int
 from tensor_graphs.commands.db import add_db_commands
+from tensor_graphs.commands.kernels_compile import add_compile_command
 from tensor_graphs.commands.kernels_generate import add_generate_command
 from tensor_graphs.commands.profile import add_plan_commands
 from tensor_graphs.errors import ArgumentError, DeviceError, TensorGraphsError
@@ -192,6 +193,7 @@ def _add_kernels(sub) -> None:
     pr.set_defaults(run=_kernels_prompt)
 
     add_generate_command(ksub)
+    add_compile_command(ksub)
 
 
 # How main reports each kind of failure: (exception, its one-line message, exit status); the

@@ -113,6 +113,7 @@ def candidates(root: Node, uses: Mapping[Node, int], expand: Expand) -> list[Can
 def generators() -> tuple[tuple[str, Callable], ...]:
     """The generators, imported on first use (each renders for its own backend)."""
     from tensor_graphs.kernels.c import codegen, gemm_epilogue, rowgen
+    from tensor_graphs.kernels.triton import generate as triton
 
     return (
         # elementwise DAGs of any shape: one C loop over the broadcast output
@@ -121,6 +122,9 @@ def generators() -> tuple[tuple[str, Callable], ...]:
         ("rows", rowgen.row_candidate),
         # a matmul on a static weight and the elementwise region after it, in the GEMM's store
         ("gemm_epilogue", gemm_epilogue.gemm_candidate),
+        # on a GPU (real or simulated), the same elementwise and row regions as Triton
+        # kernels, one row per launch configuration (kernels/triton/generate.py)
+        *triton.generator_rows(),
     )
 
 

@@ -192,13 +192,16 @@ def inlinable(node: Node) -> bool:
 
 def elementwise_region(root: Node, inputs: Sequence[Node] | None = None, *,
                        uses: Mapping[Node, int] | None = None,
-                       decompose_composites: bool = True) -> Region:
+                       decompose_composites: bool = True,
+                       fusable: Callable[[Node], bool] = fusable,
+                       inlinable: Callable[[Node], bool] = inlinable) -> Region:
     """The maximal elementwise subgraph rooted at ``root``.
 
     It stops at leaves, non-elementwise ops and unsupported dtypes, and at ``inputs`` when
     given (explicit boundaries), and with ``uses`` (use counts of the whole graph) at nodes with
     more than one user. A composite root is decomposed first (``decompose_composites``); the
-    region's inputs are then nodes of the decomposed graph.
+    region's inputs are then nodes of the decomposed graph. ``fusable`` and ``inlinable`` say
+    which nodes another backend renders (Triton's: float16 too) and which constants it inlines.
     """
     if not isinstance(root, Node):
         raise ArgumentError(f"elementwise_region: expected a graph node, got "

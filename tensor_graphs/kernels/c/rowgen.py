@@ -146,9 +146,15 @@ def joins(n: Node, width) -> bool:
     return cg.fusable(n)
 
 
-def row_region(top: Node, boundary: Sequence[Node]) -> RowRegion | None:
+def row_region(top: Node, boundary: Sequence[Node],
+               constant: Callable[[Node], np.generic | None] | None = None) -> RowRegion | None:
     """The row region rooted at ``top`` (a root rebuilt over atomic ops, ``generated.rebuilt``)
-    that stops at ``boundary``; None when it has no reduction or its root is not a full row."""
+    that stops at ``boundary``; None when it has no reduction or its root is not a full row.
+    ``constant(node)`` is the value of a constant the renderer inlines, or None (default: the
+    0-d constants C has a type for; Triton's renderer inlines float16 ones too)."""
+    if constant is None:
+        def constant(b: Node) -> np.generic | None:
+            return cg.uniform_value(b) if cg.inlinable(b) else None
     if top.ndim == 0 or _is_one(_last(top)) or top.op.name in REDUCTIONS:
         return None
     stop = set(boundary)
@@ -172,8 +178,9 @@ def row_region(top: Node, boundary: Sequence[Node]) -> RowRegion | None:
     consts: dict[Node, np.generic] = {}
     inputs: list[Node] = []
     for b in found_inputs:
-        if cg.inlinable(b) and cg.uniform_value(b) is not None:
-            consts[b] = cg.uniform_value(b)
+        value = constant(b)
+        if value is not None:
+            consts[b] = value
         else:
             inputs.append(b)
     width = _last(top)
@@ -931,36 +938,39 @@ def build_row_kernel(region: RowRegion, emitted: RowEmitted | None = None,
 _reaching: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {width: bool}
 
 
-def reaches_reduction(root: Node, expand: Callable[[Node], Node | None], width) -> bool:
-    """Whether a reduction joins the region rooted at ``root`` through nodes that ``joins``
-    (composites through their decompositions), ignoring what is read outside: the cheap test
-    before ``grow``, memoised per node (nodes are immutable), so each node of a graph is
-    looked at once however many roots reach it."""
+def reaches_reduction(root: Node, expand: Callable[[Node], Node | None], width,
+                      member: Callable[[Node, object], bool] = joins) -> bool:
+    """Whether a reduction joins the region rooted at ``root`` through nodes that ``member``
+    accepts (``joins``, or another renderer's rule; composites through their decompositions),
+    ignoring what is read outside: the cheap test before ``grow``, memoised per node and rule
+    (nodes are immutable), so each node of a graph is looked at once however many roots reach
+    it."""
+    key = width if member is joins else (width, member)
     stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
         n, ready = stack.pop()
         memo = _reaching.setdefault(n, {})
-        if width in memo:
+        if key in memo:
             continue
         if n.op.is_leaf:
-            memo[width] = False
+            memo[key] = False
             continue
         inner = (expand(n),) if not n.op.is_atomic else n.inputs
         if not n.op.is_atomic and inner[0] is None:
-            memo[width] = False
+            memo[key] = False
             continue
-        if n.op.is_atomic and not joins(n, width):
-            memo[width] = False
+        if n.op.is_atomic and not member(n, width):
+            memo[key] = False
             continue
         if n.op.is_atomic and n.op.name in REDUCTIONS:
-            memo[width] = True
+            memo[key] = True
             continue
         if not ready:
             stack.append((n, True))
-            stack.extend((i, False) for i in inner if width not in _reaching.get(i, {}))
+            stack.extend((i, False) for i in inner if key not in _reaching.get(i, {}))
             continue
-        memo[width] = any(_reaching[i][width] for i in inner)
-    return _reaching[root][width]
+        memo[key] = any(_reaching[i][key] for i in inner)
+    return _reaching[root][key]
 
 
 def row_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node], Node | None]):

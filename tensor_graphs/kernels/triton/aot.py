@@ -1,0 +1,114 @@
+"""Ahead-of-time compiles of the rendered Triton kernels for a GPU this machine may not have.
+
+``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))``
+runs Triton's whole compiler (TTIR, TTGIR, LLVM, PTX, ptxas) without a GPU, so CI can check
+what the interpreter cannot: that every kernel and configuration compiles for the GPU and that
+its shared memory fits the architecture's block limit (``SHARED_MEMORY``). Each rendered module
+is compiled at the extremes of its code: an elementwise kernel at rank 1 (flat) and at
+``MAX_RANK`` (every index division), a row kernel persistent at the configuration's largest
+block and looped at its loop block. The modules are imported as compiled, not interpreted,
+kernels (``build.import_module(..., interpret=False)``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tensor_graphs.errors import ArgumentError
+from tensor_graphs.kernels.triton.build import Config
+from tensor_graphs.kernels.triton.render import MAX_RANK, Rendered
+from tensor_graphs.kernels.triton.rows import MAX_LEADING
+
+# shared memory one block may use, by compute capability (bytes; the opt-in maximum)
+SHARED_MEMORY = {
+    70: 98_304,  # V100
+    75: 65_536,  # T4, RTX 20xx
+    80: 166_912,  # A100
+    86: 101_376,  # RTX 30xx, A10
+    89: 101_376,  # L4, RTX 40xx
+    90: 232_448,  # H100, H200
+}
+
+
+class Target(NamedTuple):
+    """One compile: what ``kernels/triton/templates/targets.py`` lists too."""
+
+    name: str
+    fn: object  # a triton JITFunction
+    signature: dict  # argument name -> "*fp16", "i32" or "constexpr"
+    constexprs: dict
+    options: dict  # num_warps, enable_fp_fusion
+
+
+@dataclass
+class Compiled:
+    """What one target's compile gave: ok, the block's shared memory, seconds, or why not."""
+
+    name: str
+    ok: bool
+    shared: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+def parse_arch(text: str) -> int:
+    """"sm_90" (or "90", "sm90") -> 90, a capability ``SHARED_MEMORY`` knows."""
+    m = re.fullmatch(r"(?:sm_?)?(\d+)", text.strip().lower())
+    if m is None or int(m.group(1)) not in SHARED_MEMORY:
+        known = ", ".join(f"sm_{c}" for c in SHARED_MEMORY)
+        raise ArgumentError(f"unknown GPU architecture {text!r}; use one of {known}")
+    return int(m.group(1))
+
+
+def targets(rendered: Rendered, configs: Iterable[Config], label: str = "") -> Iterator[Target]:
+    """The compiles of one rendered module under each configuration (module docstring)."""
+    from tensor_graphs.kernels.triton import build
+
+    module = build.import_module(rendered, interpret=False)
+    base = dict(rendered.arguments)
+    name = label or rendered.key
+    for config in configs:
+        options = {"num_warps": config.warps, "enable_fp_fusion": False}
+        if rendered.kind == "elementwise":
+            shapes = [("kernel", "flat", 1, config.block), ("kernel", f"rank{MAX_RANK}",
+                                                             MAX_RANK, config.block)]
+        else:
+            shapes = [("persistent", f"block{config.persist}", 1, config.persist),
+                      ("looped", f"rank{MAX_LEADING}", MAX_LEADING, config.block)]
+        for fn_name, what, rank, block in shapes:
+            constexprs = {"RANK": rank, "WIDE": False, "BLOCK": block}
+            signature = dict(base, **dict.fromkeys(constexprs, "constexpr"))
+            yield Target(f"{name} {fn_name} {config.label} {what}", getattr(module, fn_name),
+                         signature, constexprs, options)
+
+
+def compile_target(target: Target, arch: int) -> Compiled:
+    """Compile one target for ``sm_<arch>``; a failure (the compiler's error, or shared
+    memory beyond the architecture's limit) is a result, not an exception."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    start = time.perf_counter()
+    try:
+        src = ASTSource(fn=target.fn, signature=target.signature, constexprs=target.constexprs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options=dict(target.options))
+    except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common base
+        first = str(exc).strip().splitlines()
+        return Compiled(target.name, False, 0, time.perf_counter() - start,
+                        f"{type(exc).__name__}: {first[-1] if first else ''}"[:500])
+    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+    seconds = time.perf_counter() - start
+    limit = SHARED_MEMORY[arch]
+    if shared > limit:
+        return Compiled(target.name, False, shared, seconds, f"uses {shared} bytes of shared "
+                        f"memory; sm_{arch} allows {limit} a block")
+    return Compiled(target.name, True, shared, seconds)
+
+
+__all__ = ["SHARED_MEMORY", "Compiled", "Target", "compile_target", "parse_arch", "targets"]
