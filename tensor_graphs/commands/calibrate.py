@@ -74,7 +74,7 @@ def calibrate(db, hardware, seconds: float = 0.3) -> dict:
 def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     """Measure the GPU's rates (see the module doc) and store them in the database for
     ``hardware`` (its key: ``db.hardware.current("cuda")``); returns them: "flops", "bytes"
-    (read plus written per second), "link" (host<->GPU bytes per second, each way's best),
+    (read plus written per second), "link" (host<->GPU bytes per second over a round trip),
     "link_latency" and "launch" (seconds). Needs torch with a usable GPU, or the simulated
     one."""
     import torch
@@ -91,11 +91,16 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     b = torch.randn(n, n, device=device)
     src = torch.ones(moved // 4, device=device)
     dst = torch.empty_like(src)
-    host = np.ones(over_link // 4, np.float32)
+    # host <-> GPU into buffers made once, as the copy kernels run in a program (out=: an
+    # arena place); pageable host memory, as they use it
+    host = convert.to_torch(np.ones(over_link // 4, np.float32))
+    host_out = convert.to_torch(np.zeros(over_link // 4, np.float32))
     on_gpu = torch.ones(over_link // 4, device=device)
-    one = np.ones(1, np.float32)
+    gpu_out = torch.empty_like(on_gpu)
+    one = convert.to_torch(np.ones(1, np.float32))
+    one_gpu = torch.zeros(1, device=device)
     tiny = torch.zeros(1, device=device)
-    launches = 100
+    repeat = 50  # back-to-back calls per sample of a latency: what a program's steps pay
 
     def timed(fn) -> float:
         sync()
@@ -104,20 +109,19 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
         sync()
         return time.perf_counter() - t0
 
-    def launch_many():
-        for _ in range(launches):
-            tiny.add_(1.0)
+    def many(fn):
+        def run():
+            for _ in range(repeat):
+                fn()
+        return run
 
-    cases = {  # rate -> (the call, its work or None for a time)
+    cases = {  # rate -> (the call, its work in flops or bytes; None: seconds per call)
         "flops": (lambda: torch.mm(a, b), 2.0 * n ** 3),
         "bytes": (lambda: dst.copy_(src), 2.0 * src.numel() * 4),
-        "to_gpu": (lambda: convert.to_torch(host).to(device).clone() if simulated
-                   else convert.to_torch(host).to(device), float(host.nbytes)),
-        "to_host": (lambda: on_gpu.cpu().clone() if simulated else on_gpu.cpu(),
-                    float(host.nbytes)),
-        "link_latency": (lambda: convert.to_torch(one).to(device).clone() if simulated
-                         else convert.to_torch(one).to(device), None),
-        "launch": (launch_many, None),
+        "to_gpu": (lambda: gpu_out.copy_(host), float(over_link)),
+        "to_host": (lambda: host_out.copy_(on_gpu), float(over_link)),
+        "link_latency": (many(lambda: one_gpu.copy_(one)), None),
+        "launch": (many(lambda: tiny.add_(1.0)), None),
     }
     for fn, _ in cases.values():  # warm-up: cuBLAS handles, the caching allocator
         timed(fn)
@@ -131,8 +135,8 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     rates = {"flops": cases["flops"][1] / best["flops"],
              "bytes": cases["bytes"][1] / best["bytes"],
              # a round trip's rate: the cost model has one link rate for both ways
-             "link": 2.0 * host.nbytes / (best["to_gpu"] + best["to_host"]),
-             "link_latency": best["link_latency"], "launch": best["launch"] / launches}
+             "link": 2.0 * over_link / (best["to_gpu"] + best["to_host"]),
+             "link_latency": best["link_latency"] / repeat, "launch": best["launch"] / repeat}
     if db is not None and not db.readonly:
         db.set_calibration(hardware, rates)
     return rates

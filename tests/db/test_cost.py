@@ -398,11 +398,11 @@ def test_a_host_gpu_copy_costs_the_links_latency_and_bandwidth(db, gpu_kernels):
     for name, device in (("copy_host_to_cuda", "cuda"), ("copy_cuda_to_host", "cpu")):
         sig, f = copy_call((16384, 16384), device)  # 1 GiB: read once, written once
         got = model.estimate(gpu_kernels[name], sig, f)
-        # 10 us latency + 2^30 B over a 12 GB/s link (it crosses once, not read + written)
-        assert_estimate(got, 10 * US + 2 ** 30 / 12e9, "estimated", UNCERTAINTY["estimated"])
+        # 15 us latency + 2^30 B over a 12 GB/s link (it crosses once, not read + written)
+        assert_estimate(got, 15 * US + 2 ** 30 / 12e9, "estimated", UNCERTAINTY["estimated"])
         assert 0.05 < got.seconds < 0.2  # ~0.1 s before it is measured
         small = model.estimate(gpu_kernels[name], *copy_call((4, 16), device)).seconds
-        assert 10 * US < small < 10.1 * US  # a small copy is its latency
+        assert 15 * US < small < 15.1 * US  # a small copy is its latency
 
 
 def test_a_gpus_calibration_replaces_its_rates_launch_and_link(db, gpu_kernels):
