@@ -157,10 +157,9 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
         o4 = o.view(b, h, 1, dv)
         mm = o4 if m4 is None else m4
         splits, chunk = splits_for(cfg, sk, b * hkv)
-        f32 = dict(dtype=torch.float32, device=q.device)
-        part_m = torch.empty((b, h, splits), **f32)
-        part_l = torch.empty((b, h, splits), **f32)
-        part_o = torch.empty((b, h, splits, dv), **f32)
+        rows = b * h * splits  # one scratch allocation: max, sum, then outputs per split
+        part = torch.empty(rows * (dv + 2), dtype=torch.float32, device=q.device)
+        part_m, part_l, part_o = part[:rows], part[rows:2 * rows], part[2 * rows:]
         block_d, block_dv = _blocks(d, dv)
         mod = jit(JIT)
         mod.decode_split[(b * hkv, splits)](

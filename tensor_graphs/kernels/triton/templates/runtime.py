@@ -51,13 +51,20 @@ def float_dtypes() -> tuple[str, ...]:
     return (float32.name, float16.name, bfloat16.name)
 
 
+_LOADED: dict = {}
+
+
 def jit(module: str):
     """The jit module ``module`` (``matmul_jit``...), imported on first use; interpreted under
-    the simulated GPU (the variable is set before the import)."""
-    if interpreted():
-        os.environ[INTERPRET] = "1"
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset; 1 is 3.6's
-    return importlib.import_module(f"{__package__}.{module}")
+    the simulated GPU (the variable is set before the import). Kept after the first call: a
+    kernel's host side runs at every launch."""
+    found = _LOADED.get(module)
+    if found is None:
+        if interpreted():
+            os.environ[INTERPRET] = "1"
+        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset
+        found = _LOADED[module] = importlib.import_module(f"{__package__}.{module}")
+    return found
 
 
 def source_text(module: str) -> str:
