@@ -16,6 +16,13 @@ BIG = Config(4096, 4)  # few programs: the interpreter runs them one by one
 SMALL = Config(256, 2)
 
 
+def agrees(got, ref, tolerance: float = 1e-6) -> None:
+    """Norm-wise, as kernels are judged: libdevice's exp and log are a few ulp from numpy's."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err <= tolerance, err
+
+
 def found(y, expand):
     root = y
     while not root.op.is_atomic:
@@ -179,7 +186,7 @@ def test_strided_broadcast_and_transposed_inputs_are_read_through_their_strides(
     r = rng.standard_normal((2, 1, 7)).astype(np.float32)
     feeds = {"x": x, "b": b, "r": r}
     got = run(k, *[feeds[n.name] for n in region.inputs])
-    np.testing.assert_allclose(got, tg.evaluate(y, feeds), rtol=1e-6, atol=1e-6)
+    agrees(got, tg.evaluate(y, feeds, dtype="float64"))
     assert got.flags.c_contiguous
 
 
@@ -192,7 +199,7 @@ def test_more_dims_than_the_kernel_indexes_are_read_as_contiguous_copies(expand)
     feeds = {"a": rng.standard_normal((2, 1, 3, 1, 5)).astype(np.float32),
              "b": rng.standard_normal((1, 4, 1, 6, 1)).astype(np.float32)}
     got = run(k, *[feeds[n.name] for n in region.inputs])
-    np.testing.assert_allclose(got, tg.evaluate(y, feeds), rtol=1e-6)
+    agrees(got, tg.evaluate(y, feeds, dtype="float64"), k.tolerance)
 
 
 def test_wide_offsets_compute_the_same_values(expand, monkeypatch):
@@ -204,27 +211,28 @@ def test_wide_offsets_compute_the_same_values(expand, monkeypatch):
     feeds = {n.name: rng.standard_normal(tuple(n.shape)).astype(np.float32)
              for n in region.inputs}
     got = run(k, *[feeds[n.name] for n in region.inputs])
-    np.testing.assert_allclose(got, tg.evaluate(y, feeds), rtol=1e-6)
+    agrees(got, tg.evaluate(y, feeds, dtype="float64"))
 
 
 def test_out_is_filled_and_returned_and_bad_calls_name_the_kernel(expand):
     import torch
 
+    from tensor_graphs.devices import torch_device
+
+    dev = torch_device("cuda")
     y = gelu_tanh("float32")
     k, region = kernel(y, expand)
-    x = torch.randn(4, 33)
-    b = torch.randn(33)
-    args = {"x": x, "b": b}
+    args = {"x": torch.randn(4, 33, device=dev), "b": torch.randn(33, device=dev)}
     ordered = [args[n.name] for n in region.inputs]
-    out = torch.empty(4, 33)
+    out = torch.empty(4, 33, device=dev)
     assert k.fn(*ordered, out=out) is out
     assert torch.equal(out, k.fn(*ordered))
     with pytest.raises(KernelConstraintError, match=k.name):
         k.fn(*[t.double() for t in ordered])
     with pytest.raises(KernelConstraintError, match="out= must be a contiguous"):
-        k.fn(*ordered, out=torch.empty(33, 4).t())
+        k.fn(*ordered, out=torch.empty(33, 4, device=dev).t())
     with pytest.raises(KernelConstraintError, match="do not broadcast"):
-        k.fn(torch.randn(4, 5), torch.randn(33))
+        k.fn(torch.randn(4, 5, device=dev), torch.randn(33, device=dev))
 
 
 def test_each_configuration_is_its_own_candidate_and_kernel(expand):

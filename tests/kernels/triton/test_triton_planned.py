@@ -62,7 +62,8 @@ def test_an_elementwise_chain_is_one_triton_step():
     assert len(names) == 1 and names[0].startswith("triton_ew_")
     xv = np.random.default_rng(1).standard_normal((3, 17)).astype(np.float32)
     ref = tg.evaluate(y, {"x": xv}, dtype="float64")
-    np.testing.assert_allclose(np.asarray(prog(x=xv)), ref, rtol=2e-6, atol=1e-7)
+    got = np.asarray(prog(x=xv))
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
 
 
 def test_triton_kernels_are_never_placed_on_the_cpu():

