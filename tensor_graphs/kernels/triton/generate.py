@@ -83,7 +83,9 @@ _last = {"elementwise": _Last(), "rows": _Last()}
 def _remembered(kind: str, root: Node, uses, expand, find: Callable):
     memo = _last[kind]
     key = (root, uses, expand)
-    if len(memo.key) == 3 and all(a is b for a, b in zip(memo.key, key)):
+    # the planner's expand is a bound method, a new object at each access: equal, not same
+    if len(memo.key) == 3 and memo.key[0] is root and memo.key[1] is uses \
+            and memo.key[2] == expand:
         return memo.value
     value = find(root, uses, expand)
     memo.key, memo.value = key, value

@@ -249,3 +249,26 @@ def test_each_configuration_is_its_own_candidate_and_kernel(expand):
     assert all(c.covers == cands[0].covers for c in cands)  # one region, found once
     k = cands[1].build()
     assert k.name == cands[1].name and k.source_hash == cands[1].source_hash
+
+
+def test_the_region_is_found_once_for_all_configurations(expand, monkeypatch):
+    """The planner asks each configuration's generator in turn with its decomposition as a
+    bound method (a new object at every access): one region search serves them all."""
+
+    class Planner:
+        def decomposition(self, n):
+            return expand(n)
+
+    planner = Planner()
+    y = gelu_tanh("float32")
+    root = y
+    while not root.op.is_atomic:
+        root = expand(root)
+    uses = use_counts([y])
+    searched = []
+    real = generate.elementwise_region
+    monkeypatch.setattr(generate, "elementwise_region",
+                        lambda *args: searched.append(args[0]) or real(*args))
+    names = {generate.elementwise_candidate(root, uses, planner.decomposition, config=c).name
+             for c in generate.ELEMENTWISE_CONFIGS}
+    assert len(names) == len(generate.ELEMENTWISE_CONFIGS) and searched == [root]
