@@ -614,9 +614,9 @@ class CompiledGraph:
         plan = self.concrete_plan
         for step in plan.steps:
             if step.is_copy:
-                source, _ = (step.inputs[0].device, step.device)
                 once = plan.resolve(step.slot) in static
-                key = (self.device_name(source), self.device_name(step.device), once)
+                key = (self.device_name(step.inputs[0].device), self.device_name(step.device),
+                       once)
                 moves[key] = moves.get(key, 0) + 1
                 continue
             backends = runs.setdefault(self.device_name(step.device), {})
