@@ -265,15 +265,18 @@ class Executable:
         kernel reads it."""
         kind = self.kinds.get(i, "cpu")
         given = arrays.get(node.name)
-        if node.op.name == INPUT and dv.is_tensor(given) and kind == "cpu":
+        if self.gpu and node.op.name == INPUT and kind == "cpu" \
+                and dv.is_on(given, self.names["cuda"]):
             feeds[i] = dv.dense(given, node.dtype.np_dtype)
             return dv.on_host(given, node.dtype.np_dtype) \
                 if i in self.program.host_reads else None
         value = leaf_value(node, arrays, dims)
         if kind == "cpu":
             return dv.on_host(value, node.dtype.np_dtype) if dv.is_tensor(value) else value
-        return value if dv.is_tensor(value) else dv.on_device(
-            value, self.names.get(kind, kind), node.dtype.np_dtype)
+        name = self.names.get(kind, kind)
+        if dv.is_on(value, name):
+            return value  # (a kept state's prefix stays the strided view it is)
+        return dv.on_device(value, name, node.dtype.np_dtype)
 
     def _feeds(self, arrays: Mapping) -> list[np.ndarray]:
         return [dense(dv.on_host(arrays[node.name]), node.dtype.np_dtype)

@@ -74,7 +74,7 @@ class State:
         if value.ndim != self.leaf.ndim:
             raise StateError(f"state '{self.leaf.name}' {format_shape(self.leaf.shape)} cannot "
                              f"hold an array of shape {format_shape(tuple(value.shape))}")
-        if self.on_gpu and not values.is_tensor(value):
+        if self.on_gpu and not values.is_on(value, self.device):
             value = values.on_device(value, self.device, self.leaf.dtype.np_dtype)
         elif not self.on_gpu and values.is_tensor(value):
             value = values.on_host(value, self.leaf.dtype.np_dtype)

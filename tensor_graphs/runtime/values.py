@@ -91,17 +91,22 @@ def shape_of(value) -> tuple:
     return tuple(value.shape)
 
 
+def is_on(value, device: str) -> bool:
+    """A tensor in the memory of ``device`` (a GPU name; the simulated GPU's is the host's,
+    so there a CPU tensor is on it)."""
+    return is_tensor(value) and value.device == _convert().torch.device(torch_device(device))
+
+
 def on_device(value, device: str, dtype: np.dtype | None = None):
     """``value`` (an array, a tensor, a number) as a C-contiguous tensor on ``device`` (a GPU
     name): a tensor already there is used as is; anything else crosses through the copy
     kernel (``kernels/copy.py``), so every move to a GPU is one kernel's."""
     from tensor_graphs.kernels import copy as copies
 
-    convert = _convert()
+    if is_on(value, device):
+        return dense(value, dtype)
     if is_tensor(value):
-        if str(value.device) == str(convert.torch.device(torch_device(device))):
-            return dense(value, dtype)
-        return copies.route("cpu", device).fn(dense(value.detach().cpu(), dtype), device=device)
+        value = value.detach().cpu()  # (a tensor on another GPU: through the host)
     return copies.route("cpu", device).fn(dense(value, dtype), device=device)
 
 
