@@ -6,7 +6,8 @@ what the interpreter cannot: that every kernel and configuration compiles for th
 its shared memory fits the architecture's block limit (``SHARED_MEMORY``). Each rendered module
 is compiled at the extremes of its code: an elementwise kernel at rank 1 (flat) and at
 ``MAX_RANK`` (every index division), a row kernel persistent at the configuration's largest
-block and looped at its loop block. The modules are imported as compiled, not interpreted,
+block (one row a program) and on rows of ``SHORT_ROW`` (as many as a program holds), and
+looped at its loop block. The modules are imported as compiled, not interpreted,
 kernels (``build.import_module(..., interpret=False)``).
 """
 
@@ -32,6 +33,9 @@ SHARED_MEMORY = {
     89: 101_376,  # L4, RTX 40xx
     90: 232_448,  # H100, H200
 }
+
+
+SHORT_ROW = 128  # a row kernel is also compiled for rows this short, as many as a program holds
 
 
 class Target(NamedTuple):
@@ -74,13 +78,17 @@ def targets(rendered: Rendered, configs: Iterable[Config], label: str = "") -> I
     for config in configs:
         options = {"num_warps": config.warps, "enable_fp_fusion": False}
         if rendered.kind == "elementwise":
-            shapes = [("kernel", "flat", 1, config.block), ("kernel", f"rank{MAX_RANK}",
-                                                             MAX_RANK, config.block)]
-        else:
-            shapes = [("persistent", f"block{config.persist}", 1, config.persist),
-                      ("looped", f"rank{MAX_LEADING}", MAX_LEADING, config.block)]
-        for fn_name, what, rank, block in shapes:
+            shapes = [("kernel", "flat", 1, config.block, 0),
+                      ("kernel", f"rank{MAX_RANK}", MAX_RANK, config.block, 0)]
+        else:  # (kernel, what, RANK, BLOCK, ROWS: rows a persistent program holds)
+            many = config.block // SHORT_ROW
+            shapes = [("persistent", f"block{config.persist}", 1, config.persist, 1),
+                      ("persistent", f"rows{many}x{SHORT_ROW}", MAX_LEADING, SHORT_ROW, many),
+                      ("looped", f"rank{MAX_LEADING}", MAX_LEADING, config.block, 0)]
+        for fn_name, what, rank, block, rows in shapes:
             constexprs = {"RANK": rank, "WIDE": False, "BLOCK": block}
+            if rows:
+                constexprs["ROWS"] = rows
             signature = dict(base, **dict.fromkeys(constexprs, "constexpr"))
             yield Target(f"{name} {fn_name} {config.label} {what}", getattr(module, fn_name),
                          signature, constexprs, options)

@@ -221,8 +221,8 @@ def elementwise_function(rendered: Rendered, module: ModuleType, config: Config,
 
 def row_function(rendered: Rendered, module: ModuleType, config: Config, description: str):
     """The launcher of a row module: ``persistent`` for rows of up to ``config.persist``
-    elements (BLOCK the next power of two), ``looped`` over blocks of ``config.block``
-    beyond."""
+    elements (BLOCK the next power of two; as many rows a program as make about
+    ``config.block`` elements), ``looped`` over blocks of ``config.block`` beyond."""
     import torch
 
     in_dtypes, out_dtype = _torch_dtypes(rendered)
@@ -252,10 +252,14 @@ def row_function(rendered: Rendered, module: ModuleType, config: Config, descrip
                                            for st in strides)
         block = max(MIN_ROW_BLOCK, 1 << max(0, width - 1).bit_length())
         persistent = block <= config.persist
+        # rows per persistent program: about config.block elements (short rows share one),
+        # no more than there are rows
+        per = min(max(1, config.block // block), 1 << max(0, rows - 1).bit_length()) \
+            if persistent else 1
         if len(plans) >= 256:
             plans.clear()
-        return (shape, rows, dense, (width, *z[1:], *flat), rank, wide,
-                block if persistent else config.block, persistent)
+        return (shape, rows, dense, (rows, width, *z[1:], *flat), rank, wide,
+                block if persistent else config.block, per)
 
     def run(*tensors, out=None):
         _checked(description, tensors, in_dtypes)
@@ -263,15 +267,19 @@ def row_function(rendered: Rendered, module: ModuleType, config: Config, descrip
         found = plans.get(key)
         if found is None:
             found = plans[key] = plan(tensors)
-        shape, rows, dense, scalars, rank, wide, block, persistent = found
+        shape, rows, dense, scalars, rank, wide, block, per = found
         if dense:
             tensors = [_rows_dense(t, shape, f) for t, f in zip(tensors, rendered.full)]
         out = _output(description, out, shape, out_dtype, tensors[0].device)
         if out.numel() == 0:
             return out
-        kernel = module.persistent if persistent else module.looped
-        kernel[(rows,)](out, *tensors, *scalars, RANK=rank, WIDE=wide, BLOCK=block,
-                        num_warps=config.warps, enable_fp_fusion=False)
+        if block <= config.persist:
+            module.persistent[((rows + per - 1) // per,)](
+                out, *tensors, *scalars, RANK=rank, WIDE=wide, ROWS=per, BLOCK=block,
+                num_warps=config.warps, enable_fp_fusion=False)
+        else:
+            module.looped[(rows,)](out, *tensors, *scalars, RANK=rank, WIDE=wide, BLOCK=block,
+                                   num_warps=config.warps, enable_fp_fusion=False)
         return out
 
     return _named(run, rendered, description)

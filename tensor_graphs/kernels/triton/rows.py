@@ -1,9 +1,10 @@
 """Triton source for a row region (``rowgen.RowRegion``): one program per row.
 
-Two kernels share the row's addressing. ``persistent`` holds the whole row in one block
-(BLOCK = the next power of two >= D; the launch picks it up to the configuration's limit):
-each node is one statement in topological order, a reduction is ``tl.sum``/``tl.reduce`` over
-the masked block. ``looped`` runs one loop over the row's blocks per level of dependent
+Two kernels share the row's addressing. ``persistent`` holds whole rows in one block
+(BLOCK = the next power of two >= D; the launch picks it up to the configuration's limit), ROWS
+of them at once ([ROWS, BLOCK]: short rows share a program): each node is one statement in
+topological order, a reduction is ``tl.sum``/``tl.reduce`` along the block's rows, a per-row
+value a column. ``looped`` runs one loop over the row's blocks per level of dependent
 reductions, as ``rowgen``'s passes do, accumulating each reduction in a block of lanes combined
 after the loop; full values a later pass needs are computed again from the inputs (the row is
 in cache: no row buffers), and the last loop computes the epilogue and stores it. Per-row
@@ -60,7 +61,7 @@ def render(region: RowRegion) -> Rendered:
     table, knames = constants_of(consts, region.consts)
     nin = len(region.inputs)
     full = tuple(n not in region.per_row for n in region.inputs)
-    params = ["out_ptr"] + [f"x{k}_ptr" for k in range(nin)] + ["D"]
+    params = ["out_ptr"] + [f"x{k}_ptr" for k in range(nin)] + ["R", "D"]
     params += [f"z{j}" for j in range(1, MAX_LEADING)]
     for k in range(nin):
         params += [f"s{k}_{j}" for j in range(MAX_LEADING)] + ([f"r{k}"] if full[k] else [])
@@ -68,24 +69,9 @@ def render(region: RowRegion) -> Rendered:
     args += [(f"x{k}_ptr", exprs.pointer(n.dtype)) for k, n in enumerate(region.inputs)]
     args += [(p, "i32") for p in params[1 + nin:]]
     position = {n: k for k, n in enumerate(region.inputs)}
-    head = [
-        "    if WIDE:",
-        "        row = tl.program_id(0).to(tl.int64)",
-        "    else:",
-        "        row = tl.program_id(0)",
-    ]
-    if nin:
-        head += offsets(nin, "    ", MAX_LEADING, "row")
-    for c in consts:
-        head.append(f"    c_{knames[c]} = tl.full([], {knames[c]}, {exprs.compute(c.dtype)})")
-    for k, n in enumerate(region.inputs):
-        if not full[k]:
-            head.append(f"    a{k} = " + exprs.loaded(f"tl.load(x{k}_ptr + o{k})", n.dtype))
-    base = {c: f"c_{knames[c]}" for c in consts}
-    base.update({n: f"a{k}" for k, n in enumerate(region.inputs) if not full[k]})
     signature = ", ".join(params)
-    kernels = [_persistent(region, signature, head, base, position),
-               _looped(region, signature, head, base, position)]
+    kernels = [_persistent(region, signature, _head(region, knames, True)),
+               _looped(region, signature, _head(region, knames, False), position)]
     title = rowgen.summary(region)
     helpers = exprs.helpers_used(region.nodes, reductions=bool(region.reductions))
     lines = exprs.module_head(title, [("NEG_INF", 'float("-inf")'), *table], helpers)
@@ -94,9 +80,41 @@ def render(region: RowRegion) -> Rendered:
                     tuple(n.dtype for n in region.inputs), region.root.dtype, title, full)
 
 
-def _def(name: str, signature: str) -> list[str]:
+def _head(region: RowRegion, knames: dict, block_of_rows: bool) -> tuple[list[str], dict]:
+    """The statements every kernel starts with: its row (a block of ROWS rows for the
+    persistent kernel, masked by ``live``), each input's offset there, the constants, the
+    per-row inputs (a column of ROWS values); and the names of those values."""
+    nin = len(region.inputs)
+    if block_of_rows:
+        lines = ["    if WIDE:",
+                 "        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)",
+                 "    else:",
+                 "        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)",
+                 "    live = row < R"]
+    else:
+        lines = ["    if WIDE:",
+                 "        row = tl.program_id(0).to(tl.int64)",
+                 "    else:",
+                 "        row = tl.program_id(0)"]
+    if nin:
+        lines += offsets(nin, "    ", MAX_LEADING, "row")
+    names = {}
+    for c in region.consts:
+        lines.append(f"    c_{knames[c]} = tl.full([], {knames[c]}, {exprs.compute(c.dtype)})")
+        names[c] = f"c_{knames[c]}"
+    for k, n in enumerate(region.inputs):
+        if n in region.per_row:
+            load = f"tl.load(x{k}_ptr + o{k}, mask=live, other=0)[:, None]" if block_of_rows \
+                else f"tl.load(x{k}_ptr + o{k})"
+            lines.append(f"    a{k} = " + exprs.loaded(load, n.dtype))
+            names[n] = f"a{k}"
+    return lines, names
+
+
+def _def(name: str, signature: str, rows: bool = False) -> list[str]:
+    extra = " ROWS: tl.constexpr," if rows else ""
     return ["@triton.jit", f"def {name}({signature},",
-            "        RANK: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):"]
+            f"        RANK: tl.constexpr, WIDE: tl.constexpr,{extra} BLOCK: tl.constexpr):"]
 
 
 def _load_full(k: int, n: Node, cols: str, mask: str, indent: str, name: str) -> str:
@@ -104,41 +122,47 @@ def _load_full(k: int, n: Node, cols: str, mask: str, indent: str, name: str) ->
         f"tl.load(x{k}_ptr + o{k} + {cols} * r{k}, mask={mask}, other=0)", n.dtype)
 
 
-def _reduce(r: Node, arg: str) -> str:
-    """A reduction over a block (of values or of lanes), rounded to the node's dtype."""
+def _reduce(r: Node, arg: str, axis: int = 0) -> str:
+    """A reduction over a block (of values or of lanes; ``axis`` 1: a block of rows, each
+    reduced to a column), rounded to the node's dtype."""
+    column = "[:, None]" if axis else ""
     if r.op.name == SUM:
-        return exprs.rounded(f"tl.sum({arg}, axis=0)", r.dtype)
-    return f"tl.reduce({arg}, 0, _max_nan)"
+        return exprs.rounded(f"tl.sum({arg}, axis={axis}){column}", r.dtype)
+    return f"tl.reduce({arg}, {axis}, _max_nan){column}"
 
 
-def _persistent(region: RowRegion, signature: str, head: list[str], base: dict,
-                position: dict) -> list[str]:
-    lines = _def("persistent", signature) + head + [
+def _persistent(region: RowRegion, signature: str, head: tuple[list[str], dict]
+                ) -> list[str]:
+    """ROWS whole rows of up to BLOCK elements as one [ROWS, BLOCK] block: short rows share a
+    program (a softmax over 128 keys fills 8 warps with 32 rows), long ones have one each."""
+    lines, names = head
+    lines = _def("persistent", signature, rows=True) + lines + [
         "    cols = tl.arange(0, BLOCK)",
-        "    mask = cols < D",
+        "    mask = live[:, None] & (cols < D)[None, :]",
     ]
-    names = dict(base)
     for k, n in enumerate(region.inputs):
         if n not in region.per_row:
-            lines.append(_load_full(k, n, "cols", "mask", "    ", f"a{k}"))
+            lines.append(f"    a{k} = " + exprs.loaded(
+                f"tl.load(x{k}_ptr + o{k}[:, None] + cols[None, :] * r{k}, mask=mask, "
+                "other=0)", n.dtype))
             names[n] = f"a{k}"
     for i, n in enumerate(region.nodes):
         args = [names[a] for a in n.inputs]
         if n.op.name in rowgen.REDUCTIONS:
-            expr = _reduce(n, f"tl.where(mask, {args[0]}, {ZERO[n.op.name]})")
+            expr = _reduce(n, f"tl.where(mask, {args[0]}, {ZERO[n.op.name]})", axis=1)
         else:
             expr = exprs.node_expr(n, args, region.consts)
         lines.append(f"    v{i} = {expr}")
         names[n] = f"v{i}"
-    lines.append(f"    tl.store(out_ptr + row * D + cols, "
+    lines.append(f"    tl.store(out_ptr + row[:, None] * D + cols[None, :], "
                  f"{names[region.root]}.to({exprs.storage(region.root.dtype)}), mask=mask)")
     return lines
 
 
-def _looped(region: RowRegion, signature: str, head: list[str], base: dict,
+def _looped(region: RowRegion, signature: str, head: tuple[list[str], dict],
             position: dict) -> list[str]:
-    lines = _def("looped", signature) + head
-    names = dict(base)
+    lines, names = head
+    lines = _def("looped", signature) + lines
     index = {n: i for i, n in enumerate(region.nodes)}
     last = region.level[region.root]
     by_level: dict[int, list[Node]] = {}
