@@ -29,6 +29,7 @@ needs_triton = pytest.mark.skipif(not templates.triton_installed(), reason="trit
 
 
 @needs_triton
+@pytest.mark.slow
 @pytest.mark.skipif(templates.REGISTERED, reason="the templates are registered here: this "
                     "process runs the folder's tests itself")
 def test_templates_in_the_interpreter(child_env):
