@@ -136,14 +136,18 @@ def _dense(t, shape) -> bool:
 
 
 def _checked(description: str, tensors, dtypes) -> None:
+    """Triton reads any pointer it is given: the arguments are checked first (count, dtype,
+    and the GPU's memory: the host's under the simulated GPU)."""
     if len(tensors) != len(dtypes):
         raise KernelConstraintError(f"{description}: takes {len(dtypes)} inputs, got "
                                     f"{len(tensors)}")
+    where = "cpu" if package.interpreted() else "cuda"
     for k, (t, want) in enumerate(zip(tensors, dtypes)):
-        if getattr(t, "dtype", None) is not want:
-            got = getattr(t, "dtype", type(t).__name__)
-            raise KernelConstraintError(f"{description}: input x{k} must be a {want} tensor "
-                                        f"on the GPU, got {got}")
+        if getattr(t, "dtype", None) is not want or t.device.type != where:
+            got = f"{t.dtype} on {t.device}" if hasattr(t, "device") else type(t).__name__
+            raise KernelConstraintError(
+                f"{description}: input x{k} must be a {want} tensor in the GPU's memory "
+                f"(torch device {where!r}), got {got}; copy it there first (copy_to)")
 
 
 def _output(description: str, out, shape, dtype, device):

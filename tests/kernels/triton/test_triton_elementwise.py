@@ -235,6 +235,9 @@ def test_out_is_filled_and_returned_and_bad_calls_name_the_kernel(expand):
     assert torch.equal(out, k.fn(*ordered))
     with pytest.raises(KernelConstraintError, match=k.name):
         k.fn(*[t.double() for t in ordered])
+    elsewhere = "meta" if dev == "cpu" else "cpu"  # memory the kernel cannot read
+    with pytest.raises(KernelConstraintError, match="in the GPU's memory"):
+        k.fn(*[t.to(elsewhere) for t in ordered])
     with pytest.raises(KernelConstraintError, match="out= must be a contiguous"):
         k.fn(*ordered, out=torch.empty(33, 4, device=dev).t())
     with pytest.raises(KernelConstraintError, match="do not broadcast"):
