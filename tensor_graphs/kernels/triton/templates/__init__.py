@@ -13,7 +13,8 @@ Each (template, config) is its own kernel, ``backend="triton"``, ``device="cuda"
 ``writes_out`` (``fn(*tensors, **attrs, out=view_or_None)`` returns its result: ``out``
 itself when given). Kernels take torch tensors of any strides on the GPU (or, under the
 simulated GPU, CPU tensors the Triton interpreter runs on: ``runtime.py``). They are
-registered when triton is installed and a GPU, real or simulated, is usable; importing this
+registered when triton is installed and a GPU, real or simulated, is usable (``usable`` of
+``kernels/triton``, which the generated Triton kernels ask too); importing this
 package imports neither triton nor torch (a template's jit module is imported on its first
 call). ``compile_targets()`` lists every template x config for the ahead-of-time compile
 (``targets.py``).
@@ -21,28 +22,12 @@ call). ``compile_targets()`` lists every template x config for the ahead-of-time
 
 from __future__ import annotations
 
-import importlib.util
-
-
-def triton_installed() -> bool:
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def usable() -> bool:
-    """Triton is installed and torch can run on a GPU here (real or simulated)."""
-    if not triton_installed():
-        return False
-    from tensor_graphs.kernels import torch as torch_backend
-
-    return torch_backend.cuda_available()
+from tensor_graphs.kernels.triton import usable
 
 
 def compile_targets():
-    """Every (name, jit function, signature, constexprs, options) to compile ahead of time
-    (see ``targets.py``); imports triton."""
+    """Every template x config to compile ahead of time, as ``aot.Target``s that
+    ``aot.compile_target`` compiles (see ``targets.py``); imports triton."""
     from tensor_graphs.kernels.triton.templates.targets import compile_targets as targets
 
     return targets()

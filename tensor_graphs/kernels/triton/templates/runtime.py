@@ -1,31 +1,26 @@
-"""How the templates reach Triton and torch: lazily, with the interpreter under the simulated GPU.
+"""How the templates reach Triton and torch: lazily, through ``kernels/triton``'s ``load``.
 
 Importing tensor_graphs never imports triton or torch: the jit modules (``*_jit.py``, the
 ``@triton.jit`` functions, beside this file) are imported on a kernel's first call by ``jit``.
 Triton decides at decoration time whether a ``@triton.jit`` function is compiled or
-interpreted (``TRITON_INTERPRET``), so under the simulated GPU (``TG_SIMULATED_CUDA``, whose
-tensors are CPU tensors) ``jit`` sets ``TRITON_INTERPRET=1`` before the first import; on a
-real GPU the variable is left as the user set it. The AOT compile (``targets.py``) imports the
-same modules without the switch.
-
-(The generated-kernel renderer of ``kernels/triton`` needs the same switch; this small copy
-keeps the templates independent of it until the two are merged.)
+interpreted (``TRITON_INTERPRET``), so ``jit`` imports triton through the package's ``load``
+first, which switches the interpreter on under the simulated GPU (``TG_SIMULATED_CUDA``, whose
+tensors are CPU tensors) and leaves the variable as the user set it on a real GPU; the same
+``load`` serves the generated kernels, so the two cannot disagree about the mode. The AOT
+compile (``targets.py``) imports the same modules after ``require_compiler``.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 
-from tensor_graphs.devices import simulated_cuda
-from tensor_graphs.ir.dtypes import bfloat16, float16, float32
 from tensor_graphs.kernels.torch.convert import Lazy, is_tensor, to_torch
+from tensor_graphs.kernels.triton import float_dtypes, interpreted, load
 
 torch = Lazy("torch", globals(), "torch")
 
 HERE = Path(__file__).resolve().parent
-INTERPRET = "TRITON_INTERPRET"
 
 # fp32 tl.dot on a GPU with input_precision="tf32" rounds both operands to 10-bit mantissas
 # (unit roundoff 2**-11): products lose ~5e-4 each, a norm-wise ~3e-4 on random data. Declared
@@ -38,31 +33,16 @@ ELEMENTWISE = 1e-6  # a few fp32 ulps: RoPE's x * cos +- x' * sin in fp32, round
 EXACT = 1e-12  # a gather moves bits
 
 
-def interpreted() -> bool:
-    """True when the templates run in Triton's interpreter (the simulated GPU)."""
-    return simulated_cuda() is not None
-
-
-def float_dtypes() -> tuple[str, ...]:
-    """The float dtypes the templates take here: bfloat16 only on a real GPU (the interpreter
-    computes bfloat16 on raw bits: 2.5 + 2.0 gave -2.9e-39)."""
-    if interpreted():
-        return (float32.name, float16.name)
-    return (float32.name, float16.name, bfloat16.name)
-
-
 _LOADED: dict = {}
 
 
 def jit(module: str):
-    """The jit module ``module`` (``matmul_jit``...), imported on first use; interpreted under
-    the simulated GPU (the variable is set before the import). Kept after the first call: a
-    kernel's host side runs at every launch."""
+    """The jit module ``module`` (``matmul_jit``...), imported on first use, after triton is
+    (``load``: interpreted under the simulated GPU). Kept after the first call: a kernel's host
+    side runs at every launch."""
     found = _LOADED.get(module)
     if found is None:
-        if interpreted():
-            os.environ[INTERPRET] = "1"
-        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset
+        load()
         found = _LOADED[module] = importlib.import_module(f"{__package__}.{module}")
     return found
 
@@ -106,3 +86,7 @@ def next_power_of_2(n: int) -> int:
 def ints(*shapes) -> bool:
     """Every dim concrete (constraints are also asked at symbolic shapes)."""
     return all(isinstance(d, int) for s in shapes for d in s)
+
+
+__all__ = ["ELEMENTWISE", "EXACT", "REDUCTION", "TF32", "deliver", "float_dtypes", "interpreted",
+           "ints", "jit", "next_power_of_2", "source_text", "target", "torch"]

@@ -2,34 +2,24 @@
 
 ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
 options=...)`` compiles without a GPU, so CI checks that every config of every template
-compiles for an H100 and fits its shared memory (``SHARED_MEMORY``), which the interpreter
+compiles for an H100 and fits its shared memory (``aot.SHARED_MEMORY``), which the interpreter
 cannot tell. Each target compiles the template's heaviest use of the config: fp32 operands
 (twice the bytes of fp16 per tile) as well as fp16, the largest head dim, every epilogue input.
-The jit modules must be imported compiled, not interpreted: ``compile_targets`` refuses to run
-with ``TRITON_INTERPRET`` set.
+``aot.compile_target`` compiles them, as it does the generated kernels. The jit modules must be
+imported compiled, not interpreted: ``compile_targets`` refuses a process running Triton's
+interpreter (``kernels.triton.require_compiler``).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Iterator
-from typing import NamedTuple
 
-from tensor_graphs.errors import DeviceError
+from tensor_graphs.kernels.triton import require_compiler
+from tensor_graphs.kernels.triton.aot import Target
 from tensor_graphs.kernels.triton.templates import attention, gather, matmul, rope
+from tensor_graphs.kernels.triton.templates.runtime import jit
 
-SHARED_MEMORY = 232_448  # bytes of shared memory one block may use on an H100 (sm_90)
 HEAD_DIMS = (64, 128)  # GPT-2's, Llama's and Qwen3's
-
-
-class Target(NamedTuple):
-    name: str
-    fn: object  # a triton JITFunction
-    signature: dict  # argument name -> "*fp16", "i32", "fp32" or "constexpr"
-    constexprs: dict
-    options: dict  # num_warps, num_stages
-    attrs: dict  # (argument index,) -> [["tt.divisibility", 16]]
 
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
@@ -37,19 +27,18 @@ POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64
 
 
 def _module(name: str):
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise DeviceError("the ahead-of-time compile needs compiled jit functions: unset "
-                          "TRITON_INTERPRET (it makes @triton.jit functions interpreted)")
-    return importlib.import_module(f"{__package__}.{name}")
+    require_compiler()
+    return jit(name)
 
 
-def _target(name, fn, pointers: dict, floats: tuple, units: tuple, constexprs: dict,
-            warps: int, stages: int = 3) -> Target:
+def _target(kernel: str, variant: str, fn, pointers: dict, floats: tuple, units: tuple,
+            constexprs: dict, warps: int, stages: int = 3) -> Target:
     """Every argument of ``fn`` typed as a launch on aligned, contiguous tensors specializes
     it: ``pointers`` (name -> dtype) and the other ints 16-byte divisible, ``units`` (the
     innermost strides) the constant 1, ``floats`` fp32 scalars, ``constexprs`` by value.
     Divisibility lets loads vectorize, which is what lets the pipeliner stage them in shared
-    memory: the compile whose shared memory must fit."""
+    memory: the compile whose shared memory must fit. ``kernel`` names the template x config
+    the compile checks (several compiles, ``variant`` the dtype and head dim, check one)."""
     sig, attrs, values = {}, {}, dict(constexprs)
     for i, arg in enumerate(fn.arg_names):
         if arg in units:
@@ -64,7 +53,8 @@ def _target(name, fn, pointers: dict, floats: tuple, units: tuple, constexprs: d
             sig[arg] = "i32"
         if sig[arg] not in ("constexpr", "fp32"):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    return Target(name, fn, sig, values, {"num_warps": warps, "num_stages": stages}, attrs)
+    return Target(kernel + variant, fn, sig, values,
+                  {"num_warps": warps, "num_stages": stages}, attrs, kernel)
 
 
 def compile_targets() -> Iterator[Target]:
@@ -77,7 +67,7 @@ def compile_targets() -> Iterator[Target]:
             consts = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"],
                           PRECISION=cfg.precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_K=cfg.block_k, GROUP_M=matmul.GROUP_M)
-            yield _target(f"gemm_{cfg.label}_{dt}", mm.gemm, ptrs, (), gemm_units, consts,
+            yield _target(f"gemm_{cfg.label}", f"_{dt}", mm.gemm, ptrs, (), gemm_units, consts,
                           cfg.warps, cfg.stages)
 
     at = _module(attention.JIT)
@@ -88,7 +78,7 @@ def compile_targets() -> Iterator[Target]:
             consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=True,
                           PRECISION=attention.PRECISION, BLOCK_M=cfg.block_m,
                           BLOCK_N=cfg.block_n, BLOCK_D=d, BLOCK_DV=d)
-            yield _target(f"flash_{cfg.label}_d{d}_{dt}", at.flash, ptrs, ("scale",),
+            yield _target(f"flash_{cfg.label}", f"_d{d}_{dt}", at.flash, ptrs, ("scale",),
                           flash_units, consts, cfg.warps, cfg.stages)
     d = max(HEAD_DIMS)
     for cfg in attention.DECODE_CONFIGS:
@@ -98,41 +88,22 @@ def compile_targets() -> Iterator[Target]:
             consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=False,
                           PRECISION=attention.PRECISION, BLOCK_G=16, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d)
-            yield _target(f"decode_split_{cfg.label}_d{d}_{dt}", at.decode_split, ptrs,
+            yield _target(f"decode_split_{cfg.label}", f"_d{d}_{dt}", at.decode_split, ptrs,
                           ("scale",), ("s_qd", "s_kd", "s_vd", "s_mn"), consts, cfg.warps,
                           cfg.stages)
         ptrs = dict.fromkeys(("part_m", "part_l", "part_o", "o_ptr"), "float32")
         consts = dict(BLOCK_S=attention.split_block(cfg), BLOCK_DV=d)
-        yield _target(f"decode_combine_{cfg.label}_d{d}", at.decode_combine, ptrs, (),
+        yield _target(f"decode_combine_{cfg.label}", f"_d{d}", at.decode_combine, ptrs, (),
                       ("s_od",), consts, attention.COMBINE_WARPS)
 
     rp = _module(rope.JIT)
     for cfg in rope.CONFIGS:
         ptrs = dict.fromkeys(("x_ptr", "cos_ptr", "sin_ptr", "o_ptr"), "float32")
-        yield _target(f"rope_{cfg.label}", rp.rope, ptrs, (), ("s_x3", "s_c3", "s_s3", "s_o3"),
+        yield _target(f"rope_{cfg.label}", "", rp.rope, ptrs, (), ("s_x3", "s_c3", "s_s3", "s_o3"),
                       dict(BLOCK_R=cfg.block_r, BLOCK_H=max(HEAD_DIMS) // 2), cfg.warps)
 
     gt = _module(gather.JIT)
     for cfg in gather.CONFIGS:
         ptrs = {"ids_ptr": "int64", "table_ptr": "float32", "o_ptr": "float32"}
-        yield _target(f"embedding_{cfg.label}", gt.embedding, ptrs, (), ("s_i", "s_td"),
+        yield _target(f"embedding_{cfg.label}", "", gt.embedding, ptrs, (), ("s_i", "s_td"),
                       dict(BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d), cfg.warps)
-
-
-def compile_all(capability: int = 90, warp_size: int = 32, shard: tuple[int, int] = (0, 1)
-                ) -> list[tuple[str, int]]:
-    """Compile every target (``shard=(i, n)``: every n-th from the i-th, so n processes can
-    share the work) for ``GPUTarget("cuda", capability, warp_size)``: (name, shared memory
-    bytes) each. Raises what triton raises when one does not compile."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    gpu = GPUTarget("cuda", capability, warp_size)
-    first, step = shard
-    out = []
-    for t in list(compile_targets())[first::step]:
-        done = triton.compile(ASTSource(t.fn, t.signature, t.constexprs, t.attrs),
-                              target=gpu, options=t.options)
-        out.append((t.name, int(done.metadata.shared)))
-    return out
