@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tensor_graphs.kernels import triton as package
+from tests.kernels.triton.common import atomic_root
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(not package.installed(), reason="needs triton and torch")
@@ -49,9 +50,6 @@ def test_no_triton_candidate_without_a_gpu():
 
     x = tg.input("x", (4, 8), "float32")
     y = tg.softmax(tg.exp(x) * 2.0, axis=-1)
-    root = y
-    while not root.op.is_atomic:
-        root = expand_composite(root.op, root.inputs, root.attrs)
-    found = generated.candidates(root, use_counts([y]), lambda n: expand_composite(
-        n.op, n.inputs, n.attrs))
+    expand = lambda n: expand_composite(n.op, n.inputs, n.attrs)  # noqa: E731
+    found = generated.candidates(atomic_root(y, expand), use_counts([y]), expand)
     assert found and all(c.backend != "triton" for c in found)

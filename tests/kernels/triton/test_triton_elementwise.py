@@ -9,30 +9,16 @@ import pytest
 import tensor_graphs as tg
 from tensor_graphs.errors import KernelConstraintError
 from tensor_graphs.ir.graph import use_counts
-from tensor_graphs.kernels import triton as package
 from tensor_graphs.kernels.triton import build, generate
 from tensor_graphs.kernels.triton.build import Config
-
-# bfloat16 on a real GPU only: the interpreter computes it on raw bits
-DTYPES = ["float32", "float16"] + ([] if package.interpreted() else ["bfloat16"])
-HALF_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}  # rounding a result may add
+from tests.kernels.triton.common import DTYPES, agrees, atomic_root, run, within
 
 BIG = Config(4096, 4)  # few programs: the interpreter runs them one by one
 SMALL = Config(256, 2)
 
 
-def agrees(got, ref, tolerance: float = 1e-6) -> None:
-    """Norm-wise, as kernels are judged: libdevice's exp and log are a few ulp from numpy's."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-    assert err <= tolerance, err
-
-
 def found(y, expand):
-    root = y
-    while not root.op.is_atomic:
-        root = expand(root)
-    return generate.elementwise_region(root, use_counts([y]), expand)
+    return generate.elementwise_region(atomic_root(y, expand), use_counts([y]), expand)
 
 
 def kernel(y, expand, config=BIG, verify=True):
@@ -40,19 +26,6 @@ def kernel(y, expand, config=BIG, verify=True):
     assert got is not None, "no elementwise region"
     _covers, region, _top, rendered = got
     return generate.build_elementwise(region, rendered, config, verify=verify), region
-
-
-def run(k, *arrays, out=None):
-    import torch
-
-    from tensor_graphs.devices import torch_device
-    from tensor_graphs.kernels.torch import convert
-
-    dev = torch_device("cuda")
-    with np.errstate(all="ignore"):
-        res = k.fn(*(convert.to_torch(a).to(dev) for a in arrays), out=out)
-    assert isinstance(res, torch.Tensor)
-    return convert.to_host(res)
 
 
 def gelu_tanh(dt):
@@ -96,8 +69,7 @@ def test_gallery_regions_pass_their_checks_in_fp32_and_fp16(name, dtype, expand)
     ref = tg.evaluate(y, leaves, dtype="float64")
     got = run(k, *arrays)
     assert got.dtype == region.root.dtype.np_dtype and got.shape == ref.shape
-    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-    assert err <= max(k.tolerance, HALF_ROUNDING.get(dtype, 0.0)), err
+    within(k, got, ref, dtype)
 
 
 def test_fp16_ops_round_as_the_reference_does(expand):

@@ -10,6 +10,7 @@ import tensor_graphs as tg
 from tensor_graphs.errors import NoPathError
 from tensor_graphs.ir.graph import use_counts
 from tensor_graphs.kernels import generated
+from tests.kernels.triton.common import atomic_root
 
 
 def block(dt="float32"):
@@ -25,9 +26,7 @@ def feeds(dt="float32"):
 
 def test_every_configuration_is_offered_at_a_root(expand):
     y = block()
-    root = y
-    while not root.op.is_atomic:
-        root = expand(root)
+    root = atomic_root(y, expand)
     found = [c for c in generated.candidates(root, use_counts([y]), expand)
              if c.backend == "triton"]
     kinds = [c.generator.split("_")[1] for c in found]  # the softmax's epilogue is both

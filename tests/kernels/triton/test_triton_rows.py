@@ -8,30 +8,16 @@ import pytest
 
 import tensor_graphs as tg
 from tensor_graphs.ir.graph import use_counts
-from tensor_graphs.kernels import triton as package
 from tensor_graphs.kernels.triton import generate
 from tensor_graphs.kernels.triton.build import Config
-
-# bfloat16 on a real GPU only: the interpreter computes it on raw bits
-DTYPES = ["float32", "float16"] + ([] if package.interpreted() else ["bfloat16"])
-HALF_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}  # rounding a result may add
+from tests.kernels.triton.common import DTYPES, agrees, atomic_root, run, within
 
 PERSISTENT = Config(1024, 2, 2048)  # rows up to 2048 in one block
 LOOPED = Config(16, 2, 8)  # rows longer than 8 in blocks of 16: the looped kernel
 
 
-def agrees(got, ref, tolerance: float = 1e-6) -> None:
-    """Norm-wise, as kernels are judged: libdevice's exp and log are a few ulp from numpy's."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-    assert err <= tolerance, err
-
-
 def found(y, expand):
-    root = y
-    while not root.op.is_atomic:
-        root = expand(root)
-    return generate.row_region(root, use_counts([y]), expand)
+    return generate.row_region(atomic_root(y, expand), use_counts([y]), expand)
 
 
 def kernel(y, expand, config, verify=True):
@@ -39,15 +25,6 @@ def kernel(y, expand, config, verify=True):
     assert got is not None, "no row region"
     _covers, region, _top, rendered = got
     return generate.build_rows(region, rendered, config, verify=verify), region
-
-
-def run(k, *arrays):
-    from tensor_graphs.devices import torch_device
-    from tensor_graphs.kernels.torch import convert
-
-    dev = torch_device("cuda")
-    with np.errstate(all="ignore"):
-        return convert.to_host(k.fn(*(convert.to_torch(a).to(dev) for a in arrays)))
 
 
 def softmax(dt, d=33):
@@ -97,8 +74,7 @@ def test_gallery_rows_pass_their_checks(name, dtype, config, expand):
     feeds = fresh(region, np.random.default_rng(5))
     got = run(k, *[feeds[n.name] for n in region.inputs])
     ref = tg.evaluate(y, feeds, dtype="float64")
-    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-    assert err <= max(k.tolerance, HALF_ROUNDING.get(dtype, 0.0)), err
+    within(k, got, ref, dtype)
 
 
 @pytest.mark.parametrize("config", [PERSISTENT, LOOPED], ids=["persistent", "looped"])
