@@ -1,25 +1,27 @@
 """Generated kernels as planner options: regions found in the graph, compiled only when chosen.
 
 A hand-written kernel applies where its pattern matches; a generated one applies to whatever
-region of the graph a generator can render. For each node the planner asks every generator in
-``generators()`` for a ``Candidate``: the region rooted at the node (the nodes it computes, the
-values it reads), the kernel's name and source hash, and a declared error, all known from the
-rendered source without compiling it. The candidate competes with the registered kernels and
-the decomposition on its estimated or measured time; only the candidates a plan (or the
-profiler) actually uses are built (``realize``): compiled (cached on disk by the hash of their
-source and flags) and verified against the float64 reference, once per process. A candidate
-that fails to compile or verify is refused for the rest of the process (``refused``) and its
-plan is made again without it; the profiler records it as a failure row, so no later plan on
-that database considers it.
+region of the graph a generator can render. For each node on each device kind the planner asks
+the generators of ``generators()`` that render for that kind for a ``Candidate``: the region
+rooted at the node (the nodes it computes, the values it reads), the kernel's name and source
+hash, and a declared error, all known from the rendered source without compiling it. The
+candidate competes with the registered kernels and the decomposition on its estimated or
+measured time; only the candidates a plan (or the profiler) actually uses are built
+(``realize``): compiled (cached on disk by the hash of their source and flags) and verified
+against the float64 reference, once per process. A candidate that fails to compile or verify
+is refused for the rest of the process (``refused``) and its plan is made again without it;
+the profiler records it as a failure row, so no later plan on that database considers it.
 
 Regions are described on the graph itself (atomic nodes between boundary values), which is
 backend-neutral: a generator turns one into source for its backend (``kernels/c/codegen.py``
-renders elementwise regions as one C loop). Each generator is
-``fn(root, uses, expand) -> Candidate | None``: ``uses`` counts each node's users in the whole
-graph being planned (a node read outside the region cannot be computed only inside it) and
-``expand(node)`` is the planner's decomposition of a composite node (the same node object every
-time, so a region may reach through a composite input into its decomposition: an ``add`` after
-a ``gelu`` is one loop, not a hand kernel and an add).
+renders elementwise regions as one C loop). Each row of ``generators()`` names the device kind
+its generator renders for, and the planner asks only the generators of its slot's kind
+(``candidates(..., device=)``): a C generator never runs for a GPU slot, nor a Triton one for a
+host slot. Each generator is ``fn(root, uses, expand) -> Candidate | None``: ``uses`` counts
+each node's users in the whole graph being planned (a node read outside the region cannot be
+computed only inside it) and ``expand(node)`` is the planner's decomposition of a composite
+node (the same node object every time, so a region may reach through a composite input into
+its decomposition: an ``add`` after a ``gelu`` is one loop, not a hand kernel and an add).
 """
 
 from __future__ import annotations
@@ -100,31 +102,37 @@ def realize(kernel):
         return built
 
 
-def candidates(root: Node, uses: Mapping[Node, int], expand: Expand) -> list[Candidate]:
-    """Every generator's candidate for the region rooted at ``root`` (refused ones left out)."""
+def candidates(root: Node, uses: Mapping[Node, int], expand: Expand,
+               device: str | None = None) -> list[Candidate]:
+    """The candidates for the region rooted at ``root`` (refused ones left out) of the
+    generators that render for ``device`` (a device kind: "cpu", "cuda"), or of every
+    generator when it is None. The planner asks per slot, so only the slot's kind runs."""
     found = []
-    for _name, generator in generators():
+    for _name, kind, generator in generators():
+        if device is not None and kind != device:
+            continue
         cand = generator(root, uses, expand)
         if cand is not None and cand.name not in refused:
             found.append(cand)
     return found
 
 
-def generators() -> tuple[tuple[str, Callable], ...]:
-    """The generators, imported on first use (each renders for its own backend)."""
+def generators() -> tuple[tuple[str, str, Callable], ...]:
+    """The generators as rows (name, device kind it renders for, function), imported on first
+    use; a generator's candidates have that device."""
     from tensor_graphs.kernels.c import codegen, gemm_epilogue, rowgen
     from tensor_graphs.kernels.triton import generate as triton
 
     return (
         # elementwise DAGs of any shape: one C loop over the broadcast output
-        ("elementwise", codegen.elementwise_candidate),
+        ("elementwise", "cpu", codegen.elementwise_candidate),
         # last-axis sum/max with their elementwise prologue and epilogue: one pass per level
-        ("rows", rowgen.row_candidate),
+        ("rows", "cpu", rowgen.row_candidate),
         # a matmul on a static weight and the elementwise region after it, in the GEMM's store
-        ("gemm_epilogue", gemm_epilogue.gemm_candidate),
+        ("gemm_epilogue", "cpu", gemm_epilogue.gemm_candidate),
         # on a GPU (real or simulated), the same elementwise and row regions as Triton
         # kernels, one row per launch configuration (kernels/triton/generate.py)
-        *triton.generator_rows(),
+        *((name, triton.DEVICE, fn) for name, fn in triton.generator_rows()),
     )
 
 

@@ -60,6 +60,7 @@ class Option:
     label: str = ""
     densify: float = 0.0  # seconds to make strided views dense for a contiguous kernel
     cold: float = 0.0  # seconds its activations take through memory (a decision term)
+    static: bool = False  # runs once per binding (``ir.graph.is_static``), not per call
 
     @property
     def runs(self) -> bool:
@@ -85,9 +86,11 @@ class Step:
     signature: str
     features: object = None
     densify: float = 0.0  # the runtime's copies of strided views this kernel reads densely
+    static: bool = False  # runs once per binding, in the prelude (``ir.graph.is_static``)
 
     @property
     def cost(self) -> float:
+        """Seconds of one run of the step (a static step runs once per binding)."""
         return self.estimate.seconds + self.densify
 
     @property
@@ -132,12 +135,23 @@ class Plan:
 
     @property
     def cost(self) -> float:
-        """Predicted seconds of one run: the steps' estimates plus the runtime's dispatch."""
-        return self.kernel_cost + self.dispatch * len(self.steps)
+        """Predicted seconds of one call: the per-call steps' estimates plus the runtime's
+        dispatch (static steps run once per binding: ``binding_cost``)."""
+        return self.kernel_cost + self.dispatch * len(self.per_call)
+
+    @property
+    def per_call(self) -> list[Step]:
+        """The steps every call runs (the rest run once per binding, in the prelude)."""
+        return [s for s in self.steps if not s.static]
 
     @property
     def kernel_cost(self) -> float:
-        return sum(s.cost for s in self.steps)
+        return sum(s.cost for s in self.per_call)
+
+    @property
+    def binding_cost(self) -> float:
+        """Predicted seconds of the static steps, run once per weight binding."""
+        return sum(s.cost for s in self.steps if s.static)
 
     @property
     def error(self) -> float:
@@ -197,7 +211,7 @@ class Plan:
 
         steps = tuple(Step(st.kernel, memo[st.node], st.device, tuple(map(slot, st.inputs)),
                            tuple(memo[n] for n in st.nodes), attrs(st.attrs), st.estimate,
-                           st.error, st.signature, st.features, st.densify)
+                           st.error, st.signature, st.features, st.densify, st.static)
                       for st in self.steps)
         return Plan(steps, tuple(map(slot, self.outputs)),
                     {slot(a): slot(b) for a, b in self.aliases.items()},
@@ -222,6 +236,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         else:
             fused = len(s.nodes) - 1
             computes = s.computes + (f" (+{fused} fused)" if fused else "")
+        if s.static:
+            computes += " (once per binding)"
         rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
                      format_shape(s.node.shape), format_seconds(s.cost), s.source,
                      f"{s.error:.0e}"))
@@ -265,10 +281,13 @@ def _totals(plan: Plan) -> list[str]:
         by_source.setdefault(s.source, []).append(s.cost)
     fused = sum(1 for s in plan.steps if len(s.nodes) > 1)
     copies = sum(1 for s in plan.steps if s.is_copy)
+    static = len(plan.steps) - len(plan.per_call)
+    once = (f"; {static} static steps once per binding, {format_seconds(plan.binding_cost)}"
+            if static else "")
     lines = [f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
-             f"{format_seconds(plan.cost)} (kernels {format_seconds(plan.kernel_cost)} + dispatch "
-             f"{format_seconds(plan.dispatch * len(plan.steps))}), largest step error "
-             f"{plan.error:.1e} (tolerance {plan.tolerance:g})"]
+             f"{format_seconds(plan.cost)} a call (kernels {format_seconds(plan.kernel_cost)} + "
+             f"dispatch {format_seconds(plan.dispatch * len(plan.per_call))}){once}, largest "
+             f"step error {plan.error:.1e} (tolerance {plan.tolerance:g})"]
     lines.append("by backend: " + ", ".join(
         f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items())))
     lines.append("by source:  " + ", ".join(

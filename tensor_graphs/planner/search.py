@@ -10,11 +10,14 @@ rewrites deep), a copy from another device, or the leaf itself.
 ``best`` is dynamic programming over slots: an option's cost is its step's estimate plus the
 steps of the slots only it needs, each counted once; values the graph shares are costed where
 they are made (``total``). Options whose error exceeds the tolerance are dropped (see
-``plan`` for how errors combine). ``extract`` turns the chosen options into a ``Plan`` by a
-depth-first walk from the outputs; the same walk replays a lock file's decisions. ``paths``
-enumerates every consistent choice lazily, cheapest-first at each decision; ``count`` counts
-them without enumerating (dynamic programming over the set of values still needed, consumers
-before producers).
+``plan`` for how errors combine). Across devices: fed leaves live where ``HOMES`` says, a
+boundary's copy to another device is paid by its readers there, a shared value is made where
+that is cheapest and copied elsewhere unless making it again costs less (``_makes``), and a
+static step (once per binding) is weighed at a share of its time (``AMORTIZED_CALLS``).
+``extract`` turns the chosen options into a ``Plan`` by a depth-first walk from the outputs;
+the same walk replays a lock file's decisions. ``paths`` enumerates every consistent choice
+lazily, cheapest-first at each decision; ``count`` counts them without enumerating (dynamic
+programming over the set of values still needed, consumers before producers).
 """
 
 from __future__ import annotations
@@ -65,6 +68,21 @@ PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheap
 MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
 LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+# Where each kind of fed leaf lives: the one rule for placing leaves (``Planner.home``), which the
+# runtime follows (runtime/program.py keeps weights and states on the target's device). A value
+# read elsewhere reaches there through a copy step; a kept state's new version is delivered
+# where the state lives (``output_slots``), so a KV cache stays put between calls.
+HOMES = {
+    INPUT: "host",  # the caller's arrays (a GPU tensor fed as is skips the copy at run time)
+    WEIGHT: "weights",  # bound once per binding, onto the target device
+    STATE: "weights",  # kept with the weights, even when only host steps read it: moving it
+    # to its readers would need the runtime to keep states per device (not done)
+}
+# A static step (``ir.graph.is_static``: a weight's copy to another device, a transposed
+# weight) runs once per binding, in the prelude, not per call: the planner weighs it at its
+# time amortized over this many calls (a binding serves many calls; the small share still
+# picks the fastest of otherwise free options), and the plan's per-call time leaves it out.
+AMORTIZED_CALLS = 1000
 # The native loop (runtime/native.py) runs a program whose steps are all C as one foreign call:
 # a C step costs it ~0.003-0.04 us besides the kernel, where the Python loop spends ~3 us per
 # step (the calibrated "dispatch"). One numpy or torch step keeps the whole program in Python,
@@ -113,8 +131,14 @@ class Planner:
                  tolerance: float, backends: Sequence[str] | None = None,
                  weights_on: str | None = None, blocks: bool = False,
                  output_device: str = "cpu", dims: Mapping | None = None,
-                 generate: bool = True, refused: frozenset[str] = frozenset()):
+                 generate: bool = True, refused: frozenset[str] = frozenset(),
+                 block_inputs: frozenset[Node] | None = None):
         self.outputs = list(outputs)
+        # planning one repeated block (``BlockInstancePlan``): the placeholders of the values
+        # it reads from outside. Each is wanted on whatever device a step here reads it and is
+        # not placed here: the outer plan makes it there or copies it in (as an input leaf it
+        # was homed on the host, so every block's input was made on the host and copied up)
+        self.block_inputs = block_inputs
         self.generate = generate  # offer generated kernels (kernels/generated.py)
         self.refused = refused  # generated kernels refused for this plan (checks, accuracy)
         self.dims = dict(dims or {})  # values of symbolic dims: costs and constraints use them
@@ -138,6 +162,7 @@ class Planner:
         self._best: dict[Slot, tuple[float, Option | None, frozenset]] = {}
         self._active: set[Slot] = set()
         self._decomposed: dict[Node, Node] = {}
+        self._made_on: dict[Node, str] = {}  # shared value -> where making it is cheapest
         self.stats = {"slots": 0, "options": 0, "estimates": 0, "blocks": 0,
                       "blocks_planned": 0, "block_cache_hits": 0}
         self._blocks: dict[Node, BlockInstancePlan] = {}
@@ -150,8 +175,11 @@ class Planner:
     @property
     def output_slots(self) -> list[Slot]:
         """Outputs are wanted on ``output_device``; a new version of a kept state stays where
-        the state lives (a KV cache on the GPU is not copied to the host and back per call)."""
-        return [Slot(o, self.weights_on if _kept_state(o) else self.output_device, True)
+        the state lives (a KV cache on the GPU is not copied to the host and back per call).
+        A block's sub-plan makes its outputs on the device (unmoved slots): the outer option
+        stands for those slots, and consumers elsewhere copy from there."""
+        moved = self.block_inputs is None  # a block fills its outputs' own slots: see below
+        return [Slot(o, self.weights_on if _kept_state(o) else self.output_device, moved)
                 for o in self.outputs]
 
     def options(self, slot: Slot) -> list[Option]:
@@ -169,6 +197,8 @@ class Planner:
 
     def _all_options(self, slot: Slot) -> list[Option]:
         node, kind, moved = slot
+        if self.block_inputs is not None and node in self.block_inputs:
+            return [Option(LEAF, slot, label=LEAF)] if moved else []
         if moved:
             out = [Option(LOCAL, slot, (Slot(node, kind, False),), label=LOCAL)]
             for other in self.kinds:
@@ -187,11 +217,16 @@ class Planner:
         return out
 
     def _leaf(self, slot: Slot) -> list[Option]:
-        kind = slot.node.op.name
-        home = {INPUT: "cpu", WEIGHT: self.weights_on, STATE: self.weights_on}.get(kind)
+        home = self.home(slot.node)
         if home is not None and home != slot.device:
             return []
         return [Option(LEAF, slot, label=LEAF)]
+
+    def home(self, leaf: Node) -> str | None:
+        """The device kind a fed leaf lives on (``HOMES``); None for constants and dims, which
+        are wherever they are read."""
+        where = HOMES.get(leaf.op.name)
+        return None if where is None else "cpu" if where == "host" else self.weights_on
 
     def _kernels(self, slot: Slot) -> list[Option]:
         node, kind, _ = slot
@@ -218,7 +253,8 @@ class Planner:
             out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
                               covers, attrs, est, step_error(k, node.dtype), sig, feats,
                               label=f"kernel:{k.name}",
-                              densify=self._densify(args) if k.contiguous else 0.0, cold=cold))
+                              densify=self._densify(args) if k.contiguous else 0.0, cold=cold,
+                              static=is_static(node)))
         return out
 
     def _generated(self, slot: Slot) -> list[Option]:
@@ -229,7 +265,7 @@ class Planner:
         if not self.generate or not node.op.is_atomic or node.op.is_leaf:
             return []
         out = []
-        for cand in generated.candidates(node, self._region_uses, self._decomposition):
+        for cand in generated.candidates(node, self._region_uses, self._decomposition, kind):
             if cand.device != kind or cand.name in self.refused or \
                     (self.backends is not None and cand.backend not in self.backends):
                 continue
@@ -243,7 +279,7 @@ class Planner:
             out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
                               cand, cand.covers, {}, est, step_error(cand, node.dtype), sig,
                               feats, label=f"{GENERATED}:{cand.name}",
-                              cold=self._cold(cand.inputs, node)))
+                              cold=self._cold(cand.inputs, node), static=is_static(node)))
         return out
 
     def _cold(self, args: Sequence[Node], node: Node) -> float:
@@ -317,7 +353,8 @@ class Planner:
         est = FREE if copies.cost_hint(k) == 0.0 else self.cost.estimate(k, sig, feats)
         attrs = {"device": slot.device} if "device" in k.attrs else {}  # (the runtime's GPU)
         return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), attrs, est,
-                       step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}")]
+                       step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}",
+                       static=is_static(slot.node))]
 
     def _decomposition(self, node: Node) -> Node:
         d = self._decomposed.get(node)
@@ -422,20 +459,51 @@ class Planner:
         """The option's cost: its own step plus the steps of every slot it needs that nothing
         else in the graph needs, each counted once. Values the graph shares (used more than
         once) and leaves are boundaries: computed once whatever a consumer chooses, so they
-        are costed where they are made, not split among consumers."""
+        are costed where they are made, not split among consumers; a boundary's copy to the
+        consumer's device is the consumer's (``_total``)."""
         return self._total(opt)[0]
 
     def _total(self, opt: Option) -> tuple[float, frozenset]:
         closure: set[Slot] = set()
         for need in opt.needs:
-            cost, _, below = self._solve_slot(need)
+            cost, chosen, below = self._solve_slot(need)
             if cost == INF:
                 return INF, frozenset()
-            if not self._boundary(need.node):
+            if not self._boundary(need.node) or self._makes(opt, need):
                 closure.add(need)
                 closure |= below
+            elif chosen.how == COPY:
+                # a boundary (a leaf, a shared value) copied here from where it is made: the
+                # copy is this device's, so its readers pay it (each one: a copy several read
+                # counts once per reader, which errs toward staying on one device); before,
+                # nothing paid it, and a GPU step reading a host input looked free of its copy
+                closure.add(need)
         total = self._own(opt) + sum(self._own(self._best[s][1]) for s in closure)
         return total - self._absorbed(opt), frozenset(closure)
+
+    def _makes(self, opt: Option, need: Slot) -> bool:
+        """Whether filling a device's slot of a shared value by ``opt`` pays for making the
+        value: made there (``LOCAL``), or copied from a device other than the one where it is
+        cheapest to make (``_cheapest``), where it would be made for this copy alone. A copy
+        from there pays the copy only: the readers there make it anyway. So that device makes
+        it, and another copies it unless making it again costs less than the copy. Before,
+        making it was free on every side (shared values are costed where they are made), and
+        a value two devices read was made on each (GPT-2's embedding sum). A value only the
+        other device reads is still copied from there when that is cheaper than making it
+        again, its making unpaid: the DP does not know who reads it where."""
+        if opt.how == LOCAL:
+            return True
+        return opt.how == COPY and need.device != self._cheapest(need.node)
+
+    def _cheapest(self, node: Node) -> str:
+        """The device kind where making ``node`` is cheapest (ties: the target)."""
+        found = self._made_on.get(node)
+        if found is None:
+            slots = [Slot(node, k, False) for k in self.kinds]
+            found = min(slots, key=lambda s: self._solve_slot(s)[0]).device
+            if not any(s in self._active for s in slots):  # (an open rewrite cycle: INF)
+                self._made_on[node] = found
+        return found
 
     def _absorbed(self, opt: Option) -> float:
         """What a kernel saves by computing shared values inside it: a value the graph uses
@@ -458,11 +526,15 @@ class Planner:
     def _own(self, opt: Option) -> float:
         """An option's own seconds; a step that runs also costs its activations' traffic
         (``_cold``), the runtime's dispatch (so fewer, fused steps win ties; a C step at the
-        native loop's price, see NATIVE_DISPATCH) and any densifying copies of its inputs."""
+        native loop's price, see NATIVE_DISPATCH) and any densifying copies of its inputs. A
+        static step (a weight's copy to the other device) runs once per binding: its share
+        of ``AMORTIZED_CALLS`` calls, so a weight copy a call never pays does not push a
+        step to the device that holds the weights."""
         if opt.runs and opt.estimate is not FREE:
             dispatch = NATIVE_DISPATCH if opt.kernel.backend in NATIVE_BACKENDS \
                 else self.dispatch
-            return opt.seconds + opt.cold + dispatch + opt.densify
+            seconds = opt.seconds + opt.cold + dispatch + opt.densify
+            return seconds / AMORTIZED_CALLS if opt.static else seconds
         return opt.seconds
 
     def _boundary(self, node: Node) -> bool:
@@ -483,7 +555,38 @@ class Planner:
 
     def plan(self) -> Plan:
         self.solve()
-        return self.extract(lambda slot: self.best(slot)[1])
+        chosen: dict[Slot, Option] = {}
+        while True:  # each round makes one more value where it is read: it ends
+            plan = self.extract(lambda slot: chosen.get(slot) or self.best(slot)[1])
+            better = self._lone_copies(plan)
+            if not better:
+                return plan
+            chosen.update(better)
+
+    def _lone_copies(self, plan: Plan) -> dict[Slot, Option]:
+        """Copies of shared values made on their source device for the copy alone, where
+        making the value on the device that reads it costs less: the DP took the copy for
+        the copy's price (``_makes``: the value's cheapest device makes it for its readers
+        there), and the plan shows no such reader (a KV cache's new version made on the host
+        and copied up, for GPU steps only). {moved slot: its LOCAL option} to extract again."""
+        read: set[Slot] = {plan.resolve(s) for s in plan.outputs}
+        for st in plan.steps:
+            if not st.is_copy:
+                read.update(plan.resolve(i) for i in st.inputs)
+        better: dict[Slot, Option] = {}
+        for st in plan.steps:
+            if not (st.is_copy and st.slot.moved and st.node in self.shared) \
+                    or st.inputs[0] in read:
+                continue
+            copy = next(o for o in self.options(st.slot) if o.how == COPY
+                        and o.needs == st.inputs)
+            local = next((o for o in self.options(st.slot) if o.how == LOCAL), None)
+            if local is None:
+                continue
+            made_here = self._solve_slot(local.needs[0])[0]
+            if made_here < self._own(copy) + self._solve_slot(st.inputs[0])[0]:
+                better[st.slot] = local
+        return better
 
     def replay(self, decisions: Sequence[str]) -> Plan:
         """The plan whose options are ``decisions`` (a lock file or the plan cache), in
@@ -536,7 +639,7 @@ class Planner:
                 elif opt.runs:
                     steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
                                       opt.covers, opt.attrs, opt.estimate, opt.error,
-                                      opt.signature, opt.features, opt.densify))
+                                      opt.signature, opt.features, opt.densify, opt.static))
                 elif opt.how == LEAF:
                     leaves.append(slot)
                 else:
@@ -557,7 +660,7 @@ class Planner:
     # ------------------------------------------------------------------------ errors
     def no_path_error(self) -> NoPathError:
         for n in nodes(self.outputs):
-            slot = Slot(n, self.target if not n.op.is_leaf else self._home(n), False)
+            slot = Slot(n, self.target if not n.op.is_leaf else self.home(n) or "cpu", False)
             if self.best(slot)[0] < INF:
                 continue
             if any(self.best(Slot(i, k, True))[0] == INF for i in n.inputs
@@ -576,9 +679,6 @@ class Planner:
                 f"(backends {sorted(self.backends) if self.backends else 'all'}); register "
                 "one with @tg.kernel or allow more backends")
         return NoPathError("no path computes the graph's outputs on the host")
-
-    def _home(self, leaf: Node) -> str:
-        return "cpu" if leaf.op.name == INPUT else self.weights_on
 
     # ------------------------------------------------------------------------ paths
     def _ranked(self, slot: Slot) -> list[Option]:
@@ -812,6 +912,8 @@ class BlockInstancePlan:
         self.inst = inst
         self.abstract = abstract
         self.mapping = dict(mapping)  # placeholder -> concrete node
+        # placeholders of values read from outside (not weights or states, which have homes)
+        self.inputs = frozenset(p for p in mapping if p.op.name == INPUT)
         self.shared = shared  # {abstract outputs: sub-plan}, one per group
         self.plan: Plan | None = None
         self._concrete: dict[Node, Node] = {}
@@ -827,7 +929,8 @@ class BlockInstancePlan:
         sub = Planner(self.abstract, target=planner.target, cost=planner.cost,
                       tolerance=planner.tolerance, backends=planner.backends,
                       weights_on=planner.weights_on, output_device=planner.target,
-                      dims=planner.dims, generate=planner.generate, refused=planner.refused)
+                      dims=planner.dims, generate=planner.generate, refused=planner.refused,
+                      block_inputs=self.inputs)
         self.plan = sub.plan() if decisions is None else sub.replay(decisions)
         planner.stats["blocks_planned"] += 1
         for key in ("slots", "options", "estimates"):
@@ -868,7 +971,7 @@ class BlockInstancePlan:
             steps.append(Step(st.kernel, self.concrete(st.node), st.device,
                               tuple(self._slot(i) for i in st.inputs),
                               tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
-                              st.error, st.signature, st.features, st.densify))
+                              st.error, st.signature, st.features, st.densify, st.static))
         for a, b in plan.aliases.items():
             aliases[self._slot(a)] = self._slot(b)
 

@@ -408,58 +408,6 @@ def test_bounds_plan_once_for_every_value_below_them():
         prog(ids=RNG.integers(0, 97, (1, 17)))
 
 
-def test_values_that_live_elsewhere_get_copies():
-    """A simulated second device kind: its kernels and the copies are host functions, so the
-    planner's placement and copy logic runs without a GPU."""
-    from tensor_graphs.db.cost import CostModel
-    from tensor_graphs.db.hardware import current
-    from tensor_graphs.kernels import copy as copies
-    from tensor_graphs.planner.search import Planner
-
-    made = []
-
-    @tg.kernel("tanh", backend="torch", device="cuda", name="test_sim_cuda_tanh")
-    def sim_tanh(x):
-        return np.tanh(x)
-
-    made.append("test_sim_cuda_tanh")
-    real = {k.name for k in tg.kernels.all()}
-    for name, src, dst in (("copy_host_to_cuda", "cpu", "cuda"),
-                           ("copy_cuda_to_host", "cuda", "cpu"),
-                           ("copy_same_memory_cuda", "cuda", "cuda")):
-        if name not in real:  # a machine with a GPU has the real ones
-            copies.copy_kernel(name, src, dst, same_memory=src == dst)(lambda x: np.array(x))
-            made.append(name)
-    try:
-        x = tg.input("x", (4, 8))
-        y = tg.tanh(x)
-        db = open_db(":memory:")
-        cost = CostModel(db, {"cpu": current("cpu"), "cuda": current("cpu")})
-        planner = Planner([y], target="cuda", cost=cost, tolerance=1e-5,
-                          backends=("torch", "copy"))
-        assert planner.plan().kernels == ["torch_tanh"]  # copies cost more than they save
-        sig = signature([x], y.attrs)
-        for name, seconds in (("test_sim_cuda_tanh", 1e-8), ("torch_tanh", 1e-3)):
-            k = registry.get(name)
-            db.record(Measurement(name, k.source_hash, sig, 5, seconds, seconds, seconds, 0.0))
-        for name in ("copy_host_to_cuda", "copy_cuda_to_host"):
-            k = registry.get(name)
-            copy_sig = signature([x], {"device": "cuda" if "to_cuda" in name else "cpu"})
-            db.record(Measurement(name, k.source_hash, copy_sig, 5, 1e-7, 1e-7, 1e-7, 0.0))
-        cost.refresh()
-        plan = Planner([y], target="cuda", cost=cost, tolerance=1e-5,
-                       backends=("torch", "copy")).plan()
-        assert plan.kernels == ["copy_host_to_cuda", "test_sim_cuda_tanh", "copy_cuda_to_host"]
-        assert [s.device for s in plan.steps] == ["cuda", "cuda", "cpu"]
-        assert "2 copies" in plan.explain()
-        assert all(s.source == "measured" for s in plan.steps)
-    finally:
-        for name in made:
-            registry.unregister(name)
-            copies.ROUTES.pop(name, None)
-            copies.SAME_MEMORY.discard(name)
-
-
 def test_bind_safetensors_binds_every_weight_by_name(tmp_path):
     from tensor_graphs.runtime.weights import write_safetensors
 
