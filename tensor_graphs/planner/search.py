@@ -88,6 +88,9 @@ AMORTIZED_CALLS = 1000
 # step (the calibrated "dispatch"). One numpy or torch step keeps the whole program in Python,
 # so C steps are priced at the native loop's cost and the others at the Python loop's: a plan
 # that can run natively wins by what it saves (GPT-2 decode: 3.5-4.5 ms a token, 238 steps).
+# Only a host plan runs natively: a program with GPU steps runs the Python loop, so there a C
+# step pays the Python dispatch too (priced at 0.05 us, host C steps took GPT-2's layers at
+# width 256 off the GPU, between copies).
 NATIVE_BACKENDS = frozenset({"c"})
 NATIVE_DISPATCH = 5e-8
 INF = math.inf
@@ -132,8 +135,11 @@ class Planner:
                  weights_on: str | None = None, blocks: bool = False,
                  output_device: str = "cpu", dims: Mapping | None = None,
                  generate: bool = True, refused: frozenset[str] = frozenset(),
-                 block_inputs: frozenset[Node] | None = None):
+                 block_inputs: frozenset[Node] | None = None, stay: bool = False):
         self.outputs = list(outputs)
+        # compute on the target wherever it can (the other devices only for what it cannot
+        # compute): the single-device plan ``plan`` weighs against the mixed one
+        self.stay = stay
         # planning one repeated block (``BlockInstancePlan``): the placeholders of the values
         # it reads from outside. Each is wanted on whatever device a step here reads it and is
         # not placed here: the outer plan makes it there or copies it in (as an input leaf it
@@ -151,6 +157,7 @@ class Planner:
         self.backends = None if backends is None else set(backends) | {"copy"}
         self.weights_on = weights_on or target
         self.dispatch = cost.rates(target).get("dispatch", 0.0)
+        self.native = target == "cpu"  # its programs may run natively (NATIVE_DISPATCH)
         self.uses = use_counts(self.outputs)
         self.shared = {n for n, c in self.uses.items() if c > 1}
         # what a generated region sees: an output is also read by the caller, so a region
@@ -209,6 +216,9 @@ class Planner:
             return self._leaf(slot)
         if node in self._blocks and kind == self.target:
             return [self._blocks[node].option(slot, self)]
+        if self.stay and kind != self.target \
+                and self._solve_slot(Slot(node, self.target, False))[0] < INF:
+            return []
         out = self._kernels(slot) + self._generated(slot)
         if not node.op.is_atomic:
             d = self._decomposition(node)
@@ -531,7 +541,7 @@ class Planner:
         of ``AMORTIZED_CALLS`` calls, so a weight copy a call never pays does not push a
         step to the device that holds the weights."""
         if opt.runs and opt.estimate is not FREE:
-            dispatch = NATIVE_DISPATCH if opt.kernel.backend in NATIVE_BACKENDS \
+            dispatch = NATIVE_DISPATCH if self.native and opt.kernel.backend in NATIVE_BACKENDS \
                 else self.dispatch
             seconds = opt.seconds + opt.cold + dispatch + opt.densify
             return seconds / AMORTIZED_CALLS if opt.static else seconds
@@ -554,6 +564,31 @@ class Planner:
         return sum(costs)
 
     def plan(self) -> Plan:
+        """The cheapest plan found: the DP's, or, where it leaves on another device steps the
+        target can compute, the plan that computes everything it can on the target, when that
+        is predicted no slower. The DP places each value on its own (a shared value where it
+        is cheapest to make, its copies paid by its readers), which can settle on a chain of
+        copies where one device would do: a 3-layer GPT-2 at width 256 on a GPU, its
+        residual stream made on the host (C calls are cheaper than launches), 13 copies a
+        call, predicted 878 us, against 828 us all on the GPU with 2."""
+        mixed = self._extracted()
+        if self.stay or not self._movable(mixed):
+            return mixed
+        single = Planner(self.outputs, target=self.target, cost=self.cost,
+                         tolerance=self.tolerance, backends=self.backends,
+                         weights_on=self.weights_on, blocks=bool(self._blocks),
+                         output_device=self.output_device, dims=self.dims,
+                         generate=self.generate, refused=self.refused,
+                         block_inputs=self.block_inputs, stay=True)
+        try:
+            alone = single._extracted()  # noqa: SLF001 - the same class
+        except NoPathError:
+            return mixed
+        for key in ("slots", "options", "estimates"):
+            self.stats[key] += single.stats[key]
+        return alone if alone.cost <= mixed.cost else mixed
+
+    def _extracted(self) -> Plan:
         self.solve()
         chosen: dict[Slot, Option] = {}
         while True:  # each round makes one more value where it is read: it ends
@@ -562,6 +597,14 @@ class Planner:
             if not better:
                 return plan
             chosen.update(better)
+
+    def _movable(self, plan: Plan) -> bool:
+        """Whether the plan computes off the target what the target could compute (inside
+        a repeated block, its sub-planner judged that)."""
+        return any(st.device != self.target and not st.is_copy and st.node not in self._inside
+                   and st.node not in self._blocks
+                   and self.best(Slot(st.node, self.target, False))[0] < INF
+                   for st in plan.steps)
 
     def _lone_copies(self, plan: Plan) -> dict[Slot, Option]:
         """Copies of shared values made on their source device for the copy alone, where
@@ -930,7 +973,7 @@ class BlockInstancePlan:
                       tolerance=planner.tolerance, backends=planner.backends,
                       weights_on=planner.weights_on, output_device=planner.target,
                       dims=planner.dims, generate=planner.generate, refused=planner.refused,
-                      block_inputs=self.inputs)
+                      block_inputs=self.inputs, stay=planner.stay)
         self.plan = sub.plan() if decisions is None else sub.replay(decisions)
         planner.stats["blocks_planned"] += 1
         for key in ("slots", "options", "estimates"):
