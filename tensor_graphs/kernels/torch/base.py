@@ -23,6 +23,7 @@ result is exact in any dtype (movement, comparisons, max...) declare ``EXACT``.
 from __future__ import annotations
 
 import functools
+import inspect
 
 from tensor_graphs.ir import dtypes as _dtypes
 from tensor_graphs.ir.dtypes import FLOATS
@@ -65,11 +66,17 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
         if CUDA and cuda is not False:
             on_cuda = cuda or fn
             kernel(pattern, name=f"torch_cuda_{name}", device="cuda",
-                   tolerance=cuda_tolerance or tolerance, writes_out=writes_out and on_cuda is fn,
+                   tolerance=cuda_tolerance or tolerance,
+                   writes_out=writes_out and (on_cuda is fn or _takes_out(on_cuda)),
                    **_dtype_constraints(cuda_dtypes or dtypes, typed, where), **common)(on_cuda)
         return fn
 
     return decorate
+
+
+def _takes_out(fn) -> bool:
+    """A CUDA replacement that takes ``out=`` too (iota's, which must name its device)."""
+    return "out" in inspect.signature(fn).parameters
 
 
 def _dtype_constraints(dtypes, typed: int | None, where) -> dict:

@@ -279,16 +279,20 @@ def tanh(x, *, out=None):
     return torch.tanh(x, out=out)
 
 
-@torch_kernel("gelu")
-def gelu(x, approximate):
+@torch_kernel("gelu", writes_out=True)
+def gelu(x, approximate, *, out=None):
     """x * Phi(x), erf form ("none") or tanh form ("tanh"), as the node says. The erf form is
     computed as x/2 * erfc(-x/sqrt 2): torch's own, x/2 * (1 + erf(x/sqrt 2)), cancels for
     x < -2 (10 ulps at -2.1 on CUDA, 0 instead of -4.5e-8 at -5.65) and gives nan at +inf.
     Half floats go through float32."""
     if approximate != "none":
-        return F.gelu(x, approximate=approximate)
+        if out is None:
+            return F.gelu(x, approximate=approximate)
+        return torch._C._nn.gelu(x, approximate=approximate, out=out)  # F.gelu's out variant
     wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (wide * 0.5 * torch.special.erfc(wide * -math.sqrt(0.5))).to(x.dtype)
+    if out is None:
+        return (wide * 0.5 * torch.special.erfc(wide * -math.sqrt(0.5))).to(x.dtype)
+    return torch.mul(wide * 0.5, torch.special.erfc(wide * -math.sqrt(0.5)), out=out)
 
 
 @torch_kernel("silu")
@@ -417,12 +421,16 @@ def matmul(a, b, *, out=None):
     return torch.matmul(a, b, out=out)
 
 
-def iota_cuda(length, dtype):
+def iota_cuda(length, dtype, *, out=None):
+    if out is not None:
+        return torch.arange(int(length), out=out)
     return torch.arange(int(length), dtype=torch_dtype(dtype), device=torch_device("cuda"))
 
 
-@torch_kernel("iota", dtypes=None, tolerance=EXACT, cuda=iota_cuda)
-def iota(length, dtype):
+@torch_kernel("iota", dtypes=None, tolerance=EXACT, cuda=iota_cuda, writes_out=True)
+def iota(length, dtype, *, out=None):
+    if out is not None:
+        return torch.arange(int(length), out=out)
     return torch.arange(int(length), dtype=torch_dtype(dtype))
 
 
@@ -441,10 +449,17 @@ def _layer_norm_ok(shapes, dtypes, attrs):
     return _norm_ok(shapes, dtypes, attrs)
 
 
-@torch_kernel("layer_norm", where=_layer_norm_ok, tolerance=REDUCTION)
-def layer_norm(x, weight, bias, eps):
-    """Over the last axis with weight and bias (biased variance)."""
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+@torch_kernel("layer_norm", where=_layer_norm_ok, tolerance=REDUCTION, writes_out=True)
+def layer_norm(x, weight, bias, eps, *, out=None):
+    """Over the last axis with weight and bias (biased variance). ``out=``: aten's out
+    variant, which F.layer_norm runs (mean and rstd go to small buffers of their own)."""
+    if out is None:
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    empty = x.new_empty(0, dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16)
+                        else x.dtype)
+    torch.ops.aten.native_layer_norm.out(x, list(x.shape[-1:]), weight, bias, eps, out0=out,
+                                         out1=empty, out2=empty.clone())
+    return out
 
 
 @torch_kernel(given("layer_norm", "x", "weight"), "layer_norm_weight", where=_layer_norm_ok,
@@ -492,21 +507,29 @@ def linear(x, weight, bias):
 
 
 @torch_kernel(given("linear", "x", "weight"), "linear_nobias", where=_linear_ok,
-              tolerance=REDUCTION)
-def linear_nobias(x, weight):
-    return F.linear(x, weight)
+              tolerance=REDUCTION, writes_out=True)
+def linear_nobias(x, weight, *, out=None):
+    """x @ weight.T: what F.linear computes without a bias (aten's linear is this matmul),
+    which also writes into ``out``."""
+    if out is not None and x.ndim == 1:  # torch resizes out there (deprecated), as in matmul
+        return out.copy_(torch.matmul(x, weight.t()))
+    return torch.matmul(x, weight.t(), out=out)
 
 
 def _embedding_ok(shapes, dtypes, attrs):
     return True if dtypes[0].is_int else "ids must be integers"
 
 
-@torch_kernel("embedding", dtypes=None, where=_embedding_ok, tolerance=EXACT)
-def embedding(ids, table):
-    """Rows of table; an id outside [0, rows) raises (IndexError)."""
+@torch_kernel("embedding", dtypes=None, where=_embedding_ok, tolerance=EXACT, writes_out=True)
+def embedding(ids, table, *, out=None):
+    """Rows of table; an id outside [0, rows) raises (IndexError). ``out=``: the rows are
+    selected into it (index_select, as F.embedding does)."""
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int64)
-    return F.embedding(ids, table)
+    if out is None:
+        return F.embedding(ids, table)
+    torch.index_select(table, 0, ids.reshape(-1), out=out.view(-1, table.shape[-1]))
+    return out
 
 
 def _attention_ok(shapes, dtypes, attrs):
