@@ -6,8 +6,9 @@ when the graph has symbolic dims and no bounds; tg.compile's pipeline builds it)
 its program (``runtime/lower.py``) as a flat list: each instruction calls a kernel function on
 the values of earlier slots and drops every value after its last use. Weights are bound once
 (``bind``) in the user's layout. Where every instruction is a C kernel, a dims binding seen
-before runs as one foreign call instead (``runtime/native.py``); ``prog.loop`` says which loop
-ran and why.
+before runs as one foreign call instead (``runtime/native.py``); a GPU program runs as a CUDA
+graph captured once per dims (``runtime/graphs.py``); ``prog.loop`` says which loop ran and
+why.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import sympy
@@ -36,13 +38,14 @@ from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, WEIGHT
 from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
 from tensor_graphs.planner.plan import Plan
+from tensor_graphs.runtime import graphs as _graphs
 from tensor_graphs.runtime import native as _native
 from tensor_graphs.runtime import values as dv
 from tensor_graphs.runtime.lower import Instruction, Program
 from tensor_graphs.runtime.state import State, kept_states
 
-GPU_LOOP = ("python loop: the program has GPU steps (the native loop runs host C kernels "
-            "only)")
+# (the native loop runs host C kernels only; a GPU program runs as a CUDA graph where it can)
+GPU_LOOP = "python loop: the program has GPU steps"
 
 
 class OutsideConstraintsError(Exception):
@@ -91,6 +94,7 @@ class Executable:
         self.native = _native.NativeLoop()
         self._fit: tuple | None = None  # (dims the native loop fits over, Domain, DIM leaves)
         self.shared_results = False  # the last run's results live in memory runs reuse
+        self.graphs = _graphs.Graphs()  # CUDA graphs by dims (a GPU program's, runtime/graphs.py)
 
     def _named(self, ins: Instruction) -> Instruction:
         """A copy's target device kind ("cuda") as the device it means ("cuda:0")."""
@@ -171,18 +175,27 @@ class Executable:
         """Weights changed: the prelude runs again on the next call."""
         self._static_values = None
         self._generation += 1
+        self.graphs.clear()  # they read the old weights' memory
 
     def run(self, arrays: Mapping[str, np.ndarray], dims: Mapping,
-            cache_static: bool = True, native: bool = True) -> list[np.ndarray]:
+            cache_static: bool = True, native: bool = True,
+            graphs: bool = True) -> list[np.ndarray]:
         """One call. ``cache_static``: the weights are the bound ones, so the prelude's results
         from an earlier call stand (False when a call feeds weights itself). ``native``: the
         native loop may run it (``runtime/native.py``, at dims never seen before through
-        ``runtime/native_dims.py``); after the call ``native.last`` says which loop ran and
-        why, and ``shared_results`` whether the results must be copied."""
+        ``runtime/native_dims.py``); ``graphs``: a GPU program may run as a CUDA graph
+        (``runtime/graphs.py``). After the call ``native.last`` says which loop ran and why,
+        and ``shared_results`` whether the results must be copied."""
         loop, recorder, sample = self.native, None, None
         self.shared_results = False
         if self.gpu:
-            loop.last = GPU_LOOP
+            if graphs and cache_static:
+                got = self._graph_run(arrays, dims)
+                if got is not None:
+                    return got
+            else:
+                loop.last = (f"{GPU_LOOP} and CUDA graphs are off for this call "
+                             "(prog.cuda_graphs is False, or the call feeds weights or states)")
         elif not (native and cache_static):
             loop.last = ("python loop: the native loop is off for this call (prog.native is "
                          "False, or the call feeds weights or states)")
@@ -230,11 +243,28 @@ class Executable:
             loop.wants(dims_key(dims))  # a sighting all the same: the next call records
             loop.last = "python loop: the prelude runs (weights bound since the last call)"
         attrs, shapes, outs = self.bound(dims)
+        values, feeds = self._load(arrays, dims, cache_static)
+        if recorder is None:
+            _execute(self.instructions, values, attrs, shapes, outs, self.arenas, None, feeds)
+            return [values[i] for i in self.outputs]
+        try:
+            return self._record(recorder, arrays, dims, values, attrs, shapes, outs, sample)
+        finally:
+            _native.RECORD_LOCK.release()
+
+    def _load(self, arrays: Mapping, dims: Mapping, cache_static: bool,
+              skip: Mapping | None = None) -> tuple[list, dict]:
+        """The values a call starts from: its leaves, and the prelude's results (run when the
+        weights changed, or every call that feeds weights). Returns (values, the inputs fed
+        as GPU tensors). ``skip``: leaves not loaded but set to the value given (a CUDA
+        graph's per-dims leaves, kept from its capture)."""
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
         feeds: dict[int, object] = {}  # input values fed as GPU tensors: copies skip them
         for i, node in self.leaves:
-            if not (cached and i in self._static_set):
+            if skip and i in skip:
+                values[i] = skip[i]
+            elif not (cached and i in self._static_set):
                 values[i] = self._leaf(i, node, arrays, dims, feeds)
         if self._static_values is None or not cache_static:
             _execute(self.prelude, values, [ins.attrs for ins in self.prelude],
@@ -249,13 +279,88 @@ class Executable:
                 self._static_values = static
         for i, v in self._static_values if cache_static else ():
             values[i] = v
-        if recorder is None:
-            _execute(self.instructions, values, attrs, shapes, outs, self.arenas, None, feeds)
-            return [values[i] for i in self.outputs]
+        return values, feeds
+
+    def _split(self) -> _graphs.Split | str:
+        """Where the instructions divide for a CUDA graph, or why they cannot be captured
+        (``runtime/graphs.py``), analysed once per instruction list."""
+        return self.graphs.split(self.instructions, lambda: _graphs.analyze(
+            self.instructions, self.leaves, self.kinds, self._static_set, self.outputs))
+
+    def _graph_run(self, arrays: Mapping, dims: Mapping) -> list | None:
+        """One call through the CUDA graph of these dims (captured first when there is
+        none), or None, with the reason in ``native.last``, where the Python loop must run
+        it instead. The feeds go into their arena places outside the graph (the prefix);
+        results are read from where the graph leaves them."""
+        loop = self.native
+        split = self._split()
+        if isinstance(split, str):
+            loop.last = f"{GPU_LOOP} and no CUDA graph: {split}"
+            return None
+        key = dims_key(dims)
+        entry = self.graphs.get(key)
+        if isinstance(entry, str):
+            loop.last = entry
+            return None
+        values, feeds = self._load(arrays, dims, True, entry.held if entry else None)
+        if entry is not None and not entry.fits(values):  # a state moved to a new buffer
+            values, feeds = self._load(arrays, dims, True)
+            entry = None
+        attrs, shapes, outs = self.bound(dims)
+        parts = [_Part(self.instructions[p], attrs[p], shapes[p], outs[p], self.arenas)
+                 for p in (slice(0, split.first), slice(split.first, split.last),
+                           slice(split.last, len(self.instructions)))]
+        prefix, region, suffix = parts
+        if entry is None:  # the warm-up's results are this call's
+            try:
+                entry = self._capture(split, dims, values, feeds, prefix, region)
+            except _graphs.Refused as exc:
+                loop.last = f"{GPU_LOOP} and no CUDA graph at {dict(key)}: {exc}"
+                self.graphs.put(key, loop.last)
+                return None  # (the Python loop runs the call again from its leaves)
+            self.graphs.put(key, entry)
+        else:
+            loop.last = entry.message
+            prefix.run(values, feeds=feeds, stage=True)
+            entry.graph.replay()
+        for i, v in entry.live.items():
+            values[i] = v
+        suffix.run(values)
+        return [values[i] for i in self.outputs]
+
+    def _capture(self, split: _graphs.Split, dims: Mapping, values: list, feeds: dict,
+                 prefix: _Part, region: _Part) -> _graphs.Captured:
+        """Stage the feeds, warm the region up (each kernel once, checked:
+        ``graphs.Checker``), then capture it; raises graphs.Refused where it cannot be. The
+        warm-up computes this call (a capture runs nothing), so its values are the results;
+        the capture starts again from the staged values (the warm-up dropped some)."""
+        device = self.names.get("cuda", "cuda:0")
+        held = {i: values[i] for i in split.held}
+        marks = _graphs.state_marks(values, split.states)
+        at = None  # the recorder of the run in progress: which step failed
         try:
-            return self._record(recorder, arrays, dims, values, attrs, shapes, outs, sample)
-        finally:
-            _native.RECORD_LOCK.release()
+            prefix.run(values, feeds=feeds, stage=True)
+            staged = list(values)
+            with _graphs.warming(device, region.instructions, region.outs) as checker:
+                at = checker
+                region.run(values, checker)
+            live = {i: values[i] for i in split.live}
+            graph, at = self.graphs.new_graph(device), _graphs.Steps()
+            graph.capture(lambda: region.run(list(staged), at), checker)
+        except _graphs.Refused:
+            raise
+        except Exception as exc:  # a kernel that synchronized, or a capture CUDA refused
+            why = _graphs.sync_reason(exc)
+            if why is None:
+                raise
+            name = region.instructions[at.step].name if at is not None else "a kernel"
+            raise _graphs.Refused(f"{name} synchronizes with the host: {why}") from None
+        self.graphs.captures += 1
+        steps = len(region.instructions)
+        self.native.last = (f"cuda graph: captured {steps} GPU steps at "
+                            f"{dict(dims_key(dims))} (later calls with these dims replay it)")
+        return _graphs.Captured(graph, live, held, marks,
+                                f"cuda graph: replayed {steps} GPU steps in one launch")
 
     def _leaf(self, i: int, node: Node, arrays: Mapping, dims: Mapping, feeds: dict):
         """Leaf ``i``'s value where the plan holds it: a host value as numpy, a GPU value as a
@@ -432,19 +537,37 @@ class _InstructionResolver:
             free_symbols(tuple(ins.input_shapes)) or symbolic)
 
 
+class _Part(NamedTuple):
+    """A run of instructions with what ``_execute`` needs at one dims binding."""
+
+    instructions: list
+    attrs: list
+    shapes: list
+    outs: list
+    arenas: Mapping
+
+    def run(self, values: list, recorder=None, feeds: Mapping | None = None,
+            stage: bool = False) -> None:
+        _execute(self.instructions, values, self.attrs, self.shapes, self.outs, self.arenas,
+                 recorder, feeds, stage)
+
+
 def _execute(instructions: list[Instruction], values: list, attrs: list, shapes: list,
-             outs: list, arenas: Mapping, recorder=None, feeds: Mapping | None = None) -> None:
+             outs: list, arenas: Mapping, recorder=None, feeds: Mapping | None = None,
+             stage: bool = False) -> None:
     """Run ``instructions`` over ``values``; ``outs[i]`` is where instruction i writes (its
     arena place) or None. A kernel that allocates but hands back memory inside an arena (an
     undeclared alias of an input) gets its result copied out, so arena reuse stays safe.
     ``recorder``: a native-loop recorder told about each instruction after it ran. ``feeds``:
-    inputs fed as GPU tensors, which the copies of those inputs to the GPU hand on as they are.
+    inputs fed as GPU tensors, which the copies of those inputs to the GPU hand on as they are,
+    or with ``stage`` copy into their arena places (a CUDA graph reads its inputs there).
     Host values are numpy arrays, GPU values torch tensors (``runtime/values.py``)."""
     regions = list(arenas.values())
     with np.errstate(all="ignore"):
         for n, (ins, kw, shape, buf) in enumerate(zip(instructions, attrs, shapes, outs)):
             if ins.copy_in and feeds and ins.args[0] in feeds:  # already on the GPU
-                values[ins.out] = feeds[ins.args[0]]
+                fed = feeds[ins.args[0]]
+                values[ins.out] = buf.copy_(fed) if stage and buf is not None else fed
                 for f in ins.free:
                     values[f] = None
                 continue
@@ -530,10 +653,13 @@ class CompiledGraph:
                                       "replayed": 0, "slots": 0, "options": 0,
                                       "estimates": 0, "measured": 0, "calls": 0, "blocks": 0,
                                       "blocks_planned": 0, "block_cache_hits": 0,
-                                      "native_runs": 0}
+                                      "native_runs": 0, "graph_runs": 0, "graph_captures": 0}
         # where every instruction is C, calls run as one foreign call (runtime/native.py);
         # False keeps the Python loop (benchmarks compare the two)
         self.native = True
+        # a GPU program runs as a CUDA graph per dims where it can (runtime/graphs.py); False
+        # keeps the Python loop
+        self.cuda_graphs = True
         self._leaf_sets()
 
     def _leaf_sets(self) -> None:
@@ -786,9 +912,13 @@ class CompiledGraph:
         fed_weights = any(self._by_name[n].op.name == WEIGHT for n in feeds)
         only_inputs = all(self._by_name[n].op.name == INPUT for n in feeds)
         results = exe.run(arrays, dims, cache_static=not fed_weights,
-                          native=self.native and only_inputs)
+                          native=self.native and only_inputs,
+                          graphs=self.cuda_graphs and only_inputs)
         if exe.native.last.startswith("native"):
             self.stats["native_runs"] += 1
+        elif exe.native.last.startswith("cuda graph"):  # captured (warmed up) or replayed
+            self.stats["graph_runs"] += 1
+            self.stats["graph_captures"] += exe.native.last.startswith("cuda graph: captured")
         fed = None if exe.shared_results else \
             {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()} | \
             {id(v) for _, v in exe._static_values or ()}  # kept for later calls

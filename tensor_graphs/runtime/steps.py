@@ -4,10 +4,11 @@ The database times each kernel alone, in a loop on hot buffers; inside a program
 reads what the one before it wrote, so its time there can differ several-fold (a bias add
 measured 0.028 ms alone and ran in ~0.2 ms in MiniLM). ``step_times(prog, feeds)`` runs the
 program's Python loop with a timer around every instruction and returns the medians, grouped
-by kernel and input shapes, largest total first. The native loop is off while it runs (it has
-no per-call hooks), so the sum is the Python loop's; outside the timed kernels that adds a few
-microseconds an instruction. On a GPU each timed instruction synchronizes before and after
-(kernels run asynchronously), so the times are each kernel's own, not the overlapped call's.
+by kernel and input shapes, largest total first. The native loop and CUDA graphs are off while
+it runs (they have no per-step hooks), so the sum is the Python loop's; outside the timed
+kernels that adds a few microseconds an instruction. On a GPU each timed instruction
+synchronizes before and after (kernels run asynchronously), so the times are each kernel's
+own, not the overlapped call's.
 
     from tensor_graphs.runtime.steps import format_step_times, step_times
     print(format_step_times(step_times(prog, {"x": x}, repeats=7)))
@@ -64,17 +65,17 @@ def step_times(prog, feeds: Mapping, repeats: int = 5, pause: float = 0.0) -> li
     program = getattr(prog, "program", None) or prog
     program(**feeds)
     exe = program._last  # noqa: SLF001 - the executable the call ran
-    original, native = exe.instructions, program.native
+    original, native, graphs = exe.instructions, program.native, program.cuda_graphs
     samples: list[list[float]] = [[] for _ in original]
     exe.instructions = [_timed(ins, s) for ins, s in zip(original, samples)]
-    program.native = False
+    program.native = program.cuda_graphs = False  # (a graph replays no per-step hooks)
     try:
         for _ in range(repeats):
             if pause:
                 time.sleep(pause)
             program(**feeds)
     finally:
-        exe.instructions, program.native = original, native
+        exe.instructions, program.native, program.cuda_graphs = original, native, graphs
     return _grouped(original, samples)
 
 

@@ -1,0 +1,342 @@
+"""CUDA graphs (``runtime/graphs.py``): a GPU program captured once per dims and replayed, its
+feeds copied into static places, nothing allocated inside, the graphs of a program in a bounded
+LRU, refusals with the reason in ``prog.loop``, and decode with ``tg.nn.Generator``.
+
+Runs on a real GPU, and in CI on the simulated one (see conftest), where the capture is the
+stand-in ``graphs.SimulatedGraph``: its replay calls the recorded launches again on the same
+buffers, so a replay that read a moved address or a result allocated per call would give
+other results than the Python loop. The last test runs on a real GPU only.
+
+The programs are small, so a database whose host is a thousand times slower than a CPU
+(``slow_host``) makes the planner put their steps on the GPU, as it would larger ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import tensor_graphs as tg
+from tensor_graphs.db import Database
+from tensor_graphs.devices import simulated_cuda, torch_device
+from tensor_graphs.numerics import relative_error
+from tensor_graphs.runtime import graphs
+from tensor_graphs.runtime import values as dv
+
+GPU = torch.device(torch_device("cuda"))
+SIMULATED = simulated_cuda() is not None
+
+
+@pytest.fixture
+def slow_host(tmp_path) -> str:
+    """A database whose host computes at 1 Mflop/s and 1 MB/s: every step the GPU can run
+    is planned there."""
+    path = tmp_path / "slow-host.sqlite"
+    with Database(path) as db:
+        db.set_calibration(None, {"flops": 1e6, "bytes": 1e6})
+    return str(path)
+
+
+def _rng(seed: int):
+    return np.random.default_rng(seed)
+
+
+def _dense(db, seed: int = 0, **options):
+    """tanh(x @ w + b) * 2 on the GPU, weights bound."""
+    x = tg.input("x", (32, 64))
+    w = tg.weight("w", (64, 64))
+    b = tg.weight("b", (64,))
+    y = tg.tanh(x @ w + b) * 2.0
+    prog = tg.compile(y, device="cuda", db=db, **options)
+    weights = {"w": _rng(seed).standard_normal((64, 64)).astype(np.float32) / 8,
+               "b": _rng(seed + 1).standard_normal(64).astype(np.float32)}
+    prog.bind(**weights)
+    return prog, y, weights
+
+
+def _x(seed: int, rows: int = 32) -> np.ndarray:
+    return _rng(100 + seed).standard_normal((rows, 64)).astype(np.float32)
+
+
+def _reference(y, feeds):
+    return tg.evaluate(y, feeds, dtype="float64")
+
+
+def test_a_gpu_program_is_captured_once_then_replayed_as_the_python_loop_runs_it(slow_host):
+    prog, y, weights = _dense(slow_host)
+    plain, _, _ = _dense(slow_host)
+    plain.cuda_graphs = False
+    for call in range(4):
+        X = _x(call)
+        got, want = prog(x=X), plain(x=X)
+        assert prog.loop.startswith("cuda graph: captured" if call == 0
+                                    else "cuda graph: replayed"), prog.loop
+        np.testing.assert_array_equal(got, want)  # the same kernels on the same values
+        assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 4
+    assert plain.loop.startswith("python loop: the program has GPU steps and CUDA graphs are "
+                                 "off"), plain.loop
+    assert plain.stats["graph_runs"] == 0
+    assert "loop: cuda graph: replayed" in prog.explain()
+
+
+def test_feeds_go_to_static_places_and_the_graph_allocates_nothing(slow_host):
+    prog, y, weights = _dense(slow_host)
+    prog(x=_x(0))
+    exe = prog._last
+    split = exe._split()
+    (entry,) = exe.graphs.entries.values()
+    _, _, outs = exe.bound({})
+    staged = [(ins, outs[n]) for n, ins in enumerate(exe.instructions[:split.first])
+              if ins.copy_in]
+    assert staged and all(buf is not None for _, buf in staged)  # the feed's static place
+    arena = exe.arenas["cuda"]
+    if isinstance(entry.graph, graphs.SimulatedGraph):
+        calls = entry.graph.calls
+        assert len(calls) == split.last - split.first  # one launch per step (no views here)
+        # every captured launch got its out= place in the arena: nothing allocated inside
+        assert all(buf is not None and dv.inside(buf, arena) for *_, buf in calls)
+        place = staged[0][1]
+        assert any(a.data_ptr() == place.data_ptr() for a in calls[0][2])  # reads the place
+    # a feed already on the GPU is copied into the same place, and left as it was
+    for seed in (1, 2):
+        X = _x(seed)
+        fed = torch.from_numpy(X).to(GPU)
+        got = prog(x=fed)
+        assert prog.loop.startswith("cuda graph: replayed"), prog.loop
+        assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+        assert torch.equal(fed, torch.from_numpy(X).to(GPU))
+    host = _x(3)  # and a host feed after GPU ones
+    assert relative_error(prog(x=host), _reference(y, {"x": host, **weights})) < 1e-5
+
+
+def test_device_outputs_are_clones_a_later_replay_leaves_alone(slow_host):
+    prog, y, weights = _dense(slow_host, outputs="device")
+    X = _x(0)
+    first = prog(x=X)
+    second = prog(x=_x(1))
+    assert prog.loop.startswith("cuda graph: replayed") and isinstance(second, torch.Tensor)
+    assert first.data_ptr() != second.data_ptr()
+    assert not dv.inside(first, prog._last.arenas["cuda"])
+    assert relative_error(first.cpu().numpy(), _reference(y, {"x": X, **weights})) < 1e-5
+
+
+def test_one_graph_per_dims_in_a_bounded_lru(slow_host):
+    x = tg.input("x", ("n", 64))
+    w = tg.weight("w", (64, 64))
+    y = tg.tanh(x @ w)
+    prog = tg.compile(y, device="cuda", db=slow_host, bounds={"n": 16})
+    W = _rng(0).standard_normal((64, 64)).astype(np.float32) / 8
+    prog.bind(w=W)
+    exe = prog._last
+    exe.graphs.limit = 3
+    seen = []
+    for n in (4, 5, 6, 4, 7, 5, 16):
+        X = _x(n, rows=n)
+        got = prog(x=X)
+        assert relative_error(got, _reference(y, {"x": X, "w": W})) < 1e-5
+        seen.append(prog.loop.split(":")[1].split()[0])
+    # 4 is replayed (and becomes the newest); 7 evicts 5, and 5 evicts 6, then 16 evicts 4
+    assert seen == ["captured", "captured", "captured", "replayed", "captured", "captured",
+                    "captured"]
+    assert list(exe.graphs.entries) == [(("n", 7),), (("n", 5),), (("n", 16),)]
+    assert prog.stats["graph_captures"] == 6 and prog._last is exe  # one plan for every n
+
+
+def test_rebinding_weights_drops_the_graphs(slow_host):
+    prog, y, weights = _dense(slow_host)
+    X = _x(0)
+    prog(x=X)
+    prog(x=X)
+    assert prog.loop.startswith("cuda graph: replayed")
+    new = {"w": weights["w"][::-1].copy(), "b": -weights["b"]}
+    prog.bind(**new)
+    got = prog(x=X)
+    assert prog.loop.startswith("cuda graph: captured"), prog.loop  # the old read old weights
+    assert relative_error(got, _reference(y, {"x": X, **new})) < 1e-5
+
+
+def test_a_host_step_between_gpu_steps_keeps_the_python_loop(slow_host):
+    x = tg.input("x", (64, 128))
+    w = tg.weight("w", (128, 128))
+    a = tg.tanh(x @ w)
+    b = tg.tanh(a @ w)  # a is also an output: copied to the host between the GPU steps
+    prog = tg.compile([a, b], device="cuda", db=slow_host)
+    W = _rng(0).standard_normal((128, 128)).astype(np.float32) / 16
+    prog.bind(w=W)
+    X = _rng(1).standard_normal((64, 128)).astype(np.float32)
+    for _ in range(2):
+        got = prog(x=X)
+    assert prog.loop == ("python loop: the program has GPU steps and no CUDA graph: "
+                         "copy_cuda_to_host runs on the host, or copies to it, between the "
+                         "first and the last GPU step"), prog.loop
+    ref = _reference([a, b], {"x": X, "w": W})
+    assert all(relative_error(g, r) < 1e-5 for g, r in zip(got, ref))
+    assert prog.stats["graph_runs"] == 0
+
+
+def test_a_kernel_without_out_keeps_the_python_loop(slow_host):
+    x = tg.input("x", (64, 128))
+    w = tg.weight("w", (128, 128))
+    y = tg.sign(x @ w)
+    prog = tg.compile(y, device="cuda", db=slow_host)
+    (k,) = [s.kernel for s in prog.plan.steps if s.node.op.name == "sign" and not s.is_copy]
+    assert k.device == "cuda" and not k.writes_out and not k.view
+    prog.bind(w=_rng(0).standard_normal((128, 128)).astype(np.float32))
+    X = _rng(1).standard_normal((64, 128)).astype(np.float32)
+    np.testing.assert_array_equal(prog(x=X), np.sign(X.astype(np.float64) @ prog._bound["w"]
+                                                     .cpu().numpy().astype(np.float64)))
+    assert prog.loop.endswith(f"no CUDA graph: {k.name} allocates its result (no out= place "
+                              "in the arena)"), prog.loop
+
+
+def _replaced(prog, wrap):
+    """The program with its first GPU step's function wrapped (as tools that time steps do)."""
+    exe = prog._last
+    n = next(n for n, ins in enumerate(exe.instructions) if ins.reads != "cpu")
+    ins = exe.instructions[n]
+    exe.instructions = [*exe.instructions[:n], dataclasses.replace(ins, fn=wrap(ins.fn)),
+                        *exe.instructions[n + 1:]]
+    return ins.name
+
+
+def test_a_kernel_that_syncs_is_refused_and_the_call_still_runs(slow_host):
+    prog, y, weights = _dense(slow_host)
+    calls = []
+
+    def syncing(fn):
+        def run(*args, **kw):
+            calls.append(float(args[0].abs().max()))  # a value read on the host: a sync
+            return fn(*args, **kw)
+        return run
+
+    name = _replaced(prog, syncing)
+    for seed in (0, 1):
+        X = _x(seed)
+        before = len(calls)
+        got = prog(x=X)
+        assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+        assert prog.loop.startswith("python loop: the program has GPU steps and no CUDA graph "
+                                    "at {}: " + f"{name} synchronizes with the host"), prog.loop
+        # the warm-up stops at the sync (before the kernel got its value); then the Python
+        # loop runs the call, and the next call knows the reason without a warm-up
+        assert len(calls) - before == 1
+    if SIMULATED:
+        assert prog.loop.endswith("a value read on the host (float(tensor))"), prog.loop
+    assert prog.stats["graph_runs"] == 0
+
+
+def test_a_kernel_that_allocates_after_all_is_refused(slow_host):
+    prog, y, weights = _dense(slow_host)
+
+    def ignoring_out(fn):
+        def run(*args, out=None, **kw):
+            return fn(*args, **kw)  # a new tensor: a replay would never write it
+        return run
+
+    name = _replaced(prog, ignoring_out)
+    X = _x(0)
+    got = prog(x=X)
+    assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+    assert prog.loop.endswith(f"{name} allocated its result instead of writing into its out= "
+                              "place"), prog.loop
+
+
+def test_graphs_off_and_on_again(slow_host):
+    prog, y, weights = _dense(slow_host)
+    prog.cuda_graphs = False
+    X = _x(0)
+    off = prog(x=X)
+    assert "CUDA graphs are off" in prog.loop and prog.stats["graph_runs"] == 0
+    prog.cuda_graphs = True
+    on = prog(x=X)
+    assert prog.loop.startswith("cuda graph: captured")
+    np.testing.assert_array_equal(on, off)
+
+
+# ----------------------------------------------------------------------------- decode
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=211,
+                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.slow  # 8-10 s: the Triton interpreter runs the attention and GEMM templates
+def test_decode_captures_one_graph_per_cache_length_then_replays(slow_host):
+    from tensor_graphs.nn import Generator
+
+    lm = _gpt2()
+    gen = Generator.from_transformers(lm, max_len=48, max_prompt=8, db=slow_host,
+                                      device="cuda")
+    decode = gen.decode
+    prompt = _rng(3).integers(0, 211, (1, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=33, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    first = gen(prompt, 33)  # 32 decode steps, past = 8 .. 39
+    np.testing.assert_array_equal(first, expected)
+    assert decode.stats["graph_captures"] == 32 and decode.stats["graph_runs"] == 32, \
+        decode.loop
+    buffers = {n: decode._states[n].buffer for n in gen.cache_names}
+    second = gen(prompt, 33)  # the same cache lengths: every step replays
+    np.testing.assert_array_equal(second, expected)
+    assert decode.stats["graph_captures"] == 32 and decode.stats["graph_runs"] == 64
+    assert decode.loop.startswith("cuda graph: replayed"), decode.loop
+    # the caches were appended in place, inside the graphs: the same buffers throughout
+    assert all(decode._states[n].buffer is buffers[n] for n in gen.cache_names)
+    exe = decode._last
+    entry = next(reversed(exe.graphs.entries.values()))
+    if isinstance(entry.graph, graphs.SimulatedGraph):
+        appends = [c for c in entry.graph.calls if c[0] == "torch_cuda_state_update"]
+        assert len(appends) == len(gen.cache_names)
+        roots = {buf.untyped_storage().data_ptr() for buf in buffers.values()}
+        assert {c[2][0].untyped_storage().data_ptr() for c in appends} == roots
+        # every other launch wrote into its out= place
+        assert all(c[4] is not None for c in entry.graph.calls
+                   if c[0] != "torch_cuda_state_update")
+
+
+def _gpt2_decode_replays_bit_for_bit_on_a_real_gpu(tmp_path):
+    """GPT-2 124M-shaped decode steps (random weights) at several cache lengths: each one
+    through a CUDA graph (captured, then replayed) equals the same step in the Python loop
+    bit for bit."""
+    from tensor_graphs.nn import Generator
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(bos_token_id=None, eos_token_id=None)  # GPT-2 small
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    path = tmp_path / "gpu.sqlite"
+    with Database(path) as db:  # the decode step's work on the GPU, whatever its size
+        db.set_calibration(None, {"flops": 1e6, "bytes": 1e6})
+    on = Generator.from_transformers(lm, max_len=40, max_prompt=8, db=str(path),
+                                     device="cuda")
+    off = Generator.from_transformers(lm, max_len=40, max_prompt=8, db=str(path),
+                                      device="cuda")
+    off.decode.cuda_graphs = False
+    on.prefill.cuda_graphs = off.prefill.cuda_graphs = False  # the same caches to start from
+    prompt = _rng(5).integers(0, cfg.vocab_size, (1, 8))
+    for _ in range(2):  # captures, then replays
+        logits = {}
+        for gen in (on, off):
+            gen.prefill.bind(**gen._empty)
+            logits[id(gen)] = gen.prefill(input_ids=prompt)[0]
+            gen.decode.bind(**{n: gen.prefill.state(n) for n in gen.cache_names})
+        for _ in range(12):  # past = 8 .. 19
+            token = logits[id(off)][:, -1].argmax(axis=-1).astype(np.int64)[:, None]
+            for gen in (on, off):
+                logits[id(gen)] = gen.decode(input_ids=token)[0]
+            assert on.decode.loop.startswith("cuda graph"), on.decode.loop
+            np.testing.assert_array_equal(logits[id(on)], logits[id(off)])
+    assert on.decode.stats["graph_captures"] == 12 and on.decode.stats["graph_runs"] == 24
+
+
+if not SIMULATED:  # (defined only there: the simulated run of this folder allows no skips)
+    test_gpt2_decode_replays_bit_for_bit_on_a_real_gpu = \
+        _gpt2_decode_replays_bit_for_bit_on_a_real_gpu
