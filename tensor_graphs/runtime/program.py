@@ -337,24 +337,27 @@ class Executable:
         device = self.names.get("cuda", "cuda:0")
         held = {i: values[i] for i in split.held}
         marks = _graphs.state_marks(values, split.states)
-        at = None  # the recorder of the run in progress: which step failed
+        prefix.run(values, feeds=feeds, stage=True)
+        staged, checker = list(values), None
         try:
-            prefix.run(values, feeds=feeds, stage=True)
-            staged = list(values)
             with _graphs.warming(device, region.instructions, region.outs) as checker:
-                at = checker
                 region.run(values, checker)
-            live = {i: values[i] for i in split.live}
-            graph, at = self.graphs.new_graph(device), _graphs.Steps()
-            graph.capture(lambda: region.run(list(staged), at), checker)
         except _graphs.Refused:
             raise
-        except Exception as exc:  # a kernel that synchronized, or a capture CUDA refused
+        except Exception as exc:  # a kernel that synchronized (else the call's own error)
             why = _graphs.sync_reason(exc)
-            if why is None:
+            if why is None or checker is None:
                 raise
-            name = region.instructions[at.step].name if at is not None else "a kernel"
+            name = region.instructions[checker.step].name
             raise _graphs.Refused(f"{name} synchronizes with the host: {why}") from None
+        live = {i: values[i] for i in split.live}
+        graph, at = self.graphs.new_graph(device), _graphs.Steps()
+        try:
+            graph.capture(lambda: region.run(list(staged), at), checker)
+        except Exception as exc:  # the warm-up ran it: what failed is the capture itself
+            name = region.instructions[at.step].name
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise _graphs.Refused(f"capturing {name} failed: {why}") from None
         self.graphs.captures += 1
         steps = len(region.instructions)
         self.native.last = (f"cuda graph: captured {steps} GPU steps at "

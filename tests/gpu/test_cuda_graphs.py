@@ -244,6 +244,25 @@ def test_a_kernel_that_allocates_after_all_is_refused(slow_host):
                               "place"), prog.loop
 
 
+def test_a_capture_that_fails_leaves_the_call_to_the_python_loop(slow_host, monkeypatch):
+    prog, y, weights = _dense(slow_host)
+    exe = prog._last
+
+    class Failing:
+        def capture(self, run, warmed):
+            run()  # the steps up to one that CUDA would refuse to capture
+            raise RuntimeError("operation not permitted when stream is capturing\ndetails")
+
+    monkeypatch.setattr(exe.graphs, "new_graph", lambda device: Failing())
+    X = _x(0)
+    got = prog(x=X)
+    assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+    last = exe.instructions[exe._split().last - 1].name
+    assert prog.loop.endswith(f"capturing {last} failed: operation not permitted when stream "
+                              "is capturing"), prog.loop
+    assert prog.stats["graph_runs"] == 0
+
+
 def test_graphs_off_and_on_again(slow_host):
     prog, y, weights = _dense(slow_host)
     prog.cuda_graphs = False
