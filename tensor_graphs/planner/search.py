@@ -619,8 +619,8 @@ class Planner:
         better: dict[Slot, Option] = {}
         for st in plan.steps:
             if not (st.is_copy and st.slot.moved and st.node in self.shared) \
-                    or st.inputs[0] in read:
-                continue
+                    or st.inputs[0] in read or st.node in self._inside:
+                continue  # (inside a repeated block, its sub-planner judged it)
             copy = next(o for o in self.options(st.slot) if o.how == COPY
                         and o.needs == st.inputs)
             local = next((o for o in self.options(st.slot) if o.how == LOCAL), None)
