@@ -276,30 +276,35 @@ def test_graphs_off_and_on_again(slow_host):
 
 
 # ----------------------------------------------------------------------------- decode
+def _randn(dtype, *shape):
+    return torch.randn(*shape, device=GPU).to(dtype)
+
+
 def test_the_torch_kernels_of_a_decode_step_write_into_out():
     """A graph captures only steps that write into their place: embedding, the positions'
-    iota, layer norm, GELU and the LM head (linear without bias) on the GPU do."""
-    x = torch.randn(1, 3, 16, device=GPU)
-    cases = {
-        "torch_cuda_embedding": ((torch.tensor([[3, 0, 7]], device=GPU),
-                                  torch.randn(8, 16, device=GPU)), {}),
-        "torch_cuda_iota": ((), {"length": 5, "dtype": "int64"}),
-        "torch_cuda_layer_norm": ((x, torch.randn(16, device=GPU), torch.randn(16, device=GPU)),
-                                  {"eps": 1e-5}),
-        "torch_cuda_gelu": ((x,), {"approximate": "tanh"}),
-        "torch_cuda_linear_nobias": ((x, torch.randn(4, 16, device=GPU)), {}),
-    }
-    for name, (args, attrs) in cases.items():
-        k = tg.kernels.get(name)
-        assert k.writes_out, name
-        want = k.fn(*args, **attrs)
-        buf = torch.full_like(want, 7)
-        assert k.fn(*args, **attrs, out=buf) is buf, name
-        assert torch.equal(buf, want), name
-    erf = tg.kernels.get("torch_cuda_gelu")
-    buf = torch.empty_like(x)
-    assert erf.fn(x, approximate="none", out=buf) is buf
-    assert torch.equal(buf, erf.fn(x, approximate="none"))
+    iota, layer norm, GELU and the LM head (linear without bias) on the GPU do, in every float
+    dtype (layer norm's out variant checks its statistics' dtype, which differs by device)."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = _randn(dtype, 1, 3, 16)
+        cases = {
+            "torch_cuda_embedding": ((torch.tensor([[3, 0, 7]], device=GPU),
+                                      _randn(dtype, 8, 16)), {}),
+            "torch_cuda_iota": ((), {"length": 5, "dtype": "int64"}),
+            "torch_cuda_layer_norm": ((x, _randn(dtype, 16), _randn(dtype, 16)), {"eps": 1e-5}),
+            "torch_cuda_gelu": ((x,), {"approximate": "tanh"}),
+            "torch_cuda_linear_nobias": ((x, _randn(dtype, 4, 16)), {}),
+        }
+        for name, (args, attrs) in cases.items():
+            k = tg.kernels.get(name)
+            assert k.writes_out, name
+            want = k.fn(*args, **attrs)
+            buf = torch.full_like(want, 7)
+            assert k.fn(*args, **attrs, out=buf) is buf, (name, dtype)
+            assert torch.equal(buf, want), (name, dtype)
+        erf = tg.kernels.get("torch_cuda_gelu")
+        buf = torch.empty_like(x)
+        assert erf.fn(x, approximate="none", out=buf) is buf
+        assert torch.equal(buf, erf.fn(x, approximate="none"))
 
 
 def _gpt2():

@@ -476,6 +476,24 @@ def test_attention_fully_masked_rows_give_zero():
     assert (got[:, :, 1] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("params", ["own", "float32"])
+def test_layer_norm_writes_into_out_in_every_float_dtype(dtype, params):
+    """aten's out variant checks the dtype of its mean/rstd buffers: on the CPU the input's
+    (float32 for half inputs with float32 parameters); half inputs given float32 buffers
+    raised, so a half program with an arena place for the norm failed."""
+    k = tg.kernels.get("torch_layer_norm")
+    rng = np.random.default_rng(0)
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    pdt = dt if params == "own" else np.dtype(np.float32)
+    x = rng.standard_normal((2, 3, 16)).astype(dt)
+    w, b = rng.standard_normal(16).astype(pdt), rng.standard_normal(16).astype(pdt)
+    want = k.fn(x, w, b, eps=1e-5)
+    out = np.full(want.shape, np.nan, want.dtype)
+    assert k.fn(x, w, b, eps=1e-5, out=out) is out
+    np.testing.assert_array_equal(out.astype(np.float64), want.astype(np.float64))
+
+
 # ---------------------------------------------------------------------------- constraints
 def test_constraints_turn_away_what_the_kernel_cannot_do():
     x = tg.input("x", (3, 4))

@@ -455,11 +455,24 @@ def layer_norm(x, weight, bias, eps, *, out=None):
     variant, which F.layer_norm runs (mean and rstd go to small buffers of their own)."""
     if out is None:
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    empty = x.new_empty(0, dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16)
-                        else x.dtype)
+    empty = x.new_empty(0, dtype=_layer_norm_stats(x, weight, bias))
     torch.ops.aten.native_layer_norm.out(x, list(x.shape[-1:]), weight, bias, eps, out0=out,
                                          out1=empty, out2=empty.clone())
     return out
+
+
+def _layer_norm_stats(x, weight, bias):
+    """The dtype aten's out variant demands of the mean and rstd buffers (it checks them, and
+    the devices differ): on a GPU the accumulation type (float32 for half floats); on the
+    CPU the input's own, or float32 for half inputs with float32 parameters (a "mixed" call).
+    A half-float CPU call given float32 buffers raised, so fp16/bf16 programs with an arena
+    place failed on the host and on the simulated GPU."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return x.dtype
+    if x.device.type != "cpu" or any(p is not None and p.dtype == torch.float32
+                                     for p in (weight, bias)):
+        return torch.float32
+    return x.dtype
 
 
 @torch_kernel(given("layer_norm", "x", "weight"), "layer_norm_weight", where=_layer_norm_ok,
