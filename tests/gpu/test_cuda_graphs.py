@@ -307,6 +307,27 @@ def test_the_torch_kernels_of_a_decode_step_write_into_out():
         assert torch.equal(buf, erf.fn(x, approximate="none"))
 
 
+def test_masked_attention_reads_nothing_on_the_host():
+    """Fully masked rows are zeroed without first asking whether there are any (bool(t.any())
+    waited for the GPU at every masked attention step, and kept it out of CUDA graphs)."""
+    k = tg.kernels.get("torch_cuda_scaled_dot_product_attention_mask")
+    q, kk, v = _randn(torch.float32, 1, 2, 3, 4), _randn(torch.float32, 1, 2, 5, 4), \
+        _randn(torch.float32, 1, 2, 5, 4)
+    for causal in (False, True):
+        mask = torch.ones(3, 5, dtype=torch.bool, device=GPU)
+        mask[1] = False
+        if SIMULATED:  # torch's sync debug mode sees nothing on CPU tensors: watch the calls
+            with graphs._watch():
+                out = k.fn(q, kk, v, mask, is_causal=causal, scale=None)
+        else:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = k.fn(q, kk, v, mask, is_causal=causal, scale=None)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert (out[:, :, 1] == 0).all() and out[:, :, 0].abs().sum() > 0
+
+
 def _gpt2():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -582,7 +582,7 @@ def _attention(q, k, v, mask, is_causal, scale):
     gqa = q.shape[-3] != k.shape[-3]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          scale=scale, enable_gqa=gqa)
-    if empty is not None and bool(empty.any()):
+    if empty is not None:  # (not only where empty.any(): reading that waits for the GPU)
         out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
     return out
 
