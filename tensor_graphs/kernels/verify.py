@@ -556,7 +556,7 @@ def _device_io(k: registry.Kernel):
         raise _NoDeviceError("no CUDA device on this machine")
 
     def to_device(a):
-        return convert.to_torch(a).to(torch_device("cuda")) if source == "cuda" else a
+        return convert.to_cuda(a, torch_device("cuda")) if source == "cuda" else a
 
     def call(args, attrs):  # Kernel.__call__ checks numpy dtypes: check, then call fn
         reason = k.constraint_failure([tuple(a.shape) for a in args],

@@ -62,7 +62,7 @@ def device_io(kernel) -> DeviceIO:
     where = torch_device("cuda")
 
     def to_device(a):
-        return convert.to_torch(a).to(where) if source == "cuda" else a
+        return convert.to_cuda(a, where) if source == "cuda" else a
 
     sync = None if simulated_cuda() is not None else _synchronize
     return DeviceIO(to_device, convert.to_host, sync)

@@ -548,6 +548,23 @@ def test_strided_broadcast_and_readonly_views_share_memory():
     assert tb.dtype == torch.bfloat16 and np.shares_memory(convert.to_numpy(tb), bf)
 
 
+def test_moving_to_a_device_keeps_strides():
+    """verify, the Triton checks and the profiler move inputs to the GPU through to_cuda:
+    Tensor.to made strided and broadcast layouts contiguous there, so on a real GPU (not the
+    simulated one, whose .to("cpu") is the tensor itself) those trials were dense. "meta"
+    stands for another device here: it keeps no values, only layouts."""
+    base = np.arange(60, dtype=np.float32).reshape(6, 10)
+    views = (base[::2, 1::3], base[1:, 2:].T, np.broadcast_to(base[3], (4, 10)), base[:, :1],
+             base, base.astype(ml_dtypes.bfloat16)[:, ::2])
+    for view in views:
+        moved = convert.to_cuda(view, "meta")
+        assert moved.device.type == "meta" and tuple(moved.shape) == view.shape
+        assert moved.stride() == tuple(s // view.itemsize for s in view.strides), view.strides
+        here = convert.to_cuda(view, "cpu")
+        assert here.stride() == moved.stride()
+        np.testing.assert_array_equal(convert.to_numpy(here), view)
+
+
 def test_layouts_torch_cannot_view_are_copied_correctly():
     base = np.arange(12, dtype=np.float32).reshape(3, 4)
     record = np.zeros(4, dtype=[("a", "f4"), ("b", "i1")])["a"]  # stride 5: not a multiple

@@ -113,8 +113,17 @@ def to_host(value) -> np.ndarray:
 
 
 def to_cuda(value, device="cuda"):
-    """A numpy array (or tensor) copied to a CUDA device (``"cuda"``, ``"cuda:1"``...)."""
-    return to_torch(value).to(str(device))
+    """A numpy array (or tensor) on torch device ``device`` (``"cuda"``, ``"cuda:1"``; the
+    simulated GPU's is ``"cpu"``) with its strides kept, gaps and broadcast (stride-0) axes
+    included. ``Tensor.to`` makes such a layout contiguous on another device, so kernels
+    verified through it on a real GPU were never given the strided and broadcast inputs
+    they are checked with on the simulated one (where ``.to("cpu")`` is the tensor itself)."""
+    t = to_torch(value)
+    if t.is_contiguous() or t.numel() == 0:
+        return t.to(str(device))
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # the elements t reaches
+    flat = torch.as_strided(t, (span,), (1,))  # from t's own storage offset
+    return torch.as_strided(flat.to(str(device)), tuple(t.shape), t.stride())
 
 
 def torch_dtype(dtype):

@@ -35,9 +35,9 @@ EXACT = cg.EXACT_TOLERANCE  # int and bool results
 
 
 def numpy_call(run: Callable) -> Callable:
-    """``run`` (device tensors in and out) as a function of numpy arrays: inputs viewed as
-    torch tensors (strides kept) and moved to the GPU's torch device, the result brought
-    back."""
+    """``run`` (device tensors in and out) as a function of numpy arrays: inputs moved to the
+    GPU's torch device with their strides kept (``convert.to_cuda``: the strided and
+    broadcast trials stay strided on a real GPU), the result brought back."""
     from tensor_graphs.devices import torch_device
     from tensor_graphs.kernels.torch import convert
 
@@ -45,7 +45,7 @@ def numpy_call(run: Callable) -> Callable:
 
     def call(*arrays):
         with np.errstate(all="ignore"):  # the interpreter computes with numpy: inf, NaN
-            return convert.to_host(run(*(convert.to_torch(a).to(device) for a in arrays)))
+            return convert.to_host(run(*(convert.to_cuda(a, device) for a in arrays)))
 
     return call
 
