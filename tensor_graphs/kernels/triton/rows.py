@@ -15,6 +15,9 @@ at its end, as numpy sums float16; ``max`` propagates NaN (``exprs``' ``_max_nan
 combine). Elementwise ops are ``exprs.node_expr``. Rows are addressed as ``rowgen`` lays them
 out: the leading dims merged (``rowgen._layout``), right-aligned in MAX_LEADING slots with
 each input's strides; a full input also has its stride along the row, a per-row input none.
+``WIDE`` (the launcher's: an operand reaches 2**31 elements) makes the row index and the
+column index int64, so a row read with a stride (a transposed input: column x stride) does
+not wrap in int32 either.
 """
 
 from __future__ import annotations
@@ -138,6 +141,8 @@ def _persistent(region: RowRegion, signature: str, head: tuple[list[str], dict]
     lines, names = head
     lines = _def("persistent", signature, rows=True) + lines + [
         "    cols = tl.arange(0, BLOCK)",
+        "    if WIDE:",  # a row read with a stride may reach past 2**31 along the row too
+        "        cols = cols.to(tl.int64)",
         "    mask = live[:, None] & (cols < D)[None, :]",
     ]
     for k, n in enumerate(region.inputs):
@@ -190,6 +195,8 @@ def _looped(region: RowRegion, signature: str, head: tuple[list[str], dict],
             lines.append(f"    acc{index[r]} = {init}")
         lines += ["    for j0 in range(0, D, BLOCK):",
                   f"        cols_{p} = j0 + tl.arange(0, BLOCK)",
+                  "        if WIDE:",
+                  f"            cols_{p} = cols_{p}.to(tl.int64)",
                   f"        mask_{p} = cols_{p} < D"]
         for x in _loads(computes, targets, region):
             k = position[x]

@@ -145,3 +145,22 @@ def test_each_configuration_is_its_own_candidate(expand):
     assert all((c.backend, c.device, c.generator.startswith("triton_rows")) ==
                ("triton", "cuda", True) for c in cands)
     assert all(len(c.inputs) == 4 for c in cands)  # x, r, w, b: one kernel, no x + r step
+
+
+def test_wide_offsets_widen_the_column_index_too(expand, monkeypatch):
+    """Past 2**31 elements (WIDE, taken here from 64 elements on) rows and columns are int64:
+    a transposed input is read at column x its stride along the row, which wrapped in int32
+    while only the row index was widened. Values through both kernels, as without WIDE."""
+    from tensor_graphs.kernels.triton import build
+
+    monkeypatch.setattr(build, "WIDE", 64)
+    x = tg.input("x", (3, 40), "float32")
+    y = tg.softmax(x * 2.0, axis=-1)
+    xv = np.random.default_rng(9).standard_normal((40, 3)).astype(np.float32).T  # stride 3
+    for config in (PERSISTENT, LOOPED):
+        k, _ = kernel(y, expand, config, verify=False)
+        agrees(run(k, xv), tg.evaluate(y, {"x": xv}, dtype="float64"))
+    _covers, _region, _top, rendered = found(y, expand)
+    persistent, looped = rendered.source.split("def looped")
+    assert "    if WIDE:\n        cols = cols.to(tl.int64)" in persistent
+    assert "        if WIDE:\n            cols_0 = cols_0.to(tl.int64)" in looped
