@@ -328,7 +328,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile runners")
     ap.add_argument("--profile", choices=("missing", "never"), default="missing")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds: start no workload after this much time has passed (a device "
+                         "lease is short; the table keeps every row finished); 0: no limit")
     args = ap.parse_args(argv)
+    start = time.monotonic()
     PROFILE = args.profile
     if not torch.cuda.is_available() or os.environ.get("TG_SIMULATED_CUDA"):
         print("benchmarks/gpu.py needs a real GPU (torch.cuda.is_available() is False, or "
@@ -344,12 +348,16 @@ def main(argv=None) -> int:
     failed = 0 if args.no_tests else run_tests(out)
     runners = {k: v for k, v in RUNNERS.items() if not (args.no_compile and "compile" in k)}
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for name, make in WORKLOADS.items():
-        if args.only in name:
-            for dtype in dtypes:
-                bench(name, make, dtype, runners, args.repeats, db, table)
-    if args.only in "gpt2-124m decode":
-        decode(db, table)
+    work = [(f"{name}, {dtype}", lambda n=name, m=make, d=dtype: bench(
+        n, m, d, runners, args.repeats, db, table))
+        for name, make in WORKLOADS.items() if args.only in name for dtype in dtypes]
+    if args.only in "gpt2-124m decode":  # after GPT-2's prefill, whose rows it reuses
+        work.insert(min(len(dtypes), len(work)), ("gpt2-124m decode", lambda: decode(db, table)))
+    for label, run in work:
+        if args.budget and time.monotonic() - start > args.budget:
+            report(table, f"\n## {label}: not run (--budget {args.budget:.0f} s spent)")
+            continue
+        run()
     return 1 if failed else 0
 
 
