@@ -29,6 +29,8 @@ kernel declares ``inplace`` (below). Outputs live to ``END = len(plan.steps)``.
   ``contiguous`` that is handed a strided input) copies, so it gets its own buffer.
 - **Scratch.** A kernel declared ``contiguous`` densifies every strided input first: that copy
   is a scratch buffer live at that step only.
+- **Input copies.** A per-call copy of an input from the host to a GPU gets a buffer live from
+  step 0, wherever the copy runs: a CUDA graph stages every feed before its first GPU step.
 - **In place.** A kernel with ``inplace == i`` writes its result into input i's buffer when that
   buffer dies exactly at this step (its last use is here, it holds no output, it is not a leaf
   or static), input i covers the whole buffer densely, the sizes agree, and no other input of
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir.graph import is_static
 from tensor_graphs.ir.ops.names import COPY_TO, EXPAND, PERMUTE, RESHAPE, SLICE
+from tensor_graphs.ir.ops.names import INPUT as INPUT_OP
 from tensor_graphs.planner.plan import Plan, Slot
 
 LEAF_KINDS = {"input": "input", "weight": "weight", "constant": "weight", "dim": "weight",
@@ -335,7 +338,7 @@ def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = Tr
         if taken is not None:
             b = taken.buffer
         else:
-            b = new_buffer(step.node, step.device, nb, pos, kind)
+            b = new_buffer(step.node, step.device, nb, 0 if _input_copy(step) else pos, kind)
         b.values.append(key)
         b.last = max(b.last, group_last.get(key, pos))
         values[key] = Value(key, step.node, step.device, nb, b, strides, offset,
@@ -344,6 +347,14 @@ def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = Tr
     for key, v in values.items():
         v.last = last_read.get(key, v.first)
     return Liveness(values, buffers, end, static, steps)
+
+
+def _input_copy(step) -> bool:
+    """A per-call copy of an input from the host to a GPU: its buffer is live from step 0, so
+    a CUDA graph can stage every feed before its first GPU step (``runtime/graphs.py``: the
+    region then holds GPU steps only) and no step before the copy writes where it lands."""
+    return step.is_copy and step.slot.moved and step.device != "cpu" \
+        and step.node.op.name == INPUT_OP and step.inputs[0].device == "cpu"
 
 
 def max_live_lower_bound(buffers: Iterable[Buffer], alignment: int = 1) -> int:

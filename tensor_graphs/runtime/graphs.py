@@ -7,29 +7,43 @@ and replays them with one call.
 
 What is captured: a program's per-call instructions fall in three runs. The *prefix* runs on
 the host before any GPU step: host steps and the copies that bring inputs (and values the host
-computed) to the GPU, each into its arena place, which is where the graph reads them. The
-*region* runs from the first step that reads on the GPU to the last step that writes there;
-it is what the graph captures. The *suffix* copies results to the host and finishes there.
-The first call with some dims stages its feeds, warms the region up (its results are the
-call's) and captures it; later ones run the prefix (the feeds are copied into their places,
-outside the graph), replay the graph, and run the suffix on what the graph left in place.
+computed) to the GPU, each into its arena place, which is where the graph reads them. A copy
+of an input that the plan puts among the GPU steps (a second input read late: an attention
+mask) joins the prefix: the memory plan keeps its place live from step 0, so no earlier GPU
+step writes there. The *region* runs from the first step that reads on the GPU to the last
+step that writes there, less those copies: GPU steps only, which the graph captures. The
+*suffix* copies results to the host and finishes there. The first call with some dims runs in
+the Python loop and notes them; the second stages its feeds, warms the region up (its results
+are the call's) and captures it; later ones run the prefix (the feeds are copied into their
+places, outside the graph), replay the graph, and run the suffix on what the graph left in
+place. Decode meets each cache length once per generation, so one generation captures
+nothing, and a repeated one (serving, a benchmark) captures, then replays.
 
-Every address a graph holds must be the same at every replay, so ``analyze`` refuses a program
-(the reason is in ``prog.loop``) where a host step runs inside the region, a region step
-allocates its result (no out= place in the arena; views and in-place appends to a kept state
-are no memory of their own), a copy to the GPU has no place, or an input lives on the GPU. The
-warm-up before a capture (``Checker``: a side stream on a real GPU) refuses dims where a step
-did allocate after all, or synchronized with the host (``.item()``, a shape that depends on
-values). Kernels read their shapes from the dims, and decode's ``past`` changes the grids, so
-there is one graph per dims value (``Graphs``, an LRU of ``LIMIT``). Graphs take no memory of
-their own beyond CUDA's record of their launches: they read and write the program's arena,
-weights and state buffers, and kernels' own scratch (split-K partials) comes from one private
-torch pool that a program's graphs share.
+Every address that the suffix or the caller reads after a replay must be the one the warm-up
+left it at: a result that leaves the region (an output, a value the suffix reads, a kept
+state) is written into its arena place, or is memory of a value made before the region (a
+view, an in-place append to a state). A result used only inside the region may be allocated
+by its kernel (torch SDPA or rotary without out=, a strided input made dense): torch's graph
+pool replays the allocation at its captured address, and the same kernels read it there. So
+``analyze`` refuses a program (the reason is in ``prog.loop``) where a host step runs inside
+the region, a result that leaves it has no place of its own, a copy to the GPU has no place,
+or an input lives on the GPU. The warm-up before a capture (``Checker``: a side stream on a
+real GPU) refuses dims where a result that leaves was allocated after all, or a step
+synchronized with the host (``.item()``, a shape that depends on values). Kernels read their
+shapes from the dims, and decode's ``past`` changes the grids, so there is one graph per dims
+value (``Graphs``, an LRU of ``LIMIT``). Graphs take no memory of their own beyond CUDA's
+record of their launches and what their steps allocate inside (from one private torch pool
+that a program's graphs share): they read and write the program's arena, weights and state
+buffers.
 
 On the simulated GPU (``devices.simulated_cuda``) there is no CUDA graph: ``SimulatedGraph``
-keeps each launch of the warm-up (its function, the very argument tensors, its out= place)
-and a replay calls them again in order, against the same static buffers, so CI checks what a
-real graph depends on: static places, no allocation, in-place appends, the LRU, the refusals.
+keeps the region's run over the values staged at capture and runs it again at each replay,
+through the same value slots: a result allocated inside is allocated anew and handed to its
+readers (where a real graph replays the allocation at its address), every result that leaves
+must land in its place, and the launches must be the warm-up's. So CI checks what a real
+graph depends on: static places, results that leave written in place, in-place appends, the
+LRU, the refusals. What only a real GPU shows: that a capture with allocations inside replays
+them at their captured addresses (torch's guarantee), and the bit-for-bit decode check.
 """
 
 from __future__ import annotations
@@ -44,33 +58,55 @@ from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops.names import INPUT, STATE, STATE_UPDATE
 
 LIMIT = 64  # graphs kept per program: decode keeps its last 64 cache lengths
+SEEN = 4096  # dims keys remembered as met (a key is captured on its second sighting)
 
 
 class Refused(Exception):  # noqa: N818 - a reason, not a failure: the Python loop runs instead
     """Why a program, or one dims binding of it, is not captured."""
 
 
-def _in_place(ins) -> bool:
-    """A step that takes no memory of its own: a view, an in-place kernel, or a kept state's
-    append (``torch_cuda_state_update`` writes the new rows into the state's buffer)."""
+def _source(ins) -> int | None:
+    """The argument whose memory the step's result is, when it takes none of its own: a view
+    (of its input 0), an in-place kernel (of the input it overwrites); None otherwise. A kept
+    state's append (``torch_cuda_state_update``) writes into the state's buffer: -1."""
     k = ins.kernel
-    return k is not None and (k.view or k.inplace is not None or k.op == STATE_UPDATE)
+    if k is None:
+        return None
+    if k.op == STATE_UPDATE:
+        return -1
+    if k.view and ins.args:
+        return ins.args[0]
+    if k.inplace is not None and 0 <= k.inplace < len(ins.args):
+        return ins.args[k.inplace]
+    return None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the region rules read beside the instruction: the values made in the region that
+    leave it (the suffix or the outputs read them) without an address fixed before the graph
+    (an arena place, or memory of a value made before the region)."""
+
+    loose: frozenset[int]
 
 
 # Steps the region may not hold: the first row that holds gives the reason (``{name}`` is the
 # kernel's name).
 REGION_RULES: tuple[tuple[Callable, str], ...] = (
     # a graph replays GPU work only; a host step between GPU steps would be skipped
-    (lambda ins: ins.reads == "cpu" or ins.device == "cpu",
+    (lambda ins, cx: ins.reads == "cpu" or ins.device == "cpu",
      "{name} runs on the host, or copies to it, between the first and the last GPU step"),
-    # a result allocated per call moves; the graph would keep reading the captured one
-    (lambda ins: ins.place is None and not _in_place(ins),
-     "{name} allocates its result (no out= place in the arena)"),
+    # a result allocated inside the graph is replayed at the address of its capture (torch's
+    # graph pool): fine for steps of the graph, but what the suffix or the caller reads must
+    # be where the warm-up left it, in the arena
+    (lambda ins, cx: ins.out in cx.loose,
+     "{name} allocates its result (no out= place in the arena) and the result leaves the "
+     "graph (an output, or read after the last GPU step)"),
 )
 # Steps before the region (host steps, copies to the GPU) that would break the graph.
 PREFIX_RULES: tuple[tuple[Callable, str], ...] = (
     # a copy without an arena place hands the GPU a new tensor per call
-    (lambda ins: ins.device != "cpu" and ins.place is None,
+    (lambda ins, cx: ins.device != "cpu" and ins.place is None,
      "{name} brings a value to the GPU outside the arena (no place)"),
 )
 
@@ -79,16 +115,27 @@ PREFIX_RULES: tuple[tuple[Callable, str], ...] = (
 class Split:
     """Where a program's instructions divide (see the module doc), and what a replay keeps."""
 
-    first: int  # the region is instructions[first:last]
+    first: int  # the region lies in instructions[first:last]
     last: int
+    prefix: tuple[int, ...]  # instructions[:first] and the input copies staged before the region
+    region: tuple[int, ...]  # instructions[first:last] less the staged copies: GPU steps only
     live: tuple[int, ...]  # values the region makes that the suffix or the outputs read
+    leaving: frozenset[int]  # the same, as a set (the warm-up checks where they are)
     states: tuple[int, ...]  # kept states' leaf values on the GPU (their buffers' addresses)
     held: tuple[int, ...]  # other GPU leaves made per call (a dim's value): kept from capture
 
 
+def _overlap(a: tuple, b: tuple) -> bool:
+    """Two arena places (device, offset, bytes) share bytes."""
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+
 def analyze(instructions: Sequence, leaves: Sequence, kinds: Mapping[int, str],
             static: set[int], outputs: Sequence[int]) -> Split:
-    """The program's split, or Refused with the first rule it breaks."""
+    """The program's split, or Refused with the first rule it breaks. The copies of inputs to
+    the GPU that lie among the GPU steps (a second input, read late) run before the region:
+    the memory plan keeps their places live from step 0 (``memory/liveness.py``), which is
+    checked here, as no earlier GPU step may write there."""
     gpu_reads = [n for n, ins in enumerate(instructions) if ins.reads != "cpu"]
     gpu_writes = [n for n, ins in enumerate(instructions) if ins.device != "cpu"]
     if not gpu_reads:
@@ -98,17 +145,35 @@ def analyze(instructions: Sequence, leaves: Sequence, kinds: Mapping[int, str],
         if node.op.name == INPUT and kinds.get(i, "cpu") != "cpu":
             raise Refused(f"input '{node.name}' lives on the GPU (a graph would read the "
                           "first feed's memory)")
-    for rules, part in ((PREFIX_RULES, instructions[:first]),
-                        (REGION_RULES, instructions[first:last])):
-        for ins in part:
-            for broken, reason in rules:
-                if broken(ins):
-                    raise Refused(reason.format(name=ins.name))
-    made = {ins.out for ins in instructions[first:last]}
+    staged = tuple(n for n in range(first, last) if instructions[n].copy_in)
+    region = tuple(n for n in range(first, last) if not instructions[n].copy_in)
+    prefix = (*range(first), *staged)
+    made = {instructions[n].out for n in region}
     read_after = {a for ins in instructions[last:] for a in ins.args} | set(outputs)
+    fixed: set[int] = set()  # region values at addresses fixed before the graph runs
+    for n in region:
+        ins = instructions[n]
+        src = _source(ins)
+        if ins.place is not None or src == -1 or (src is not None and (
+                src not in made or src in fixed)):
+            fixed.add(ins.out)
+    leaving = made & read_after
+    cx = Context(frozenset(leaving - fixed))
+    for rules, part in ((PREFIX_RULES, prefix), (REGION_RULES, region)):
+        for n in part:
+            for broken, reason in rules:
+                if broken(instructions[n], cx):
+                    raise Refused(reason.format(name=instructions[n].name))
+    for n in staged:
+        ins = instructions[n]
+        early = next((instructions[m] for m in range(first, n) if instructions[m].place
+                      is not None and _overlap(instructions[m].place, ins.place)), None)
+        if early is not None:
+            raise Refused(f"{ins.name} (a feed, staged before the graph) shares its arena "
+                          f"place with {early.name}, an earlier GPU step")
     gpu_leaves = [(i, node) for i, node in leaves
                   if i not in static and kinds.get(i, "cpu") != "cpu"]
-    return Split(first, last, tuple(sorted(made & read_after)),
+    return Split(first, last, prefix, region, tuple(sorted(leaving)), frozenset(leaving),
                  tuple(i for i, node in gpu_leaves if node.op.name == STATE),
                  tuple(i for i, node in gpu_leaves if node.op.name != STATE))
 
@@ -203,15 +268,19 @@ class Steps:
 
 
 class Checker(Steps):
-    """The warm-up's recorder (``program._execute`` calls ``begin_step`` and ``after``): every
-    step of the region writes into its out= place, or returns memory of one of its arguments
-    (a view; a kept state appended in place). Anything else allocated, and a replay would not
-    see it. ``outs``: the region's out= places, by position. ``calls`` records each launch
-    (the kernel's function, the argument tensors, its keywords and out= place; a view
-    launches nothing), which the simulated GPU's graph replays."""
+    """The warm-up's recorder (``program._execute`` calls ``begin_step`` and ``after``): a
+    step whose result leaves the region (``leaving``: the suffix or the outputs read it)
+    writes into its out= place, or returns memory of one of its arguments (a view; a kept
+    state appended in place). Anything else it allocated would move at the next replay while
+    the call's results are read where the warm-up left them. A result used only inside the
+    region may be allocated (a kernel without out=, a strided input made dense): the graph
+    replays its allocation at the same address. ``outs``: the region's out= places, by
+    position. ``calls`` records each launch (the kernel's name and function, the argument
+    tensors, its keywords and out= place; a view launches nothing)."""
 
-    def __init__(self, region: Sequence, outs: Sequence, watch=None):
-        self.region, self.outs, self.watch = region, outs, watch
+    def __init__(self, region: Sequence, outs: Sequence, leaving: frozenset = frozenset(),
+                 watch=None):
+        self.region, self.outs, self.leaving, self.watch = region, outs, leaving, watch
         self.calls: list[tuple] = []
 
     def begin_step(self, name: str, n: int) -> None:
@@ -222,16 +291,14 @@ class Checker(Steps):
 
     def after(self, ins, kw, given, args, raw, out) -> None:
         buf = self.outs[self.step]
-        if ins.contiguous and any(a is not g for a, g in zip(args, given)):
-            raise Refused(f"{ins.name} reads a strided view, made dense by a copy (an "
-                          "allocation per call)")
-        if buf is not None:
-            if raw is not buf or out is not buf:
-                raise Refused(f"{ins.name} allocated its result instead of writing into its "
-                              "out= place")
-        elif not any(_shares(out, a) for a in args):
-            raise Refused(f"{ins.name} allocated its result (it is neither a view of its "
-                          "inputs nor an in-place append)")
+        if ins.out in self.leaving:
+            if buf is not None:
+                if raw is not buf or out is not buf:
+                    raise Refused(f"{ins.name} allocated its result instead of writing into "
+                                  "its out= place (and the result leaves the graph)")
+            elif not any(_shares(out, g) for g in given):  # (not the dense copies made here)
+                raise Refused(f"{ins.name} allocated its result (it is neither a view of its "
+                              "inputs nor an in-place append) and the result leaves the graph")
         if ins.kernel is None or not ins.kernel.view:
             self.calls.append((ins.name, ins.fn, tuple(args), kw, buf))
 
@@ -243,8 +310,31 @@ def _shares(a, b) -> bool:
         return False
 
 
+def allocated(values: Sequence, live: Sequence[int], before: Sequence) -> int | None:
+    """The first of ``live`` (values the region hands on) whose memory the region allocated:
+    none of ``before`` (the arenas, and the values made before the region: weights, states,
+    staged feeds) holds it. A view of a result allocated inside lands here (the step that
+    allocated passed the warm-up's check, its own result staying inside)."""
+    roots = set()
+    for v in before:
+        try:
+            roots.add(v.untyped_storage().data_ptr())
+        except AttributeError:
+            continue
+    for i in live:
+        v = values[i]
+        try:
+            root = v.untyped_storage().data_ptr()
+        except AttributeError:
+            continue
+        if root not in roots:
+            return i
+    return None
+
+
 @contextlib.contextmanager
-def warming(device: str, region: Sequence, outs: Sequence) -> Iterator[Checker]:
+def warming(device: str, region: Sequence, outs: Sequence, leaving: frozenset = frozenset()
+            ) -> Iterator[Checker]:
     """The warm-up of a capture: every kernel runs once before it is captured (Triton compiles,
     cuBLAS picks its algorithms and allocates its workspace), on a side stream on a real GPU
     with torch's sync debug mode raising on a synchronizing call; the simulated GPU watches
@@ -254,7 +344,7 @@ def warming(device: str, region: Sequence, outs: Sequence) -> Iterator[Checker]:
     if simulated_cuda() is not None:
         watch = _watch()
         with watch:
-            yield Checker(region, outs, watch)
+            yield Checker(region, outs, leaving, watch)
         return
     dev = torch.device(torch_device(device))
     side = torch.cuda.Stream(device=dev)
@@ -263,7 +353,7 @@ def warming(device: str, region: Sequence, outs: Sequence) -> Iterator[Checker]:
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.stream(side):
-            yield Checker(region, outs)
+            yield Checker(region, outs, leaving)
     finally:
         torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -281,9 +371,9 @@ class CudaGraph:
         self.pool = pool
         self.graph = torch.cuda.CUDAGraph()
 
-    def capture(self, run: Callable[[], None], warmed: Checker) -> None:
-        """Record the launches of ``run()`` (the region, after ``warmed``, its warm-up);
-        nothing runs."""
+    def capture(self, run: Callable, warmed: Checker) -> None:
+        """Record the launches of ``run()`` (the region over the staged values, after
+        ``warmed``, its warm-up); nothing runs."""
         with self.torch.cuda.device(self.device), \
                 self.torch.cuda.graph(self.graph, pool=self.pool):
             run()
@@ -294,25 +384,35 @@ class CudaGraph:
 
 
 class SimulatedGraph:
-    """The simulated GPU's stand-in for a CUDA graph, with its interface: ``capture`` keeps
-    the launches its warm-up recorded (``Checker.calls``: each kernel's function, the very
-    argument tensors it got, its keywords and out= place) and ``replay`` makes those calls
-    again in order, as a graph replays its kernels on the same addresses. A launch whose
-    result is not its out= place raises: it allocated."""
+    """The simulated GPU's stand-in for a CUDA graph, with its interface. ``capture`` keeps
+    the region's run over the values staged at capture (``run(recorder)``: the addresses a
+    graph would hold) and the warm-up's launches (``calls``); ``replay`` runs the region again
+    through those value slots, as a graph replays its kernels on the same addresses. A result
+    allocated inside (a kernel without out=) is allocated anew and handed to the later steps,
+    where a real graph replays the allocation at its captured address: the same bytes to the
+    same readers. The replay checks what a graph depends on: the same launches in the same
+    order, and every result that leaves the region written where the warm-up left it."""
 
     def __init__(self):
         self.calls: list[tuple] = []
+        self._run: Callable | None = None
+        self._checker: Callable[[], Checker] | None = None
 
-    def capture(self, run: Callable[[], None], warmed: Checker) -> None:
+    def capture(self, run: Callable, warmed: Checker) -> None:
         self.calls = list(warmed.calls)
+        self._run = run
+        self._checker = lambda: Checker(warmed.region, warmed.outs, warmed.leaving)
 
     def replay(self) -> None:
-        for name, fn, args, kw, buf in self.calls:
-            if buf is None:
-                fn(*args, **kw)
-            elif fn(*args, out=buf, **kw) is not buf:
-                raise EvaluationError(f"CUDA graph replay: kernel {name} did not write into "
-                                      "its out= place (it allocated at replay)")
+        checker = self._checker()
+        try:
+            self._run(checker)
+        except Refused as exc:
+            raise EvaluationError(f"CUDA graph replay: {exc} (at replay)") from None
+        names = [c[0] for c in checker.calls]
+        if names != [c[0] for c in self.calls]:
+            raise EvaluationError(f"CUDA graph replay: launched {names}, the capture "
+                                  f"{[c[0] for c in self.calls]}")
 
 
 @dataclass
@@ -324,6 +424,8 @@ class Captured:
     held: dict[int, object]  # per-call GPU leaves as captured (functions of the dims)
     states: tuple  # (value index, data_ptr, shape, strides) of each kept state's prefix
     message: str
+    prefix: object = None  # program._Part: the host steps and the staged feeds, per call
+    suffix: object = None  # program._Part: what runs after the graph, per call
 
     def fits(self, values: Sequence) -> bool:
         """The kept states are the prefixes the graph captured (a rebound state may live in
@@ -348,6 +450,7 @@ class Graphs:
 
     limit: int = LIMIT
     entries: OrderedDict = field(default_factory=OrderedDict)
+    seen: OrderedDict = field(default_factory=OrderedDict)  # dims keys met once, not captured
     captures: int = 0  # graphs captured, ever (evicted ones included)
     _split: object = None  # Split, or the reason the program is refused
     _for: object = None  # the instruction list it was made for
@@ -356,6 +459,7 @@ class Graphs:
     def split(self, instructions: Sequence, analyzed: Callable[[], Split]) -> Split | str:
         if self._for is not instructions:
             self.entries.clear()
+            self.seen.clear()
             self._for = instructions
             try:
                 self._split = analyzed()
@@ -368,6 +472,20 @@ class Graphs:
         if found is not None:
             self.entries.move_to_end(key)
         return found
+
+    def sighted(self, key: tuple) -> bool:
+        """Whether ``key`` was met before (then it is captured now, or again once evicted); a
+        first sighting is noted and runs in the Python loop. Decode meets each cache length
+        once per generation: capturing on sight would pay a capture per token and never
+        replay within it, while repeated generations (serving, benchmarks) meet them again.
+        The native loop records on the second sighting too (``native.RECORD_AFTER``)."""
+        if key in self.seen:
+            self.seen.move_to_end(key)
+            return True
+        self.seen[key] = None
+        while len(self.seen) > SEEN:
+            self.seen.popitem(last=False)
+        return False
 
     def put(self, key: tuple, entry) -> None:
         self.entries[key] = entry

@@ -290,8 +290,9 @@ class Executable:
     def _graph_run(self, arrays: Mapping, dims: Mapping) -> list | None:
         """One call through the CUDA graph of these dims (captured first when there is
         none), or None, with the reason in ``native.last``, where the Python loop must run
-        it instead. The feeds go into their arena places outside the graph (the prefix);
-        results are read from where the graph leaves them."""
+        it instead: a first sighting of the dims, or a refusal. The feeds go into their arena
+        places outside the graph (the prefix); results are read from where the graph leaves
+        them."""
         loop = self.native
         split = self._split()
         if isinstance(split, str):
@@ -302,18 +303,17 @@ class Executable:
         if isinstance(entry, str):
             loop.last = entry
             return None
+        if entry is None and not self.graphs.sighted(key):
+            loop.last = (f"{GPU_LOOP}, first call with these dims (the next one captures a "
+                         "CUDA graph)")
+            return None
         values, feeds = self._load(arrays, dims, True, entry.held if entry else None)
         if entry is not None and not entry.fits(values):  # a state moved to a new buffer
             values, feeds = self._load(arrays, dims, True)
             entry = None
-        attrs, shapes, outs = self.bound(dims)
-        parts = [_Part(self.instructions[p], attrs[p], shapes[p], outs[p], self.arenas)
-                 for p in (slice(0, split.first), slice(split.first, split.last),
-                           slice(split.last, len(self.instructions)))]
-        prefix, region, suffix = parts
         if entry is None:  # the warm-up's results are this call's
             try:
-                entry = self._capture(split, dims, values, feeds, prefix, region)
+                entry = self._capture(split, dims, values, feeds)
             except _graphs.Refused as exc:
                 loop.last = f"{GPU_LOOP} and no CUDA graph at {dict(key)}: {exc}"
                 self.graphs.put(key, loop.last)
@@ -321,26 +321,42 @@ class Executable:
             self.graphs.put(key, entry)
         else:
             loop.last = entry.message
-            prefix.run(values, feeds=feeds, stage=True)
+            entry.prefix.run(values, feeds=feeds, stage=True)
             entry.graph.replay()
         for i, v in entry.live.items():
             values[i] = v
-        suffix.run(values)
+        entry.suffix.run(values)
         return [values[i] for i in self.outputs]
 
-    def _capture(self, split: _graphs.Split, dims: Mapping, values: list, feeds: dict,
-                 prefix: _Part, region: _Part) -> _graphs.Captured:
+    def _parts(self, split: _graphs.Split, dims: Mapping) -> tuple[_Part, _Part, _Part]:
+        """The prefix (with the staged feeds), the region and the suffix at ``dims``."""
+        attrs, shapes, outs = self.bound(dims)
+
+        def part(positions) -> _Part:
+            return _Part([self.instructions[n] for n in positions], [attrs[n] for n in positions],
+                         [shapes[n] for n in positions], [outs[n] for n in positions],
+                         self.arenas)
+
+        return (part(split.prefix), part(split.region),
+                part(range(split.last, len(self.instructions))))
+
+    def _capture(self, split: _graphs.Split, dims: Mapping, values: list,
+                 feeds: dict) -> _graphs.Captured:
         """Stage the feeds, warm the region up (each kernel once, checked:
         ``graphs.Checker``), then capture it; raises graphs.Refused where it cannot be. The
         warm-up computes this call (a capture runs nothing), so its values are the results;
         the capture starts again from the staged values (the warm-up dropped some)."""
         device = self.names.get("cuda", "cuda:0")
+        prefix, region, suffix = self._parts(split, dims)
         held = {i: values[i] for i in split.held}
         marks = _graphs.state_marks(values, split.states)
         prefix.run(values, feeds=feeds, stage=True)
-        staged, checker = list(values), None
+        reads = {a for ins in region.instructions for a in ins.args}
+        staged = [v if i in reads else None for i, v in enumerate(values)]
+        checker = None
         try:
-            with _graphs.warming(device, region.instructions, region.outs) as checker:
+            with _graphs.warming(device, region.instructions, region.outs,
+                                 split.leaving) as checker:
                 region.run(values, checker)
         except _graphs.Refused:
             raise
@@ -350,10 +366,15 @@ class Executable:
                 raise
             name = region.instructions[checker.step].name
             raise _graphs.Refused(f"{name} synchronizes with the host: {why}") from None
+        moved = _graphs.allocated(values, split.live, [*self.arenas.values(), *staged])
+        if moved is not None:
+            name = next(ins.name for ins in region.instructions if ins.out == moved)
+            raise _graphs.Refused(f"{name}'s result leaves the graph in memory allocated "
+                                  "inside it (a view of a result without an out= place)")
         live = {i: values[i] for i in split.live}
         graph, at = self.graphs.new_graph(device), _graphs.Steps()
         try:
-            graph.capture(lambda: region.run(list(staged), at), checker)
+            graph.capture(lambda recorder=at: region.run(list(staged), recorder), checker)
         except Exception as exc:  # the warm-up ran it: what failed is the capture itself
             name = region.instructions[at.step].name
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -363,7 +384,8 @@ class Executable:
         self.native.last = (f"cuda graph: captured {steps} GPU steps at "
                             f"{dict(dims_key(dims))} (later calls with these dims replay it)")
         return _graphs.Captured(graph, live, held, marks,
-                                f"cuda graph: replayed {steps} GPU steps in one launch")
+                                f"cuda graph: replayed {steps} GPU steps in one launch",
+                                prefix, suffix)
 
     def _leaf(self, i: int, node: Node, arrays: Mapping, dims: Mapping, feeds: dict):
         """Leaf ``i``'s value where the plan holds it: a host value as numpy, a GPU value as a

@@ -64,18 +64,27 @@ def _reference(y, feeds):
     return tg.evaluate(y, feeds, dtype="float64")
 
 
+def _twice(prog, **feeds):
+    """Two calls: dims met for the first time run in the Python loop, the second captures."""
+    prog(**feeds)
+    assert prog.loop.startswith("python loop: the program has GPU steps, first call with "
+                                "these dims"), prog.loop
+    return prog(**feeds)
+
+
 def test_a_gpu_program_is_captured_once_then_replayed_as_the_python_loop_runs_it(slow_host):
     prog, y, weights = _dense(slow_host)
     plain, _, _ = _dense(slow_host)
     plain.cuda_graphs = False
-    for call in range(4):
+    loops = ["python loop: the program has GPU steps, first call with these dims",
+             "cuda graph: captured", "cuda graph: replayed", "cuda graph: replayed"]
+    for call, loop in enumerate(loops):
         X = _x(call)
         got, want = prog(x=X), plain(x=X)
-        assert prog.loop.startswith("cuda graph: captured" if call == 0
-                                    else "cuda graph: replayed"), prog.loop
+        assert prog.loop.startswith(loop), prog.loop
         np.testing.assert_array_equal(got, want)  # the same kernels on the same values
         assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
-    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 4
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 3
     assert plain.loop.startswith("python loop: the program has GPU steps and CUDA graphs are "
                                  "off"), plain.loop
     assert plain.stats["graph_runs"] == 0
@@ -84,7 +93,7 @@ def test_a_gpu_program_is_captured_once_then_replayed_as_the_python_loop_runs_it
 
 def test_feeds_go_to_static_places_and_the_graph_allocates_nothing(slow_host):
     prog, y, weights = _dense(slow_host)
-    prog(x=_x(0))
+    _twice(prog, x=_x(0))
     exe = prog._last
     split = exe._split()
     (entry,) = exe.graphs.entries.values()
@@ -115,7 +124,7 @@ def test_feeds_go_to_static_places_and_the_graph_allocates_nothing(slow_host):
 def test_device_outputs_are_clones_a_later_replay_leaves_alone(slow_host):
     prog, y, weights = _dense(slow_host, outputs="device")
     X = _x(0)
-    first = prog(x=X)
+    first = _twice(prog, x=X)
     second = prog(x=_x(1))
     assert prog.loop.startswith("cuda graph: replayed") and isinstance(second, torch.Tensor)
     assert first.data_ptr() != second.data_ptr()
@@ -133,14 +142,15 @@ def test_one_graph_per_dims_in_a_bounded_lru(slow_host):
     exe = prog._last
     exe.graphs.limit = 3
     seen = []
-    for n in (4, 5, 6, 4, 7, 5, 16):
+    for n in (4, 4, 5, 5, 6, 6, 4, 7, 7, 5, 16, 16):
         X = _x(n, rows=n)
         got = prog(x=X)
         assert relative_error(got, _reference(y, {"x": X, "w": W})) < 1e-5
-        seen.append(prog.loop.split(":")[1].split()[0])
-    # 4 is replayed (and becomes the newest); 7 evicts 5, and 5 evicts 6, then 16 evicts 4
-    assert seen == ["captured", "captured", "captured", "replayed", "captured", "captured",
-                    "captured"]
+        seen.append(prog.loop.split(":")[1].split()[0].strip(","))
+    # a first sighting runs in the Python loop, the second captures; 4 is replayed (and
+    # becomes the newest); 7 evicts 5, then 5 (met before) evicts 6, and 16 evicts 4
+    assert seen == ["the", "captured", "the", "captured", "the", "captured", "replayed",
+                    "the", "captured", "captured", "the", "captured"]
     assert list(exe.graphs.entries) == [(("n", 7),), (("n", 5),), (("n", 16),)]
     assert prog.stats["graph_captures"] == 6 and prog._last is exe  # one plan for every n
 
@@ -148,7 +158,7 @@ def test_one_graph_per_dims_in_a_bounded_lru(slow_host):
 def test_rebinding_weights_drops_the_graphs(slow_host):
     prog, y, weights = _dense(slow_host)
     X = _x(0)
-    prog(x=X)
+    _twice(prog, x=X)
     prog(x=X)
     assert prog.loop.startswith("cuda graph: replayed")
     new = {"w": weights["w"][::-1].copy(), "b": -weights["b"]}
@@ -177,7 +187,7 @@ def test_a_host_step_between_gpu_steps_keeps_the_python_loop(slow_host):
     assert prog.stats["graph_runs"] == 0
 
 
-def test_a_kernel_without_out_keeps_the_python_loop(slow_host):
+def test_a_kernel_without_out_whose_result_leaves_the_graph_keeps_the_python_loop(slow_host):
     x = tg.input("x", (64, 128))
     w = tg.weight("w", (128, 128))
     y = tg.sign(x @ w)
@@ -189,13 +199,17 @@ def test_a_kernel_without_out_keeps_the_python_loop(slow_host):
     np.testing.assert_array_equal(prog(x=X), np.sign(X.astype(np.float64) @ prog._bound["w"]
                                                      .cpu().numpy().astype(np.float64)))
     assert prog.loop.endswith(f"no CUDA graph: {k.name} allocates its result (no out= place "
-                              "in the arena)"), prog.loop
+                              "in the arena) and the result leaves the graph (an output, or "
+                              "read after the last GPU step)"), prog.loop
 
 
-def _replaced(prog, wrap):
-    """The program with its first GPU step's function wrapped (as tools that time steps do)."""
+def _replaced(prog, wrap, last: bool = False):
+    """The program with its first GPU step's function wrapped (as tools that time steps do);
+    ``last``: the last one's (its result leaves the region)."""
     exe = prog._last
-    n = next(n for n, ins in enumerate(exe.instructions) if ins.reads != "cpu")
+    gpu = [n for n, ins in enumerate(exe.instructions)
+           if ins.reads != "cpu" and ins.device != "cpu"]
+    n = gpu[-1] if last else gpu[0]
     ins = exe.instructions[n]
     exe.instructions = [*exe.instructions[:n], dataclasses.replace(ins, fn=wrap(ins.fn)),
                         *exe.instructions[n + 1:]]
@@ -213,11 +227,14 @@ def test_a_kernel_that_syncs_is_refused_and_the_call_still_runs(slow_host):
         return run
 
     name = _replaced(prog, syncing)
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         X = _x(seed)
         before = len(calls)
         got = prog(x=X)
         assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+        if seed == 0:  # a first sighting: the Python loop, no warm-up
+            assert len(calls) - before == 1
+            continue
         assert prog.loop.startswith("python loop: the program has GPU steps and no CUDA graph "
                                     "at {}: " + f"{name} synchronizes with the host"), prog.loop
         # the warm-up stops at the sync (before the kernel got its value); then the Python
@@ -228,20 +245,124 @@ def test_a_kernel_that_syncs_is_refused_and_the_call_still_runs(slow_host):
     assert prog.stats["graph_runs"] == 0
 
 
-def test_a_kernel_that_allocates_after_all_is_refused(slow_host):
+def test_a_kernel_that_allocates_a_result_leaving_the_graph_is_refused(slow_host):
     prog, y, weights = _dense(slow_host)
 
     def ignoring_out(fn):
         def run(*args, out=None, **kw):
-            return fn(*args, **kw)  # a new tensor: a replay would never write it
-        return run
+            return fn(*args, **kw)  # a new tensor: the results are read where the warm-up
+        return run  # left them, and a replay would write elsewhere
 
-    name = _replaced(prog, ignoring_out)
+    name = _replaced(prog, ignoring_out, last=True)
     X = _x(0)
-    got = prog(x=X)
+    got = _twice(prog, x=X)
     assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
     assert prog.loop.endswith(f"{name} allocated its result instead of writing into its out= "
-                              "place"), prog.loop
+                              "place (and the result leaves the graph)"), prog.loop
+
+
+def test_a_result_allocated_inside_the_graph_is_replayed_through_its_readers(slow_host):
+    """A step that ignores its out= place, or has none (torch SDPA, rotary), allocates inside
+    the graph; where only later steps of the graph read the result, a graph replays the
+    allocation at its captured address and the readers see each call's values (the
+    stand-in replays through the value slots: a replay on frozen arguments would hand the
+    later steps the warm-up's tensor, and every call the first call's results)."""
+    prog, y, weights = _dense(slow_host)
+    name = _replaced(prog, lambda fn: lambda *args, out=None, **kw: fn(*args, **kw))
+    for seed in range(4):
+        X = _x(seed)
+        got = prog(x=X)
+        assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5, seed
+    assert prog.loop.startswith("cuda graph: replayed"), prog.loop
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 3
+    (entry,) = prog._last.graphs.entries.values()
+    if isinstance(entry.graph, graphs.SimulatedGraph):
+        (call,) = [c for c in entry.graph.calls if c[0] == name]
+        assert call[4] is not None  # it had a place, and returned a tensor of its own
+
+
+def test_a_kernel_without_out_inside_the_graph_is_captured(slow_host):
+    x = tg.input("x", (64, 128))
+    w = tg.weight("w", (128, 128))
+    y = tg.tanh(tg.sign(x @ w) @ w)  # sign allocates; only the next matmul reads it
+    prog = tg.compile(y, device="cuda", db=slow_host)
+    (k,) = [s.kernel for s in prog.plan.steps if s.node.op.name == "sign" and not s.is_copy]
+    assert k.device == "cuda" and not k.writes_out and not k.view
+    W = _rng(0).standard_normal((128, 128)).astype(np.float32) / 16
+    prog.bind(w=W)
+    for seed in range(4):
+        X = _rng(seed).standard_normal((64, 128)).astype(np.float32)
+        want = np.tanh(np.sign(X.astype(np.float64) @ W) @ W)
+        assert relative_error(prog(x=X), want) < 1e-5, seed
+    assert prog.loop.startswith("cuda graph: replayed"), prog.loop
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 3
+
+
+def _transposed(db, head: bool):
+    """reshape(permute(tanh(x @ w))): the reshape reads a strided view, made dense by a copy
+    inside the region; ``head``: a matmul reads it (it stays inside), else it is the output
+    (on the GPU: on the host it would be reshaped there)."""
+    x, w = tg.input("x", (32, 64)), tg.weight("w", (64, 64))
+    flat = tg.reshape(tg.permute(tg.tanh(x @ w), (1, 0)), (64 * 32,))
+    y = flat @ tg.weight("v", (64 * 32, 16)) if head else flat
+    prog = tg.compile(y, device="cuda", db=db, outputs="host" if head else "device")
+    weights = {"w": _rng(0).standard_normal((64, 64)).astype(np.float32) / 8,
+               "v": _rng(1).standard_normal((64 * 32, 16)).astype(np.float32) / 32}
+    prog.bind(**({"w": weights["w"]} if not head else weights))
+    (k,) = [s.kernel for s in prog.plan.steps if s.node.op.name == "reshape"]
+    assert k.device == "cuda" and k.contiguous and k.view, k.name
+    return prog, y, weights
+
+
+def test_a_strided_input_made_dense_inside_the_graph_is_captured(slow_host):
+    prog, y, weights = _transposed(slow_host, head=True)
+    for seed in range(4):
+        X = _x(seed)
+        got = prog(x=X)
+        assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5, seed
+    assert prog.loop.startswith("cuda graph: replayed"), prog.loop
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 3
+
+
+def test_a_view_of_a_dense_copy_that_leaves_the_graph_is_refused(slow_host):
+    prog, y, weights = _transposed(slow_host, head=False)
+    for seed in range(3):
+        X = _x(seed)
+        got = prog(x=X).cpu().numpy()
+        assert relative_error(got, _reference(y, {"x": X, "w": weights["w"]})) < 1e-5, seed
+    assert prog.loop.endswith("torch_cuda_reshape allocated its result (it is neither a view "
+                              "of its inputs nor an in-place append) and the result leaves the "
+                              "graph"), prog.loop
+    assert prog.stats["graph_runs"] == 0
+
+
+def test_a_second_input_copied_among_the_gpu_steps_is_staged_before_the_graph(slow_host):
+    """tanh(x @ w) * m (MiniLM's ids and attention mask): m's copy to the GPU comes after the
+    first GPU step; it runs before the graph, into a place the memory plan keeps from step 0
+    (so no earlier GPU step writes there)."""
+    x, m = tg.input("x", (32, 64)), tg.input("m", (32, 64))
+    w = tg.weight("w", (64, 64))
+    y = tg.tanh(x @ w) * m
+    prog = tg.compile(y, device="cuda", db=slow_host)
+    W = _rng(0).standard_normal((64, 64)).astype(np.float32) / 8
+    prog.bind(w=W)
+    exe = prog._last
+    gpu = [n for n, ins in enumerate(exe.instructions) if ins.reads != "cpu"]
+    late = [n for n, ins in enumerate(exe.instructions) if ins.copy_in and n > gpu[0]]
+    assert late, [ins.name for ins in exe.instructions]  # the case: a copy among GPU steps
+    split = exe._split()
+    assert not isinstance(split, str), split
+    assert set(late) <= set(split.prefix) and not set(late) & set(split.region)
+    placements = prog.memory_plan.placements
+    copies = [s for s in prog.concrete_plan.steps if s.is_copy and s.device == "cuda"]
+    bufs = prog.memory_plan.liveness.buffers
+    assert len(copies) == 2 and all(bufs[placements[s.slot].buffer].first == 0 for s in copies)
+    for seed in range(4):
+        X, M = _x(seed), _x(seed + 10)
+        got = prog(x=X, m=M)
+        assert relative_error(got, _reference(y, {"x": X, "m": M, "w": W})) < 1e-5, seed
+    assert prog.loop.startswith("cuda graph: replayed"), prog.loop
+    assert prog.stats["graph_captures"] == 1 and prog.stats["graph_runs"] == 3
 
 
 def test_a_capture_that_fails_leaves_the_call_to_the_python_loop(slow_host, monkeypatch):
@@ -255,7 +376,7 @@ def test_a_capture_that_fails_leaves_the_call_to_the_python_loop(slow_host, monk
 
     monkeypatch.setattr(exe.graphs, "new_graph", lambda device: Failing())
     X = _x(0)
-    got = prog(x=X)
+    got = _twice(prog, x=X)
     assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
     last = exe.instructions[exe._split().last - 1].name
     assert prog.loop.endswith(f"capturing {last} failed: operation not permitted when stream "
@@ -270,7 +391,7 @@ def test_graphs_off_and_on_again(slow_host):
     off = prog(x=X)
     assert "CUDA graphs are off" in prog.loop and prog.stats["graph_runs"] == 0
     prog.cuda_graphs = True
-    on = prog(x=X)
+    on = _twice(prog, x=X)
     assert prog.loop.startswith("cuda graph: captured")
     np.testing.assert_array_equal(on, off)
 
@@ -338,7 +459,9 @@ def _gpt2():
 
 
 @pytest.mark.slow  # 8-10 s: the Triton interpreter runs the attention and GEMM templates
-def test_decode_captures_one_graph_per_cache_length_then_replays(slow_host):
+def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
+    """One generation meets each cache length once: the Python loop, no capture per token.
+    The next one meets them again and captures one graph per length; the third replays."""
     from tensor_graphs.nn import Generator
 
     lm = _gpt2()
@@ -352,11 +475,16 @@ def test_decode_captures_one_graph_per_cache_length_then_replays(slow_host):
                                attention_mask=torch.ones_like(ids)).numpy()
     first = gen(prompt, 33)  # 32 decode steps, past = 8 .. 39
     np.testing.assert_array_equal(first, expected)
+    assert decode.stats["graph_captures"] == 0 and decode.stats["graph_runs"] == 0, \
+        decode.loop
+    assert "first call with these dims" in decode.loop, decode.loop
+    second = gen(prompt, 33)  # the same cache lengths, met before: each step captures
+    np.testing.assert_array_equal(second, expected)
     assert decode.stats["graph_captures"] == 32 and decode.stats["graph_runs"] == 32, \
         decode.loop
     buffers = {n: decode._states[n].buffer for n in gen.cache_names}
-    second = gen(prompt, 33)  # the same cache lengths: every step replays
-    np.testing.assert_array_equal(second, expected)
+    third = gen(prompt, 33)  # every step replays
+    np.testing.assert_array_equal(third, expected)
     assert decode.stats["graph_captures"] == 32 and decode.stats["graph_runs"] == 64
     assert decode.loop.startswith("cuda graph: replayed"), decode.loop
     # the caches were appended in place, inside the graphs: the same buffers throughout
@@ -393,7 +521,7 @@ def _gpt2_decode_replays_bit_for_bit_on_a_real_gpu(tmp_path):
     off.decode.cuda_graphs = False
     on.prefill.cuda_graphs = off.prefill.cuda_graphs = False  # the same caches to start from
     prompt = _rng(5).integers(0, cfg.vocab_size, (1, 8))
-    for _ in range(2):  # captures, then replays
+    for round in range(3):  # the Python loop, captures, then replays
         logits = {}
         for gen in (on, off):
             gen.prefill.bind(**gen._empty)
@@ -403,7 +531,8 @@ def _gpt2_decode_replays_bit_for_bit_on_a_real_gpu(tmp_path):
             token = logits[id(off)][:, -1].argmax(axis=-1).astype(np.int64)[:, None]
             for gen in (on, off):
                 logits[id(gen)] = gen.decode(input_ids=token)[0]
-            assert on.decode.loop.startswith("cuda graph"), on.decode.loop
+            assert on.decode.loop.startswith("cuda graph" if round else "python loop"), \
+                on.decode.loop
             np.testing.assert_array_equal(logits[id(on)], logits[id(off)])
     assert on.decode.stats["graph_captures"] == 12 and on.decode.stats["graph_runs"] == 24
 

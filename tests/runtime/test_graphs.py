@@ -17,10 +17,11 @@ def _kernel(op="add", view=False, inplace=None, backend="torch"):
     return SimpleNamespace(op=op, view=view, inplace=inplace, backend=backend)
 
 
-def _ins(name, args, out, reads="cuda", device="cuda", place=(("cuda", 0, 64)), **kernel):
+def _ins(name, args, out, reads="cuda", device="cuda", place=(("cuda", 0, 64)),
+         copy_in=False, **kernel):
     return SimpleNamespace(name=name, args=tuple(args), out=out, reads=reads, device=device,
-                           place=place, kernel=_kernel(**kernel), copy_in=False,
-                           contiguous=False, fn=None)
+                           place=place, kernel=_kernel(**kernel), copy_in=copy_in,
+                           contiguous=False, fn=None, free=(), fresh=place is None)
 
 
 def _leaf(op, name):
@@ -54,6 +55,7 @@ def test_the_split_of_a_program():
     assert (split.first, split.last) == (1, 5)  # after the input's copy, before the host's
     assert split.live == (7, 8)  # the new state (an output) and what the suffix copies
     assert split.states == (2,) and split.held == (3,)  # the weight (1) is static
+    assert split.prefix == (0,) and split.region == (1, 2, 3, 4)
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -63,8 +65,17 @@ def test_the_split_of_a_program():
      "copy_cuda_to_host runs on the host, or copies to it, between"),
     (lambda p: p.insert(3, _ins("copy_host_to_cuda", [0], 11, reads="cpu")),
      "copy_host_to_cuda runs on the host, or copies to it, between"),
-    (lambda p: p.insert(2, _ins("torch_cuda_relu", [5], 11, place=None, op="relu")),
-     "torch_cuda_relu allocates its result (no out= place in the arena)"),
+    (lambda p: p.__setitem__(4, _ins("torch_cuda_add", [6, 3], 8, place=None)),
+     "torch_cuda_add allocates its result (no out= place in the arena) and the result leaves "
+     "the graph (an output, or read after the last GPU step)"),
+    (lambda p: p.__setitem__(slice(4, 5), [  # what the suffix reads: a view of memory
+        _ins("torch_cuda_relu", [5], 11, place=None, op="relu"),  # allocated inside
+        _ins("torch_cuda_reshape", [11], 8, place=None, op="reshape", view=True)]),
+     "torch_cuda_reshape allocates its result"),
+    (lambda p: p.insert(2, _ins("copy_host_to_cuda", [0], 11, reads="cpu", copy_in=True,
+                                place=("cuda", 32, 64))),
+     "copy_host_to_cuda (a feed, staged before the graph) shares its arena place with "
+     "torch_cuda_matmul, an earlier GPU step"),
     (lambda p: p.__setitem__(0, _ins("copy_host_to_cuda", [0], 4, reads="cpu", place=None)),
      "copy_host_to_cuda brings a value to the GPU outside the arena (no place)"),
 ])
@@ -79,6 +90,26 @@ def test_in_place_kernels_and_views_take_no_memory():
     program = _program()
     program.insert(2, _ins("torch_cuda_relu_", [5], 5, place=None, op="relu", inplace=0))
     assert _analyze(program).first == 1
+
+
+def test_a_result_allocated_and_read_inside_the_region_is_allowed():
+    """torch SDPA or rotary without out=: a graph replays the allocation at its address."""
+    program = _program()
+    program.insert(2, _ins("torch_cuda_relu", [5], 11, place=None, op="relu"))
+    program.insert(3, _ins("torch_cuda_add", [11, 5], 12, place=("cuda", 128, 64)))
+    split = _analyze(program)
+    assert split.region == (1, 2, 3, 4, 5, 6) and split.live == (7, 8)
+
+
+def test_a_feed_copied_among_the_gpu_steps_is_staged_before_the_region():
+    program = _program()
+    program.insert(4, _ins("copy_host_to_cuda", [0], 11, reads="cpu", copy_in=True,
+                           place=("cuda", 256, 64)))
+    program.insert(5, _ins("torch_cuda_mul", [8, 11], 12, place=("cuda", 512, 64)))
+    program[-2] = _ins("copy_cuda_to_host", [12], 9, device="cpu")
+    split = _analyze(program)
+    assert split.prefix == (0, 4) and split.region == (1, 2, 3, 5, 6)
+    assert (split.first, split.last) == (1, 7) and split.live == (7, 12)
 
 
 def test_an_input_on_the_gpu_and_a_program_without_gpu_steps_are_refused():
@@ -155,10 +186,11 @@ def test_sync_reasons_from_the_watch_and_from_cuda():
     assert graphs.sync_reason(wrapped) == "called a synchronizing CUDA operation"
 
 
-def test_the_warm_up_check_allows_out_places_views_and_appends_only(torch):
+def test_the_warm_up_check_allows_out_places_views_and_appends_only_where_results_leave(
+        torch):
     buf, other = torch.empty(4), torch.empty(4)
     region = [_ins("k", [0], 1), _ins("v", [0], 2, place=None, view=True)]
-    check = graphs.Checker(region, [buf, None])
+    check = graphs.Checker(region, [buf, None], frozenset({1, 2}))
     check.begin_step("k", 0)
     check.after(region[0], {}, [other], [other], buf, buf)
     with pytest.raises(graphs.Refused, match="k allocated its result instead of writing"):
@@ -167,31 +199,55 @@ def test_the_warm_up_check_allows_out_places_views_and_appends_only(torch):
     check.after(region[1], {}, [other], [other], other[1:], other[1:])  # a view of its input
     with pytest.raises(graphs.Refused, match="v allocated its result .it is neither a view"):
         check.after(region[1], {}, [other], [other], other.clone(), other.clone())
-    dense = SimpleNamespace(**{**vars(region[0]), "contiguous": True})
-    check.begin_step("k", 0)
     strided = torch.empty(4, 2)[:, 0]
-    with pytest.raises(graphs.Refused, match="made dense by a copy"):
-        check.after(dense, {}, [strided], [strided.contiguous()], buf, buf)
+    made = strided.contiguous()  # a view of the dense copy is none of its input
+    with pytest.raises(graphs.Refused, match="v allocated its result .it is neither a view"):
+        check.after(region[1], {}, [strided], [made], made[1:], made[1:])
+    inside = graphs.Checker(region, [buf, None])  # results used inside the region only
+    inside.begin_step("k", 0)
+    inside.after(region[0], {}, [other], [other], torch.empty(4), torch.empty(4))
+    inside.begin_step("v", 1)
+    inside.after(region[1], {}, [strided], [made], made[1:], made[1:])
+    assert [c[0] for c in inside.calls] == ["k"]
 
 
-def test_the_simulated_replay_calls_the_warm_ups_launches_again(torch):
-    out, x = torch.empty(3), torch.ones(3)
-    ins = SimpleNamespace(name="k", fn=lambda a, out=None: torch.neg(a, out=out),
-                          kernel=_kernel(), contiguous=False)
-    view = SimpleNamespace(name="v", fn=lambda a: a[1:], kernel=_kernel(view=True),
-                           contiguous=False)
-    check = graphs.Checker([ins, view], [out, None])
-    check.begin_step("k", 0)
-    check.after(ins, {}, [x], [x], ins.fn(x, out=out), out)
-    check.begin_step("v", 1)
-    check.after(view, {}, [out], [out], out[1:], out[1:])
+def test_results_allocated_inside_must_not_leave(torch):
+    arena, state = torch.empty(16), torch.empty(8)
+    values = [arena[:4], state[2:], torch.empty(3), arena[4:8].view(2, 2)]
+    assert graphs.allocated(values, [0, 1, 3], [arena, state]) is None
+    assert graphs.allocated(values, [0, 2, 3], [arena, state]) == 2
+
+
+def test_the_simulated_replay_runs_the_region_again_through_its_value_slots(torch):
+    """A result allocated inside (``a``) is allocated anew at each replay and handed to its
+    reader, as a graph replays the allocation at its captured address; a result that leaves
+    (``m``) must be written into its place."""
+    from tensor_graphs.runtime.program import _execute
+
+    def step(name, fn, args, out, place=True):
+        return SimpleNamespace(name=name, fn=fn, args=args, out=out, kernel=_kernel(),
+                               contiguous=False, copy_in=False, free=(), fresh=not place)
+
+    placed, result, x = torch.empty(3), torch.empty(3), torch.ones(3)
+    region = [step("k", lambda a, out=None: torch.neg(a, out=out), (0,), 1),
+              step("a", lambda a: a * 2, (1,), 2, place=False),
+              step("m", lambda a, out=None: torch.add(a, 1, out=out), (2,), 3)]
+    outs = [placed, None, result]
+    staged = [x, None, None, None]
+
+    def run(recorder):
+        _execute(region, list(staged), [{}] * 3, [(3,)] * 3, outs, {}, recorder)
+
+    check = graphs.Checker(region, outs, frozenset({3}))
+    run(check)
+    assert torch.equal(result, torch.full((3,), -1.0))
     sim = graphs.SimulatedGraph()
-    sim.capture(lambda: pytest.fail("the stand-in runs nothing to capture"), check)
-    assert [c[0] for c in sim.calls] == ["k"]  # a view launches nothing
+    sim.capture(run, check)
+    assert [c[0] for c in sim.calls] == ["k", "a", "m"]
     x.fill_(2.0)  # the same argument tensor, new contents: the replay sees them
     sim.replay()
-    assert torch.equal(out, torch.full((3,), -2.0))
-    name, _, args, kw, buf = sim.calls[0]
-    sim.calls[0] = (name, lambda a, out=None: -a, args, kw, buf)
-    with pytest.raises(EvaluationError, match="kernel k did not write into its out= place"):
+    assert torch.equal(result, torch.full((3,), -3.0))  # through a's new tensor
+    region[2] = step("m", lambda a, out=None: a + 1, (2,), 3)  # ignores its place
+    with pytest.raises(EvaluationError, match="m allocated its result instead of writing "
+                                              "into its out= place"):
         sim.replay()
