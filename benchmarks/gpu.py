@@ -50,15 +50,8 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}  # against eager in float32 (bf16 round
 
 
 # ---------------------------------------------------------------------------- workloads
-class Logits(torch.nn.Module):
-    """A causal LM returning its full logits for ``input_ids`` (no cache)."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids):
-        return self.lm(input_ids=input_ids, use_cache=False).logits
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import Logits  # noqa: E402  (benchmarks/models.py: the CPU comparison's wrapper)
 
 
 class Embed(torch.nn.Module):
