@@ -297,7 +297,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     may take: ``OutOfMemory`` before anything runs). On a GPU, weights and kept states live on
     it (``bind`` moves them there once; ``bind_safetensors`` loads them there), each step runs
     where the planner finds it fastest, values cross through copy steps, and inputs may be
-    numpy arrays or torch tensors already on the GPU (used without a copy).
+    numpy arrays or torch tensors already on the GPU (never sent through the host).
 
     - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
     - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
