@@ -7,7 +7,8 @@ torch CUDA kernels declare them; attributes ``is_causal`` and ``scale``. q, k, v
 broadcasts to the scores (batch, heads, Sq, Sk) (an expanded view: stride 0, never copied).
 
 - ``triton_flash_attention*``: a program per (block of query rows, batch x head), looping over
-  key blocks (up to the diagonal when causal).
+  key blocks (up to the diagonal when causal); the programs on grid axis 0 (CUDA's axes 1 and
+  2 stop at 65535 blocks).
 - ``triton_decode_attention*``: only for one query row (Sq == 1, a decode step). A program
   per (batch x kv head, split of the keys) takes the G query heads that share the kv head as
   the rows of its tiles (grouped-query attention reads each K/V block once for all G), and a
@@ -28,6 +29,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     REDUCTION,
     deliver,
     float_dtypes,
+    grid_fits,
     interpreted,
     ints,
     jit,
@@ -122,7 +124,7 @@ def flash(cfg: Flash, q, k, v, mask, is_causal, scale, out=None):
         o4 = o.view(b, h, sq, dv)
         mm = o4 if m4 is None else m4
         block_d, block_dv = _blocks(d, dv)
-        grid = (-(-sq // cfg.block_m), b * h)
+        grid = (-(-sq // cfg.block_m) * b * h,)
         jit(JIT).flash[grid](
             q4, k4, v4, mm, o4, h, h // hkv, sq, sk, d, dv, _scale(scale, d),
             *q4.stride(), *k4.stride(), *v4.stride(), *mm.stride(), *o4.stride(),
@@ -177,8 +179,9 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
 
 
 # ---------------------------------------------------------------------------- constraints
-def constraint(decode_only: bool, dtypes: tuple[str, ...]):
-    """The ``where`` of the attention kernels (torch's, plus what the templates hold)."""
+def constraint(decode_only: bool, dtypes: tuple[str, ...], name: str = "", cfg=None):
+    """The ``where`` of the attention kernels (torch's, plus what the templates hold); with a
+    config, also that its launch fits CUDA's grid."""
     def fits(shapes, dts, attrs):
         q, k, v = (tuple(s) for s in shapes[:3])
         if len({len(q), len(k), len(v)}) != 1 or len(q) not in (3, 4):
@@ -202,7 +205,11 @@ def constraint(decode_only: bool, dtypes: tuple[str, ...]):
             return f"head dims up to {MAX_HEAD_DIM} (got {q[-1]} and {v[-1]})"
         if decode_only and q[-2] != 1:
             return f"one query row (decode), got Sq = {q[-2]}"
-        return True
+        if cfg is None:
+            return True
+        heads = math.prod(q[:-2])  # batch x query heads
+        blocks = 1 if decode_only else -(-q[-2] // cfg.block_m)
+        return grid_fits(name, heads * blocks, q)  # decode: B x HKV split programs, B x H combine
 
     return fits
 
@@ -220,6 +227,9 @@ def signatures(decode_only: bool, masked: bool, dtypes: tuple[str, ...]):
         if not decode_only:
             table.append(((1, 2, 33, 8), (1, 2, 33, 8), (1, 2, 33, 8), ((33, 33), "bool"),
                           True, 0.125))
+            # several query blocks per head (the grid's block index), three key blocks
+            table.append(((1, 2, 130, 8), (1, 2, 130, 8), (1, 2, 130, 8), ((130, 130), "bool"),
+                          True, None))
         if not interpreted():
             table += [((1, 1, sq, 64), (1, 1, 1025, 64), (1, 1, 1025, 64),
                        ((sq, 1025), "bool"), True, None),
@@ -256,7 +266,7 @@ def register() -> None:
                 fn = _function(kind, cfg, masked)
                 fn.source_text = f"{text}\n# {name}: {cfg}"
                 kernel(pattern, backend="triton", name=name, device="cuda", dtypes=None,
-                       where=_typed(dtypes, constraint(decode_only, dtypes)),
+                       where=_typed(dtypes, constraint(decode_only, dtypes, name, cfg)),
                        tolerance=REDUCTION, signatures=signatures(decode_only, masked, dtypes),
                        writes_out=True)(fn)
 

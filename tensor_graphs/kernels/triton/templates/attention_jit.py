@@ -53,9 +53,13 @@ def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
           MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
           BLOCK_DV: tl.constexpr):
-    """Grid (cdiv(SQ, BLOCK_M), B * H): one block of query rows of one head."""
-    start = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
+    """Grid (cdiv(SQ, BLOCK_M) * B * H,): one block of query rows of one head, the blocks of a
+    head consecutive (they share its K/V in L2). One axis: CUDA's grid axes 1 and 2 stop at
+    65535, which B * H passes (a 32 x 128 x 16-head batch), axis 0 at 2**31 - 1."""
+    pid = tl.program_id(0)
+    blocks = tl.cdiv(SQ, BLOCK_M)
+    start = (pid % blocks) * BLOCK_M
+    bh = pid // blocks
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     kvh = h // G

@@ -16,7 +16,9 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     EXACT,
     deliver,
     float_dtypes,
+    grid_fits,
     interpreted,
+    ints,
     jit,
     source_text,
     target,
@@ -49,14 +51,19 @@ def embedding(cfg: Config, ids, table, out=None):
     n = math.prod(ids.shape)
     if n and d:
         flat = ids.reshape(n)
-        grid = (-(-n // cfg.block_r), -(-d // cfg.block_d))
+        grid = (programs(cfg, n, d),)
         jit(JIT).embedding[grid](flat, table, o, n, table.shape[0], d, flat.stride(0),
                                  table.stride(0), table.stride(1), BLOCK_R=cfg.block_r,
                                  BLOCK_D=cfg.block_d, num_warps=cfg.warps)
     return deliver(o, out)
 
 
-def _fits(tables: tuple[str, ...]):
+def programs(cfg: Config, n: int, d: int) -> int:
+    """The launch's programs, all on grid axis 0: a block of ids x a block of columns."""
+    return -(-n // cfg.block_r) * -(-d // cfg.block_d)
+
+
+def _fits(tables: tuple[str, ...], name: str = "", cfg: Config | None = None):
     def fits(shapes, dtypes, attrs):
         if not dtypes[0].is_int:
             return "ids must be integers"
@@ -64,7 +71,10 @@ def _fits(tables: tuple[str, ...]):
             return f"the table's dtype must be one of {', '.join(tables)}"
         if len(shapes[1]) != 2:
             return f"the table must be 2-D (rows, dim), got {tuple(shapes[1])}"
-        return True
+        if cfg is None or not ints(*shapes):
+            return True
+        n, d = math.prod(shapes[0]), shapes[1][1]
+        return grid_fits(name, programs(cfg, n, d), tuple(shapes[0]) + (d,))
 
     return fits
 
@@ -72,7 +82,7 @@ def _fits(tables: tuple[str, ...]):
 def signatures(tables: tuple[str, ...]):
     def cases():
         table = [((7,), "int64", (33, 5)), ((2, 3), "int32", (7, 4)), ((1,), "int64", (1, 1)),
-                 ((3, 1), "int64", (40, 300))]
+                 ((5, 1), "int64", (40, 300))]  # blocks of ids x blocks of columns
         if not interpreted():
             table += [((33,), "int64", (1025, 3)), ((1, 128), "int64", (50257, 768))]
         return [{"ids": Spec(i, it, "index", t[0]), "table": (t, dt)}
@@ -98,5 +108,5 @@ def register() -> None:
         run = function(cfg)
         run.source_text = f"{text}\n# {name}: {cfg}"
         kernel("embedding", backend="triton", name=name, device="cuda", dtypes=None,
-               where=_fits(tables), tolerance=EXACT, signatures=signatures(tables),
+               where=_fits(tables, name, cfg), tolerance=EXACT, signatures=signatures(tables),
                writes_out=True)(run)

@@ -13,8 +13,12 @@ import triton.language as tl
 @triton.jit
 def embedding(ids_ptr, table_ptr, o_ptr, N, V, D, s_i, s_tv, s_td,
               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    """Grid (cdiv(N, BLOCK_R) * cdiv(D, BLOCK_D),), the row blocks varying fastest. One axis:
+    CUDA's grid axes 1 and 2 stop at 65535 blocks, axis 0 at 2**31 - 1."""
+    pid = tl.program_id(0)
+    row_blocks = tl.cdiv(N, BLOCK_R)
+    rows = (pid % row_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (pid // row_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     ids = tl.load(ids_ptr + rows.to(tl.int64) * s_i, mask=rows < N, other=0).to(tl.int64)
     known = (ids >= 0) & (ids < V)
     inside = (rows[:, None] < N) & (cols[None, :] < D)

@@ -2,7 +2,8 @@
 
 x, cos and sin share one float dtype and broadcast to a shape of rank <= 4 whose last axis (the
 head dim) is even; cos and sin cover the whole head dim (``cat(freqs, freqs)``). Two configs:
-a few rows per program (decode, short sequences) or many.
+a few rows per program (decode, short sequences) or many. The programs are on grid axis 0 (CUDA's
+axes 1 and 2 stop at 65535 blocks, which the row blocks of ~262k tokens pass).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     ELEMENTWISE,
     deliver,
     float_dtypes,
+    grid_fits,
     interpreted,
     ints,
     jit,
@@ -51,11 +53,25 @@ def rope(cfg: Config, x, cos, sin, out=None):
         views = [t.expand(shape).reshape(full) for t in (x, cos, sin)]  # views: 1s prepended
         o4 = o.view(full)
         a, b, c, d = full
-        grid = (a * b, -(-c // cfg.block_r))
+        grid = (programs(cfg, full),)
         strides = [s for t in views + [o4] for s in t.stride()]
-        jit(JIT).rope[grid](*views, o4, b, c, d // 2, *strides, BLOCK_R=cfg.block_r,
+        jit(JIT).rope[grid](*views, o4, a * b, b, c, d // 2, *strides, BLOCK_R=cfg.block_r,
                             BLOCK_H=next_power_of_2(d // 2), num_warps=cfg.warps)
     return deliver(o, out)
+
+
+def programs(cfg: Config, full: tuple) -> int:
+    """The launch's programs for the (A, B, C, D) shape: a block of rows of each (a, b)."""
+    a, b, c, _ = full
+    return a * b * -(-c // cfg.block_r)
+
+
+def _broadcast(*shapes: tuple) -> tuple:
+    """numpy's broadcast of shapes that ``fits`` has checked, 1s prepended to rank 4."""
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + s for s in shapes]
+    shape = tuple(max(dims) if min(dims) else 0 for dims in zip(*padded))
+    return (1,) * (MAX_RANK - rank) + shape
 
 
 def fits(shapes, dtypes, attrs):
@@ -70,6 +86,18 @@ def fits(shapes, dtypes, attrs):
     if ints(x, c, s) and (x[-1] % 2 or c[-1:] != x[-1:] or s[-1:] != x[-1:]):
         return f"an even head dim that cos and sin cover: x {x}, cos {c}, sin {s}"
     return True
+
+
+def fits_grid(name: str, cfg: Config):
+    """``fits``, then that the config's launch fits CUDA's grid."""
+    def check(shapes, dtypes, attrs):
+        why = fits(shapes, dtypes, attrs)
+        if why is not True or not ints(*shapes):
+            return why
+        full = _broadcast(*(tuple(t) for t in shapes))
+        return grid_fits(name, programs(cfg, full), shapes[0])
+
+    return check
 
 
 def signatures(dtypes: tuple[str, ...]):
@@ -102,5 +130,5 @@ def register() -> None:
         run = function(cfg)
         run.source_text = f"{text}\n# {name}: {cfg}"
         kernel("rotary_embedding", backend="triton", name=name, device="cuda", dtypes=dtypes,
-               where=fits, tolerance=ELEMENTWISE, signatures=signatures(dtypes),
+               where=fits_grid(name, cfg), tolerance=ELEMENTWISE, signatures=signatures(dtypes),
                writes_out=True)(run)

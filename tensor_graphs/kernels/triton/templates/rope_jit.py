@@ -12,13 +12,17 @@ import triton.language as tl
 
 
 @triton.jit
-def rope(x_ptr, cos_ptr, sin_ptr, o_ptr, B, C, HALF,
+def rope(x_ptr, cos_ptr, sin_ptr, o_ptr, AB, B, C, HALF,
          s_x0, s_x1, s_x2, s_x3, s_c0, s_c1, s_c2, s_c3, s_s0, s_s1, s_s2, s_s3,
          s_o0, s_o1, s_o2, s_o3, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    ab = tl.program_id(0)
+    """Grid (A * B * cdiv(C, BLOCK_R),): the (a, b) of one block of rows vary fastest (they
+    share its cos and sin rows). One axis: CUDA's grid axes 1 and 2 stop at 65535, which the
+    row blocks of a long sequence pass, axis 0 at 2**31 - 1."""
+    pid = tl.program_id(0)
+    ab = pid % AB
     a = (ab // B).to(tl.int64)
     b = (ab % B).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = (pid // AB) * BLOCK_R + tl.arange(0, BLOCK_R)
     r64 = rows.to(tl.int64)[:, None]
     j = tl.arange(0, BLOCK_H)[None, :]
     inside = (rows[:, None] < C) & (j < HALF)

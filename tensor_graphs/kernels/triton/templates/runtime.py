@@ -83,10 +83,25 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+# CUDA launches at most 2**31 - 1 blocks on grid axis 0 and 65535 on axes 1 and 2: every
+# template puts its programs on axis 0 (or a bounded count, such as decode's splits, on axis 1)
+MAX_PROGRAMS = 2**31 - 1
+
+
+def grid_fits(name: str, programs: int, shape: tuple) -> bool | str:
+    """True when ``programs`` fit CUDA's grid axis 0, else the refusal the planner reads (it
+    then takes another kernel on the pattern, torch's)."""
+    if programs <= MAX_PROGRAMS:
+        return True
+    return (f"{name}: shape {tuple(shape)} needs {programs} programs, past CUDA's grid limit of "
+            f"{MAX_PROGRAMS} blocks; torch's CUDA kernel on the same pattern covers it")
+
+
 def ints(*shapes) -> bool:
     """Every dim concrete (constraints are also asked at symbolic shapes)."""
     return all(isinstance(d, int) for s in shapes for d in s)
 
 
-__all__ = ["ELEMENTWISE", "EXACT", "REDUCTION", "TF32", "deliver", "float_dtypes", "interpreted",
-           "ints", "jit", "next_power_of_2", "source_text", "target", "torch"]
+__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "REDUCTION", "TF32", "deliver", "float_dtypes",
+           "grid_fits", "interpreted", "ints", "jit", "next_power_of_2", "source_text", "target",
+           "torch"]
