@@ -6,8 +6,10 @@ its memory (no copies between them); torch-CUDA and Triton kernels would share `
 device *kind*; moving a value between devices is a copy_to kernel (``kernels/copy.py``).
 Capacity is detected (physical memory, or the cgroup limit when smaller, cgroup v2 or v1; the
 GPU's memory) and can be overridden: ``tg.Device("cpu", capacity=8 << 30)``. ``allocated`` is
-what tensor_graphs holds on the device now, whichever backend allocated it: allocators report
-through ``track``, per device name, so every ``Device`` value of one device sees one count.
+what allocators report through ``track``, per device name, whichever backend allocated it, so
+every ``Device`` value of one device sees one count. Today only programs' arenas report
+(runtime/program.py): weights, kept state and buffers kernels allocate for themselves are not
+counted (a program's ``memory()`` gives its whole footprint per device).
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ class Device:
 
     @property
     def allocated(self) -> int:
-        """Bytes tensor_graphs currently holds on this device (arenas, weights, state)."""
+        """Bytes of the arenas of live programs on this device: what the next program's
+        ``OutOfMemory`` check subtracts from capacity. Weights, kept state and buffers kernels
+        allocate for themselves are not counted (``prog.memory()`` gives a program's whole
+        footprint)."""
         with _lock:
             _apply_released()
             return _allocated.get(self.name, 0)

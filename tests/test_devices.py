@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 
@@ -128,3 +129,25 @@ def test_backends_share_the_cpu():
     assert "numpy" in backends and "copy" not in backends
     if "torch" in {k.backend for k in tg.kernels.all()}:
         assert "torch" in backends
+
+
+def test_allocated_counts_arenas_not_weights():
+    """What ``Device.allocated`` says it counts: a program's arena, on first run; its bound
+    weights are in ``prog.memory()``, not in the device's count."""
+    x = tg.input("x", (64, 32))
+    w = tg.weight("w", (32, 48))
+    prog = tg.compile(tg.tanh(x @ w) + 1.0, db=":memory:")
+    d = tg.Device("cpu")
+    gc.collect()  # earlier tests' programs give their arenas back now, not mid-test
+    gc.disable()
+    try:
+        before = d.allocated
+        weights = np.ones((32, 48), np.float32)
+        prog.bind(w=weights)
+        assert d.allocated == before  # binding weights reports nothing
+        prog(x=np.ones((64, 32), np.float32))
+        arena = prog.memory_plan.arena["cpu"]
+        assert arena > 0 and d.allocated - before == arena
+    finally:
+        gc.enable()
+    assert prog.memory()["cpu"] >= arena + weights.nbytes
