@@ -338,7 +338,9 @@ def warming(device: str, region: Sequence, outs: Sequence, leaving: frozenset = 
     """The warm-up of a capture: every kernel runs once before it is captured (Triton compiles,
     cuBLAS picks its algorithms and allocates its workspace), on a side stream on a real GPU
     with torch's sync debug mode raising on a synchronizing call; the simulated GPU watches
-    for the calls in ``SYNCS``."""
+    for the calls in ``SYNCS``. The mode is torch's, process-wide: the caller's is given back
+    when the warm-up ends, also on an error, but while it runs another thread's synchronizing
+    GPU call raises too."""
     import torch
 
     if simulated_cuda() is not None:

@@ -4,6 +4,7 @@ warm-up's checks. The capture and replay themselves run in tests/gpu/test_cuda_g
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -145,6 +146,54 @@ def test_graphs_are_an_lru_by_dims_and_the_split_follows_the_instruction_list():
 @pytest.fixture
 def torch():
     return pytest.importorskip("torch")
+
+
+class _FakeStream:
+    def __init__(self, device=None):
+        self.waited: list = []
+
+    def wait_stream(self, other) -> None:
+        self.waited.append(other)
+
+
+@pytest.fixture
+def real_gpu_warm_up(torch, monkeypatch):
+    """The real GPU's branch of ``warming`` on this machine: torch's stream and sync-debug
+    calls stand in, the mode kept in a dict (what set/get_sync_debug_mode touch process-wide)."""
+    mode = {"now": "warn"}  # a user's own setting, to be given back
+    monkeypatch.setattr(graphs, "simulated_cuda", lambda: None)
+    monkeypatch.setattr(graphs, "torch_device", lambda device: "cpu")
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    current = _FakeStream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode["now"])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode",
+                        lambda m: mode.__setitem__("now", m))
+    return mode, current
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_warm_up_gives_the_sync_debug_mode_back(real_gpu_warm_up, fails):
+    """The warm-up raises on syncs through torch's process-wide sync debug mode; afterwards,
+    also when a kernel of the warm-up raised, the mode is the caller's again and the current
+    stream waits for the side stream's work."""
+    mode, current = real_gpu_warm_up
+
+    def warm_up():
+        with graphs.warming("cuda:0", [], []) as checker:
+            assert isinstance(checker, graphs.Checker)
+            assert mode["now"] == "error"
+            if fails:
+                raise RuntimeError("a kernel failed in the warm-up")
+
+    if fails:
+        with pytest.raises(RuntimeError, match="warm-up"):
+            warm_up()
+    else:
+        warm_up()
+    assert mode["now"] == "warn"
+    assert len(current.waited) == 1
 
 
 def test_every_sync_row_names_a_torch_function(torch):
