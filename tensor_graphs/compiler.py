@@ -290,7 +290,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
             db: Database | str | None = None, profile: str = "never",
             bounds: Mapping[str, int] | None = None, plan: str | None = None,
             backends: Sequence[str] | None = None, generate: bool = True,
-            outputs: str = "host") -> CompiledGraph:
+            outputs: str = "host", cuda_graphs: bool = True) -> CompiledGraph:
     """Plan ``graph`` for ``device`` and return a program that runs it.
 
     ``device``: "cpu", "cuda" / "cuda:N" or a ``tg.Device`` (its capacity is what the program
@@ -316,8 +316,15 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     - ``generate``: also offer kernels generated for regions of the graph (fused elementwise
       loops in C: ``kernels/generated``), compiled and verified only when a plan chooses them;
     - ``outputs``: "host" returns numpy arrays; "device" leaves results where the device
-      holds them (torch tensors on a GPU: no copy to the host; the same as "host" on the cpu).
+      holds them (torch tensors on a GPU: no copy to the host; the same as "host" on the cpu);
+    - ``cuda_graphs``: a GPU program's steps between its input and result copies are captured
+      as a CUDA graph on a dims' second call and replayed after (no per-step launch cost);
+      False keeps the Python loop, as ``prog.cuda_graphs = False`` does later. No effect on
+      the cpu.
     """
+    if not isinstance(cuda_graphs, bool):
+        raise ArgumentError(f"tg.compile(cuda_graphs={cuda_graphs!r}): pass True (capture a "
+                            "GPU program's steps as CUDA graphs) or False (the Python loop)")
     outs, single = _outputs(graph)
     decisions = None
     if plan is not None:
@@ -327,6 +334,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     pipeline = Pipeline(outs, device, tolerance, db, profile, backends, decisions, bounds,
                         plan_file=plan, generate=generate, results=outputs)
     prog = CompiledGraph(outs, single, pipeline)
+    prog.cuda_graphs = cuda_graphs
     free = symbols(outs)
     dims = as_symbols(bounds or {})
     unknown = sorted(str(s) for s in dims if s not in free)

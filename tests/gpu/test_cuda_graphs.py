@@ -396,6 +396,21 @@ def test_graphs_off_and_on_again(slow_host):
     np.testing.assert_array_equal(on, off)
 
 
+def test_compile_can_leave_graphs_off(slow_host):
+    """``tg.compile(..., cuda_graphs=False)``: the Python loop from the start, as
+    ``prog.cuda_graphs = False`` after compiling."""
+    prog, y, weights = _dense(slow_host, cuda_graphs=False)
+    assert prog.cuda_graphs is False
+    X = _x(0)
+    for _ in range(3):
+        got = prog(x=X)
+    assert "CUDA graphs are off" in prog.loop
+    assert prog.stats["graph_runs"] == prog.stats["graph_captures"] == 0
+    assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
+    on, _, _ = _dense(slow_host, cuda_graphs=True)
+    assert on.cuda_graphs is True
+
+
 # ----------------------------------------------------------------------------- decode
 def _randn(dtype, *shape):
     return torch.randn(*shape, device=GPU).to(dtype)
