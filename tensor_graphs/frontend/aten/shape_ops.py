@@ -21,6 +21,14 @@ def _select(x, dim, index):
     return tg.squeeze(tg.slice_axis(x, dim, index, stop), dim)
 
 
+def _cat(tensors, dim):
+    """torch's cat: the result's dtype is promoted over every tensor, skipped ones included."""
+    xs = tg.promote(*tensors, op="cat")
+    # torch skips 1-D size-0 tensors whatever the others' rank (ATen cat_should_skip_tensor)
+    kept = [x for x in xs if tuple(x.shape) != (0,)]
+    return tg.concat(kept, axis=dim) if kept else xs[0]
+
+
 def _split(x, sizes, dim):
     out, start = [], 0
     for size in sizes:
@@ -163,7 +171,7 @@ def table(aten) -> dict:
         aten.slice.Tensor: lambda a, kw: _slice(kw["self"], kw["dim"], kw["start"], kw["end"],
                                                 kw["step"]),
         aten.select.int: lambda a, kw: _select(kw["self"], kw["dim"], kw["index"]),
-        aten.cat: lambda a, kw: tg.concat(list(kw["tensors"]), axis=kw["dim"]),
+        aten.cat: lambda a, kw: _cat(list(kw["tensors"]), kw["dim"]),
         aten.split.Tensor: lambda a, kw: _split_size(kw["self"], kw["split_size"], kw["dim"]),
         aten.split_with_sizes: lambda a, kw: _split(kw["self"], kw["split_sizes"], kw["dim"]),
         aten.chunk: lambda a, kw: _chunk(kw["self"], kw["chunks"], kw["dim"]),
