@@ -9,6 +9,7 @@ pick fused kernels; nothing here knows any model.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -27,6 +28,10 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import WEIGHT
+
+# torch.export's refusal of a forward that returns a non-tensor object (a transformers
+# DynamicCache inside the model output): "Found <class '...'> in output, which is not a known type"
+_UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output, which is not a known type")
 
 
 # ---------------------------------------------------------------------------- fx nodes
@@ -287,7 +292,17 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     if hasattr(module, "eval"):
         module.eval()
     with torch.no_grad():
-        exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+        try:
+            exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+        except RuntimeError as exc:
+            found = _UNKNOWN_OUTPUT.search(str(exc))
+            if found is None:
+                raise
+            raise ArgumentError(
+                f"from_torch: {type(module).__name__}.forward returns a {found.group(1)}, which "
+                "torch.export cannot carry out of the graph; return tensors only (e.g. "
+                "`return self.lm(input_ids=ids).logits`, or pass use_cache=False so no cache "
+                "object is returned)") from exc
     user = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     names = _dim_names(module, example_args, dynamic_shapes, user)
     on_gpu = as_device(device).kind != "cpu"

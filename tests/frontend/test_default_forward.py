@@ -117,3 +117,25 @@ def test_cat_joins_other_empty_tensors_as_usual():
     with pytest.raises(ShapeError):  # an empty 2-D tensor is not skipped: ranks must match
         cat((), {"tensors": [tg.input("z", (0, 3), "float32"),
                              tg.input("y", (2, 3, 4), "float32")], "dim": 0})
+
+
+class WholeOutput(torch.nn.Module):
+    """ids -> the model's whole output object (its DynamicCache included): what torch.export
+    cannot carry out of a graph."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids)
+
+
+def test_a_forward_returning_the_cache_object_is_refused_with_the_fix():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB,
+                                  n_positions=32, bos_token_id=0, eos_token_id=0)
+    module = WholeOutput(transformers.GPT2LMHeadModel(cfg).eval())
+    with pytest.raises(tg.ArgumentError, match=r"WholeOutput.forward returns a .*DynamicCache"
+                                                r".*\.logits.*use_cache=False"):
+        tg.from_torch(module, (torch.randint(0, VOCAB, (1, 8)),), db=":memory:")
