@@ -467,7 +467,7 @@ def emit_c(region: Region) -> Emitted:
     nin = len(region.inputs)
     tile = TILE if nin <= 8 else 256
     out_t = _ctype(region.root.dtype)
-    used = _math_functions(region)
+    used = math_functions(region.nodes, inlined_value(region))
     vector = sorted(used & vector_math_functions())
     lines = ["#include <stdint.h>", "#include <math.h>", ""]
     if vector:  # libmvec's SIMD variants (see vector_math_functions)
@@ -570,17 +570,26 @@ def flags_for(nodes: Sequence[Node]) -> tuple[str, ...]:
     return EXTRA_FLAGS + float_to_int_flags(nodes)
 
 
-def _math_functions(region: Region) -> set[str]:
-    """The libm functions the region's C calls (expf, pow, ...)."""
+def math_functions(nodes: Sequence[Node], exponent: Callable[[Node], object]) -> set[str]:
+    """The libm functions C made from ``nodes`` calls (expf, pow, ...): the elementwise, row
+    and GEMM-epilogue renderers all emit ``_expr``'s C. ``exponent(node)`` is the value of a
+    constant inlined as a literal (None otherwise): pow by 0.5, 2 or -1 calls nothing."""
     out = set()
-    for n in region.nodes:
+    for n in nodes:
         base = _UNARY_C.get(n.op.name) or ("pow" if n.op.name == POW else None)
-        if n.op.name == POW and n.inputs[1] in region.constants \
-                and float(uniform_value(n.inputs[1])) in _POW_AS:
-            base = None
+        if n.op.name == POW:
+            value = exponent(n.inputs[1])
+            if value is not None and float(value) in _POW_AS:
+                base = None
         if base and base != "sqrt" and n.dtype.is_float:
             out.add(base + ("f" if n.dtype.name == "float32" else ""))
     return out
+
+
+def inlined_value(region) -> Callable[[Node], object]:
+    """``math_functions``' exponent for a region (elementwise or GEMM epilogue) whose
+    ``constants`` are inlined as literals."""
+    return lambda n: uniform_value(n) if n in region.constants else None
 
 
 def _summary(region: Region) -> str:
@@ -1307,6 +1316,20 @@ def _build(region: Region, emitted: Emitted, digest: bytes) -> FusedKernel:
     fn = make_function(emitted, lib, description)
     tolerance = _floor(region)  # until check_kernel measures it
     in_dtypes = emitted.input_dtypes
+    where = broadcast_constraint(name, in_dtypes)
+    return FusedKernel(
+        name=name, pattern=pattern, backend="c", device="cpu", fn=fn, inputs=var_names,
+        signatures=region_signatures(region),
+        dtypes=tuple(dict.fromkeys(in_dtypes)) or None, where=where, tolerance=tolerance,
+        writes_out=True,
+        doc=f"{summary}: {text if len(text) <= 1000 else text[:1000] + '...'}",
+        source_hash=source_hash(emitted), region_digest=digest, pattern_size=size,
+        summary=summary, error_bound=functools.partial(rounding_bound, region))
+
+
+def broadcast_constraint(name: str, in_dtypes: Sequence[DType]) -> Callable:
+    """An elementwise region kernel's ``where``: its inputs of the dtypes it was rendered for,
+    whose shapes broadcast (symbolic dims too); the C and Triton renderers share it."""
 
     def where(shapes, dts, attrs):
         for k, (d, want) in enumerate(zip(dts, in_dtypes)):
@@ -1318,14 +1341,7 @@ def _build(region: Region, emitted: Emitted, digest: bytes) -> FusedKernel:
             return str(e)
         return True
 
-    return FusedKernel(
-        name=name, pattern=pattern, backend="c", device="cpu", fn=fn, inputs=var_names,
-        signatures=region_signatures(region),
-        dtypes=tuple(dict.fromkeys(in_dtypes)) or None, where=where, tolerance=tolerance,
-        writes_out=True,
-        doc=f"{summary}: {text if len(text) <= 1000 else text[:1000] + '...'}",
-        source_hash=source_hash(emitted), region_digest=digest, pattern_size=size,
-        summary=summary, error_bound=functools.partial(rounding_bound, region))
+    return where
 
 
 def source_hash(emitted: Emitted) -> str:

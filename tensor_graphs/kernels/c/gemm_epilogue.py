@@ -414,7 +414,7 @@ def emit_gemm_c(region: GemmRegion) -> GemmEmitted:
         names[n] = f"v{i}"
     root_value = names[region.root]
     load_types = [cg._ctype(region.inputs[k].dtype) for k, _, _ in region.loads]  # noqa: SLF001
-    used = _math_functions(region)
+    used = cg.math_functions(region.nodes, cg.inlined_value(region))
     vector = sorted(used & cg.vector_math_functions())
     lines = ["#include <stdint.h>", "#include <math.h>", ""]
     if vector:
@@ -504,18 +504,6 @@ def _structure(region: GemmRegion) -> str:
         text += ";frames=" + ";".join(f"{k}:{tuple(map(str, f))}" for k, f, _ in region.loads)
         text += f";root={tuple(map(str, region.root.shape))}"
     return text
-
-
-def _math_functions(region: GemmRegion) -> set[str]:
-    out = set()
-    for n in region.nodes:
-        base = cg._UNARY_C.get(n.op.name) or ("pow" if n.op.name == POW else None)  # noqa: SLF001
-        if n.op.name == POW and n.inputs[1] in region.constants \
-                and float(cg.uniform_value(n.inputs[1])) in cg._POW_AS:  # noqa: SLF001
-            base = None
-        if base and base != "sqrt" and n.dtype.is_float:
-            out.add(base + ("f" if n.dtype.name == "float32" else ""))
-    return out
 
 
 def summary(region: GemmRegion) -> str:

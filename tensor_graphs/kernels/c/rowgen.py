@@ -585,7 +585,7 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     """The whole source: the C kernels' common header (inlined, so the source hash covers
     it: the team of a parallel region, ``tg_team``), helpers, the row function and the entry
     point that runs rows (in parallel from PARALLEL_MIN elements)."""
-    used = _math_functions(region)
+    used = cg.math_functions(region.nodes, region.consts.get)
     vector = sorted(used & cg.vector_math_functions())
     lines = [COMMON_HEADER.read_text(), ""]
     if vector:  # libmvec's SIMD variants (see codegen.vector_math_functions)
@@ -640,19 +640,6 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     flags = cg.flags_for(region.nodes) + (("-lmvec",) if vector else ())
     return RowEmitted(source, symbol, key, tuple(n.dtype for n in region.inputs),
                       region.root.dtype, full, flags, npasses, buffers)
-
-
-def _math_functions(region: RowRegion) -> set[str]:
-    """The libm functions the region's C calls (expf, pow, ...), as codegen counts them."""
-    out = set()
-    for n in region.nodes:
-        base = cg._UNARY_C.get(n.op.name) or ("pow" if n.op.name == POW else None)  # noqa: SLF001
-        if n.op.name == POW and n.inputs[1] in region.consts \
-                and float(region.consts[n.inputs[1]]) in cg._POW_AS:  # noqa: SLF001
-            base = None
-        if base and base != "sqrt" and n.dtype.is_float:
-            out.add(base + ("f" if n.dtype.name == "float32" else ""))
-    return out
 
 
 def summary(region: RowRegion) -> str:

@@ -154,39 +154,35 @@ def row_region(root: Node, uses: Mapping[Node, int], expand):
 def elementwise_candidate(root: Node, uses: Mapping[Node, int], expand, *,
                           config: Config = ELEMENTWISE_CONFIGS[0]):
     """The Triton elementwise option at ``root`` under one launch configuration."""
-    if not usable():
-        return None
-    found = _remembered("elementwise", root, uses, expand, elementwise_region)
-    if found is None:
-        return None
-    covers, region, top, rendered = found
-    from tensor_graphs.kernels import generated
-
-    name = kernel_name("triton_ew", rendered, config)
-    return generated.Candidate(
-        f"triton_elementwise_{config.label}", root, covers, region.inputs, name, name,
-        check.floor(region.nodes, region.inputs), _label(rendered, config),
-        functools.partial(build_elementwise, region, rendered, config), computes=top,
-        backend=BACKEND, device=DEVICE)
+    return _candidate("elementwise", "triton_ew", elementwise_region, build_elementwise,
+                      root, uses, expand, config)
 
 
 def row_candidate(root: Node, uses: Mapping[Node, int], expand, *,
                   config: Config = ROW_CONFIGS[0]):
     """The Triton row option at ``root`` under one launch configuration."""
+    return _candidate("rows", "triton_row", row_region, build_rows, root, uses, expand,
+                      config)
+
+
+def _candidate(kind: str, prefix: str, finder, build, root: Node, uses: Mapping[Node, int],
+               expand, config: Config):
+    """The candidate of the region ``finder`` finds at ``root`` (searched once for every
+    configuration: ``_remembered``), named by its rendered source and ``config``."""
     if not usable():
         return None
-    found = _remembered("rows", root, uses, expand, row_region)
+    found = _remembered(kind, root, uses, expand, finder)
     if found is None:
         return None
-    covers, region, _top, rendered = found
+    covers, region, top, rendered = found
     from tensor_graphs.kernels import generated
 
-    name = kernel_name("triton_row", rendered, config)
+    name = kernel_name(prefix, rendered, config)
     return generated.Candidate(
-        f"triton_rows_{config.label}", root, covers, region.inputs, name, name,
+        f"triton_{kind}_{config.label}", root, covers, region.inputs, name, name,
         check.floor(region.nodes, region.inputs), _label(rendered, config),
-        functools.partial(build_rows, region, rendered, config), backend=BACKEND,
-        device=DEVICE)
+        functools.partial(build, region, rendered, config), computes=top,
+        backend=BACKEND, device=DEVICE)
 
 
 def _label(rendered: render.Rendered, config: Config) -> str:
@@ -243,17 +239,7 @@ def build_elementwise(region: cg.Region, rendered: render.Rendered, config: Conf
     pattern, var_names = cg.region_pattern(region)
     size = cg.pattern_size(pattern, cg.MAX_PATTERN_MATCH)
     in_dtypes = rendered.input_dtypes
-
-    def where(shapes, dts, attrs):
-        for k, (d, want) in enumerate(zip(dts, in_dtypes)):
-            if d != want:
-                return f"input 'x{k}' must be {want.name}, got {d.name}"
-        try:
-            np.broadcast_shapes(*(tuple(s) for s in shapes))
-        except ValueError:
-            return f"input shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast"
-        return True
-
+    where = cg.broadcast_constraint(name, in_dtypes)
     kernel = cg.FusedKernel(
         name=name, pattern=pattern, backend=BACKEND, device=DEVICE, fn=fn, inputs=var_names,
         signatures=cg.region_signatures(region), dtypes=tuple(dict.fromkeys(in_dtypes)) or None,
