@@ -128,8 +128,9 @@ def simulated_cuda() -> int | None:
     ``TG_SIMULATED_CUDA=1`` (or a capacity in bytes) set before tensor_graphs is imported,
     ``cuda:0`` is a device whose memory is host memory: its tensors are torch CPU tensors,
     torch's CUDA kernels run as CPU ops and Triton kernels run in Triton's interpreter. The
-    code paths are the GPU's; only the timings are not (never profile on it). The variable
-    wins over a real GPU, so a GPU machine can run the simulation too."""
+    code paths are the GPU's; only the timings are not (profiling it files CPU times under a
+    hardware key of its own, never a real GPU's). The variable wins over a real GPU, so a GPU
+    machine can run the simulation too."""
     value = os.environ.get(SIMULATED, "").strip()
     if value in ("", "0"):
         return None
