@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tensor_graphs.frontend.aten import index_ops, math_ops, nn_ops, shape_ops
+from tensor_graphs.frontend.aten import (
+    index_ops,
+    math_ops,
+    nn_ops,
+    pointwise_ops,
+    select_ops,
+    shape_ops,
+)
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, torch_module
 
-MODULES = (math_ops, nn_ops, shape_ops, index_ops)
+MODULES = (math_ops, nn_ops, shape_ops, index_ops, pointwise_ops, select_ops)
 
 
 def build_table() -> dict:
