@@ -90,6 +90,7 @@ from tensor_graphs.ir.ops.reductions import (  # noqa: F401
     softmax,
     var,
 )
+from tensor_graphs.ir.ops.selection import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.shape_ops import *  # noqa: F401,F403,E402
 
 __all__ = [name for name, value in dict(globals()).items()

@@ -54,9 +54,10 @@ from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import FED_LEAVES
 from tensor_graphs.ir.graph import nodes as topo_nodes
 from tensor_graphs.ir.node import COMPOSITE, LEAF, Attrs, ConstValue, Node
-from tensor_graphs.ir.ops import OPS
+from tensor_graphs.ir.ops import OPS, selection
 from tensor_graphs.ir.ops.atomic import BINARY, UNARY
 from tensor_graphs.ir.ops.names import (
+    ARGSORT,
     CAST,
     CONCAT,
     CONSTANT,
@@ -70,6 +71,7 @@ from tensor_graphs.ir.ops.names import (
     PAD,
     PERMUTE,
     RESHAPE,
+    SCATTER,
     SLICE,
     STATE_UPDATE,
     SUM,
@@ -415,6 +417,8 @@ _REBUILD = {  # leaf or atomic op: its builder call from (inputs, attrs, name)
     COPY_TO: lambda xs, a, name: builder.copy_to(xs[0], a["device"]),
     STATE_UPDATE: lambda xs, a, name: builder.state_update(xs[0], xs[1], a["offset"],
                                                            a["axis"]),
+    ARGSORT: lambda xs, a, name: selection.argsort(xs[0], a["axis"], a["descending"]),
+    SCATTER: lambda xs, a, name: selection.scatter(xs[0], xs[1], xs[2], a["axis"], a["reduce"]),
 }
 _BUILDER_NAMES = {SLICE: "getitem (x[...])", DIM: "size"}  # where the tg.* name differs
 

@@ -1704,6 +1704,212 @@ SHAPE = [
 ]
 
 
+# ------------------------------------------------------------------------------ selection, scatter
+def _argsort_ref(x, axis=-1, descending=False):
+    """Python's stable sorted() per line: nan after every number ascending, before descending."""
+    def key(v: float) -> tuple:
+        nan = math.isnan(v)
+        return (not nan, 0.0 if nan else -v) if descending else (nan, 0.0 if nan else v)
+
+    moved = np.moveaxis(x, axis, -1)
+    out = np.empty(moved.shape, np.int64)
+    for line in np.ndindex(*moved.shape[:-1]):
+        keys = [key(float(v)) for v in moved[line]]
+        out[line] = sorted(range(len(keys)), key=keys.__getitem__)
+    return np.moveaxis(out, -1, axis)
+
+
+def _scatter_ref(x, i, u, axis=0, reduce="sum"):
+    """Every update combined into its place, one after another in row-major order."""
+    ax = axis % x.ndim
+    out = np.array(x, copy=True)
+    combine = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b,
+               "amax": lambda a, b: a if a != a else b if b != b else max(a, b),
+               "amin": lambda a, b: a if a != a else b if b != b else min(a, b)}[reduce]
+    if x.dtype == np.bool_:
+        combine = {"sum": lambda a, b: a or b, "prod": lambda a, b: a and b,
+                   "amax": lambda a, b: a or b, "amin": lambda a, b: a and b}[reduce]
+    for pos in np.ndindex(*u.shape):
+        j = i[pos[ax:ax + i.ndim]]
+        dest = pos[:ax] + (j,) + pos[ax + i.ndim:]
+        out[dest] = combine(out[dest], u[pos])
+    return out
+
+
+def _take_along_ref(x, i, axis=-1):
+    """torch.gather: out[p] = x[p with its axis coordinate replaced by i[p]]."""
+    ax = axis % x.ndim
+    out = np.empty(i.shape, x.dtype)
+    for pos in np.ndindex(*i.shape):
+        out[pos] = x[pos[:ax] + (int(i[pos]),) + pos[ax + 1:]]
+    return out
+
+
+def _put_along_ref(x, i, v, axis=-1, reduce="replace", include_self=True):
+    """torch's scatter/scatter_reduce per element: x[..., i[p], ...] gets v[p] (p row-major)."""
+    ax = axis % x.ndim
+    out = np.array(x, copy=True)
+    landed: dict = {}
+    for pos in np.ndindex(*i.shape):
+        dest = pos[:ax] + (int(i[pos]),) + pos[ax + 1:]
+        landed.setdefault(dest, []).append(v[pos] if v.ndim else v[()])
+    for dest, vals in landed.items():
+        if reduce == "replace":
+            out[dest] = vals[-1]
+            continue
+        terms = ([x[dest]] if include_self else []) + vals
+        if reduce in ("sum", "mean"):
+            total = sum(terms[1:], terms[0])
+            out[dest] = total / len(terms) if reduce == "mean" else total
+        elif reduce == "prod":
+            out[dest] = math.prod(terms[1:], start=terms[0])
+        else:
+            pick = max if reduce == "amax" else min
+            out[dest] = np.nan if any(t != t for t in terms) else pick(terms)
+    return out
+
+
+def _index_copy_ref(x, i, u, axis=0):
+    """Places written in row-major order of the index: the last writer stays."""
+    ax = axis % x.ndim
+    out = np.array(x, copy=True)
+    for pos in np.ndindex(*u.shape):
+        out[pos[:ax] + (i[pos[ax:ax + i.ndim]],) + pos[ax + i.ndim:]] = u[pos]
+    return out
+
+
+def _torch_scatter(torch, x, i, u, axis=0, reduce="sum"):
+    ax = axis % x.ndim
+    rows = u.reshape(x.shape[:ax] + (-1,) + x.shape[ax + 1:])
+    if reduce == "sum":
+        return x.index_add(ax, i.reshape(-1), rows)
+    return x.index_reduce(ax, i.reshape(-1), rows, reduce, include_self=True)
+
+
+def _scatter_index(rng, spec, dtype):
+    """x, indices with repeats (in range of the axis), updates of the matching shape."""
+    sx, si, su = (concrete(s) for s in spec.shapes)
+    n = sx[spec.kwargs["axis"] % len(sx)]
+    kind = "finite" if spec.kwargs["reduce"] == "prod" else "nocancel"
+    x = DOMAINS[kind](rng, sx, dtype)
+    u = DOMAINS[kind](rng, su, dtype)
+    if dtype in INTS and spec.kwargs["reduce"] == "prod":
+        x, u = _ints_small(rng, sx, dtype), _ints_small(rng, su, dtype)
+    return x, rng.integers(0, n, si).astype(np.int64), u
+
+
+def _scatter_cases(dtype):
+    shapes = [((7,), (9,), 0), ((5, 4), (2, 3), 0), ((3, 6), (2, 2), 1), ((2, 3, 4), (7,), 2),
+              ((4,), (), 0), ((4, 2), (0,), 0)]
+    return [S(x, i, x[:a] + i + x[a + 1:], axis=a, reduce=r)
+            for x, i, a in shapes for r in ("sum", "prod", "amax", "amin")]
+
+
+def _along_domain(rng, spec, dtype):
+    """x; indices in range of x's axis (repeats included), no larger than x elsewhere; values
+    (or none: a scalar fill)."""
+    sx, si = concrete(spec.shapes[0]), concrete(spec.shapes[1])
+    axis = spec.kwargs["axis"] % len(sx)
+    reduce = spec.kwargs.get("reduce", "replace")
+    kind = "finite" if reduce in ("prod", "mean") else "nocancel"
+    x = DOMAINS[kind](rng, sx, dtype)
+    i = rng.integers(0, sx[axis], si).astype(np.int64)
+    if len(spec.shapes) == 2:
+        return x, i
+    return x, i, DOMAINS[kind](rng, concrete(spec.shapes[2]), dtype)
+
+
+ALONG = [((5, 4), (5, 3), 1), ((5, 4), (7, 4), 0), ((3, 4, 5), (2, 4, 3), 2), ((6,), (9,), 0),
+         ((3, 4), (2, 2), 1), ((2, 3), (2, 0), 1)]
+
+
+def _put_cases(dtype):
+    out = []
+    for x, i, a in ALONG:
+        for reduce in ("replace", "sum", "prod", "amax", "amin", "mean"):
+            for include in (True, False) if reduce != "replace" else (True,):
+                # values larger than the index on every axis, as torch allows
+                out.append(S(x, i, tuple(d + 1 for d in i), axis=a, reduce=reduce,
+                             include_self=include))
+    return out
+
+
+def _torch_put(torch, x, i, v, axis, reduce, include_self):
+    if reduce == "replace":
+        return torch.scatter(x, axis, i, v)
+    return torch.scatter_reduce(x, axis, i, v, reduce, include_self=include_self)
+
+
+SELECTION_ATOMIC = [
+    OpInfo("argsort", "argsort", lambda x, axis, descending: tg.argsort(x, axis, descending),
+           _argsort_ref, ALL,
+           [S(s, axis=a, descending=d) for s, a in [((7,), 0), ((3, 33), 1), ((33, 3), 0),
+                                                     ((2, 3, 5), 1), ((1,), 0), ((0, 4), 1)]
+            for d in (False, True)],
+           domain=("rounded",), check="exact",
+           torch_dtypes=tuple(d for d in ALL if d not in ("bfloat16",)),
+           torch=lambda torch, x, axis, descending: torch.sort(
+               x, dim=axis, descending=descending, stable=True).indices),
+    OpInfo("scatter", "scatter", lambda x, i, u, axis, reduce: tg.scatter(x, i, u, axis, reduce),
+           _wrap(_scatter_ref), ALL, _scatter_cases, domain=_scatter_index,
+           torch_dtypes=tuple(d for d in ALL if d != "bool"), torch=_torch_scatter),
+]
+
+SELECTION = [
+    OpInfo("take_along_axis", "take_along_axis",
+           lambda x, i, axis: tg.take_along_axis(x, i, axis=axis), _take_along_ref, ALL,
+           [S(x, i, axis=a) for x, i, a in ALONG], domain=_along_domain, check="exact",
+           torch=lambda torch, x, i, axis: torch.gather(x, axis, i)),
+    OpInfo("put_along_axis", "put_along_axis",
+           lambda x, i, v, **kw: tg.put_along_axis(x, i, v, **kw), _put_along_ref,
+           ("float64", "float32"), _put_cases, domain=_along_domain, check="float",
+           tol64=1e-12, tol32=1e-6, torch=_torch_put),
+    OpInfo("put_along_axis_int", "put_along_axis",
+           lambda x, i, v, **kw: tg.put_along_axis(x, i, v, **kw), _wrap(_put_along_ref),
+           ("int64", "int32", "uint8"),
+           [c for c in _put_cases("int64") if c.kwargs["reduce"] != "mean"],
+           domain=_along_domain, check="exact", torch=_torch_put),
+    OpInfo("put_along_axis_value", "put_along_axis",
+           lambda x, i, axis, reduce: tg.put_along_axis(x, i, 2.5, axis=axis, reduce=reduce),
+           lambda x, i, axis, reduce: _put_along_ref(x, i, np.array(2.5, x.dtype), axis, reduce),
+           ("float64", "float32"), [S(x, i, axis=a, reduce=r) for x, i, a in ALONG
+                                    for r in ("replace", "sum")],
+           domain=_along_domain, check="float",
+           torch=lambda torch, x, i, axis, reduce: torch.scatter(x, axis, i, 2.5) if
+           reduce == "replace" else torch.scatter_add(x, axis, i, torch.full(i.shape, 2.5,
+                                                                              dtype=x.dtype))),
+    OpInfo("index_copy", "index_copy", lambda x, i, u, axis: tg.index_copy(x, i, u, axis=axis),
+           _index_copy_ref, ALL,
+           [S(x, i, x[:a] + i + x[a + 1:], axis=a) for x, i, a in
+            [((7,), (9,), 0), ((5, 4), (2, 3), 0), ((3, 6), (2, 2), 1), ((2, 3, 4), (7,), 2),
+             ((4, 2), (0,), 0)]],
+           domain=lambda rng, spec, dtype: _scatter_index(
+               rng, S(*spec.shapes, axis=spec.kwargs["axis"], reduce="replace"), dtype),
+           check="exact"),
+    OpInfo("cumprod", "cumprod", lambda x, axis: tg.cumprod(x, axis=axis),
+           lambda x, axis: np.cumprod(x, axis), ("float64", "float32"),
+           [S(s, axis=a) for s, a in [((7,), 0), ((3, 9), 1), ((3, 9), 0), ((2, 3, 5), 2),
+                                      ((0, 3), 1)]],
+           domain=("finite",), check="float", tol32=1e-5,
+           torch=lambda torch, x, axis: torch.cumprod(x, axis)),
+    OpInfo("cumprod_int", "cumprod", lambda x, axis: tg.cumprod(x, axis=axis),
+           lambda x, axis: np.cumprod(x, axis, dtype=x.dtype), ("int64", "int32", "int8"),
+           [S((3, 9), axis=1), S((4,), axis=0)], domain=("small",), check="exact",
+           torch=lambda torch, x, axis: torch.cumprod(x, axis, dtype=x.dtype)),
+    *[OpInfo(name, name, lambda x, axis, keepdims, name=name: getattr(tg, name)(
+              x, axis=axis, keepdims=keepdims),
+             lambda x, axis, keepdims, name=name: getattr(np, name)(
+                 x != 0, axis=reduced_axes(axis, x.ndim), keepdims=keepdims), ALL,
+             [S(s, axis=a, keepdims=k) for s, a, k in [((7,), None, False), ((3, 5), 1, True),
+                                                        ((3, 5), 0, False), ((0, 4), 0, False),
+                                                        ((2, 0), 1, True), ((), None, False)]],
+             domain=("quarters",), check="exact",
+             torch=lambda torch, x, axis, keepdims, name=name: getattr(torch, name)(
+                 x, dim=reduced_axes(axis, x.ndim), keepdim=keepdims))
+      for name in ("any", "all")],
+]
+
+
 # ------------------------------------------------------------------------------ the table
 def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
     return [OpInfo(**{**r.__dict__, "family": name}) for r in rows]
@@ -1712,7 +1918,8 @@ def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
 TABLE: list[OpInfo] = (_family("atomic", ATOMIC) + _family("composites", COMPOSITES)
                        + _family("composites", INT_COMPOSITES) + _family("nn", NN)
                        + _family("conv", CONV) + _family("losses", LOSSES)
-                       + _family("shape", SHAPE))
+                       + _family("shape", SHAPE) + _family("atomic", SELECTION_ATOMIC)
+                       + _family("selection", SELECTION))
 BY_NAME: dict[str, OpInfo] = {r.name: r for r in TABLE}
 assert len(BY_NAME) == len(TABLE), "two rows share a name"
 

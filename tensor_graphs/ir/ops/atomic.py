@@ -312,6 +312,80 @@ register(Op("gather", ATOMIC, "take along one axis: out = x[..., idx, ...] (nump
             infer=_gather_infer, reference=_gather_ref))
 
 
+# ------------------------------------------------------------ selection and scatter (order, writes)
+def _argsort_infer(inputs, attrs):
+    (x,) = inputs
+    if x.ndim == 0 or not 0 <= attrs["axis"] < x.ndim:
+        raise ShapeError(f"argsort: axis {attrs['axis']} is out of range for shape "
+                         f"{format_shape(x.shape)} (reshape a 0-d tensor to (1,) first)")
+    return x.shape, dtypes.int64
+
+
+def _argsort_ref(arrays, attrs):
+    x, axis = arrays[0], attrs["axis"]
+    if not attrs["descending"]:
+        return np.argsort(x, axis=axis, kind="stable").astype(np.int64)
+    # descending and stable: the ascending order of the reversed axis, reversed, keeps equal
+    # elements (and nans, which sort first) in their original order
+    n = x.shape[axis]
+    order = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+    return (n - 1 - np.flip(order, axis)).astype(np.int64)
+
+
+register(Op("argsort", ATOMIC, "stable sort order along an axis (int64): ascending puts nan "
+            "last, descending first; equal elements keep their order (torch's stable sort)",
+            params=("x",), attr_defaults={"axis": 0, "descending": False},
+            infer=_argsort_infer, reference=_argsort_ref))
+
+# reduce: (numpy ufunc for numbers, for bool) of scatter; nan propagates through amax/amin
+SCATTER_REDUCE = {
+    "sum": (np.add, np.logical_or),        # scatter-add: a gather's adjoint (accumulate all)
+    "prod": (np.multiply, np.logical_and),  # products of every update landing on a place
+    "amax": (np.maximum, np.logical_or),   # the largest update (or the base)
+    "amin": (np.minimum, np.logical_and),  # the smallest
+}
+
+
+def _scatter_infer(inputs, attrs):
+    x, idx, updates = inputs
+    axis, reduce = attrs["axis"], attrs["reduce"]
+    if reduce not in SCATTER_REDUCE:
+        raise ShapeError(f"scatter: reduce must be one of {', '.join(SCATTER_REDUCE)}, "
+                         f"got {reduce!r}")
+    if not idx.dtype.is_int:
+        raise DTypeError(f"scatter: indices must have an int dtype, got {idx.dtype.name}")
+    if x.ndim == 0 or not 0 <= axis < x.ndim:
+        raise ShapeError(f"scatter: axis {axis} is out of range for shape "
+                         f"{format_shape(x.shape)}")
+    _same_dtype("scatter", (x, updates))
+    want = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    if len(want) != updates.ndim or not all(dims_equal(a, b) for a, b in
+                                            zip(want, updates.shape)):
+        raise ShapeError(f"scatter: updates {format_shape(updates.shape)} must have shape "
+                         f"{format_shape(want)} (x {format_shape(x.shape)} with axis {axis} "
+                         f"replaced by the indices' shape {format_shape(idx.shape)})")
+    return x.shape, x.dtype
+
+
+def _scatter_ref(arrays, attrs):
+    x, idx, updates = arrays
+    axis, size = attrs["axis"], x.shape[attrs["axis"]]
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        bad = idx[(idx < 0) | (idx >= size)].flat[0]
+        raise EvaluationError(f"scatter: index {bad} is out of range for axis {axis} of size "
+                              f"{size} (indices must be in [0, {size}))")
+    numbers, bools = SCATTER_REDUCE[attrs["reduce"]]
+    out = np.array(x, copy=True)
+    (bools if x.dtype == np.bool_ else numbers).at(out, (slice(None),) * axis + (idx,), updates)
+    return out
+
+
+register(Op("scatter", ATOMIC, "gather's adjoint: x with each update combined (reduce: sum, "
+            "prod, amax, amin) into x[..., indices[p], ...]; repeated indices all count",
+            params=("x", "indices", "updates"), attr_defaults={"axis": 0, "reduce": "sum"},
+            infer=_scatter_infer, reference=_scatter_ref))
+
+
 # ---------------------------------------------------------------------------- matmul
 def _matmul_infer(inputs, attrs):
     a, b = inputs
@@ -405,5 +479,6 @@ register(Op("state_update", ATOMIC, "a new version of a state with value written
 
 ATOMIC_OPS: tuple[str, ...] = (
     *UNARY, *BINARY, "where", "cast", "sum", "max", "reshape", "permute", "expand", "slice",
-    "pad", "concat", "gather", "matmul", "iota", "copy_to", "state_update")
+    "pad", "concat", "gather", "matmul", "iota", "copy_to", "state_update",
+    "argsort", "scatter")
 LEAF_OPS: tuple[str, ...] = ("input", "weight", "state", "constant", "dim")

@@ -46,6 +46,8 @@ MATMUL = "matmul"
 IOTA = "iota"
 COPY_TO = "copy_to"
 STATE_UPDATE = "state_update"
+ARGSORT = "argsort"
+SCATTER = "scatter"
 
 # composites, each defined by its decomposition: elementwise.py
 SUB = "sub"
@@ -114,3 +116,11 @@ ADAPTIVE_AVG_POOL2D = "adaptive_avg_pool2d"
 INTERPOLATE = "interpolate"
 BATCH_NORM = "batch_norm"
 GROUP_NORM = "group_norm"
+
+# selection.py (sort, topk and the scatter family build on argsort and scatter)
+TAKE_ALONG_AXIS = "take_along_axis"
+PUT_ALONG_AXIS = "put_along_axis"
+INDEX_COPY = "index_copy"
+CUMPROD = "cumprod"
+ANY = "any"
+ALL = "all"

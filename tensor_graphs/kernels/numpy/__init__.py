@@ -4,7 +4,9 @@
 - ``composite.py``: ``numpy_<op>`` for the common composites (activations, softmax family,
   norms, linear, embedding, attention, rotary embedding, conv2d, ...), written in numpy;
 - ``exact.py``: ``numpy_exact_<op>`` for every op: the float64 reference, rounded once
-  (tolerance 1e-7), so every tolerance >= 1e-7 on float32 outputs has a path.
+  (tolerance 1e-7), so every tolerance >= 1e-7 on float32 outputs has a path;
+- ``selection.py``: ``numpy_argsort`` and ``numpy_scatter``, and the verification cases of
+  the selection and scatter family.
 """
 
-from tensor_graphs.kernels.numpy import atomic, composite, exact  # noqa: F401
+from tensor_graphs.kernels.numpy import atomic, composite, exact, selection  # noqa: F401
