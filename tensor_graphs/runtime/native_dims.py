@@ -62,6 +62,9 @@ VALIDATE = 2  # samples beyond those the fit needs, on which every fitted value 
 MAX_VARYING = 2  # dims varying together (2**k monomials: 4 coefficients per value)
 MAX_SAMPLES = 2 ** MAX_VARYING + VALIDATE + 4  # then the sampling gives up
 
+_MATMULS = ("", "_bias", "_bias_relu", "_bias_gelu", "_bias_gelu_tanh")  # GEMM kernel names
+_LINEARS = ("", "_nobias", "_relu", "_gelu", "_gelu_tanh")  # suffixes (gemm.py, matmul.py)
+
 # Kernels whose C arguments follow the dims: the wrapper computes every argument as a product
 # of its inputs' shapes and strides and its attributes, with no branch on a size (at extents
 # >= 2), so a fit over samples holds at other dims. An instruction whose inputs, attributes or
@@ -75,12 +78,19 @@ SYMBOLIC_KERNELS: dict[str, str] = {
     "c_less": "layout: shape and strides", "c_where": "layout: shape and strides",
     "c_iota": "length",
     "c_cast": "element count", "c_sin": "element count", "c_cos": "element count",
+    # unary.py: x.size, the one size the C loop takes (one shape in, no broadcasting)
+    **{f"c_{op}": "element count" for op in (
+        "neg", "reciprocal", "sqrt", "exp", "log", "tanh", "tanh_fast", "sigmoid", "erf",
+        "relu", "silu", "gelu", "gelu_tanh", "swiglu")},
     # concat.py: rows and bytes per row of each input
     "c_concat": "outer rows, bytes per input row",
     # norms.py: rows = size / last axis, the last axis
     "c_softmax": "rows, row length", "c_layer_norm": "rows, row length",
     "c_layer_norm_plain": "rows, row length", "c_add_layer_norm": "rows, row length",
     "c_rms_norm": "rows, row length", "c_rms_norm_plain": "rows, row length",
+    # cos and sin made (seq, d) contiguous (a copy, when one is made, changes size with the
+    # dims: refused by the fit), then outer = size / (seq * d), seq, d
+    "c_rotary": "outer, seq, head dim",
     # gather.py: index count, outer and inner sizes
     "c_embedding": "ids, rows, row bytes", "c_gather": "indices, outer, size, inner bytes",
     "c_embedding_add": "ids, x rows, rows, dim",
@@ -89,6 +99,21 @@ SYMBOLIC_KERNELS: dict[str, str] = {
     **{f"c_{flash}attention{mask}{causal}{bshd}": "sizes and strides"
        for flash in ("", "flash_") for mask in ("", "_mask") for causal in ("", "_causal")
        for bshd in ("", "_bshd")},
+    # gemm.py (prefill's GEMMs): rows = the product of a's leading dims, K and N the weight's.
+    # gemm.c branches on the rows (one row: gemv; under 262,144 flops: one thread; from
+    # MSPLIT = 512 rows the threads split M), but on the arguments of the call, so a replay
+    # at other rows takes the branch those rows take; K's blocking (KSINGLE) is the weight's
+    **{f"c_packed_{core}{suffix}": "rows, K, N; gemm.c branches on its own arguments"
+       for core, suffixes in (("matmul", _MATMULS + ("_add", "_bias_add")),
+                              ("linear", _LINEARS + ("_add", "_nobias_add")))
+       for suffix in suffixes},
+    # matmul.py (OpenBLAS): batch, rows, N, K and the batch strides (m*k, k*n, m*n: a product
+    # of two varying dims is no multilinear fit at one, refused by the fit); blas.c's gemv at
+    # one row is a branch on its own arguments; the 32-bit range is the planner's check, at
+    # the bounds
+    **{f"c_{core}{suffix}": "batch, rows, N, K, batch strides; blas.c branches on its own"
+       for core, suffixes in (("matmul", _MATMULS), ("linear", _LINEARS))
+       for suffix in suffixes},
 }
 
 # Kernel names by prefix, for kernels made on demand
@@ -99,6 +124,15 @@ SYMBOLIC_PREFIXES: dict[str, str] = {
     # unmerged layout there, which describes the same elements (and a sample at such dims
     # has another block length: refused)
     "c_fused_": "merged dims and element strides",
+    # generated GEMM epilogues (gemm_epilogue.make_gemm_function): gemm.c's arguments as the
+    # packed kernels', and per operand a row layout whose dims merge where strides chain
+    # (operands are made C-contiguous, so that holds at every dims, or for a broadcast at
+    # none); the operand pointers and the layouts are blocks, fitted like any int
+    "c_gemm_ep_": "rows, K, N; operands' row layouts (merged dims, element strides)",
+    # generated row reductions (rowgen.make_row_function): rows and the row's length, then
+    # the leading dims merged where every input's strides chain and element strides, as
+    # c_fused_ (inputs of any strides: a coincidental merge replays as the unmerged layout)
+    "c_row_": "rows, row length, merged leading dims and element strides",
 }
 
 
