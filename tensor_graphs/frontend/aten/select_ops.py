@@ -1,10 +1,328 @@
 """ATen's selection and scatter families (sort, topk, scatter_add, index_put, ...): ops whose
-result depends on the values' order or writes through an index."""
+result depends on the values' order or writes through an index.
+
+Every mapping lowers to the two atomic ops of the family, ``argsort`` and ``scatter``
+(``ir/ops/selection.py``). Ops whose result has as many elements as the data selects
+(``nonzero``, ``masked_select``, boolean-mask assignment of a tensor) have no fixed size; a
+tensor_graphs program's sizes follow its inputs' shapes, so they are refused by name with
+the rewrite that avoids them.
+"""
 
 from __future__ import annotations
 
-from tensor_graphs.frontend.aten.common import guarded
+import math
+import operator
+
+from tensor_graphs.errors import DTypeError, ShapeError
+from tensor_graphs.frontend.aten.common import UnsupportedOpError, dtype_name, guarded
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape, normalize_axis, numel
+
+# torch's legacy scatter(reduce=...) names and scatter_reduce's, as put_along_axis's reduce
+REDUCE = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "amax": "amax",
+          "amin": "amin", "mean": "mean"}
+
+
+def _as0d(x: Node) -> Node:
+    """torch treats a 0-d tensor as one element along its (only) dim 0 / -1."""
+    return tg.reshape(x, (1,)) if x.ndim == 0 else x
+
+
+def _dim(x: Node, dim, op: str) -> int:
+    return normalize_axis(dim, max(x.ndim, 1), op)
+
+
+def _sort(x, dim, descending, op="sort"):
+    if x.ndim == 0:
+        return x, tg.constant(0, "int64")
+    return tg.sort(x, axis=_dim(x, dim, op), descending=bool(descending))
+
+
+def _argsort(x, dim, descending):
+    return _sort(x, dim, descending, "argsort")[1]
+
+
+def _topk(x, k, dim, largest):
+    if x.ndim == 0:
+        return tg.topk(x, k)
+    return tg.topk(x, k, axis=_dim(x, dim, "topk"), largest=bool(largest))
+
+
+def _kthvalue(x, k, dim, keepdim):
+    if x.ndim == 0:
+        return tg.kthvalue(x, k)
+    return tg.kthvalue(x, k, axis=_dim(x, dim, "kthvalue"), keepdims=bool(keepdim))
+
+
+def _logic(fn):
+    """any/all over dims (None or []: all of them); a 0-d tensor accepts dim 0 / -1."""
+    def reduce(x, dim=None, keepdim=False):
+        if dim is not None and not isinstance(dim, (list, tuple)):
+            dim = [dim]
+        axes = None if not dim else tuple(_dim(x, d, fn.__name__) for d in dim)
+        if x.ndim == 0:
+            return fn(x)
+        return fn(x, axis=axes, keepdims=bool(keepdim))
+    return reduce
+
+
+def _cumprod(x, dim, dtype):
+    x = x if dtype is None else tg.cast(x, dtype_name(dtype))
+    if x.ndim == 0:
+        return x
+    if x.dtype.is_bool or x.dtype.name in ("uint8", "int8", "int32"):
+        x = tg.cast(x, "int64")  # torch's cumprod of bools and small ints gives int64
+    return tg.cumprod(x, axis=_dim(x, dim, "cumprod"))
+
+
+# ---------------------------------------------------------------------------- scatter family
+def _scatter(x, dim, index, src, reduce="replace", include_self=True, op="scatter"):
+    """torch.scatter / scatter_add / scatter_reduce: src (or a scalar) along dim."""
+    if not isinstance(src, Node):
+        src = tg.constant(src, x.dtype.name)
+    zero_d = x.ndim == 0
+    x, index = _as0d(x), _as0d(index)
+    if index.ndim != x.ndim:
+        raise ShapeError(f"{op}: index {format_shape(index.shape)} must have the rank of self "
+                         f"{format_shape(x.shape)}")
+    if reduce == "mean" and not x.dtype.is_float:
+        raise DTypeError(f"{op}: reduce='mean' of {x.dtype.name} values is not supported "
+                         "(torch floors the quotient); scatter float values, then cast")
+    out = tg.put_along_axis(x, index, src, axis=_dim(x, dim, op), reduce=reduce,
+                            include_self=bool(include_self))
+    return tg.reshape(out, ()) if zero_d else out
+
+
+def _scatter_value(x, dim, index, value, reduce="replace"):
+    return _scatter(x, dim, index, tg.constant(value, x.dtype.name), reduce,
+                    op="scatter_value")
+
+
+def _index_add(x, dim, index, source, alpha):
+    x1, src = _as0d(x), _as0d(source)
+    axis = _dim(x1, dim, "index_add")
+    out = tg.index_add(x1, tg.reshape(index, (-1,)), tg.cast(src, x.dtype.name), axis=axis,
+                       alpha=alpha)
+    return tg.reshape(out, ()) if x.ndim == 0 else out
+
+
+def _index_copy(x, dim, index, source):
+    x1, src = _as0d(x), _as0d(source)
+    axis = _dim(x1, dim, "index_copy")
+    out = tg.index_copy(x1, tg.reshape(index, (-1,)), tg.cast(src, x.dtype.name), axis=axis)
+    return tg.reshape(out, ()) if x.ndim == 0 else out
+
+
+def _index_fill(x, dim, index, value):
+    x1 = _as0d(x)
+    axis = _dim(x1, dim, "index_fill")
+    idx = tg.reshape(index, (-1,))
+    shape = x1.shape[:axis] + idx.shape + x1.shape[axis + 1:]
+    fill = value if isinstance(value, Node) else tg.constant(value, x.dtype.name)
+    src = tg.expand(tg.reshape(tg.cast(fill, x.dtype.name), (1,) * len(shape)), shape)
+    out = tg.index_copy(x1, idx, src, axis=axis)
+    return tg.reshape(out, ()) if x.ndim == 0 else out
+
+
+def _index_reduce(x, dim, index, source, reduce, include_self):
+    """torch.index_reduce (take form, 1-D index) as put_along_axis with the index spread
+    over source's shape."""
+    x1, src = _as0d(x), _as0d(source)
+    axis = _dim(x1, dim, "index_reduce")
+    view = [1] * src.ndim
+    view[axis] = index.shape[0]
+    spread = tg.expand(tg.reshape(index, tuple(view)), src.shape)
+    out = _scatter(x1, axis, spread, tg.cast(src, x.dtype.name), REDUCE[reduce], include_self,
+                   op="index_reduce")
+    return tg.reshape(out, ()) if x.ndim == 0 else out
+
+
+def _wrap(idx: Node, n) -> Node:
+    """torch's negative indices count from the end: idx + n where idx < 0."""
+    size = tg.size(n) if not isinstance(n, int) else tg.constant(n, "int64")
+    return tg.where(tg.less(idx, 0), tg.add(idx, size), idx)
+
+
+def _index_put(x, indices, values, accumulate):
+    """``x[indices] = values`` (``+=`` with accumulate), torch's advanced indexing layout: the
+    indexed axes are flattened into one, written with one scatter (accumulate: every repeat
+    adds) or index_copy (the last writer of a repeated place wins)."""
+    indices = list(indices) + [None] * (x.ndim - len(indices))
+    values = values if isinstance(values, Node) else tg.constant(values, x.dtype.name)
+    values = tg.cast(values, x.dtype.name)
+    masks = [k for k, i in enumerate(indices) if i is not None and i.dtype.is_bool]
+    if masks:
+        return _masked_put(x, indices, values, accumulate, masks)
+    axes = [k for k, i in enumerate(indices) if i is not None]
+    if not axes:
+        return tg.add(x, values) if accumulate else tg.expand(values, x.shape)
+    rest = [k for k in range(x.ndim) if k not in axes]
+    sizes = [x.shape[k] for k in axes]
+    linear = None
+    for j, k in enumerate(axes):
+        if not indices[k].dtype.is_int:
+            raise DTypeError(f"index_put: indices must be int or bool tensors, got "
+                             f"{indices[k].dtype.name}")
+        stride = math.prod(sizes[j + 1:])
+        term = _wrap(tg.cast(indices[k], "int64"), sizes[j])
+        if stride != 1:
+            term = tg.mul(term, tg.size(stride))
+        linear = term if linear is None else tg.add(linear, term)
+    batch = linear.shape
+    rest_shape = tuple(x.shape[k] for k in rest)
+    adjacent = axes == list(range(axes[0], axes[-1] + 1))
+    lead = axes[0] if adjacent else 0
+    # x[indices]'s shape: the index dims where the first indexed axis was (adjacent axes),
+    # else first; values broadcast to it, then laid out as (index dims, other axes)
+    target = rest_shape[:lead] + batch + rest_shape[lead:]
+    values = tg.expand(values, target)
+    if lead:
+        nb = len(batch)
+        order = tuple(range(lead, lead + nb)) + tuple(range(lead)) + tuple(
+            range(lead + nb, len(target)))
+        values = tg.permute(values, order)
+    perm = tuple(axes + rest)
+    moved = tg.permute(x, perm) if perm != tuple(range(x.ndim)) else x
+    flat = tg.reshape(moved, (numel(sizes),) + rest_shape)
+    where_to = tg.reshape(linear, (-1,))
+    updates = tg.reshape(values, (numel(batch),) + rest_shape)
+    out = tg.scatter(flat, where_to, updates, axis=0, reduce="sum") if accumulate else \
+        tg.index_copy(flat, where_to, updates, axis=0)
+    out = tg.reshape(out, tuple(sizes) + rest_shape)
+    inverse = tuple(perm.index(k) for k in range(x.ndim))
+    return tg.permute(out, inverse) if perm != tuple(range(x.ndim)) else out
+
+
+def _masked_put(x, indices, values, accumulate, masks):
+    """``x[mask] = v`` with one boolean index and a single value: a where (its result has
+    x's shape whatever the mask holds). Several values would be placed in mask order, a
+    count known only at run time: refused."""
+    if len(masks) != 1 or any(i is not None for k, i in enumerate(indices) if k not in masks):
+        raise UnsupportedOpError("index_put: a boolean mask mixed with other indices selects a "
+                                 "data-dependent number of elements; use torch.where(mask, "
+                                 "value, x) in the model", [("aten::index_put", "mask")])
+    k = masks[0]
+    mask = indices[k]
+    if numel(values.shape) != 1:
+        raise UnsupportedOpError(
+            f"index_put: x[mask] = values with {format_shape(values.shape)} values places them "
+            "in the order of the mask's True elements, whose count is known only at run time; "
+            "assign one value (x[mask] = v), or use torch.where(mask, values, x) with values "
+            "of x's shape", [("aten::index_put", "mask")])
+    view = (1,) * k + tuple(mask.shape) + (1,) * (x.ndim - k - mask.ndim)
+    cond = tg.reshape(mask, view)
+    v = tg.reshape(values, ())
+    if accumulate:
+        return tg.add(x, tg.where(cond, v, tg.cast(0, x.dtype.name)))
+    return tg.where(cond, v, x)
+
+
+def _histc(x, bins, low, high):
+    """torch.histc: counts of x in ``bins`` equal bins over [low, high] (x == high in the
+    last), as a scatter-add of ones; low == high uses the data's min and max."""
+    if not x.dtype.is_float:
+        raise DTypeError(f"histc: needs a float tensor, got {x.dtype.name}")
+    flat = tg.reshape(x, (-1,))
+    lo = tg.constant(float(low), x.dtype.name)
+    hi = tg.constant(float(high), x.dtype.name)
+    if low == high:
+        lo, hi = tg.min(flat), tg.max(flat)
+        same = tg.equal(lo, hi)
+        lo, hi = tg.where(same, tg.sub(lo, 1), lo), tg.where(same, tg.add(hi, 1), hi)
+    inside = tg.logical_and(tg.less_equal(lo, flat), tg.less_equal(flat, hi))
+    place = tg.cast(tg.div(tg.mul(tg.sub(flat, lo), float(bins)), tg.sub(hi, lo)), "int64")
+    place = tg.where(inside, tg.minimum(place, bins - 1), bins)  # outside: one bin past the end
+    counts = tg.scatter(tg.expand(tg.constant(0.0, x.dtype.name), (bins + 1,)), place,
+                        tg.expand(tg.constant(1.0, x.dtype.name), flat.shape))
+    return tg.slice_axis(counts, 0, 0, bins)
+
+
+def _take_along_dim(x, indices, dim):
+    """torch.take_along_dim: x and indices broadcast against each other on every axis but
+    dim (gather's rule is "no larger"); dim None reads x flattened."""
+    if dim is None:
+        return tg.take_along_axis(tg.reshape(x, (-1,)), tg.reshape(indices, (-1,)), axis=0)
+    if x.ndim != indices.ndim:
+        raise ShapeError(f"take_along_dim: indices {format_shape(indices.shape)} must have the "
+                         f"rank of self {format_shape(x.shape)}")
+    axis = _dim(x, dim, "take_along_dim")
+    sizes = [b if a == 1 else a for a, b in zip(x.shape, indices.shape)]
+    x_shape = tuple(x.shape[k] if k == axis else sizes[k] for k in range(x.ndim))
+    i_shape = tuple(indices.shape[k] if k == axis else sizes[k] for k in range(x.ndim))
+    return tg.take_along_axis(tg.expand(x, x_shape), tg.expand(indices, i_shape), axis=axis)
+
+
+def _data_dependent(op: str, instead: str):
+    def refuse(a, kw):
+        raise UnsupportedOpError(
+            f"{op}: its result has as many elements as the data selects, a size known only "
+            f"at run time; tensor_graphs programs have sizes fixed by their inputs' shapes. "
+            f"{instead}", [(f"aten::{op}", "")])
+    return refuse
 
 
 def table(aten) -> dict:
-    return guarded({})
+    return guarded({
+        # order
+        aten.sort.default: lambda a, kw: _sort(kw["self"], kw["dim"], kw["descending"]),
+        aten.sort.stable: lambda a, kw: _sort(kw["self"], kw["dim"], kw["descending"]),
+        aten.argsort.default: lambda a, kw: _argsort(kw["self"], kw["dim"], kw["descending"]),
+        aten.argsort.stable: lambda a, kw: _argsort(kw["self"], kw["dim"], kw["descending"]),
+        aten.topk.default: lambda a, kw: _topk(kw["self"], kw["k"], kw["dim"], kw["largest"]),
+        aten.kthvalue.default: lambda a, kw: _kthvalue(kw["self"], kw["k"], kw["dim"],
+                                                       kw["keepdim"]),
+        aten.cumprod.default: lambda a, kw: _cumprod(kw["self"], kw["dim"], kw["dtype"]),
+        # logic reductions
+        aten.any.default: lambda a, kw: _logic(tg.any)(kw["self"]),
+        aten.any.dim: lambda a, kw: _logic(tg.any)(kw["self"], kw["dim"], kw["keepdim"]),
+        aten.any.dims: lambda a, kw: _logic(tg.any)(kw["self"], kw["dim"], kw["keepdim"]),
+        aten.all.default: lambda a, kw: _logic(tg.all)(kw["self"]),
+        aten.all.dim: lambda a, kw: _logic(tg.all)(kw["self"], kw["dim"], kw["keepdim"]),
+        aten.all.dims: lambda a, kw: _logic(tg.all)(kw["self"], kw["dim"], kw["keepdim"]),
+        # torch's scatter family (an index per element)
+        aten.scatter.src: lambda a, kw: _scatter(kw["self"], kw["dim"], kw["index"],
+                                                 kw["src"]),
+        aten.scatter.value: lambda a, kw: _scatter_value(kw["self"], kw["dim"], kw["index"],
+                                                         kw["value"]),
+        aten.scatter.reduce: lambda a, kw: _scatter(kw["self"], kw["dim"], kw["index"],
+                                                    kw["src"], REDUCE[kw["reduce"]]),
+        aten.scatter.value_reduce: lambda a, kw: _scatter_value(
+            kw["self"], kw["dim"], kw["index"], kw["value"], REDUCE[kw["reduce"]]),
+        aten.scatter_add.default: lambda a, kw: _scatter(kw["self"], kw["dim"], kw["index"],
+                                                         kw["src"], "sum"),
+        aten.scatter_reduce.two: lambda a, kw: _scatter(
+            kw["self"], kw["dim"], kw["index"], kw["src"], REDUCE[kw["reduce"]],
+            kw["include_self"], op="scatter_reduce"),
+        aten.take_along_dim.default: lambda a, kw: _take_along_dim(kw["self"], kw["indices"],
+                                                                   kw["dim"]),
+        # index writes (an index along one dim, or advanced indexing)
+        aten.index_put.default: lambda a, kw: _index_put(kw["self"], kw["indices"],
+                                                         kw["values"], kw["accumulate"]),
+        aten.index_add.default: lambda a, kw: _index_add(kw["self"], kw["dim"], kw["index"],
+                                                         kw["source"], kw["alpha"]),
+        aten.index_copy.default: lambda a, kw: _index_copy(kw["self"], kw["dim"], kw["index"],
+                                                           kw["source"]),
+        aten.index_fill.int_Scalar: lambda a, kw: _index_fill(kw["self"], kw["dim"],
+                                                              kw["index"], kw["value"]),
+        aten.index_fill.int_Tensor: lambda a, kw: _index_fill(kw["self"], kw["dim"],
+                                                              kw["index"], kw["value"]),
+        aten.index_reduce.default: lambda a, kw: _index_reduce(
+            kw["self"], kw["dim"], kw["index"], kw["source"], kw["reduce"],
+            kw["include_self"]),
+        aten.histc.default: lambda a, kw: _histc(kw["self"], kw["bins"], kw["min"], kw["max"]),
+        # sizes that depend on the data: torch.export guards the unbacked size of nonzero
+        # and masked_select with comparisons and asserts; they pass through so the op itself
+        # is reached and refused with its reason
+        aten._assert_scalar.default: lambda a, kw: None,
+        operator.ge: lambda a, kw: a[0] >= a[1],
+        operator.le: lambda a, kw: a[0] <= a[1],
+        aten.nonzero.default: _data_dependent(
+            "nonzero", "Use a mask instead: torch.where(cond, x, other), or (x != 0) in "
+                       "arithmetic."),
+        aten.argwhere.default: _data_dependent(
+            "argwhere", "Use a mask instead: torch.where(cond, x, other)."),
+        aten.masked_select.default: _data_dependent(
+            "masked_select", "Keep the shape: torch.where(mask, x, 0), or a masked sum "
+                             "(x * mask).sum()."),
+    })
