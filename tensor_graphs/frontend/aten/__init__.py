@@ -37,12 +37,14 @@ def build_table() -> dict:
 
 
 ATEN: dict = build_table()
+NAMED: dict = dict(select_ops.NAMED)  # libraries' custom ops, by schema name
 
 
 def lookup(target) -> Callable | None:
     """The table function for an fx node's target (an overload, else its packet). An
     in-place op (``relu_``, ``add_``) maps through its functional form; the importer then
-    makes the mutated tensor's name stand for the result (``mutates``)."""
+    makes the mutated tensor's name stand for the result (``mutates``). A library's custom
+    op (``torch.library``) is found by its schema name in ``NAMED``."""
     fn = ATEN.get(target)
     if fn is None and hasattr(target, "overloadpacket"):
         fn = ATEN.get(target.overloadpacket)
@@ -51,6 +53,8 @@ def lookup(target) -> Callable | None:
                              None)
         overload = getattr(functional, target._overloadname, None) if functional else None
         fn = lookup(overload) if overload is not None else None
+    if fn is None and hasattr(target, "_schema"):
+        fn = NAMED.get(target._schema.name)
     return fn
 
 

@@ -11,7 +11,6 @@ the rewrite that avoids them.
 from __future__ import annotations
 
 import math
-import operator
 
 from tensor_graphs.errors import DTypeError, ShapeError
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, dtype_name, guarded
@@ -253,6 +252,48 @@ def _take_along_dim(x, indices, dim):
     return tg.take_along_axis(tg.expand(x, x_shape), tg.expand(indices, i_shape), axis=axis)
 
 
+def _grouped_mm(x, w, offs, op="grouped_mm"):
+    """A matrix product per group of rows (MoE experts): rows ``[offs[e-1], offs[e])`` of x
+    (S, K) times w[e] (E, K, N); rows past ``offs[-1]`` are zero. Every expert's product is
+    computed and each row picks its own: E times the flops of the grouped product, but no
+    size that depends on the routing (one plan for every routing), and no (S, K, N) copy of
+    the weights that a per-row gather would make."""
+    if x.ndim != 2 or w.ndim != 3 or offs is None or offs.ndim != 1:
+        raise UnsupportedOpError(
+            f"{op}: only (S, K) rows times (E, K, N) experts with 1-D offsets are supported, "
+            f"got {format_shape(x.shape)} and {format_shape(w.shape)}",
+            [(f"aten::{op}", "")])
+    s, e = x.shape[0], w.shape[0]
+    row = tg.reshape(tg.iota(s), (s, 1))
+    group = tg.sum(tg.cast(tg.less_equal(tg.reshape(tg.cast(offs, "int64"), (1, e)), row),
+                           "int64"), axis=1)  # (S,): the groups that ended at or before row
+    every = tg.matmul(tg.cast(x, w.dtype.name), w)  # (E, S, N)
+    pick = tg.add(tg.mul(tg.minimum(group, e - 1), tg.size(s)), tg.reshape(row, (s,)))
+    rows = tg.gather(tg.reshape(every, (-1, w.shape[2])), pick, axis=0)
+    inside = tg.reshape(tg.less(group, e), (s, 1))
+    return tg.where(inside, rows, tg.cast(0, w.dtype.name))
+
+
+# ops outside ATen that libraries register with torch.library, by schema name: the table
+# keys ATen ops by overload object, and these exist only once their library is imported
+NAMED = {
+    # transformers' MoE experts (its default experts_implementation on the CPU): the grouped
+    # product as a torch custom op, rows sorted by expert, offsets cumulative
+    "transformers::grouped_mm_fallback": lambda a, kw: _grouped_mm(
+        kw["input"], kw["weight"], kw["offs"], "grouped_mm_fallback"),
+}
+
+
+def _empty(size, dtype, like=None):
+    """An uninitialised tensor (torch.empty*): any content is torch's, so zeros; what the
+    model reads was written first (``inv[perm] = arange`` fills an empty_like)."""
+    name = dtype_name(dtype) if dtype is not None else (
+        like.dtype.name if like is not None else "float32")
+    size = tuple(size)
+    zero = tg.constant(0, name)
+    return tg.expand(zero, size) if size else zero
+
+
 def _data_dependent(op: str, instead: str):
     def refuse(a, kw):
         raise UnsupportedOpError(
@@ -310,13 +351,16 @@ def table(aten) -> dict:
         aten.index_reduce.default: lambda a, kw: _index_reduce(
             kw["self"], kw["dim"], kw["index"], kw["source"], kw["reduce"],
             kw["include_self"]),
+        # uninitialised buffers that index writes fill
+        aten.empty_like.default: lambda a, kw: _empty(kw["self"].shape, kw["dtype"], kw["self"]),
+        aten.empty.memory_format: lambda a, kw: _empty(kw["size"], kw["dtype"]),
+        aten.empty_permuted.default: lambda a, kw: _empty(kw["size"], kw["dtype"]),
         aten.histc.default: lambda a, kw: _histc(kw["self"], kw["bins"], kw["min"], kw["max"]),
-        # sizes that depend on the data: torch.export guards the unbacked size of nonzero
-        # and masked_select with comparisons and asserts; they pass through so the op itself
-        # is reached and refused with its reason
-        aten._assert_scalar.default: lambda a, kw: None,
-        operator.ge: lambda a, kw: a[0] >= a[1],
-        operator.le: lambda a, kw: a[0] <= a[1],
+        aten._grouped_mm.default: lambda a, kw: _grouped_mm(kw["self"], kw["mat2"], kw["offs"])
+        if kw["bias"] is None else tg.add(_grouped_mm(kw["self"], kw["mat2"], kw["offs"]),
+                                          kw["bias"]),
+        # sizes that depend on the data (torch.export's guards on their unbacked size, size
+        # comparisons and _assert_scalar, pass through shape_ops, so these are reached)
         aten.nonzero.default: _data_dependent(
             "nonzero", "Use a mask instead: torch.where(cond, x, other), or (x != 0) in "
                        "arithmetic."),
