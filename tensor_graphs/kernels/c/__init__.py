@@ -3,7 +3,8 @@
 ``build.py`` compiles and caches libraries (``load_library``; also used by the generated-C
 code generator); ``lib.py`` loads this folder's own ``*.c`` files lazily; ``unary.py``,
 ``norms.py``, ``matmul.py``, ``gemm.py``, ``attention.py``, ``gather.py``, ``pointwise.py``
-(a decode's mask and position steps) and ``concat.py`` register the kernels (``c_<what>``).
+(a decode's mask and position steps), ``concat.py`` and ``scatter.py`` (scatter-add of
+rows: an embedding's gradient) register the kernels (``c_<what>``).
 Importing registers them and compiles nothing: a missing or failing compiler shows up as
 ``available() is False`` and as a failed ``where`` constraint on every C kernel, so the
 planner uses other backends.
@@ -18,6 +19,7 @@ from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     matmul,
     norms,
     pointwise,
+    scatter,
     unary,
 )
 from tensor_graphs.kernels.c.build import (  # noqa: F401

@@ -56,7 +56,10 @@ def numpy_scatter(x, indices, updates, axis, reduce, *, out=None):
         raise EvaluationError(f"numpy_scatter: index {bad} is out of range for axis {axis} "
                               f"of size {size}")
     numbers, bools = SCATTER_REDUCE[reduce]
-    result = np.array(up(x), copy=True)
+    direct = out is not None and x.dtype == up(x).dtype  # accumulate in out itself
+    if direct:
+        np.copyto(out, x)
+    result = out if direct else np.array(up(x), copy=True)
     values = up(updates)
     row = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
     if (reduce == "sum" and axis == 0 and row >= ROWS_AT_LEAST and indices.size > 1
@@ -73,7 +76,7 @@ def numpy_scatter(x, indices, updates, axis, reduce, *, out=None):
         ufunc = bools if x.dtype == np.bool_ else numbers
         with np.errstate(all="ignore"):
             ufunc.at(result, (slice(None),) * axis + (indices,), values)
-    return into(result, x.dtype, out)
+    return result if direct else into(result, x.dtype, out)
 
 
 # ---------------------------------------------------------------------------- verification
