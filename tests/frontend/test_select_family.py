@@ -100,6 +100,13 @@ class Fn(torch.nn.Module):
         return self.fn(*args)
 
 
+def _leaves(value) -> list:
+    """The tensors of a (nested) output, in order."""
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
 def _compare(fn, *args, tol=1e-6):
     """Export fn over the example args, run ours and torch's, compare every output (ints
     and bools exactly, floats with their nans in place)."""
@@ -108,8 +115,7 @@ def _compare(fn, *args, tol=1e-6):
     with torch.no_grad():
         ref = module(*args)
     got = prog(*args)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-    gots = got if isinstance(got, (tuple, list)) else (got,)
+    refs, gots = _leaves(ref), _leaves(got)
     assert len(refs) == len(gots)
     for g, r in zip(gots, refs):
         r = r.numpy()
@@ -281,3 +287,36 @@ def test_mask_assignment_of_many_values_is_refused():
     x = torch.tensor([1.0, -1.0, 2.0, 3.0])
     with pytest.raises(UnsupportedOpError, match="mask"):
         tg.from_torch(Fn(put), (x, torch.randn(3)), db=":memory:")
+
+
+def test_median_and_nanmedian_with_nans():
+    """median: a nan makes the line's value nan and its index the first nan's; nanmedian
+    takes the lower median of the numbers alone."""
+    n = float("nan")
+    x = torch.tensor([[1.0, n, 2.0, n, 0.5], [3.0, 1.0, 2.0, 5.0, 4.0], [n, 7.0, 1.0, 2.0, 9.0]])
+    _compare(lambda x: (torch.median(x), torch.median(x, dim=1), torch.nanmedian(x),
+                        torch.nanmedian(x, dim=1, keepdim=True)), x)
+    y = torch.randn(4, 6)
+    _compare(lambda y: torch.median(y, dim=0), y)
+
+
+def test_take_and_take_along_dim_count_negative_indices_from_the_end():
+    x = torch.arange(6.0).reshape(2, 3)
+    _compare(lambda x, i: torch.take(x, i), x, torch.tensor([[-1, 0], [5, 2]]))
+    _compare(lambda x, i: torch.take_along_dim(x, i, dim=1), x,
+             torch.tensor([[-1, 0], [2, -3]]))
+
+
+def test_mask_assignment_of_a_row_and_histc_of_nothing():
+    x = torch.randn(5, 4)
+    mask = torch.tensor([True, False, True, True, False])
+
+    def put(x, m, row):
+        y = x.clone()
+        y[m] = row
+        return y
+
+    _compare(put, x, mask, torch.randn(4))
+    _compare(lambda x, m, row: x.index_put((m,), row, accumulate=True), x, mask,
+             torch.randn(1, 4))
+    _compare(lambda x: torch.histc(x[:0, 0], bins=3), x)

@@ -203,6 +203,17 @@ def _masked_put(x, indices, values, accumulate, masks):
                                  "value, x) in the model", [("aten::index_put", "mask")])
     k = masks[0]
     mask = indices[k]
+    trail = x.shape[k + mask.ndim:]
+    shape = tuple(values.shape)
+    while shape and shape[0] == 1 and len(shape) > len(trail):
+        shape = shape[1:]  # a leading 1 broadcasts over the selected rows
+    if k == 0 and len(shape) <= len(trail) and numel(values.shape) != 1:
+        # every selected row gets the same values (x[mask] = row): a where over the rows
+        cond = tg.reshape(mask, tuple(mask.shape) + (1,) * len(trail))
+        row = tg.reshape(values, shape)
+        if accumulate:
+            return tg.add(x, tg.where(cond, row, tg.cast(0, x.dtype.name)))
+        return tg.where(cond, row, x)
     if numel(values.shape) != 1:
         raise UnsupportedOpError(
             f"index_put: x[mask] = values with {format_shape(values.shape)} values places them "
@@ -223,6 +234,8 @@ def _histc(x, bins, low, high):
     if not x.dtype.is_float:
         raise DTypeError(f"histc: needs a float tensor, got {x.dtype.name}")
     flat = tg.reshape(x, (-1,))
+    if isinstance(flat.shape[0], int) and flat.shape[0] == 0:
+        return tg.expand(tg.constant(0.0, x.dtype.name), (bins,))
     lo = tg.constant(float(low), x.dtype.name)
     hi = tg.constant(float(high), x.dtype.name)
     if low == high:
@@ -241,11 +254,14 @@ def _take_along_dim(x, indices, dim):
     """torch.take_along_dim: x and indices broadcast against each other on every axis but
     dim (gather's rule is "no larger"); dim None reads x flattened."""
     if dim is None:
-        return tg.take_along_axis(tg.reshape(x, (-1,)), tg.reshape(indices, (-1,)), axis=0)
+        flat = tg.reshape(x, (-1,))
+        return tg.take_along_axis(flat, _wrap(tg.reshape(tg.cast(indices, "int64"), (-1,)),
+                                              flat.shape[0]), axis=0)
     if x.ndim != indices.ndim:
         raise ShapeError(f"take_along_dim: indices {format_shape(indices.shape)} must have the "
                          f"rank of self {format_shape(x.shape)}")
     axis = _dim(x, dim, "take_along_dim")
+    indices = _wrap(tg.cast(indices, "int64"), x.shape[axis])
     sizes = [b if a == 1 else a for a, b in zip(x.shape, indices.shape)]
     x_shape = tuple(x.shape[k] if k == axis else sizes[k] for k in range(x.ndim))
     i_shape = tuple(indices.shape[k] if k == axis else sizes[k] for k in range(x.ndim))
@@ -292,6 +308,49 @@ def _empty(size, dtype, like=None):
     size = tuple(size)
     zero = tg.constant(0, name)
     return tg.expand(zero, size) if size else zero
+
+
+def _take(x, index):
+    """torch.take: x read flattened, negative indices from the end, the index's shape."""
+    flat = tg.reshape(x, (-1,))
+    return tg.gather(flat, _wrap(tg.cast(index, "int64"), flat.shape[0]), axis=0)
+
+
+def _median(x, dim=None, keepdim=False, ignore_nan=False):
+    """torch.median / nanmedian: the lower median ((n - 1) // 2-th smallest, in the stable
+    order). median: a nan in the line makes the value nan and the index the first nan's;
+    nanmedian counts only the numbers (the line's k follows its count). ``dim`` None: the
+    value over x flattened."""
+    whole = dim is None or x.ndim == 0  # a 0-d x keeps its shape, keepdim or not
+    if whole:
+        zero_d = x.ndim == 0
+        x, axis = tg.reshape(x, (-1,)), 0
+    else:
+        axis = _dim(x, dim, "median")
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise UnsupportedOpError(f"median: the reduced axis {axis} of {format_shape(x.shape)} "
+                                 "must be concrete", [("aten::median", "")])
+    order = tg.argsort(x, axis)  # ascending, nans last
+    floats = x.dtype.is_float
+    if ignore_nan and floats:
+        valid = tg.sum(tg.logical_not(tg.isnan(x)), axis=axis, keepdims=True)  # int64
+        half = tg.cast(tg.mul(tg.cast(tg.maximum(tg.sub(valid, 1), 0), "float64"), 0.5), "int64")
+        at = tg.take_along_axis(order, half, axis=axis)
+    else:
+        at = tg.slice_axis(order, axis, (n - 1) // 2, (n - 1) // 2 + 1)
+    value = tg.take_along_axis(x, at, axis=axis)
+    if floats and not ignore_nan:
+        nan = tg.isnan(x)
+        has = tg.any(nan, axis=axis, keepdims=True)
+        value = tg.where(has, tg.cast(math.nan, x.dtype.name), value)
+        at = tg.where(has, tg.argmax(nan, axis=axis, keepdims=True), at)
+    if whole:
+        value = tg.reshape(value, ())
+        return value if dim is None else (value, tg.reshape(at, ()) if zero_d else at)
+    if not keepdim:
+        value, at = tg.squeeze(value, axis), tg.squeeze(at, axis)
+    return value, at
 
 
 def _data_dependent(op: str, instead: str):
@@ -355,6 +414,11 @@ def table(aten) -> dict:
         aten.empty_like.default: lambda a, kw: _empty(kw["self"].shape, kw["dtype"], kw["self"]),
         aten.empty.memory_format: lambda a, kw: _empty(kw["size"], kw["dtype"]),
         aten.empty_permuted.default: lambda a, kw: _empty(kw["size"], kw["dtype"]),
+        aten.median.default: lambda a, kw: _median(kw["self"]),
+        aten.median.dim: lambda a, kw: _median(kw["self"], kw["dim"], kw["keepdim"]),
+        aten.nanmedian.default: lambda a, kw: _median(kw["self"], ignore_nan=True),
+        aten.nanmedian.dim: lambda a, kw: _median(kw["self"], kw["dim"], kw["keepdim"], True),
+        aten.take.default: lambda a, kw: _take(kw["self"], kw["index"]),
         aten.histc.default: lambda a, kw: _histc(kw["self"], kw["bins"], kw["min"], kw["max"]),
         aten._grouped_mm.default: lambda a, kw: _grouped_mm(kw["self"], kw["mat2"], kw["offs"])
         if kw["bias"] is None else tg.add(_grouped_mm(kw["self"], kw["mat2"], kw["offs"]),
