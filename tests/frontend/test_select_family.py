@@ -320,3 +320,16 @@ def test_mask_assignment_of_a_row_and_histc_of_nothing():
     _compare(lambda x, m, row: x.index_put((m,), row, accumulate=True), x, mask,
              torch.randn(1, 4))
     _compare(lambda x: torch.histc(x[:0, 0], bins=3), x)
+
+
+def test_searchsorted_bucketize_and_masked_scatter():
+    seq = torch.tensor([1.0, 2.0, 2.0, 3.0])
+    values = torch.tensor([[2.0, float("nan"), 0.0], [5.0, 1.0, 2.5]])
+    _compare(lambda s, v: (torch.searchsorted(s, v), torch.searchsorted(s, v, right=True),
+                           torch.bucketize(v, s, out_int32=True)), seq, values)
+    rows = torch.sort(torch.randn(2, 6), dim=1).values
+    _compare(lambda s, v: torch.searchsorted(s, v, side="right"), rows, torch.randn(2, 3))
+    x = torch.zeros(2, 3)
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    _compare(lambda x, m, src: x.masked_scatter(m, src), x, mask, torch.arange(10.0))
+    _compare(lambda x, m, src: x.masked_scatter(m, src), x, mask[0], torch.arange(10.0))

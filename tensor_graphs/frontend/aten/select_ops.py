@@ -16,7 +16,7 @@ from tensor_graphs.errors import DTypeError, ShapeError
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, dtype_name, guarded
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.shapes import format_shape, normalize_axis, numel
+from tensor_graphs.ir.shapes import broadcast_shapes, format_shape, normalize_axis, numel
 
 # torch's legacy scatter(reduce=...) names and scatter_reduce's, as put_along_axis's reduce
 REDUCE = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "amax": "amax",
@@ -353,6 +353,39 @@ def _median(x, dim=None, keepdim=False, ignore_nan=False):
     return value, at
 
 
+def _searchsorted(seq, values, right=False, out_int32=False, sorter=None, side=None):
+    """torch.searchsorted: per value, how many of the sorted sequence's elements lie before
+    it (``< v``; right: ``<= v``), a nan value after all of them; counted by a comparison with
+    every element (``len(seq)`` work per value, no binary search to unroll)."""
+    if not isinstance(values, Node):
+        values = tg.constant(values, seq.dtype.name)
+    right = right or side == "right"
+    if sorter is not None:
+        seq = tg.take_along_axis(seq, tg.cast(sorter, "int64"), axis=-1)
+    if seq.ndim == 1:
+        s, v = seq, tg.unsqueeze(values, -1)  # (m,) against (..., 1)
+    else:
+        s, v = tg.unsqueeze(seq, -2), tg.unsqueeze(values, -1)  # (..., 1, m), (..., k, 1)
+    before = tg.less_equal(s, v) if right else tg.less(s, v)
+    if values.dtype.is_float:
+        before = tg.logical_or(before, tg.isnan(v))
+    count = tg.sum(before, axis=-1)
+    return tg.cast(count, "int32" if out_int32 else "int64")
+
+
+def _masked_scatter(x, mask, source):
+    """torch.masked_scatter: the source's elements, in order, into x's True places (x and
+    mask broadcast together); each place's element is the number of True places before it (a running
+    sum of the mask), so the result keeps x's shape whatever the mask holds."""
+    shape = broadcast_shapes(x.shape, mask.shape, op="masked_scatter")
+    x, mask = tg.expand(x, shape), tg.expand(mask, shape)
+    flat = tg.reshape(mask, (-1,))
+    rank = tg.sub(tg.cumsum(tg.cast(flat, "int64"), axis=0), 1)
+    picked = tg.gather(tg.reshape(tg.cast(source, x.dtype.name), (-1,)),
+                       tg.maximum(rank, 0), axis=0)
+    return tg.where(mask, tg.reshape(picked, x.shape), x)
+
+
 def _data_dependent(op: str, instead: str):
     def refuse(a, kw):
         raise UnsupportedOpError(
@@ -418,6 +451,16 @@ def table(aten) -> dict:
         aten.median.dim: lambda a, kw: _median(kw["self"], kw["dim"], kw["keepdim"]),
         aten.nanmedian.default: lambda a, kw: _median(kw["self"], ignore_nan=True),
         aten.nanmedian.dim: lambda a, kw: _median(kw["self"], kw["dim"], kw["keepdim"], True),
+        aten.searchsorted.Tensor: lambda a, kw: _searchsorted(
+            kw["sorted_sequence"], kw["self"], kw["right"], kw["out_int32"], kw["sorter"],
+            kw["side"]),
+        aten.searchsorted.Scalar: lambda a, kw: _searchsorted(
+            kw["sorted_sequence"], kw["self"], kw["right"], kw["out_int32"], kw["sorter"],
+            kw["side"]),
+        aten.bucketize.Tensor: lambda a, kw: _searchsorted(kw["boundaries"], kw["self"],
+                                                           kw["right"], kw["out_int32"]),
+        aten.masked_scatter.default: lambda a, kw: _masked_scatter(kw["self"], kw["mask"],
+                                                                   kw["source"]),
         aten.take.default: lambda a, kw: _take(kw["self"], kw["index"]),
         aten.histc.default: lambda a, kw: _histc(kw["self"], kw["bins"], kw["min"], kw["max"]),
         aten._grouped_mm.default: lambda a, kw: _grouped_mm(kw["self"], kw["mat2"], kw["offs"])
