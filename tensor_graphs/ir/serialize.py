@@ -54,8 +54,8 @@ from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import FED_LEAVES
 from tensor_graphs.ir.graph import nodes as topo_nodes
 from tensor_graphs.ir.node import COMPOSITE, LEAF, Attrs, ConstValue, Node
-from tensor_graphs.ir.ops import OPS, selection
-from tensor_graphs.ir.ops.atomic import BINARY, UNARY
+from tensor_graphs.ir.ops import OPS, pointwise, selection
+from tensor_graphs.ir.ops.atomic import BINARY, SPECIAL_BINARY, SPECIAL_UNARY, UNARY
 from tensor_graphs.ir.ops.names import (
     ARGSORT,
     CAST,
@@ -403,6 +403,8 @@ _REBUILD = {  # leaf or atomic op: its builder call from (inputs, attrs, name)
     CONSTANT: lambda xs, a, name: builder.constant(_constant_data(a["value"]), a["dtype"]),
     DIM: lambda xs, a, name: builder.size(a["expr"], a["dtype"]),
     **{op: _plain(op) for op in (*UNARY, *BINARY, WHERE, MATMUL)},
+    **{op: (lambda xs, a, name, op=op: getattr(pointwise, op)(*xs))
+       for op in (*SPECIAL_UNARY, *SPECIAL_BINARY)},
     CAST: lambda xs, a, name: builder.cast(xs[0], a["dtype"]),
     SUM: lambda xs, a, name: builder.sum(xs[0], a["axes"], a["keepdims"]),
     MAX: lambda xs, a, name: builder.max(xs[0], a["axes"], a["keepdims"]),

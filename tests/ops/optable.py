@@ -1045,6 +1045,312 @@ INT_COMPOSITES = [
 ]
 
 
+# ------------------------------------------------------------------------------ pointwise families
+def _py(fn, otype=np.float64):
+    """fn per element on Python numbers (ints exact at any width), as a numpy array."""
+    def ref(*xs):
+        out = np.frompyfunc(fn, len(xs), 1)(*[x.astype(object) if x.dtype.kind in "iu"
+                                               else x.astype(np.float64) for x in xs])
+        return np.asarray(out).astype(otype)
+    return ref
+
+
+def _int_fmod(p, q):
+    r = abs(int(p)) % abs(int(q))  # C: the magnitude of |p| mod |q|, with the sign of p
+    return -r if p < 0 else r
+
+
+def _fmod_ref(a, b):
+    if a.dtype.kind in "iu":
+        return _wrap(lambda x, y: _py(_int_fmod, np.int64)(x, y))(a, b)
+    return _py(lambda p, q: math.fmod(p, q) if q != 0 and not math.isinf(p) else math.nan)(a, b)
+
+
+def _floor_divide_ref(a, b):
+    if a.dtype.kind in "iu":
+        return _wrap(lambda x, y: _py(lambda p, q: int(p) // int(q), np.int64)(x, y))(a, b)
+    with np.errstate(all="ignore"):
+        return np.floor_divide(a, b)  # numpy's float floor division is Python's
+
+
+def _bitand_ref(a, b):
+    return _wrap(lambda x, y: _py(lambda p, q: int(p) & int(q), np.int64)(x, y))(a, b)
+
+
+def _divisor(rng, shape, dtype, spec=None):
+    """A divisor: ints without 0 and -1 (a zero divisor raises; INT_MIN / -1 overflows in C);
+    floats with +-0, +-inf and nan (fmod(x, 0) is nan, floor_divide(x, 0) is +-inf)."""
+    x = sample(dtype, shape, rng)
+    if dtype in INTS:
+        x = np.where((x == 0) | (x == -1), 3, x).astype(NP[dtype])
+    return x
+
+
+def _in64(fn):
+    """fn in float64, rounded once to the input dtype: the semantics of the special functions."""
+    def ref(*xs):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*[x.astype(np.float64) for x in xs])).astype(xs[0].dtype)
+    return ref
+
+
+_erfc64 = np.vectorize(math.erfc, otypes=[np.float64])
+
+POINTWISE_ATOMIC = [
+    _unary("log1p", tg.log1p, _in64(np.log1p), "log1p"),
+    _unary("expm1", tg.expm1, _in64(np.expm1), "expm1"),
+    _unary("log2", tg.log2, _in64(np.log2), "log2"),
+    _unary("log10", tg.log10, _in64(np.log10), "log10"),
+    # tan of the huge values (1e30, 1e300) is argument reduction's noise in every library
+    OpInfo("tan", "tan", tg.tan, _in64(np.tan), FLOATS, UNARY_SHAPES, domain=("extremes",),
+           torch=lambda torch, x: torch.tan(x)),
+    _unary("erfc", tg.erfc, _in64(_erfc64), "erfc"),
+    _binary("atan2", tg.atan2, _in64(np.arctan2), "atan2", FLOATS),
+    _binary("fmod", tg.fmod, _fmod_ref, "fmod", NUM, domain=("any", _divisor)),
+    _binary("floor_divide", tg.floor_divide, _floor_divide_ref, "floor_divide", NUM,
+            domain=("any", _divisor)),
+    _binary("bitwise_and", tg.bitwise_and, _bitand_ref, "bitwise_and", INTS),
+]
+
+
+def _rounding_values(rng, shape, dtype, spec=None):
+    """Halves and quarters (ties of round), values near the integers, 3e9 and 1e20 (floats
+    beyond int32 and beyond 2**mantissa), tiny ones, +-0, +-inf and nan."""
+    x = np.round(rng.standard_normal(shape) * 8) / 4
+    if x.size >= 12:
+        extra = [0.5, -0.5, 2.5, -2.5, 3e9 + 0.5, -1e20, 1e-10, -1e-10, -0.0, np.inf, -np.inf,
+                 np.nan, 0.49999997, -1.5][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _wide_values(rng, shape, dtype, spec=None):
+    """Normals x3 with tiny (1e-10, 1e-30), moderate and near-overflow (+-88.5) magnitudes,
+    +-0, +-inf and nan: where naive formulas cancel or overflow."""
+    x = rng.standard_normal(shape) * 3
+    if x.size >= 12:
+        extra = [1e-10, -1e-10, 1e-30, -3e-8, 88.5, -88.5, 20.5, -0.0, 0.0, np.inf, -np.inf,
+                 np.nan][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _unit_values(rng, shape, dtype, spec=None):
+    """Uniform in (-1.2, 1.2) with +-1, 1 - 1e-7 and tiny values (asin, acos, atanh)."""
+    x = rng.uniform(-1.2, 1.2, shape)
+    if x.size >= 8:
+        extra = [1.0, -1.0, 1 - 1e-7, -1 + 1e-7, 1e-10, -1e-10, np.nan, 0.5][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _acosh_values(rng, shape, dtype, spec=None):
+    """1 + |normal| x 3 with 1, 1 + 1e-7, 0.5 (nan), 1e9 and 1e30 (past 2**28) and inf."""
+    x = 1 + np.abs(rng.standard_normal(shape)) * 3
+    if x.size >= 8:
+        extra = [1.0, 1 + 1e-7, 0.5, 1e9, 1e30, np.inf, np.nan, -2.0][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _prob_values(rng, shape, dtype, spec=None):
+    """(0, 1) with 0, 1, tiny and near-1 values and one outside."""
+    x = rng.uniform(0, 1, shape)
+    if x.size >= 8:
+        extra = [0.0, 1.0, 1e-10, 1 - 1e-7, 0.5, 1.5, -0.25, np.nan][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _hypot_values(rng, spec, dtype):
+    """Pairs of huge (1e30, 1e200: the squares overflow), tiny, zero, inf and nan values."""
+    a, b = (_wide_values(rng, concrete(s), dtype) for s in spec.shapes)
+    if a.size >= 8 and a.shape == b.shape:
+        big = 1e30 if dtype == "float32" else 1e200
+        a.reshape(-1)[:6] = [big, -big, 1e-30, 0.0, np.inf, np.nan]
+        b.reshape(-1)[:6] = [big, 3.0, -1e-30, 0.0, np.nan, np.inf]
+    return a, b
+
+
+def _xlogy_values(rng, spec, dtype):
+    """a with zeros, b with nan, 0, negatives and inf."""
+    a = np.round(_extremes(rng, concrete(spec.shapes[0]), dtype))
+    b = _extremes(rng, concrete(spec.shapes[1]), dtype)
+    if a.size >= 6 and a.shape == b.shape:
+        a.reshape(-1)[:6] = [0.0, 0.0, 0.0, 2.0, -0.0, 3.0]
+        b.reshape(-1)[:6] = [np.nan, 0.0, -1.0, np.inf, 5.0, 0.0]
+    return a, b
+
+
+def _division_values(rng, spec, dtype):
+    """Mixed signs (C's and Python's sign rules differ there), exact multiples, ties of the
+    quotient; float divisors with +-0 and inf; int divisors never 0 or -1."""
+    sa, sb = (concrete(s) for s in spec.shapes)
+    if dtype in INTS:
+        a = _extremes(rng, sa, dtype)
+        return a, _divisor(rng, sb, dtype)
+    a = np.round(rng.standard_normal(sa) * 20) / 2
+    b = np.round(rng.standard_normal(sb) * 4) / 2
+    if a.size >= 8:
+        a.reshape(-1)[:8] = [7.5, -7.5, 7.5, -7.5, 6.0, np.inf, 1.0, 1e20][: a.size]
+    if b.size >= 8:
+        b.reshape(-1)[:8] = [2.0, 2.0, -2.0, -2.0, 0.0, 2.0, np.inf, 3.0][: b.size]
+    return a.astype(NP[dtype]), b.astype(NP[dtype])
+
+
+def _shift_values(rng, spec, dtype):
+    """Ints over their range, shifted by -2 .. width + 2 (both ends are torch's special cases)."""
+    width = np.dtype(NP[dtype]).itemsize * 8
+    a = _extremes(rng, concrete(spec.shapes[0]), dtype)
+    low = 0 if dtype == "uint8" else -2
+    b = rng.integers(low, width + 3, concrete(spec.shapes[1])).astype(NP[dtype])
+    return a, b
+
+
+def _lshift_ref(a, b):
+    width = a.dtype.itemsize * 8
+    mask = (1 << width) - 1
+
+    def one(p, q):
+        if q < 0 or q >= width:
+            return 0
+        v = (int(p) << int(q)) & mask  # two's complement: keep the low bits, then the sign
+        return v - (1 << width) if a.dtype.kind == "i" and v >> (width - 1) else v
+    return _py(one, np.int64)(a, b).astype(a.dtype)
+
+
+def _rshift_ref(a, b):
+    width = a.dtype.itemsize * 8
+
+    def one(p, q):
+        if a.dtype.kind == "u":
+            return 0 if q >= width else int(p) >> int(q)
+        return int(p) >> (width - 1 if q < 0 or q >= width else int(q))  # Python: arithmetic
+    return _py(one, np.int64)(a, b).astype(a.dtype)
+
+
+def _xlogy(a, b):
+    with np.errstate(all="ignore"):
+        return np.where(np.isnan(b), np.nan, np.where(a == 0, 0.0, a * np.log(b)))
+
+
+def _logit(x, eps=None):
+    if eps is not None:
+        x = np.clip(x, eps, 1 - eps)
+    with np.errstate(all="ignore"):
+        return np.log(x / (1 - x))
+
+
+def _div_trunc_ref(a, b):
+    if a.dtype.kind in "iu":
+        def one(p, q):
+            r = abs(int(p)) // abs(int(q))
+            return r if (p < 0) == (q < 0) else -r
+        return _wrap(lambda x, y: _py(one, np.int64)(x, y))(a, b)
+    with np.errstate(all="ignore"):
+        return np.trunc(a / b)
+
+
+def _remainder_ref(a, b):
+    if a.dtype.kind in "iu":
+        return _wrap(lambda x, y: _py(lambda p, q: int(p) % int(q), np.int64)(x, y))(a, b)
+    return _py(lambda p, q: math.nan if q == 0 or math.isinf(p) else
+               (p % q if not math.isinf(q) else (p if (p < 0) == (q < 0) or p == 0 else q)))(a, b)
+
+
+def _nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    return np.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)
+
+
+def _round_ref(x, decimals=0):
+    return np.round(x, decimals)  # numpy: half to even, x * 10**d / 10**d like torch
+
+
+P_U = [S((7,)), S((3, 33)), S((1,)), S((0, 4)), S(())]
+P_B = [S((7,), (7,)), S((3, 33), (3, 33)), S((2, 1, 7), (3, 1)), S((1,), ())]
+P_I1 = [S((4, 9))]
+P_I2 = [S((4, 9), (4, 9)), S((9,), ())]
+TORCH_ROUND = lambda torch, x, decimals=0: torch.round(x, decimals=decimals)  # noqa: E731
+
+POINTWISE = [
+    _f("trunc", "trunc", tg.trunc, np.trunc, P_U, lambda torch, x: torch.trunc(x),
+       domain=(_rounding_values,), tol32=0.0),
+    _f("floor", "floor", tg.floor, np.floor, P_U, lambda torch, x: torch.floor(x),
+       domain=(_rounding_values,), tol32=0.0),
+    _f("ceil", "ceil", tg.ceil, np.ceil, P_U, lambda torch, x: torch.ceil(x),
+       domain=(_rounding_values,), tol32=0.0),
+    _f("round", "round", tg.round, _round_ref, P_U, TORCH_ROUND, domain=(_rounding_values,),
+       tol32=0.0),
+    _f("round_decimals", "round", lambda x, decimals: tg.round(x, decimals=decimals),
+       _round_ref, [S((33,), decimals=d) for d in (1, 2, -1, -2)], TORCH_ROUND,
+       domain=(_normal(50.0),), tol32=1e-6),
+    _f("frac", "frac", tg.frac, lambda x: x - np.trunc(x), P_U, lambda torch, x: torch.frac(x),
+       domain=(_rounding_values,), tol32=0.0),
+    _f("remainder", "remainder", tg.remainder, _remainder_ref, P_B,
+       lambda torch, a, b: torch.remainder(a, b), domain=_division_values, tol32=0.0),
+    _f("div_trunc", "div_trunc", tg.div_trunc, _div_trunc_ref, P_B,
+       lambda torch, a, b: torch.div(a, b, rounding_mode="trunc"), domain=_division_values,
+       tol32=1e-6),  # 1e20 / 3: a float32 quotient rounds
+    _f("exp2", "exp2", tg.exp2, lambda x: 2.0 ** x, P_U, lambda torch, x: torch.exp2(x),
+       domain=(_wide_values,), tol32=1e-6),
+    _f("atan", "atan", tg.atan, np.arctan, P_U, lambda torch, x: torch.atan(x),
+       domain=(_wide_values,), tol32=1e-6),
+    _f("asin", "asin", tg.asin, np.arcsin, P_U, lambda torch, x: torch.asin(x),
+       domain=(_unit_values,), tol32=1e-6),
+    _f("acos", "acos", tg.acos, np.arccos, P_U, lambda torch, x: torch.acos(x),
+       domain=(_unit_values,), tol32=1e-6),
+    _f("sinh", "sinh", tg.sinh, np.sinh, P_U, lambda torch, x: torch.sinh(x),
+       domain=(_wide_values,), tol32=1e-6),
+    _f("cosh", "cosh", tg.cosh, np.cosh, P_U, lambda torch, x: torch.cosh(x),
+       domain=(_wide_values,), tol32=1e-6),
+    _f("asinh", "asinh", tg.asinh, np.arcsinh, P_U, lambda torch, x: torch.asinh(x),
+       domain=(_wide_values,), tol32=1e-6),
+    _f("acosh", "acosh", tg.acosh, np.arccosh, P_U, lambda torch, x: torch.acosh(x),
+       domain=(_acosh_values,), tol32=1e-6),
+    _f("atanh", "atanh", tg.atanh, np.arctanh, P_U, lambda torch, x: torch.atanh(x),
+       domain=(_unit_values,), tol32=1e-6),
+    _f("hypot", "hypot", tg.hypot, np.hypot, P_B, lambda torch, a, b: torch.hypot(a, b),
+       domain=_hypot_values, tol32=1e-6),
+    _f("xlogy", "xlogy", tg.xlogy, _xlogy, P_B, lambda torch, a, b: torch.xlogy(a, b),
+       domain=_xlogy_values, tol32=1e-6),
+    _f("logit", "logit", tg.logit, _logit, P_U, lambda torch, x: torch.logit(x),
+       domain=(_prob_values,), tol32=1e-6),
+    _f("logit_eps", "logit", lambda x: tg.logit(x, eps=1e-3), lambda x: _logit(x, 1e-3), P_U,
+       lambda torch, x: torch.logit(x, eps=1e-3), domain=(_prob_values,), tol32=1e-6),
+    _f("isinf", "isinf", tg.isinf, np.isinf, P_U, lambda torch, x: torch.isinf(x)),
+    _f("isfinite", "isfinite", tg.isfinite, np.isfinite, P_U,
+       lambda torch, x: torch.isfinite(x)),
+    # the defaults (the dtype's largest finite values) differ per dtype: float64 only here
+    _f("nan_to_num", "nan_to_num", tg.nan_to_num, _nan_to_num, P_U,
+       lambda torch, x: torch.nan_to_num(x), dtypes=("float64",)),
+    _f("nan_to_num_values", "nan_to_num",
+       lambda x: tg.nan_to_num(x, nan=-1.5, posinf=7.0, neginf=-9.0),
+       lambda x: _nan_to_num(x, -1.5, 7.0, -9.0), P_U,
+       lambda torch, x: torch.nan_to_num(x, nan=-1.5, posinf=7.0, neginf=-9.0), tol32=0.0),
+    _f("logical_xor", "logical_xor", tg.logical_xor, lambda a, b: (a != 0) ^ (b != 0), P_B,
+       lambda torch, a, b: torch.logical_xor(a, b), domain=("quarters",),
+       dtypes=F64_32 + ("bool",)),
+    # ints: exact against Python's integers, each dtype's extremes included
+    _f("trunc_int", "trunc", tg.trunc, lambda a: a, P_I1, lambda torch, x: torch.trunc(x),
+       dtypes=INTS),
+    _f("remainder_int", "remainder", tg.remainder, _remainder_ref, P_I2,
+       lambda torch, a, b: torch.remainder(a, b), domain=_division_values, dtypes=INTS),
+    _f("div_trunc_int", "div_trunc", tg.div_trunc, _div_trunc_ref, P_I2,
+       lambda torch, a, b: torch.div(a, b, rounding_mode="trunc"), domain=_division_values,
+       dtypes=INTS),
+    _f("bitwise_or", "bitwise_or", tg.bitwise_or, np.bitwise_or, P_I2,
+       lambda torch, a, b: torch.bitwise_or(a, b), dtypes=INTS + ("bool",)),
+    _f("bitwise_xor", "bitwise_xor", tg.bitwise_xor, np.bitwise_xor, P_I2,
+       lambda torch, a, b: torch.bitwise_xor(a, b), dtypes=INTS + ("bool",)),
+    _f("bitwise_not", "bitwise_not", tg.bitwise_not, np.invert, P_I1,
+       lambda torch, x: torch.bitwise_not(x), dtypes=INTS + ("bool",)),
+    _f("left_shift", "left_shift", tg.left_shift, _lshift_ref, P_I2,
+       lambda torch, a, b: torch.bitwise_left_shift(a, b), domain=_shift_values, dtypes=INTS),
+    _f("right_shift", "right_shift", tg.right_shift, _rshift_ref, P_I2,
+       lambda torch, a, b: torch.bitwise_right_shift(a, b), domain=_shift_values, dtypes=INTS),
+]
+
+
 # ------------------------------------------------------------------------------ oracles: nn
 def _layer_norm(x, w=None, b=None, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
@@ -1919,6 +2225,7 @@ TABLE: list[OpInfo] = (_family("atomic", ATOMIC) + _family("composites", COMPOSI
                        + _family("composites", INT_COMPOSITES) + _family("nn", NN)
                        + _family("conv", CONV) + _family("losses", LOSSES)
                        + _family("shape", SHAPE) + _family("atomic", SELECTION_ATOMIC)
+                       + _family("atomic", POINTWISE_ATOMIC) + _family("pointwise", POINTWISE)
                        + _family("selection", SELECTION))
 BY_NAME: dict[str, OpInfo] = {r.name: r for r in TABLE}
 assert len(BY_NAME) == len(TABLE), "two rows share a name"

@@ -12,7 +12,6 @@ import math
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.frontend.aten.common import dtype_name, guarded
 from tensor_graphs.ir import api as tg
-from tensor_graphs.ir.node import Node
 
 
 def _arange(start, end, step, dtype):
@@ -106,25 +105,6 @@ def _diff(x, n, dim, prepend, append):
     return y
 
 
-def _only_bool(name, *values):
-    for v in values:
-        if isinstance(v, Node) and v.dtype.name != "bool":
-            raise DTypeError(f"{name}: only bool tensors are supported (got {v.dtype.name}); "
-                             "integer bit operations have no op")
-
-
-def _bitwise(name, logical):
-    def fn(a, kw):
-        _only_bool(name, kw["self"], kw["other"])
-        return logical(kw["self"], kw["other"])
-    return fn
-
-
-def _bitwise_not(a, kw):
-    _only_bool("bitwise_not", kw["self"])
-    return tg.logical_not(kw["self"])
-
-
 def table(aten) -> dict:
     return guarded({
         # creation
@@ -149,12 +129,7 @@ def table(aten) -> dict:
         aten.index_select: lambda a, kw: tg.gather(kw["self"], kw["index"], axis=kw["dim"]),
         aten.diff: lambda a, kw: _diff(kw["self"], kw["n"], kw["dim"], kw["prepend"],
                                        kw["append"]),
-        # bool logic (torch spells it with the bitwise operators)
-        aten.__and__.Tensor: _bitwise("__and__", tg.logical_and),
-        aten.bitwise_and.Tensor: _bitwise("bitwise_and", tg.logical_and),
-        aten.__or__.Tensor: _bitwise("__or__", tg.logical_or),
-        aten.bitwise_or.Tensor: _bitwise("bitwise_or", tg.logical_or),
-        aten.bitwise_not: _bitwise_not,
+        # bool logic (the bitwise operators, bools and ints: pointwise_ops)
         aten.logical_and: lambda a, kw: tg.logical_and(kw["self"], kw["other"]),
         aten.logical_or: lambda a, kw: tg.logical_or(kw["self"], kw["other"]),
     })

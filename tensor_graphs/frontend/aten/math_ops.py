@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tensor_graphs.errors import ArgumentError
+from tensor_graphs.frontend.aten import pointwise_ops
 from tensor_graphs.frontend.aten.common import (
     Unavailable,
     axes,
@@ -16,9 +17,8 @@ from tensor_graphs.ir import api as tg
 
 
 def _div(a, kw):
-    mode = kw.get("rounding_mode")
-    if mode is not None:
-        raise ArgumentError(f"div: rounding_mode={mode!r} is not supported yet")
+    if kw.get("rounding_mode") is not None:
+        return pointwise_ops.div_mode(a, kw)
     return tg.div(kw["self"], kw["other"])
 
 

@@ -133,6 +133,58 @@ for _name, (_fn, _kinds, _doc) in BINARY.items():
     register(Op(_name, ATOMIC, _doc, params=("a", "b"), infer=_binary_infer(_name, _kinds),
                 reference=lambda arrays, attrs, fn=_impl: fn(arrays[0], arrays[1])))
 
+# ------------------------------------------------------- special functions, integer division
+# What no short exact combination of the ops above gives: log(1 + x) is 0 for float32
+# x = 1e-10, a - trunc(a / b) * b rounds twice, and bits have no arithmetic form for and. Kept
+# out of UNARY/BINARY (ELEMENTWISE): C and Triton fusion render only the ops they know; the
+# numpy and C kernels compute these. Floats are computed in float64 and rounded once.
+def _f64(fn):
+    def ref(*xs):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*(x.astype(np.float64) for x in xs))).astype(xs[0].dtype)
+    return ref
+
+
+def _int_divisor(op: str, fn):
+    """fn as numpy has it; an integer zero divisor is an error, as in torch."""
+    def ref(a, b):
+        if a.dtype.kind in "iu" and np.any(b == 0):
+            raise EvaluationError(f"{op}: integer division by zero (torch raises "
+                                  "ZeroDivisionError); divide floats for inf/nan results")
+        with np.errstate(all="ignore"):
+            return fn(a, b)
+    return ref
+
+
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+#  name: (numpy function, dtype kinds accepted, meaning)
+SPECIAL_UNARY = {
+    "log1p": (_f64(np.log1p), ("float",), "log(1 + x), exact for tiny x; log1p(-1) = -inf"),
+    "expm1": (_f64(np.expm1), ("float",), "e**x - 1, exact for tiny x"),
+    "log2": (_f64(np.log2), ("float",), "base-2 logarithm (exact at powers of two)"),
+    "log10": (_f64(np.log10), ("float",), "base-10 logarithm (exact at powers of ten)"),
+    "tan": (_f64(np.tan), ("float",), "tangent (radians); sin / cos would lose its poles"),
+    "erfc": (_f64(lambda x: np.asarray(_erfc(x), np.float64)), ("float",),
+             "1 - erf(x) without the cancellation (erfc(10) = 2.1e-45)"),
+}
+SPECIAL_BINARY = {
+    "atan2": (_f64(np.arctan2), ("float",),
+              "the angle of the point (b, a) in [-pi, pi]: atan(a / b) in the right quadrant"),
+    "fmod": (_int_divisor("fmod", np.fmod), ("int", "float"),
+             "C's remainder a - trunc(a / b) * b, exact, with the sign of a"),
+    "floor_divide": (_int_divisor("floor_divide", np.floor_divide), ("int", "float"),
+                     "floor(a / b), Python's rule: exact for ints; floats (a - fmod(a, b)) / b "
+                     "rounded to an integer, a / b when b = 0"),
+    "bitwise_and": (np.bitwise_and, ("int",), "a & b, bit by bit (two's complement)"),
+}
+for _name, (_fn, _kinds, _doc) in SPECIAL_UNARY.items():
+    register(Op(_name, ATOMIC, _doc, params=("x",), infer=_unary_infer(_name, _kinds),
+                reference=lambda arrays, attrs, fn=_fn: fn(arrays[0])))
+for _name, (_fn, _kinds, _doc) in SPECIAL_BINARY.items():
+    register(Op(_name, ATOMIC, _doc, params=("a", "b"), infer=_binary_infer(_name, _kinds),
+                reference=lambda arrays, attrs, fn=_fn: fn(arrays[0], arrays[1])))
+
+
 
 def _where_infer(inputs, attrs):
     cond, a, b = inputs
@@ -478,7 +530,8 @@ register(Op("state_update", ATOMIC, "a new version of a state with value written
             infer=_state_update_infer, reference=_state_update_ref))
 
 ATOMIC_OPS: tuple[str, ...] = (
-    *UNARY, *BINARY, "where", "cast", "sum", "max", "reshape", "permute", "expand", "slice",
+    *UNARY, *BINARY, *SPECIAL_UNARY, *SPECIAL_BINARY, "where", "cast", "sum", "max", "reshape",
+    "permute", "expand", "slice",
     "pad", "concat", "gather", "matmul", "iota", "copy_to", "state_update",
     "argsort", "scatter")
 LEAF_OPS: tuple[str, ...] = ("input", "weight", "state", "constant", "dim")

@@ -168,6 +168,33 @@ TG_PW_MAP(tg_sin_f64, double, double, sin(x))
 TG_PW_MAP(tg_cos_f32, float, float, (float)sin(1.5707963267948966 - (double)x))
 TG_PW_MAP(tg_cos_f64, double, double, sin(1.5707963267948966 - x))
 
+/* the pointwise families (ir/ops/pointwise.py, c/unary.py registers them): the special
+ * functions through double, rounded once (as the numpy kernels); the rounding functions
+ * exact, keeping -0.0, inf and nan (rint: half to even in the default rounding mode) */
+#define TG_PW_SPECIAL(NAME, FN)                                                               \
+    TG_PW_MAP(tg_##NAME##_f32, float, float, (float)FN((double)x))                            \
+    TG_PW_MAP(tg_##NAME##_f64, double, double, FN(x))
+TG_PW_SPECIAL(log1p, log1p)
+TG_PW_SPECIAL(expm1, expm1)
+TG_PW_SPECIAL(log2, log2)
+TG_PW_SPECIAL(log10, log10)
+TG_PW_SPECIAL(tan, tan)
+TG_PW_SPECIAL(erfc, erfc)
+TG_PW_SPECIAL(floor, floor)
+TG_PW_SPECIAL(ceil, ceil)
+TG_PW_SPECIAL(trunc, trunc)
+TG_PW_SPECIAL(round, rint)
+
+/* same-shape contiguous binary maps: atan2 through double, fmod exact */
+#define TG_PW_ZIP(NAME, T, EXPR)                                                              \
+void NAME(const T *restrict as, const T *restrict bs, T *restrict ys, int64_t n) {           \
+    TG_PW_LOOP(n, T a = as[i]; T b = bs[i]; ys[i] = (EXPR))                                   \
+}
+TG_PW_ZIP(tg_atan2_f32, float, (float)atan2((double)a, (double)b))
+TG_PW_ZIP(tg_atan2_f64, double, atan2(a, b))
+TG_PW_ZIP(tg_fmod_f32, float, fmodf(a, b))
+TG_PW_ZIP(tg_fmod_f64, double, fmod(a, b))
+
 /* concat of k inputs along one axis, any dtype: input i is `outer` rows of row_bytes[i] bytes
  * (its part of the axis times the axes after it), the result `outer` rows of their sum */
 static inline void tg_concat_row(int64_t k, char *const *xs, const int64_t *row_bytes,

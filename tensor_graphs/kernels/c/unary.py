@@ -1,4 +1,5 @@
-"""C elementwise kernels: unary ops (float32 vectorised, float64 via libm), SwiGLU, fast tanh.
+"""C elementwise kernels: unary ops (float32 vectorised, float64 via libm), SwiGLU, fast tanh,
+and the pointwise families' special functions, rounding, atan2 and fmod (in pointwise.c).
 
 Each takes contiguous inputs of one dtype and returns a new array of the same shape, or writes
 into ``out=`` (``writes_out``: see the registry). The
@@ -98,3 +99,54 @@ _swiglu.__doc__ = "silu(a) * b (SwiGLU's gate), same-shape contiguous inputs."
 kernel(lambda a, b: tg.silu(a) * b, backend="c", name="c_swiglu",
        dtypes=("float32", "float64"), contiguous=True, where=where_ok(LIB, same_shape),
        tolerance=1e-6, writes_out=True)(_swiglu)
+
+
+# ---------------------------------------------------------------------------- pointwise families
+# log1p ... erfc and atan2 through double, rounded once; floor/ceil/trunc/round and fmod exact
+# (pointwise.c). A model that uses them keeps an all-C program (the native loop replays C only).
+PW_LIB = "pointwise"
+PW_SOURCE = lib.source(PW_LIB)
+
+
+def _pw_unary(symbol: str):
+    def run(x, *, out=None):
+        out = lib.output(out, x.shape, x.dtype)
+        lib.func(PW_LIB, f"tg_{symbol}_{_SUFFIX[x.dtype]}", P, P, I64)(ptr(x), ptr(out), x.size)
+        return out
+
+    run.source_text = PW_SOURCE + f"\n/* {symbol} */"
+    run.__doc__ = f"{symbol} in C (float32 through double, rounded once)."
+    return run
+
+
+def _pw_binary(symbol: str):
+    def run(a, b, *, out=None):
+        out = lib.output(out, a.shape, a.dtype)
+        fn = lib.func(PW_LIB, f"tg_{symbol}_{_SUFFIX[a.dtype]}", P, P, P, I64)
+        fn(ptr(a), ptr(b), ptr(out), a.size)
+        return out
+
+    run.source_text = PW_SOURCE + f"\n/* {symbol} */"
+    run.__doc__ = f"{symbol} in C of same-shape contiguous inputs."
+    return run
+
+
+# op or pattern, kernel name, C symbol, tolerance (1e-12: bit-exact, 1e-7: one rounding)
+_POINTWISE = [
+    ("log1p", "c_log1p", "log1p", 1e-7),
+    ("expm1", "c_expm1", "expm1", 1e-7),
+    ("log2", "c_log2", "log2", 1e-7),
+    ("log10", "c_log10", "log10", 1e-7),
+    ("tan", "c_tan", "tan", 1e-7),
+    ("erfc", "c_erfc", "erfc", 1e-7),
+    ("floor", "c_floor", "floor", 1e-12),
+    ("ceil", "c_ceil", "ceil", 1e-12),
+    ("trunc", "c_trunc", "trunc", 1e-12),
+    (lambda x: tg.round(x), "c_round", "round", 1e-12),
+]
+for _pattern, _name, _symbol, _tol in _POINTWISE:
+    kernel(_pattern, backend="c", name=_name, dtypes=("float32", "float64"), contiguous=True,
+           where=where_ok(PW_LIB), tolerance=_tol, writes_out=True)(_pw_unary(_symbol))
+for _op, _tol in (("atan2", 1e-7), ("fmod", 1e-12)):
+    kernel(_op, backend="c", name=f"c_{_op}", dtypes=("float32", "float64"), contiguous=True,
+           where=where_ok(PW_LIB, same_shape), tolerance=_tol, writes_out=True)(_pw_binary(_op))

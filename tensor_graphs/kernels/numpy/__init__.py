@@ -6,7 +6,15 @@
 - ``exact.py``: ``numpy_exact_<op>`` for every op: the float64 reference, rounded once
   (tolerance 1e-7), so every tolerance >= 1e-7 on float32 outputs has a path;
 - ``selection.py``: ``numpy_argsort`` and ``numpy_scatter``, and the verification cases of
-  the selection and scatter family.
+  the selection and scatter family;
+- ``pointwise.py``: the special functions, integer division and bit and of the pointwise
+  families, and their rounding and classification composites in one numpy call.
 """
 
-from tensor_graphs.kernels.numpy import atomic, composite, exact, selection  # noqa: F401
+from tensor_graphs.kernels.numpy import (  # noqa: F401
+    atomic,
+    composite,
+    exact,
+    pointwise,
+    selection,
+)
