@@ -333,3 +333,12 @@ def test_searchsorted_bucketize_and_masked_scatter():
     mask = torch.tensor([[True, False, True], [False, True, True]])
     _compare(lambda x, m, src: x.masked_scatter(m, src), x, mask, torch.arange(10.0))
     _compare(lambda x, m, src: x.masked_scatter(m, src), x, mask[0], torch.arange(10.0))
+
+
+def test_cummax_cummin_logcumsumexp_and_mode():
+    n = float("nan")
+    x = torch.tensor([[1.0, 3.0, 3.0, n, 2.0, n, 5.0], [4.0, 4.0, 1.0, 0.0, 1.0, 7.0, 7.0]])
+    _compare(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1), torch.cummax(x, 0)), x)
+    _compare(lambda x: torch.logcumsumexp(x, 1), torch.randn(3, 5) * 30, tol=1e-6)
+    ties = torch.tensor([[2, 1, 2, 1, 3], [5, 5, 4, 4, 4]])
+    _compare(lambda x: (torch.mode(x, 1), torch.mode(x.float(), 0, keepdim=True)), ties)

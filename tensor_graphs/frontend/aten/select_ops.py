@@ -386,6 +386,74 @@ def _masked_scatter(x, mask, source):
     return tg.where(mask, tg.reshape(picked, x.shape), x)
 
 
+def _extreme(dtype, low: bool):
+    """The value below (low) or above every other of a dtype: a masked reduction's fill."""
+    if dtype.is_bool:
+        return not low
+    if dtype.is_float:
+        return -math.inf if low else math.inf
+    import numpy as np
+
+    info = np.iinfo(dtype.np_dtype)
+    return int(info.min if low else info.max)
+
+
+def _prefixes(x: Node, axis: int):
+    """x with axis moved last and repeated per position, (..., n, n) with j on the last axis,
+    and the mask of the places past each prefix (j > i)."""
+    n = x.shape[axis]
+    moved = tg.unsqueeze(tg.transpose(x, axis, -1), -2)
+    past = tg.less(tg.reshape(tg.iota(n), (n, 1)), tg.reshape(tg.iota(n), (1, n)))
+    return moved, past, n
+
+
+def _cum_extreme(x, dim, pick_max: bool):
+    """torch.cummax / cummin: the running extreme (nan propagates) and the last index where
+    it was reached (a nan's index once the running value is nan), over masked prefixes."""
+    if x.ndim == 0:
+        return x, tg.constant(0, "int64")
+    axis = _dim(x, dim, "cummax" if pick_max else "cummin")
+    moved, past, n = _prefixes(x, axis)
+    masked = tg.where(past, tg.cast(_extreme(x.dtype, pick_max), x.dtype.name), moved)
+    values = tg.max(masked, -1) if pick_max else tg.min(masked, axis=-1)  # (..., n)
+    v = tg.unsqueeze(values, -1)
+    hit = tg.equal(moved, v)
+    if x.dtype.is_float:
+        hit = tg.logical_or(hit, tg.logical_and(tg.isnan(moved), tg.isnan(v)))
+    j = tg.reshape(tg.iota(n), (1, n))
+    index = tg.max(tg.where(tg.logical_and(hit, tg.logical_not(past)), j, -1), -1)
+    return tg.transpose(values, axis, -1), tg.transpose(index, axis, -1)
+
+
+def _logcumsumexp(x, dim):
+    """log(cumsum(exp(x))) as a logsumexp over each masked prefix (stable for large x)."""
+    if x.ndim == 0:
+        return x
+    axis = _dim(x, dim, "logcumsumexp")
+    moved, past, _ = _prefixes(x, axis)
+    masked = tg.where(past, tg.cast(-math.inf, x.dtype.name), moved)
+    return tg.transpose(tg.logsumexp(masked, axis=-1), axis, -1)
+
+
+def _mode(x, dim, keepdim):
+    """torch.mode: the most frequent value along dim (the smallest among equally frequent
+    ones) and the last index holding it, by counting equal pairs."""
+    if x.ndim == 0:
+        return x, tg.constant(0, "int64")
+    axis = _dim(x, dim, "mode")
+    moved = tg.transpose(x, axis, -1)  # (..., n)
+    n = moved.shape[-1]
+    counts = tg.sum(tg.equal(tg.unsqueeze(moved, -1), tg.unsqueeze(moved, -2)), axis=-1)
+    best = tg.max(counts, -1, keepdims=True)
+    top = tg.cast(_extreme(x.dtype, False), x.dtype.name)
+    value = tg.min(tg.where(tg.equal(counts, best), moved, top), axis=-1, keepdims=True)
+    index = tg.max(tg.where(tg.equal(moved, value), tg.iota(n), -1), -1, keepdims=True)
+    value, index = tg.transpose(value, axis, -1), tg.transpose(index, axis, -1)
+    if not keepdim:
+        value, index = tg.squeeze(value, axis), tg.squeeze(index, axis)
+    return value, index
+
+
 def _data_dependent(op: str, instead: str):
     def refuse(a, kw):
         raise UnsupportedOpError(
@@ -461,6 +529,10 @@ def table(aten) -> dict:
                                                            kw["right"], kw["out_int32"]),
         aten.masked_scatter.default: lambda a, kw: _masked_scatter(kw["self"], kw["mask"],
                                                                    kw["source"]),
+        aten.cummax.default: lambda a, kw: _cum_extreme(kw["self"], kw["dim"], True),
+        aten.cummin.default: lambda a, kw: _cum_extreme(kw["self"], kw["dim"], False),
+        aten.logcumsumexp.default: lambda a, kw: _logcumsumexp(kw["self"], kw["dim"]),
+        aten.mode.default: lambda a, kw: _mode(kw["self"], kw["dim"], kw["keepdim"]),
         aten.take.default: lambda a, kw: _take(kw["self"], kw["index"]),
         aten.histc.default: lambda a, kw: _histc(kw["self"], kw["bins"], kw["min"], kw["max"]),
         aten._grouped_mm.default: lambda a, kw: _grouped_mm(kw["self"], kw["mat2"], kw["offs"])
