@@ -74,6 +74,7 @@ if available():
 
     _base.CUDA = cuda_available()
     from tensor_graphs.kernels.torch import ops as _ops  # noqa: F401  (registers the kernels)
+    from tensor_graphs.kernels.torch import pointwise as _pointwise  # noqa: F401
 
     if _base.CUDA:
         from tensor_graphs.kernels.torch import state as _state
