@@ -63,6 +63,8 @@ class Candidate:
     # GEMM weight): offered only where those arguments are static (weights), as for kernels
     backend: str = "c"
     device: str = "cpu"
+    also: tuple[Node, ...] = ()  # values besides the root it stores, each read outside the
+    # region (the residual stream a norm reads): the planner's nodes, in the kernel's order
     view: bool = False
     contiguous: bool = False  # generated loops read strided inputs themselves
     generated: bool = True
@@ -128,6 +130,9 @@ def generators() -> tuple[tuple[str, str, Callable], ...]:
         ("elementwise", "cpu", codegen.elementwise_candidate),
         # last-axis sum/max with their elementwise prologue and epilogue: one pass per level
         ("rows", "cpu", rowgen.row_candidate),
+        # the same, storing values also read outside beside the root (the residual stream a
+        # norm reads): one kernel for the add and the norm, several outputs
+        ("rows_stored", "cpu", rowgen.stored_row_candidate),
         # a matmul on a static weight and the elementwise region after it, in the GEMM's store
         ("gemm_epilogue", "cpu", gemm_epilogue.gemm_candidate),
         # on a GPU (real or simulated), the same elementwise and row regions as Triton
@@ -144,16 +149,20 @@ def grow(root: Node, uses: Mapping[Node, int], expand: Expand,
     order (root last); ``boundary`` the values it reads, in first-use order; ``through`` maps
     each composite it reached through to that composite's decomposition root. A node that is
     also read outside the region is a boundary (its value is made by another step anyway);
-    None when the region is the root alone."""
+    None when the region is the root alone. Where ``root`` is the decomposition root of a
+    composite (``uses.enclosing(root)``, the planner's), the region is that composite's: its
+    reads of its inputs count once, as in the use counts (its decomposition reading ``h``
+    twice hid the caller's read of ``h``, and the region recomputed ``h`` beside its step)."""
     excluded: set[Node] = set()
-    members = _reach(root, expand, inside, excluded)
+    start = _start(root, uses)
+    members = _reach(root, expand, inside, excluded, start)
     while True:  # drop nodes read outside, and what only they needed, until none is left
-        reads = _reads(members, expand)
+        reads = _reads(members, expand, start)
         outside = {n for n in members if n is not root and reads.get(n, 0) < uses.get(n, 1)}
         if not outside:
             break
         excluded |= outside
-        members = _reach(root, expand, inside, excluded)
+        members = _reach(root, expand, inside, excluded, start)
     through = {n: expand(n) for n in members if not n.op.is_atomic}
     covers = _topological(root, members, expand)
     if len(covers) < 2:
@@ -166,19 +175,85 @@ def grow(root: Node, uses: Mapping[Node, int], expand: Expand,
     return tuple(covers), tuple(boundary), through
 
 
+def grow_stored(root: Node, uses: Mapping[Node, int], expand: Expand,
+                inside: Callable[[Node], bool], keep: Callable[[Node], bool],
+                limit: int = 1) -> tuple[tuple[Node, ...], tuple[Node, ...],
+                                         dict[Node, Node], tuple[Node, ...]] | None:
+    """``grow`` where a member also read outside may stay in the region as one more output
+    (``keep`` accepts it: an atomic node the renderer can store) rather than become its
+    boundary: ``(covers, boundary, through, stored)``, ``stored`` in topological order. The
+    residual stream ``h = x + r`` that a norm reads and the next block reads too is then made
+    by the norm's kernel, which stores it beside the norm. At most ``limit`` values are stored,
+    the nearest the root (breadth first): the values a stored one is made from that others
+    read too are the region's inputs (a norm's region stores the stream it reads, not the
+    stream before it as well, which the previous norm's kernel stores). None when nothing is
+    stored (the region is ``grow``'s) or the region is the root alone. Whether a stored value
+    feeds one of the region's inputs through the outside (the kernel would need it before it
+    runs) is not known here: the planner checks that its plan's steps still order
+    (``planner/search.py``)."""
+    excluded: set[Node] = set()
+    start = _start(root, uses)
+    members = _reach(root, expand, inside, excluded, start)
+    while True:
+        reads = _reads(members, expand, start)
+        outside = [n for n in members if n is not root and reads.get(n, 0) < uses.get(n, 1)]
+        dropped = {n for n in outside if not (n.op.is_atomic and keep(n))}
+        dropped |= set([n for n in outside if n not in dropped][limit:])  # (breadth first)
+        if not dropped:
+            break
+        excluded |= dropped
+        members = _reach(root, expand, inside, excluded, start)
+    if not outside:
+        return None
+    through = {n: expand(n) for n in members if not n.op.is_atomic}
+    covers = _topological(root, members, expand)
+    if len(covers) < 2:
+        return None
+    boundary: list[Node] = []
+    for n in covers:
+        for i in _inputs(n, members, expand):
+            if i not in members and i not in boundary:
+                boundary.append(i)
+    return tuple(covers), tuple(boundary), through, tuple(n for n in covers if n in outside)
+
+
 # A member's context: the inputs of each composite whose decomposition it lies in, innermost
 # last. The graph's use counts see a composite read its inputs once; its decomposition's reads
 # of those inputs are not counted there, so they are not counted here either.
 Context = tuple[frozenset, ...]
 
 
+def _start(root: Node, uses: Mapping[Node, int]) -> tuple[Context, tuple[Node, ...]]:
+    """Where ``root`` lies: (its context, the reads made by the composites it is the whole
+    decomposition of). A root inside composites' decompositions (``uses.enclosing``, the
+    planner's: innermost first) starts inside their contexts, so its region's reads of their
+    inputs are theirs, which the use counts do not hold; for each composite whose whole
+    decomposition the region computes (the root is its decomposition's root, and so on
+    outward), the composite's own reads count once: all of them at the outermost such level,
+    and at an inner one those of values made inside the next one out. () and () where
+    ``uses`` does not say."""
+    enclosing = getattr(uses, "enclosing", None)
+    chain = list(enclosing(root)) if enclosing is not None else []
+    if not chain:
+        return (), ()
+    ctx = tuple(frozenset(c.inputs) for c, _ in reversed(chain))  # innermost last
+    reads: list[Node] = []
+    for j, (composite, whole) in enumerate(chain):
+        if not whole:
+            break
+        outer = set().union(*(c.inputs for c, _ in chain[j + 1:]))
+        reads.extend(i for i in composite.inputs if i not in outer)
+    return ctx, tuple(reads)
+
+
 def _reach(root: Node, expand: Expand, inside: Callable[[Node], bool],
-           excluded: set[Node]) -> dict[Node, Context]:
+           excluded: set[Node], start: tuple[Context, tuple[Node, ...]] = ((), ())
+           ) -> dict[Node, Context]:
     """Nodes reachable from ``root`` through members (with their contexts): atomic nodes
     ``inside`` accepts and composites whose decomposition root it accepts (the composite and
-    that root both)."""
+    that root both). ``start``: ``_start``'s (the root's own context)."""
     members: dict[Node, Context] = {}
-    queue: deque[tuple[Node, Context]] = deque([(root, ())])
+    queue: deque[tuple[Node, Context]] = deque([(root, start[0])])
     atomic = 0
     while queue:  # breadth first: a region cut at MAX_NODES keeps the nodes nearest the root
         n, ctx = queue.popleft()
@@ -204,14 +279,18 @@ def _leave(ctx: Context, node: Node) -> Context:
     return ctx
 
 
-def _reads(members: Mapping[Node, Context], expand: Expand) -> dict[Node, int]:
-    """How often members read each node, counted as the graph's use counts are."""
+def _reads(members: Mapping[Node, Context], expand: Expand,
+           start: tuple[Context, tuple[Node, ...]] = ((), ())) -> dict[Node, int]:
+    """How often members read each node, counted as the graph's use counts are (``start``:
+    ``_start``'s, whose reads count once each). A member inside a decomposition reading that
+    composite's input is the composite's read, not counted again (a composite member too)."""
     reads: dict[Node, int] = {}
+    for i in start[1]:
+        reads[i] = reads.get(i, 0) + 1
     for n, ctx in members.items():
-        if n.op.is_atomic:
-            ins = [i for i in n.inputs if not (ctx and i in ctx[-1])]
-        else:
-            ins = [*n.inputs, expand(n)]
+        ins = [i for i in n.inputs if not (ctx and i in ctx[-1])]
+        if not n.op.is_atomic:
+            ins.append(expand(n))
         for i in ins:
             reads[i] = reads.get(i, 0) + 1
     return reads
@@ -256,6 +335,13 @@ def rebuilt(covers: tuple[Node, ...], through: Mapping[Node, Node],
     its decomposition (what a renderer walks: atomic ops only), each rebuilt node passed through
     ``fold`` (a renderer folds ops on constants alone into constants). Only covered nodes are
     rebuilt; the rest of the graph is not touched."""
+    return rebuilt_map(covers, through, fold)[covers[-1]]
+
+
+def rebuilt_map(covers: tuple[Node, ...], through: Mapping[Node, Node],
+                fold: Callable[[Node], Node] | None = None) -> dict[Node, Node]:
+    """``rebuilt`` for every covered node: {planner's node: its rebuilt node} (a region that
+    stores several values renders each one's rebuilt node)."""
     built: dict[Node, Node] = {}
 
     def value(n: Node) -> Node:
@@ -267,7 +353,8 @@ def rebuilt(covers: tuple[Node, ...], through: Mapping[Node, Node],
         inputs = tuple(value(i) for i in n.inputs)
         node = n if inputs == n.inputs else Node.make(n.op, inputs, n.attrs, n.name)
         built[n] = node if fold is None else fold(node)
-    return built[covers[-1]]
+    return built
 
 
-__all__ = ["Candidate", "candidates", "generators", "grow", "realize", "rebuilt", "refused"]
+__all__ = ["Candidate", "candidates", "generators", "grow", "grow_stored", "realize", "rebuilt",
+           "rebuilt_map", "refused"]

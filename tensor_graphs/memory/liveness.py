@@ -31,6 +31,9 @@ kernel declares ``inplace`` (below). Outputs live to ``END = len(plan.steps)``.
   is a scratch buffer live at that step only.
 - **Input copies.** A per-call copy of an input from the host to a GPU gets a buffer live from
   step 0, wherever the copy runs: a CUDA graph stages every feed before its first GPU step.
+- **Stored values.** A step whose kernel stores values besides its result (``Step.also``: a
+  generated row kernel's residual stream) makes each of them at its position, in a dense
+  buffer of its own (static with the step).
 - **In place.** A kernel with ``inplace == i`` writes its result into input i's buffer when that
   buffer dies exactly at this step (its last use is here, it holds no output, it is not a leaf
   or static), input i covers the whole buffer densely, the sizes agree, and no other input of
@@ -221,6 +224,7 @@ def static_keys(plan: Plan, symbolic: Plan | None = None) -> set[Slot]:
     for step, twin in zip(plan.steps, source.steps):
         if is_static(twin.node, all(plan.resolve(i) in static for i in step.inputs)):
             static.add(plan.resolve(step.slot))
+            static.update(plan.resolve(s) for s in step.also_slots if s is not None)
     return static
 
 
@@ -290,6 +294,9 @@ def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = Tr
                     if st_ is None or not is_contiguous(src.node.shape, st_):
                         scratch_at.append((pos, src))
         layouts[key] = layout
+        for s in step.also_slots:  # values a kernel stores besides its result: dense
+            if s is not None:
+                layouts[plan.resolve(s)] = (c_strides(s.node.shape), 0)
 
     def root(key: Slot) -> Slot:
         while key in view_src:
@@ -343,6 +350,15 @@ def analyze(plan: Plan, static: Iterable[Slot] | None = None, scratch: bool = Tr
         b.last = max(b.last, group_last.get(key, pos))
         values[key] = Value(key, step.node, step.device, nb, b, strides, offset,
                             inplace_of=taken.key if taken is not None else None, first=pos)
+        for s in step.also_slots:  # each stored value in a buffer of its own
+            if s is None:
+                continue
+            k_ = plan.resolve(s)
+            nb_ = nbytes_of(s.node)
+            b_ = new_buffer(s.node, step.device, nb_, pos, WEIGHT if k_ in static else ARENA)
+            b_.values.append(k_)
+            b_.last = max(b_.last, group_last.get(k_, pos))
+            values[k_] = Value(k_, s.node, step.device, nb_, b_, layouts[k_][0], 0, first=pos)
 
     for key, v in values.items():
         v.last = last_read.get(key, v.first)

@@ -86,10 +86,11 @@ def lint_plan(plan: Plan) -> list[str]:
         if step.nodes and step.nodes[-1] is not step.node:
             problems.append(f"{what} is filed under {_describe(step.node)} but computes "
                             f"{_describe(step.nodes[-1])}")
-        key = plan.resolve(step.slot)
-        if key in made:
-            problems.append(f"{what} makes {_slot(key)}, already made by {made[key]}")
-        made[key] = what
+        for key in (plan.resolve(step.slot),
+                    *(plan.resolve(a) for a in step.also_slots if a is not None)):
+            if key in made:
+                problems.append(f"{what} makes {_slot(key)}, already made by {made[key]}")
+            made[key] = what
     for s in plan.outputs:
         if plan.resolve(s) not in made:
             problems.append(f"output {_slot(s)} is made by no step")

@@ -87,6 +87,15 @@ class Step:
     features: object = None
     densify: float = 0.0  # the runtime's copies of strided views this kernel reads densely
     static: bool = False  # runs once per binding, in the prelude (``ir.graph.is_static``)
+    # values the kernel stores besides its result (a generated kernel's ``also``: the residual
+    # stream beside its norm), in the kernel's order, each its own value on ``device``; None
+    # where another step makes that value (the kernel's store is dropped)
+    also: tuple[Node | None, ...] = ()
+
+    @property
+    def also_slots(self) -> tuple[Slot | None, ...]:
+        """The slots of ``also``: each value is the step's own, on its device."""
+        return tuple(None if n is None else Slot(n, self.device, False) for n in self.also)
 
     @property
     def cost(self) -> float:
@@ -197,7 +206,8 @@ class Plan:
 
         memo: dict[Node, Node] = {}
         roots = [n for st in self.steps for n in (st.node, *st.nodes, *(i.node for i in
-                                                                        st.inputs))]
+                                                                        st.inputs),
+                                                  *(a for a in st.also if a is not None))]
         roots += [s.node for s in (*self.leaves, *self.outputs)]
         roots += [s.node for pair in self.aliases.items() for s in pair]
         specialize_map(roots, dims, memo)
@@ -211,7 +221,8 @@ class Plan:
 
         steps = tuple(Step(st.kernel, memo[st.node], st.device, tuple(map(slot, st.inputs)),
                            tuple(memo[n] for n in st.nodes), attrs(st.attrs), st.estimate,
-                           st.error, st.signature, st.features, st.densify, st.static)
+                           st.error, st.signature, st.features, st.densify, st.static,
+                           tuple(None if a is None else memo[a] for a in st.also))
                       for st in self.steps)
         return Plan(steps, tuple(map(slot, self.outputs)),
                     {slot(a): slot(b) for a, b in self.aliases.items()},
@@ -233,6 +244,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
             computes = f"copy to {s.device}"
         elif getattr(s.kernel, "generated", False):
             computes = f"generated: {ops_inside(s.nodes)}"
+            if any(a is not None for a in s.also):
+                computes += f" (stores {sum(a is not None for a in s.also)} more)"
         else:
             fused = len(s.nodes) - 1
             computes = s.computes + (f" (+{fused} fused)" if fused else "")

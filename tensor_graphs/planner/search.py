@@ -64,6 +64,10 @@ from tensor_graphs.planner.plan import (
 from tensor_graphs.rewrite.enumerate import pm_matmul, rewrites
 
 BLOCK = "block"
+# a slot whose value a generated kernel stores beside its root (``Candidate.also``: the residual
+# stream its norm reads): filled by that kernel's step, no step of its own; its decision label
+# is ``also:<kernel name>``
+ALSO = "also"
 PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheaper matmul chain)
 MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
@@ -162,19 +166,25 @@ class Planner:
         self.shared = {n for n, c in self.uses.items() if c > 1}
         # what a generated region sees: an output is also read by the caller, so a region
         # never computes one only inside it ([h, rms_norm(h + 1)] recomputed h beside c_add)
-        self._region_uses = _ReadOutside(self.uses, set(self.outputs))
+        self._decomposed: dict[Node, Node] = {}
+        self._composite_of: dict[Node, Node] = {}  # decomposition node -> its composite
+        self._region_uses = _ReadOutside(self.uses, set(self.outputs), self._composite_of,
+                                         self._decomposed)
         self.depth: dict[Node, int] = {n: 0 for n in self.uses}
         self._options: dict[Slot, list[Option]] = {}
         self._rejected: dict[Slot, list[Option]] = {}
         self._best: dict[Slot, tuple[float, Option | None, frozenset]] = {}
         self._active: set[Slot] = set()
-        self._decomposed: dict[Node, Node] = {}
         self._made_on: dict[Node, str] = {}  # shared value -> where making it is cheapest
         self.stats = {"slots": 0, "options": 0, "estimates": 0, "blocks": 0,
                       "blocks_planned": 0, "block_cache_hits": 0}
         self._blocks: dict[Node, BlockInstancePlan] = {}
         self._inside: set[Node] = set()
         self._multi_output: set[Node] = set()  # the nodes of blocks with several outputs
+        # generated kernels storing values whose readers the plan would run before them (a
+        # stored value feeding one of the kernel's own inputs): not offered again here
+        self._unordered: set[str] = set()
+        self._credits: dict[int, tuple[Option, dict]] = {}  # option id -> (it, _absorbed)
         if blocks:
             self._find_blocks()
 
@@ -277,10 +287,17 @@ class Planner:
         out = []
         for cand in generated.candidates(node, self._region_uses, self._decomposition, kind):
             if cand.device != kind or cand.name in self.refused or \
+                    cand.name in self._unordered or \
                     (self.backends is not None and cand.backend not in self.backends):
                 continue
             if any(n in self._multi_output for n in cand.covers if n is not node):
                 continue  # see _exclusive
+            if cand.also and (kind != self.target or any(
+                    n in self._blocks or n in self._inside for n in cand.covers
+                    if n is not node)):
+                continue  # stored on the target only (a host kernel storing the GPU's
+                # residual stream copied it both ways); and a repeated block makes what it
+                # covers: storing it again is waste
             if not all(is_static(cand.inputs[i]) for i in cand.prepared):
                 continue  # see _kernels: prepared once per binding
             sig, feats = self._measure_key(cand.covers, cand.inputs, node)
@@ -289,10 +306,11 @@ class Planner:
             out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
                               cand, cand.covers, {}, est, step_error(cand, node.dtype), sig,
                               feats, label=f"{GENERATED}:{cand.name}",
-                              cold=self._cold(cand.inputs, node), static=is_static(node)))
+                              cold=self._cold(cand.inputs, node, cand.also),
+                              static=is_static(node)))
         return out
 
-    def _cold(self, args: Sequence[Node], node: Node) -> float:
+    def _cold(self, args: Sequence[Node], node: Node, also: Sequence[Node] = ()) -> float:
         """Seconds for a step's activations (inputs that are not static, and its result) to
         go through memory once at the calibrated bandwidth: what the database's time lacks.
         It times a kernel in a loop on the same buffers, so a small step measures with its
@@ -302,9 +320,10 @@ class Planner:
         to the pair on measurement noise. Added to every step, so alternatives with the same
         operands keep their measured order, and the pair pays for its intermediate twice
         (written, read back). Weights are left out: a weight-streaming kernel measures its
-        own bandwidth. A decision term only: the plan's predicted time stays the estimates'."""
+        own bandwidth. A decision term only: the plan's predicted time stays the estimates'.
+        ``also``: values the step stores besides its result (written once more each)."""
         rate = self.cost.rates(self.target)["bytes"]
-        moved = [a for a in dict.fromkeys(args) if not is_static(a)] + [node]
+        moved = [a for a in dict.fromkeys(args) if not is_static(a)] + [node, *also]
         return sum(nbytes(t) for t in self._concrete(moved)) / rate
 
     def _concrete(self, nodes_: Sequence[Node]) -> list[Node]:
@@ -371,14 +390,16 @@ class Planner:
         if d is None:
             d = expand_composite(node.op, node.inputs, node.attrs)
             self._decomposed[node] = d
-            self._adopt(d, self.depth.get(node, 0))
+            self._composite_of.setdefault(d, node)
+            for n in self._adopt(d, self.depth.get(node, 0)):
+                self._composite_of.setdefault(n, node)
         return d
 
-    def _adopt(self, root: Node, depth: int) -> None:
+    def _adopt(self, root: Node, depth: int) -> list[Node]:
         """Count the users of a new subgraph's nodes (an expansion or a rewrite); the walk
-        stops at nodes already known, so it costs the new part only."""
+        stops at nodes already known, so it costs the new part only. Returns the new nodes."""
         if root in self.uses:
-            return
+            return []
         new: list[Node] = []
         stack, seen = [root], {root}
         while stack:
@@ -396,6 +417,7 @@ class Planner:
             for i in n.inputs:
                 if i in seen:
                     self.uses[i] += 1
+        return new
 
     def _rewrites(self, slot: Slot) -> list[Option]:
         node = slot.node
@@ -516,21 +538,44 @@ class Planner:
         return found
 
     def _absorbed(self, opt: Option) -> float:
+        """The credit of ``_absorbed_values``; an option that only names another slot for the
+        same value (a composite's decomposition, a rewrite, the value made on this device)
+        takes the credit of the step that slot's best option runs, so the composite's own
+        kernel and its decomposition compete at their true costs."""
+        if opt.how in (DECOMPOSE, REWRITE, LOCAL) and opt.needs \
+                and not self._boundary(opt.needs[0].node):
+            found = self._best.get(opt.needs[0])
+            return 0.0 if found is None or found[1] is None else self._absorbed(found[1])
+        return sum(self._absorbed_values(opt).values())
+
+    def _absorbed_values(self, opt: Option) -> Mapping[Node, float]:
         """What a kernel saves by computing shared values inside it: a value the graph uses
         twice is a boundary, costed where it is made and not by its consumers, but a kernel
         covers one only when every user is inside it (``_exclusive``, ``generated.grow``), so
         choosing it makes that value's own step unnecessary. Without this credit the kernel
         paid for the value and its rival did not: Mish after a matmul, ``h * tanh(softplus(h))``
-        with ``h`` read twice, planned the GEMM and the epilogue apart."""
+        with ``h`` read twice, planned the GEMM and the epilogue apart. A generated kernel that
+        stores a value beside its root (``Candidate.also``: the residual stream its norm
+        reads) makes that value's own step unnecessary too, while others still read it.
+        {value: its own step's cost}."""
         if opt.how != KERNEL or len(opt.covers) < 2:
-            return 0.0
+            return {}
+        found = self._credits.get(id(opt))
+        if found is not None:
+            return found[1]
         root = opt.slot.node
-        saved = 0.0
+        saved: dict[Node, float] = {}
+        settled = True
         for n in opt.covers:
-            if n is not root and n in self.shared and not n.op.is_leaf:
-                cost = self._solve_slot(Slot(n, opt.slot.device, False))[0]
+            if n is not root and n in self.shared and not n.op.is_leaf \
+                    and n not in self._blocks:  # (a block runs for its other values anyway)
+                slot = Slot(n, opt.slot.device, False)
+                settled = settled and slot not in self._active  # (a rewrite cycle: INF)
+                cost = self._solve_slot(slot)[0]
                 if cost < INF:
-                    saved += cost
+                    saved[n] = cost
+        if settled:
+            self._credits[id(opt)] = (opt, saved)
         return saved
 
     def _own(self, opt: Option) -> float:
@@ -589,14 +634,41 @@ class Planner:
         return alone if alone.cost <= mixed.cost else mixed
 
     def _extracted(self) -> Plan:
-        self.solve()
-        chosen: dict[Slot, Option] = {}
-        while True:  # each round makes one more value where it is read: it ends
-            plan = self.extract(lambda slot: chosen.get(slot) or self.best(slot)[1])
-            better = self._lone_copies(plan)
-            if not better:
-                return plan
-            chosen.update(better)
+        while True:
+            self.solve()
+            chosen: dict[Slot, Option] = {}
+            try:
+                while True:  # each round makes one more value where it is read: it ends
+                    plan = self.extract(lambda slot, c=chosen: c.get(slot) or self.best(slot)[1])
+                    better = self._lone_copies(plan) or self._stored_twice(plan, chosen)
+                    if not better:
+                        return plan
+                    chosen.update(better)
+            except _UnorderedError as exc:  # planned again without that kernel
+                self._unordered.add(exc.name)
+                self._options.clear()
+                self._rejected.clear()
+                self._best.clear()
+                self._made_on.clear()
+                self._credits.clear()
+
+    def _stored_twice(self, plan: Plan, chosen: Mapping[Slot, Option]) -> dict[Slot, Option]:
+        """Values a generated kernel of the plan stores beside its root (``Candidate.also``)
+        that another step makes too: the walk met the value's slot before the kernel's root
+        and chose its own step (the DP credited the kernel with that step's cost: it is to
+        go). {the value's slot: the ALSO option that leaves it to the kernel} to extract
+        again; a value two kernels store is left to the first."""
+        made = {plan.resolve(st.slot): st for st in plan.steps}
+        better: dict[Slot, Option] = {}
+        for st in plan.steps:
+            for n, kept in zip(getattr(st.kernel, "also", ()), st.also):
+                slot = Slot(n, st.device, False)
+                if kept is not None or slot in chosen or slot in better:
+                    continue
+                other = made.get(slot)
+                if other is not None:
+                    better[slot] = Option(ALSO, slot, label=f"{ALSO}:{st.kernel.name}")
+        return better
 
     def _movable(self, plan: Plan) -> bool:
         """Whether the plan computes off the target what the target could compute (inside
@@ -643,6 +715,8 @@ class Planner:
                 raise PlanFileError(f"its {len(decisions)} decisions are fewer than this graph "
                                     "needs (it was saved for another graph)")
             label = queue.pop()
+            if label.startswith(ALSO + ":"):  # stored by a generated kernel (``extract``)
+                return Option(ALSO, slot, label=label)
             if label.startswith(BLOCK + ":") and slot.node in self._blocks:
                 return self._blocks[slot.node].option(slot, self, label)
             for opt in self.options(slot):
@@ -656,20 +730,32 @@ class Planner:
             raise PlanFileError(f"it chooses {label!r} for {_describe(slot.node)}, which is not "
                                 "available here (another graph, kernel set or device)")
 
-        plan = self.extract(choose)
+        def claim(slot: Slot, label: str) -> None:
+            found = queue.pop() if queue else None
+            if found != label:
+                raise PlanFileError(f"it chooses {found!r} for {_describe(slot.node)}, which "
+                                    f"the generated kernel chosen before stores ({label!r})")
+
+        plan = self.extract(choose, claim)
         if queue:
             raise PlanFileError(f"it has {len(queue)} decisions more than this graph needs (it "
                                 "was saved for another graph)")
         return plan
 
-    def extract(self, choose: Callable[[Slot], Option | None]) -> Plan:
-        """Walk from the outputs choosing an option per needed slot; steps in execution order."""
+    def extract(self, choose: Callable[[Slot], Option | None],
+                claim: Callable[[Slot, str], None] | None = None) -> Plan:
+        """Walk from the outputs choosing an option per needed slot; steps in execution order.
+        A generated kernel that stores values besides its root (``Candidate.also``) fills
+        their slots not chosen yet (an ``ALSO`` decision each, after its own; ``claim`` is
+        told, so a replay checks its lock file says the same); a stored value whose slot
+        another step fills is dropped by the kernel (its ``also`` entry None)."""
         chosen: dict[Slot, Option] = {}
         steps: list[Step] = []
         aliases: dict[Slot, Slot] = {}
         leaves: list[Slot] = []
         decisions: list[str] = []
         emitted: set[int] = set()  # block instances whose steps are in
+        stored: set[Slot] = set()  # ALSO slots a kernel's step fills
         stack: list[tuple[Slot, bool]] = [(s, False) for s in reversed(self.output_slots)]
         while stack:
             slot, ready = stack.pop()
@@ -679,10 +765,20 @@ class Planner:
                     if id(opt.kernel) not in emitted:
                         emitted.add(id(opt.kernel))
                         opt.kernel.emit(steps, aliases)
+                elif opt.how == ALSO:
+                    pass  # filled by the step of the kernel that stores it
                 elif opt.runs:
+                    also = []
+                    for n in getattr(opt.kernel, "also", ()):
+                        s = Slot(n, slot.device, False)
+                        mine = getattr(chosen.get(s), "how", None) == ALSO and s not in stored
+                        also.append(n if mine else None)
+                        if mine:
+                            stored.add(s)
                     steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
                                       opt.covers, opt.attrs, opt.estimate, opt.error,
-                                      opt.signature, opt.features, opt.densify, opt.static))
+                                      opt.signature, opt.features, opt.densify, opt.static,
+                                      tuple(also)))
                 elif opt.how == LEAF:
                     leaves.append(slot)
                 else:
@@ -695,10 +791,24 @@ class Planner:
                 raise self.no_path_error()
             chosen[slot] = opt
             decisions.append(opt.label)
+            if opt.how == KERNEL:
+                for n in getattr(opt.kernel, "also", ()):
+                    s = Slot(n, slot.device, False)
+                    if s not in chosen:
+                        label = f"{ALSO}:{opt.kernel.name}"
+                        if claim is not None:
+                            claim(s, label)
+                        chosen[s] = Option(ALSO, s, label=label)
+                        decisions.append(label)
             stack.append((slot, True))
             stack.extend((need, False) for need in reversed(opt.needs) if need not in chosen)
-        return Plan(tuple(steps), tuple(self.output_slots), aliases, tuple(leaves),
+        unfilled = [s for s, o in chosen.items() if o.how == ALSO and s not in stored]
+        if unfilled:
+            raise PlanFileError(f"it leaves {_describe(unfilled[0].node)} to a generated "
+                                "kernel that the plan does not run")
+        plan = Plan(tuple(steps), tuple(self.output_slots), aliases, tuple(leaves),
                     tuple(decisions), self.tolerance, self.dispatch)
+        return _ordered(plan) if stored else plan
 
     # ------------------------------------------------------------------------ errors
     def no_path_error(self) -> NoPathError:
@@ -792,10 +902,27 @@ class Planner:
 class _ReadOutside(Mapping):
     """The planner's use counts with each output read once more (by the caller), live as the
     planner adds decompositions to them; its length is theirs, O(1) (a ChainMap's is a union
-    of keys, and a generator asks for it at every node)."""
+    of keys, and a generator asks for it at every node). ``enclosing(node)``: the composites
+    whose decompositions ``node`` lies in (``generated.grow`` counts their reads of their
+    inputs as the use counts do: once per composite, not per decomposition node)."""
 
-    def __init__(self, uses: Mapping[Node, int], outputs: set[Node]):
+    def __init__(self, uses: Mapping[Node, int], outputs: set[Node],
+                 composites: Mapping[Node, Node] | None = None,
+                 decomposed: Mapping[Node, Node] | None = None):
         self.uses, self.outputs = uses, outputs
+        self.composites = {} if composites is None else composites
+        self.decomposed = {} if decomposed is None else decomposed
+
+    def enclosing(self, node: Node) -> list[tuple[Node, bool]]:
+        """(composite, whether ``node`` is its decomposition's root) for each composite whose
+        decomposition holds ``node``, innermost first (a composite's node is in its own
+        parent's decomposition, and so on)."""
+        chain: list[tuple[Node, bool]] = []
+        while node in self.composites and len(chain) < 64:
+            composite = self.composites[node]
+            chain.append((composite, self.decomposed.get(composite) is node))
+            node = composite
+        return chain
 
     def __getitem__(self, node: Node) -> int:
         return self.uses[node] + (node in self.outputs)
@@ -935,6 +1062,53 @@ def _pointwise_only(members, expand: Callable[[Node], Node]) -> bool:
     return True
 
 
+class _UnorderedError(Exception):
+    """A generated kernel stores a value that one of its own inputs is computed from: no
+    order of the plan's steps runs it (``_ordered``); the planner plans again without it."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _ordered(plan: Plan) -> Plan:
+    """The plan with its steps in an order where each runs after the steps making what it
+    reads: the walk emits a stored value's readers when it meets them, which can be before
+    the kernel storing it (its root met later). Stable: the walk's order where it holds.
+    ``_UnorderedError`` when a kernel reads, through other steps, a value it stores itself."""
+    import heapq
+
+    maker: dict[Slot, int] = {}
+    for i, st in enumerate(plan.steps):
+        maker[plan.resolve(st.slot)] = i
+        for s in st.also_slots:
+            if s is not None:
+                maker[plan.resolve(s)] = i
+    after: list[list[int]] = [[] for _ in plan.steps]
+    waits = [0] * len(plan.steps)
+    for i, st in enumerate(plan.steps):
+        for need in {maker.get(plan.resolve(s)) for s in st.inputs} - {None, i}:
+            after[need].append(i)
+            waits[i] += 1
+    ready = [i for i, w in enumerate(waits) if not w]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in after[i]:
+            waits[j] -= 1
+            if not waits[j]:
+                heapq.heappush(ready, j)
+    if len(order) < len(plan.steps):
+        stuck = next(st for i, st in enumerate(plan.steps) if waits[i] and st.also)
+        raise _UnorderedError(stuck.kernel.name)
+    if order == list(range(len(plan.steps))):
+        return plan
+    return Plan(tuple(plan.steps[i] for i in order), plan.outputs, plan.aliases, plan.leaves,
+                plan.decisions, plan.tolerance, plan.dispatch)
+
+
 def _describe(n: Node) -> str:
     ins = ", ".join(f"{format_shape(i.shape)} {i.dtype.name}" for i in n.inputs)
     return f"{n.op.name}({ins}) -> {format_shape(n.shape)} {n.dtype.name}"
@@ -1014,7 +1188,9 @@ class BlockInstancePlan:
             steps.append(Step(st.kernel, self.concrete(st.node), st.device,
                               tuple(self._slot(i) for i in st.inputs),
                               tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
-                              st.error, st.signature, st.features, st.densify, st.static))
+                              st.error, st.signature, st.features, st.densify, st.static,
+                              tuple(None if n is None else self.concrete(n)
+                                    for n in st.also)))
         for a, b in plan.aliases.items():
             aliases[self._slot(a)] = self._slot(b)
 

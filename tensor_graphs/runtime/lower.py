@@ -60,6 +60,12 @@ class Instruction:
     device: str = "cpu"  # the device kind the result lives on ("cuda": a torch tensor)
     reads: str = "cpu"  # the device kind the kernel reads its arguments on
     copy_in: bool = False  # copies an input leaf from the host to a GPU (a GPU feed skips it)
+    # values the kernel stores besides its result (``Step.also``), -1 where it drops one, and
+    # per value its (device, byte offset, bytes) in the arena or None (the runtime allocates):
+    # the kernel gets them as ``also=`` arrays of the result's shape (None for a dropped one)
+    also: tuple[int, ...] = ()
+    also_places: tuple = ()
+    also_dtypes: tuple = ()
 
 
 class LeafValue(NamedTuple):
@@ -132,23 +138,30 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
         args = tuple(number(i) for i in step.inputs)
         out = number(step.slot)
         devices[out] = step.device
+        also = tuple(-1 if s is None else number(s) for s in step.also_slots)
+        for a in also:
+            if a >= 0:
+                devices[a] = step.device
         if live.steps[pos][0] in live.static:  # the memory plan holds it with the weights
             static.add(out)
+            static.update(a for a in also if a >= 0)
             prelude.append((pos, args, out))
         else:
             main.append((pos, args, out))
     keep = static | set(outputs)
-    prelude_ins = [_instruction(plan, pos, args, out, (), None, False)
-                   for pos, args, out in prelude]
+    prelude_ins = [_also(_instruction(plan, pos, args, out, (), None, False), plan, at, pos,
+                         number, None) for pos, args, out in prelude]
     instructions = []
     for pos, args, out in main:
         key, reads = live.steps[pos]  # the same step in the memory plan's keys
         free = tuple(sorted({a for a, k in zip(args, reads)
                              if live.values[k].last == pos and a not in keep}))
         placement = memory.placements.get(key) if memory is not None else None
-        instructions.append(_instruction(plan, pos, args, out, free,
-                                         _place(at.steps[pos], placement),
-                                         placement is not None and placement.alias_of is None))
+        instructions.append(_also(_instruction(plan, pos, args, out, free,
+                                               _place(at.steps[pos], placement),
+                                               placement is not None
+                                               and placement.alias_of is None),
+                                  plan, at, pos, number, memory))
     size, prepared = len(index), []
     for j, ins in enumerate(instructions):
         instructions[j], size = _prepare(ins, static, prepared, size)
@@ -185,6 +198,25 @@ def _instruction(plan: Plan, pos: int, args: tuple[int, ...], out: int,
         place, place is None and (not k.view or copies), k,
         tuple(tuple(x.node.shape) for x in s.inputs), tuple(x.node.dtype for x in s.inputs),
         s.node.dtype.np_dtype, s.device, reads, copy_in)
+
+
+def _also(ins: Instruction, plan: Plan, at: Plan, pos: int, number, memory) -> Instruction:
+    """``ins`` with the values its kernel stores besides its result (``Step.also``): their
+    indices and arena places (None: allocated when it runs)."""
+    step = plan.steps[pos]
+    if not step.also:
+        return ins
+    indices, places = [], []
+    for s, s_at in zip(step.also_slots, at.steps[pos].also_slots):
+        indices.append(-1 if s is None else number(s))
+        p = None if memory is None or s_at is None else memory.placements.get(at.resolve(s_at))
+        dense = p is not None and p.kind == ARENA and p.nbytes and p.alias_of is None and (
+            p.strides is None or p.strides == _byte_strides(s_at.node.shape,
+                                                            s_at.node.dtype.np_dtype))
+        places.append((p.device, p.offset, p.nbytes) if dense else None)
+    dtypes = tuple(None if n is None else n.dtype.np_dtype for n in step.also)
+    return dataclasses.replace(ins, also=tuple(indices), also_places=tuple(places),
+                               also_dtypes=dtypes)
 
 
 def _place(step, placement) -> tuple | None:
@@ -283,6 +315,9 @@ def lint_program(program: Program) -> list[str]:
         for a in ins.args:
             read(a, what, gone)
         make(ins.out, what)
+        for a in ins.also:
+            if a >= 0:
+                make(a, what)
     for p in program.prepared:
         read(p.source, f"prepared value {p.index}", gone)
         make(p.index, f"prepared value {p.index}")
@@ -292,6 +327,9 @@ def lint_program(program: Program) -> list[str]:
         for a in ins.args:
             read(a, what, gone)
         make(ins.out, what)
+        for a in ins.also:
+            if a >= 0:
+                make(a, what)
         for f in ins.free:
             if f in kept:
                 problems.append(f"{what} drops value {f}, which is "

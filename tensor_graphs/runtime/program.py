@@ -601,14 +601,16 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
                 args = [a if dv.is_dense(a) else dense(a) for a in args]
             if recorder is not None:
                 recorder.begin_step(ins.name, n)
-            try:
+            stored = _stored(ins, shape, arenas) if getattr(ins, "also", ()) else None
+            call = kw if stored is None else {**kw, "also": stored}  # values the kernel
+            try:  # stores besides its result, each an array of its own
                 if buf is not None:
-                    out = raw = ins.fn(*args, out=buf, **kw)
+                    out = raw = ins.fn(*args, out=buf, **call)
                     if out is not buf and dv.is_tensor(out) and any(  # a GPU kernel may
                             dv.inside(out, r) for r in regions):  # allocate after all
                         out = dv.copy(out)
                 else:
-                    out = raw = ins.fn(*args, **kw)
+                    out = raw = ins.fn(*args, **call)
                     if ins.fresh and regions and not dv.fresh(out) and any(
                             dv.inside(out, r) for r in regions):
                         out = dv.copy(out)
@@ -622,8 +624,26 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
             if recorder is not None:
                 recorder.after(ins, kw, given, args, raw, out)
             values[ins.out] = out
+            for a, v in zip(getattr(ins, "also", ()), stored or ()):
+                if a >= 0:
+                    values[a] = v
             for f in ins.free:
                 values[f] = None
+
+
+def _stored(ins: Instruction, shape: tuple, arenas: Mapping) -> list:
+    """The arrays a kernel stores its ``also`` values into: their arena places where the
+    memory plan gave them room at this shape, else new arrays; None for a dropped value."""
+    out = []
+    for a, place, dtype in zip(ins.also, ins.also_places, ins.also_dtypes):
+        if a < 0:
+            out.append(None)
+            continue
+        if place is not None and math.prod(shape) * np.dtype(dtype).itemsize <= place[2]:
+            out.append(dv.arena_view(arenas[place[0]], place[1], shape, dtype))
+        else:
+            out.append(np.empty(shape, dtype))
+    return out
 
 
 def dims_key(dims: Mapping) -> tuple:

@@ -180,16 +180,16 @@ def test_a_softmax_over_heads_with_a_broadcast_causal_mask():
     assert_close(got, y, feeds, 1e-6)
 
 
-def test_the_residual_stream_read_outside_is_an_input():
-    """h = x + r is also an output: a region may not hide it (it would need a second
-    output), so h is made by its own step and the norm reads it."""
+def test_the_residual_stream_read_outside_is_stored_beside_the_norm():
+    """h = x + r is also an output: the norm's kernel computes it and stores it as a second
+    output (``Step.also``), so the add and the norm are one step, and both outputs match."""
     x, r, _, _, g, _ = leaves((8, 40))
     h = x + r
     outs = [h, scale_norm(h, g)]
     prog = tg.compile(outs, db=":memory:")
     (step,) = generated_steps(prog)
-    assert h not in step.nodes and any(s.node is h for s in prog.plan.steps)
-    assert len(prog.plan.steps) == 2
+    assert h in step.nodes and step.also == (h,) and len(prog.plan.steps) == 1
+    assert "stores 1 more" in prog.explain()
     rng = np.random.default_rng(3)
     feeds = {"x": rng.standard_normal((8, 40), np.float32),
              "r": rng.standard_normal((8, 40), np.float32)}
@@ -197,7 +197,22 @@ def test_the_residual_stream_read_outside_is_an_input():
     prog.bind(g=gv)
     got = prog(**feeds)
     want = tg.evaluate(outs, {**feeds, "g": gv}, dtype="float64")
+    assert compare(got[0], want[0])[0] <= 1e-7
     assert compare(got[1], want[1])[0] <= 1e-5
+
+
+def test_without_stored_regions_the_residual_stream_is_an_input(monkeypatch):
+    """The same graph when no generator stores values (the rows_stored row left out): h is
+    made by its own step and the norm's region reads it."""
+    x, r, _, _, g, _ = leaves((8, 40))
+    h = x + r
+    outs = [h, scale_norm(h, g)]
+    rows = tuple(row for row in generated.generators() if row[0] != "rows_stored")
+    monkeypatch.setattr(generated, "generators", lambda: rows)
+    prog = tg.compile(outs, db=":memory:")
+    (step,) = generated_steps(prog)
+    assert h not in step.nodes and any(s.node is h for s in prog.plan.steps)
+    assert len(prog.plan.steps) == 2 and step.also == ()
 
 
 def test_an_input_that_also_feeds_another_input_is_checked_as_the_region_reads_it():

@@ -262,7 +262,9 @@ def test_repeated_blocks_are_planned_once_and_run_correctly():
     assert tg.numerics.relative_error(prog(ids=feeds["ids"]), ref) < 1e-4
     # the same kernels as planning every node on its own, but for the last block's output: a
     # boundary of the block plan, so its residual add fuses into ln_f (c_add_layer_norm) there
-    # and into the GEMM (c_packed_linear_add) in the flat plan, at about the same cost
+    # and into the GEMM (c_packed_linear_add) in the flat plan, at about the same cost; and the
+    # first block's input: the flat plan stores the embedding sum beside ln_1 (one generated
+    # row kernel, Step.also), where the block plan reads it (c_embedding_add, c_layer_norm)
     from collections import Counter
 
     from tensor_graphs.compiler import cost_model, prepare
@@ -271,7 +273,7 @@ def test_repeated_blocks_are_planned_once_and_run_correctly():
 
     flat = Planner(prepare([y], {}), target="cpu", cost=cost_model(db, ("cpu",)),
                    tolerance=1e-5, dims=as_symbols(dims)).plan()
-    assert sum((Counter(flat.kernels) - Counter(kernels)).values()) <= 2
+    assert sum((Counter(flat.kernels) - Counter(kernels)).values()) <= 3
     assert prog.plan.cost <= flat.cost * 1.005
     # a lock file replays the blocks too
     cache.clear()

@@ -97,6 +97,7 @@ class RowRegion:
     consts: Mapping[Node, np.generic]
     per_row: frozenset[Node]
     level: Mapping[Node, int]
+    stored: tuple[Node, ...] = ()  # full values besides the root it stores (``outputs``)
 
     @property
     def reductions(self) -> tuple[Node, ...]:
@@ -147,11 +148,13 @@ def joins(n: Node, width) -> bool:
 
 
 def row_region(top: Node, boundary: Sequence[Node],
-               constant: Callable[[Node], np.generic | None] | None = None) -> RowRegion | None:
+               constant: Callable[[Node], np.generic | None] | None = None,
+               stored: Sequence[Node] = ()) -> RowRegion | None:
     """The row region rooted at ``top`` (a root rebuilt over atomic ops, ``generated.rebuilt``)
     that stops at ``boundary``; None when it has no reduction or its root is not a full row.
     ``constant(node)`` is the value of a constant the renderer inlines, or None (default: the
-    0-d constants C has a type for; Triton's renderer inlines float16 ones too)."""
+    0-d constants C has a type for; Triton's renderer inlines float16 ones too). ``stored``:
+    members also stored, each a full value of the root's shape (else None)."""
     if constant is None:
         def constant(b: Node) -> np.generic | None:
             return cg.uniform_value(b) if cg.inlinable(b) else None
@@ -200,7 +203,20 @@ def row_region(top: Node, boundary: Sequence[Node],
         level[n] = base + 1 if n.op.name in REDUCTIONS else base
     if top in per_row or not any(n.op.name in REDUCTIONS for n in members):
         return None
-    return RowRegion(top, tuple(members), tuple(inputs), consts, frozenset(per_row), level)
+    inner = set(members)
+    for n in stored:  # a stored value is written row by row beside the root
+        if n not in inner or n in per_row or n is top or n.op.name in REDUCTIONS \
+                or not storable(n, top):
+            return None
+    return RowRegion(top, tuple(members), tuple(inputs), consts, frozenset(per_row), level,
+                     tuple(stored))
+
+
+def storable(n: Node, root: Node) -> bool:
+    """Whether a row kernel rooted at ``root`` can store ``n`` too: an elementwise value of the
+    root's shape (its rows are the root's rows) in a dtype C renders."""
+    return (n.op.name in ELEMENTWISE and n.ndim == root.ndim and n.dtype.name in cg.C_TYPES
+            and all(_same_dim(a, b) for a, b in zip(n.shape, root.shape)))
 
 
 def _fold(n: Node, consts: Mapping[Node, np.generic]) -> np.generic:
@@ -398,6 +414,7 @@ class RowEmitted:
     flags: tuple[str, ...] = cg.EXTRA_FLAGS
     passes: int = 0
     buffers: int = 0  # materialised row buffers
+    stored_dtypes: tuple[DType, ...] = ()  # the values stored besides the root (``also``)
 
 
 def row_buffers(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
@@ -407,7 +424,8 @@ def row_buffers(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
     has loaded it: in a pass, every load of element jj precedes every store of element jj, so
     LayerNorm's x + r and x - mean take turns in the output row and need no scratch. A value
     a reduction reads straight from its buffer after the pass's element loop keeps that
-    buffer to itself for the whole pass."""
+    buffer to itself for the whole pass. A value the kernel also stores (``region.stored``)
+    is kept in its own output row, ``pe0``, ``pe1``, ..., which nothing else writes."""
     made = {n: k for k, p in enumerate(pass_list) for n in p.computes if n in stored}
     last: dict[Node, float] = {}
     for k, p in enumerate(pass_list):
@@ -415,8 +433,10 @@ def row_buffers(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
         for n in p.loads:
             last[n] = max(last.get(n, 0), k + (0.5 if n in direct else 0.0))
     slots: list[list] = [["po", region.root.dtype, -1.0]]  # name, dtype, busy until
-    out: dict[Node, str] = {}
+    out: dict[Node, str] = {n: f"pe{k}" for k, n in enumerate(region.stored) if n in stored}
     for n in sorted(stored, key=lambda n: (made[n], region.nodes.index(n))):
+        if n in out:
+            continue
         slot = next((s for s in slots if s[1] == n.dtype and s[2] <= made[n]), None)
         if slot is None:
             slot = [f"m{len(slots) - 1}", n.dtype, -1.0]
@@ -431,9 +451,15 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
 
     ``int f(rows, D, nd, shape, strides, ptrs)``: ``shape`` the ``nd`` (merged) leading dims,
     ``strides`` per input ``nd + 1`` element strides (its leading dims', then the row's),
-    ``ptrs`` the inputs and the output (C-contiguous, rows of D). Returns 0, or 2 when the
-    row buffers cannot be allocated."""
+    ``ptrs`` the inputs, the output and the stored values (each C-contiguous, rows of D).
+    Returns 0, or 2 when the row buffers cannot be allocated. A stored value is written in
+    the first pass that computes it."""
     pass_list, stored = passes(region)
+    first: dict[Node, int] = {}
+    for index, p in enumerate(pass_list):
+        for n in p.computes:
+            first.setdefault(n, index)
+    outputs = {n: f"pe{k}" for k, n in enumerate(region.stored)}
     helpers: set[str] = set()
     names: dict[Node, str] = {}
     for c, v in region.consts.items():
@@ -444,7 +470,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
         names[n] = f"v{i}"
     full = tuple(n not in region.per_row for n in region.inputs)
     buf = row_buffers(region, pass_list, stored)
-    scratch = sorted({b for b in buf.values() if b != "po"}, key=lambda b: int(b[1:]))
+    scratch = sorted({b for b in buf.values() if b[0] == "m"}, key=lambda b: int(b[1:]))
     position = {n: k for k, n in enumerate(region.inputs)}
 
     def expr(n: Node) -> str:
@@ -457,7 +483,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
             return f"p{position[x]}"
         return buf.get(x)
 
-    def body(p: Pass, indent: str) -> list[str]:
+    def body(p: Pass, indent: str, index: int) -> list[str]:
         used = {i for n in p.computes for i in n.inputs}
         used |= {region.root} if p.reduces is None else {r.inputs[0] for r in p.reduces}
         lines = [f"const {_ctype(n.dtype)} x{k} = p{k}[jj];"
@@ -467,6 +493,8 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
             lines.append(f"const {_ctype(n.dtype)} {names[n]} = {expr(n)};")
             if n in stored:
                 lines.append(f"{buf[n]}[jj] = {names[n]};")
+            if n in outputs and first[n] == index and buf.get(n) != outputs[n]:
+                lines.append(f"{outputs[n]}[jj] = {names[n]};")
         if p.reduces is None:
             lines.append(f"po[jj] = {names[region.root]};")
         else:  # the elements a reduction reads, for the lanes' loop after this one
@@ -512,6 +540,9 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                                       for k in range(nin)),
                 "    }"]
     row.append(f"    {out_t} *restrict po = ({out_t} *)ptrs[{nin}] + r * D;")
+    for k, n in enumerate(region.stored):
+        t = _ctype(n.dtype)
+        row.append(f"    {t} *restrict pe{k} = ({t} *)ptrs[{nin + 1 + k}] + r * D;")
     for j, name in enumerate(scratch):
         t = _ctype(next(n.dtype for n, b in buf.items() if b == name))
         row.append(f"    {t} *restrict {name} = ({t} *)(scratch + (size_t){j} * bb);")
@@ -532,7 +563,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
             row += [f"    /* pass {index}: the epilogue, stored */",
                     *cg.IVDEP,
                     "    for (int64_t jj = 0; jj < D; jj++) {",
-                    *body(p, "        "),
+                    *body(p, "        ", index),
                     "    }"]
             continue
         # blocks of BLOCK elements: one plain loop computes them (it vectorises, calls the
@@ -551,7 +582,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
         if p.computes or any(source(r) is None for r in p.reduces):
             row += [*("    " + line for line in cg.IVDEP),
                     "        for (int64_t jj = j0; jj < j0 + n; jj++) {",
-                    *body(p, "            "),
+                    *body(p, "            ", index),
                     "        }"]
         step = LANES * CHAINS
         row += ["        int64_t k = 0;",
@@ -632,14 +663,16 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
         "",
     ]
     template = "\n".join(lines)
-    signature = ",".join(n.dtype.name for n in region.inputs) + "->" + region.root.dtype.name
+    signature = ",".join(n.dtype.name for n in region.inputs) + "->" + ",".join(
+        n.dtype.name for n in (region.root, *region.stored))
     key = hashlib.blake2b((signature + "\n" + template).encode(), digest_size=6).hexdigest()
     symbol = f"tg_row_{key}"
     source = f"/* generated by tensor_graphs.kernels.c.rowgen: {summary(region)} */\n" \
         + template.replace("int NAME(", f"int {symbol}(", 1)
     flags = cg.flags_for(region.nodes) + (("-lmvec",) if vector else ())
     return RowEmitted(source, symbol, key, tuple(n.dtype for n in region.inputs),
-                      region.root.dtype, full, flags, npasses, buffers)
+                      region.root.dtype, full, flags, npasses, buffers,
+                      tuple(n.dtype for n in region.stored))
 
 
 def summary(region: RowRegion) -> str:
@@ -649,9 +682,10 @@ def summary(region: RowRegion) -> str:
                     if k not in REDUCTIONS)
     ins = ", ".join(n.dtype.name for n in region.inputs)
     npasses = region.level[region.root] + 1
+    also = f", storing {len(region.stored)} more" if region.stored else ""
     return (f"rows: {len(reductions)} reductions ({', '.join(reductions)}) and "
             f"{len(region.nodes) - len(reductions)} elementwise ops ({ops}) in {npasses} "
-            f"passes over ({ins}) -> {region.root.dtype.name}")
+            f"passes over ({ins}) -> {region.root.dtype.name}{also}")
 
 
 # ---------------------------------------------------------------------------- calling
@@ -705,7 +739,10 @@ def shape_failure(emitted: RowEmitted, shapes: Sequence[tuple]) -> str | None:
 def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
     """The Python function of a compiled row kernel: numpy arrays in (any strides), a new
     array out or the ``out=`` buffer filled (``writes_out``). The call layout is remembered
-    per input shapes and strides."""
+    per input shapes and strides. A kernel that stores values besides the root writes them
+    into ``also=`` (one C-contiguous array of the result's shape each, or None: allocated and
+    dropped) and returns the root's array, so a caller that wants the root alone (verify, the
+    profiler) calls it as any kernel."""
     cfn = getattr(lib, emitted.symbol)
     cfn.restype = ctypes.c_int
     cfn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -713,7 +750,8 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
     in_np = tuple(d.np_dtype for d in emitted.input_dtypes)
     out_np = emitted.out_dtype.np_dtype
     nin = len(in_np)
-    ptr_array = ctypes.c_void_p * (nin + 1)
+    extra_np = tuple(d.np_dtype for d in emitted.stored_dtypes)
+    ptr_array = ctypes.c_void_p * (nin + 1 + len(extra_np))
     plans: dict[tuple, tuple] = {}
 
     def plan(arrs):
@@ -732,7 +770,7 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
         return shape, copy, rows, shape[-1], len(dims), dims_a.ctypes.data, st.ctypes.data, \
             (dims_a, st)
 
-    def run(*arrays, out=None):
+    def run(*arrays, out=None, also=None):
         arrs = cg.checked_arrays(arrays, in_np, description)
         key = tuple((a.shape, a.strides) for a in arrs)
         found = plans.get(key)
@@ -743,9 +781,18 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
             arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
         if out is None:
             out = np.empty(shape, out_np)
+        extra = list(also or [None] * len(extra_np))
+        for k, (e, t) in enumerate(zip(extra, extra_np)):
+            if e is None:
+                extra[k] = np.empty(shape, t)
+            elif e.shape != out.shape or e.dtype != t or not e.flags.c_contiguous:
+                raise KernelConstraintError(f"{description}: stored value {k} needs a "
+                                            f"C-contiguous {t} array of shape {shape}, got "
+                                            f"{e.dtype} {e.shape}")
         if out.size == 0:
             return out
-        ptrs = ptr_array(*[a.ctypes.data for a in arrs], out.ctypes.data)
+        ptrs = ptr_array(*[a.ctypes.data for a in arrs], out.ctypes.data,
+                         *[e.ctypes.data for e in extra])
         rec = _clib.recording  # the native loop records the call; dims/strides are small blocks
         call = cfn if rec is None else rec.wrap(cfn, blocks)
         if call(rows, width, nd, dims_p, st_p, ptrs):
@@ -782,13 +829,16 @@ def _floor(region: RowRegion) -> float:
     return max((cg.FLOAT_TOLERANCE[d] for d in floats), default=cg.EXACT_TOLERANCE)
 
 
-def region_graph(region: RowRegion, leaves: Sequence[Node]) -> Node:
+def region_graph(region: RowRegion, leaves: Sequence[Node], outputs: bool = False):
     """The region alone over new leaves for its inputs (``ir.graph.substitute`` would rebuild
     the whole graph above them: a block's input that also feeds another input's producer
-    would be rebuilt there at the trial's shape, a ShapeError)."""
+    would be rebuilt there at the trial's shape, a ShapeError). ``outputs``: the list of the
+    root and the stored values instead of the root."""
     built: dict[Node, Node] = dict(zip(region.inputs, leaves))
     for n in region.nodes:
         built[n] = Node.make(n.op, tuple(built.get(i, i) for i in n.inputs), n.attrs, n.name)
+    if outputs:
+        return [built[region.root], *(built[n] for n in region.stored)]
     return built[region.root]
 
 
@@ -796,9 +846,11 @@ def check_row_kernel(fn, region: RowRegion, seed: int = 0) -> cg.CheckReport:
     """Run ``fn`` on seeded random inputs of ``trial_shapes`` (every other trial strided) and
     compare with ``tg.evaluate`` of the region: NaN and inf where the float64 or the
     native-dtype evaluation has them, finite values within max(floor, 16x the native-dtype
-    evaluation's error against float64) — the tolerance the kernel then declares."""
+    evaluation's error against float64) — the tolerance the kernel then declares. A region
+    that stores values besides its root is checked on every one of them."""
     from tensor_graphs.ir.builder import input as _input
     from tensor_graphs.ir.evaluate import evaluate
+    from tensor_graphs.ir.graph import leaves as leaves_of
     from tensor_graphs.kernels.verify import compare
     from tensor_graphs.numerics import relative_error
 
@@ -809,28 +861,35 @@ def check_row_kernel(fn, region: RowRegion, seed: int = 0) -> cg.CheckReport:
     for t, shapes in enumerate(trial_shapes(region)):
         leaves = [_input(f"x{k}", s, n.dtype) for k, (n, s) in
                   enumerate(zip(region.inputs, shapes))]
-        graph = region_graph(region, leaves)
+        graph, *stored = region_graph(region, leaves, outputs=True)
         arrays = [cg._random_array(rng, s, n.dtype, False, t % 2 == 1)  # noqa: SLF001
                   for n, s in zip(region.inputs, shapes)]
         feeds = {leaf.name: a for leaf, a in zip(leaves, arrays)}
-        r32, r64 = evaluate(graph, feeds), evaluate(graph, feeds, dtype="float64")
-        got = fn(*arrays)
+        extra = [np.full(graph.shape, np.nan, n.dtype.np_dtype) for n in stored]
+        results = [fn(*arrays, also=extra) if extra else fn(*arrays), *extra]
         tried.append(tuple(map(tuple, shapes)))
-        if got.shape != r32.shape or got.dtype != r32.dtype:
-            return cg.CheckReport(False, math.inf, 0.0, tried, f"output {got.shape} "
-                                  f"{got.dtype}, reference {r32.shape} {r32.dtype}")
-        if got.dtype.kind != "f":
-            if not np.array_equal(got, r32) and not np.array_equal(got, r64.astype(got.dtype)):
-                return cg.CheckReport(False, math.inf, 0.0, tried, f"shapes {shapes}: "
-                                      "differs from the reference")
-            continue
-        error, problem = compare(got, r64, r32)
-        if problem is not None:
-            return cg.CheckReport(False, math.inf, 0.0, tried, f"shapes {shapes}: {problem}")
-        fin = np.isfinite(r32) & np.isfinite(r64)
-        if fin.any():
-            native = max(native, relative_error(r32[fin], r64[fin]))
-        errors.append((error, tuple(map(tuple, shapes))))
+        for which, (node, got) in enumerate(zip((graph, *stored), results)):
+            what = "" if not which else f"stored value {which - 1}: "
+            mine = {leaf.name for leaf in leaves_of(node)}
+            fed = {k: v for k, v in feeds.items() if k in mine}
+            r32, r64 = evaluate(node, fed), evaluate(node, fed, dtype="float64")
+            if got.shape != r32.shape or got.dtype != r32.dtype:
+                return cg.CheckReport(False, math.inf, 0.0, tried, f"{what}output {got.shape} "
+                                      f"{got.dtype}, reference {r32.shape} {r32.dtype}")
+            if got.dtype.kind != "f":
+                if not np.array_equal(got, r32) and \
+                        not np.array_equal(got, r64.astype(got.dtype)):
+                    return cg.CheckReport(False, math.inf, 0.0, tried, f"{what}shapes "
+                                          f"{shapes}: differs from the reference")
+                continue
+            error, problem = compare(got, r64, r32)
+            if problem is not None:
+                return cg.CheckReport(False, math.inf, 0.0, tried,
+                                      f"{what}shapes {shapes}: {problem}")
+            fin = np.isfinite(r32) & np.isfinite(r64)
+            if fin.any():
+                native = max(native, relative_error(r32[fin], r64[fin]))
+            errors.append((error, tuple(map(tuple, shapes))))
     tolerance = max(_floor(region), 16 * native)
     worst = max((e for e, _ in errors), default=0.0)
     over = [(e, s) for e, s in errors if not e <= tolerance]
@@ -969,18 +1028,46 @@ def row_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node],
     where the region has no reduction."""
     from tensor_graphs.kernels import generated
 
+    inside = _rows_at(root, expand)
+    if inside is None:
+        return None
+    grown = generated.grow(root, uses, expand, inside)
+    return None if grown is None else _row_candidate(root, *grown, ())
+
+
+def stored_row_candidate(root: Node, uses: Mapping[Node, int],
+                         expand: Callable[[Node], Node | None]):
+    """``row_candidate`` where values inside are also read outside (the residual stream
+    ``h = x + r`` a norm reads and the next block reads too): the larger region that stores
+    them beside the root (``generated.grow_stored``; the candidate's ``also``), so the add
+    and the norm are one kernel. None where nothing inside is read outside."""
+    from tensor_graphs.kernels import generated
+
+    inside = _rows_at(root, expand)
+    if inside is None:
+        return None
+    grown = generated.grow_stored(root, uses, expand, inside, lambda n: storable(n, root))
+    return None if grown is None else _row_candidate(root, *grown)
+
+
+def _rows_at(root: Node, expand) -> Callable[[Node], bool] | None:
+    """The membership rule of the row regions rooted at ``root``, or None where no row
+    region roots there (not a full-row elementwise root, or no reduction reachable)."""
     if not cg.fusable(root) or root.ndim == 0 or _is_one(_last(root)):
         return None
     width = _last(root)
     if not reaches_reduction(root, expand, width):  # most roots: no grow needed
         return None
-    grown = generated.grow(root, uses, expand, lambda n: joins(n, width))
-    if grown is None:
-        return None
-    covers, boundary, through = grown
+    return lambda n: joins(n, width)
+
+
+def _row_candidate(root: Node, covers, boundary, through, stored) :
+    from tensor_graphs.kernels import generated
+
     if not any(n.op.name in REDUCTIONS for n in covers):
         return None
-    region = row_region(generated.rebuilt(covers, through), boundary)
+    built = generated.rebuilt_map(covers, through)
+    region = row_region(built[covers[-1]], boundary, stored=[built[n] for n in stored])
     if region is None:
         return None
     emitted = emit_row_c(region)
@@ -990,10 +1077,10 @@ def row_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node],
 
     return generated.Candidate(
         "rows", root, covers, region.inputs, f"c_row_{emitted.key}", cg.source_hash(emitted),
-        _floor(region), f"generated C {summary(region)}", build)
+        _floor(region), f"generated C {summary(region)}", build, also=tuple(stored))
 
 
 __all__ = ["LANES", "REDUCTIONS", "RowRegion", "RowEmitted", "RowKernel", "Pass", "joins",
            "row_region", "passes", "emit_row_c", "make_row_function", "shape_failure",
            "trial_shapes", "check_row_kernel", "region_pattern", "region_signatures",
-           "build_row_kernel", "row_candidate", "summary"]
+           "build_row_kernel", "row_candidate", "stored_row_candidate", "storable", "summary"]
