@@ -513,4 +513,6 @@ def test_every_registered_op_is_consistent():
         else:
             assert op.infer is not None and op.is_atomic
             assert op.is_leaf or op.reference is not None
-    assert 20 <= len([o for o in OPS.values() if o.kind == "atomic"]) <= 32  # a small set
+    # a small set: the core, selection (argsort, scatter) and the ten special functions and
+    # integer divisions with no exact decomposition (log1p, fmod, bitwise_and, ...)
+    assert 20 <= len([o for o in OPS.values() if o.kind == "atomic"]) <= 42
