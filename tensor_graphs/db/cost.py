@@ -12,7 +12,11 @@ Every answer is an ``Estimate`` that says where it came from, in order of trust:
    call overhead). Uncertainty grows with the distance to the nearest measurement.
 3. ``stale``: only rows of an edited kernel (another source hash) for this signature: a rough
    guide, with a wide uncertainty.
-4. ``estimated``: a roofline estimate from the device's peak rates, calibrated once per device
+4. ``calibrated``: a generated kernel never measured: the roofline below times the median
+   measured/roofline ratio of its generator's measured kernels on this hardware, the ratios'
+   spread its uncertainty (``db/generated_cost.py``, which also says what the profiler
+   measures from it).
+5. ``estimated``: a roofline estimate from the device's peak rates, calibrated once per device
    (``commands/calibrate.py``, stored in the database; built-in defaults per device kind
    before that: a GPU's are a datacenter GPU's, not the CPU's) plus the call's overhead per
    (backend, device kind): a Python call on the CPU, a launch on a GPU. A copy between the
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_graphs.db import generated_cost
 from tensor_graphs.db.features import Features
 from tensor_graphs.kernels.copy import placement
 
@@ -74,6 +79,7 @@ EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interprete
 NUMPY_COMPOSITE_PASSES = 3.0
 EXACT_OVERHEAD = 40e-6
 UNCERTAINTY = {"measured": 1.1, "interpolated": 1.5, "stale": 3.0, "estimated": 4.0, "free": 1.0}
+# "calibrated": its generator's spread (generated_cost.Calibration.uncertainty)
 # "failed": the kernel raised or failed verification on this signature; infinite, never chosen
 
 
@@ -83,7 +89,7 @@ class Estimate:
     true time is expected within ``seconds / uncertainty .. seconds * uncertainty``."""
 
     seconds: float
-    source: str  # measured | interpolated | stale | estimated | free | failed
+    source: str  # measured | interpolated | stale | calibrated | estimated | free | failed
     uncertainty: float
 
     def __str__(self) -> str:
@@ -119,6 +125,7 @@ class CostModel:
         self._cache: dict = {}
         self._rows: dict = {}
         self._rates: dict = {}
+        self._calibrations: dict = {}  # (name prefix, device kind) -> Calibration | None
         self.revision = db.revision if db is not None else 0
 
     def refresh(self) -> None:
@@ -128,6 +135,7 @@ class CostModel:
             self._cache.clear()
             self._rows.clear()
             self._rates.clear()
+            self._calibrations.clear()
             self.revision = revision
 
     def rates(self, kind: str) -> dict:
@@ -195,9 +203,26 @@ class CostModel:
                 return fitted
         if stale is not None:
             return Estimate(stale.seconds, "stale", UNCERTAINTY["stale"])
-        return self._roofline(kernel, feats)
+        rough = self.roofline(kernel, feats)
+        found = self.calibration(kernel)
+        if found is None:
+            return rough
+        return Estimate(rough.seconds * found.ratio, "calibrated", found.uncertainty)
 
-    def _roofline(self, kernel, feats: Features) -> Estimate:
+    def calibration(self, kernel):
+        """The ``generated_cost.Calibration`` of a generated kernel's generator on its
+        hardware key (cached until the database changes), or None."""
+        prefix = generated_cost.family(kernel.name) \
+            if getattr(kernel, "generated", False) else None
+        if prefix is None:
+            return None
+        key = (prefix, measured_on(kernel))
+        if key not in self._calibrations:
+            self._calibrations[key] = generated_cost.generator_calibration(self, kernel)
+        return self._calibrations[key]
+
+    def roofline(self, kernel, feats: Features) -> Estimate:
+        """The estimate from peak rates alone: overhead plus roofline work."""
         seconds = self.overhead(kernel)
         if not kernel.view:  # a view moves no data
             passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \

@@ -458,6 +458,18 @@ class Database:
                 'ORDER BY "when", id', (kernel, hw.device, hw.libs)).fetchall()
         return [_from_row(r) for r in rows]
 
+    def rows_named(self, prefix: str, hardware: Hardware | None = None) -> list[Measurement]:
+        """``rows_for`` of every kernel whose name starts with ``prefix``: the kernels of one
+        generator (named ``prefix`` + a hash), which calibrate the estimates of those it has
+        not measured (``db/generated_cost.py``). A range on the indexed name, not a LIKE."""
+        hw = hardware or current()
+        with self._read() as conn:
+            rows = conn.execute(
+                f"{_SELECT} WHERE kernel >= ? AND kernel < ? AND device = ? AND libs = ? "
+                'AND failure IS NULL ORDER BY "when", id',
+                (prefix, prefix + "\U0010ffff", hw.device, hw.libs)).fetchall()
+        return [_from_row(r) for r in rows]
+
     def calibration(self, hardware: Hardware | None = None) -> dict | None:
         """The peak rates stored for this device and libs, or None before calibration."""
         hw = hardware or current()

@@ -3,8 +3,12 @@
 The planner has already listed every option of every slot it visited; the calls worth
 measuring are its kernel options whose estimate is not a measurement on this hardware (one per
 kernel and signature). The float64-reference kernels (numpy_exact_*) are measured only where a
-slot has nothing else. Each kernel is verified (``tg.kernels.verify``) before its first
-measurement; one that fails verification is recorded as a failure and never measured.
+slot has nothing else. Generated kernels (a candidate at every node: each a compile, a
+verification and a timing) are measured only where a plan on their optimistic times picks them
+(``could_win``, ``db/generated_cost.py``), in rounds until it picks none: GPT-2 2-layer's
+fresh profile measures 5 of its 40 generated candidates and plans as if it had measured all.
+Each kernel is verified (``tg.kernels.verify``) before its first measurement; one that fails
+verification is recorded as a failure and never measured.
 
 GPU kernels (torch CUDA kernels, generated kernels for "cuda") and the copies between host and
 GPU are measured too when a GPU is usable, on the GPU (``device.DeviceIO``: inputs moved there
@@ -38,6 +42,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from tensor_graphs.db.cost import is_exact_kernel, measured_on
+from tensor_graphs.db.generated_cost import Optimistic
 from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.db.store import Database, Measurement
 from tensor_graphs.devices import cuda_available
@@ -48,6 +53,9 @@ from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler.measure import Call, measure_together
 from tensor_graphs.profiler.progress import Progress
 
+# True: every generated kernel the planner offers is measured, as before the calibrated
+# estimates (GPT-2 2-layer's fresh profile: 314 calls); benchmarks/fresh_profile.py compares
+MEASURE_EVERY_GENERATED = False
 _verified: dict[str, str | None] = {}  # kernel name -> None when it passed, else the reason
 WINDOW = 8  # calls timed together in interleaved rounds (their arrays are alive together)
 LEASE_SECONDS = 30.0  # a claim's life unless renewed: how long a dead profiler's work waits
@@ -218,24 +226,70 @@ class Work:
             claims.close()
 
 
+def _key(o) -> tuple[str, str]:
+    return o.kernel.name, o.signature
+
+
+def _generated(o) -> bool:
+    return bool(getattr(o.kernel, "generated", False))
+
+
+def replanned(planner: Planner, cost) -> Planner:
+    """A planner for ``planner``'s graph and settings costed by ``cost`` (its options made
+    again: they hold their estimates)."""
+    return Planner(planner.outputs, target=planner.target, cost=cost,
+                   tolerance=planner.tolerance, backends=planner.backends,
+                   weights_on=planner.weights_on, blocks=False,
+                   output_device=planner.output_device, dims=planner.dims,
+                   generate=planner.generate, refused=planner.refused,
+                   block_inputs=planner.block_inputs, stay=planner.stay)
+
+
+def could_win(planner: Planner, unmeasured: Mapping[tuple[str, str], Option]
+              ) -> set[tuple[str, str]]:
+    """The calls of ``unmeasured`` (generated kernels' options by (kernel, signature)) in the
+    plan made with every unmeasured generated kernel at its optimistic time
+    (``generated_cost.Optimistic``: calibrated or roofline seconds over their uncertainty).
+    One left out cannot win even so; and since the plan's other steps are measured, a plan on
+    the calibrated estimates (each above its optimistic time) keeps them, so it picks no
+    unmeasured generated kernel."""
+    planner.cost.refresh()
+    plan = replanned(planner, Optimistic(planner.cost)).plan()
+    return {_key(s) for s in plan.steps if _key(s) in unmeasured}
+
+
 def profile_missing(planner: Planner, db: Database, progress: bool = True,
                     lease: float | None = None) -> int:
     """Measure and record what the planner's options miss, split with other profilers of the
     same file (see the module doc; ``lease`` defaults to ``LEASE_SECONDS``); on a read-only
     database into memory for this process, with a warning. Returns how many rows this process
-    added."""
+    added.
+
+    Every registered kernel's call is measured; a generated kernel's only while an optimistic
+    plan picks it (``could_win``), in rounds: first beside the registered kernels (in the
+    graph's order, so a region is timed with the steps it competes with), then the kernels the
+    next optimistic plan picks once those rows calibrate their generators' estimates
+    (``db/generated_cost.py``), until it picks none."""
     todo = calls_to_measure(planner)
     if not todo:
         return 0
     db.record_in_memory()  # a read-only database: keep the rows for this process's plans
     bar = Progress(len(todo), "profiling") if progress else None
+    left = {_key(o): o for o in todo if _generated(o)}
+    picks = set(left) if MEASURE_EVERY_GENERATED or not left else could_win(planner, left)
+    batch = [o for o in todo if not _generated(o) or _key(o) in picks]
     added = 0
-    for window in Work(db, todo, lease, hardware=planner.cost.hardware):
-        for o, m in window:
-            db.record(m)
-            added += 1
-            if bar is not None:
-                bar.step(o.kernel.name)
+    while batch:
+        for window in Work(db, batch, lease, hardware=planner.cost.hardware):
+            for o, m in window:
+                db.record(m)
+                added += 1
+                if bar is not None:
+                    bar.step(o.kernel.name)
+        for o in batch:
+            left.pop(_key(o), None)
+        picks = could_win(planner, left) if left else set()
+        batch = [o for o in left.values() if _key(o) in picks]
     if bar is not None:
         bar.close()
     return added
