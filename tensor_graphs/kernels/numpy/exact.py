@@ -22,6 +22,7 @@ from tensor_graphs.ir.builder import input as _input
 from tensor_graphs.ir.builder import state as _state
 from tensor_graphs.ir.evaluate import evaluate
 from tensor_graphs.ir.graph import decompose
+from tensor_graphs.ir.graph import nodes as graph_nodes
 from tensor_graphs.ir.node import Node, Op
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.kernels.numpy._util import op_pattern, variants, with_signature
@@ -60,7 +61,11 @@ class ExactFunction:
         if self.subset:
             attrs["args"] = self.given
         node = Node.make(self.op, tuple(leaves), attrs)
-        result = evaluate(atomic_graph(node), dict(zip(names, arrays)), dtype="float64")
+        graph = atomic_graph(node)
+        # a decomposition may leave an input unread (an index_copy of no indices is x)
+        read = {n.name for n in graph_nodes(graph) if n.op.is_leaf}
+        feeds = {k: a for k, a in zip(names, arrays) if k in read}
+        result = evaluate(graph, feeds, dtype="float64")
         return np.asarray(result).astype(node.dtype.np_dtype)
 
 
