@@ -342,3 +342,22 @@ def test_cummax_cummin_logcumsumexp_and_mode():
     _compare(lambda x: torch.logcumsumexp(x, 1), torch.randn(3, 5) * 30, tol=1e-6)
     ties = torch.tensor([[2, 1, 2, 1, 3], [5, 5, 4, 4, 4]])
     _compare(lambda x: (torch.mode(x, 1), torch.mode(x.float(), 0, keepdim=True)), ties)
+
+
+def test_embedding_gradient_scatter_compiles_to_the_row_kernel():
+    """The planner runs an embedding-gradient-shaped scatter-add (ids' rows into a table)
+    with the C row kernel where the C backend is available, and the result is the float64
+    reference's within float32 rounding."""
+    v, d, n = 1000, 64, 300
+    y = tg.scatter(tg.input("g", (v, d)), tg.input("ids", (n,), "int64"), tg.input("u", (n, d)))
+    prog = tg.compile(y, db=":memory:")
+    if tg.kernels.c.available():
+        assert prog.plan.kernels == ["c_scatter_add_rows"]
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((v, d)).astype(np.float32)
+    ids = rng.integers(0, v, n)
+    ids[:50] = 3  # one row hit many times
+    u = rng.standard_normal((n, d)).astype(np.float32)
+    ref = g.astype(np.float64)
+    np.add.at(ref, ids, u.astype(np.float64))
+    assert relative_error(prog(g=g, ids=ids, u=u).astype(np.float64), ref) < 1e-6
