@@ -4,7 +4,8 @@
                                 [--profile missing|never] [--fresh]
 
 Every block is a torch module a user might write (an activation, a gated unit, a norm by hand,
-a chain of pointwise ops) on (256, 4096) float32. ``ours`` is ``tg.from_torch`` with generated
+a chain of pointwise ops) on (256, 4096) float32, and a diffusion UNet's GroupNorm + SiLU on
+(8, 64, 32, 32) (32 groups). ``ours`` is ``tg.from_torch`` with generated
 kernels (``generate=True``, the default: the planner may fuse any region into one C loop,
 built and verified when chosen); ``ours-nogen`` the same without them (hand-written kernels and
 op-by-op steps only); ``eager`` the module under ``torch.no_grad``; ``compile``
@@ -81,9 +82,26 @@ class RMSNormResidual(torch.nn.Module):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
-def _inputs(n: int) -> tuple[torch.Tensor, ...]:
+class GroupNormSiLU(torch.nn.Module):
+    """A diffusion UNet's norm and activation: GroupNorm (32 groups) with a learned per-channel
+    scale and shift, then SiLU (nobody hand-fused GroupNorm here: a reshape to (N, G, rest),
+    the statistics, the reshape back and the per-channel affine)."""
+
+    def __init__(self, channels: int, groups: int = 32):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.norm = torch.nn.GroupNorm(groups, channels)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.rand(channels, generator=g) + 0.5)
+            self.norm.bias.copy_(torch.randn(channels, generator=g) * 0.1)
+
+    def forward(self, x):
+        return F.silu(self.norm(x))
+
+
+def _inputs(n: int, shape: tuple[int, ...] = SHAPE) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(SHAPE, generator=g) for _ in range(n))
+    return tuple(torch.randn(shape, generator=g) for _ in range(n))
 
 
 BLOCKS = {
@@ -92,6 +110,8 @@ BLOCKS = {
     "swiglu (256, 4096)": lambda: (SwiGLU(), _inputs(2)),
     "geglu-tanh (256, 4096)": lambda: (GeGLUTanh(), _inputs(2)),
     "rmsnorm+residual (256, 4096)": lambda: (RMSNormResidual(SHAPE[1]).eval(), _inputs(2)),
+    "groupnorm+silu (8, 64, 32, 32)": lambda: (GroupNormSiLU(64).eval(),
+                                               _inputs(1, (8, 64, 32, 32))),
 }
 
 

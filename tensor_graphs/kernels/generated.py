@@ -133,6 +133,9 @@ def generators() -> tuple[tuple[str, str, Callable], ...]:
         # the same, storing values also read outside beside the root (the residual stream a
         # norm reads): one kernel for the add and the norm, several outputs
         ("rows_stored", "cpu", rowgen.stored_row_candidate),
+        # rows reached through a reshape: GroupNorm's (N, G, rest) statistics and its
+        # per-channel scale and shift after the reshape back, one kernel
+        ("rows_grouped", "cpu", rowgen.grouped_row_candidate),
         # a matmul on a static weight and the elementwise region after it, in the GEMM's store
         ("gemm_epilogue", "cpu", gemm_epilogue.gemm_candidate),
         # on a GPU (real or simulated), the same elementwise and row regions as Triton

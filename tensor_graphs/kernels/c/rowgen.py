@@ -66,7 +66,19 @@ from tensor_graphs.errors import (
 from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import CAST, ERF, EXP, LOG, MAX, POW, RECIPROCAL, SIN, SQRT, SUM
+from tensor_graphs.ir.ops.names import (
+    CAST,
+    ERF,
+    EXP,
+    LOG,
+    MAX,
+    POW,
+    RECIPROCAL,
+    RESHAPE,
+    SIN,
+    SQRT,
+    SUM,
+)
 from tensor_graphs.ir.shapes import dims_equal
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import codegen as cg
@@ -84,6 +96,26 @@ ACCUMULATOR = {"float32": "double", "float64": "double"}  # C type of a sum's la
 
 
 # ---------------------------------------------------------------------------- regions
+@dataclass(frozen=True)
+class Frame:
+    """Rows whose values are also read and written in another shape: GroupNorm normalises
+    ``(N, G, C/G * H * W)`` rows (``rows``, the reductions' input shape) and scales them per
+    channel after a reshape back to ``(N, C, H, W)`` (``out``, the root's shape). A value
+    lives in one of the two *spaces* (a reshape between the two full shapes changes space and
+    is the same values in the same order); each input is read in the shape ``reads[k]`` (the
+    target of the reshape it is read through, or its own) in space ``spaces[k]``. The kernel
+    walks rows of ``rows``; an input is addressed through the two shapes' common refinement
+    (``(N, G, C/G, H, W)``), each row as ``split`` x (D / ``split``) elements (a per-channel
+    weight varies along the first, not the second), and gathered into a row buffer where it
+    is not one dense row."""
+
+    out: tuple[int, ...]
+    rows: tuple[int, ...]
+    reads: tuple[tuple[int, ...], ...]
+    spaces: tuple[str, ...]  # "rows" or "out", per input
+    split: int  # the inner size S2 of each row (D = S1 x S2)
+
+
 @dataclass(frozen=True, eq=False)
 class RowRegion:
     """A row region over atomic ops: ``nodes`` in topological order (root last, folded
@@ -98,6 +130,7 @@ class RowRegion:
     per_row: frozenset[Node]
     level: Mapping[Node, int]
     stored: tuple[Node, ...] = ()  # full values besides the root it stores (``outputs``)
+    frame: Frame | None = None  # rows reached through a reshape (GroupNorm): see ``Frame``
 
     @property
     def reductions(self) -> tuple[Node, ...]:
@@ -217,6 +250,210 @@ def storable(n: Node, root: Node) -> bool:
     root's shape (its rows are the root's rows) in a dtype C renders."""
     return (n.op.name in ELEMENTWISE and n.ndim == root.ndim and n.dtype.name in cg.C_TYPES
             and all(_same_dim(a, b) for a, b in zip(n.shape, root.shape)))
+
+
+def _ints(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def grouped_joins(n: Node, width=None) -> bool:
+    """``joins`` for rows reached through a reshape (``Frame``): each node at its own width,
+    and reshapes between concrete shapes."""
+    if n.op.name == RESHAPE:
+        return _ints(n.shape) and _ints(n.inputs[0].shape) and n.dtype.name in cg.C_TYPES
+    return joins(n, _last(n.inputs[0]) if n.op.name in REDUCTIONS else _last(n))
+
+
+def grouped_region(top: Node, boundary: Sequence[Node]) -> RowRegion | None:
+    """The row region rooted at ``top`` whose rows are its reductions' input shape and whose
+    values are read and written in that shape and in the root's, through reshapes between the
+    two (GroupNorm: ``Frame``); None where it has no reshape between them, where a value or an
+    input has no single space and shape, or where the two shapes do not nest."""
+    if not _ints(top.shape) or top.ndim == 0:
+        return None
+    base = row_region_parts(top, boundary)
+    if base is None:
+        return None
+    members, inputs, consts = base
+    reductions = [n for n in members if n.op.name in REDUCTIONS]
+    if not reductions or not any(n.op.name == RESHAPE for n in members):
+        return None
+    rows = tuple(reductions[0].inputs[0].shape)
+    out = tuple(top.shape)
+    if not _ints(rows) or any(tuple(r.inputs[0].shape) != rows for r in reductions) \
+            or math.prod(rows) != math.prod(out) or refinement(rows, out) is None:
+        return None
+    space = _spaces(members, inputs, consts, reductions, rows, out)
+    if space is None or space.get(top) != "out":
+        return None
+    inner = set(members)
+    reads: dict[Node, tuple[Node, ...]] = {}  # input -> its readers
+    for n in members:
+        for i in n.inputs:
+            if i in inputs:
+                reads.setdefault(i, ())
+                reads[i] += (n,)
+    read_shapes, spaces = [], []
+    for i in inputs:
+        via = {(tuple(r.shape), space[r]) if r.op.name == RESHAPE else (tuple(i.shape), space[r])
+               for r in reads.get(i, ())}
+        if len(via) != 1:
+            return None  # read in two shapes or spaces
+        (shape, sp), = via
+        if not _ints(shape):
+            return None
+        read_shapes.append(shape)
+        spaces.append(sp)
+    for n in members:  # an inner reshape turns one full shape into the other
+        if n.op.name == RESHAPE and n.inputs[0] in inner and \
+                {tuple(n.shape), tuple(n.inputs[0].shape)} - {rows, out}:
+            return None
+    per_row = set()
+    for n in members:
+        if space[n] == "rows" and (n.ndim == 0 or _is_one(_last(n))):
+            per_row.add(n)
+    refined = refinement(rows, out)
+    for i, shape, sp in zip(inputs, read_shapes, spaces):
+        if _row_constant(shape, sp, rows, out, refined):
+            per_row.add(i)
+    level: dict[Node, int] = {}
+    for n in members:
+        b = max((level.get(i, 0) for i in n.inputs), default=0)
+        level[n] = b + 1 if n.op.name in REDUCTIONS else b
+    frame = Frame(out, rows, tuple(read_shapes), tuple(spaces), 0)
+    full = [(i, shape, sp) for i, shape, sp in zip(inputs, read_shapes, spaces)
+            if i not in per_row]
+    split = _split(frame, full)
+    if split is None:
+        return None
+    return RowRegion(top, tuple(members), tuple(inputs), consts, frozenset(per_row), level,
+                     (), Frame(out, rows, tuple(read_shapes), tuple(spaces), split))
+
+
+def _spaces(members, inputs, consts, reductions, rows, out) -> dict[Node, str] | None:
+    """Each member's space ("rows" or "out", see ``Frame``), spread from the reductions'
+    inputs through elementwise ops (one space) and reshapes (a full one changes space);
+    None where a member has none or two."""
+    space: dict[Node, str] = {}
+    for r in reductions:
+        space[r] = "rows"
+        space[r.inputs[0]] = "rows"
+    other = {"rows": "out", "out": "rows"}
+    inner = set(members)
+    for _ in range(len(members) + 1):
+        changed = False
+        for n in members:
+            linked = [i for i in n.inputs if i in inner]
+            if n.op.name == RESHAPE:
+                if not linked:
+                    continue
+                i = linked[0]
+                switch = tuple(n.shape) != tuple(i.shape)
+                for a, b in ((n, i), (i, n)):
+                    if a in space and b not in space:
+                        space[b] = other[space[a]] if switch else space[a]
+                        changed = True
+                continue
+            if n.op.name in REDUCTIONS:
+                continue
+            group = [n, *linked]
+            known = {space[g] for g in group if g in space}
+            if len(known) > 1:
+                return None
+            if known:
+                (sp,) = known
+                for g in group:
+                    if g not in space:
+                        space[g] = sp
+                        changed = True
+        if not changed:
+            break
+    if any(n not in space for n in members):
+        return None
+    for n in members:  # shapes fit their space
+        full = rows if space[n] == "rows" else out
+        if n.op.name in REDUCTIONS:
+            continue
+        shape = tuple(n.shape)
+        if len(shape) > len(full) or any(d != 1 and d != f for d, f in
+                                         zip(shape[::-1], full[::-1])):
+            return None
+        if space[n] == "rows" and shape and shape[-1] not in (1, rows[-1]):
+            return None
+    return space
+
+
+def _row_constant(shape, sp, rows, out, refined) -> bool:
+    """Whether an input read in ``shape`` in space ``sp`` has one value per row."""
+    full = rows if sp == "rows" else out
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    which = 1 if sp == "rows" else 2
+    row_axes = {r[which] for r in refined if r[1] == len(rows) - 1 and r[0] != 1}
+    return all(padded[a] == 1 for a in row_axes)
+
+
+def _split(frame: Frame, full) -> int | None:
+    """The S2 of a row (the largest that reads every dense full input in two strides)."""
+    refined = refinement(frame.rows, frame.out)
+    sizes = [r[0] for r in refined if r[1] == len(frame.rows) - 1]
+    for cut in range(len(sizes)):
+        s2 = math.prod(sizes[cut:])
+        trial = Frame(frame.out, frame.rows, frame.reads, frame.spaces, s2)
+        if all(_frame_strides(trial, refined, len(frame.rows) - 1, _dense(i, shape), shape,
+                              sp, False) is not None for i, shape, sp in full):
+            return s2
+    return None
+
+
+def _dense(node: Node, shape) -> np.ndarray:
+    """A C-contiguous array of ``shape`` that owns no memory (for its strides alone)."""
+    dt = node.dtype.np_dtype
+    strides, step = [], np.dtype(dt).itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), tuple(shape), tuple(reversed(strides)))
+
+
+def row_region_parts(top: Node, boundary: Sequence[Node]):
+    """(members, inputs, consts) of the region rooted at ``top`` stopping at ``boundary``:
+    ``row_region``'s walk (inputs in first-use order, C's constants inlined, values only
+    constants feed folded)."""
+    stop = set(boundary)
+    order: list[Node] = []
+    seen: set[Node] = set()
+    found_inputs: list[Node] = []
+    stack: list[tuple[Node, bool]] = [(top, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stop or n.op.is_leaf:
+            found_inputs.append(n)
+            continue
+        stack.append((n, True))
+        stack.extend((i, False) for i in reversed(n.inputs) if i not in seen)
+    consts: dict[Node, np.generic] = {}
+    inputs: list[Node] = []
+    for b in found_inputs:
+        value = cg.uniform_value(b) if cg.inlinable(b) else None
+        if value is not None:
+            consts[b] = value
+        else:
+            inputs.append(b)
+    members: list[Node] = []
+    for n in order:
+        if n.op.name not in REDUCTIONS and all(i in consts for i in n.inputs):
+            consts[n] = _fold(n, consts)
+        else:
+            members.append(n)
+    if top not in members:
+        return None
+    return members, inputs, consts
 
 
 def _fold(n: Node, consts: Mapping[Node, np.generic]) -> np.generic:
@@ -415,6 +652,7 @@ class RowEmitted:
     passes: int = 0
     buffers: int = 0  # materialised row buffers
     stored_dtypes: tuple[DType, ...] = ()  # the values stored besides the root (``also``)
+    frame: Frame | None = None  # rows through a reshape: the call's layout (``frame_layout``)
 
 
 def row_buffers(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
@@ -474,6 +712,8 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
     position = {n: k for k, n in enumerate(region.inputs)}
 
     def expr(n: Node) -> str:
+        if n.op.name == RESHAPE:  # (a Frame's) the same values in the same order
+            return names[n.inputs[0]]
         return cg._expr(n, [names[i] for i in n.inputs], helpers, region.consts)  # noqa: SLF001
 
     def source(r: Node) -> str | None:
@@ -527,16 +767,19 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
 
     out_t = _ctype(region.root.dtype)
     nin = len(region.inputs)
+    per = 1 if region.frame is None else 2  # inner strides per input: the row's, or S1's, S2's
     row = ["static void tg_row(int64_t r, int64_t D, int64_t nd, const int64_t *shape, "
            "const int64_t *strides, void *const *ptrs, char *scratch, size_t bb) {",
            "    (void)scratch; (void)bb;"]
+    if region.frame is not None:
+        row.append("    const int64_t S2 = shape[nd];  /* a row is D / S2 x S2 elements */")
     if nin:
         row += ["    " + " ".join(f"int64_t o{k} = 0;" for k in range(nin)),
                 "    int64_t rem = r;",
                 "    for (int64_t d = nd - 1; d >= 0; d--) {",
                 "        const int64_t i = rem % shape[d];",
                 "        rem /= shape[d];",
-                "        " + " ".join(f"o{k} += i * strides[{k} * (nd + 1) + d];"
+                "        " + " ".join(f"o{k} += i * strides[{k} * (nd + {per}) + d];"
                                       for k in range(nin)),
                 "    }"]
     row.append(f"    {out_t} *restrict po = ({out_t} *)ptrs[{nin}] + r * D;")
@@ -552,10 +795,19 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
         if not full[k]:
             row.append(f"    const {t} x{k} = ((const {t} *)ptrs[{k}])[o{k}];")
             continue
-        row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
-                f"    const int64_t s{k} = strides[{k} * (nd + 1) + nd];",
-                f"    if (s{k} != 1) {{ {t} *g = ({t} *)(scratch + (size_t){g} * bb); "
-                f"for (int64_t j = 0; j < D; j++) g[j] = p{k}[j * s{k}]; p{k} = g; }}"]
+        if region.frame is None:
+            row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
+                    f"    const int64_t s{k} = strides[{k} * (nd + 1) + nd];",
+                    f"    if (s{k} != 1) {{ {t} *g = ({t} *)(scratch + (size_t){g} * bb); "
+                    f"for (int64_t j = 0; j < D; j++) g[j] = p{k}[j * s{k}]; p{k} = g; }}"]
+        else:  # a row of S1 x S2 elements: dense, or gathered (a per-channel weight)
+            row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
+                    f"    const int64_t t{k} = strides[{k} * (nd + 2) + nd], "
+                    f"s{k} = strides[{k} * (nd + 2) + nd + 1];",
+                    f"    if (!(s{k} == 1 && (S2 == D || t{k} == S2))) {{ "
+                    f"{t} *g = ({t} *)(scratch + (size_t){g} * bb); "
+                    f"for (int64_t j1 = 0; j1 < D / S2; j1++) for (int64_t j2 = 0; j2 < S2; "
+                    f"j2++) g[j1 * S2 + j2] = p{k}[j1 * t{k} + j2 * s{k}]; p{k} = g; }}"]
         g += 1
     row += per_row_values(0)
     for index, p in enumerate(pass_list):
@@ -626,8 +878,13 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     lines += [cg._HELPERS[h] + "\n" for h in sorted(helpers)]  # noqa: SLF001
     lines += row
     nin = len(region.inputs)
-    strided = " + ".join(f"(strides[{k} * (nd + 1) + nd] != 1)"
-                         for k in range(nin) if full[k]) or "0"
+    if region.frame is None:
+        strided = " + ".join(f"(strides[{k} * (nd + 1) + nd] != 1)"
+                             for k in range(nin) if full[k]) or "0"
+    else:
+        strided = " + ".join(f"!(strides[{k} * (nd + 2) + nd + 1] == 1 && (shape[nd] == D || "
+                             f"strides[{k} * (nd + 2) + nd] == shape[nd]))"
+                             for k in range(nin) if full[k]) or "0"
     lines += [
         "",
         "int NAME(int64_t rows, int64_t D, int64_t nd, const int64_t *shape, "
@@ -665,6 +922,8 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     template = "\n".join(lines)
     signature = ",".join(n.dtype.name for n in region.inputs) + "->" + ",".join(
         n.dtype.name for n in (region.root, *region.stored))
+    if region.frame is not None:  # the Python side's layout: one kernel per frame
+        signature += repr(region.frame)
     key = hashlib.blake2b((signature + "\n" + template).encode(), digest_size=6).hexdigest()
     symbol = f"tg_row_{key}"
     source = f"/* generated by tensor_graphs.kernels.c.rowgen: {summary(region)} */\n" \
@@ -672,7 +931,7 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     flags = cg.flags_for(region.nodes) + (("-lmvec",) if vector else ())
     return RowEmitted(source, symbol, key, tuple(n.dtype for n in region.inputs),
                       region.root.dtype, full, flags, npasses, buffers,
-                      tuple(n.dtype for n in region.stored))
+                      tuple(n.dtype for n in region.stored), region.frame)
 
 
 def summary(region: RowRegion) -> str:
@@ -718,9 +977,114 @@ def _layout(arrays: Sequence[np.ndarray], shape: tuple[int, ...]
     return dims, [m + [t] for m, t in zip(merged, last)]
 
 
+def refinement(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int, int]] | None:
+    """The common refinement of two shapes of one size (C order): its axes as (size, axis of
+    ``a``, axis of ``b``) they lie in; None where the shapes do not nest (a reshape that mixes
+    axes). (N, G, D) and (N, C, H, W), C = G x Cg, D = Cg x H x W: N, G, Cg, H, W."""
+    def cuts(shape):
+        out, p = [], 1
+        for d in shape:
+            p *= d
+            out.append(p)
+        return out
+
+    ca, cb = cuts(a), cuts(b)
+    if not ca or ca[-1] != cb[-1]:
+        return None
+    points = sorted(set(ca) | set(cb))
+    out, prev = [], 1
+    for p in points:
+        if p % prev:
+            return None
+        ia = next(i for i, c in enumerate(ca) if c >= p)
+        ib = next(i for i, c in enumerate(cb) if c >= p)
+        out.append((p // prev, ia, ib))
+        prev = p
+    return out
+
+
+def _merged(sizes: Sequence[int], strides: Sequence[int]) -> int | None:
+    """One stride for consecutive axes read as one (C order), or None where they are not."""
+    axes = [(z, s) for z, s in zip(sizes, strides) if z != 1]
+    for (_, s0), (z1, s1) in zip(axes, axes[1:]):
+        if s0 != s1 * z1:
+            return None
+    return axes[-1][1] if axes else 0
+
+
+def frame_layout(frame: Frame, arrays: Sequence[np.ndarray]
+                 ) -> tuple[tuple[bool, ...], list[int], list[list[int]]]:
+    """(which inputs are made dense first, the rows' leading dims, per input the element
+    strides of those dims then of a row's S1 and S2 axes) for arrays of the frame's region
+    (see ``Frame``): each read in its shape, broadcast in its space, through the refinement
+    of the two spaces."""
+    refined = refinement(frame.rows, frame.out)
+    lead_axes = len(frame.rows) - 1
+    copy: list[bool] = []
+    per: list[list[int]] = []
+    for a, read, space in zip(arrays, frame.reads, frame.spaces):
+        for dense in (False, True):
+            strides = _frame_strides(frame, refined, lead_axes, a, read, space, dense)
+            if strides is not None:
+                break
+        else:
+            raise KernelConstraintError(f"input {a.shape} cannot be read in rows of {frame.rows}")
+        copy.append(dense)
+        per.append(strides)
+    return tuple(copy), list(frame.rows[:-1]), per
+
+
+def _frame_strides(frame, refined, lead_axes, a, read, space, dense) -> list[int] | None:
+    if dense:
+        a = np.ascontiguousarray(a)
+    view = a.reshape(read)
+    if any(st % view.itemsize for st in view.strides) and view.size:
+        return None
+    full = frame.rows if space == "rows" else frame.out
+    rank = len(full)
+    lead = rank - view.ndim
+    el = [0 if i < lead or view.shape[i - lead] == 1 else view.strides[i - lead] // view.itemsize
+          for i in range(rank)]
+    which = 1 if space == "rows" else 2  # the refined axis's axis in this space
+    sizes, strides = [], []
+    for k, r in enumerate(refined):
+        axis = r[which]
+        inner = math.prod(z[0] for z in refined[k + 1:] if z[which] == axis)
+        sizes.append(r[0])
+        strides.append(el[axis] * inner)
+    out = []
+    for axis in range(lead_axes):  # the rows' leading dims
+        idx = [k for k, r in enumerate(refined) if r[1] == axis]
+        m = _merged([sizes[k] for k in idx], [strides[k] for k in idx])
+        if m is None:
+            return None
+        out.append(m)
+    idx = [k for k, r in enumerate(refined) if r[1] == lead_axes]  # the row: S1 then S2
+    z = [sizes[k] for k in idx]
+    st = [strides[k] for k in idx]
+    cut, p = len(z), 1
+    while cut > 0 and p < frame.split:
+        cut -= 1
+        p *= z[cut]
+    if p != frame.split:
+        return None
+    s1, s2 = _merged(z[:cut], st[:cut]), _merged(z[cut:], st[cut:])
+    if s1 is None or s2 is None:
+        return None
+    return out + [s1, s2]
+
+
 def shape_failure(emitted: RowEmitted, shapes: Sequence[tuple]) -> str | None:
     """Why inputs of these shapes do not fit the kernel: they must broadcast, and each input
-    has the row's length (a full input) or 1 (a per-row input) on the last axis."""
+    has the row's length (a full input) or 1 (a per-row input) on the last axis. A kernel
+    over a ``Frame`` takes its region's own shapes only (its reshapes name them)."""
+    frame = getattr(emitted, "frame", None)  # (Triton's rendered rows have none)
+    if frame is not None:
+        for k, (s, want) in enumerate(zip(shapes, frame.reads)):
+            if math.prod(s) != math.prod(want):
+                return (f"input 'x{k}' {tuple(s)} is read as {want}: this kernel takes its "
+                        "region's own shapes")
+        return None
     try:
         out = np.broadcast_shapes(*(tuple(s) for s in shapes))
     except ValueError:
@@ -758,6 +1122,8 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
         why = shape_failure(emitted, [a.shape for a in arrs])
         if why is not None:
             raise KernelConstraintError(f"{description}: {why}")
+        if emitted.frame is not None:
+            return frame_plan(arrs)
         shape = np.broadcast_shapes(*(a.shape for a in arrs))
         copy = tuple(any(st % a.itemsize for st in a.strides) for a in arrs)
         arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
@@ -770,6 +1136,14 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
         return shape, copy, rows, shape[-1], len(dims), dims_a.ctypes.data, st.ctypes.data, \
             (dims_a, st)
 
+    def frame_plan(arrs):
+        f = emitted.frame
+        copy, dims, strides = frame_layout(f, arrs)
+        dims_a = np.asarray([*dims, f.split], np.int64)
+        st = np.asarray(strides, np.int64).reshape(-1) if nin else np.zeros(1, np.int64)
+        return f.out, copy, math.prod(f.rows[:-1]), f.rows[-1], len(dims), \
+            dims_a.ctypes.data, st.ctypes.data, (dims_a, st)
+
     def run(*arrays, out=None, also=None):
         arrs = cg.checked_arrays(arrays, in_np, description)
         key = tuple((a.shape, a.strides) for a in arrs)
@@ -779,6 +1153,8 @@ def make_row_function(emitted: RowEmitted, lib: ctypes.CDLL, description: str):
         shape, copy, rows, width, nd, dims_p, st_p, blocks = found
         if any(copy):
             arrs = [np.ascontiguousarray(a) if c else a for a, c in zip(arrs, copy)]
+        if emitted.frame is not None:  # each read in its reshape's shape (a view: dense)
+            arrs = [a.reshape(r) for a, r in zip(arrs, emitted.frame.reads)]
         if out is None:
             out = np.empty(shape, out_np)
         extra = list(also or [None] * len(extra_np))
@@ -813,6 +1189,8 @@ def trial_shapes(region: RowRegion) -> list[list[tuple[int, ...]]]:
     """Input shapes to check on: the region's own (when small) and variants whose rows have
     1, 7, 33 and 1025 elements and whose other dims are at most 3, broadcasts kept."""
     ins = [cg._concrete_shape(n.shape) for n in region.inputs]  # noqa: SLF001
+    if region.frame is not None:  # its reshapes name the shapes: those alone, then strided
+        return [ins, ins]
     out = tuple(np.broadcast_shapes(*ins))
     rank = len(out)
     trials = [ins] if math.prod(out) <= 1 << 16 else []
@@ -930,7 +1308,7 @@ def region_pattern(region: RowRegion) -> tuple[pat.Pat, tuple[str, ...]]:
             users.setdefault(i, []).append(n)
     for k, n in enumerate(region.nodes):
         keep = ("axes", "keepdims") if n.op.name in REDUCTIONS else \
-            ("dtype",) if n.op.name == CAST else ()
+            ("dtype",) if n.op.name == CAST else ("shape",) if n.op.name == RESHAPE else ()
         p = pat.OpPat(n.op.name, tuple(built[i] for i in n.inputs),
                       {a: n.attrs[a] for a in keep})
         if len(users.get(n, ())) > 1 and not cg._joins_user_chain(n, users[n]):  # noqa: SLF001
@@ -1050,6 +1428,39 @@ def stored_row_candidate(root: Node, uses: Mapping[Node, int],
     return None if grown is None else _row_candidate(root, *grown)
 
 
+def grouped_row_candidate(root: Node, uses: Mapping[Node, int],
+                          expand: Callable[[Node], Node | None]):
+    """The planner's generated option at ``root`` for rows reached through a reshape: a
+    GroupNorm (``tg.group_norm``'s decomposition or a user's own: a reshape to (N, G, rest),
+    the statistics over the last axis, the reshape back and a per-channel scale and shift) as
+    one kernel over ``Frame`` rows. None where the region has no reshape between its rows and
+    its root's shape (``row_candidate``'s regions)."""
+    from tensor_graphs.kernels import generated
+
+    if not cg.fusable(root) or root.ndim < 2 or not _ints(root.shape):
+        return None
+    if not reaches_reduction(root, expand, None, grouped_joins):
+        return None
+    grown = generated.grow(root, uses, expand, grouped_joins)
+    if grown is None:
+        return None
+    covers, boundary, through = grown
+    if not any(n.op.name == RESHAPE for n in covers) or \
+            not any(n.op.name in REDUCTIONS for n in covers):
+        return None
+    region = grouped_region(generated.rebuilt(covers, through), boundary)
+    if region is None:
+        return None
+    emitted = emit_row_c(region)
+
+    def build() -> RowKernel:
+        return build_row_kernel(region, emitted)
+
+    return generated.Candidate(
+        "rows_grouped", root, covers, region.inputs, f"c_row_{emitted.key}",
+        cg.source_hash(emitted), _floor(region), f"generated C {summary(region)}", build)
+
+
 def _rows_at(root: Node, expand) -> Callable[[Node], bool] | None:
     """The membership rule of the row regions rooted at ``root``, or None where no row
     region roots there (not a full-row elementwise root, or no reduction reachable)."""
@@ -1083,4 +1494,6 @@ def _row_candidate(root: Node, covers, boundary, through, stored) :
 __all__ = ["LANES", "REDUCTIONS", "RowRegion", "RowEmitted", "RowKernel", "Pass", "joins",
            "row_region", "passes", "emit_row_c", "make_row_function", "shape_failure",
            "trial_shapes", "check_row_kernel", "region_pattern", "region_signatures",
-           "build_row_kernel", "row_candidate", "stored_row_candidate", "storable", "summary"]
+           "build_row_kernel", "row_candidate", "stored_row_candidate", "storable", "summary",
+           "Frame", "grouped_joins", "grouped_region", "grouped_row_candidate", "refinement",
+           "frame_layout"]

@@ -1,0 +1,147 @@
+"""Generated row kernels over rows reached through a reshape (kernels/c/rowgen.py ``Frame``,
+the ``rows_grouped`` generator): GroupNorm's statistics over (N, G, C/G * H * W) and its
+per-channel scale and shift after the reshape back are one generated step, for
+``tg.group_norm`` and for a GroupNorm a user writes by hand, checked against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.kernels import generated
+from tensor_graphs.kernels.c import build, rowgen
+from tensor_graphs.numerics import relative_error
+
+pytestmark = pytest.mark.skipif(not build.available(),
+                                reason=f"no C compiler: {build.unavailable_reason()}")
+
+
+def hand_group_norm(x, w, b, groups, eps=1e-5):
+    """A user's own GroupNorm: var() and a division, the affine through reshapes of (C,)."""
+    n, c, h, wd = x.shape
+    g = tg.reshape(x, (n, groups, c // groups * h * wd))
+    mu = tg.mean(g, axis=-1, keepdims=True)
+    y = tg.reshape((g - mu) / tg.sqrt(tg.var(g, axis=-1, keepdims=True) + eps), x.shape)
+    return y * tg.reshape(w, (c, 1, 1)) + tg.reshape(b, (c, 1, 1))
+
+
+def leaves(shape):
+    return tg.input("x", shape), tg.input("w", (shape[1],)), tg.input("b", (shape[1],))
+
+
+def feeds(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": (rng.standard_normal(shape) * 3 + 50).astype(np.float32),  # far from zero
+            "w": rng.standard_normal(shape[1]).astype(np.float32),
+            "b": rng.standard_normal(shape[1]).astype(np.float32)}
+
+
+def generated_steps(prog):
+    return [s for s in prog.plan.steps if getattr(s.kernel, "generated", False)]
+
+
+def check(prog, y, values, tol=1e-5):
+    got = prog(**values)
+    assert relative_error(got, tg.evaluate(y, values, dtype="float64")) <= tol
+
+
+SHAPES = [((8, 64, 32, 32), 32), ((1, 6, 5, 3), 3), ((2, 4, 7, 1), 4), ((3, 8, 2, 2), 1),
+          ((2, 6, 3, 5), 6)]
+
+
+@pytest.mark.parametrize("shape,groups", SHAPES, ids=[str(s) for s, _ in SHAPES])
+@pytest.mark.parametrize("form", ["tg.group_norm", "by hand"])
+def test_group_norm_is_one_generated_step(shape, groups, form):
+    x, w, b = leaves(shape)
+    y = tg.group_norm(x, w, b, num_groups=groups) if form == "tg.group_norm" \
+        else hand_group_norm(x, w, b, groups)
+    prog = tg.compile(y, db=":memory:")
+    (step,) = prog.plan.steps
+    assert step.kernel.generated and step.kernel.name.startswith("c_row_")
+    assert {n.op.name for n in step.nodes} >= {"reshape", "sum", "mul", "add"}
+    check(prog, y, feeds(shape, groups))
+
+
+def test_group_norm_then_silu_is_one_step_and_strided_inputs_are_read():
+    """A diffusion UNet's norm + activation; x fed as a transposed view (not dense)."""
+    shape = (2, 8, 6, 6)
+    x, w, b = leaves(shape)
+    y = tg.silu(tg.group_norm(x, w, b, num_groups=4))
+    prog = tg.compile(y, db=":memory:")
+    assert len(prog.plan.steps) == 1 and generated_steps(prog)
+    values = feeds(shape, 7)
+    check(prog, y, values)
+    values["x"] = np.ascontiguousarray(values["x"].transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    assert not values["x"].flags.c_contiguous
+    check(prog, y, values)
+
+
+def test_the_frame_reads_a_per_channel_weight_in_two_strides():
+    """(N, G, D) rows and (N, C, H, W) values: a row is Cg x (H * W) elements, a weight
+    (C,) read as (C, 1, 1) varies along the first only (stride 1, then 0)."""
+    shape, groups = (2, 8, 3, 4), 4
+    x, w, b = leaves(shape)
+    y = tg.group_norm(x, w, b, num_groups=groups)
+    cand = next(c for c in _candidates(y) if c.generator == "rows_grouped")
+    kernel = cand.build()
+    assert kernel.tolerance <= 1e-5
+    frame = rowgen.Frame(shape, (2, 4, 24), ((2, 4, 24), (8, 1, 1)), ("rows", "out"), 12)
+    copy, lead, strides = rowgen.frame_layout(frame, [np.zeros(shape, np.float32),
+                                                      np.zeros(8, np.float32)])
+    assert lead == [2, 4] and copy == (False, False)
+    assert strides == [[96, 24, 12, 1], [0, 2, 1, 0]]
+    assert rowgen.refinement((2, 4, 24), shape) == [(2, 0, 0), (4, 1, 1), (2, 2, 1), (3, 2, 2),
+                                                    (4, 2, 3)]
+    assert rowgen.refinement((2, 3), (3, 2)) is None  # a reshape that mixes axes
+
+
+def test_a_wrong_frame_stride_is_refused(monkeypatch):
+    """The renderer's layout reads the weight with a wrong stride: the check against the
+    float64 reference refuses the kernel, and the plan is made without it."""
+    real = rowgen._frame_strides
+
+    def wrong(frame, refined, lead_axes, a, read, space, dense):
+        out = real(frame, refined, lead_axes, a, read, space, dense)
+        if out is not None and space == "out" and a.ndim == 1:
+            out = out[:-2] + [0, 0]  # the weight's first value for every channel
+        return out
+
+    monkeypatch.setattr(rowgen, "_frame_strides", wrong)
+    monkeypatch.setattr(generated, "refused", {})
+    monkeypatch.setattr(generated, "_built", {})
+    shape = (2, 6, 3, 3)
+    x, w, b = leaves(shape)
+    y = tg.group_norm(x, w, b, num_groups=3) * 1.25  # a structure no other test builds
+    prog = tg.compile(y, db=":memory:")
+    assert prog.stats["generated_refused"] >= 1
+    assert any("disagrees with the reference" in why for why in generated.refused.values())
+    assert not any(s.kernel.name.startswith("c_row_") for s in prog.plan.steps)
+    check(prog, y, feeds(shape, 3))
+
+
+def test_symbolic_batch_is_left_to_the_other_kernels():
+    """The frame's reshapes name concrete shapes: a symbolic batch is not offered one, and
+    the plan still computes GroupNorm."""
+    x, w, b = tg.input("x", ("n", 8, 4, 4)), tg.input("w", (8,)), tg.input("b", (8,))
+    y = tg.group_norm(x, w, b, num_groups=4)
+    prog = tg.compile(y, db=":memory:", bounds={"n": 4})
+    assert not any(s.kernel.name.startswith("c_row_") and "reshape" in
+                   {n.op.name for n in s.nodes} for s in prog.plan.steps)
+    for n in (1, 3):
+        check(prog, y, feeds((n, 8, 4, 4), n))
+
+
+def _candidates(y):
+    from tensor_graphs.ir.graph import use_counts
+    from tensor_graphs.ir.node import expand_composite
+
+    memo: dict = {}  # the planner's decompositions are the same nodes every time
+
+    def expand(n):
+        if n not in memo:
+            memo[n] = expand_composite(n.op, n.inputs, n.attrs)
+        return memo[n]
+
+    d = expand(y)
+    return generated.candidates(d, use_counts([d]), expand, "cpu")
