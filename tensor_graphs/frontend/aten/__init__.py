@@ -16,12 +16,14 @@ from tensor_graphs.frontend.aten import (
     math_ops,
     nn_ops,
     pointwise_ops,
+    recurrent_ops,
     select_ops,
     shape_ops,
 )
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, torch_module
 
-MODULES = (math_ops, nn_ops, shape_ops, index_ops, pointwise_ops, select_ops)
+MODULES = (math_ops, nn_ops, shape_ops, index_ops, pointwise_ops, select_ops,
+           recurrent_ops)
 
 
 def build_table() -> dict:
