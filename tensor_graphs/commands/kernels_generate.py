@@ -116,8 +116,8 @@ def plan_regions(outputs, dims: Mapping[str, int], tolerance: float, db) -> list
     plan = pipeline.planner(prepare(pipeline.outputs, dims)).plan()
     regions: dict[str, Region] = {}
     for step in plan.steps:
-        if not isinstance(step.kernel, generated.Candidate):
-            continue
+        if not isinstance(step.kernel, generated.Candidate) or step.kernel.also:
+            continue  # (a kernel storing values besides its root: the request asks for one)
         region = regions.setdefault(step.kernel.name, Region(step.kernel))
         entry = region.calls.setdefault(step.signature,
                                         [tuple(s.node for s in step.inputs), 0])

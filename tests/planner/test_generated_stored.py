@@ -111,10 +111,18 @@ def test_lock_file_replays_the_stored_value(tmp_path):
 
 
 def test_profiled_and_measured(tmp_path):
+    """profile="missing" builds (verifies) and times the stored candidate like any kernel;
+    measurement then decides (on a loaded machine c_add + a norm may win)."""
+    from tensor_graphs.db.store import open_db
+
     h, y, out = graph(32)
-    prog = tg.compile(out, db=str(tmp_path / "m.sqlite"), profile="missing")
-    (step,) = stored_steps(prog)
-    assert step.source == "measured"
+    path = str(tmp_path / "m.sqlite")
+    estimated = tg.compile(out, db=":memory:")
+    (step,) = stored_steps(estimated)
+    prog = tg.compile(out, db=path, profile="missing")
+    rows = [r for r in open_db(path).rows() if r.kernel == step.kernel.name]
+    assert rows and all(r.ok for r in rows)
+    assert all(s.source == "measured" for s in stored_steps(prog))
     check(prog, out, feeds(32, 4))
 
 
