@@ -243,6 +243,18 @@ CASES = {
     "reciprocal": (unary(tg.reciprocal), FLOATS),
     "sin": (unary(tg.sin), FLOATS),
     "erf": (unary(tg.erf), FLOATS),
+    # the pointwise families (kernels/torch/pointwise.py); int divisors in [1, 10)
+    **{name: (unary(getattr(tg, name), low=0.1 if name in ("log2", "log10") else None), FLOATS)
+       for name in ("log1p", "expm1", "log2", "log10", "tan", "erfc", "floor", "ceil", "trunc",
+                    "round")},
+    "atan2": (binary(tg.atan2), FLOATS),
+    "fmod": (lambda b, n, dt: [tg.fmod(b((n, 5), dt), b((5,), dt, low=1)),
+                               tg.fmod(b((n, 1, 3), dt), b((2, 1), dt, low=1))],
+             ("int8", "int32", "int64")),
+    "floor_divide": (lambda b, n, dt: [tg.floor_divide(b((n, 5), dt), b((5,), dt, low=1)),
+                                       tg.floor_divide(b((n, 1, 3), dt), b((2, 1), dt, low=1))],
+                     ("int8", "int32", "int64") + FLOATS),
+    "bitwise_and": (binary(tg.bitwise_and), ("uint8", "int8", "int32", "int64")),
     "add": (binary(tg.add), ("bool", "int8", "int64") + FLOATS),
     "mul": (binary(tg.mul), ("bool", "uint8", "int32") + FLOATS),
     "maximum": (binary(tg.maximum), ALL),
@@ -422,7 +434,8 @@ SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 1e-30, 3.0,
                     -20.0, 88.0, -88.0, 1e4, -1e4])
 UNARY_SPECIAL = ["neg", "exp", "log", "sqrt", "reciprocal", "sin", "erf", "abs", "sign", "square",
                  "rsqrt", "relu", "sigmoid", "tanh", "gelu", "silu", "elu", "selu", "softplus",
-                 "isnan"]
+                 "isnan", "log1p", "expm1", "log2", "log10", "erfc", "floor", "ceil", "trunc",
+                 "round"]
 
 
 @pytest.mark.parametrize("label", UNARY_SPECIAL)
@@ -438,7 +451,8 @@ def test_special_values_propagate_like_the_reference(label, dtype):
 
 
 @pytest.mark.parametrize("label", ["add", "mul", "maximum", "minimum", "pow", "sub", "div",
-                                   "equal", "less", "greater", "not_equal"])
+                                   "equal", "less", "greater", "not_equal", "atan2",
+                                   "floor_divide"])
 def test_special_values_binary(label):
     k = tg.kernels.get(f"torch_{label}")
     a = tg.input("a", (len(SPECIAL), 1), "float32")

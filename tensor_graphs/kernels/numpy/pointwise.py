@@ -90,7 +90,8 @@ def _bitwise_and(a, b, out=None):
 for _name, _fn, _dtypes, _tol, _doc in (
     ("atan2", _atan2, FLOATS, EXACT, "atan2 in float64, rounded once."),
     ("fmod", _fmod, NUMBERS, NONE, "C's fmod with numpy (exact)."),
-    ("floor_divide", _floor_divide, NUMBERS, NONE, "Python's floor division with numpy."),
+    # a float quotient rounds in the input's dtype, the reference's maybe in float64
+    ("floor_divide", _floor_divide, NUMBERS, EXACT, "Python's floor division with numpy."),
     ("bitwise_and", _bitwise_and, INTS, NONE, "a & b with numpy."),
 ):
     with_signature(_fn, ["a", "b"], {}, _doc, source=_name, writes_out=True)

@@ -2,9 +2,10 @@
 integer division and bit and of atomic.py's SPECIAL tables, and the rounding composites.
 
 Without them a GPU plan had no device kernel for log1p or floor_divide, and every such step
-crossed to the host and back. torch's fmod, floor_divide (Python's rule), round (half to
-even) and the rest have our ops' semantics; an integer zero divisor, which torch reports as a
-RuntimeError, raises the reference's EvaluationError instead.
+crossed to the host and back. torch's floor_divide (Python's rule), round (half to even) and
+the rest have our ops' semantics; its float fmod does not (it loses huge ratios), so fmod is
+an int kernel here. An integer zero divisor, which torch reports as a RuntimeError, raises the
+reference's EvaluationError instead.
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ def _divisor(op: str, a, b) -> None:
         raise EvaluationError(f"torch_{op}: integer division by zero")
 
 
-@torch_kernel("fmod", dtypes=NUMERIC, tolerance=EXACT, writes_out=True)
+# ints only: torch's vectorised float fmod is not exact for huge ratios (fmod(1e30, 1e-30) is
+# nan, C's 8.2e-31); float fmod takes the numpy or C kernel
+@torch_kernel("fmod", dtypes=INTS, tolerance=EXACT, writes_out=True)
 def fmod(a, b, *, out=None):
     _divisor("fmod", a, b)
     return torch.fmod(a, b, out=out)
 
 
-@torch_kernel("floor_divide", dtypes=NUMERIC, tolerance=EXACT, writes_out=True)
+# a float quotient rounds once in the input's dtype (the reference's float64 quotient may not)
+@torch_kernel("floor_divide", dtypes=NUMERIC, tolerance=1e-7, writes_out=True)
 def floor_divide(a, b, *, out=None):
     _divisor("floor_divide", a, b)
     return torch.floor_divide(a, b, out=out)
