@@ -60,7 +60,7 @@ MORE_CASES = [
     (["run", "gpt2", "--repeats", "x"], "argument --repeats", 2),
     (["run", "minilm", "a", "--repeats", "0"], "argument --repeats", 2),
     (["run", "minilm", "a", "--check-tolerance", "-1"], "argument --check-tolerance", 2),
-    (["kernels", "list", "--op", "tahn"], "did you mean tanh?", 2),
+    (["kernels", "list", "--op", "tahn"], "did you mean tan or tanh", 2),
     (["kernels", "list", "--backend", "fortran"], "no backend 'fortran'", 2),
     (["kernels", "verify", "numpy_tanh", "--seed", "-1"], "argument --seed", 2),
     (["kernels", "verify", "no_such_kernel"], "no kernel named or matching", 2),
