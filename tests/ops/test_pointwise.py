@@ -12,6 +12,7 @@ import pytest
 
 import tensor_graphs as tg
 from tensor_graphs.errors import DTypeError, EvaluationError
+from tensor_graphs.numerics import relative_error
 from tests.ops import optable as ot
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # nan/inf inputs on purpose
@@ -134,3 +135,33 @@ def test_decompositions_are_atomic_and_saved():
             path = Path(d) / f"g{k}.json"
             tg.save(y, path)
             assert tg.load(path) is y
+
+
+UNARY_RANGES = [("trunc", -50, 50), ("floor", -50, 50), ("ceil", -50, 50), ("round", -50, 50),
+                ("frac", -50, 50), ("exp2", -8, 8), ("atan", -5, 5), ("asin", -1, 1),
+                ("acos", -1, 1), ("sinh", -5, 5), ("cosh", -5, 5), ("asinh", -50, 50),
+                ("acosh", 1, 50), ("atanh", -0.99, 0.99), ("logit", 0.01, 0.99),
+                ("log1p", -0.9, 5), ("expm1", -3, 3), ("log2", 0.1, 9), ("log10", 0.1, 9),
+                ("tan", -1.4, 1.4), ("erfc", -3, 3), ("nan_to_num", -3, 3)]
+BINARY_NAMES = ["hypot", "atan2", "xlogy", "remainder", "div_trunc", "fmod", "floor_divide"]
+
+
+@pytest.mark.parametrize("dtype,tol", [("float16", 2e-3), ("bfloat16", 1.6e-2)])
+def test_low_precision_within_a_few_ulps(dtype, tol):
+    """float16 and bfloat16 (each op computed in float32, rounded once) within about two of
+    their ulps of the same graph lifted to float64: no threshold or constant of the
+    decompositions is a float32 one that these dtypes cannot hold."""
+    rng = ot.rng_for("pointwise low precision", dtype)
+    np_dtype = ot.NP[dtype]
+    for name, lo, hi in UNARY_RANGES:
+        x = rng.uniform(lo, hi, 64).astype(np_dtype)
+        y = getattr(tg, name)(tg.input("x", (64,), dtype))
+        got, ref = (tg.evaluate(y, {"x": x}, dtype=d).astype(np.float64)
+                    for d in (None, "float64"))
+        assert relative_error(got, ref) <= tol, name
+    for name in BINARY_NAMES:
+        a, b = (rng.uniform(0.5, 9, 64).astype(np_dtype) for _ in range(2))
+        y = getattr(tg, name)(tg.input("a", (64,), dtype), tg.input("b", (64,), dtype))
+        got, ref = (tg.evaluate(y, {"a": a, "b": b}, dtype=d).astype(np.float64)
+                    for d in (None, "float64"))
+        assert relative_error(got, ref) <= tol, name
