@@ -2216,6 +2216,156 @@ SELECTION = [
 ]
 
 
+# ------------------------------------------------------------------------------ rows: recurrent
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _affine(x, w, b=None):
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def _rnn_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
+    a = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)
+    return np.tanh(a) if nonlinearity == "tanh" else np.maximum(a, 0.0)
+
+
+def _gru_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    xr, xz, xn = np.split(_affine(x, w_ih, b_ih), 3, axis=-1)
+    hr, hz, hn = np.split(_affine(h, w_hh, b_hh), 3, axis=-1)
+    r, z = _sig(xr + hr), _sig(xz + hz)
+    n = np.tanh(xn + r * hn)
+    return (1.0 - z) * n + z * h
+
+
+def _lstm_hc(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None, w_hr=None):
+    i, f, g, o = np.split(_affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh), 4, axis=-1)
+    c2 = _sig(f) * c + _sig(i) * np.tanh(g)
+    h2 = _sig(o) * np.tanh(c2)
+    return (h2 if w_hr is None else h2 @ w_hr.T), c2
+
+
+def _unrolled(cell, x, states, reverse):
+    """Every position's states (h first) side by side, the cell run forward or backward."""
+    out = [None] * len(x)
+    for t in (reversed(range(len(x))) if reverse else range(len(x))):
+        states = cell(x[t], *states)
+        out[t] = np.concatenate(states, axis=-1)
+    return np.stack(out)
+
+
+def _rnn_layer(x, h0, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh", reverse=False,
+               max_steps=None):
+    return _unrolled(lambda xt, h: (_rnn_cell(xt, h, w_ih, w_hh, b_ih, b_hh, nonlinearity),),
+                     x, (h0,), reverse)
+
+
+def _gru_layer(x, h0, w_ih, w_hh, b_ih=None, b_hh=None, reverse=False, max_steps=None):
+    return _unrolled(lambda xt, h: (_gru_cell(xt, h, w_ih, w_hh, b_ih, b_hh),), x, (h0,),
+                     reverse)
+
+
+def _lstm_layer(x, h0, c0, w_ih, w_hh, b_ih=None, b_hh=None, w_hr=None, reverse=False,
+                max_steps=None):
+    return _unrolled(lambda xt, h, c: _lstm_hc(xt, h, c, w_ih, w_hh, b_ih, b_hh, w_hr), x,
+                     (h0, c0), reverse)
+
+
+def _torch_cell(kind):
+    """torch's own cell functions (torch.rnn_tanh_cell...), one step."""
+    def step(torch, x, h, c, w_ih, w_hh, b_ih, b_hh, w_hr=None, nonlinearity="tanh"):
+        if kind == "lstm" and w_hr is not None:  # torch.lstm_cell has no projection
+            gates = x @ w_ih.T + h @ w_hh.T + (0 if b_ih is None else b_ih + b_hh)
+            i, f, g, o = gates.chunk(4, dim=-1)
+            c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            return (torch.sigmoid(o) * torch.tanh(c2)) @ w_hr.T, c2
+        if kind == "lstm":
+            return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+        fn = torch.gru_cell if kind == "gru" else getattr(torch, f"rnn_{nonlinearity}_cell")
+        return fn(x, h, w_ih, w_hh, b_ih, b_hh), None
+    return step
+
+
+def _torch_recurrent(kind, layer):
+    """The row's torch column: torch's cell, once or over the sequence (torch has no single
+    reversed layer: the steps run backward here)."""
+    step = _torch_cell(kind)
+
+    def run(torch, x, h, *rest, nonlinearity="tanh", reverse=False, max_steps=None):
+        c, rest = (rest[0], rest[1:]) if kind == "lstm" else (None, rest)
+        w_ih, w_hh, b_ih, b_hh, *w_hr = (*rest, None, None)[:4] + rest[4:5]
+        w_hr = w_hr[0] if w_hr else None
+        if not layer:
+            h2, c2 = step(torch, x, h, c, w_ih, w_hh, b_ih, b_hh, nonlinearity=nonlinearity)
+            return torch.stack([h2, c2]) if kind == "lstm" else h2
+        out = [None] * x.shape[0]
+        for t in (reversed(range(x.shape[0])) if reverse else range(x.shape[0])):
+            h, c = step(torch, x[t], h, c, w_ih, w_hh, b_ih, b_hh, w_hr, nonlinearity)
+            out[t] = h if c is None else torch.cat([h, c], dim=-1)
+        return torch.stack(out)
+    return run
+
+
+def _cell_cases(gates: int, states: int) -> list[Spec]:
+    out = []
+    for b, i, hid in [(1, 1, 1), (3, 5, 4), ("batch", 7, 6)]:
+        for biases in (True, False):
+            bias = [(gates * hid,)] * 2 if biases else [None, None]
+            out.append(S((b, i), *[(b, hid)] * states, (gates * hid, i), (gates * hid, hid),
+                         *bias))
+    return out
+
+
+def _layer_cases(gates: int, states: int, proj: bool = False) -> list[Spec]:
+    out = []
+    for t, b, i, hid in [(1, 1, 1, 1), (5, 3, 4, 6), (4, "batch", 3, 5)]:
+        for reverse in (False, True):
+            for biases in (True, False):
+                bias = [(gates * hid,)] * 2 if biases else [None, None]
+                out.append(S((t, b, i), *[(b, hid)] * states, (gates * hid, i),
+                             (gates * hid, hid), *bias, reverse=reverse))
+    # a symbolic length, unrolled up to max_steps and masked past the drawn length
+    out.append(S(("seq", 2, 3), *[(2, 4)] * states, (gates * 4, 3), (gates * 4, 4),
+                 (gates * 4,), (gates * 4,), reverse=False, max_steps=5))
+    out.append(S(("seq", 2, 3), *[(2, 4)] * states, (gates * 4, 3), (gates * 4, 4), None, None,
+                 reverse=True, max_steps=4))
+    if proj:  # torch's proj_size: h is w_hr's projection of the hidden state
+        out += [S((5, 2, 3), (2, 2), (2, 4), (16, 3), (16, 2), (16,), (16,), (2, 4),
+                  reverse=reverse) for reverse in (False, True)]
+    return out
+
+
+RECURRENT = [
+    _nn(f"rnn_cell_{act}", "rnn_cell",
+        lambda *a, nonlinearity=act: tg.rnn_cell(*a, nonlinearity=nonlinearity),
+        lambda *a, nonlinearity=act: _rnn_cell(*a, nonlinearity=nonlinearity),
+        _cell_cases(1, 1),
+        lambda torch, x, h, *w, nonlinearity=act: _torch_recurrent("rnn", False)(
+            torch, x, h, *w, nonlinearity=nonlinearity))
+    for act in ("tanh", "relu")
+] + [
+    _nn("gru_cell", "gru_cell", tg.gru_cell, _gru_cell, _cell_cases(3, 1),
+        _torch_recurrent("gru", False)),
+    _nn("lstm_cell", "lstm_cell", tg.lstm_cell,
+        lambda x, h, c, *w: np.stack(_lstm_hc(x, h, c, *w)), _cell_cases(4, 2),
+        _torch_recurrent("lstm", False)),
+] + [
+    _nn(f"rnn_layer_{act}", "rnn_layer",
+        lambda *a, nonlinearity=act, **kw: tg.rnn_layer(*a, nonlinearity=nonlinearity, **kw),
+        lambda *a, nonlinearity=act, **kw: _rnn_layer(*a, nonlinearity=nonlinearity, **kw),
+        _layer_cases(1, 1),
+        lambda torch, *a, nonlinearity=act, **kw: _torch_recurrent("rnn", True)(
+            torch, *a, nonlinearity=nonlinearity, **kw))
+    for act in ("tanh", "relu")
+] + [
+    _nn("gru_layer", "gru_layer", tg.gru_layer, _gru_layer, _layer_cases(3, 1),
+        _torch_recurrent("gru", True)),
+    _nn("lstm_layer", "lstm_layer", tg.lstm_layer, _lstm_layer, _layer_cases(4, 2, proj=True),
+        _torch_recurrent("lstm", True)),
+]
+
+
 # ------------------------------------------------------------------------------ the table
 def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
     return [OpInfo(**{**r.__dict__, "family": name}) for r in rows]
@@ -2223,6 +2373,7 @@ def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
 
 TABLE: list[OpInfo] = (_family("atomic", ATOMIC) + _family("composites", COMPOSITES)
                        + _family("composites", INT_COMPOSITES) + _family("nn", NN)
+                       + _family("nn", RECURRENT)
                        + _family("conv", CONV) + _family("losses", LOSSES)
                        + _family("shape", SHAPE) + _family("atomic", SELECTION_ATOMIC)
                        + _family("atomic", POINTWISE_ATOMIC) + _family("pointwise", POINTWISE)

@@ -111,6 +111,14 @@ EMBEDDING = "embedding"
 SCALED_DOT_PRODUCT_ATTENTION = "scaled_dot_product_attention"
 ROTARY_EMBEDDING = "rotary_embedding"
 
+# recurrent.py (torch.nn's RNN, GRU, LSTM: one step, and one layer unrolled over time)
+RNN_CELL = "rnn_cell"
+GRU_CELL = "gru_cell"
+LSTM_CELL = "lstm_cell"
+RNN_LAYER = "rnn_layer"
+GRU_LAYER = "gru_layer"
+LSTM_LAYER = "lstm_layer"
+
 # losses.py
 MSE_LOSS = "mse_loss"
 L1_LOSS = "l1_loss"
