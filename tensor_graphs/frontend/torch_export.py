@@ -9,6 +9,7 @@ pick fused kernels; nothing here knows any model.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Mapping
 
@@ -24,15 +25,19 @@ from tensor_graphs.frontend.aten.common import (
     dtype_name,
     torch_module,
 )
+from tensor_graphs.frontend.decompose import decompose_unmapped, unmapped
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import WEIGHT
+from tensor_graphs.ir.ops.names import INPUT, WEIGHT
 
 # torch.export's refusal of a forward that returns a non-tensor object (a transformers
 # DynamicCache inside the model output): "Found <class '...'> in output, which is not a known type"
 _UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output, which is not a known type")
 
+
+# a stack frame inside torch's own package (the line that made the node in torch.nn)
+_TORCH_DIR = f"{os.sep}torch{os.sep}"
 
 # ---------------------------------------------------------------------------- fx nodes
 def _schema_kwargs(target, args, kwargs) -> dict:
@@ -53,20 +58,29 @@ def _schema_kwargs(target, args, kwargs) -> dict:
 
 
 def _location(node) -> str:
+    """The user's source line of a node (not torch.nn's own, inside nn.EmbeddingBag), else
+    torch's line with the module it ran in, else the module, else the node's name."""
+    module = None
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path, cls = list(stack.values())[-1]
+        module = f"module '{path}' ({getattr(cls, '__name__', str(cls))})"
     trace = node.meta.get("stack_trace")
     if trace:
         lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
         frames = [ln for ln in lines if ln.startswith("File ")]
+        users = [ln for ln in frames if _TORCH_DIR not in ln]
         if frames:
-            code = lines[lines.index(frames[-1]) + 1] if lines.index(frames[-1]) + 1 < len(
-                lines) else ""
-            return f"{frames[-1]}: {code}".rstrip(": ")
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path, cls = list(stack.values())[-1]
-        name = getattr(cls, "__name__", str(cls))
-        return f"module '{path}' ({name})"
-    return f"graph node '{node.name}'"
+            frame = (users or frames)[-1]
+            at = lines.index(frame) + 1
+            where = f"{frame}: {lines[at] if at < len(lines) else ''}".rstrip(": ")
+            return where if users or module is None else f"{module} at {where}"
+    return module or f"graph node '{node.name}'"
+
+
+def _reads_storage(node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.name in ("aten::as_strided", "aten::as_strided_copy")
 
 
 def _op_name(target) -> str:
@@ -84,7 +98,7 @@ def _dim_names(module, example_args, dynamic_shapes, user_inputs) -> dict[tuple[
         try:
             bound = inspect.signature(module.forward).bind(*example_args)
             names = list(bound.arguments)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, AttributeError):
             names = []
         specs = [dynamic_shapes.get(n) for n in names]
     else:
@@ -111,21 +125,11 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
     torch = torch_module()
     from torch.export.graph_signature import InputKind, OutputKind
 
+    exported = decompose_unmapped(exported)
+    _refuse_unmapped(exported)
     sig = exported.graph_signature
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"]
-
-    unsupported: dict[str, list[str]] = {}
-    for node in exported.graph.nodes:
-        if node.op == "call_function" and lookup(node.target) is None:
-            unsupported.setdefault(_op_name(node.target), []).append(_location(node))
-    if unsupported:
-        lines = [f"  {op} at {loc}" for op, locs in unsupported.items() for loc in locs]
-        raise UnsupportedOpError(
-            f"{len(unsupported)} ATen op(s) have no mapping to tensor_graphs ops:\n"
-            + "\n".join(lines)
-            + "\nMap them in tensor_graphs.frontend.aten (one table module per domain).",
-            [(op, loc) for op, locs in unsupported.items() for loc in locs])
 
     dim_names = dict(dim_names or {})
     env: dict = {}
@@ -188,9 +192,12 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
         if node.op != "call_function":
             continue
         args = value(tuple(node.args))
-        kwargs = {k: value(v) for k, v in node.kwargs.items()}
+        kwargs = _schema_kwargs(node.target, args, {k: value(v) for k, v in node.kwargs.items()})
+        if _reads_storage(node):  # as_strided addresses the storage its input is a view of
+            val = node.args[0].meta["val"]
+            kwargs["self_layout"] = (tuple(val.stride()), val.storage_offset())
         try:
-            env[node] = lookup(node.target)(args, _schema_kwargs(node.target, args, kwargs))
+            env[node] = lookup(node.target)(args, kwargs)
         except TensorGraphsError as e:
             e.add_note(f"while importing {_op_name(node.target)} at {_location(node)}")
             raise
@@ -211,16 +218,70 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
     return outputs, inputs, weights, bounds
 
 
+def _refuse_unmapped(exported) -> None:
+    """One UnsupportedOpError for every op left without a mapping after torch's
+    decompositions, each (op, source line) once, with what the user can do now."""
+    found: dict[tuple[str, str], None] = {}
+    for node in unmapped(exported):
+        name, source = _op_name(node.target), _source_op(node)
+        if source is not None and source != name:  # left over from torch's decomposition
+            name = f"{source} (decomposed by torch into {name})"
+        found.setdefault((name, _location(node)), None)
+    if not found:
+        return
+    aten = [(op, loc) for op, loc in found if not _is_size_op(op)]
+    sizes = [(op, loc) for op, loc in found if _is_size_op(op)]
+    parts = []
+    if aten:
+        parts.append(f"{len({op for op, _ in aten})} torch op(s) have no tensor_graphs "
+                     "equivalent, and torch has no decomposition of them into ops that do:\n"
+                     + "\n".join(f"  {op} at {loc}" for op, loc in aten))
+    if sizes:
+        parts.append("arithmetic on symbolic sizes that tensor_graphs cannot follow:\n"
+                     + "\n".join(f"  {op} at {loc}" for op, loc in sizes)
+                     + "\nexport those dims as concrete sizes (leave them out of "
+                     "dynamic_shapes), or compute the size another way")
+    raise UnsupportedOpError(
+        "from_torch: " + "\n".join(parts)
+        + "\nRewrite those lines with torch operations that from_torch maps (the keys of "
+        "tensor_graphs.frontend.ATEN), or run that part of the model in torch and import "
+        "the rest.",
+        list(found))
+
+
+def _source_op(node) -> str | None:
+    """The op the user's program had where torch's decomposition made ``node`` (the
+    provenance torch.export records), as ``_op_name`` spells it."""
+    sources = node.meta.get("from_node") or ()
+    source = sources[0] if sources else None
+    while source is not None and getattr(source, "from_node", None):
+        source = source.from_node[0]
+    target = getattr(source, "target", None)
+    if not isinstance(target, str) or not target.startswith("aten."):
+        return None
+    op, _, overload = target.removeprefix("aten.").rpartition(".")
+    return f"aten::{op}" + ("" if overload == "default" else f".{overload}")
+
+
+def _is_size_op(name: str) -> bool:
+    """Python arithmetic on sizes (``operator.mod``, ``sym_float``...): no ATen op."""
+    return "::" not in name
+
+
 class TorchProgram:
     """A compiled torch module: call it like the module (torch tensors or numpy arrays in,
     numpy out, in the module's output structure; compiled with ``outputs="device"`` on a GPU,
     tensors there). ``.program`` is the CompiledGraph. On a GPU, tensor arguments are fed as
     they are (one already on the GPU is not copied)."""
 
-    def __init__(self, program, inputs, outputs, out_spec, names, on_gpu: bool = False):
+    def __init__(self, program, inputs, outputs, out_spec, names, on_gpu: bool = False,
+                 read: frozenset = frozenset()):
         self.program = program
         self._on_gpu = on_gpu
         self._inputs = inputs  # Node leaves (or Python values export specialised)
+        # the leaves the program reads: an argument used for its shape only, or not at all,
+        # is checked like the others and then not fed (torch accepts it, so do we)
+        self._read = read
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
         self._names = names  # the forward's parameter names, for messages
@@ -267,7 +328,8 @@ class TorchProgram:
                 raise DTypeError(f"argument {self._arg_name(i)} has dtype {arg.dtype}; the "
                                  f"exported module takes {leaf.dtype.name} (convert it, e.g. "
                                  f"x.astype('{leaf.dtype.name}'))")
-            feeds[leaf.name] = arg
+            if leaf.name in self._read:
+                feeds[leaf.name] = arg
         results = self.program(**feeds) if self.program is not None else []
         outs = [results[o] if isinstance(o, int) else o for o in self._outputs]
         return pytree.tree_unflatten(outs, self._out_spec)
@@ -281,7 +343,8 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     ``torch.export.Dim("batch")``) become symbolic dims of that name, bounded by the Dim's
     ``max`` when given, else by the example's size (``bounds=`` overrides). ``device="cuda"``
     plans for the GPU and keeps the parameters there (copied from the module once, with no
-    numpy stage); the other options go to ``tg.compile`` (``outputs="device"``...).
+    numpy stage); the other options go to ``tg.compile`` (``outputs="device"``...). An
+    ``ExportedProgram`` in place of ``module`` is imported as it is (no second export).
 
     Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
     """
@@ -289,20 +352,10 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     if not isinstance(example_args, tuple):
         example_args = (example_args,) if isinstance(example_args, torch.Tensor) \
             else tuple(example_args)
-    if hasattr(module, "eval"):
-        module.eval()
-    with torch.no_grad():
-        try:
-            exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
-        except RuntimeError as exc:
-            found = _UNKNOWN_OUTPUT.search(str(exc))
-            if found is None:
-                raise
-            raise ArgumentError(
-                f"from_torch: {type(module).__name__}.forward returns a {found.group(1)}, which "
-                "torch.export cannot carry out of the graph; return tensors only (e.g. "
-                "`return self.lm(input_ids=ids).logits`, or pass use_cache=False so no cache "
-                "object is returned)") from exc
+    if isinstance(module, torch.export.ExportedProgram):
+        exported = module  # exported already (by the caller, once for several imports)
+    else:
+        exported = _export(module, example_args, dynamic_shapes)
     user = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     names = _dim_names(module, example_args, dynamic_shapes, user)
     on_gpu = as_device(device).kind != "cpu"
@@ -314,10 +367,11 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     for o in outputs:
         positions.append(k if isinstance(o, Node) else o)
         k += isinstance(o, Node)
-    program = None
+    program, read = None, frozenset()
     if nodes:
         used = {str(s) for n in ir_graph.nodes(nodes) for d in n.shape
                 for s in getattr(d, "free_symbols", ())}
+        nodes += _shape_carriers(nodes, inputs, used)
         options = dict(compile_options)
         if tolerance is not None:
             options["tolerance"] = tolerance
@@ -325,15 +379,52 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
                                    bounds={k: v for k, v in found.items() if k in used} or None,
                                    **options)
         present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
+        read = frozenset(leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == INPUT)
         # the program owns its weights: a parameter already on the GPU is cloned there (the
         # module may change it later), one elsewhere moves through the copy kernel
         program.bind(**{n: _owned(w, program) for n, w in weights.items() if n in present})
     try:
         params = list(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         params = []
     return TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params,
-                        on_gpu)
+                        on_gpu, read)
+
+
+def _shape_carriers(nodes, inputs, used) -> list:
+    """Extra (empty) outputs that read the inputs used only for their symbolic shape: a dim
+    the program needs is bound from the leaves it reads, and an input the graph reads only
+    through ``x.shape[0]`` would otherwise be no leaf of it. Each carrier is a 0-element
+    slice of its input, nothing copied; TorchProgram never returns it."""
+    read = {leaf for leaf in ir_graph.nodes(nodes) if leaf.op.name == INPUT}
+    bound = {str(s) for leaf in read for d in leaf.shape for s in getattr(d, "free_symbols", ())}
+    carriers = []
+    for leaf in inputs:
+        if not isinstance(leaf, Node) or leaf in read:
+            continue
+        carries = {str(s) for d in leaf.shape for s in getattr(d, "free_symbols", ())}
+        if carries & used - bound:
+            carriers.append(tg.slice_axis(tg.reshape(leaf, (-1,)), 0, 0, 0))
+            bound |= carries
+    return carriers
+
+
+def _export(module, example_args, dynamic_shapes):
+    torch = torch_module()
+    if hasattr(module, "eval"):
+        module.eval()
+    with torch.no_grad():
+        try:
+            return torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+        except RuntimeError as exc:
+            found = _UNKNOWN_OUTPUT.search(str(exc))
+            if found is None:
+                raise
+            raise ArgumentError(
+                f"from_torch: {type(module).__name__}.forward returns a {found.group(1)}, which "
+                "torch.export cannot carry out of the graph; return tensors only (e.g. "
+                "`return self.lm(input_ids=ids).logits`, or pass use_cache=False so no cache "
+                "object is returned)") from exc
 
 
 def _owned(weight, program):

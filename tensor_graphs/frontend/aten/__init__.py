@@ -57,7 +57,34 @@ def lookup(target) -> Callable | None:
         fn = lookup(overload) if overload is not None else None
     if fn is None and hasattr(target, "_schema"):
         fn = NAMED.get(target._schema.name)
+    if fn is None and hasattr(target, "_schema") and target._schema.name.startswith("prims::"):
+        fn = _prim(target)
     return fn
+
+
+# prims whose meaning differs from the ATen op of their name
+_PRIMS_DIFFER = {
+    "div",  # prims.div truncates integer operands; aten.div divides exactly
+}
+
+
+def _prim(target) -> Callable | None:
+    """A ``prims`` op (what torch's reference decompositions produce: prims.abs, prims.mul)
+    through the mapped ATen overload of its name with the same arguments, in order. A prim's
+    inputs already have one dtype (the decomposition promoted them), so the ATen mapping's
+    promotion has nothing to do."""
+    name = target._schema.name.removeprefix("prims::")
+    packet = getattr(torch_module().ops.aten, name, None)
+    if packet is None or name in _PRIMS_DIFFER:
+        return None
+    names = [a.name for a in target._schema.arguments]
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        if [a.name for a in overload._schema.arguments] == names:
+            fn = ATEN.get(overload) or ATEN.get(packet)
+            if fn is not None:
+                return fn
+    return None
 
 
 def mutates(target) -> bool:

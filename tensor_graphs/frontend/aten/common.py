@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
-from tensor_graphs.errors import ArgumentError, TensorGraphsError
+from tensor_graphs.errors import ArgumentError, ShapeError, TensorGraphsError
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.dtypes import promote_pair
+from tensor_graphs.ir.node import Node
 
 
 class UnsupportedOpError(TensorGraphsError):
@@ -105,5 +108,60 @@ def unary(fn):
     return lambda a, kw: fn(kw["self"])
 
 
+_KINDS = ("bool", "int", "float")
+
+
+def zero_dim_weak(*values) -> tuple:
+    """torch's promotion of 0-d tensors next to tensors with dims: a 0-d operand of the
+    same kind (or lower) does not widen the result (``x_f32 * torch.tensor(2.0,
+    dtype=float64)`` is float32); one of a higher kind promotes with the others. The 0-d
+    operands are cast to that dtype here, so our promotion, which counts every tensor
+    alike, gives torch's result."""
+    nodes = [v for v in values if isinstance(v, Node)]
+    shaped = [v.dtype for v in nodes if v.ndim > 0]
+    scalars = [v.dtype for v in nodes if v.ndim == 0]
+    if not shaped or not scalars:
+        return values
+    result = functools.reduce(promote_pair, shaped)
+    zero = functools.reduce(promote_pair, scalars)
+    if _KINDS.index(zero.kind) > _KINDS.index(result.kind):
+        result = promote_pair(result, zero)
+    return tuple(tg.cast(v, result) if isinstance(v, Node) and v.ndim == 0
+                 and v.dtype != result else v for v in values)
+
+
 def binary(fn):
-    return lambda a, kw: fn(kw["self"], kw["other"])
+    def call(a, kw):
+        return fn(*zero_dim_weak(kw["self"], kw["other"]))
+    return call
+
+
+def scalar_dims(fn, key: str = "self", dims: tuple[str, ...] = ("dim",)):
+    """``fn`` that also takes torch's 0-d convention: a 0-d tensor accepts dim 0 or -1 (or
+    [0]) as if it had one axis of size 1. The tensor becomes 1-d, the dims 0, and each
+    tensor result goes back to 0-d (a 0-d reduction keeps its 0-d shape, keepdim or not)."""
+    def fn0(a, kw):
+        x = kw.get(key)
+        if not (hasattr(x, "ndim") and x.ndim == 0) or all(kw.get(d) is None for d in dims):
+            return fn(a, kw)
+        for d in dims:
+            v = kw.get(d)
+            picked = list(v) if isinstance(v, (list, tuple)) else [v]
+            if v is not None and any(p not in (0, -1) for p in picked):
+                raise ShapeError(f"dim {v} is out of range for a 0-d tensor (torch accepts "
+                                 "0 and -1)")
+        kw = {**kw, key: tg.reshape(x, (1,))}
+        for d in dims:
+            v = kw.get(d)
+            if v is not None:
+                kw[d] = [0] * len(v) if isinstance(v, (list, tuple)) else 0
+        return _to_0d(fn(a, kw))
+    return fn0
+
+
+def _to_0d(value):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_0d(v) for v in value)
+    if hasattr(value, "ndim") and value.ndim == 1:
+        return tg.reshape(value, ())
+    return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
-from tensor_graphs.frontend.aten.common import dtype_name, guarded
+from tensor_graphs.frontend.aten.common import dtype_name, guarded, scalar_dims, torch_module
 from tensor_graphs.ir import api as tg
 
 
@@ -81,6 +81,13 @@ def _index(x, indices):
 def _gather(x, dim, index):
     """torch.gather: out[i][j][k] = x[i][index[i][j][k]][k] (for dim 1), index as large as
     x or smaller on every axis but ``dim``: an index of x over aranges on the other axes."""
+    if x.ndim == 0 or index.ndim == 0:  # torch's 0-d convention: dim 0 or -1, one axis
+        if dim not in (0, -1) or max(x.ndim, index.ndim) > 1:
+            raise ShapeError(f"gather: dim {dim} with an input of shape {x.shape} and an "
+                             f"index of shape {index.shape}")
+        out = _gather(tg.reshape(x, (1,)) if x.ndim == 0 else x, 0,
+                      tg.reshape(index, (1,)) if index.ndim == 0 else index)
+        return tg.reshape(out, tuple(index.shape))
     dim = dim % x.ndim
     if index.ndim != x.ndim:
         raise ShapeError(f"gather: index of rank {index.ndim} for an input of rank {x.ndim}")
@@ -97,6 +104,8 @@ def _gather(x, dim, index):
 
 def _diff(x, n, dim, prepend, append):
     """torch.diff: n times x[1:] - x[:-1] along ``dim`` after attaching prepend/append."""
+    if n == 0:  # torch returns the input as it is, prepend and append unused
+        return x
     parts = [p for p in (prepend, x, append) if p is not None]
     y = tg.concat(parts, axis=dim) if len(parts) > 1 else x
     for _ in range(n):
@@ -119,6 +128,10 @@ def table(aten) -> dict:
         aten.new_zeros: lambda a, kw: _full(kw["size"], 0, kw["dtype"], kw["self"]),
         aten.new_full: lambda a, kw: _full(kw["size"], kw["fill_value"], kw["dtype"],
                                            kw["self"]),
+        # torch.scalar_tensor's default dtype is float32 whatever the value's type
+        aten.scalar_tensor: lambda a, kw: _full((), kw["s"], kw["dtype"] or "float32"),
+        torch_module().ops.prims.scalar_tensor: lambda a, kw: _full((), kw["s"],
+                                                                    kw["dtype"] or "float32"),
         aten.ones_like: lambda a, kw: _full(kw["self"].shape, 1, kw["dtype"], kw["self"]),
         aten.zeros_like: lambda a, kw: _full(kw["self"].shape, 0, kw["dtype"], kw["self"]),
         aten.full_like: lambda a, kw: _full(kw["self"].shape, kw["fill_value"], kw["dtype"],
@@ -126,7 +139,8 @@ def table(aten) -> dict:
         # indexing
         aten.index.Tensor: lambda a, kw: _index(kw["self"], kw["indices"]),
         aten.gather: lambda a, kw: _gather(kw["self"], kw["dim"], kw["index"]),
-        aten.index_select: lambda a, kw: tg.gather(kw["self"], kw["index"], axis=kw["dim"]),
+        aten.index_select: scalar_dims(lambda a, kw: tg.gather(kw["self"], kw["index"],
+                                                               axis=kw["dim"])),
         aten.diff: lambda a, kw: _diff(kw["self"], kw["n"], kw["dim"], kw["prepend"],
                                        kw["append"]),
         # bool logic (the bitwise operators, bools and ints: pointwise_ops)

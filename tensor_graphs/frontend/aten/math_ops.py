@@ -10,16 +10,20 @@ from tensor_graphs.frontend.aten.common import (
     binary,
     cast,
     guarded,
+    scalar_dims,
     scaled,
+    torch_module,
     unary,
+    zero_dim_weak,
 )
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
 
 
 def _div(a, kw):
     if kw.get("rounding_mode") is not None:
         return pointwise_ops.div_mode(a, kw)
-    return tg.div(kw["self"], kw["other"])
+    return tg.div(*zero_dim_weak(kw["self"], kw["other"]))
 
 
 def _addmm(a, kw):
@@ -28,8 +32,29 @@ def _addmm(a, kw):
     return scaled(kw["self"], kw["beta"]) + product
 
 
+def _clamp(x, lo=None, hi=None):
+    """torch's clamp, min then max; tensor bounds (clamp.Tensor) are elementwise maximum and
+    minimum with the bounds broadcast and the dtype promoted over all three."""
+    if not any(isinstance(b, Node) for b in (lo, hi)):
+        return tg.clamp(x, min=lo, max=hi)
+    x, lo, hi = zero_dim_weak(x, lo, hi)
+    if lo is not None:
+        x = tg.maximum(*tg.promote(x, lo, op="clamp"))
+    if hi is not None:
+        x = tg.minimum(*tg.promote(x, hi, op="clamp"))
+    return x
+
+
 def _where(cond, a, b):
-    return tg.where(cond, a, b)
+    return tg.where(cond, *zero_dim_weak(a, b))
+
+
+def _add(x, y, alpha):
+    """x + alpha * y (sub and rsub: alpha negated), with torch's 0-d promotion."""
+    x, y = zero_dim_weak(x, y)
+    if alpha == -1:
+        return x - y
+    return x + scaled(y, alpha)
 
 
 # ---------------------------------------------------------------------------- activations
@@ -41,6 +66,15 @@ def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
     else:  # exp of the clipped value: the branch not taken never overflows
         y = tg.where(x > 0, x, (tg.exp(tg.minimum(x, 0.0) * input_scale) - 1.0) * alpha)
     return scaled(y, scale)
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    """torch's softplus, and exp(beta x) / beta where that is below float32's resolution
+    next to 1 (beta x < -16): log(1 + e) rounds such an e away, torch's log1p keeps it
+    (softplus(-9, beta=3) is 3e-12, not 0; log_sigmoid(20) is -2e-9)."""
+    y = tg.softplus(x, beta=beta, threshold=threshold)
+    bx = x * beta
+    return tg.where(bx < -16.0, tg.exp(tg.minimum(bx, 0.0)) / beta, y)
 
 
 def _leaky(x, slope):
@@ -62,6 +96,8 @@ def _prelu(a, kw):
     x, w = kw["self"], kw["weight"]
     if x.ndim >= 2 and w.ndim == 1:  # one slope per channel (axis 1), or a single one
         w = tg.reshape(w, (w.shape[0],) + (1,) * (x.ndim - 2))
+    elif x.ndim == 0 and w.ndim == 1:  # a 0-d input keeps its shape (one slope)
+        w = tg.reshape(w, ())
     return _leaky(x, w)
 
 
@@ -103,6 +139,10 @@ def _var(a, kw):
                   correction=_correction(kw))
 
 
+def _mean_of(kw):
+    return tg.mean(kw["self"], axis=axes(kw.get("dim")), keepdims=kw.get("keepdim", False))
+
+
 def _vector_norm(a, kw):
     x = cast(kw["self"], kw["dtype"])
     order, axis, keep = kw["ord"], axes(kw["dim"]), kw["keepdim"]
@@ -121,11 +161,12 @@ def _vector_norm(a, kw):
 
 
 def _log_sigmoid_forward(a, kw):
-    return (-tg.softplus(-kw["self"]),
+    return (-_softplus(-kw["self"]),
             Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
 
 
 def table(aten) -> dict:
+    prims = torch_module().ops.prims  # what torch's reference decompositions produce
     return guarded({
         # linear algebra
         aten.linear: lambda a, kw: tg.linear(kw["input"], kw["weight"], kw["bias"]),
@@ -134,19 +175,21 @@ def table(aten) -> dict:
         aten.bmm: lambda a, kw: tg.matmul(kw["self"], kw["mat2"]),
         aten.addmm: _addmm,
         aten.baddbmm: _addmm,
+        aten.addbmm: lambda a, kw: scaled(kw["self"], kw["beta"]) + scaled(
+            tg.sum(tg.matmul(kw["batch1"], kw["batch2"]), axis=0), kw["alpha"]),
         # arithmetic
-        aten.add: lambda a, kw: kw["self"] + scaled(kw["other"], kw["alpha"]),
-        aten.sub: lambda a, kw: kw["self"] - scaled(kw["other"], kw["alpha"]),
-        aten.rsub: lambda a, kw: tg.sub(kw["other"], scaled(kw["self"], kw["alpha"])),
+        aten.add: lambda a, kw: _add(kw["self"], kw["other"], kw["alpha"]),
+        aten.sub: lambda a, kw: _add(kw["self"], kw["other"], -kw["alpha"]),
+        aten.rsub: lambda a, kw: _add(kw["other"], kw["self"], -kw["alpha"]),
         aten.mul: binary(tg.mul),
         aten.div: _div,
-        aten.pow: lambda a, kw: tg.pow(kw["self"], kw["exponent"]),
+        aten.pow: lambda a, kw: tg.pow(*zero_dim_weak(kw["self"], kw["exponent"])),
         aten.neg: unary(tg.neg),
         aten.maximum: binary(tg.maximum),
         aten.minimum: binary(tg.minimum),
-        aten.clamp: lambda a, kw: tg.clamp(kw["self"], min=kw["min"], max=kw["max"]),
-        aten.clamp_min: lambda a, kw: tg.clamp(kw["self"], min=kw["min"]),
-        aten.clamp_max: lambda a, kw: tg.clamp(kw["self"], max=kw["max"]),
+        aten.clamp: lambda a, kw: _clamp(kw["self"], kw["min"], kw["max"]),
+        aten.clamp_min: lambda a, kw: _clamp(kw["self"], lo=kw["min"]),
+        aten.clamp_max: lambda a, kw: _clamp(kw["self"], hi=kw["max"]),
         # elementwise functions
         aten.exp: unary(tg.exp),
         aten.log: unary(tg.log),
@@ -173,10 +216,10 @@ def table(aten) -> dict:
         aten.elu: lambda a, kw: _elu(kw["self"], kw["alpha"], kw["scale"], kw["input_scale"]),
         aten.celu: lambda a, kw: _elu(kw["self"], kw["alpha"], 1.0, 1.0 / kw["alpha"]),
         aten.selu: unary(tg.selu),
-        aten.softplus: lambda a, kw: tg.softplus(kw["self"], beta=float(kw["beta"]),
+        aten.softplus: lambda a, kw: _softplus(kw["self"], beta=float(kw["beta"]),
                                                  threshold=float(kw["threshold"])),
-        aten.mish: lambda a, kw: kw["self"] * tg.tanh(tg.softplus(kw["self"])),
-        aten.log_sigmoid: lambda a, kw: -tg.softplus(-kw["self"]),
+        aten.mish: lambda a, kw: kw["self"] * tg.tanh(_softplus(kw["self"])),
+        aten.log_sigmoid: lambda a, kw: -_softplus(-kw["self"]),
         aten.log_sigmoid_forward: _log_sigmoid_forward,
         aten.hardsigmoid: lambda a, kw: _hardsigmoid(kw["self"]),
         aten.hardswish: lambda a, kw: kw["self"] * _hardsigmoid(kw["self"]),
@@ -200,41 +243,46 @@ def table(aten) -> dict:
         aten.ge: binary(tg.greater_equal),
         aten.logical_not: unary(tg.logical_not),
         aten.where: lambda a, kw: _where(kw["condition"], kw["self"], kw["other"]),
+        prims.where: lambda a, kw: _where(kw["pred"], kw["a"], kw["b"]),
         aten.masked_fill: lambda a, kw: _where(kw["mask"], kw["value"], kw["self"]),
         aten.tril: lambda a, kw: tg.tril(kw["self"], diagonal=kw["diagonal"]),
         aten.triu: lambda a, kw: tg.triu(kw["self"], diagonal=kw["diagonal"]),
         # reductions and the softmax family
-        aten.sum: lambda a, kw: cast(tg.sum(kw["self"], axis=axes(kw.get("dim")),
-                                             keepdims=kw.get("keepdim", False)), kw["dtype"]),
-        aten.mean: lambda a, kw: tg.mean(cast(kw["self"], kw["dtype"]),
+        aten.sum: scalar_dims(lambda a, kw: cast(tg.sum(kw["self"], axis=axes(kw.get("dim")),
+                                             keepdims=kw.get("keepdim", False)), kw["dtype"])),
+        aten.mean: scalar_dims(lambda a, kw: tg.mean(cast(kw["self"], kw["dtype"]),
                                          axis=axes(kw.get("dim")),
-                                         keepdims=kw.get("keepdim", False)),
-        aten.amax: lambda a, kw: tg.max(kw["self"], axis=axes(kw["dim"]),
-                                        keepdims=kw["keepdim"]),
-        aten.amin: lambda a, kw: tg.min(kw["self"], axis=axes(kw["dim"]),
-                                        keepdims=kw["keepdim"]),
-        aten.var: _var,
-        aten.std: lambda a, kw: tg.sqrt(_var(a, kw)),
+                                         keepdims=kw.get("keepdim", False))),
+        aten.amax: scalar_dims(lambda a, kw: tg.max(kw["self"], axis=axes(kw["dim"]),
+                                        keepdims=kw["keepdim"])),
+        aten.amin: scalar_dims(lambda a, kw: tg.min(kw["self"], axis=axes(kw["dim"]),
+                                        keepdims=kw["keepdim"])),
+        aten.var: scalar_dims(_var),
+        aten.std: scalar_dims(lambda a, kw: tg.sqrt(_var(a, kw))),
+        aten.var_mean: scalar_dims(lambda a, kw: (_var(a, kw), _mean_of(kw))),
+        aten.std_mean: scalar_dims(lambda a, kw: (tg.sqrt(_var(a, kw)), _mean_of(kw))),
         aten.max.default: lambda a, kw: tg.max(kw["self"]),
         aten.min.default: lambda a, kw: tg.min(kw["self"]),
         aten.max.other: binary(tg.maximum),
         aten.min.other: binary(tg.minimum),
-        aten.max.dim: _extremum(tg.max, tg.argmax, "max"),
-        aten.min.dim: _extremum(tg.min, tg.argmin, "min"),
-        aten.argmax: lambda a, kw: tg.argmax(kw["self"], axis=kw["dim"],
-                                             keepdims=kw["keepdim"]),
-        aten.argmin: lambda a, kw: tg.argmin(kw["self"], axis=kw["dim"],
-                                             keepdims=kw["keepdim"]),
-        aten.prod: lambda a, kw: tg.prod(cast(kw["self"], kw["dtype"]), axis=kw.get("dim"),
-                                         keepdims=kw.get("keepdim", False)),
-        aten.logsumexp: lambda a, kw: tg.logsumexp(kw["self"], axis=axes(kw["dim"]),
-                                                   keepdims=kw["keepdim"]),
-        aten.linalg_vector_norm: _vector_norm,
-        aten.cumsum: lambda a, kw: tg.cumsum(cast(kw["self"], kw["dtype"]), axis=kw["dim"]),
-        aten.softmax.int: lambda a, kw: tg.softmax(cast(kw["self"], kw["dtype"]),
-                                                   axis=kw["dim"]),
-        aten._softmax: lambda a, kw: tg.softmax(kw["self"], axis=kw["dim"]),
-        aten.log_softmax.int: lambda a, kw: tg.log_softmax(cast(kw["self"], kw["dtype"]),
-                                                           axis=kw["dim"]),
-        aten._log_softmax: lambda a, kw: tg.log_softmax(kw["self"], axis=kw["dim"]),
+        aten.max.dim: scalar_dims(_extremum(tg.max, tg.argmax, "max")),
+        aten.min.dim: scalar_dims(_extremum(tg.min, tg.argmin, "min")),
+        aten.argmax: scalar_dims(lambda a, kw: tg.argmax(kw["self"], axis=kw["dim"],
+                                             keepdims=kw["keepdim"])),
+        aten.argmin: scalar_dims(lambda a, kw: tg.argmin(kw["self"], axis=kw["dim"],
+                                             keepdims=kw["keepdim"])),
+        aten.prod: scalar_dims(lambda a, kw: tg.prod(cast(kw["self"], kw["dtype"]),
+                                                     axis=kw.get("dim"),
+                                                     keepdims=kw.get("keepdim", False))),
+        aten.logsumexp: scalar_dims(lambda a, kw: tg.logsumexp(
+            kw["self"], axis=axes(kw["dim"]), keepdims=kw["keepdim"])),
+        aten.linalg_vector_norm: scalar_dims(_vector_norm),
+        aten.cumsum: scalar_dims(lambda a, kw: tg.cumsum(cast(kw["self"], kw["dtype"]),
+                                                         axis=kw["dim"])),
+        aten.softmax.int: scalar_dims(lambda a, kw: tg.softmax(cast(kw["self"], kw["dtype"]),
+                                                   axis=kw["dim"])),
+        aten._softmax: scalar_dims(lambda a, kw: tg.softmax(kw["self"], axis=kw["dim"])),
+        aten.log_softmax.int: scalar_dims(lambda a, kw: tg.log_softmax(
+            cast(kw["self"], kw["dtype"]), axis=kw["dim"])),
+        aten._log_softmax: scalar_dims(lambda a, kw: tg.log_softmax(kw["self"], axis=kw["dim"])),
     })

@@ -50,6 +50,53 @@ def _dropout(a, kw):
     return kw["input"]
 
 
+_BAG_MODES = ("sum", "mean", "max")
+
+
+def _embedding_bag(a, kw):
+    """torch's embedding_bag over 1-D indices and bag offsets (F.embedding_bag makes 2-D
+    input so): each entry's bag is the number of offsets at or before it, minus one, and the
+    bags are reduced through the (entries, bags) membership matrix: a matmul for sum and
+    mean, a masked max for max. Empty bags are 0, as in torch; entries equal to padding_idx
+    count nowhere."""
+    w, idx, offsets = kw["weight"], kw["indices"], kw["offsets"]
+    mode, weights, last = kw["mode"], kw["per_sample_weights"], kw["include_last_offset"]
+    pad = kw.get("padding_idx")
+    if idx.ndim != 1 or offsets.ndim != 1:
+        raise ShapeError(f"embedding_bag: indices {idx.shape} and offsets {offsets.shape} "
+                         "must be 1-D")
+    n, bags = idx.shape[0], offsets.shape[0] - (1 if last else 0)
+    if not isinstance(bags, int):
+        raise ShapeError(f"embedding_bag: the number of bags ({offsets.shape[0]} offsets) "
+                         "must be concrete")
+    starts = tg.slice_axis(offsets, 0, 0, bags) if last else offsets
+    position = tg.reshape(tg.iota(n), (n, 1))
+    begun = tg.less_equal(tg.reshape(tg.cast(starts, "int64"), (1, bags)), position)
+    bag = tg.sum(tg.cast(begun, "int64"), axis=1, keepdims=True) - 1  # (n, 1)
+    member = tg.equal(bag, tg.reshape(tg.iota(bags), (1, bags)))  # (n, bags)
+    if last:  # entries from the last offset on belong to no bag
+        end = tg.slice_axis(tg.cast(offsets, "int64"), 0, bags, bags + 1)
+        member = tg.logical_and(member, tg.less(position, tg.reshape(end, (1, 1))))
+    if pad is not None and pad >= 0:
+        member = tg.logical_and(member, tg.reshape(tg.not_equal(idx, pad), (n, 1)))
+    rows = tg.embedding(idx, w)  # (n, d)
+    if weights is not None:
+        if mode != 0:
+            raise ArgumentError("embedding_bag: per_sample_weights need mode='sum' (torch's "
+                                f"rule), got mode={_BAG_MODES[mode]!r}")
+        rows = rows * tg.reshape(weights, (n, 1))
+    counts = tg.sum(tg.cast(member, w.dtype), axis=0)  # (bags,)
+    if mode == 2:
+        picked = tg.where(tg.unsqueeze(member, 2), tg.unsqueeze(rows, 1), float("-inf"))
+        out = tg.where(tg.unsqueeze(counts > 0, 1), tg.max(picked, axis=0), 0.0)
+    else:
+        out = tg.matmul(tg.permute(tg.cast(member, w.dtype), (1, 0)), rows)
+        if mode == 1:
+            out = out / tg.unsqueeze(tg.maximum(counts, 1.0), 1)
+    extra = Unavailable("embedding_bag: only the bags (output 0) have a tensor_graphs value")
+    return (out, extra, extra, extra)
+
+
 def _same_padding(op, x, weight, dilation, nd):
     """padding="same" (stride 1): total d*(k-1) per spatial dim, the odd one after; returns
     the explicitly padded input (when asymmetric) and the symmetric padding."""
@@ -345,6 +392,8 @@ def table(aten) -> dict:
         aten.native_layer_norm: _native_layer_norm,
         aten.rms_norm: _rms_norm,
         aten.embedding: lambda a, kw: tg.embedding(kw["indices"], kw["weight"]),
+        aten._embedding_bag: _embedding_bag,
+        aten.embedding_bag: _embedding_bag,
         aten.scaled_dot_product_attention: _sdpa,
         aten.dropout: _dropout,
         aten.feature_dropout: _dropout,

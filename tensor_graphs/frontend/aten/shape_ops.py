@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
+import sympy
 
 from tensor_graphs.errors import ArgumentError, ShapeError
-from tensor_graphs.frontend.aten.common import cast, guarded, ints, same, slice_end, unary
+from tensor_graphs.frontend.aten.common import (
+    cast,
+    guarded,
+    ints,
+    same,
+    scalar_dims,
+    slice_end,
+    torch_module,
+    unary,
+)
 from tensor_graphs.ir import api as tg
 
 
@@ -98,6 +109,35 @@ def _repeat(x, repeats):
     return tg.tile(x, reps=repeats)
 
 
+def _as_strided(x, size, stride, offset, layout):
+    """torch.as_strided (what torch's diagonal and einsum traces decompose to) as one gather
+    of constant indices. ``size``, ``stride`` and ``offset`` address the storage ``x`` is a
+    view of; ``layout`` is x's own (strides, storage offset), from the exported graph, so
+    each storage position read is found among x's elements."""
+    x_stride, x_offset = layout
+    if not all(isinstance(d, int) for d in (*x.shape, *size, *stride)):
+        raise ShapeError(f"as_strided: sizes {tuple(size)} of an input {x.shape} must be "
+                         "concrete")
+    offset = x_offset if offset is None else offset
+    numel = int(np.prod(x.shape, dtype=np.int64))
+    where = x_offset + sum((np.indices(tuple(x.shape), dtype=np.int64)[k] * s
+                            for k, s in enumerate(x_stride)), np.zeros(x.shape, np.int64))
+    read = offset + sum((np.indices(tuple(size), dtype=np.int64)[k] * s
+                         for k, s in enumerate(stride)), np.zeros(tuple(size), np.int64))
+    lookup = np.full(int(max(where.max(initial=0), read.max(initial=0))) + 1, -1, np.int64)
+    lookup[where.ravel()] = np.arange(numel, dtype=np.int64)
+    index = lookup[read] if read.size else read
+    if read.size and (read.min() < 0 or (index < 0).any()):
+        raise ShapeError(f"as_strided: size {tuple(size)}, stride {tuple(stride)}, offset "
+                         f"{offset} reads memory outside its input {x.shape}")
+    return tg.gather(tg.reshape(x, (-1,)), tg.constant(index), axis=0)
+
+
+def _as_strided_fn(a, kw):
+    return _as_strided(kw["self"], kw["size"], kw["stride"], kw["storage_offset"],
+                       kw["self_layout"])
+
+
 def _pixel_shuffle(x, r):
     *lead, c, h, w = x.shape
     y = tg.reshape(x, (*lead, c // (r * r), r, r, h, w))
@@ -135,6 +175,10 @@ def _pad(op, x, pad, mode="constant", value=None):
         n = x.shape[axis]
         if not isinstance(n, int):
             raise ShapeError(f"{op}: {mode} padding needs a concrete axis {axis}, got {x.shape}")
+        if before < 0 or after < 0:  # torch crops first, then pads what is left
+            x = tg.slice_axis(x, axis, max(-before, 0), n - max(-after, 0))
+            n, before, after = n - max(-before, 0) - max(-after, 0), max(before, 0), \
+                max(after, 0)
         if mode == "reflect" and max(before, after) >= n:
             raise ShapeError(f"{op}: reflect padding ({before}, {after}) must be smaller than "
                              f"the axis size {n}")
@@ -149,6 +193,18 @@ def _pad_fn(op, mode):
     return lambda a, kw: _pad(op, kw["self"], kw["padding"], mode)
 
 
+def _size_fn(concrete, symbolic, *values):
+    """A Python size function on ints, its sympy counterpart on symbolic dims."""
+    if any(isinstance(v, sympy.Expr) for v in values):
+        return symbolic(*values)
+    return concrete(*values)
+
+
+def torch_sym(name: str):
+    """torch's SymInt function of that name (torch.sym_max...), which export records as is."""
+    return getattr(torch_module(), name)
+
+
 def table(aten) -> dict:
     return {**guarded({
         # shapes and views
@@ -158,7 +214,9 @@ def table(aten) -> dict:
         aten.flatten.using_ints: lambda a, kw: tg.flatten(kw["self"], kw["start_dim"],
                                                           kw["end_dim"]),
         aten.permute: lambda a, kw: tg.permute(kw["self"], tuple(kw["dims"])),
-        aten.transpose.int: lambda a, kw: tg.transpose(kw["self"], kw["dim0"], kw["dim1"]),
+        aten.transpose.int: scalar_dims(lambda a, kw: tg.transpose(kw["self"], kw["dim0"],
+                                                                   kw["dim1"]),
+                                        dims=("dim0", "dim1")),
         aten.t: lambda a, kw: tg.permute(kw["self"], tuple(range(kw["self"].ndim))[::-1]),
         aten.expand: lambda a, kw: tg.expand(kw["self"], tuple(kw["size"])),
         aten.expand_as: lambda a, kw: tg.broadcast_to(kw["self"], tuple(kw["other"].shape)),
@@ -183,6 +241,8 @@ def table(aten) -> dict:
         aten.flip: lambda a, kw: _flip(kw["self"], kw["dims"]),
         aten.roll: lambda a, kw: _roll(kw["self"], kw["shifts"], kw["dims"]),
         aten.repeat: lambda a, kw: _repeat(kw["self"], kw["repeats"]),
+        aten.as_strided: _as_strided_fn,
+        aten.as_strided_copy: _as_strided_fn,
         aten.pixel_shuffle: lambda a, kw: _pixel_shuffle(kw["self"], kw["upscale_factor"]),
         aten.pixel_unshuffle: lambda a, kw: _pixel_unshuffle(kw["self"],
                                                              kw["downscale_factor"]),
@@ -213,6 +273,32 @@ def table(aten) -> dict:
         operator.mul: lambda a, kw: a[0] * a[1],
         operator.floordiv: lambda a, kw: a[0] // a[1],
         operator.neg: lambda a, kw: -a[0],
+        operator.mod: lambda a, kw: a[0] % a[1],
+        operator.truediv: lambda a, kw: a[0] / a[1],
+        operator.pow: lambda a, kw: a[0] ** a[1],
+        math.ceil: lambda a, kw: _size_fn(math.ceil, sympy.ceiling, a[0]),
+        math.floor: lambda a, kw: _size_fn(math.floor, sympy.floor, a[0]),
+        torch_sym("sym_float"): lambda a, kw: a[0] if isinstance(a[0], sympy.Expr)
+        else float(a[0]),
+        torch_sym("sym_int"): lambda a, kw: _size_fn(int, sympy.floor, a[0]),
+        torch_sym("sym_max"): lambda a, kw: _size_fn(max, sympy.Max, *a),
+        torch_sym("sym_min"): lambda a, kw: _size_fn(min, sympy.Min, *a),
+        # comparisons of sizes feed only torch's own checks (below): evaluated, never used
+        operator.eq: lambda a, kw: a[0] == a[1],
+        operator.ne: lambda a, kw: a[0] != a[1],
+        operator.lt: lambda a, kw: a[0] < a[1],
+        operator.le: lambda a, kw: a[0] <= a[1],
+        operator.gt: lambda a, kw: a[0] > a[1],
+        operator.ge: lambda a, kw: a[0] >= a[1],
+        torch_sym("sym_not"): lambda a, kw: not a[0] if isinstance(a[0], bool)
+        else sympy.Not(a[0]),
+        # the checks torch.export inserts on sizes (a dim's range, a data-dependent size's
+        # sign) are dropped: the dims' bounds carry the ranges, and a call is checked
+        # against its leaves' shapes
+        aten._assert_scalar: lambda a, kw: None,
+        aten.sym_constrain_range_for_size: lambda a, kw: None,
+        aten.sym_constrain_range: lambda a, kw: None,
+        aten.sym_numel: lambda a, kw: math.prod(kw["self"].shape),
     }),
         # picking an output of a multi-output op, Unavailable ones too (a use raises)
         operator.getitem: lambda a, kw: a[0][a[1]],

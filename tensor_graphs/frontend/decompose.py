@@ -1,0 +1,99 @@
+"""torch's own decompositions as the importer's fallback.
+
+An exported program hands many composites over whole (einsum, tile, outer, the losses...).
+Where the ATen table maps an op, the mapping wins: composites mapped whole stay whole, so the
+planner still finds their fused kernels. Every op without a mapping is replaced by torch's
+decomposition of that op alone, and what that decomposition produces is mapped in turn (its
+own unmapped ops decomposed again, until nothing more decomposes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tensor_graphs.frontend.aten import lookup
+from tensor_graphs.frontend.aten.common import torch_module
+
+
+def unmapped(exported) -> list:
+    """The call_function nodes of ``exported`` the ATen table has no mapping for."""
+    return [n for n in exported.graph.nodes
+            if n.op == "call_function" and lookup(n.target) is None]
+
+
+@functools.lru_cache(maxsize=1)
+def _export_table() -> dict:
+    """torch.export's default table (core ATen decompositions and the CompositeImplicit ops)."""
+    return dict(torch_module().export.default_decompositions().materialize())
+
+
+def decomposition(op):
+    """torch's decomposition of one ATen overload, or None (not an ATen overload, or torch
+    has none)."""
+    torch = torch_module()
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    found = _export_table().get(op) or torch._decomp.decomposition_table.get(op)
+    if found is not None:
+        return found
+    try:
+        from torch._export.utils import _get_decomp_for_cia, _is_cia_op
+    except ImportError:  # pragma: no cover - a torch without these helpers: tables only
+        return None
+    return _get_decomp_for_cia(op) if _is_cia_op(op) else None
+
+
+def decompose_unmapped(exported):
+    """``exported`` with torch's decomposition applied to every op without a mapping (and
+    to the unmapped ops those decompositions produce); unchanged when every op maps. Ops
+    that remain unmapped are the caller's to report.
+
+    One retrace with the decompositions of every unmapped op torch knows (only the ops in
+    the program are touched; mapped ones stay whole); where torch cannot trace one of them
+    on this program, the ops present are tried one at a time and the failing ones left."""
+    if not unmapped(exported):
+        return exported
+    decomposed = _run(exported, fallback_table())
+    if decomposed is not None:
+        return decomposed
+    table: dict = {}
+    tried: set = set()
+    current = exported
+    while True:
+        new = {}
+        for node in unmapped(current):
+            if node.target not in tried:
+                tried.add(node.target)
+                found = decomposition(node.target)
+                if found is not None:
+                    new[node.target] = found
+        if not new:
+            return current
+        for op, fn in new.items():
+            attempt = _run(exported, {**table, op: fn})
+            if attempt is not None:
+                table[op], current = fn, attempt
+
+
+@functools.lru_cache(maxsize=1)
+def fallback_table() -> dict:
+    """Every ATen overload torch can decompose that the ATen table does not map, with its
+    decomposition."""
+    torch = torch_module()
+    table = {}
+    for op in {*_export_table(), *torch._decomp.decomposition_table}:
+        if isinstance(op, torch._ops.OpOverload) and lookup(op) is None:
+            found = decomposition(op)
+            if found is not None:
+                table[op] = found
+    return table
+
+
+def _run(exported, table):
+    """``exported`` decomposed by ``table``, or None where torch cannot trace a decomposition
+    on this program (one that needs a data-dependent size, say): the op stays unmapped and
+    is reported as such."""
+    try:
+        return exported.run_decompositions(dict(table))
+    except Exception:  # noqa: BLE001 - any failure inside torch's tracing means "not here"
+        return None
