@@ -82,6 +82,16 @@ class RMSNormResidual(torch.nn.Module):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
+class RMSNormKeepResidual(RMSNormResidual):
+    """The same, returning the residual stream too (a pre-norm block hands it to the next
+    residual add): the norm's kernel stores it as a second output (``Step.also``). The norm
+    first: the one output ``models.bench`` checks against eager."""
+
+    def forward(self, x, r):
+        h = x + r
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight, h
+
+
 class GroupNormSiLU(torch.nn.Module):
     """A diffusion UNet's norm and activation: GroupNorm (32 groups) with a learned per-channel
     scale and shift, then SiLU (nobody hand-fused GroupNorm here: a reshape to (N, G, rest),
@@ -110,6 +120,8 @@ BLOCKS = {
     "swiglu (256, 4096)": lambda: (SwiGLU(), _inputs(2)),
     "geglu-tanh (256, 4096)": lambda: (GeGLUTanh(), _inputs(2)),
     "rmsnorm+residual (256, 4096)": lambda: (RMSNormResidual(SHAPE[1]).eval(), _inputs(2)),
+    "rmsnorm+residual, both kept (256, 4096)": lambda: (RMSNormKeepResidual(SHAPE[1]).eval(),
+                                                       _inputs(2)),
     "groupnorm+silu (8, 64, 32, 32)": lambda: (GroupNormSiLU(64).eval(),
                                                _inputs(1, (8, 64, 32, 32))),
 }
