@@ -162,14 +162,18 @@ def _steps(op: str, seq, max_steps) -> int:
 
 
 def _unroll(op: str, xp, state: tuple, step, reverse: bool, max_steps):
-    """Run ``step(xp_t, state) -> state`` over the sequence (forward or reversed); the value
-    of each step is ``state[0]`` concatenated with the rest on the last axis. Returns the
-    per-step values in position order, (seq, batch, width)."""
+    """Run ``step(xp_t, *state) -> state`` over the sequence (forward or reversed). Returns
+    every position's states side by side on the last axis (h first), (seq, batch, width).
+
+    Each step works on (batch, size) states (the input's slice is reshaped inside the
+    h @ w_hh product's fused epilogue), and each state's sequence is one concat of the steps'
+    (batch, size) states along the rows, reshaped once to (seq, batch, size): no step pays a
+    reshape or a concat of its own."""
     seq = xp.shape[0]
     n = _steps(op, seq, max_steps)
     symbolic = not isinstance(seq, int)
     length = tg.size(seq) if symbolic else None
-    values = []
+    per_step = []
     for k in range(n):
         if symbolic:
             # step k reads position k (reversed: seq-1-k), clamped into range; past the
@@ -185,11 +189,14 @@ def _unroll(op: str, xp, state: tuple, step, reverse: bool, max_steps):
             live = tg.less(tg.constant(k, "int64"), length)
             new = tuple(tg.where(live, a, b) for a, b in zip(new, state))
         state = new
-        values.append(tg.unsqueeze(tg.concat(list(state), axis=-1) if len(state) > 1
-                                   else state[0], 0))
-    stacked = tg.concat(values, axis=0)  # step order
+        per_step.append(state)
+    if not symbolic and reverse:
+        per_step = per_step[::-1]  # position order
+    seqs = [tg.reshape(tg.concat([st[i] for st in per_step], axis=0),
+                       (n, *state[i].shape)) for i in range(len(state))]
+    stacked = tg.concat(seqs, axis=-1) if len(seqs) > 1 else seqs[0]
     if not symbolic:
-        return tg.concat(values[::-1], axis=0) if reverse else stacked
+        return stacked
     if not reverse:
         return tg.slice_axis(stacked, 0, 0, seq)
     # position p was step seq-1-p
