@@ -1229,6 +1229,15 @@ def _rshift_ref(a, b):
     return _py(one, np.int64)(a, b).astype(a.dtype)
 
 
+def _signed_values(rng, shape, dtype, spec=None):
+    """Normals with +-0.0, +-inf and nan (nan positive: its sign bit is not observable)."""
+    x = rng.standard_normal(shape) * 3
+    if x.size >= 6:
+        extra = [0.0, -0.0, np.inf, -np.inf, np.nan, -1e-30]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return np.where(np.isnan(x), np.float64(np.nan), x).astype(NP[dtype])
+
+
 def _xlogy(a, b):
     with np.errstate(all="ignore"):
         return np.where(np.isnan(b), np.nan, np.where(a == 0, 0.0, a * np.log(b)))
@@ -1330,6 +1339,19 @@ POINTWISE = [
     _f("logical_xor", "logical_xor", tg.logical_xor, lambda a, b: (a != 0) ^ (b != 0), P_B,
        lambda torch, a, b: torch.logical_xor(a, b), domain=("quarters",),
        dtypes=F64_32 + ("bool",)),
+    # -0.0 and nan in both operands: the sign bit of a zero, nan ignored by fmax/fmin
+    _f("signbit", "signbit", tg.signbit, np.signbit, P_U, lambda torch, x: torch.signbit(x),
+       domain=(_signed_values,)),
+    _f("copysign", "copysign", tg.copysign, np.copysign, P_B,
+       lambda torch, a, b: torch.copysign(a, b), domain=(_signed_values, _signed_values),
+       tol32=0.0),
+    _f("fmax", "fmax", tg.fmax, np.fmax, P_B, lambda torch, a, b: torch.fmax(a, b),
+       domain=(_signed_values, _signed_values), tol32=0.0),
+    _f("fmin", "fmin", tg.fmin, np.fmin, P_B, lambda torch, a, b: torch.fmin(a, b),
+       domain=(_signed_values, _signed_values), tol32=0.0),
+    # torch's rule: pi below zero only (numpy's angle(-0.0) is pi)
+    _f("angle", "angle", tg.angle, lambda x: np.where(x < 0, np.pi, np.where(x >= 0, 0.0, x)),
+       P_U, lambda torch, x: torch.angle(x), domain=(_signed_values,), tol32=1e-7),
     # ints: exact against Python's integers, each dtype's extremes included
     _f("trunc_int", "trunc", tg.trunc, lambda a: a, P_I1, lambda torch, x: torch.trunc(x),
        dtypes=INTS),

@@ -82,6 +82,21 @@ def test_zero_signs_follow_torch():
     assert np.signbit(ev(tg.floor, x)).tolist() == [True, True, False, True]
 
 
+def test_sign_bits_of_zeros():
+    """-0.0 has its sign bit: signbit sees it through 1 / x, copysign moves it, angle ignores
+    it (torch's rule)."""
+    x = np.array([-0.0, 0.0, -1e-30, np.inf, -np.inf, np.nan], np.float32)
+    assert ev(tg.signbit, x).tolist() == [True, False, True, False, True, False]
+    got = ev(tg.copysign, np.full(6, 2.0, np.float32), x)
+    assert got.tolist() == [-2.0, 2.0, -2.0, 2.0, -2.0, 2.0]
+    assert np.signbit(ev(tg.copysign, np.zeros(6, np.float32), x)).tolist() == \
+        [True, False, True, False, True, False]
+    assert ev(tg.angle, x)[:2].tolist() == [0.0, 0.0]
+    f = ev(tg.fmax, np.array([np.nan, 1.0, np.nan], np.float32),
+           np.array([2.0, np.nan, np.nan], np.float32))
+    assert f[:2].tolist() == [2.0, 1.0] and np.isnan(f[2])
+
+
 def test_fmod_is_c_remainder_is_python():
     a = np.array([7.5, -7.5, 7.5, -7.5, -6.0], np.float32)
     b = np.array([2.0, 2.0, -2.0, -2.0, 3.0], np.float32)

@@ -122,6 +122,11 @@ def table(aten) -> dict:
         aten.isposinf: _signed_inf(1.0),
         aten.isneginf: _signed_inf(-1.0),
         aten.nan_to_num: _nan_to_num,
+        aten.signbit: unary(tg.signbit),
+        aten.copysign: binary(tg.copysign),
+        aten.fmax: binary(tg.fmax),
+        aten.fmin: binary(tg.fmin),
+        aten.angle: unary(tg.angle),
         # bits and logic (bools: logical ops)
         **bit_ops,
         aten.bitwise_not: unary(tg.bitwise_not),

@@ -345,6 +345,52 @@ def nan_to_num(x, *, nan=0.0, posinf=None, neginf=None):
     return tg.where(tg.equal(x, -math.inf), -big if neginf is None else float(neginf), y)
 
 
+@composite(example=_x)
+def signbit(x):
+    """The sign bit: set for negatives and -0.0 (the one zero whose reciprocal is -inf); nan
+    counts as positive (its sign bit is not observable through comparisons)."""
+    if not x.dtype.is_float:
+        return tg.less(x, 0)
+    negative_zero = logical_and(tg.equal(x, 0), tg.less(tg.reciprocal(x), 0))
+    return logical_or(tg.less(x, 0), negative_zero)
+
+
+@composite(example=_ab)
+def copysign(a, b):
+    """|a| with b's sign bit (copysign(1, -0.0) = -1); ints become float32, as in torch."""
+    a, b = _floats(a, b)
+    m = abs(a)
+    return tg.where(signbit(b), tg.neg(m), m)
+
+
+@composite(example=_ab)
+def fmax(a, b):
+    """The larger, ignoring nan: nan only where both are (C's fmax; maximum propagates nan)."""
+    a, b = tg.promote(a, b)
+    if not a.dtype.is_float:
+        return tg.maximum(a, b)
+    return tg.where(isnan(b), a, tg.where(isnan(a), b, tg.maximum(a, b)))
+
+
+@composite(example=_ab)
+def fmin(a, b):
+    """The smaller, ignoring nan: nan only where both are (C's fmin)."""
+    a, b = tg.promote(a, b)
+    if not a.dtype.is_float:
+        return minimum(a, b)
+    return tg.where(isnan(b), a, tg.where(isnan(a), b, minimum(a, b)))
+
+
+@composite(example=_x)
+def angle(x):
+    """The argument of a real number: pi below zero, 0 at and above it, nan for nan (torch's
+    angle of a real tensor; ints become float32)."""
+    x = _float(x)
+    pi = tg.cast(tg.as_node(math.pi, x.dtype), x.dtype)
+    zero = tg.cast(tg.as_node(0.0, x.dtype), x.dtype)
+    return tg.where(isnan(x), x, tg.where(tg.less(x, 0), pi, zero))
+
+
 # ---------------------------------------------------------------------------- bits and logic
 def _bits(op: str, *xs: Node) -> None:
     for x in xs:
@@ -436,9 +482,10 @@ def div_rounded(a: TensorLike, b: TensorLike, rounding_mode: str | None) -> Node
 
 
 __all__ = [
-    "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "ceil", "cosh", "div_trunc", "erfc", "exp2",
-    "expm1", "floor", "floor_divide", "fmod", "frac", "hypot", "isfinite", "isinf",
+    "acos", "acosh", "angle", "asin", "asinh", "atan", "atan2", "atanh", "bitwise_and",
+    "bitwise_not", "bitwise_or", "bitwise_xor", "ceil", "copysign", "cosh", "div_trunc", "erfc",
+    "exp2", "expm1", "floor", "floor_divide", "fmax", "fmin", "fmod", "frac", "hypot",
+    "isfinite", "isinf",
     "left_shift", "log10", "log1p", "log2", "logical_xor", "logit", "nan_to_num", "remainder",
-    "right_shift", "round", "sinh", "tan", "trunc", "xlogy",
+    "right_shift", "round", "signbit", "sinh", "tan", "trunc", "xlogy",
 ]
