@@ -9,7 +9,8 @@ empty database; the C cache stays warm unless ``--cold-cache`` (then compiles co
 prints, per run: seconds of ``from_torch``, rows measured, generated kernels refused, the plan's
 steps and generated steps, the plan's predicted ms, the steps whose time is not a measurement
 (a plan should rest on measurements after ``profile="missing"``) and the measured ms per call
-(median of ``--repeats`` after two warm-up calls).
+(median of ``--repeats`` after two warm-up calls). ``--replay``: the plan of a profile that
+measures what could win against one that measures every call, on the same (copied) rows.
 """
 
 from __future__ import annotations
@@ -29,9 +30,21 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 layers, repeats, mode, db = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 generate = mode != "off"
+from tensor_graphs.profiler import missing
+
 if mode == "every":  # every generated candidate measured (before the calibrated estimates)
-    from tensor_graphs.profiler import missing
     missing.MEASURE_EVERY_GENERATED = True
+if mode == "replay":  # rows copied from a database that measured every call: no clock
+    from tensor_graphs.db.store import Database
+
+    full = Database(sys.argv[5])
+
+    def copied(options, hardware=None):
+        for i in range(0, len(options), missing.WINDOW):
+            yield [(o, full.lookup(o.kernel.name, o.signature, missing.hardware_of(o, hardware),
+                                   o.kernel.source_hash)) for o in options[i:i + missing.WINDOW]]
+
+    missing.measure_options = copied
 
 
 class Logits(torch.nn.Module):
@@ -72,21 +85,41 @@ print(json.dumps({
     "predicted_ms": plan.cost * 1e3,
     "measured_ms": statistics.median(times) * 1e3,
     "min_ms": min(times) * 1e3,
+    "plan": [s.kernel.name for s in steps],
 }))
 """
 
 
-def run_once(layers: int, repeats: int, generate: str, cold_cache: bool) -> dict:
+def run_once(layers: int, repeats: int, mode: str, cold_cache: bool, keep: str | None = None,
+             full: str | None = None) -> dict:
+    """One child on a fresh database (kept at ``keep`` when given; ``full``: the database a
+    "replay" copies its rows from)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
         if cold_cache:
             env["TG_CACHE_DIR"] = os.path.join(tmp, "cache")
-        db = os.path.join(tmp, "fresh.db")
-        out = subprocess.run([sys.executable, "-c", CHILD, str(layers), str(repeats), generate,
-                              db], env=env, capture_output=True, text=True, check=False)
+        db = keep or os.path.join(tmp, "fresh.db")
+        out = subprocess.run([sys.executable, "-c", CHILD, str(layers), str(repeats), mode,
+                              db, *([full] if full else [])], env=env, capture_output=True,
+                             text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(out.stderr[-4000:])
         return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def replay(layers: int) -> None:
+    """The selection's plan quality without the clock's noise: a profile measuring every call,
+    then one measuring only what could win with its rows copied from the first; both plans are
+    then costed on the same times."""
+    with tempfile.TemporaryDirectory() as tmp:
+        full = os.path.join(tmp, "full.db")
+        every = run_once(layers, 3, "every", False, keep=full)
+        some = run_once(layers, 3, "replay", False, full=full)
+    print(f"\nreplay: every call measured: {every['measured']} calls, plan predicted "
+          f"{every['predicted_ms']:.2f} ms ({every['generated']} generated steps); measuring "
+          f"what could win, rows copied from it: {some['measured']} calls, plan predicted "
+          f"{some['predicted_ms']:.2f} ms ({some['generated']} generated steps), same plan: "
+          f"{every['plan'] == some['plan']}, unmeasured steps: {some['unmeasured'] or 'none'}")
 
 
 def main() -> None:
@@ -99,6 +132,8 @@ def main() -> None:
                          "win), every (every generated kernel measured: the old profile), off "
                          "(generate=False)")
     ap.add_argument("--cold-cache", action="store_true")
+    ap.add_argument("--replay", action="store_true",
+                    help="also compare the plans on copied rows (see ``replay``)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     print(f"GPT-2 {args.layers}-layer 1x128, from_torch(profile='missing') on a fresh database"
@@ -113,6 +148,8 @@ def main() -> None:
                   f"{r['steps']} ({r['generated']}) | {r['predicted_ms']:.1f} | "
                   f"{r['measured_ms']:.1f} ({r['min_ms']:.1f}) | "
                   f"{', '.join(r['unmeasured']) or '-'} |", flush=True)
+    if args.replay:
+        replay(args.layers)
 
 
 if __name__ == "__main__":
