@@ -242,3 +242,13 @@ def test_fluent_gru_float64_is_exact():
         ref = _flat(layer(X))
     for g, r in zip(got, ref):
         assert relative_error(g, r) <= 1e-12
+
+
+def test_a_weight_list_torch_would_not_make_is_refused():
+    x = tg.input("x", (3, 2, 4))
+    three = [tg.weight("w_ih", (20, 4)), tg.weight("w_hh", (20, 5)), tg.weight("b_ih", (20,))]
+    with pytest.raises(tg.ArgumentError, match=r"lstm: 3 weights do not make 1 layer\(s\) of "
+                                               r"1 direction\(s\) with biases"):
+        tg.lstm(x, three)
+    with pytest.raises(tg.ArgumentError, match="rnn: params must be torch's flat weight list"):
+        tg.rnn(x, [])

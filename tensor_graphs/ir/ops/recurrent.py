@@ -333,7 +333,18 @@ def _layers(op: str, kind: str, x: Node, hx: Sequence[Node], params: Sequence[No
     return x, stacked
 
 
+def _gate_rows(op: str, params: Sequence, gates: int) -> int:
+    """The hidden size from the first w_ih (gates*hidden rows), before anything else reads
+    the flat list."""
+    if not params or tg.as_node(params[0]).ndim != 2:
+        raise ArgumentError(f"{op}: params must be torch's flat weight list (w_ih, w_hh, "
+                            f"b_ih, b_hh per layer and direction; module._flat_weights), got "
+                            f"{len(params)} tensor(s)")
+    return tg.as_node(params[0]).shape[0] // gates
+
+
 def _initial(op: str, x: Node, h0, size: int, n: int, batch_first: bool, what: str) -> Node:
+    """The given initial state, checked, or torch's default of zeros."""
     x = tg.as_node(x)
     batch = x.shape[0 if batch_first else 1] if x.ndim == 3 else 1
     if h0 is None:
@@ -350,7 +361,7 @@ def rnn(x, params: Sequence[Node], h0=None, *, num_layers: int = 1, has_biases: 
         nonlinearity: str = "tanh", max_steps: int | None = None) -> tuple[Node, Node]:
     """torch.nn.RNN over ``params`` in torch's flat order (``module._flat_weights``):
     (output, h_n). A symbolic sequence length needs ``max_steps`` (see the module doc)."""
-    hidden = tg.as_node(params[0]).shape[0]
+    hidden = _gate_rows("rnn", params, 1)
     h0 = _initial("rnn", x, h0, hidden, num_layers * (2 if bidirectional else 1), batch_first,
                   "h0")
     out, (h_n,) = _layers("rnn", "rnn", x, [h0], params, has_biases=has_biases,
@@ -364,7 +375,7 @@ def gru(x, params: Sequence[Node], h0=None, *, num_layers: int = 1, has_biases: 
         bidirectional: bool = False, batch_first: bool = False,
         max_steps: int | None = None) -> tuple[Node, Node]:
     """torch.nn.GRU over ``params`` in torch's flat order: (output, h_n)."""
-    hidden = tg.as_node(params[0]).shape[0] // 3
+    hidden = _gate_rows("gru", params, 3)
     h0 = _initial("gru", x, h0, hidden, num_layers * (2 if bidirectional else 1), batch_first,
                   "h0")
     out, (h_n,) = _layers("gru", "gru", x, [h0], params, has_biases=has_biases,
@@ -378,7 +389,7 @@ def lstm(x, params: Sequence[Node], h0=None, c0=None, *, num_layers: int = 1,
          max_steps: int | None = None) -> tuple[Node, tuple[Node, Node]]:
     """torch.nn.LSTM over ``params`` in torch's flat order (a ``w_hr`` after each layer's
     weights makes it a projected LSTM, torch's ``proj_size``): (output, (h_n, c_n))."""
-    hidden = tg.as_node(params[0]).shape[0] // 4
+    hidden = _gate_rows("lstm", params, 4)
     n = num_layers * (2 if bidirectional else 1)
     base = 4 if has_biases else 2
     per = len(params) // n if n else 0
