@@ -305,7 +305,8 @@ def _totals(plan: Plan) -> list[str]:
         f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items())))
     lines.append("by source:  " + ", ".join(
         f"{k} {len(v)} steps {format_seconds(sum(v))}" for k, v in sorted(by_source.items())))
-    guessed = sum(len(v) for k, v in by_source.items() if k in ("estimated", "stale"))
+    guessed = sum(len(v) for k, v in by_source.items()
+                  if k in ("estimated", "stale", "calibrated"))
     if guessed:
         lines.append(f"{guessed} of {len(plan.steps)} steps rest on estimates, not "
                      "measurements: `tg profile` or tg.compile(..., profile='missing') "

@@ -153,3 +153,19 @@ def test_the_optimistic_time_divides_unmeasured_generated_estimates_only(db):
                         signature_text([((4000, 250), "float32")], {}), feats)
     assert own.source == "measured" and own.seconds == pytest.approx(3.0 * roofline(4.0))
     assert cost.rates("cpu") == CostModel(db, {"cpu": HW}).rates("cpu")  # the rest delegates
+
+
+def test_a_plan_on_a_calibrated_step_says_it_rests_on_estimates(tmp_path):
+    """explain() counts calibrated steps with the estimated ones: nobody timed them."""
+    from tensor_graphs.db import current
+
+    path = tmp_path / "plan.sqlite"
+    with Database(path) as d:  # three elementwise kernels measured on this machine
+        for i in range(1, 4):
+            d.record(row(f"c_fused_00000000000{i}", float(i), 3.0, hardware=current()))
+    x = tg.input("x", (64, 300))
+    y = tg.tanh(tg.sigmoid(x * 1.5 + 0.25) * 2.0)
+    prog = tg.compile(y, db=str(path))
+    sources = [s.source for s in prog.plan.steps]
+    assert sources == ["calibrated"], prog.explain()  # the chain, one generated step
+    assert "1 of 1 steps rest on estimates" in prog.explain()
