@@ -9,6 +9,7 @@
 # first: thread-pool settings must reach the environment before anything loads numpy's BLAS
 from tensor_graphs import threads  # noqa: F401,I001
 from tensor_graphs import kernels, nn, rewrite  # noqa: E402,F401  (tg.rewrite.apply, tg.nn.GPT2)
+from tensor_graphs import optim  # noqa: E402,F401  (tg.optim.SGD, Adam, AdamW: steps over state)
 from tensor_graphs.compiler import compile, count_paths, estimate_memory, paths  # noqa: F401,A004
 from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
@@ -83,7 +84,7 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
-    "estimate_memory", "from_torch", "generate", "nn",
+    "estimate_memory", "from_torch", "generate", "nn", "optim",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",

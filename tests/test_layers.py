@@ -44,8 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime",)),
     # tg.compile, tg.paths: graph -> plan -> program
     ("compiler", ("compiler",)),
-    # whole models as graphs: our layers (tg.nn, tg.generate) and PyTorch import
-    ("models", ("nn", "frontend")),
+    # whole models as graphs: our layers (tg.nn, tg.generate), PyTorch import, optimizer steps
+    ("models", ("nn", "frontend", "optim")),
     # the public namespace tg.*
     ("api", ("",)),
     # the tg command, its subcommands and jobs, and tools run by hand (python -m)

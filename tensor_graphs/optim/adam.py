@@ -1,0 +1,66 @@
+"""Adam and AdamW, as torch.optim.Adam and torch.optim.AdamW compute them."""
+
+from __future__ import annotations
+
+from tensor_graphs.errors import ArgumentError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+from tensor_graphs.optim.base import Optimizer, _Scalars
+
+__all__ = ["Adam", "AdamW"]
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam's step (without amsgrad): with ``g`` (plus ``weight_decay * p``: L2,
+    coupled), ``m = m + (1 - b1) * (g - m)``, ``v = b2 * v + (1 - b2) * g * g``, and
+    ``p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)`` at step ``t``. The bias
+    corrections read the count state, so every step runs the same program. Moments are the
+    states ``f"{prefix}{param}.exp_avg"`` and ``.exp_avg_sq``, torch's names."""
+
+    name = "Adam"
+    decoupled = False
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, *, maximize: bool = False,
+                 prefix: str = "optim."):
+        super().__init__(lr, prefix=prefix)
+        b1, b2 = betas
+        for i, beta in enumerate((b1, b2)):
+            if not 0.0 <= beta < 1.0:
+                raise ArgumentError(f"{self.name}: invalid beta at index {i}: {beta!r}; betas "
+                                    "must lie in [0, 1)")
+        if not eps >= 0.0:
+            raise ArgumentError(f"{self.name}: invalid eps {eps!r}; give a float >= 0")
+        if not weight_decay >= 0.0:
+            raise ArgumentError(f"{self.name}: invalid weight_decay {weight_decay!r}; give a "
+                                "float >= 0")
+        self.betas = (float(b1), float(b2))
+        self.eps, self.weight_decay, self.maximize = float(eps), float(weight_decay), maximize
+
+    def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
+        b1, b2 = self.betas
+        if self.maximize:
+            g = -g
+        if self.weight_decay:
+            if self.decoupled:  # AdamW: the parameter shrinks before the step, apart from g
+                p = p * (1.0 - s.lr * self.weight_decay)
+            else:
+                g = g + self.weight_decay * p
+        m = slot("exp_avg", lambda m: m + (1.0 - b1) * (g - m))
+        v = slot("exp_avg_sq", lambda v: b2 * v + (1.0 - b2) * (g * g))
+        step_size = s.lr / (1.0 - s.power(b1))
+        denom = tg.sqrt(v) / tg.sqrt(1.0 - s.power(b2)) + self.eps
+        return p - step_size * (m / denom)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay, ``p * (1 - lr * weight_decay)``
+    before the Adam step (default 0.01), instead of adding ``weight_decay * p`` to ``g``."""
+
+    name = "AdamW"
+    decoupled = True
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, *, maximize: bool = False,
+                 prefix: str = "optim."):
+        super().__init__(lr, betas, eps, weight_decay, maximize=maximize, prefix=prefix)

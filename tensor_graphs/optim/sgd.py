@@ -1,0 +1,50 @@
+"""Stochastic gradient descent with momentum, as torch.optim.SGD computes it."""
+
+from __future__ import annotations
+
+from tensor_graphs.errors import ArgumentError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+from tensor_graphs.optim.base import Optimizer, _Scalars
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD's step: ``g + weight_decay * p``, then with ``momentum`` a buffer
+    ``b = momentum * b + (1 - dampening) * g`` (``b = g`` on the first step; nesterov steps
+    along ``g + momentum * b``), and ``p - lr * step``. The buffer is the state
+    ``f"{prefix}{param}.momentum_buffer"`` (kept only with momentum), torch's name for it."""
+
+    name = "SGD"
+
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 dampening: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 prefix: str = "optim."):
+        super().__init__(lr, prefix=prefix)
+        for what, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+            if not value >= 0.0:
+                raise ArgumentError(f"SGD: invalid {what} {value!r}; give a float >= 0")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ArgumentError(f"SGD: nesterov needs momentum > 0 and dampening 0 (got "
+                                f"momentum={momentum}, dampening={dampening}), as in torch")
+        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        self.dampening, self.nesterov, self.maximize = float(dampening), nesterov, maximize
+
+    def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
+        if self.maximize:
+            g = -g
+        if self.weight_decay:
+            g = g + self.weight_decay * p
+        if self.momentum:
+            mu, keep = self.momentum, 1.0 - self.dampening
+
+            def advance(b: Node) -> Node:
+                later = mu * b + (keep * g if keep != 1.0 else g)
+                if not self.dampening:  # the zero buffer makes the first step's b = g
+                    return later
+                return tg.where(tg.equal(s.count, 0), g, later)  # b = g, undamped, at first
+
+            b = slot("momentum_buffer", advance)
+            g = g + mu * b if self.nesterov else b
+        return p - s.lr * g
