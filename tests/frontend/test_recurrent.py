@@ -252,3 +252,10 @@ def test_a_weight_list_torch_would_not_make_is_refused():
         tg.lstm(x, three)
     with pytest.raises(tg.ArgumentError, match="rnn: params must be torch's flat weight list"):
         tg.rnn(x, [])
+
+
+def test_a_state_of_another_batch_is_refused_not_broadcast():
+    x = tg.input("x", (3, 2, 4))
+    params = [tg.weight("w_ih", (5, 4)), tg.weight("w_hh", (5, 5))]
+    with pytest.raises(tg.ShapeError, match=r"rnn_layer: h must have shape \(2, 5\)"):
+        tg.rnn(x, params, tg.input("h0", (1, 1, 5)), has_biases=False)

@@ -63,11 +63,13 @@ def _check(op: str, kind: str, x, h, w_ih, w_hh, b_ih, b_hh, w_hr=None, c=None) 
     if w_hr is not None and (w_hr.ndim != 2 or not dims_equal(w_hr.shape[1], hidden)):
         raise ShapeError(f"{op}: w_hr must have shape (proj, {hidden}), got "
                          f"{format_shape(w_hr.shape)}")
-    if h.ndim != 2 or not dims_equal(h.shape[-1], out):
-        raise ShapeError(f"{op}: h must have shape (batch, {out}), got {format_shape(h.shape)}")
-    if c is not None and (c.ndim != 2 or not dims_equal(c.shape[-1], hidden)):
-        raise ShapeError(f"{op}: c must have shape (batch, {hidden}), got "
-                         f"{format_shape(c.shape)}")
+    batch = x.shape[-2] if x.ndim >= 2 else None
+    for name, s, size in (("h", h, out), ("c", c, hidden)):
+        if s is not None and (s.ndim != 2 or not dims_equal(s.shape[-1], size)
+                              or (batch is not None and not dims_equal(s.shape[0], batch))):
+            raise ShapeError(f"{op}: {name} must have shape ({batch}, {size}) (batch, size) "
+                             f"for the input {format_shape(x.shape)}, got "
+                             f"{format_shape(s.shape)}")
 
 
 def _gate(g, k: int, n: int, hidden: int):
