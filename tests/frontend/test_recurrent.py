@@ -117,8 +117,10 @@ def test_dynamic_batch():
 
 
 def test_unbatched_input():
+    """The modules add the batch axis of one before the ATen op and take it off after."""
     torch.manual_seed(0)
     _check(nn.GRU(4, 5, num_layers=2), torch.randn(6, 4))
+    _check(nn.LSTMCell(4, 5), torch.randn(4))
 
 
 class _Tagger(nn.Module):
