@@ -175,6 +175,21 @@ def test_dropout_in_training_mode_is_refused():
         from_torch(exported, (torch.randn(3, 2, 4),))
 
 
+def test_torch_export_fixes_these_ops_sequence_length():
+    """Why the importer's length is concrete: torch.export specializes it (a Dim on it is
+    torch's own constraint violation). Should this start to export, the importer's refusal
+    below becomes reachable, and the layer can be unrolled to the Dim's bound instead
+    (the masked unrolling tg.lstm(max_steps=) does)."""
+    from torch._dynamo.exc import UserError
+
+    seq = torch.export.Dim("seq", max=16)
+    with warnings.catch_warnings(), pytest.raises(UserError, match="specialized it to be a "
+                                                                   "constant"):
+        warnings.simplefilter("ignore")
+        torch.export.export(nn.LSTM(4, 5).eval(), (torch.randn(7, 2, 4),),
+                            dynamic_shapes=({0: seq},))
+
+
 def test_symbolic_sequence_length_is_refused_by_the_importer():
     """torch.export specializes these ops' length today; a program that still carries a
     symbolic one is refused with the layer and the two fixes, not unrolled to a guess."""
