@@ -26,9 +26,12 @@ LayerNorm's x + r), unless it is one cheap op on one row (LayerNorm's x - mean: 
 again, ``recomputed``); the output row itself is the first buffer (``row_buffers``: buffers
 are reused once read for the last time), so the usual forms need no scratch. A value nothing
 but constants feeds is folded to a literal. Pure elementwise regions are not claimed (``codegen``'s
-generator renders them); nor is a region whose root is itself a reduction (a per-row output),
-or one that reads a prologue value outside (it would have two outputs: ``grow`` keeps that
-value out, so it becomes an input and the rest is still one kernel).
+generator renders them); nor is a region whose root is itself a reduction (a per-row output).
+A prologue value also read outside (the residual stream) is an input of ``row_candidate``'s
+region and stored beside the root by ``stored_row_candidate``'s (``RowRegion.stored``: its
+own output row, the kernel's second output). Rows reached through a reshape (GroupNorm's
+``(N, G, C/G*H*W)`` statistics and its per-channel affine after the reshape back) are
+``grouped_row_candidate``'s (``Frame``).
 
 Numerics: elementwise ops are ``codegen``'s C expressions (numpy's semantics, each op rounded
 to its node's dtype, ``-ffp-contract=off``, never -ffast-math). A reduction accumulates in
@@ -188,44 +191,10 @@ def row_region(top: Node, boundary: Sequence[Node],
     ``constant(node)`` is the value of a constant the renderer inlines, or None (default: the
     0-d constants C has a type for; Triton's renderer inlines float16 ones too). ``stored``:
     members also stored, each a full value of the root's shape (else None)."""
-    if constant is None:
-        def constant(b: Node) -> np.generic | None:
-            return cg.uniform_value(b) if cg.inlinable(b) else None
     if top.ndim == 0 or _is_one(_last(top)) or top.op.name in REDUCTIONS:
         return None
-    stop = set(boundary)
-    order: list[Node] = []
-    seen: set[Node] = set()
-    found_inputs: list[Node] = []
-    stack: list[tuple[Node, bool]] = [(top, False)]
-    while stack:  # post-order: inputs before users; boundary values in first-use order
-        n, done = stack.pop()
-        if done:
-            order.append(n)
-            continue
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in stop or n.op.is_leaf:
-            found_inputs.append(n)
-            continue
-        stack.append((n, True))
-        stack.extend((i, False) for i in reversed(n.inputs) if i not in seen)
-    consts: dict[Node, np.generic] = {}
-    inputs: list[Node] = []
-    for b in found_inputs:
-        value = constant(b)
-        if value is not None:
-            consts[b] = value
-        else:
-            inputs.append(b)
+    members, inputs, consts = row_region_parts(top, boundary, constant)
     width = _last(top)
-    members: list[Node] = []
-    for n in order:
-        if n.op.name not in REDUCTIONS and all(i in consts for i in n.inputs):
-            consts[n] = _fold(n, consts)  # made of constants only: a literal
-        else:
-            members.append(n)
     per_row = {n for n in (*inputs, *members) if n.ndim == 0 or _is_one(_last(n))}
     for n in inputs:  # an input of another width would broadcast along the row
         if n.ndim and n not in per_row and not _same_dim(_last(n), width):
@@ -271,10 +240,9 @@ def grouped_region(top: Node, boundary: Sequence[Node]) -> RowRegion | None:
     input has no single space and shape, or where the two shapes do not nest."""
     if not _ints(top.shape) or top.ndim == 0:
         return None
-    base = row_region_parts(top, boundary)
-    if base is None:
+    members, inputs, consts = row_region_parts(top, boundary)
+    if top not in members:
         return None
-    members, inputs, consts = base
     reductions = [n for n in members if n.op.name in REDUCTIONS]
     if not reductions or not any(n.op.name == RESHAPE for n in members):
         return None
@@ -415,10 +383,15 @@ def _dense(node: Node, shape) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(np.zeros(1, dt), tuple(shape), tuple(reversed(strides)))
 
 
-def row_region_parts(top: Node, boundary: Sequence[Node]):
+def row_region_parts(top: Node, boundary: Sequence[Node],
+                     constant: Callable[[Node], np.generic | None] | None = None):
     """(members, inputs, consts) of the region rooted at ``top`` stopping at ``boundary``:
-    ``row_region``'s walk (inputs in first-use order, C's constants inlined, values only
-    constants feed folded)."""
+    post-order (inputs before users), boundary values in first-use order, constants that
+    ``constant`` gives a value (default: the 0-d constants C has a type for) inlined, values
+    only constants feed folded."""
+    if constant is None:
+        def constant(b: Node) -> np.generic | None:
+            return cg.uniform_value(b) if cg.inlinable(b) else None
     stop = set(boundary)
     order: list[Node] = []
     seen: set[Node] = set()
@@ -440,7 +413,7 @@ def row_region_parts(top: Node, boundary: Sequence[Node]):
     consts: dict[Node, np.generic] = {}
     inputs: list[Node] = []
     for b in found_inputs:
-        value = cg.uniform_value(b) if cg.inlinable(b) else None
+        value = constant(b)
         if value is not None:
             consts[b] = value
         else:
@@ -451,8 +424,6 @@ def row_region_parts(top: Node, boundary: Sequence[Node]):
             consts[n] = _fold(n, consts)
         else:
             members.append(n)
-    if top not in members:
-        return None
     return members, inputs, consts
 
 
