@@ -19,8 +19,9 @@ from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.elementwise import cos, div, logical_and, logical_not, rsqrt, sub
+from tensor_graphs.ir.ops.nn import _safe_softmax
 from tensor_graphs.ir.ops.pointwise import trunc
-from tensor_graphs.ir.ops.reductions import mean
+from tensor_graphs.ir.ops.reductions import mean, softmax
 from tensor_graphs.ir.ops.selection import scatter
 from tensor_graphs.ir.shapes import dims_equal, format_shape, numel
 
@@ -419,6 +420,62 @@ def _norm_rule(centered: bool):
     return rule
 
 
+def _attention_rule(y: Node, g: Node):
+    """FlashAttention's backward: the probabilities P recomputed from q and k (the forward
+    stays one node, so a fused kernel that never stores P can run it), then
+    dV = P^T dO, dS = P * (dO V^T - rowsum(dO V^T * P)), dQ = dS K * scale, dK = dS^T Q * scale,
+    and a float mask's cotangent dS summed back to its shape. Grouped-query heads are viewed
+    as (..., Hkv, G, Sq, D) as in the forward, so k and v's cotangents sum over the groups."""
+    args = _given(y)
+    q0, k0, v0, mask = args["q"], args["k"], args["v"], args.get("attn_mask")
+    q, k, v = tg.promote(q0, k0, v0)
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    groups = 1
+    if q.ndim >= 3 and k.ndim >= 3 and not dims_equal(q.shape[-3], k.shape[-3]):
+        hq, hkv = q.shape[-3], k.shape[-3]
+        groups = hq // hkv
+    qg, kg, vg = q, k, v
+    if groups > 1:
+        qg = tg.reshape(q, q.shape[:-3] + (hkv, groups, sq, d))
+        kg, vg = tg.unsqueeze(k, -3), tg.unsqueeze(v, -3)
+    scale = y.attrs["scale"]
+    factor = (1.0 / math.sqrt(d) if isinstance(d, int) else rsqrt(tg.size(d, q.dtype))) \
+        if scale is None else float(scale)
+    scores = tg.mul(tg.matmul(qg, tg.transpose(kg, -1, -2)), factor)
+    full = scores.shape if groups == 1 else scores.shape[:-4] + (hq, sq, sk)
+    scores = tg.reshape(scores, full)
+    allowed = None
+    if mask is not None:
+        if mask.dtype.is_bool:
+            allowed = mask
+        else:
+            scores = tg.add(scores, tg.cast(mask, scores.dtype))
+    if y.attrs["is_causal"]:
+        causal = logical_not(tg.less(tg.reshape(tg.iota(sq), (sq, 1)),
+                                     tg.reshape(tg.iota(sk), (1, sk))))
+        allowed = causal if allowed is None else logical_and(allowed, causal)
+    if allowed is not None:
+        scores = tg.where(allowed, scores, float("-inf"))
+    probs = softmax(scores, axis=-1) if mask is None else _safe_softmax(scores)
+    grouped = probs.shape if groups == 1 else probs.shape[:-3] + (hkv, groups, sq, sk)
+    pg = tg.reshape(probs, grouped)
+    go = tg.cast(g, q.dtype)
+    if groups > 1:
+        go = tg.reshape(go, go.shape[:-3] + (hkv, groups, sq, go.shape[-1]))
+    dv = sum_to(tg.matmul(tg.transpose(pg, -1, -2), go), vg.shape)
+    dp = tg.reshape(tg.matmul(go, tg.transpose(vg, -1, -2)), full)
+    ds = tg.mul(probs, sub(dp, tg.sum(tg.mul(dp, probs), -1, keepdims=True)))
+    dsg = tg.mul(tg.reshape(ds, grouped), factor)
+    dq = sum_to(tg.matmul(dsg, kg), qg.shape)
+    dk = sum_to(tg.matmul(tg.transpose(dsg, -1, -2), qg), kg.shape)
+    out = {"q": tg.cast(tg.reshape(dq, q.shape), q0.dtype),
+           "k": tg.cast(tg.reshape(dk, k.shape), k0.dtype),
+           "v": tg.cast(tg.reshape(dv, v.shape), v0.dtype)}
+    if mask is not None and mask.dtype.is_float:
+        out["attn_mask"] = tg.cast(sum_to(ds, mask.shape), mask.dtype)
+    return tuple(out.get(p) for p in y.attrs.get("args", y.op.params))
+
+
 #  composite: its own rule (memory and accuracy); other composites are differentiated
 #  through their decomposition
 COMPOSITE_VJP: dict[str, Rule] = {
@@ -430,4 +487,6 @@ COMPOSITE_VJP: dict[str, Rule] = {
     "layer_norm": _norm_rule(centered=True),
     # rstd * (gxh - xhat mean(gxh xhat)); weight summed over rows
     "rms_norm": _norm_rule(centered=False),
+    # P recomputed from q, k; dV = P^T dO, dS = P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q
+    "scaled_dot_product_attention": _attention_rule,
 }

@@ -88,13 +88,22 @@ def test_softmax_backward_reads_the_forward_output():
     assert "softmax" in ops and "exp" not in ops and "max" not in ops, ops
 
 
-#  composite with its own rule: (build from x, the same in torch); x is (64, 256) float32
+#  composite with its own rule: (build from x, the same in torch, the mean of x's rows);
+#  x is (64, 256) float32
 OWN = {
-    "layer_norm": (tg.layer_norm, lambda torch, t: torch.nn.functional.layer_norm(t, (256,))),
-    "rms_norm": (tg.rms_norm, lambda torch, t: torch.nn.functional.rms_norm(t, (256,))),
-    "softmax": (lambda x: tg.softmax(x * 30.0), lambda torch, t: torch.softmax(t * 30.0, -1)),
+    "layer_norm": (tg.layer_norm, lambda torch, t: torch.nn.functional.layer_norm(t, (256,)),
+                   100.0),
+    "rms_norm": (tg.rms_norm, lambda torch, t: torch.nn.functional.rms_norm(t, (256,)), 100.0),
+    "softmax": (lambda x: tg.softmax(x * 30.0), lambda torch, t: torch.softmax(t * 30.0, -1),
+                100.0),
     "log_softmax": (lambda x: tg.log_softmax(x * 30.0),
-                    lambda torch, t: torch.log_softmax(t * 30.0, -1)),
+                    lambda torch, t: torch.log_softmax(t * 30.0, -1), 100.0),
+    # q = k = v: x as (2, 4, 32, 64), causal
+    "scaled_dot_product_attention": (
+        lambda x: tg.scaled_dot_product_attention(*[x.reshape(2, 4, 32, 64)] * 3,
+                                                  is_causal=True).reshape(64, 256),
+        lambda torch, t: torch.nn.functional.scaled_dot_product_attention(
+            *[t.reshape(2, 4, 32, 64)] * 3, is_causal=True).reshape(64, 256), 0.0),
 }
 
 
@@ -106,13 +115,13 @@ def _float32_backward(build, xs, g):
 
 @pytest.mark.parametrize("op", sorted(OWN))
 def test_own_rule_is_smaller_and_as_accurate_as_the_decomposition(op, monkeypatch):
-    """In float32 against torch's float64 gradient, on rows of mean 100: the own rule's
-    backward has fewer values (layer_norm 26 nodes vs 35 through its decomposition, softmax
-    17 vs 29) and an error no worse than the decomposition's."""
+    """In float32 against torch's float64 gradient: the own rule's backward has fewer values
+    (layer_norm 26 nodes vs 35 through its decomposition, softmax 17 vs 29, attention with a
+    bool mask 49 vs 72) and an error no worse than the decomposition's."""
     assert op in COMPOSITE_VJP and sorted(OWN) == sorted(COMPOSITE_VJP)
-    build, torch_fn = OWN[op]
+    build, torch_fn, offset = OWN[op]
     rng = np.random.default_rng(5)
-    xs = (100 + rng.standard_normal((64, 256))).astype(np.float32)
+    xs = (offset + rng.standard_normal((64, 256))).astype(np.float32)
     g = rng.standard_normal((64, 256)).astype(np.float32)
     t = torch.tensor(xs.astype(np.float64), requires_grad=True)
     (ref,) = torch.autograd.grad(torch_fn(torch, t), [t],
