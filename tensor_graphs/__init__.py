@@ -47,6 +47,7 @@ from tensor_graphs.ir.dtypes import (  # noqa: F401
     int64,
     uint8,
 )
+from tensor_graphs.ir.autodiff import grad  # noqa: F401  (reverse mode: tg.grad(loss, wrt))
 from tensor_graphs.ir.evaluate import evaluate  # noqa: F401
 from tensor_graphs.ir.graph import decompose, format_graph, nodes  # noqa: F401
 from tensor_graphs.ir.node import Node, Op  # noqa: F401
@@ -80,7 +81,7 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
 
 
 __all__ = [
-    *_api_all, "evaluate", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
+    *_api_all, "evaluate", "grad", "decompose", "format_graph", "nodes", "Node", "Op", "DType",
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
