@@ -690,6 +690,8 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
     def source(r: Node) -> str | None:
         """Where a reduction's elements already lie in a row (None: the block buffer)."""
         x = r.inputs[0]
+        while x.op.name == RESHAPE and x not in position:  # (a Frame's: the same row)
+            x = x.inputs[0]
         if x in position:
             return f"p{position[x]}"
         return buf.get(x)
