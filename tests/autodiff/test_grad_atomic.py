@@ -173,3 +173,34 @@ def test_scatter_prod_is_refused():
     y = tg.scatter(x, tg.constant(np.array([0, 1, 1])), u, 0, "prod")
     with pytest.raises(tg.ArgumentError, match="scatter.*prod"):
         tg.grad(y.sum(), [u])
+
+
+# ---------------------------------------------------------------------------- broadcasts
+#  (shapes of a and b): the matmul rule's branches the op table's rows do not reach
+MATMUL_BROADCASTS = [
+    ((7, 5), (2, 3, 5, 4)),     # a 2-D against a batched b: the batch folded into contraction
+    ((5,), (2, 5, 3)),          # a vector against a batched b
+    ((2, 1, 3, 4), (5, 4, 2)),  # both batched, broadcast both ways
+    ((2, 3, 4), (4,)),          # a batched a against a vector
+    ((1, 3, 4), (2, 4, 6)),     # a batch axis of 1 summed back
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_BROADCASTS)
+def test_matmul_broadcast_gradients(sa, sb):
+    rng = np.random.default_rng(len(sa) * 10 + len(sb))
+    check_case(tg.matmul, [rng.standard_normal(sa), rng.standard_normal(sb)], {}, [0, 1],
+               lambda torch, a, b: torch.matmul(a, b))
+
+
+def test_symbolic_slices_and_pads():
+    """Slices and pads with symbolic bounds put the cotangent back with symbolic pads."""
+    x = tg.input("x", ("batch", "seq", 4), "float64")
+    y = tg.pad(x[:, 1:, ::2], (1, 1)) * tg.concat([x, x[:, :1]], axis=1)[:, 2:]
+    (g,) = tg.grad(y.sum(), [x])
+    assert g.shape == x.shape
+    X = np.random.default_rng(6).standard_normal((2, 5, 4))
+    t = torch.tensor(X, requires_grad=True)
+    ref = torch.nn.functional.pad(t[:, 1:, ::2], (1, 1)) * torch.cat([t, t[:, :1]], 1)[:, 2:]
+    (r,) = torch.autograd.grad(ref.sum(), [t])
+    assert np.allclose(tg.evaluate(g, {"x": X}), r.numpy(), rtol=1e-14, atol=0)
