@@ -1,14 +1,14 @@
 """Reverse mode: ``tg.grad(loss, wrt)`` builds the gradient graphs from the rule tables of
 ``grad_rules``.
 
-Composites stay whole where they carry their own rule (softmax, log_softmax, layer_norm,
-rms_norm), so the backward reads the forward's output instead of re-deriving it through
-exp/sum/div; every other composite is first replaced by its decomposition (hash-consed, so
-the gradient shares the forward's nodes). The sweep then walks the nodes in reverse
-topological order, as tinygrad's ``gradient.py`` does: each node's cotangents from its users
-are summed, its rule hands one to each input, and only nodes on a path to an entry of ``wrt``
-are visited. Only float values carry cotangents: an int or bool result (an index, a mask)
-stops the flow.
+The sweep walks the graph as built, in reverse topological order, as tinygrad's
+``gradient.py`` does: each node's cotangents from its users are summed, its rule hands one to
+each input, and only nodes on a path to an entry of ``wrt`` are visited. Composites stay in
+the forward as they are. One with its own rule (softmax, log_softmax, layer_norm, rms_norm,
+attention) uses it, reading the forward's output instead of re-deriving it through exp/sum/div;
+any other is differentiated by sweeping its decomposition down to its inputs, so the backward
+recomputes only what the rules read and the forward keeps the node a fused kernel may run.
+Only float values carry cotangents: an int or bool result (an index, a mask) stops the flow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.grad_rules import COMPOSITE_VJP, NON_DIFFERENTIABLE, VJP, zeros
-from tensor_graphs.ir.graph import _as_list, nodes
+from tensor_graphs.ir.graph import _as_list
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
 from tensor_graphs.ir.shapes import dims_equal, format_shape
 
@@ -43,12 +43,10 @@ def grad(outputs: Node | Sequence[Node], wrt: Node | Sequence[Node],
             raise ArgumentError(f"grad: cannot differentiate with respect to {w!r}: its dtype "
                                 f"{w.dtype.name} is not a float dtype (indices and masks have no "
                                 f"gradient); leave it out of wrt or make it a float tensor")
-    lowered, mapping = _lower(outs)
-    targets = {mapping[w] for w in wrt_list if w in mapping}
-    found = _sweep(lowered, seeds, targets)
+    found = _sweep(outs, seeds, set(wrt_list))
     out = []
     for w in wrt_list:
-        g = found.get(mapping.get(w))
+        g = found.get(w)
         out.append(zeros(w.shape, w.dtype) if g is None else g)
     return out
 
@@ -81,32 +79,34 @@ def _seeds(outs: list[Node], seed) -> list[Node]:
     return result
 
 
-def _lower(outs: list[Node]) -> tuple[list[Node], dict[Node, Node]]:
-    """The graph with every composite lacking its own rule replaced by its decomposition
-    (repeatedly), and each original node's image in it."""
-    mapping: dict[Node, Node] = {}
-    for n in nodes(outs):
-        mapping[n] = _lower_node(n, tuple(mapping[i] for i in n.inputs), mapping)
-    return [mapping[o] for o in outs], mapping
+def _order(outs: list[Node], stop: frozenset) -> list[Node]:
+    """Topological order of what ``outs`` read, not descending below the ``stop`` nodes."""
+    order: list[Node] = []
+    seen: set[Node] = set()
+    for root in outs:
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            if node not in stop:
+                stack.extend((i, False) for i in reversed(node.inputs) if i not in seen)
+    return order
 
 
-def _lower_node(n: Node, inputs: tuple[Node, ...], cache: dict) -> Node:
-    if n.op.kind == COMPOSITE and n.op.name not in COMPOSITE_VJP:
-        inner = expand_composite(n.op, inputs, n.attrs)
-        sub: dict[Node, Node] = {}
-        for m in nodes(inner):  # the decomposition may hold composites of its own
-            sub[m] = _lower_node(m, tuple(sub[i] for i in m.inputs), cache)
-        return sub[inner]
-    if inputs == n.inputs:
-        return n
-    return Node.make(n.op, inputs, n.attrs, n.name)
-
-
-def _sweep(outs: list[Node], seeds: list[Node], targets: set[Node]) -> dict[Node, Node]:
-    order = nodes(outs)
+def _sweep(outs: list[Node], seeds: list[Node], targets: set[Node],
+           stop: frozenset = frozenset()) -> dict[Node, Node]:
+    """The cotangents of ``targets`` given the outputs' ``seeds``; ``stop`` bounds the graph
+    (a composite's inputs, when its decomposition is swept)."""
+    order = _order(outs, stop)
     needed: set[Node] = set()
     for n in order:  # on a path to a target: the only nodes whose cotangent matters
-        if n in targets or any(i in needed for i in n.inputs):
+        if n in targets or (n not in stop and any(i in needed for i in n.inputs)):
             needed.add(n)
     cotangent: dict[Node, Node] = {}
     for o, s in zip(outs, seeds):
@@ -118,12 +118,24 @@ def _sweep(outs: list[Node], seeds: list[Node], targets: set[Node]) -> dict[Node
             continue
         if n in targets:
             found[n] = g
-        if n.op.is_leaf:
+        if n.op.is_leaf or n in stop:
             continue
-        for i, gi in zip(n.inputs, _rule(n)(n, g)):
+        for i, gi in zip(n.inputs, _input_cotangents(n, g, needed)):
             if gi is not None and i in needed and i.dtype.is_float:
                 _accumulate(cotangent, i, gi)
     return found
+
+
+def _input_cotangents(n: Node, g: Node, needed: set[Node]) -> tuple:
+    """A composite without its own rule: its decomposition swept down to its inputs, so the
+    forward keeps the composite node (a fused kernel may run it) and the backward recomputes
+    only what the rules read."""
+    if n.op.kind == COMPOSITE and n.op.name not in COMPOSITE_VJP:
+        inner = expand_composite(n.op, n.inputs, n.attrs)
+        wanted = {i for i in n.inputs if i in needed and i.dtype.is_float}
+        found = _sweep([inner], [g], wanted, frozenset(n.inputs))
+        return tuple(found.get(i) for i in n.inputs)
+    return _rule(n)(n, g)
 
 
 def _rule(n: Node):
