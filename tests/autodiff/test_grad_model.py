@@ -80,6 +80,18 @@ def test_gpt2_block_gradients_match_torch_float64():
         assert relative_error(g, ref[k]) <= 1e-10, k
 
 
+def test_backward_reads_the_forward_as_built():
+    """The gradients read the forward's own nodes: one attention, three layer norms and the
+    forward's linear nodes in loss + gradients together (no lowered second copy of the
+    forward for the backward to read)."""
+    loss, w = tg_loss("float32")
+    grads = tg.grad(loss, list(w.values()))
+    forward = [n.op.name for n in tg.nodes(loss)]
+    both = [n.op.name for n in tg.nodes([loss, *grads])]
+    for op in ("scaled_dot_product_attention", "layer_norm", "linear", "embedding"):
+        assert both.count(op) == forward.count(op) >= 1, op
+
+
 @pytest.mark.slow
 def test_gpt2_block_gradients_compiled():
     """tg.compile plans the forward and backward together (float32) and matches torch."""
