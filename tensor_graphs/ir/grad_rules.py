@@ -70,10 +70,6 @@ def _keep_shape(x: Node, axes) -> tuple:
     return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
 
 
-def _float(value: float, like: Node) -> Node:
-    return tg.constant(value, like.dtype)
-
-
 # ---------------------------------------------------------------------------- movement
 def _unslice_axis(g: Node, axis: int, dim, start, step: int) -> Node:
     """The adjoint of x[start::step] on one axis: g's elements put back at their places in
