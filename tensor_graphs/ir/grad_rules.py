@@ -83,16 +83,13 @@ def _unslice_axis(g: Node, axis: int, dim, start, step: int) -> Node:
                              f"({n} elements) is not supported")
         g = _slice(g, axis, n - 1, -1, -1)  # reversed: the first element is the lowest place
         start, step = start - (n - 1) * -step, -step
-    if step > 1:
-        if not (isinstance(n, int) and isinstance(dim, int) and isinstance(start, int)):
-            raise ShapeError(f"grad of slice: step {step} on the symbolic axis {axis} (length "
-                             f"{dim}) is not supported; slice with step 1 there")
+    if step > 1:  # n * step >= dim - start > (n - 1) * step: the spread is cut to fit
         spread = tg.reshape(g, g.shape[:axis] + (n, 1) + g.shape[axis + 1:])
         spread = _pad(spread, [(0, 0)] * (axis + 1) + [(0, step - 1)]
                       + [(0, 0)] * (g.ndim - axis - 1))
         g = tg.reshape(spread, g.shape[:axis] + (n * step,) + g.shape[axis + 1:])
         n = n * step
-        if n > dim - start:
+        if not (isinstance(n, int) and isinstance(dim - start, int) and n <= dim - start):
             g, n = _slice(g, axis, 0, dim - start), dim - start
     pads = [(0, 0)] * g.ndim
     pads[axis] = (start, dim - start - n)

@@ -204,3 +204,14 @@ def test_symbolic_slices_and_pads():
     ref = torch.nn.functional.pad(t[:, 1:, ::2], (1, 1)) * torch.cat([t, t[:, :1]], 1)[:, 2:]
     (r,) = torch.autograd.grad(ref.sum(), [t])
     assert np.allclose(tg.evaluate(g, {"x": X}), r.numpy(), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("n", [6, 7])
+def test_strided_slice_of_a_symbolic_axis(n):
+    """x[1::3] on a symbolic axis: the cotangent spread by a pad and cut to the length."""
+    x = tg.input("x", ("n", 2), "float64")
+    (g,) = tg.grad((x[1::3] * x[1::3]).sum(), [x])
+    X = np.random.default_rng(n).standard_normal((n, 2))
+    ref = np.zeros_like(X)
+    ref[1::3] = 2 * X[1::3]
+    assert np.array_equal(tg.evaluate(g, {"x": X}), ref)
