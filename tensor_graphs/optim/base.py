@@ -18,7 +18,7 @@ import numpy as np
 
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.ir import api as tg
-from tensor_graphs.ir.dtypes import DType, float32, float64, int64
+from tensor_graphs.ir.dtypes import DType, float32, float64
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import STATE
 from tensor_graphs.ir.shapes import dims_equal, format_shape, is_static
@@ -94,10 +94,12 @@ class Optimizer:
                                 f"of the parameters {sorted(params)}")
         lr_dtype = float64 if any(p.dtype == float64 for p in params.values()) else float32
         lr = tg.state(f"{self.prefix}lr", (1,), lr_dtype)
-        count = tg.state(f"{self.prefix}step", (1,), int64)
+        # float32 as torch keeps state["step"] (whole numbers exact to 2**24 steps): a C
+        # kernel adds it, where an int64 add ran in numpy and kept the step from the native loop
+        count = tg.state(f"{self.prefix}step", (1,), float32)
         t = count + 1  # this step's number, 1 on the first step (torch.optim's count)
         init = {lr.name: np.array([self.lr], lr_dtype.np_dtype),
-                count.name: np.zeros(1, np.int64)}
+                count.name: np.zeros(1, np.float32)}
         states: dict[str, Node] = {}
         new_params: dict[str, Node] = {}
         for key, g in grads.items():

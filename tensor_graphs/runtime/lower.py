@@ -33,7 +33,7 @@ import numpy as np
 import sympy
 
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import INPUT
+from tensor_graphs.ir.ops.names import INPUT, STATE
 from tensor_graphs.ir.shapes import free_symbols
 from tensor_graphs.kernels.copy import placement as kernel_placement
 from tensor_graphs.memory.liveness import ARENA, analyze
@@ -66,6 +66,10 @@ class Instruction:
     also: tuple[int, ...] = ()
     also_places: tuple = ()
     also_dtypes: tuple = ()
+    # a state_update that may write the state's new version over the old one in place (no
+    # later step reads the old version): the values to check at run time for memory shared
+    # with the state (made before it, read after it); None: never in place (see _overwrites)
+    overwrite: tuple[int, ...] | None = None
 
 
 class LeafValue(NamedTuple):
@@ -162,6 +166,7 @@ def lower(plan: Plan, memory: MemoryPlan | None = None, at: Plan | None = None) 
                                                placement is not None
                                                and placement.alias_of is None),
                                   plan, at, pos, number, memory))
+    instructions = _overwrites(instructions, leaves, outputs)
     size, prepared = len(index), []
     for j, ins in enumerate(instructions):
         instructions[j], size = _prepare(ins, static, prepared, size)
@@ -230,6 +235,42 @@ def _place(step, placement) -> tuple | None:
                                                             step.node.dtype.np_dtype):
         return None
     return (p.device, p.offset, p.nbytes)
+
+
+def _overwrites(instructions: list[Instruction], leaves: Sequence[LeafValue],
+                outputs: Sequence[int]) -> list[Instruction]:
+    """Mark the host ``state_update`` steps that may overwrite their state in place: the
+    state's new version written over the old one (an optimizer's parameter, its moments)
+    instead of a copy of the whole state plus a copy back into its buffer. Allowed where the
+    old version is the state leaf itself and no later step (and no output) reads it; a view
+    of the old version read later still forbids it, and the runtime checks that at run time
+    (``Instruction.overwrite``: the values made before the step and read after it that may
+    share the state's memory: inputs, and results of steps that do not write into the arena,
+    derived from the state or an input, since a kernel may return a view it did not declare).
+    The runtime also checks the rest: offset 0, the whole length, a buffer the program owns."""
+    states = {leaf.index for leaf in leaves if leaf.node.op.name == STATE}
+    if not states:
+        return instructions
+    last: dict[int, int] = {}  # value -> the last instruction reading it
+    for n, ins in enumerate(instructions):
+        for a in ins.args:
+            last[a] = n
+    after = set(outputs)  # read after the last instruction
+    maybe = {leaf.index for leaf in leaves if leaf.node.op.name in (INPUT, STATE)}
+    made: list[int] = sorted(maybe)  # values that may share a state's memory, made so far
+    found = list(instructions)
+    for n, ins in enumerate(instructions):
+        k = ins.kernel
+        if k is not None and k.name == "numpy_state_update" and ins.device == "cpu" \
+                and ins.args[0] in states and ins.args[1] != ins.args[0] \
+                and last.get(ins.args[0]) == n and ins.args[0] not in after:
+            check = tuple(a for a in made if a != ins.args[0]
+                          and (a in after or last.get(a, -1) > n))
+            found[n] = dataclasses.replace(ins, overwrite=check)
+        if ins.place is None and any(a in maybe for a in ins.args):
+            maybe.add(ins.out)
+            made.append(ins.out)
+    return found
 
 
 def _prepare(ins: Instruction, static: set[int], prepared: list[Prepared], size: int

@@ -604,7 +604,9 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
             stored = _stored(ins, shape, arenas) if getattr(ins, "also", ()) else None
             call = kw if stored is None else {**kw, "also": stored}  # values the kernel
             try:  # stores besides its result, each an array of its own
-                if buf is not None:
+                if getattr(ins, "overwrite", None) is not None and _overwrite(ins, kw, values):
+                    out = raw = given[0]  # the state, its new version written over it
+                elif buf is not None:
                     out = raw = ins.fn(*args, out=buf, **call)
                     if out is not buf and dv.is_tensor(out) and any(  # a GPU kernel may
                             dv.inside(out, r) for r in regions):  # allocate after all
@@ -629,6 +631,27 @@ def _execute(instructions: list[Instruction], values: list, attrs: list, shapes:
                     values[a] = v
             for f in ins.free:
                 values[f] = None
+
+
+def _overwrite(ins: Instruction, attrs: Mapping, values: list) -> bool:
+    """Write a state's new version over the old one in place, where the lowering allowed it
+    (``lower._overwrites``: nothing later reads the old version) and the call agrees: offset 0
+    and the whole length, the state a prefix of a buffer the program owns (never a user's
+    array fed for it), and no value still to be read sharing its memory. False: the kernel
+    copies, as for any other write inside the state."""
+    state, value = values[ins.args[0]], values[ins.args[1]]
+    if dv.is_tensor(state) or dv.is_tensor(value) or int(attrs["offset"]) != 0 \
+            or state.shape != value.shape or state.dtype != value.dtype:
+        return False
+    axis = int(attrs["axis"])
+    if storage.grown(state, axis, state.shape[axis]) is None:  # not the program's buffer
+        return False
+    for a in ins.overwrite:  # (a GPU tensor never shares a host array's memory)
+        v = values[a]
+        if isinstance(v, np.ndarray) and np.may_share_memory(v, state):
+            return False
+    np.copyto(state, value)  # (numpy copies through a buffer where the two overlap)
+    return True
 
 
 def _stored(ins: Instruction, shape: tuple, arenas: Mapping) -> list:

@@ -106,6 +106,7 @@ def test_float64_matches_torch_after_50_steps(case):
     # one plan for every step, and the state stayed in the program's buffers: the views read
     # after the first step show the last step's values (no re-plan, no new buffer)
     assert prog.stats["planner_runs"] == 1 and prog.stats["calls"] == STEPS
+    assert "copied the state" not in prog.loop  # written over in place (runtime/lower.py)
     for n in SHAPES:
         np.testing.assert_array_equal(first[n], prog.state(n))
         assert np.shares_memory(first[n], prog.state(n))
@@ -137,3 +138,40 @@ def test_learning_rate_schedule_binds_without_replanning():
     plain, _, _, _, _ = _run(lambda: tg.optim.AdamW(0.01),
                              lambda ps: torch.optim.AdamW(ps, lr=0.01), "float64")
     assert relative_error(plain.state("fc1.weight"), prog.state("fc1.weight")) > 1e-3
+
+
+@pytest.mark.parametrize("make_ours, make_torch", [
+    (lambda: tg.optim.SGD(0.05, momentum=0.9, nesterov=True),
+     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
+    (lambda: tg.optim.AdamW(0.01, weight_decay=0.05),
+     lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.05)),
+], ids=["sgd-nesterov", "adamw"])
+def test_one_program_computes_loss_gradients_and_step(make_ours, make_torch):
+    """The loss, its gradients (reverse mode) and the update in one program, as a training
+    step is: the forward and backward read each parameter's value from before the step while
+    the same call writes its new version. Losses and parameters follow torch's step by step."""
+    from tensor_graphs.ir.autodiff import grad
+
+    params = {n: tg.state(n, s, "float64") for n, s in SHAPES.items()}
+    x, y = tg.input("x", (16, 5), "float64"), tg.input("y", (16, 3), "float64")
+    h = tg.tanh(x @ params["fc1.weight"].T + params["fc1.bias"])
+    err = h @ params["fc2.weight"].T + params["fc2.bias"] - y
+    loss = (err * err).mean()
+    grads = dict(zip(params, grad(loss, list(params.values()))))
+    up = make_ours().update(params, grads)
+    prog = tg.compile([loss, *up.outputs])
+    prog.bind(**_initial(), **up.state_init())
+    tp = {n: torch.tensor(v, requires_grad=True) for n, v in _initial().items()}
+    topt = make_torch(list(tp.values()))
+    for step in range(STEPS):
+        rng = np.random.default_rng(1000 + step)
+        xb, yb = rng.standard_normal((16, 5)), rng.standard_normal((16, 3))
+        ours = float(prog(x=xb, y=yb)[0])
+        topt.zero_grad()
+        tl = ((torch.tanh(torch.from_numpy(xb) @ tp["fc1.weight"].T + tp["fc1.bias"])
+               @ tp["fc2.weight"].T + tp["fc2.bias"] - torch.from_numpy(yb)) ** 2).mean()
+        tl.backward()
+        topt.step()
+        assert abs(ours - tl.item()) <= 1e-9 * abs(tl.item()), step
+    assert _worst(prog, tp) < 1e-9
+    assert prog.stats["planner_runs"] == 1

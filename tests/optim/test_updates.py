@@ -28,7 +28,7 @@ def test_adam_states_and_their_initial_values():
     assert set(init) == {"optim.lr", "optim.step", "optim.w.exp_avg", "optim.w.exp_avg_sq",
                          "optim.b.exp_avg", "optim.b.exp_avg_sq"}
     assert init["optim.lr"].dtype == np.float32 and init["optim.lr"][0] == np.float32(0.01)
-    assert init["optim.step"].tolist() == [0] and init["optim.step"].dtype == np.int64
+    assert init["optim.step"].tolist() == [0] and init["optim.step"].dtype == np.float32
     assert init["optim.w.exp_avg"].shape == (3, 2) and not init["optim.w.exp_avg"].any()
     init["optim.w.exp_avg"][0, 0] = 5  # a copy each time: binding twice starts from zero again
     assert not up.state_init()["optim.w.exp_avg"].any()
