@@ -716,6 +716,11 @@ class CompiledGraph:
         self._kept = kept_states(outputs)  # output position -> (state name, axis)
         self._states = {name: State(self._by_name[name], axis, self._weights_on)
                         for name, axis in self._kept.values()}
+        # a state the graph reads but never updates (an optimizer's learning rate) is held the
+        # same way, so binding a new value writes into its buffer and drops no prelude and no
+        # native recording, as binding a weight does (a 0-d one, without an axis, is a weight)
+        self._states.update((lf.name, State(lf, 0, self._weights_on)) for lf in self._leaves
+                            if lf.op.name == STATE and lf.ndim and lf.name not in self._states)
         self._capacity: dict[str, int] = {}  # a kept state's length at the bounds
         self.stats: dict[str, int] = {"planner_runs": 0, "plan_cache_hits": 0, "plans": 0,
                                       "replayed": 0, "slots": 0, "options": 0,

@@ -127,17 +127,21 @@ def test_float32_matches_torch_after_50_steps(case):
 
 
 def test_learning_rate_schedule_binds_without_replanning():
-    """A new learning rate mid-run (a state bound like a weight) takes effect at once and
-    plans nothing; torch's param_groups change at the same steps."""
-    schedule = {10: 0.003, 30: 0.0005}
+    """A new learning rate mid-run (a state the step reads and never writes) takes effect at
+    once and plans nothing; torch's param_groups change at the same steps. Binding it writes
+    into the state's buffer: the native loop's recording survives (a weight's bind drops it,
+    and the next two calls ran the Python loop again)."""
+    schedule = {10: 0.003, 30: 0.0005, 47: 0.001}
     prog, up, tp, _, _ = _run(lambda: tg.optim.AdamW(0.01),
                               lambda ps: torch.optim.AdamW(ps, lr=0.01), "float64", schedule)
     assert _worst(prog, tp) < 1e-9
     assert prog.stats["planner_runs"] == 1
+    assert prog.state(up.lr).tolist() == [0.001]
     # and the rate really is read from the state: the same run without the schedule differs
     plain, _, _, _, _ = _run(lambda: tg.optim.AdamW(0.01),
                              lambda ps: torch.optim.AdamW(ps, lr=0.01), "float64")
     assert relative_error(plain.state("fc1.weight"), prog.state("fc1.weight")) > 1e-3
+    assert prog.stats["native_runs"] == plain.stats["native_runs"]
 
 
 @pytest.mark.parametrize("make_ours, make_torch", [
