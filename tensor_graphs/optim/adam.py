@@ -11,18 +11,19 @@ __all__ = ["Adam", "AdamW"]
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam's step (without amsgrad): with ``g`` (plus ``weight_decay * p``: L2,
-    coupled), ``m = m + (1 - b1) * (g - m)``, ``v = b2 * v + (1 - b2) * g * g``, and
-    ``p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)`` at step ``t``. The bias
-    corrections read the count state, so every step runs the same program. Moments are the
-    states ``f"{prefix}{param}.exp_avg"`` and ``.exp_avg_sq``, torch's names."""
+    """torch.optim.Adam's step: with ``g`` (plus ``weight_decay * p``: L2, coupled),
+    ``m = m + (1 - b1) * (g - m)``, ``v = b2 * v + (1 - b2) * g * g``, and
+    ``p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)`` at step ``t``
+    (``amsgrad``: the running maximum of ``v`` in place of ``v``). The bias corrections read
+    the count state, so every step runs the same program. Moments are the states
+    ``f"{prefix}{param}.exp_avg"``, ``.exp_avg_sq`` and ``.max_exp_avg_sq``, torch's names."""
 
     name = "Adam"
     decoupled = False
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, *, maximize: bool = False,
-                 prefix: str = "optim."):
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 maximize: bool = False, prefix: str = "optim."):
         super().__init__(lr, prefix=prefix)
         b1, b2 = betas
         for i, beta in enumerate((b1, b2)):
@@ -36,6 +37,7 @@ class Adam(Optimizer):
                                 "float >= 0")
         self.betas = (float(b1), float(b2))
         self.eps, self.weight_decay, self.maximize = float(eps), float(weight_decay), maximize
+        self.amsgrad = amsgrad
 
     def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
         b1, b2 = self.betas
@@ -48,6 +50,8 @@ class Adam(Optimizer):
                 g = g + self.weight_decay * p
         m = slot("exp_avg", lambda m: m + (1.0 - b1) * (g - m))
         v = slot("exp_avg_sq", lambda v: b2 * v + (1.0 - b2) * (g * g))
+        if self.amsgrad:
+            v = slot("max_exp_avg_sq", lambda most, v=v: tg.maximum(most, v))
         step_size = s.lr / (1.0 - s.power(b1))
         denom = tg.sqrt(v) / tg.sqrt(1.0 - s.power(b2)) + self.eps
         return p - step_size * (m / denom)
@@ -61,6 +65,7 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01, *, maximize: bool = False,
-                 prefix: str = "optim."):
-        super().__init__(lr, betas, eps, weight_decay, maximize=maximize, prefix=prefix)
+                 eps: float = 1e-8, weight_decay: float = 0.01, amsgrad: bool = False, *,
+                 maximize: bool = False, prefix: str = "optim."):
+        super().__init__(lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         prefix=prefix)

@@ -34,9 +34,10 @@ class Updates:
     ``params``: the caller's key -> the parameter's new version. ``states``: state name -> its
     new version, for every state the step changes (parameters, moments, the count); these are
     what the program keeps. ``lr`` and ``count``: the names of the learning-rate and step-count
-    states (the learning rate is read, never written, so it is bound like a weight: binding a
-    new one changes no plan). ``init``: the optimizer's own states' initial values (moments
-    zero, count 0, the learning rate given), the parameters' excluded: they are the caller's.
+    states (the learning rate is read, never written: binding a new one writes into its
+    buffer, which changes no plan and keeps the native loop's recording). ``init``: the
+    optimizer's own states' initial values (moments zero, count 0, the learning rate given),
+    the parameters' excluded: they are the caller's.
     """
 
     params: dict[str, Node]

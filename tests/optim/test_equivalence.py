@@ -37,6 +37,12 @@ CASES = [
     ("adamw", lambda: tg.optim.AdamW(0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05),
      lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05),
      ("exp_avg", "exp_avg_sq")),
+    ("adamw-amsgrad-maximize",
+     lambda: tg.optim.AdamW(0.01, betas=(0.5, 0.9), weight_decay=0.02, amsgrad=True,
+                            maximize=True),
+     lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.5, 0.9), weight_decay=0.02,
+                                  amsgrad=True, maximize=True),
+     ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
 ]
 
 
@@ -112,9 +118,10 @@ def test_float64_matches_torch_after_50_steps(case):
         assert np.shares_memory(first[n], prog.state(n))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("sgd-nesterov-wd", "adam",
-                                                                "adamw")],
-                         ids=["sgd-nesterov-wd", "adam", "adamw"])
+FLOAT32 = ("sgd-nesterov-wd", "adam", "adamw", "adamw-amsgrad-maximize")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in FLOAT32], ids=FLOAT32)
 def test_float32_matches_torch_after_50_steps(case):
     _, make_ours, make_torch, moments = case
     prog, up, tp, topt, _ = _run(make_ours, make_torch, "float32")
