@@ -45,14 +45,14 @@ def decomposition(op):
 
 def decompose_unmapped(exported):
     """``exported`` with torch's decomposition applied to every op without a mapping (and
-    to the unmapped ops those decompositions produce); unchanged when every op maps. Ops
-    that remain unmapped are the caller's to report.
+    to the unmapped ops those decompositions produce); unchanged when no unmapped op has a
+    decomposition. Ops that remain unmapped are the caller's to report.
 
     One retrace with the decompositions of every unmapped op torch knows (only the ops in
     the program are touched; mapped ones stay whole); where torch cannot trace one of them
     on this program, the ops present are tried one at a time and the failing ones left."""
-    if not unmapped(exported):
-        return exported
+    if not any(decomposition(node.target) is not None for node in unmapped(exported)):
+        return exported  # nothing torch could decompose: no retrace
     decomposed = _run(exported, fallback_table())
     if decomposed is not None:
         return decomposed

@@ -369,7 +369,8 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         k += isinstance(o, Node)
     program, read = None, frozenset()
     if nodes:
-        used = {str(s) for n in ir_graph.nodes(nodes) for d in n.shape
+        used = {str(s) for n in ir_graph.nodes(nodes)
+                for d in (*n.shape, *n.attrs.values())  # tg.size(dim) holds it as an attr
                 for s in getattr(d, "free_symbols", ())}
         nodes += _shape_carriers(nodes, inputs, used)
         options = dict(compile_options)

@@ -122,3 +122,19 @@ def test_an_argument_the_graph_never_reads_is_accepted():
     np.testing.assert_allclose(prog(x, torch.zeros(2, 3), torch.ones(5)), (x * 2).numpy())
     with pytest.raises(tg.ShapeError, match="'z'"):  # still checked like the others
         prog(x, y, torch.ones(4))
+
+
+class SizeOnly(nn.Module):
+    """``y`` is read only for its dynamic length, used as a number."""
+
+    def forward(self, x, y):
+        return x * y.shape[0] + x.new_ones(y.shape[0] + 1).sum()
+
+
+def test_an_argument_read_only_for_its_symbolic_size():
+    n = torch.export.Dim("n", min=2, max=32)
+    x = torch.randn(3)
+    prog = from_torch(SizeOnly(), (x, torch.randn(5)), ({}, {0: n}))
+    for length in (2, 5, 11):  # the dim is bound from y at each call
+        y = torch.randn(length)
+        np.testing.assert_allclose(prog(x, y), SizeOnly()(x, y).numpy(), rtol=1e-6)

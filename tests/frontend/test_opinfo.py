@@ -93,11 +93,17 @@ signbit sin sinc sinh slice slice_scatter softmax sort split split_with_sizes sq
 squeeze stack std std_mean sub sum t take take_along_dim tan tanh tensor_split tile topk
 trace transpose trapezoid tril tril_indices triu triu_indices true_divide trunc unbind
 unflatten unfold unique_consecutive unsqueeze var var_mean vdot view view_as vsplit vstack
-where xlogy zero_ zeros zeros_like
+where xlogy zero_ zeros zeros_like log_softmax nn.functional.embedding_bag
+nn.functional.hinge_embedding_loss nn.functional.margin_ranking_loss
+nn.functional.poisson_nll_loss nn.functional.soft_margin_loss
+nn.functional.multilabel_soft_margin_loss nn.functional.cosine_embedding_loss
+nn.functional.triplet_margin_loss nn.functional.pdist nn.functional.channel_shuffle
+nn.functional.interpolate.linear expand_copy view_copy unsqueeze_copy squeeze_copy
+permute_copy sum_to_size
 """.split()
 
 # samples that must pass at least (what passes today: raise it as mappings land)
-TARGET = 2749
+TARGET = 3052
 # samples per op, at most: a few ops have hundreds (max_pool2d 1440, cdist 256) of one kind,
 # and an import that needs torch's decompositions costs ~0.3 s; ``--all`` runs every one
 SAMPLES = 32

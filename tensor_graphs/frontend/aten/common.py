@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import sympy
+
 from tensor_graphs.errors import ArgumentError, ShapeError, TensorGraphsError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.dtypes import promote_pair
@@ -116,7 +118,9 @@ def zero_dim_weak(*values) -> tuple:
     same kind (or lower) does not widen the result (``x_f32 * torch.tensor(2.0,
     dtype=float64)`` is float32); one of a higher kind promotes with the others. The 0-d
     operands are cast to that dtype here, so our promotion, which counts every tensor
-    alike, gives torch's result."""
+    alike, gives torch's result. A symbolic size (``x * y.shape[0]`` over a dynamic dim) is
+    a Python int to torch: the 0-d int64 ``tg.size`` of it here."""
+    values = tuple(tg.size(v) if isinstance(v, sympy.Expr) else v for v in values)
     nodes = [v for v in values if isinstance(v, Node)]
     shaped = [v.dtype for v in nodes if v.ndim > 0]
     scalars = [v.dtype for v in nodes if v.ndim == 0]

@@ -160,6 +160,25 @@ def _vector_norm(a, kw):
                   1.0 / order)
 
 
+def _cdist(a, kw):
+    """torch.cdist: the p-norm of every row difference, (..., P, 1, M) - (..., 1, R, M)."""
+    x1, x2 = kw["x1"], kw["x2"]
+    diff = tg.unsqueeze(x1, -2) - tg.unsqueeze(x2, -3)
+    return _vector_norm(a, {"self": diff, "ord": kw["p"], "dim": [-1], "keepdim": False,
+                            "dtype": None})
+
+
+def _softmax_fn(fn, dtype_key=None):
+    """softmax / log_softmax; over an empty tensor the result is that empty tensor (torch's
+    convention; our max refuses to reduce an empty axis)."""
+    def call(a, kw):
+        x = cast(kw["self"], kw[dtype_key]) if dtype_key else kw["self"]
+        if 0 in tuple(x.shape):
+            return x
+        return fn(x, axis=kw["dim"])
+    return scalar_dims(call)
+
+
 def _log_sigmoid_forward(a, kw):
     return (-_softplus(-kw["self"]),
             Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
@@ -277,12 +296,11 @@ def table(aten) -> dict:
         aten.logsumexp: scalar_dims(lambda a, kw: tg.logsumexp(
             kw["self"], axis=axes(kw["dim"]), keepdims=kw["keepdim"])),
         aten.linalg_vector_norm: scalar_dims(_vector_norm),
+        aten._cdist_forward: _cdist,
         aten.cumsum: scalar_dims(lambda a, kw: tg.cumsum(cast(kw["self"], kw["dtype"]),
                                                          axis=kw["dim"])),
-        aten.softmax.int: scalar_dims(lambda a, kw: tg.softmax(cast(kw["self"], kw["dtype"]),
-                                                   axis=kw["dim"])),
-        aten._softmax: scalar_dims(lambda a, kw: tg.softmax(kw["self"], axis=kw["dim"])),
-        aten.log_softmax.int: scalar_dims(lambda a, kw: tg.log_softmax(
-            cast(kw["self"], kw["dtype"]), axis=kw["dim"])),
-        aten._log_softmax: scalar_dims(lambda a, kw: tg.log_softmax(kw["self"], axis=kw["dim"])),
+        aten.softmax.int: _softmax_fn(tg.softmax, "dtype"),
+        aten._softmax: _softmax_fn(tg.softmax),
+        aten.log_softmax.int: _softmax_fn(tg.log_softmax, "dtype"),
+        aten._log_softmax: _softmax_fn(tg.log_softmax),
     })

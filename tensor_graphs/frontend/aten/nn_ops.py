@@ -77,7 +77,8 @@ def _embedding_bag(a, kw):
     if last:  # entries from the last offset on belong to no bag
         end = tg.slice_axis(tg.cast(offsets, "int64"), 0, bags, bags + 1)
         member = tg.logical_and(member, tg.less(position, tg.reshape(end, (1, 1))))
-    if pad is not None and pad >= 0:
+    if pad is not None:  # a negative padding_idx counts from the end (F.embedding_bag's -1)
+        pad = pad % w.shape[0] if isinstance(w.shape[0], int) else pad
         member = tg.logical_and(member, tg.reshape(tg.not_equal(idx, pad), (n, 1)))
     rows = tg.embedding(idx, w)  # (n, d)
     if weights is not None:
