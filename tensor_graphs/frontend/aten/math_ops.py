@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tensor_graphs.errors import ArgumentError
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten import pointwise_ops
 from tensor_graphs.frontend.aten.common import (
     Unavailable,
@@ -168,6 +170,19 @@ def _cdist(a, kw):
                             "dtype": None})
 
 
+def _pdist(a, kw):
+    """torch.pdist: the p-norm distance of every pair of rows i < j, in row-major order of
+    the pairs: the full distance matrix gathered at its strict upper triangle."""
+    x = kw["self"]
+    n = x.shape[0]
+    if not isinstance(n, int):
+        raise ShapeError(f"pdist: the number of rows of {x.shape} must be concrete")
+    full = _cdist(a, {"x1": x, "x2": x, "p": kw["p"]})
+    rows, cols = np.triu_indices(n, 1)
+    return tg.gather(tg.reshape(full, (-1,)), tg.constant((rows * n + cols).astype(np.int64)),
+                     axis=0)
+
+
 def _softmax_fn(fn, dtype_key=None):
     """softmax / log_softmax; over an empty tensor the result is that empty tensor (torch's
     convention; our max refuses to reduce an empty axis)."""
@@ -297,6 +312,7 @@ def table(aten) -> dict:
             kw["self"], axis=axes(kw["dim"]), keepdims=kw["keepdim"])),
         aten.linalg_vector_norm: scalar_dims(_vector_norm),
         aten._cdist_forward: _cdist,
+        aten._pdist_forward: _pdist,
         aten.cumsum: scalar_dims(lambda a, kw: tg.cumsum(cast(kw["self"], kw["dtype"]),
                                                          axis=kw["dim"])),
         aten.softmax.int: _softmax_fn(tg.softmax, "dtype"),
