@@ -59,6 +59,7 @@ from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
     canonicalize,
     structural_hash,
 )
+from tensor_graphs.rewrite.quantize import quantize  # noqa: E402,F401  (op, or graph rewrite)
 from tensor_graphs.rewrite.simplify import simplify  # noqa: E402,F401
 
 __version__ = "0.1.0"

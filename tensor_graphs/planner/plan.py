@@ -30,6 +30,7 @@ import sympy
 from tensor_graphs.db.cost import Estimate, format_seconds
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import PERMUTE
+from tensor_graphs.ir.ops.quant import scheme_of
 from tensor_graphs.ir.shapes import format_shape, resolve
 
 
@@ -249,6 +250,8 @@ def explain(plan: Plan, limit: int | None = None) -> str:
         else:
             fused = len(s.nodes) - 1
             computes = s.computes + (f" (+{fused} fused)" if fused else "")
+        if not s.is_copy and (scheme := scheme_of(s.nodes, [i.node for i in s.inputs])):
+            computes += f" [{scheme}]"  # tg.quantize's scheme (ir/ops/quant.py)
         if s.static:
             computes += " (once per binding)"
         rows.append((str(i), s.kernel.name, s.kernel.backend, computes,

@@ -114,6 +114,11 @@ SYMBOLIC_KERNELS: dict[str, str] = {
     **{f"c_{core}{suffix}": "batch, rows, N, K, batch strides; blas.c branches on its own"
        for core, suffixes in (("matmul", _MATMULS), ("linear", _LINEARS))
        for suffix in suffixes},
+    # quant.py (int8-weight GEMMs): rows = the product of a's leading dims, K and N the
+    # weight's; quant.c branches on the rows (one row, one thread under 262,144 flops) on its
+    # own arguments, as gemm.c
+    **{f"c_q8_matmul{suffix}": "rows, K, N; quant.c branches on its own arguments"
+       for suffix in _MATMULS + ("_add", "_bias_add")},
 }
 
 # Kernel names by prefix, for kernels made on demand

@@ -1281,6 +1281,29 @@ P_I1 = [S((4, 9))]
 P_I2 = [S((4, 9), (4, 9)), S((9,), ())]
 TORCH_ROUND = lambda torch, x, decimals=0: torch.round(x, decimals=decimals)  # noqa: E731
 
+# quant.py: symmetric int8 with per-channel scales (tg.quantize's ops)
+def _qscale_ref(a, axis=0):
+    m = np.abs(a.astype(np.float64)).max(axis=axis, keepdims=True)
+    return np.where(m > 0, m / 127.0, 1.0)
+
+
+def _quant_values(rng, spec, dtype):
+    """Weights with an all-zero channel and their scales (max |w| / 127 per column): every
+    value lands in [-127, 127] and a column's largest value on +-127 exactly."""
+    w = rng.standard_normal(concrete(spec.shapes[0])).astype(NP[dtype])
+    w[:, -1] = 0
+    return w, _qscale_ref(w, 0).astype(NP[dtype])
+
+
+def _dequant_values(rng, spec, dtype):
+    q = rng.integers(-127, 128, concrete(spec.shapes[0])).astype(np.int8)
+    return q, (rng.random(concrete(spec.shapes[1])) * 0.1 + 1e-3).astype(NP[dtype])
+
+
+def _quantize_ref(a, b):
+    return np.clip(np.rint(a.astype(np.float64) / b), -127, 127).astype(np.int8)
+
+
 POINTWISE = [
     _f("trunc", "trunc", tg.trunc, np.trunc, P_U, lambda torch, x: torch.trunc(x),
        domain=(_rounding_values,), tol32=0.0),
@@ -1370,6 +1393,14 @@ POINTWISE = [
        lambda torch, a, b: torch.bitwise_left_shift(a, b), domain=_shift_values, dtypes=INTS),
     _f("right_shift", "right_shift", tg.right_shift, _rshift_ref, P_I2,
        lambda torch, a, b: torch.bitwise_right_shift(a, b), domain=_shift_values, dtypes=INTS),
+    # quant.py (tg.quantize): the scale, the rounding to int8 and back; no torch column
+    _f("quant_scale", "quant_scale", lambda a, axis: tg.quant_scale(a, axis=axis), _qscale_ref,
+       [S((6, 5), axis=0), S((4, 7), axis=1), S((1, 3), axis=0)],
+       domain=lambda rng, spec, dtype: (_quant_values(rng, spec, dtype)[0],)),
+    _f("quantize", "quantize", tg.quantize, _quantize_ref, [S((6, 5), (1, 5)), S((9, 2), (1, 2))],
+       domain=_quant_values),
+    _f("dequantize", "dequantize", tg.dequantize, lambda q, s: q.astype(np.float64) * s,
+       [S((6, 5), (1, 5)), S((3, 4), (3, 1)), S((7,), ())], domain=_dequant_values),
 ]
 
 

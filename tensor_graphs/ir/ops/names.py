@@ -119,6 +119,11 @@ RNN_LAYER = "rnn_layer"
 GRU_LAYER = "gru_layer"
 LSTM_LAYER = "lstm_layer"
 
+# quant.py (symmetric int8 with per-channel scales)
+QUANT_SCALE = "quant_scale"
+QUANTIZE = "quantize"
+DEQUANTIZE = "dequantize"
+
 # losses.py
 MSE_LOSS = "mse_loss"
 L1_LOSS = "l1_loss"

@@ -19,6 +19,7 @@ from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     matmul,
     norms,
     pointwise,
+    quant,
     scatter,
     unary,
 )

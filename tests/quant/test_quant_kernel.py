@@ -1,0 +1,107 @@
+"""The C int8-weight GEMM (kernels/c/quant.c) against the float64 reference of the quantized
+graph (``a @ dequantize(q, s)`` with its epilogues), on fresh random inputs: one row (decode)
+to 8 rows, odd K and N (edge panels), packed once as the runtime does and unpacked."""
+
+import numpy as np
+import pytest
+
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.dtypes import as_dtype
+from tensor_graphs.ir.evaluate import evaluate
+from tensor_graphs.kernels import registry
+from tensor_graphs.kernels.c import build
+from tensor_graphs.kernels.c import quant as cq
+from tensor_graphs.kernels.verify import verify
+from tensor_graphs.numerics import relative_error
+
+pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
+
+ACTS = {None: lambda y: y, "relu": tg.relu, "gelu": lambda y: tg.gelu(y),
+        "gelu_tanh": lambda y: tg.gelu(y, approximate="tanh")}
+
+
+def _case(rng, m, k, n, lead=()):
+    a = rng.standard_normal(lead + (m, k)).astype(np.float32)
+    q = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    s = (rng.random((1, n)) * 0.02 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal(lead + (m, n)).astype(np.float32)
+    return a, q, s, bias, res
+
+
+def _reference(a, q, s, bias=None, res=None, act=None):
+    """The quantized graph evaluated in float64 (its semantics: dequantize's decomposition)."""
+    A, Q, S = tg.input("a", a.shape), tg.input("q", q.shape, "int8"), tg.input("s", s.shape)
+    y = A @ tg.dequantize(Q, S)
+    feeds = {"a": a, "q": q, "s": s}
+    if bias is not None:
+        y = y + tg.input("bias", bias.shape)
+        feeds["bias"] = bias
+    y = ACTS[act](y)
+    if res is not None:
+        y = y + tg.input("res", res.shape)
+        feeds["res"] = res
+    return evaluate(y, feeds, dtype="float64")
+
+
+@pytest.mark.parametrize("m", range(1, 9))
+@pytest.mark.parametrize("k,n", [(1, 1), (7, 3), (33, 17), (129, 47), (771, 45)])
+def test_q8_gemm_matches_the_quantized_reference(m, k, n):
+    rng = np.random.default_rng(1000 * m + k + n)
+    a, q, s, bias, res = _case(rng, m, k, n)
+    packed = cq.pack(q)  # once, as the runtime's bind-time preparation
+    ref = _reference(a, q, s)
+    assert relative_error(cq.gemm(a, packed, s), ref) <= 1e-6
+    assert relative_error(cq.gemm(a, q, s), ref) <= 1e-6  # unprepared: packed per call
+    ref = _reference(a, q, s, bias, res)
+    assert relative_error(cq.gemm(a, packed, s, bias, res=res), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+def test_q8_epilogues(act):
+    rng = np.random.default_rng(7)
+    for m, k, n in ((1, 65, 33), (5, 31, 70)):
+        a, q, s, bias, _ = _case(rng, m, k, n)
+        got = registry.get(f"c_q8_matmul_bias_{act}")(a, q, s, bias)
+        assert relative_error(got, _reference(a, q, s, bias, act=act)) <= 1e-5
+
+
+def test_q8_batched_rows_and_out():
+    """Leading dims are rows; out= is written in place (the arena's contract)."""
+    rng = np.random.default_rng(3)
+    a, q, s, bias, res = _case(rng, 3, 41, 19, lead=(2,))
+    out = np.full((2, 3, 19), np.nan, np.float32)
+    got = registry.get("c_q8_matmul_bias_add")(a, q, s, bias, res, out=out)
+    assert got is out
+    assert relative_error(out, _reference(a, q, s, bias, res)) <= 1e-6
+
+
+def test_q8_nan_propagates():
+    rng = np.random.default_rng(4)
+    a, q, s, _, _ = _case(rng, 2, 20, 18)
+    a[1, 3] = np.nan
+    got = cq.gemm(a, cq.pack(q), s)
+    assert np.isnan(got[1]).all() and np.isfinite(got[0]).all()
+
+
+def test_q8_wrong_packing_is_refused():
+    rng = np.random.default_rng(5)
+    a, q, s, _, _ = _case(rng, 1, 16, 8)
+    with pytest.raises(ValueError, match="packed as"):
+        cq.gemm(a[:, :8], cq.pack(q), s)  # K differs from the packed weight's
+
+
+def test_q8_kernels_verify():
+    for name in ("c_q8_matmul", "c_q8_matmul_bias", "c_q8_matmul_bias_gelu_tanh",
+                 "c_q8_matmul_add", "c_q8_matmul_bias_add"):
+        report = verify(name)
+        assert report.ok, report
+
+
+def test_q8_constraints_name_the_problem():
+    where = registry.get("c_q8_matmul").where
+    f, i = as_dtype("float32"), as_dtype("int8")
+    assert where([(1, 8), (8, 4), (1, 4)], [f, i, f], {}) is True
+    assert "scale" in where([(1, 8), (8, 4), (4,)], [f, i, f], {})
+    assert "inner dims" in where([(1, 7), (8, 4), (1, 4)], [f, i, f], {})
+    assert "int8" in where([(1, 8), (8, 4), (1, 4)], [f, f, f], {})
