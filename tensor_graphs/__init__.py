@@ -10,6 +10,7 @@
 from tensor_graphs import threads  # noqa: F401,I001
 from tensor_graphs import kernels, nn, rewrite  # noqa: E402,F401  (tg.rewrite.apply, tg.nn.GPT2)
 from tensor_graphs import optim  # noqa: E402,F401  (tg.optim.SGD, Adam, AdamW: steps over state)
+from tensor_graphs.train import Trainer  # noqa: E402,F401  (tg.Trainer: loss, grad, step compiled)
 from tensor_graphs.compiler import compile, count_paths, estimate_memory, paths  # noqa: F401,A004
 from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
@@ -73,6 +74,14 @@ def from_torch(module, example_args, dynamic_shapes=None, **options):
     return load(module, example_args, dynamic_shapes, **options)
 
 
+def from_onnx(model, dynamic_dims=None, **options):
+    """An ONNX model (path, bytes or ModelProto) as a compiled program, initializers bound
+    (see ``tensor_graphs.frontend.onnx_import``). Imports onnx only when called."""
+    from tensor_graphs.frontend.onnx_import import from_onnx as load
+
+    return load(model, dynamic_dims, **options)
+
+
 def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, **options):
     """Greedy decoding of a transformers causal LM with a KV cache in ``tg.state`` (see
     ``tensor_graphs.nn.generate``)."""
@@ -86,7 +95,7 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
-    "estimate_memory", "from_torch", "generate", "nn", "optim",
+    "estimate_memory", "from_torch", "from_onnx", "generate", "nn", "optim",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",

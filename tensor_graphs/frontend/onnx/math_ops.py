@@ -1,0 +1,305 @@
+"""ONNX's arithmetic: pointwise ops, comparisons and logic, casts, reductions, MatMul and
+Gemm. Shape arithmetic on static values (Shape -> Gather -> Mul -> Concat) folds here with
+numpy, symbolic dims included, so a Reshape later sees its shape at import time."""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import numpy as np
+
+from tensor_graphs.frontend.onnx.common import Ctx, Static, dtype_of, fold, ints
+from tensor_graphs.ir import api as tg
+
+# op -> numpy's function, for static operands (a negated axis in a shape computation)
+UNARY_FOLD = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Sign": np.sign,
+              "Floor": np.floor, "Ceil": np.ceil, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal}
+
+
+def _unary(fn, static=None):
+    def mapped(c: Ctx):
+        if static is not None and c.is_static(0) and (
+                c.inputs[0].array.dtype != object or static in (np.negative, np.abs)):
+            folded = fold(c, static)
+            if folded is not None:
+                return folded
+        return fn(c.t(0))
+    return mapped
+
+
+# op -> our builder of one tensor (no shape arithmetic goes through these)
+UNARY = {
+    "Abs": tg.abs, "Neg": tg.neg, "Exp": tg.exp, "Log": tg.log, "Sqrt": tg.sqrt,
+    "Reciprocal": tg.reciprocal, "Sin": tg.sin, "Cos": tg.cos, "Tan": tg.tan,
+    "Tanh": tg.tanh, "Sigmoid": tg.sigmoid, "Erf": tg.erf, "Floor": tg.floor,
+    "Ceil": tg.ceil, "Round": tg.round, "Sign": tg.sign, "Asin": tg.asin, "Acos": tg.acos,
+    "Atan": tg.atan, "Sinh": tg.sinh, "Cosh": tg.cosh, "Asinh": tg.asinh, "Acosh": tg.acosh,
+    "Atanh": tg.atanh, "IsNaN": tg.isnan, "Not": tg.logical_not,
+    "BitwiseNot": tg.bitwise_not,
+}
+
+
+def _int_div(a, b):
+    """ONNX Div of ints truncates (C's rule); static dims are positive, so // is the same."""
+    return a // b if a.dtype == object or b.dtype == object else \
+        (np.trunc(a / b).astype(a.dtype) if a.dtype.kind in "iu" else a / b)
+
+
+def _div(a, b):
+    return tg.div_trunc(a, b) if not a.dtype.is_float else tg.div(a, b)
+
+
+def _pow(a, b):
+    return tg.pow(a, b if b.dtype == a.dtype else tg.cast(b, a.dtype))
+
+
+def _mod(c: Ctx):
+    folded = fold(c, lambda a, b: _same_kind(np.fmod(a, b) if c.a("fmod", 0) else np.mod(a, b),
+                                             a))
+    if folded is not None:
+        return folded
+    a, b = c.t(0), c.t(1)
+    return tg.fmod(a, b) if c.a("fmod", 0) else tg.remainder(a, b)
+
+
+def _shift(c: Ctx):
+    a, b = c.t(0), c.t(1)
+    return tg.left_shift(a, b) if c.a("direction") == "LEFT" else tg.right_shift(a, b)
+
+
+# op -> (our builder of two tensors, numpy's function for static operands or None)
+BINARY = {
+    "Add": (tg.add, operator.add),
+    "Sub": (tg.sub, operator.sub),
+    "Mul": (tg.mul, operator.mul),
+    "Div": (_div, _int_div),
+    "Pow": (_pow, None),
+    "Equal": (tg.equal, np.equal),
+    "Less": (tg.less, np.less),
+    "LessOrEqual": (tg.less_equal, np.less_equal),
+    "Greater": (tg.greater, np.greater),
+    "GreaterOrEqual": (tg.greater_equal, np.greater_equal),
+    "And": (tg.logical_and, np.logical_and),
+    "Or": (tg.logical_or, np.logical_or),
+    "Xor": (tg.logical_xor, np.logical_xor),
+    "BitwiseAnd": (tg.bitwise_and, None),
+    "BitwiseOr": (tg.bitwise_or, None),
+    "BitwiseXor": (tg.bitwise_xor, None),
+}
+
+
+def _binary(fn, static):
+    def mapped(c: Ctx):
+        if static is not None:
+            folded = fold(c, lambda a, b: _same_kind(static(a, b), a))
+            if folded is not None:
+                return folded
+        return fn(c.t(0), c.t(1))
+    return mapped
+
+
+def _same_kind(result, a):
+    """numpy widens int64 shape arithmetic on object arrays to object; keep ints ints."""
+    result = np.asarray(result)
+    if result.dtype == object and a.dtype != object and not Static(result).symbolic:
+        return result.astype(a.dtype)
+    return result
+
+
+def _variadic(fn, static):
+    def mapped(c: Ctx):
+        folded = fold(c, lambda *xs: functools.reduce(static, xs)) if static else None
+        if folded is not None:
+            return folded
+        return functools.reduce(fn, c.tensors())
+    return mapped
+
+
+def _mean(c: Ctx):
+    xs = c.tensors()
+    return tg.div(functools.reduce(tg.add, xs), float(len(xs)))
+
+
+def _where(c: Ctx):
+    folded = fold(c, np.where)
+    return folded if folded is not None else tg.where(c.t(0), c.t(1), c.t(2))
+
+
+def _cast(c: Ctx):
+    to = dtype_of(c.a("to"), f"Cast node '{c.name}'")
+    if c.is_static(0) and c.inputs[0].array.dtype == object and to in ("int64", "int32"):
+        return c.inputs[0]  # symbolic dims stay dims
+    folded = fold(c, lambda a: a.astype(np.dtype(to) if to != "bfloat16" else np.float32)) \
+        if to != "bfloat16" else None
+    return folded if folded is not None else tg.cast(c.t(0), to)
+
+
+def _cast_like(c: Ctx):
+    return tg.cast(c.t(0), c.t(1).dtype)
+
+
+def _clip(c: Ctx):
+    x = c.t(0)
+    if c.opset < 11:
+        lo, hi = c.a("min"), c.a("max")
+    else:
+        lo = c.t(1) if c.has(1) else None
+        hi = c.t(2) if c.has(2) else None
+    out = x
+    if lo is not None:
+        out = tg.maximum(out, lo if not isinstance(lo, float) else tg.as_node(lo, x.dtype))
+    if hi is not None:
+        out = tg.minimum(out, hi if not isinstance(hi, float) else tg.as_node(hi, x.dtype))
+    return out
+
+
+def _isinf(c: Ctx):
+    x = c.t(0)
+    neg, pos = c.a("detect_negative", 1), c.a("detect_positive", 1)
+    if neg and pos:
+        return tg.isinf(x)
+    inf = float("inf") if pos else float("-inf")
+    if not (neg or pos):
+        return tg.logical_and(tg.isinf(x), tg.logical_not(tg.isinf(x)))
+    return tg.equal(x, tg.as_node(inf, x.dtype))
+
+
+def reduce_axes(c: Ctx, since_input: int):
+    """The axes of a Reduce* node: an attribute before ``since_input``'s opset, the second
+    input from it. None: every axis (or none, with noop_with_empty_axes)."""
+    if c.opset >= since_input:
+        axes = ints(c.s(1, "axes")) if c.has(1) else []
+    else:
+        axes = list(c.a("axes", []))
+    if not axes:
+        return "noop" if c.a("noop_with_empty_axes", 0) else None
+    return tuple(axes)
+
+
+def _reduce(fn, since_input: int = 18, pre=None, post=None, empty=None):
+    def mapped(c: Ctx):
+        x = c.t(0)
+        axes = reduce_axes(c, since_input)
+        keep = bool(c.a("keepdims", 1))
+        if axes == "noop":
+            return post(pre(x)) if pre and post else (pre(x) if pre else x)
+        v = pre(x) if pre else x
+        if empty is not None and any(x.shape[a] == 0 for a in (axes or range(x.ndim))):
+            return _empty_reduction(c, x, axes, keep, empty)
+        out = fn(v, axis=axes, keepdims=keep)
+        return post(out) if post else out
+    return mapped
+
+
+def _empty_reduction(c: Ctx, x, axes, keep: bool, value: float):
+    """A reduction over an empty axis: ONNX's identity of the reduction (-inf for a max)."""
+    rank = x.ndim
+    axes = {a % rank for a in (axes or range(rank))}
+    shape = [1 if a in axes else d for a, d in enumerate(x.shape) if keep or a not in axes]
+    if x.dtype.is_bool:
+        value = value > 0  # max of nothing is False, min of nothing True
+    elif not x.dtype.is_float:
+        info = np.iinfo(x.dtype.np_dtype)
+        value = info.min if value < 0 else info.max
+    return tg.broadcast_to(tg.as_node(value, x.dtype), *shape)
+
+
+def _logsumexp(x, axis, keepdims):
+    axes = tuple(range(x.ndim)) if axis is None else axis
+    return tg.logsumexp(x, axis=axes, keepdims=keepdims)
+
+
+def _reduce_prod(c: Ctx):
+    folded = fold(c, lambda a, *_: _prod_static(c, a))
+    return folded if folded is not None else _reduce(tg.prod)(c)
+
+
+def _prod_static(c: Ctx, a):
+    axes = reduce_axes(c, 18)
+    keep = bool(c.a("keepdims", 1))
+    if axes == "noop":
+        return a
+    return np.asarray(np.prod(a, axis=axes, keepdims=keep))
+
+
+def _arg(fn):
+    def mapped(c: Ctx):
+        if c.a("select_last_index", 0):
+            x = c.t(0)
+            axis = c.a("axis", 0) % x.ndim
+            rev = tg.slice_axis(x, axis, None, None, -1)
+            idx = fn(rev, axis=axis, keepdims=bool(c.a("keepdims", 1)))
+            return tg.sub(x.shape[axis] - 1, idx)
+        return fn(c.t(0), axis=c.a("axis", 0), keepdims=bool(c.a("keepdims", 1)))
+    return mapped
+
+
+def _matmul(c: Ctx):
+    return tg.matmul(c.t(0), c.t(1))
+
+
+def _gemm(c: Ctx):
+    a, b = c.t(0), c.t(1)
+    if c.a("transA", 0):
+        a = tg.transpose(a, 0, 1)
+    if c.a("transB", 0):
+        b = tg.transpose(b, 0, 1)
+    out = tg.matmul(a, b)
+    alpha, beta = c.a("alpha", 1.0), c.a("beta", 1.0)
+    if alpha != 1.0:
+        out = tg.mul(out, tg.as_node(alpha, out.dtype))
+    if c.has(2) and beta != 0.0:
+        bias = c.t(2)
+        out = tg.add(out, bias if beta == 1.0 else tg.mul(bias, tg.as_node(beta, bias.dtype)))
+    return out
+
+
+def _cumsum(c: Ctx):
+    x = c.t(0)
+    axis = int(ints(c.s(1, "axis"))[0]) % x.ndim
+    if c.a("reverse", 0):
+        x = tg.slice_axis(x, axis, None, None, -1)
+    out = tg.cumsum(x, axis=axis)
+    if c.a("exclusive", 0):
+        out = tg.sub(out, x)
+    if c.a("reverse", 0):
+        out = tg.slice_axis(out, axis, None, None, -1)
+    return out
+
+
+def table() -> dict:
+    out = {name: _unary(fn, UNARY_FOLD.get(name)) for name, fn in UNARY.items()}
+    out.update({name: _binary(fn, st) for name, (fn, st) in BINARY.items()})
+    out.update({
+        "Mod": _mod,
+        "BitShift": _shift,
+        "Max": _variadic(tg.maximum, np.maximum),
+        "Min": _variadic(tg.minimum, np.minimum),
+        "Sum": _variadic(tg.add, operator.add),
+        "Mean": _mean,
+        "Where": _where,
+        "Cast": _cast,
+        "CastLike": _cast_like,
+        "Clip": _clip,
+        "IsInf": _isinf,
+        "ReduceSum": _reduce(tg.sum, since_input=13),
+        "ReduceMean": _reduce(tg.mean),
+        "ReduceMax": _reduce(tg.max, empty=float("-inf")),
+        "ReduceMin": _reduce(tg.min, empty=float("inf")),
+        "ReduceProd": _reduce_prod,
+        "ReduceL1": _reduce(tg.sum, pre=tg.abs),
+        "ReduceL2": _reduce(tg.sum, pre=tg.square, post=tg.sqrt),
+        "ReduceSumSquare": _reduce(tg.sum, pre=tg.square),
+        "ReduceLogSum": _reduce(tg.sum, post=tg.log),
+        "ReduceLogSumExp": _reduce(_logsumexp, empty=float("-inf")),
+        "ArgMax": _arg(tg.argmax),
+        "ArgMin": _arg(tg.argmin),
+        "MatMul": _matmul,
+        "Gemm": _gemm,
+        "CumSum": _cumsum,
+    })
+    return out
+
+
+__all__ = ["table", "Static"]

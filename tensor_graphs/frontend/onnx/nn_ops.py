@@ -1,0 +1,256 @@
+"""ONNX's neural-network ops: activations, softmax, the norms, Conv and pooling. Whole ops
+(LayerNormalization, Gelu, Softmax, Conv) map to our composites so the planner can pick
+fused kernels; ONNX's older forms (Softmax's 2-D coercion before opset 13) are spelled out."""
+
+from __future__ import annotations
+
+from tensor_graphs.frontend.onnx.common import Ctx, norm_axis
+from tensor_graphs.ir import api as tg
+
+
+def _f(x, v):
+    return tg.as_node(float(v), x.dtype)
+
+
+def _leaky(c: Ctx):
+    x = c.t(0)
+    return tg.where(tg.less(x, 0), tg.mul(x, _f(x, c.a("alpha", 0.01))), x)
+
+
+def _prelu(c: Ctx):
+    x, slope = c.t(0), c.t(1)
+    return tg.where(tg.less(x, 0), tg.mul(x, slope), x)
+
+
+def _elu(c: Ctx):
+    return tg.elu(c.t(0), alpha=c.a("alpha", 1.0))
+
+
+def _selu(c: Ctx):
+    x = c.t(0)
+    alpha, gamma = c.a("alpha", 1.67326319217681884765625), c.a("gamma", 1.05070102214813232421875)
+    neg = tg.mul(_f(x, alpha), tg.sub(tg.exp(x), _f(x, 1.0)))
+    return tg.mul(_f(x, gamma), tg.where(tg.greater(x, 0), x, neg))
+
+
+def _celu(c: Ctx):
+    x = c.t(0)
+    alpha = c.a("alpha", 1.0)
+    neg = tg.mul(_f(x, alpha), tg.sub(tg.exp(tg.div(x, _f(x, alpha))), _f(x, 1.0)))
+    return tg.add(tg.maximum(x, _f(x, 0)), tg.minimum(_f(x, 0), neg))
+
+
+def _hard_sigmoid(c: Ctx):
+    x = c.t(0)
+    y = tg.add(tg.mul(x, _f(x, c.a("alpha", 0.2))), _f(x, c.a("beta", 0.5)))
+    return tg.minimum(tg.maximum(y, _f(x, 0)), _f(x, 1))
+
+
+def _hard_swish(c: Ctx):
+    x = c.t(0)
+    y = tg.add(tg.mul(x, _f(x, 1 / 6)), _f(x, 0.5))
+    return tg.mul(x, tg.minimum(tg.maximum(y, _f(x, 0)), _f(x, 1)))
+
+
+def _softsign(c: Ctx):
+    x = c.t(0)
+    return tg.div(x, tg.add(tg.abs(x), _f(x, 1)))
+
+
+def _gelu(c: Ctx):
+    return tg.gelu(c.t(0), approximate=c.a("approximate", "none"))
+
+
+def _mish(c: Ctx):
+    x = c.t(0)
+    return tg.mul(x, tg.tanh(tg.softplus(x)))
+
+
+def _thresholded(c: Ctx):
+    x = c.t(0)
+    return tg.where(tg.greater(x, _f(x, c.a("alpha", 1.0))), x, _f(x, 0))
+
+
+def _shrink(c: Ctx):
+    x = c.t(0)
+    lam, bias = c.a("lambd", 0.5), c.a("bias", 0.0)
+    out = tg.where(tg.less(x, _f(x, -lam)), tg.add(x, _f(x, bias)), _f(x, 0))
+    return tg.where(tg.greater(x, _f(x, lam)), tg.sub(x, _f(x, bias)), out)
+
+
+def _softmax(fn):
+    def mapped(c: Ctx):
+        x = c.t(0)
+        if c.opset >= 13:
+            return fn(x, axis=c.a("axis", -1))
+        axis = norm_axis(c.a("axis", 1), x.ndim)  # before 13: over the axes from axis, as 2-D
+        lead = 1
+        for d in x.shape[:axis]:
+            lead = lead * d
+        return tg.reshape(fn(tg.reshape(x, (lead, -1)), axis=-1), x.shape)
+    return mapped
+
+
+def _layer_norm(c: Ctx):
+    x = c.t(0)
+    axis = norm_axis(c.a("axis", -1), x.ndim)
+    eps = c.a("epsilon", 1e-5)
+    w = c.t(1)
+    b = c.t(2) if c.has(2) else None
+    if c.outputs > 1:  # the saved statistics asked for: spelled out in float32
+        return _layer_norm_stats(c, x, w, b, axis, eps)
+    if axis == x.ndim - 1 and w.ndim == 1:
+        out = tg.layer_norm(x, w, b, eps=eps)
+    else:
+        keep = x.shape[:axis]
+        flat = tg.reshape(x, (*keep, -1))
+        out = tg.reshape(tg.layer_norm(flat, eps=eps), x.shape)
+        out = tg.mul(out, w)
+        if b is not None:
+            out = tg.add(out, b)
+    return out
+
+
+def _layer_norm_stats(c: Ctx, x, w, b, axis: int, eps: float):
+    """LayerNormalization with its Mean and InvStdDev outputs (computed in float32, the
+    default stash_type, with the reduced axes kept)."""
+    axes = tuple(range(axis, x.ndim))
+    h = tg.cast(x, "float32") if x.dtype.name != "float32" else x
+    mean = tg.mean(h, axis=axes, keepdims=True)
+    centered = tg.sub(h, mean)
+    inv = tg.rsqrt(tg.add(tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True),
+                          tg.as_node(float(eps), h.dtype)))
+    out = tg.mul(tg.cast(tg.mul(centered, inv), x.dtype), w)
+    if b is not None:
+        out = tg.add(out, b)
+    return (out, mean, inv)[:1 + c.outputs - 1 + 0] if c.outputs < 3 else (out, mean, inv)
+
+
+def _batch_norm(c: Ctx):
+    if c.a("training_mode", 0):
+        raise c.refuse("training_mode=1 (import the inference graph)")
+    x, scale, bias, mean, var = (c.t(i) for i in range(5))
+    return tg.batch_norm(x, mean, var, scale, bias, eps=c.a("epsilon", 1e-5))
+
+
+def _instance_norm(c: Ctx):
+    x, scale, bias = c.t(0), c.t(1), c.t(2)
+    axes = tuple(range(2, x.ndim))
+    centered = tg.sub(x, tg.mean(x, axis=axes, keepdims=True))
+    var = tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True)
+    y = tg.mul(centered, tg.rsqrt(tg.add(var, _f(x, c.a("epsilon", 1e-5)))))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return tg.add(tg.mul(y, tg.reshape(scale, shape)), tg.reshape(bias, shape))
+
+
+def _spatial(c: Ctx, x, kernel):
+    """Pads (begin..., end...), strides and dilations of a 2-D window op, auto_pad resolved."""
+    n = len(kernel)
+    strides = list(c.a("strides", [1] * n))
+    dil = list(c.a("dilations", [1] * n))
+    pads = list(c.a("pads", [0] * (2 * n)))
+    auto = c.a("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+        for i in range(n):
+            size = x.shape[2 + i]
+            out = -(-size // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - size)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads[i], pads[i + n] = lo, total - lo
+    elif auto == "VALID":
+        pads = [0] * (2 * n)
+    return pads, strides, dil
+
+
+def _to_2d(x):
+    """A 1-D window op's input (N, C, L) as (N, C, 1, L)."""
+    return tg.unsqueeze(x, 2)
+
+
+def _conv(c: Ctx):
+    x, w = c.t(0), c.t(1)
+    b = c.t(2) if c.has(2) else None
+    kernel = list(c.a("kernel_shape", w.shape[2:]))
+    if len(kernel) not in (1, 2):
+        raise c.refuse(f"a {len(kernel)}-D convolution (1-D and 2-D are mapped)")
+    pads, strides, dil = _spatial(c, x, kernel)
+    one = len(kernel) == 1
+    if one:
+        x, w = _to_2d(x), _to_2d(w)
+        pads, strides, dil = [0, pads[0], 0, pads[1]], [1, strides[0]], [1, dil[0]]
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        x = tg.pad(x, [pads[1], pads[3], pads[0], pads[2]])
+        pads = [0, 0, 0, 0]
+    out = tg.conv2d(x, w, b, stride=tuple(strides), padding=(pads[0], pads[1]),
+                    dilation=tuple(dil), groups=c.a("group", 1))
+    return tg.squeeze(out, 2) if one else out
+
+
+def _pool(kind: str):
+    def mapped(c: Ctx):
+        if c.outputs > 1:
+            raise c.refuse("its Indices output")
+        x = c.t(0)
+        kernel = list(c.a("kernel_shape"))
+        if len(kernel) not in (1, 2):
+            raise c.refuse(f"a {len(kernel)}-D window (1-D and 2-D are mapped)")
+        pads, strides, dil = _spatial(c, x, kernel)
+        one = len(kernel) == 1
+        if one:
+            x = _to_2d(x)
+            kernel, pads, strides, dil = [1, kernel[0]], [0, pads[0], 0, pads[1]], \
+                [1, strides[0]], [1, dil[0]]
+        ceil = bool(c.a("ceil_mode", 0))
+        # torch's pooling pads at most half a window, evenly; other pads are made explicit
+        inside = pads[0] == pads[2] and pads[1] == pads[3] and all(
+            2 * pads[i] <= (kernel[i] - 1) * dil[i] + 1 for i in range(2))
+        explicit = [pads[1], pads[3], pads[0], pads[2]]
+        window = {"kernel_size": tuple(kernel), "stride": tuple(strides), "ceil_mode": ceil}
+        if kind == "max":
+            if not inside:
+                x = tg.pad(x, explicit, float("-inf"))
+                pads = [0, 0, 0, 0]
+            out = tg.max_pool2d(x, padding=(pads[0], pads[1]), dilation=tuple(dil), **window)
+        else:
+            if any(d != 1 for d in dil):
+                raise c.refuse("dilations in AveragePool")
+            counted = bool(c.a("count_include_pad", 0))
+            if inside:
+                out = tg.avg_pool2d(x, padding=(pads[0], pads[1]), count_include_pad=counted,
+                                    **window)
+            elif ceil:
+                raise c.refuse(f"pads {pads} with ceil_mode=1")
+            else:  # the mean of the zero-padded windows, over the real elements counted
+                out = tg.avg_pool2d(tg.pad(x, explicit), **window)
+                if not counted:
+                    ones = tg.pad(tg.broadcast_to(tg.as_node(1.0, x.dtype), 1, 1, *x.shape[2:]),
+                                  explicit)
+                    out = tg.div(out, tg.avg_pool2d(ones, **window))
+        return tg.squeeze(out, 2) if one else out
+    return mapped
+
+
+def _global(fn):
+    def mapped(c: Ctx):
+        x = c.t(0)
+        return fn(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+    return mapped
+
+
+def table() -> dict:
+    return {
+        "Relu": lambda c: tg.relu(c.t(0)),
+        "LeakyRelu": _leaky, "PRelu": _prelu, "Elu": _elu, "Selu": _selu, "Celu": _celu,
+        "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
+        "Softplus": lambda c: tg.softplus(c.t(0)), "Softsign": _softsign, "Gelu": _gelu,
+        "Mish": _mish, "ThresholdedRelu": _thresholded, "Shrink": _shrink,
+        "Softmax": _softmax(tg.softmax), "LogSoftmax": _softmax(tg.log_softmax),
+        "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm,
+        "InstanceNormalization": _instance_norm, "Conv": _conv,
+        "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
+        "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
+    }
+
+
+__all__ = ["table"]

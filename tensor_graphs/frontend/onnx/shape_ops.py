@@ -1,0 +1,326 @@
+"""ONNX's shape and movement ops: Shape, Reshape, Transpose, (Un)Squeeze, Concat, Split,
+Slice, Gather, Expand, Tile, Pad, Constant(OfShape), Range. Each folds on static inputs,
+symbolic dims included, so shape subgraphs (Shape -> Gather -> Concat -> Reshape) end as
+the static or symbolic shape of a reshape, not as run-time values. Attributes that became
+inputs between opsets are read from whichever the node's opset has."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from tensor_graphs.frontend.onnx.common import Ctx, Static, dtype_of, fold, ints, norm_axis
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+
+_TO_END = 2 ** 62  # ONNX writes "to the end" as INT64_MAX (or INT64_MIN going backwards)
+
+
+def shape_of(v) -> tuple:
+    return tuple(v.shape) if isinstance(v, Node) else v.array.shape
+
+
+def _dims_array(dims) -> np.ndarray:
+    if all(isinstance(d, int) for d in dims):
+        return np.asarray(dims, dtype=np.int64).reshape(len(dims))
+    out = np.empty(len(dims), dtype=object)
+    out[:] = [sympy.sympify(d) for d in dims]
+    return out
+
+
+def _shape(c: Ctx):
+    dims = shape_of(c.inputs[0])
+    start, end = c.a("start", 0), c.a("end")
+    return Static(_dims_array(dims[slice(start, end)]))
+
+
+def _size(c: Ctx):
+    n = 1
+    for d in shape_of(c.inputs[0]):
+        n = n * d
+    return Static(_dims_array([n]).reshape(()))
+
+
+def _reshape_target(c: Ctx, in_shape: tuple, shape: list) -> list:
+    out = list(shape)
+    if not c.a("allowzero", 0):
+        out = [in_shape[i] if d == 0 else d for i, d in enumerate(out)]
+    return out
+
+
+def _reshape(c: Ctx):
+    shape = ints(c.s(1, "shape")) if c.opset >= 5 else list(c.a("shape"))
+    target = _reshape_target(c, shape_of(c.inputs[0]), shape)
+    if isinstance(c.inputs[0], Static) and all(isinstance(d, int) for d in target) \
+            and c.inputs[0].array.size <= 4096:
+        return Static(c.inputs[0].array.reshape(target))  # symbolic dims stay in it
+    return tg.reshape(c.t(0), tuple(target))
+
+
+def _flatten(c: Ctx):
+    x = c.t(0)
+    axis = norm_axis(c.a("axis", 1), x.ndim)
+    lead = 1
+    for d in x.shape[:axis]:
+        lead = lead * d
+    return tg.reshape(x, (lead, -1) if axis < x.ndim else (lead, 1))
+
+
+def _transpose(c: Ctx):
+    rank = len(shape_of(c.inputs[0]))
+    perm = list(c.a("perm", list(range(rank))[::-1]))
+    folded = fold(c, lambda a: np.transpose(a, perm))
+    return folded if folded is not None else tg.permute(c.t(0), *perm)
+
+
+def _axes(c: Ctx, since: int) -> list | None:
+    if c.opset >= since:
+        return ints(c.s(1, "axes")) if c.has(1) else None
+    return c.a("axes")
+
+
+def _squeeze(c: Ctx):
+    axes = _axes(c, 13)
+    shape = shape_of(c.inputs[0])
+    if axes is None:
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    axes = sorted(norm_axis(a, len(shape)) for a in axes)
+    folded = fold(c, lambda a, *_: np.squeeze(a, tuple(axes)))
+    if folded is not None:
+        return folded
+    return tg.squeeze(c.t(0), tuple(axes)) if axes else c.t(0)
+
+
+def _unsqueeze(c: Ctx):
+    axes = _axes(c, 13)
+    rank = len(shape_of(c.inputs[0])) + len(axes)
+    axes = sorted(norm_axis(a, rank) for a in axes)
+    folded = fold(c, lambda a, *_: np.expand_dims(a, tuple(axes)))
+    if folded is not None:
+        return folded
+    x = c.t(0)
+    for a in axes:
+        x = tg.unsqueeze(x, a)
+    return x
+
+
+def _concat(c: Ctx):
+    axis = c.a("axis")
+    folded = fold(c, lambda *xs: np.concatenate([x for x in xs if x is not None], axis=axis))
+    if folded is not None:
+        return folded
+    xs = c.tensors()
+    rank = max(x.ndim for x in xs)
+    return tg.concat([x for x in xs if x.ndim == rank], axis)
+
+
+def _split(c: Ctx):
+    x = c.t(0)
+    axis = norm_axis(c.a("axis", 0), x.ndim)
+    if c.opset >= 13 and c.has(1):
+        sizes = ints(c.s(1, "split"))
+    elif c.opset < 13 and c.a("split"):
+        sizes = list(c.a("split"))
+    else:
+        n = c.a("num_outputs") or c.outputs
+        dim = x.shape[axis]
+        if not isinstance(dim, int):
+            raise c.refuse(f"an even split of the symbolic axis {axis} ({dim})")
+        each = -(-dim // n)
+        sizes = [min(each, dim - i * each) for i in range(n)]
+    return tuple(tg.split(x, list(sizes), axis))
+
+
+def _clamped(v, dim, step):
+    if isinstance(v, int) and v >= _TO_END:
+        return None if step > 0 else v
+    if isinstance(v, int) and v <= -_TO_END:
+        return None if step < 0 else -_TO_END
+    return v
+
+
+def _slice(c: Ctx):
+    rank = len(shape_of(c.inputs[0]))
+    if c.opset < 10:
+        starts, ends = list(c.a("starts")), list(c.a("ends"))
+        axes = list(c.a("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = ints(c.s(1, "starts")), ints(c.s(2, "ends"))
+        axes = ints(c.s(3, "axes")) if c.has(3) else list(range(len(starts)))
+        steps = ints(c.s(4, "steps")) if c.has(4) else [1] * len(starts)
+    per = {}
+    shape = shape_of(c.inputs[0])
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = norm_axis(axis, rank)
+        dim = shape[axis]
+        if isinstance(dim, int) and all(isinstance(v, int) for v in (start, end)):
+            start, end = max(min(start, 2 ** 62), -2 ** 62), max(min(end, 2 ** 62), -2 ** 62)
+            lo, hi, st = slice(start, end, step).indices(dim)
+            if st < 0 and hi < 0:
+                hi = None
+            per[axis] = (lo, hi, st)
+        else:
+            per[axis] = (_clamped(start, dim, step), _clamped(end, dim, step), step)
+    concrete = all(isinstance(v, (int, type(None))) for bounds in per.values() for v in bounds)
+    if isinstance(c.inputs[0], Static) and c.inputs[0].array.size <= 4096 and concrete:
+        idx = tuple(slice(*per[a]) if a in per else slice(None) for a in range(rank))
+        return Static(c.inputs[0].array[idx])
+    x = c.t(0)
+    for axis, (lo, hi, st) in per.items():
+        x = tg.slice_axis(x, axis, lo, hi, st)
+    return x
+
+
+def _gather(c: Ctx):
+    axis = c.a("axis", 0)
+    if c.is_static(0) and c.is_static(1) and c.inputs[0].array.size <= 4096:
+        return Static(np.take(c.inputs[0].array, c.inputs[1].array.astype(np.int64), axis=axis))
+    x = c.t(0)
+    axis = norm_axis(axis, x.ndim)
+    if c.is_static(1):
+        idx = c.inputs[1].array.astype(np.int64)
+        dim = x.shape[axis]
+        if isinstance(dim, int):
+            idx = np.where(idx < 0, idx + dim, idx)
+            return tg.gather(x, tg.constant(idx), axis)
+        if (idx >= 0).all():
+            return tg.gather(x, tg.constant(idx), axis)
+    idx = c.t(1)
+    if idx.dtype.name != "int64":
+        idx = tg.cast(idx, "int64")
+    size = tg.size(x.shape[axis]) if not isinstance(x.shape[axis], int) else x.shape[axis]
+    idx = tg.where(tg.less(idx, 0), tg.add(idx, size), idx)
+    return tg.gather(x, idx, axis)
+
+
+def _broadcast_shape(a: tuple, b: list) -> list:
+    rank = max(len(a), len(b))
+    a = (1,) * (rank - len(a)) + tuple(a)
+    b = [1] * (rank - len(b)) + list(b)
+    return [x if isinstance(y, int) and y == 1 else y for x, y in zip(a, b)]
+
+
+def _expand(c: Ctx):
+    target = _broadcast_shape(shape_of(c.inputs[0]), ints(c.s(1, "shape")))
+    if isinstance(c.inputs[0], Static) and all(isinstance(d, int) for d in target) \
+            and int(np.prod(target)) <= 4096:
+        return Static(np.broadcast_to(c.inputs[0].array, target).copy())
+    x = c.t(0)
+    return tg.broadcast_to(x, *target)
+
+
+def _tile(c: Ctx):
+    reps = ints(c.s(1, "repeats"))
+    return tg.tile(c.t(0), reps=tuple(reps))
+
+
+def _pad(c: Ctx):
+    mode = c.a("mode", "constant")
+    if mode != "constant":
+        raise c.refuse(f"mode '{mode}' (only 'constant' padding is mapped)")
+    x = c.t(0)
+    if c.opset < 11:
+        pads, value = list(c.a("pads")), c.a("value", 0.0)
+        axes = list(range(x.ndim))
+    else:
+        pads = ints(c.s(1, "pads"))
+        value = 0
+        if c.has(2) and c.is_static(2):
+            value = c.s(2, "constant_value").reshape(-1)[0].item()
+        elif c.has(2):  # a value known at run time: the pad band selected from it
+            value = tg.reshape(c.t(2), ())
+        axes = ints(c.s(3, "axes")) if c.n > 3 and c.has(3) else list(range(x.ndim))
+    n = len(axes)
+    axes = [norm_axis(a, x.ndim) for a in axes]
+    per = {a: (pads[i], pads[i + n]) for i, a in enumerate(axes)}
+    flat = []
+    for a in range(x.ndim - 1, -1, -1):
+        flat += list(per.get(a, (0, 0)))
+    if not isinstance(value, Node):
+        return tg.pad(x, flat, value)
+    inside = tg.pad(tg.broadcast_to(tg.constant(np.array(True)), *x.shape), flat, False)
+    return tg.where(inside, tg.pad(x, flat), value)
+
+
+def _constant(c: Ctx):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in c.attrs:
+            v = c.attrs[key]
+            if key.startswith("value_int"):
+                return Static(np.asarray(v, dtype=np.int64))
+            if key.startswith("value_float"):
+                return Static(np.asarray(v, dtype=np.float32))
+            return Static(v)
+    raise c.refuse(f"attribute(s) {sorted(c.attrs)} (sparse or string constants are not mapped)")
+
+
+def _constant_of_shape(c: Ctx):
+    shape = ints(c.s(0, "shape"))
+    value = c.a("value")
+    value = np.zeros(1, np.float32) if value is None else value.reshape(-1)
+    if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) <= 4096:
+        return Static(np.full(shape, value[0], dtype=value.dtype))
+    return tg.broadcast_to(tg.constant(value.reshape(())), *shape)
+
+
+def _range(c: Ctx):
+    if c.all_static():
+        start, limit, delta = (c.s(i).reshape(()).item() for i in range(3))
+        dtype = c.inputs[0].array.dtype
+        if dtype.kind != "O" and all(isinstance(v, (int, float)) for v in (start, limit, delta)):
+            out = np.arange(start, limit, delta, dtype=dtype)
+            return Static(out) if out.size <= 4096 else tg.constant(out)
+        start, limit, delta = (sympy.sympify(v) for v in (start, limit, delta))
+        if start == 0 and delta == 1:
+            return tg.iota(limit, "int64")
+        n = sympy.ceiling((limit - start) / delta)
+        return tg.add(tg.mul(tg.iota(n, "int64"), int(delta)), tg.size(start))
+    raise c.refuse("start, limit and delta computed at run time (the length would be data)")
+
+
+def _identity(c: Ctx):
+    return c.inputs[0]
+
+
+def _dropout(c: Ctx):
+    if c.opset >= 12 and c.has(2) and bool(c.s(2, "training_mode").reshape(-1)[0]):
+        raise c.refuse("training_mode=True (dropout is random; import the eval-mode graph)")
+    x = c.inputs[0]
+    if c.outputs > 1:
+        return x, c.refuse("its mask output")
+    return x
+
+
+def _space_depth(to_depth: bool):
+    def mapped(c: Ctx):
+        x = c.t(0)
+        b = c.a("blocksize")
+        n, ch, h, w = x.shape
+        if to_depth:  # DCR: the block offsets lead the new channels; CRD: they follow
+            y = tg.reshape(x, (n, ch, h // b, b, w // b, b))
+            perm = (0, 3, 5, 1, 2, 4) if c.a("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)
+            return tg.reshape(tg.permute(y, *perm), (n, ch * b * b, h // b, w // b))
+        if c.a("mode", "DCR") == "DCR":
+            y = tg.reshape(x, (n, b, b, ch // (b * b), h, w))
+            y = tg.permute(y, 0, 3, 4, 1, 5, 2)
+        else:
+            y = tg.reshape(x, (n, ch // (b * b), b, b, h, w))
+            y = tg.permute(y, 0, 1, 4, 2, 5, 3)
+        return tg.reshape(y, (n, ch // (b * b), h * b, w * b))
+    return mapped
+
+
+def table() -> dict:
+    return {
+        "Shape": _shape, "Size": _size, "Reshape": _reshape, "Flatten": _flatten,
+        "Transpose": _transpose, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
+        "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
+        "Expand": _expand, "Tile": _tile, "Pad": _pad, "Constant": _constant,
+        "ConstantOfShape": _constant_of_shape, "Range": _range, "Identity": _identity,
+        "Dropout": _dropout, "SpaceToDepth": _space_depth(True),
+        "DepthToSpace": _space_depth(False),
+    }
+
+
+__all__ = ["table", "dtype_of"]

@@ -1,0 +1,379 @@
+"""ONNX import: ``tg.from_onnx(path_or_model, dynamic_dims=...)``.
+
+The model file is read as data (``files.open_regular``; external tensor data only from files
+inside the model's own folder), its graph walked once in order: initializers become weights
+bound once, graph inputs become ``tg.input`` leaves (symbolic dims named by the model's
+``dim_param``), and every node maps through one table, ``frontend.onnx.ONNX_OPS``. Shape
+arithmetic on static values folds at import time, so a Shape -> Gather -> Concat -> Reshape
+chain ends as a reshape to a static or symbolic shape. Nothing here knows any model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from tensor_graphs import compiler
+from tensor_graphs.errors import (
+    ArgumentError,
+    DTypeError,
+    SerializationError,
+    ShapeError,
+    TensorGraphsError,
+)
+from tensor_graphs.files import open_regular, path_of, read_regular
+from tensor_graphs.frontend.onnx import ONNX_OPS
+from tensor_graphs.frontend.onnx.common import (
+    Ctx,
+    Static,
+    StaticInputError,
+    UnsupportedOpError,
+    as_tensor,
+    dtype_of,
+)
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir import graph as ir_graph
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import INPUT, WEIGHT
+
+_FIX = "export the model again (onnx.save), or check the path"
+_DOMAINS = ("", "ai.onnx")  # the default domain's two spellings
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError as e:  # pragma: no cover - onnx is an optional dependency
+        raise ArgumentError("tg.from_onnx needs the onnx package: pip install "
+                            "'tensor_graphs[onnx]'") from e
+    return onnx
+
+
+# ---------------------------------------------------------------------------- reading
+def load_model(source):
+    """A ModelProto from a path, bytes or a ModelProto, external data resolved. A file that
+    is not an ONNX model (truncated, another format) is a SerializationError naming it."""
+    onnx = _onnx()
+    if isinstance(source, onnx.ModelProto):
+        model, folder, label = source, None, "the model given"
+    elif isinstance(source, (bytes, bytearray)):
+        model, folder, label = _parse(bytes(source), "the bytes given"), None, "the bytes given"
+    else:
+        path = path_of(source, "tg.from_onnx's model")
+        label = f"'{path}'"
+        data = read_regular(path, "ONNX model", _FIX)
+        model = _parse(data, label)
+        folder = os.path.dirname(os.path.abspath(path))
+    _external(model, folder, label)
+    return model
+
+
+def _parse(data: bytes, label: str):
+    onnx = _onnx()
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise SerializationError(f"{label} is not an ONNX model (it does not parse as one: "
+                                 f"{e}); {_FIX}") from e
+    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+        raise SerializationError(f"{label} holds no ONNX graph (truncated, or another "
+                                 f"format); {_FIX}")
+    return model
+
+
+def _tensors(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+
+
+def _external(model, folder: str | None, label: str) -> None:
+    """Load each tensor stored outside the model file, from a regular file inside the
+    model's own folder only (no absolute path, no '..', no link out of it)."""
+    onnx = _onnx()
+    for tensor in _tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        where = info.get("location", "")
+        if folder is None:
+            raise SerializationError(
+                f"{label}: tensor '{tensor.name}' is stored in the external file '{where}'; "
+                "pass the model's path so it is read from the model's folder")
+        full = os.path.realpath(os.path.join(folder, where))
+        if not where or os.path.isabs(where) or os.path.commonpath(
+                [full, os.path.realpath(folder)]) != os.path.realpath(folder):
+            raise SerializationError(
+                f"{label}: tensor '{tensor.name}' names the external data file '{where}', "
+                "outside the model's folder; external data is read only from the model's "
+                "own folder")
+        try:
+            offset, length = int(info.get("offset", 0)), info.get("length")
+            length = None if length is None else int(length)
+        except ValueError as e:
+            raise SerializationError(f"{label}: tensor '{tensor.name}' has a bad external "
+                                     f"offset or length {info}") from e
+        with open_regular(full, "ONNX external data", _FIX) as f:
+            size = os.fstat(f.fileno()).st_size
+            if offset < 0 or offset > size or (length is not None and
+                                               (length < 0 or offset + length > size)):
+                raise SerializationError(
+                    f"{label}: tensor '{tensor.name}' reads bytes {offset}..{length} of "
+                    f"'{where}', which holds {size} bytes (truncated?)")
+            f.seek(offset)
+            tensor.raw_data = f.read(size - offset if length is None else length)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _array(tensor, label: str) -> np.ndarray:
+    from onnx import numpy_helper
+
+    dtype_of(tensor.data_type, f"{label}: tensor '{tensor.name}'")
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception as e:  # a raw_data of the wrong length, say
+        raise SerializationError(f"{label}: tensor '{tensor.name}' cannot be read ({e})") from e
+
+
+def _attrs(node, label: str) -> dict:
+    from onnx import helper
+
+    out = {}
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            raise UnsupportedOpError(f"{label}: attribute references (functions) are not "
+                                     "mapped", [(node.op_type, node.name)])
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif attr.HasField("t"):
+            value = _array(attr.t, label)
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode("utf-8", "replace") for v in value]
+        out[attr.name] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- import
+def _opsets(model) -> dict:
+    return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+
+
+def _refuse_unmapped(model, label: str) -> None:
+    """One UnsupportedOpError naming each op type without a mapping once, with its nodes."""
+    opsets = _opsets(model)
+    found: dict[str, list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        if node.domain in _DOMAINS and node.op_type in ONNX_OPS:
+            continue
+        key = node.op_type if node.domain in _DOMAINS else f"{node.domain}::{node.op_type}"
+        found.setdefault(key, []).append(node.name or f"#{i}")
+    if not found:
+        return
+    lines = []
+    for op, names in found.items():
+        shown = ", ".join(f"'{n}'" for n in names[:5]) + (
+            f" and {len(names) - 5} more" if len(names) > 5 else "")
+        lines.append(f"  {op} (nodes {shown})")
+    raise UnsupportedOpError(
+        f"from_onnx: {label} (opset {opsets.get('', '?')}) uses {len(found)} op type(s) "
+        "tensor_graphs does not map:\n" + "\n".join(lines)
+        + "\nExport the model with ops that from_onnx maps (the keys of "
+        "tensor_graphs.frontend.onnx.ONNX_OPS), or run that part in ONNX Runtime and "
+        "import the rest.",
+        [(op, n) for op, names in found.items() for n in names])
+
+
+def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        raise ShapeError(f"{label}: graph input '{vi.name}' has no shape; export it with one")
+    shape = []
+    for axis, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            shape.append(int(d.dim_value))
+            continue
+        name = d.dim_param if d.dim_param.isidentifier() else f"{vi.name}_dim{axis}"
+        name = name if name.isidentifier() else f"input{len(bounds)}_dim{axis}"
+        if name in dynamic_dims and isinstance(dynamic_dims[name], int):
+            bounds[name] = dynamic_dims[name]
+        else:
+            bounds.setdefault(name, None)
+        shape.append(name)
+    return tuple(shape)
+
+
+def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
+                constants: Mapping[str, np.ndarray] | None = None, label: str = "the model"):
+    """An ONNX ModelProto as our graph: (outputs, inputs, weights, bounds).
+
+    ``outputs``: the graph outputs' nodes in order; ``inputs``: the ``tg.input`` leaves by
+    ONNX input name; ``weights``: initializer name -> numpy array, for those the graph reads
+    as tensors; ``bounds``: dim name -> largest value (None where not given).
+    """
+    graph = model.graph
+    opset = _opsets(model).get("", 1)
+    _refuse_unmapped(model, label)
+    dynamic_dims = dict(dynamic_dims or {})
+    constants = dict(constants or {})
+    env: dict = {}
+    arrays: dict[str, np.ndarray] = {}
+    for init in graph.initializer:
+        arrays[init.name] = _array(init, label)
+        env[init.name] = Static(arrays[init.name], weight=init.name)
+    inputs: dict[str, Node] = {}
+    sources: dict = {}
+    bounds: dict = {}
+    for vi in graph.input:
+        if vi.name in env:
+            continue  # an initializer listed as an input (IR < 4): a weight
+        if vi.name in constants:
+            env[vi.name] = Static(np.asarray(constants[vi.name]))
+            continue
+        dtype = dtype_of(vi.type.tensor_type.elem_type, f"{label}: graph input '{vi.name}'")
+        leaf = tg.input(vi.name, _input_shape(vi, label, dynamic_dims, bounds), dtype)
+        inputs[vi.name] = env[vi.name] = leaf
+        sources[leaf] = vi.name
+    weights_made: dict = {}
+    for i, node in enumerate(graph.node):
+        name = node.name or f"#{i}"
+        args = []
+        for inp in node.input:
+            if inp == "":
+                args.append(None)
+                continue
+            if inp not in env:
+                raise SerializationError(f"{label}: node '{name}' ({node.op_type}) reads "
+                                         f"'{inp}', which nothing before it makes")
+            value = env[inp]
+            if isinstance(value, Exception):
+                raise value
+            args.append(value)
+        outs = [o for o in node.output]
+        ctx = Ctx(node.op_type, name, opset, args, _attrs(node, label), weights_made, sources,
+                  outputs=sum(1 for o in outs if o))
+        try:
+            result = ONNX_OPS[node.op_type](ctx)
+        except TensorGraphsError as e:
+            e.add_note(f"while importing {node.op_type} node '{name}' (opset {opset})")
+            raise
+        results = result if isinstance(result, tuple) else (result,)
+        for out, value in zip(outs, results):
+            if out:
+                env[out] = value
+    outputs = []
+    for vi in graph.output:
+        value = env.get(vi.name)
+        if value is None:
+            raise SerializationError(f"{label}: graph output '{vi.name}' is made by no node")
+        if isinstance(value, Exception):
+            raise value
+        outputs.append(as_tensor(value, weights_made))
+    used = {n.name for n in ir_graph.nodes(outputs) if n.op.name == WEIGHT}
+    weights = {k: v for k, v in arrays.items() if k in used}
+    return outputs, inputs, weights, bounds
+
+
+class OnnxProgram:
+    """A compiled ONNX model: call it with the graph inputs by name (or in order), numpy in,
+    a list of numpy arrays out in the graph's output order (what ONNX Runtime's
+    ``session.run(None, feeds)`` returns). ``.program`` is the CompiledGraph."""
+
+    def __init__(self, program, inputs: dict, input_names: list, output_names: list,
+                 single: list):
+        self.program = program
+        self._inputs = inputs
+        self.input_names = input_names
+        self.output_names = output_names
+        self._single = single  # output positions: index into the program's outputs
+
+    def explain(self, limit: int | None = None) -> str:
+        return self.program.explain(limit)
+
+    @property
+    def plan(self):
+        return self.program.plan
+
+    def __call__(self, *args, **feeds) -> list:
+        if len(args) > len(self.input_names):
+            raise ArgumentError(f"expected at most {len(self.input_names)} positional "
+                                f"input(s) ({', '.join(self.input_names)}), got {len(args)}")
+        given = dict(zip(self.input_names, args))
+        twice = set(given) & set(feeds)
+        if twice:
+            raise ArgumentError(f"input(s) {sorted(twice)} given both by position and name")
+        given.update(feeds)
+        unknown = set(given) - set(self.input_names)
+        missing = [n for n in self.input_names if n not in given]
+        if unknown or missing:
+            raise ArgumentError(f"the model takes inputs {self.input_names}; unknown: "
+                                f"{sorted(unknown)}, missing: {missing}")
+        run = {}
+        for name, arr in given.items():
+            leaf = self._inputs[name]
+            arr = np.asarray(arr)
+            if arr.ndim != leaf.ndim or any(isinstance(d, int) and d != s
+                                            for d, s in zip(leaf.shape, arr.shape)):
+                raise ShapeError(f"input '{name}' has shape {arr.shape}; the model takes "
+                                 f"{tuple(map(str, leaf.shape))}")
+            if arr.dtype != leaf.dtype.np_dtype:
+                raise DTypeError(f"input '{name}' has dtype {arr.dtype}; the model takes "
+                                 f"{leaf.dtype.name} (convert it, e.g. "
+                                 f"x.astype('{leaf.dtype.name}'))")
+            run[name] = arr
+        read = {n.name for n in ir_graph.nodes(self.program_outputs) if n.op.name == INPUT} \
+            if self.program is not None else set()
+        results = self.program(**{k: v for k, v in run.items() if k in read}) \
+            if self.program is not None else []
+        if not isinstance(results, (list, tuple)):
+            results = [results]
+        return [np.asarray(results[i]) for i in self._single]
+
+
+def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="cpu",
+              constants: Mapping[str, np.ndarray] | None = None,
+              tolerance: float | None = None, **compile_options) -> OnnxProgram:
+    """Import an ONNX model (a path, its bytes, or an ``onnx.ModelProto``), compile it and bind
+    its initializers once. Graph inputs' symbolic dims keep the model's ``dim_param`` names
+    (an unnamed one is ``<input>_dim<axis>``); ``dynamic_dims`` gives their largest values
+    (``{"batch": 8, "seq": 128}``: planned once for every size up to those), and a dim left
+    out is planned on each call's sizes. ``constants`` fixes graph inputs the graph's shapes
+    depend on (a Reshape's shape fed as an input). The other options go to ``tg.compile``.
+
+    Raises UnsupportedOpError naming every op type without a mapping once, with its nodes
+    and the opset; SerializationError naming the file for one that is not an ONNX model.
+    """
+    label = f"'{model}'" if isinstance(model, (str, os.PathLike)) else "the model"
+    proto = load_model(model)
+    outputs, inputs, weights, bounds = import_onnx(proto, dynamic_dims, constants, label)
+    unknown = set(dynamic_dims or {}) - set(bounds)
+    if unknown:
+        raise ArgumentError(f"from_onnx: dynamic_dims names {sorted(unknown)}, which no graph "
+                            f"input has; the model's dims are {sorted(bounds) or 'all static'}")
+    options = dict(compile_options)
+    if tolerance is not None:
+        options["tolerance"] = tolerance
+    given = {k: v for k, v in bounds.items() if v is not None}
+    used = {str(s) for n in ir_graph.nodes(outputs)
+            for d in (*n.shape, *n.attrs.values()) for s in getattr(d, "free_symbols", ())}
+    program = compiler.compile(list(outputs), device=device,
+                               bounds={k: v for k, v in given.items() if k in used} or None,
+                               **options)
+    present = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
+    if present:
+        program.bind(**{n: w for n, w in weights.items() if n in present})
+    result = OnnxProgram(program, inputs, list(inputs), [vi.name for vi in proto.graph.output],
+                         list(range(len(outputs))))
+    result.program_outputs = list(outputs)
+    return result
+
+
+__all__ = ["OnnxProgram", "StaticInputError", "UnsupportedOpError", "from_onnx",
+           "import_onnx", "load_model"]
+
