@@ -96,6 +96,7 @@ __all__ = [
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
     "estimate_memory", "from_torch", "from_onnx", "generate", "nn", "optim",
+    "Trainer",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",

@@ -44,8 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime",)),
     # tg.compile, tg.paths: graph -> plan -> program
     ("compiler", ("compiler",)),
-    # whole models as graphs: our layers (tg.nn, tg.generate), PyTorch import, optimizer steps
-    ("models", ("nn", "frontend", "optim")),
+    # whole models as graphs: our layers (tg.nn, tg.generate), PyTorch import, optimizers, training
+    ("models", ("nn", "frontend", "optim", "train")),
     # the public namespace tg.*
     ("api", ("",)),
     # the tg command, its subcommands and jobs, and tools run by hand (python -m)

@@ -1,0 +1,258 @@
+"""``tg.Trainer``: a loss, its gradients and an optimizer's step compiled as one program.
+
+Why one program: the planner then sees the forward, the backward and the update together
+(fused and generated kernels apply to all three, the memory plan keeps alive only what the
+backward reads), and a step is one call with nothing planned per step. The model's weights are
+written as ``tg.weight`` leaves (what ``tg.nn`` layers declare, so the same model code serves
+inference and training); the trainer turns the trained ones into ``tg.state`` leaves of the
+same names, which the optimizer's program updates in place::
+
+    model = tg.nn.GPT2(tg.nn.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4))
+    logits = model(tg.input("ids", (8, 64), "int64"))
+    loss = tg.cross_entropy(logits.reshape((-1, 96)), tg.input("targets", (8 * 64,), "int64"))
+    trainer = tg.Trainer(loss, optimizer=tg.optim.AdamW(1e-3))   # every float weight trained
+    trainer.bind(**initial_weights)
+    for ids, targets in batches:
+        print(trainer.step(ids=ids, targets=targets))
+    trainer.save("model.safetensors")
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tensor_graphs.compiler import DEFAULT_TOLERANCE
+from tensor_graphs.compiler import compile as compile_graph
+from tensor_graphs.compiler import estimate_memory as estimate
+from tensor_graphs.errors import (
+    ArgumentError,
+    FeedError,
+    ShapeError,
+    StateError,
+    TensorGraphsError,
+)
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.autodiff import grad
+from tensor_graphs.ir.grad_rules import zeros
+from tensor_graphs.ir.graph import leaves, nodes, substitute
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
+from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.optim.base import Optimizer
+from tensor_graphs.runtime.weights import read_safetensors, write_safetensors
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """One training step as one compiled program: ``step(**batch)`` runs the loss, its
+    gradients (``tg.grad``) and ``optimizer``'s update, and returns the loss as a float.
+
+    ``loss``: a float scalar over the model's weights and the batch's ``tg.input`` leaves.
+    ``params``: what is trained, as leaves (``tg.weight`` or ``tg.state``) or their names;
+    None trains every float weight the loss reads (the others stay frozen, bound with
+    ``bind`` like any weight). ``extra``: more nodes the step returns (an accuracy, the
+    logits), read with ``last``. ``device``, ``tolerance`` and ``compile_options`` go to
+    ``tg.compile`` (``bounds=`` for a batch with symbolic dims, ``db=``, ``profile=``).
+
+    A parameter the loss does not read is an ``ArgumentError`` (a misspelt or wrong layer's
+    weight would otherwise train nothing in silence). One it reads only through indices or
+    masks (no gradient reaches it) is kept as it is with a warning, as torch.optim skips a
+    parameter whose ``.grad`` is None.
+    """
+
+    def __init__(self, loss: Node, params: Sequence[Node | str] | None = None, *,
+                 optimizer: Optimizer, device="cpu", tolerance: float = DEFAULT_TOLERANCE,
+                 extra: Sequence[Node] = (), **compile_options):
+        _check_loss(loss)
+        if not isinstance(optimizer, Optimizer):
+            raise ArgumentError(f"Trainer: optimizer must be a tg.optim optimizer "
+                                f"(tg.optim.AdamW(1e-3), ...), got {type(optimizer).__name__}")
+        extra = list(extra)
+        by_name = {leaf.name: leaf for leaf in leaves([loss, *extra])}
+        chosen = _chosen(params, by_name, loss)
+        # the trained weights become states of the same names: the program updates them
+        as_state = {leaf: tg.state(leaf.name, tuple(leaf.shape), leaf.dtype)
+                    for leaf in chosen if leaf.op.name == WEIGHT}
+        loss, *extra = substitute([loss, *extra], as_state) if as_state else [loss, *extra]
+        self.params: dict[str, Node] = {leaf.name: as_state.get(leaf, leaf) for leaf in chosen}
+        gradients = dict(zip(self.params, grad(loss, list(self.params.values()))))
+        flowing = {n: g for n, g in gradients.items() if not _is_zeros(g)}
+        stuck = sorted(set(gradients) - set(flowing))
+        if stuck:
+            warnings.warn(f"Trainer: no gradient reaches {stuck} (the loss reads them only "
+                          "through indices, masks or comparisons); they are left unchanged",
+                          stacklevel=2)
+        if not flowing:
+            raise ArgumentError(f"Trainer: no gradient reaches any parameter {sorted(gradients)}; "
+                                "nothing would train")
+        self.updates = optimizer.update(self.params, flowing)
+        self.optimizer = optimizer
+        self.loss, self.extra = loss, extra
+        self.outputs: list[Node] = [loss, *extra, *self.updates.outputs]
+        self.program = compile_graph(self.outputs, device=device, tolerance=tolerance,
+                                     **compile_options)
+        self.program.bind(**self.updates.state_init())
+        self.inputs: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
+                                        if lf.op.name == INPUT}
+        self.frozen: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
+                                        if lf.op.name == WEIGHT}
+        self._frozen_values: dict[str, np.ndarray] = {}
+        self._bound: set[str] = set()  # the parameters and frozen weights given values
+        self._optim_states = set(self.updates.init)
+        self._compile = dict(device=device, tolerance=tolerance,
+                             **{k: v for k, v in compile_options.items()
+                                if k in ("db", "backends")})
+        self.last: list[np.ndarray] = []  # the extra outputs of the last step
+
+    # ------------------------------------------------------------------------ values
+    def bind(self, **values) -> Trainer:
+        """Initial values of the parameters and frozen weights (and, to resume, the
+        optimizer's states by their names: ``optim.<param>.exp_avg``, ``optim.step``).
+        Binding a parameter again restarts it from that value; the optimizer's moments carry
+        on unless bound too."""
+        unknown = sorted(set(values) - set(self.params) - set(self.frozen)
+                         - self._optim_states)
+        if unknown:
+            raise FeedError(f"Trainer.bind: {unknown} are neither parameters nor frozen "
+                            f"weights; parameters: {sorted(self.params)}, frozen: "
+                            f"{sorted(self.frozen) or 'none'}"
+                            + (f" (the batch's inputs {sorted(set(unknown) & set(self.inputs))}"
+                               " are fed to step())" if set(unknown) & set(self.inputs) else ""))
+        try:
+            self.program.bind(**values)
+        except TensorGraphsError as exc:
+            raise type(exc)(f"Trainer.bind: {exc}") from None
+        self._frozen_values.update((n, np.asarray(v)) for n, v in values.items()
+                                   if n in self.frozen)
+        self._bound.update(values)
+        return self
+
+    def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> Trainer:
+        """Bind every parameter and frozen weight the file holds, by name (``rename`` as in
+        ``prog.bind_safetensors``); the optimizer's states too where the file holds them
+        (a checkpoint written by ``save(path, optimizer=True)``). Weights already bound may be
+        missing from the file; any other missing one raises before anything is bound."""
+        leaves_wanted = {**self.params, **self.frozen}
+        wanted = {n: (tuple(lf.shape), lf.dtype) for n, lf in leaves_wanted.items()}
+        by_name = {lf.name: lf for lf in leaves(self.outputs)}
+        wanted.update((n, (tuple(by_name[n].shape), by_name[n].dtype))
+                      for n in self._optim_states)
+        bound = (self._bound & set(leaves_wanted)) | self._optim_states
+        arrays = read_safetensors(path, wanted, strict=strict, rename=rename, optional=bound)
+        return self.bind(**arrays)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The parameters' current values (copies, by name)."""
+        return {name: np.array(self._state(name)) for name in self.params}
+
+    def save(self, path, *, optimizer: bool = False) -> None:
+        """The parameters and the frozen weights bound, as a safetensors file that
+        ``bind_safetensors`` (or a model's ``prog.bind_safetensors``) reads back; with
+        ``optimizer``, the optimizer's states too, to resume training. Written atomically: an
+        error leaves no half-written file (any file there before stays as it was)."""
+        arrays: dict[str, np.ndarray] = {**self._frozen_values, **self.weights()}
+        if optimizer:
+            arrays.update((n, np.array(self._state(n))) for n in sorted(self._optim_states))
+        write_safetensors(path, arrays)
+
+    def _state(self, name: str) -> np.ndarray:
+        unbound = sorted(set(self.params) - self._bound)
+        if unbound:
+            raise StateError(f"Trainer: parameter(s) {unbound} have no value yet: "
+                             "trainer.bind(" + ", ".join(f"{n}=..." for n in unbound) + ")")
+        return self.program.state(name)
+
+    # ------------------------------------------------------------------------ steps
+    def step(self, **batch) -> float:
+        """One training step on ``batch`` (the loss's inputs by name); returns the loss
+        before this step's update, as torch's ``loss.item()`` after ``backward``."""
+        other = sorted(set(batch) - set(self.inputs))
+        if other:
+            raise FeedError(f"Trainer.step: {other} are not inputs of the loss; feed only the "
+                            f"batch's inputs {sorted(self.inputs)} (parameters and weights go "
+                            "to bind())")
+        try:
+            out = self.program(**batch)
+        except TensorGraphsError as exc:
+            raise type(exc)(f"Trainer.step: {exc}") from None
+        self.last = [np.asarray(o) for o in out[1:1 + len(self.extra)]]
+        return float(np.asarray(out[0]))
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step uses."""
+        return float(self._state(self.updates.lr)[0])
+
+    def set_lr(self, lr: float) -> None:
+        """A new learning rate from the next step on (a schedule): written into its state,
+        nothing is planned again."""
+        self.program.bind(**self.updates.lr_value(lr))
+
+    @property
+    def steps(self) -> int:
+        """Steps taken (the optimizer's count)."""
+        return int(self._state(self.updates.count)[0])
+
+    # ------------------------------------------------------------------------ memory
+    def memory(self) -> dict[str, int]:
+        """Bytes per device the training step's plan holds: arena (activations kept for the
+        backward, gradients, reused after their last use) + frozen weights + states
+        (parameters, moments); as ``prog.memory()``."""
+        return self.program.memory()
+
+    def estimate_memory(self, **dims) -> dict[str, int]:
+        """``tg.estimate_memory`` of the whole step (forward, backward and update) for these
+        dims: from the plan alone, nothing allocated."""
+        return estimate(self.outputs, **self._compile, **dims)
+
+
+def _check_loss(loss) -> None:
+    if not isinstance(loss, Node):
+        raise ArgumentError(f"Trainer: loss must be a graph node, got {type(loss).__name__}")
+    if loss.ndim or not loss.dtype.is_float:
+        raise ShapeError(f"Trainer: the loss must be a float scalar, got {loss.dtype.name} "
+                         f"{format_shape(loss.shape)}; reduce it (loss.mean())")
+
+
+def _chosen(params, by_name: Mapping[str, Node], loss: Node) -> list[Node]:
+    """The trained leaves: those given (nodes or names), or every float weight the loss
+    reads; each a float weight or state the loss reads."""
+    if params is None:
+        found = [lf for lf in by_name.values() if lf.op.name == WEIGHT and lf.dtype.is_float]
+        if not found:
+            raise ArgumentError("Trainer: the loss reads no float tg.weight to train; pass "
+                                "params=[...] (weights or states)")
+        return found
+    if isinstance(params, (Node, str)):
+        params = [params]
+    read = set(nodes(loss))
+    chosen: list[Node] = []
+    for p in params:
+        leaf = by_name.get(p) if isinstance(p, str) else p
+        if not isinstance(leaf, Node):
+            known = sorted(n for n, lf in by_name.items() if lf.op.name in (WEIGHT, STATE))
+            raise ArgumentError(f"Trainer: parameter {p!r} is not a weight the loss reads; its "
+                                f"weights are {known or 'none'}")
+        if leaf.op.name not in (WEIGHT, STATE):
+            raise ArgumentError(f"Trainer: parameter {leaf!r} is a {leaf.op.name}; parameters "
+                                "are tg.weight or tg.state leaves")
+        if leaf not in read:
+            raise ArgumentError(f"Trainer: the loss does not read parameter '{leaf.name}' "
+                                f"{format_shape(leaf.shape)}; leave it out of params or use it "
+                                "in the loss")
+        if leaf in chosen:
+            raise ArgumentError(f"Trainer: parameter '{leaf.name}' is given twice")
+        chosen.append(leaf)
+    if not chosen:
+        raise ArgumentError("Trainer: params is empty; give the weights to train")
+    return chosen
+
+
+def _is_zeros(g: Node) -> bool:
+    """Whether a gradient is tg.grad's "nothing reached it" (its zeros node: hash-consed, so
+    the same node)."""
+    return g is zeros(tuple(g.shape), g.dtype)
