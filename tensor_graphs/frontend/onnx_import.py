@@ -285,13 +285,14 @@ class OnnxProgram:
     a list of numpy arrays out in the graph's output order (what ONNX Runtime's
     ``session.run(None, feeds)`` returns). ``.program`` is the CompiledGraph."""
 
-    def __init__(self, program, inputs: dict, input_names: list, output_names: list,
-                 single: list):
+    def __init__(self, program, inputs: dict, outputs: list, output_names: list):
         self.program = program
-        self._inputs = inputs
-        self.input_names = input_names
+        self._inputs = inputs  # ONNX input name -> its tg.input leaf
+        self.input_names = list(inputs)
         self.output_names = output_names
-        self._single = single  # output positions: index into the program's outputs
+        # the leaves the program reads: an input used for nothing (or only for its static
+        # shape) is checked like the others and then not fed
+        self._read = {n.name for n in ir_graph.nodes(outputs) if n.op.name == INPUT}
 
     def explain(self, limit: int | None = None) -> str:
         return self.program.explain(limit)
@@ -326,14 +327,11 @@ class OnnxProgram:
                 raise DTypeError(f"input '{name}' has dtype {arr.dtype}; the model takes "
                                  f"{leaf.dtype.name} (convert it, e.g. "
                                  f"x.astype('{leaf.dtype.name}'))")
-            run[name] = arr
-        read = {n.name for n in ir_graph.nodes(self.program_outputs) if n.op.name == INPUT} \
-            if self.program is not None else set()
-        results = self.program(**{k: v for k, v in run.items() if k in read}) \
-            if self.program is not None else []
-        if not isinstance(results, (list, tuple)):
-            results = [results]
-        return [np.asarray(results[i]) for i in self._single]
+            if name in self._read:
+                run[name] = arr
+        results = self.program(**run)
+        results = results if isinstance(results, (list, tuple)) else [results]
+        return [np.asarray(r) for r in results]
 
 
 def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="cpu",
@@ -368,10 +366,7 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     present = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
     if present:
         program.bind(**{n: w for n, w in weights.items() if n in present})
-    result = OnnxProgram(program, inputs, list(inputs), [vi.name for vi in proto.graph.output],
-                         list(range(len(outputs))))
-    result.program_outputs = list(outputs)
-    return result
+    return OnnxProgram(program, inputs, outputs, [vi.name for vi in proto.graph.output])
 
 
 __all__ = ["OnnxProgram", "StaticInputError", "UnsupportedOpError", "from_onnx",

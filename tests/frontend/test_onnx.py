@@ -1,0 +1,289 @@
+"""tg.from_onnx: opset versions against ONNX Runtime, shape subgraphs folded, weights bound
+once, one error for unmapped ops, and hostile or truncated files refused by name."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed "
+                                          "(pip install -e '.[onnx]')")
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed "
+                                                "(pip install -e '.[onnx]')")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.frontend.onnx_import import (  # noqa: E402
+    StaticInputError,
+    UnsupportedOpError,
+    import_onnx,
+)
+from tensor_graphs.ir.ops.names import WEIGHT  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(0)
+
+
+def model(nodes, inputs, outputs, opset: int, inits=(), check: bool = True):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    m = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", opset)])
+    m.ir_version = 8
+    if check:
+        onnx.checker.check_model(m)
+    return m
+
+
+def vi(name, shape, dtype=F):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def ints(name, values):
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+def against_ort(m, feeds, dims=None):
+    """The compiled import and ONNX Runtime on the same feeds, by the one error measure."""
+    ref = ort.InferenceSession(m.SerializeToString()).run(None, feeds)
+    got = tg.from_onnx(m, dims)(**feeds)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape
+        assert relative_error(g.astype(np.float64), r.astype(np.float64)) <= 1e-5
+
+
+X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+
+# (case, opset, nodes, initializers, output shape): one op whose attributes moved to inputs
+# between opsets, in its old and its new form (ONNX Runtime runs both)
+OPSET_CASES = [
+    ("squeeze-attr", 11, [helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0]),
+                          helper.make_node("Squeeze", ["u"], ["y"], axes=[0])], [], [2, 3, 4]),
+    ("squeeze-input", 13, [helper.make_node("Unsqueeze", ["x", "a"], ["u"]),
+                           helper.make_node("Squeeze", ["u", "a"], ["y"])],
+     [ints("a", [0])], [2, 3, 4]),
+    ("reducesum-attr", 11, [helper.make_node("ReduceSum", ["x"], ["y"], axes=[1],
+                                             keepdims=0)], [], [2, 4]),
+    ("reducesum-input", 13, [helper.make_node("ReduceSum", ["x", "a"], ["y"], keepdims=0)],
+     [ints("a", [1])], [2, 4]),
+    ("reducemean-attr", 17, [helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], [],
+     [2, 3, 1]),
+    ("reducemean-input", 18, [helper.make_node("ReduceMean", ["x", "a"], ["y"])],
+     [ints("a", [-1])], [2, 3, 1]),
+    ("split-attr", 11, [helper.make_node("Split", ["x"], ["y", "z"], axis=2, split=[1, 3])],
+     [], [[2, 3, 1], [2, 3, 3]]),
+    ("split-input", 13, [helper.make_node("Split", ["x", "s"], ["y", "z"], axis=2)],
+     [ints("s", [1, 3])], [[2, 3, 1], [2, 3, 3]]),
+    ("split-num-outputs", 18, [helper.make_node("Split", ["x"], ["y", "z"], axis=2,
+                                                num_outputs=2)], [], [[2, 3, 2], [2, 3, 2]]),
+    ("clip-attr", 6, [helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], [],
+     [2, 3, 4]),
+    ("clip-input", 13, [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])],
+     [numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+      numpy_helper.from_array(np.array(0.5, np.float32), "hi")], [2, 3, 4]),
+    ("pad-attr", 2, [helper.make_node("Pad", ["x"], ["y"], pads=[0, 1, 0, 0, 2, 1],
+                                      value=1.5)], [], [2, 6, 5]),
+    ("pad-input", 11, [helper.make_node("Pad", ["x", "p", "v"], ["y"])],
+     [ints("p", [0, 1, 0, 0, 2, 1]), numpy_helper.from_array(np.array(1.5, np.float32), "v")],
+     [2, 6, 5]),
+    ("pad-axes", 18, [helper.make_node("Pad", ["x", "p", "", "a"], ["y"])],
+     [ints("p", [1, 2]), ints("a", [-1])], [2, 3, 7]),
+    ("slice-attr", 9, [helper.make_node("Slice", ["x"], ["y"], starts=[1, -3], ends=[3, 100],
+                                        axes=[1, 2])], [], [2, 2, 3]),
+    ("slice-input-steps", 10, [helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"])],
+     [ints("s", [-1]), ints("e", [-10]), ints("a", [2]), ints("t", [-2])], [2, 3, 2]),
+    ("softmax-2d-coerced", 11, [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [],
+     [2, 3, 4]),
+    ("softmax-axis", 13, [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [], [2, 3, 4]),
+    ("reshape-zero", 13, [helper.make_node("Reshape", ["x", "s"], ["y"])],
+     [ints("s", [0, -1])], [2, 12]),
+]
+
+
+@pytest.mark.parametrize("case", OPSET_CASES, ids=[c[0] for c in OPSET_CASES])
+def test_opset_forms_match_onnxruntime(case):
+    _, opset, nodes, inits, shape = case
+    shapes = shape if isinstance(shape[0], list) else [shape]
+    outs = [vi(o, s) for o, s in zip(nodes[-1].output, shapes)]
+    against_ort(model(nodes, [vi("x", [2, 3, 4])], outs, opset, inits), {"x": X})
+
+
+def test_old_softmax_differs_from_new():
+    """The two Softmax forms are different functions; both above match ORT, so this checks
+    the test is not blind to the difference."""
+    old = model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [vi("x", [2, 3, 4])],
+                [vi("y", [2, 3, 4])], 11)
+    new = model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [vi("x", [2, 3, 4])],
+                [vi("y", [2, 3, 4])], 13)
+    a, b = tg.from_onnx(old)(x=X)[0], tg.from_onnx(new)(x=X)[0]
+    assert relative_error(a, b) > 0.1
+
+
+def shape_chain(opset=13):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape: a view to (batch, seq * 4) of an
+    input of symbolic batch and seq, as exporters write it."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["b"], axis=0),
+        helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+        helper.make_node("Mul", ["s", "four"], ["s4"]),
+        helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+        helper.make_node("Unsqueeze", ["s4", "axes"], ["s1"]),
+        helper.make_node("Concat", ["b1", "s1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["y"]),
+    ]
+    inits = [ints("zero", 0), ints("one", 1), ints("four", 4), ints("axes", [0]),
+             numpy_helper.from_array(np.random.default_rng(1).standard_normal((12, 5))
+                                     .astype(np.float32), "w")]
+    return model(nodes, [vi("x", ["batch", 3, 4])], [vi("y", ["batch", 5])], opset, inits)
+
+
+def test_shape_subgraph_folds_to_a_symbolic_reshape():
+    outputs, inputs, weights, bounds = import_onnx(shape_chain())
+    assert bounds == {"batch": None}
+    names = {n.op.name for n in tg.nodes(outputs)}
+    # no run-time shape arithmetic: the reshape's target is (batch, 12), the weight a leaf
+    assert "gather" not in names and "concat" not in names
+    assert list(weights) == ["w"]
+    assert {n.name for n in tg.nodes(outputs) if n.op.name == WEIGHT} == {"w"}
+    prog = tg.from_onnx(shape_chain(), {"batch": 8})
+    planned = prog.program.stats["planner_runs"]
+    for batch in (1, 5):
+        x = RNG.standard_normal((batch, 3, 4)).astype(np.float32)
+        ref = ort.InferenceSession(shape_chain().SerializeToString()).run(None, {"x": x})
+        assert relative_error(prog(x)[0], ref[0]) <= 1e-5
+    assert prog.program.stats["planner_runs"] == planned  # one plan for every batch up to 8
+    with pytest.raises(tg.ShapeError):
+        prog(np.zeros((9, 3, 4), np.float32))
+
+
+def test_dims_without_a_bound_are_planned_per_call():
+    prog = tg.from_onnx(shape_chain())
+    x = RNG.standard_normal((3, 3, 4)).astype(np.float32)
+    ref = ort.InferenceSession(shape_chain().SerializeToString()).run(None, {"x": x})
+    assert relative_error(prog(x)[0], ref[0]) <= 1e-5
+
+
+def test_argument_errors_name_the_fix():
+    with pytest.raises(tg.ArgumentError, match="'seq'.*dims are \\['batch'\\]"):
+        tg.from_onnx(shape_chain(), {"seq": 4})
+    prog = tg.from_onnx(shape_chain())
+    with pytest.raises(tg.DTypeError, match="input 'x' has dtype float64.*astype"):
+        prog(x=np.zeros((2, 3, 4)))
+    with pytest.raises(tg.ShapeError, match="input 'x' has shape \\(2, 4, 4\\)"):
+        prog(x=np.zeros((2, 4, 4), np.float32))
+    with pytest.raises(tg.ArgumentError, match="missing: \\['x'\\]"):
+        prog()
+
+
+def test_a_shape_fed_as_input_is_named_and_taken_as_a_constant():
+    m = model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+              [vi("x", [2, 3, 4]), vi("shape", [2], TensorProto.INT64)], [vi("y", [4, 6])], 14)
+    with pytest.raises(StaticInputError, match="graph input 'shape'.*constants="):
+        tg.from_onnx(m)
+    target = np.array([4, 6], np.int64)
+    got = tg.from_onnx(m, constants={"shape": target})(x=X)
+    np.testing.assert_array_equal(got[0], X.reshape(4, 6))
+
+
+def test_unmapped_ops_are_listed_once_in_one_error():
+    nodes = [helper.make_node("NonZero", ["x"], ["a"], name="nz1"),
+             helper.make_node("NonZero", ["x"], ["b"], name="nz2"),
+             helper.make_node("Relu", ["x"], ["c"], name="relu"),
+             helper.make_node("Unique", ["x"], ["d"], name="uniq")]
+    m = model(nodes, [vi("x", [2, 3])], [vi("a", None), vi("b", None), vi("c", [2, 3]),
+                                         vi("d", None)], 13, check=False)
+    with pytest.raises(UnsupportedOpError) as info:
+        tg.from_onnx(m)
+    text = str(info.value)
+    assert "opset 13" in text and "2 op type(s)" in text
+    assert text.count("NonZero") == 1 and "'nz1', 'nz2'" in text
+    assert "Unique (nodes 'uniq')" in text and "Relu" not in text
+    assert info.value.ops == [("NonZero", "nz1"), ("NonZero", "nz2"), ("Unique", "uniq")]
+
+
+def small_model():
+    w = RNG.standard_normal((4, 3)).astype(np.float32)
+    return model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", ["n", 4])],
+                 [vi("y", ["n", 3])], 13, [numpy_helper.from_array(w, "w")]), w
+
+
+def test_a_path_and_bytes_import_alike(tmp_path):
+    m, w = small_model()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    for source in (path, str(path), m.SerializeToString(), m):
+        assert relative_error(tg.from_onnx(source)(x)[0], x @ w) <= 1e-6
+
+
+def test_hostile_and_truncated_files_are_refused_by_name(tmp_path):
+    m, _ = small_model()
+    data = m.SerializeToString()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(tg.SerializationError, match="cut.onnx"):
+        tg.from_onnx(cut)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\xff" * 64)
+    with pytest.raises(tg.SerializationError, match="junk.onnx.*not an ONNX model"):
+        tg.from_onnx(junk)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(tg.SerializationError, match="empty.onnx"):
+        tg.from_onnx(empty)
+    with pytest.raises(tg.SerializationError, match="directory"):
+        tg.from_onnx(tmp_path)
+    fifo = tmp_path / "fifo.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(tg.SerializationError, match="fifo.onnx"):
+        tg.from_onnx(fifo)  # refused at once, never waited on
+    with pytest.raises(tg.SerializationError, match="missing.onnx"):
+        tg.from_onnx(tmp_path / "missing.onnx")
+
+
+def external_model(folder, location, offset=0, length=None):
+    """small_model with its weight stored outside the file, at ``location``."""
+    m, w = small_model()
+    init = m.graph.initializer[0]
+    init.ClearField("raw_data")
+    init.ClearField("float_data")
+    init.data_location = TensorProto.EXTERNAL
+    entries = {"location": location, "offset": str(offset)}
+    if length is not None:
+        entries["length"] = str(length)
+    for k, v in entries.items():
+        init.external_data.add(key=k, value=v)
+    path = folder / "model.onnx"
+    path.write_bytes(m.SerializeToString())
+    return path, w
+
+
+def test_external_data_is_read_from_the_model_folder_only(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    path, w = external_model(folder, "weights.bin", offset=8, length=48)
+    (folder / "weights.bin").write_bytes(b"\0" * 8 + w.tobytes())
+    assert relative_error(tg.from_onnx(path)(x)[0], x @ w) <= 1e-6
+
+    (tmp_path / "secret.bin").write_bytes(w.tobytes())
+    for outside in ("../secret.bin", str(tmp_path / "secret.bin")):
+        path, _ = external_model(folder, outside)
+        with pytest.raises(tg.SerializationError, match="outside the model's folder"):
+            tg.from_onnx(path)
+    os.symlink(tmp_path / "secret.bin", folder / "link.bin")
+    path, _ = external_model(folder, "link.bin")
+    with pytest.raises(tg.SerializationError, match="outside the model's folder"):
+        tg.from_onnx(path)
+    path, _ = external_model(folder, "weights.bin", offset=40, length=48)
+    with pytest.raises(tg.SerializationError, match="weights.bin.*truncated"):
+        tg.from_onnx(path)
+    m, _ = small_model()
+    path, _ = external_model(folder, "weights.bin", offset=8, length=48)
+    with pytest.raises(tg.SerializationError, match="pass the model's path"):
+        tg.from_onnx(path.read_bytes())
