@@ -16,7 +16,7 @@ DB_HELP = ("the database file (default: $TG_DB, else ~/.cache/tensor_graphs/"
 
 
 def add_db_commands(sub) -> None:
-    """Register ``tg db stats | show | export | import | prune`` on the ``tg`` subparsers."""
+    """Register ``tg db stats | show | export | import | prune | plot`` on the ``tg`` subparsers."""
     db = sub.add_parser(
         "db", help="inspect, export, import and prune kernel measurements (tg db --help)",
         description="The measurement database holds kernel timings on this hardware (SQLite, "
@@ -63,6 +63,18 @@ def add_db_commands(sub) -> None:
                        help="rows recorded more than DAYS days ago")
     prune.add_argument("--failures", action="store_true",
                        help="rows that record a kernel raising during profiling")
+    plot = command("plot", "draw a kernel's measured times and the cost model's curve",
+                   "Writes a PNG (matplotlib: pip install \"tensor_graphs[plot]\"): the "
+                   "kernel's measured rows as points and the cost model's interpolation over "
+                   "a shape feature as a curve, one per class of signatures it fits together, "
+                   "with the roofline estimate dashed: why a shape was estimated as it was.",
+                   _plot)
+    plot.add_argument("kernel", metavar="KERNEL", help="the kernel's name (tg db show lists them)")
+    plot.add_argument("-o", "--output", required=True, type=cli_args.output_file,
+                      metavar="FILE", help="the PNG file to write")
+    plot.add_argument("--x", choices=("work", "flops", "bytes"), default="work",
+                      help="the shape feature on the horizontal axis (default work: the "
+                           "roofline seconds the model interpolates over)")
 
 
 def _open(args: argparse.Namespace):
@@ -160,6 +172,17 @@ def _import(args: argparse.Namespace) -> int:
     db = _open(args)
     n = db.import_jsonl(sys.stdin if args.file == "-" else args.file)
     print(f"imported {n} new rows into {db.path}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from tensor_graphs.commands.db_plot import plot_kernel
+
+    if args.output == "-":
+        raise ArgumentError("-o -: give a file path for the PNG")
+    drawn = plot_kernel(_open(args), args.kernel, args.output, args.x)
+    print(f"wrote {args.output}: {drawn['points']} measured points, "
+          f"{drawn['classes']} curve(s)")
     return 0
 
 

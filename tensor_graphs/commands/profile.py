@@ -109,12 +109,17 @@ def _paths(args) -> int:
 
 def _explain(args) -> int:
     from tensor_graphs.compiler import compile
+    from tensor_graphs.errors import ArgumentError
 
+    if args.html == "-":
+        raise ArgumentError("--html -: give a file path for the page")
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
     prog = compile(graph, device=args.device, tolerance=args.tolerance, db=args.db,
                    bounds=dims)
-    print(prog.explain(limit=args.limit))
+    print(prog.explain(limit=args.limit, html=args.html))
+    if args.html:
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 
@@ -161,4 +166,8 @@ def add_plan_commands(sub) -> None:
                                    "computes, predicted time and its source), then totals.")
     _common(p, 1e-5)
     p.add_argument("--limit", type=cli_args.count, default=None, help="steps to show (default all)")
+    p.add_argument("--html", type=cli_args.output_file, default=None, metavar="FILE",
+                   help="also write the plan as one self-contained HTML page: the graph "
+                        "colored by backend and sized by predicted time, a sortable step "
+                        "table, the cost per layer")
     p.set_defaults(run=_explain)

@@ -800,11 +800,27 @@ class CompiledGraph:
         self.plan  # noqa: B018
         return self._last.memory
 
-    def explain(self, limit: int | None = None) -> str:
+    def explain(self, limit: int | None = None, *, html=None, feeds: Mapping | None = None,
+                runs: int = 3) -> str:
         """The plan's table and totals, where its steps run and what crosses between devices
-        (``devices:``, ``copies:``), and which loop ran the last call."""
-        return self.plan.explain(limit) + "".join(
+        (``devices:``, ``copies:``), and which loop ran the last call. ``html``: also write
+        the plan as one self-contained page there (``runtime/plan_html.py``); with ``feeds``
+        it first times ``runs`` real calls per step (``runtime/trace.py``) for the page's
+        measured column."""
+        text = self.plan.explain(limit) + "".join(
             f"\n{line}" for line in self._placement()) + f"\nloop: {self.loop}"
+        if html is not None:
+            from tensor_graphs.runtime.explain_html import write_program_html
+
+            write_program_html(self, html, feeds, runs, text.splitlines()[-1:])
+        return text
+
+    def trace(self, path, feeds: Mapping | None = None, runs: int = 3) -> dict:
+        """Write a Chrome/Perfetto trace (JSON) of ``runs`` real calls with ``feeds``: one
+        slice per step per call (``runtime/trace.py``); returns the trace object."""
+        from tensor_graphs.runtime.trace import write_trace
+
+        return write_trace(self, path, feeds, runs)
 
     def _placement(self) -> list[str]:
         """Steps per device and copies per direction (per call, or once per binding)."""

@@ -1,0 +1,81 @@
+"""prog.trace: a Trace Event Format file of real calls, one slice per step per call."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.errors import ArgumentError
+
+
+def gemm_chain(n: int = 96, layers: int = 3):
+    x = tg.input("x", (n, n))
+    h = x
+    for i in range(layers):
+        h = tg.tanh(h @ tg.weight(f"w{i}", (n, n)))
+    prog = tg.compile(h, db=":memory:")
+    rng = np.random.default_rng(0)
+    prog.bind(**{f"w{i}": (rng.standard_normal((n, n)) / n).astype(np.float32)
+                 for i in range(layers)})
+    return prog, {"x": rng.standard_normal((n, n)).astype(np.float32)}
+
+
+def slices(trace, cat=None):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"
+            and (cat is None or (e["cat"] == "call") == (cat == "call"))]
+
+
+def test_trace_has_a_slice_per_step_per_run(tmp_path):
+    prog, feeds = gemm_chain()
+    before = prog(**feeds)
+    path = tmp_path / "trace.json"
+    runs = 4
+    returned = prog.trace(path, feeds, runs=runs)
+    trace = json.loads(path.read_text())
+    assert trace == json.loads(json.dumps(returned))
+    instructions = prog._last.instructions  # noqa: SLF001
+    steps = slices(trace, "step")
+    calls = slices(trace, "call")
+    assert len(calls) == runs
+    assert len(steps) == runs * len(instructions)
+    per_call = [s.kernel.name for s in prog.plan.steps if not s.static]
+    for run in range(runs):  # each run's slices are the plan's steps, in its order
+        names = [e["name"] for e in sorted((e for e in steps if e["args"]["run"] == run),
+                                           key=lambda e: e["ts"])]
+        assert names == per_call
+    for e in steps:
+        assert {"kernel", "input_shapes", "dtype", "device"} <= set(e["args"])
+        assert e["args"]["kernel"] == e["name"] and e["args"]["device"] == "cpu"
+        assert e["dur"] >= 0 and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    # each step reads the (96, 96) activation and a (96, 96) weight (a GEMM and its epilogue)
+    assert all(e["args"]["input_shapes"][:2] == ["(96, 96)", "(96, 96)"] for e in steps)
+    assert all(e["args"]["dtype"] == "float32" for e in steps)
+    for call in calls:  # the steps lie inside their call and take most of it
+        inside = [e for e in steps if e["args"]["run"] == call["args"]["run"]]
+        assert all(call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"]
+                   + 1e-3 for e in inside)
+        total = sum(e["dur"] for e in inside)
+        assert total <= call["dur"] + 1e-3
+        assert total >= 0.3 * call["dur"], (total, call["dur"])
+    assert "python loop" in trace["otherData"]["loop"]
+    assert trace["otherData"]["steps_per_run"] == len(instructions)
+    np.testing.assert_array_equal(prog(**feeds), before)  # the program is as it was
+    assert prog.native is True
+
+
+def test_trace_names_the_loop_the_program_uses_outside_it(tmp_path):
+    prog, feeds = gemm_chain(16, 2)
+    for _ in range(3):  # the native loop records on a later call, then replays
+        prog(**feeds)
+    trace = prog.trace(tmp_path / "t.json", feeds, runs=1)
+    assert trace["otherData"]["loop_outside_trace"].startswith("native loop")
+    assert len(slices(trace, "step")) == len(prog._last.instructions)  # noqa: SLF001
+
+
+@pytest.mark.parametrize("runs", [0, -1, 1.5, True])
+def test_trace_refuses_a_bad_run_count(tmp_path, runs):
+    prog, feeds = gemm_chain(8, 1)
+    with pytest.raises(ArgumentError, match="runs="):
+        prog.trace(tmp_path / "t.json", feeds, runs=runs)
+    assert not (tmp_path / "t.json").exists()
