@@ -33,6 +33,8 @@ from tensor_graphs.ir.ops.names import LINEAR, MATMUL, WEIGHT
 SCHEMES = {
     # symmetric int8, one scale per output channel (column of the (K, N) view)
     "int8-weight": lambda w: tg.dequantize(*_int8(w)),
+    # bfloat16 storage: w rounded to bfloat16 (to nearest even), a float result
+    "bf16-weight": lambda w: tg.bf16_round(w),
 }
 
 

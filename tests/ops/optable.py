@@ -1300,6 +1300,20 @@ def _dequant_values(rng, spec, dtype):
     return q, (rng.random(concrete(spec.shapes[1])) * 0.1 + 1e-3).astype(NP[dtype])
 
 
+def _bf16_round_ref(a):
+    """To nearest even at bfloat16's 8 bits of mantissa, on the float32 bits (the values are
+    drawn exact in float32, so float64 rounds them the same; finite, no overflow)."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    up = ((bits >> 16) & 1) + 0x7FFF
+    return ((bits + up) >> 16 << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _float32_exact(rng, spec, dtype):
+    """Normals exact in float32 (and so in float64): one rounding to bfloat16 either way."""
+    return ((rng.standard_normal(concrete(spec.shapes[0])) * 3).astype(np.float32)
+            .astype(NP[dtype]),)
+
+
 def _quantize_ref(a, b):
     return np.clip(np.rint(a.astype(np.float64) / b), -127, 127).astype(np.int8)
 
@@ -1401,6 +1415,8 @@ POINTWISE = [
        domain=_quant_values),
     _f("dequantize", "dequantize", tg.dequantize, lambda q, s: q.astype(np.float64) * s,
        [S((6, 5), (1, 5)), S((3, 4), (3, 1)), S((7,), ())], domain=_dequant_values),
+    _f("bf16_round", "bf16_round", tg.bf16_round, _bf16_round_ref, [S((6, 5)), S((33,))],
+       domain=_float32_exact),
 ]
 
 

@@ -93,7 +93,8 @@ def test_q8_wrong_packing_is_refused():
 
 def test_q8_kernels_verify():
     for name in ("c_q8_matmul", "c_q8_matmul_bias", "c_q8_matmul_bias_gelu_tanh",
-                 "c_q8_matmul_add", "c_q8_matmul_bias_add"):
+                 "c_q8_matmul_add", "c_q8_matmul_bias_add", "c_bf16_matmul",
+                 "c_bf16_matmul_bias_gelu_tanh", "c_bf16_matmul_bias_add"):
         report = verify(name)
         assert report.ok, report
 
@@ -105,3 +106,24 @@ def test_q8_constraints_name_the_problem():
     assert "scale" in where([(1, 8), (8, 4), (4,)], [f, i, f], {})
     assert "inner dims" in where([(1, 7), (8, 4), (1, 4)], [f, i, f], {})
     assert "int8" in where([(1, 8), (8, 4), (1, 4)], [f, f, f], {})
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("k,n", [(1, 1), (33, 17), (771, 45)])
+def test_bf16_gemm_matches_the_reference(m, k, n):
+    """bf16-weight: a @ bf16_round(w), the weight stored as bfloat16 bits, against the float64
+    reference of that graph (which rounds w to bfloat16 exactly as the packing does)."""
+    rng = np.random.default_rng(10 * m + k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias, res = (rng.standard_normal(n).astype(np.float32),
+                 rng.standard_normal((m, n)).astype(np.float32))
+    A, W = tg.input("a", a.shape), tg.input("w", w.shape)
+    B, R = tg.input("bias", bias.shape), tg.input("res", res.shape)
+    y = A @ tg.bf16_round(W)
+    ref = evaluate(y + B + R, {"a": a, "w": w, "bias": bias, "res": res}, dtype="float64")
+    assert relative_error(cq.gemm_bf16(a, cq.pack_bf16(w), bias, res=res), ref) <= 1e-6
+    ref = evaluate(y, {"a": a, "w": w}, dtype="float64")
+    assert relative_error(registry.get("c_bf16_matmul")(a, w), ref) <= 1e-6
+    # the rounding is the graph's: the unrounded product is far off at this tolerance
+    assert relative_error(a.astype(np.float64) @ w, ref) > 1e-4 or k * n < 64

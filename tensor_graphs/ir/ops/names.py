@@ -123,6 +123,7 @@ LSTM_LAYER = "lstm_layer"
 QUANT_SCALE = "quant_scale"
 QUANTIZE = "quantize"
 DEQUANTIZE = "dequantize"
+BF16_ROUND = "bf16_round"
 
 # losses.py
 MSE_LOSS = "mse_loss"

@@ -1,4 +1,4 @@
-"""Quantization composites: symmetric int8 with per-channel scales.
+"""Quantization composites: symmetric int8 with per-channel scales, and bfloat16 rounding.
 
 Their decompositions are their meaning, so the float64 reference of a quantized graph says
 exactly what a quantized kernel must compute (the int8 values and the scales are part of the
@@ -9,6 +9,8 @@ graph, not a kernel's private detail):
 - ``quantize(x, scale)``: round half to even of x / scale, clamped to [-127, 127], as int8
   (symmetric: -128 is never used, so negating a channel stays exact).
 - ``dequantize(q, scale)``: q as the scale's dtype times the scale (broadcast).
+- ``bf16_round(w)``: w rounded to bfloat16 and back (a float result: a kernel may store the
+  weight as bfloat16 bits, exactly what the graph computes).
 
 A per-output-channel weight of ``a @ w`` (w of shape (K, N)) has its scale over axis 0, shape
 (1, N): the factor leaves the K-sum, which is what lets a kernel apply it once per output.
@@ -21,11 +23,12 @@ from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import abs as _abs
 from tensor_graphs.ir.ops.elementwise import clamp, div
-from tensor_graphs.ir.ops.names import DEQUANTIZE
+from tensor_graphs.ir.ops.names import BF16_ROUND, DEQUANTIZE
+from tensor_graphs.ir.ops.pointwise import floor, log2
 from tensor_graphs.ir.ops.pointwise import round as _round
 from tensor_graphs.ir.shapes import format_shape
 
-__all__ = ["quant_scale", "quantize", "dequantize"]  # scheme_of: for explain()
+__all__ = ["quant_scale", "quantize", "dequantize", "bf16_round"]  # scheme_of: for explain()
 
 QMAX = 127  # symmetric int8: [-127, 127]
 
@@ -73,6 +76,27 @@ def dequantize(q, scale):
     return tg.mul(tg.cast(q, scale.dtype), scale)
 
 
+@composite(example=lambda: (tg.input("w", (5, 3)),))
+def bf16_round(w):
+    """w rounded to bfloat16's 8 significant bits (to nearest even) in w's own dtype: a weight
+    stored as bfloat16. Written in exact arithmetic, not as casts, so the float64 reference
+    rounds too (it lifts a cast to bfloat16 to float64, which would not round): with
+    ulp = 2**(floor(log2|w|) - 7) (the exponent corrected by exact comparisons, whatever
+    log2 rounds to near a power of two), round_half_even(w / ulp) * ulp; 0 stays 0. Finite
+    normal weights; a value past bfloat16's range is not rounded to inf."""
+    if not w.dtype.is_float:
+        raise DTypeError(f"bf16_round: needs a float tensor, got {w.dtype.name} "
+                         f"{format_shape(w.shape)}")
+    ax = _abs(w)
+    zero = tg.equal(ax, 0.0)
+    safe = tg.where(zero, 1.0, ax)
+    e = floor(log2(safe))
+    e = tg.where(tg.less(safe, tg.pow(2.0, e)), tg.add(e, -1.0), e)
+    e = tg.where(tg.less(safe, tg.pow(2.0, tg.add(e, 1.0))), e, tg.add(e, 1.0))
+    ulp = tg.pow(2.0, tg.add(e, -7.0))
+    return tg.where(zero, w, tg.mul(_round(div(w, ulp)), ulp))
+
+
 def scheme_of(inside, inputs) -> str:
     """The quantization scheme a plan step computes with, for ``explain()`` ('' for none):
     a step whose kernel covers a ``dequantize`` reads int8 weights; one that reads a
@@ -80,7 +104,16 @@ def scheme_of(inside, inputs) -> str:
     for n in inside:
         if n.op.name == DEQUANTIZE and n.inputs[0].dtype.name == "int8":
             return "int8-weight"
+        if _bf16_weight(n):
+            return "bf16-weight"
     for n in inputs:
         if n.op.name == DEQUANTIZE and n.inputs[0].dtype.name == "int8":
             return "int8-weight, dequantized"
+        if _bf16_weight(n):
+            return "bf16-weight, widened"
     return ""
+
+
+def _bf16_weight(n) -> bool:
+    """A weight rounded to bfloat16 for a product (tg.quantize's "bf16-weight")."""
+    return n.op.name == BF16_ROUND

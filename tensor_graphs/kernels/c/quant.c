@@ -23,6 +23,7 @@
 #define MR 4         /* rows per block (M > 1) */
 #define QHEADER 64   /* bytes before the panels */
 #define QMAGIC ((int64_t)0x7467713870616b31) /* "tgq8pak1" */
+#define BMAGIC ((int64_t)0x7467626631367031) /* "tgbf16p1" */
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3 };
 
@@ -53,6 +54,28 @@ void tg_q8_pack(const int8_t *q, int64_t k, int64_t n, int64_t sk, int64_t sn, i
     }
 }
 
+/* the bfloat16 weight's bits (uint16, element strides sk, sn) in 16-column panels of K x 16
+ * values, as tg_q8_pack; out holds QHEADER + ceil(n / 16) * k * 32 bytes, 64-byte aligned */
+void tg_bf16_pack(const uint16_t *w, int64_t k, int64_t n, int64_t sk, int64_t sn,
+                  uint16_t *out) {
+    int64_t panels = (n + NR - 1) / NR;
+    int64_t *h = (int64_t *)out;
+    h[0] = BMAGIC;
+    h[1] = k;
+    h[2] = n;
+    h[3] = panels;
+    for (int i = 4; i < QHEADER / 8; i++) h[i] = 0;
+    uint16_t *p = out + QHEADER / 2;
+    for (int64_t j = 0; j < panels; j++) {
+        uint16_t *dst = p + j * k * NR;
+        int64_t c0 = j * NR, wd = qmin(NR, n - c0);
+        for (int64_t kk = 0; kk < k; kk++) {
+            const uint16_t *src = w + kk * sk + c0 * sn;
+            for (int64_t c = 0; c < NR; c++) dst[kk * NR + c] = c < wd ? src[c * sn] : 0;
+        }
+    }
+}
+
 /* k or n of a packed buffer, or -1 when it is not one */
 int64_t tg_q8_packed_dim(const int8_t *packed, int which) {
     const int64_t *h = (const int64_t *)packed;
@@ -71,7 +94,7 @@ TG_INLINE float q_act(float x, int act) {
 static inline void store_row(const float *t, float *c, const float *s, const float *bias,
                              const float *res, int64_t col, int cols, int act) {
     for (int q = 0; q < cols; q++) {
-        float v = t[q] * s[col + q];
+        float v = s ? t[q] * s[col + q] : t[q];
         if (bias) v += bias[col + q];
         v = q_act(v, act);
         if (res) v += res[col + q];
@@ -79,63 +102,88 @@ static inline void store_row(const float *t, float *c, const float *s, const flo
     }
 }
 
-/* t[0..16) = a[0..k) @ panel b (k x 16 int8): one row, four partial sums over K */
-static void dot_row(const float *a, const int8_t *b, int64_t k, float *t) {
-    int64_t kk = 0;
+enum { W_I8 = 0, W_BF16 = 1 };  /* the weight's stored type: int8, or bfloat16's bits */
+
+#if defined(__AVX512F__)
+/* the 16 weights of a panel row (at p) as floats */
+TG_INLINE __m512 widen16(const int8_t *p, int kind) {
+    if (kind == W_I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16));
+}
+#elif defined(__AVX2__)
+TG_INLINE __m256 widen8(const int8_t *p, int kind) {  /* 8 weights (p: the first) */
+    if (kind == W_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_load_si128((const __m128i *)p)), 16));
+}
+#endif
+
+TG_INLINE float widen1(const int8_t *p, int c, int kind) {  /* weight c of a panel row */
+    if (kind == W_I8) return (float)p[c];
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[c] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* t[0..16) = a[0..k) @ panel b (k rows of 16 weights, `rb` bytes a row): one row of A, four
+ * partial sums over K */
+TG_INLINE void dot_row(const float *a, const int8_t *b, int64_t k, float *t, int kind) {
+    int64_t kk = 0, rb = kind == W_I8 ? NR : 2 * NR;
 #if defined(__AVX512F__)
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     for (; kk + 4 <= k; kk += 4) {
-        const int8_t *p = b + kk * NR;
-        s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]),
-                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)p))), s0);
-        s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 1]),
-                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + 16)))), s1);
-        s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 2]),
-                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + 32)))), s2);
-        s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 3]),
-                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + 48)))), s3);
+        const int8_t *p = b + kk * rb;
+        s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), widen16(p, kind), s0);
+        s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 1]), widen16(p + rb, kind), s1);
+        s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 2]), widen16(p + 2 * rb, kind), s2);
+        s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 3]), widen16(p + 3 * rb, kind), s3);
     }
     for (; kk < k; kk++)
-        s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]),
-                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(b + kk * NR)))), s0);
+        s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), widen16(b + kk * rb, kind), s0);
     _mm512_storeu_ps(t, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 #elif defined(__AVX2__)
+    int64_t half = rb / 2;
     __m256 l0 = _mm256_setzero_ps(), l1 = l0, h0 = l0, h1 = l0;
     for (; kk + 2 <= k; kk += 2) {
-        const int8_t *p = b + kk * NR;
+        const int8_t *p = b + kk * rb;
         __m256 x0 = _mm256_set1_ps(a[kk]), x1 = _mm256_set1_ps(a[kk + 1]);
-        l0 = _mm256_fmadd_ps(x0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))), l0);
-        h0 = _mm256_fmadd_ps(x0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))), h0);
-        l1 = _mm256_fmadd_ps(x1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16)))), l1);
-        h1 = _mm256_fmadd_ps(x1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 24)))), h1);
+        l0 = _mm256_fmadd_ps(x0, widen8(p, kind), l0);
+        h0 = _mm256_fmadd_ps(x0, widen8(p + half, kind), h0);
+        l1 = _mm256_fmadd_ps(x1, widen8(p + rb, kind), l1);
+        h1 = _mm256_fmadd_ps(x1, widen8(p + rb + half, kind), h1);
     }
     for (; kk < k; kk++) {
-        const int8_t *p = b + kk * NR;
+        const int8_t *p = b + kk * rb;
         __m256 x0 = _mm256_set1_ps(a[kk]);
-        l0 = _mm256_fmadd_ps(x0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))), l0);
-        h0 = _mm256_fmadd_ps(x0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))), h0);
+        l0 = _mm256_fmadd_ps(x0, widen8(p, kind), l0);
+        h0 = _mm256_fmadd_ps(x0, widen8(p + half, kind), h0);
     }
     _mm256_storeu_ps(t, _mm256_add_ps(l0, l1));
     _mm256_storeu_ps(t + 8, _mm256_add_ps(h0, h1));
 #else
     float s[NR] = {0};
     for (; kk < k; kk++)
-        for (int c = 0; c < NR; c++) s[c] += a[kk] * (float)b[kk * NR + c];
+        for (int c = 0; c < NR; c++) s[c] += a[kk] * widen1(b + kk * rb, c, kind);
     for (int c = 0; c < NR; c++) t[c] = s[c];
 #endif
 }
 
 /* t[r][0..16) = row r of A (MR rows from a, lda apart; rows past `rows` repeat the last,
  * their sums unused) @ panel b: each widened weight row serves MR FMAs */
-static void dot_rows(const float *a, int64_t lda, int rows, const int8_t *b, int64_t k,
-                     float t[MR][NR]) {
+TG_INLINE void dot_rows(const float *a, int64_t lda, int rows, const int8_t *b, int64_t k,
+                        float t[MR][NR], int kind) {
+    int64_t rb = kind == W_I8 ? NR : 2 * NR;
     const float *ar[MR];
     for (int r = 0; r < MR; r++) ar[r] = a + qmin(r, rows - 1) * lda;
 #if defined(__AVX512F__)
     __m512 s[MR];
     for (int r = 0; r < MR; r++) s[r] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
-        __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(b + kk * NR))));
+        __m512 w = widen16(b + kk * rb, kind);
         for (int r = 0; r < MR; r++) s[r] = _mm512_fmadd_ps(_mm512_set1_ps(ar[r][kk]), w, s[r]);
     }
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(t[r], s[r]);
@@ -143,9 +191,8 @@ static void dot_rows(const float *a, int64_t lda, int rows, const int8_t *b, int
     __m256 lo[MR], hi[MR];
     for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
-        const int8_t *p = b + kk * NR;
-        __m256 wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-        __m256 wh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
+        const int8_t *p = b + kk * rb;
+        __m256 wl = widen8(p, kind), wh = widen8(p + rb / 2, kind);
         for (int r = 0; r < MR; r++) {
             __m256 x = _mm256_set1_ps(ar[r][kk]);
             lo[r] = _mm256_fmadd_ps(x, wl, lo[r]);
@@ -161,19 +208,20 @@ static void dot_rows(const float *a, int64_t lda, int rows, const int8_t *b, int
         for (int c = 0; c < NR; c++) t[r][c] = 0.0f;
     for (int64_t kk = 0; kk < k; kk++)
         for (int r = 0; r < MR; r++)
-            for (int c = 0; c < NR; c++) t[r][c] += ar[r][kk] * (float)b[kk * NR + c];
+            for (int c = 0; c < NR; c++) t[r][c] += ar[r][kk] * widen1(b + kk * rb, c, kind);
 #endif
 }
 
 /* C (m, n) = act(A (m, k), row stride lda, @ (Q * s) + bias) + res; bias, res optional
  * (NULL); s (n,). Returns 0, or -1 for a buffer that is not a packed operand of (k, n). */
-int tg_q8_gemm_f32(const float *a, int64_t lda, const int8_t *packed, const float *s,
-                   const float *bias, const float *res, float *c, int64_t m, int64_t n,
-                   int64_t k, int act) {
+TG_INLINE int wgemm(const float *a, int64_t lda, const int8_t *packed, const float *s,
+                    const float *bias, const float *res, float *c, int64_t m, int64_t n,
+                    int64_t k, int act, int kind) {
     const int64_t *h = (const int64_t *)packed;
-    if (h[0] != QMAGIC || h[1] != k || h[2] != n) return -1;
+    if (h[0] != (kind == W_I8 ? QMAGIC : BMAGIC) || h[1] != k || h[2] != n) return -1;
     if (m <= 0 || n <= 0) return 0;
     const int8_t *bp = packed + QHEADER;
+    int64_t pb = k * NR * (kind == W_I8 ? 1 : 2);  /* bytes a panel */
     int64_t panels = (n + NR - 1) / NR;
     int64_t mblocks = m == 1 ? 1 : (m + MR - 1) / MR;
     int64_t tasks = panels * mblocks;
@@ -183,23 +231,35 @@ int tg_q8_gemm_f32(const float *a, int64_t lda, const int8_t *packed, const floa
     #pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t j = task / mblocks, rb = task % mblocks;
-        const int8_t *b = bp + j * k * NR;
+        const int8_t *b = bp + j * pb;
         int64_t col = j * NR;
         int cols = (int)qmin(NR, n - col);
         float t[MR][NR] __attribute__((aligned(64)));
         if (m == 1) {
             if (k == 0) memset(t[0], 0, sizeof t[0]);
-            else dot_row(a, b, k, t[0]);
+            else dot_row(a, b, k, t[0], kind);
             store_row(t[0], c, s, bias, res, col, cols, act);
             continue;
         }
         int64_t i0 = rb * MR;
         int rows = (int)qmin(MR, m - i0);
         if (k == 0) memset(t, 0, sizeof t);
-        else dot_rows(a + i0 * lda, lda, rows, b, k, t);
+        else dot_rows(a + i0 * lda, lda, rows, b, k, t, kind);
         for (int r = 0; r < rows; r++)
             store_row(t[r], c + (i0 + r) * n, s, bias, res ? res + (i0 + r) * n : NULL, col,
                       cols, act);
     }
     return 0;
+}
+
+int tg_q8_gemm_f32(const float *a, int64_t lda, const int8_t *packed, const float *s,
+                   const float *bias, const float *res, float *c, int64_t m, int64_t n,
+                   int64_t k, int act) {
+    return wgemm(a, lda, packed, s, bias, res, c, m, n, k, act, W_I8);
+}
+
+/* the same with bfloat16 weights (packed by tg_bf16_pack) and no scale (s NULL) */
+int tg_bf16_gemm_f32(const float *a, int64_t lda, const int8_t *packed, const float *bias,
+                     const float *res, float *c, int64_t m, int64_t n, int64_t k, int act) {
+    return wgemm(a, lda, packed, NULL, bias, res, c, m, n, k, act, W_BF16);
 }

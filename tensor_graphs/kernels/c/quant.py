@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tensor_graphs.ir import api as tg
@@ -27,11 +28,13 @@ ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 HEADER = 64  # bytes before the panels
 PANEL = 16  # columns per panel
 MAGIC = 0x7467713870616B31
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def packed_bytes(k: int, n: int) -> int:
-    """Bytes the packed form of a (k, n) int8 operand takes, header included."""
-    return HEADER + -(-n // PANEL) * k * PANEL
+def packed_bytes(k: int, n: int, itemsize: int = 1) -> int:
+    """Bytes the packed form of a (k, n) int8 (or, itemsize 2, bfloat16) operand takes, header
+    included."""
+    return HEADER + -(-n // PANEL) * k * PANEL * itemsize
 
 
 def pack(q: np.ndarray) -> np.ndarray:
@@ -58,6 +61,45 @@ def packed_shape(p: np.ndarray) -> tuple[int, int]:
     if h[0] != MAGIC:
         raise TypeError("not a packed int8 operand")
     return int(h[1]), int(h[2])
+
+
+def pack_bf16(w: np.ndarray) -> np.ndarray:
+    """The packed form of ``bf16_round(w)`` for a float32 (K, N) weight (or one already
+    bfloat16): its bfloat16 bits in 16-column panels (as ``pack``), a 1-D uint16 array,
+    64-byte aligned."""
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype not in (BF16, np.float32):
+        raise TypeError(f"pack_bf16: needs a 2-D float32 weight, got {w.shape} {w.dtype}")
+    if w.dtype == np.float32:  # rounded to nearest even, as bf16_round's cast
+        w = w.astype(BF16)
+    if any(s < 0 or s % 2 for s in w.strides):
+        w = np.ascontiguousarray(w)
+    k, n = w.shape
+    size = packed_bytes(k, n, 2) // 2
+    raw = np.empty(size + 32, np.uint16)
+    skip = (-raw.ctypes.data % 64) // 2
+    out = raw[skip:skip + size]
+    lib.func(LIB, "tg_bf16_pack", P, I64, I64, I64, I64, P)(
+        w.ctypes.data, k, n, w.strides[0] // 2, w.strides[1] // 2, out.ctypes.data)
+    return out
+
+
+def gemm_bf16(a, wb, bias=None, act=None, out=None, res=None):
+    """act(a @ bf16_round(wb) + bias) + res; ``wb`` packed (``pack_bf16``) or (K, N)."""
+    if wb.ndim == 2:
+        n = wb.shape[1]
+        wb = pack_bf16(wb)
+    else:
+        n = int(wb[8:12].view(np.int64)[0])
+    k = a.shape[-1]
+    out = lib.output(out, a.shape[:-1] + (n,), np.float32)
+    fn = lib.func(LIB, "tg_bf16_gemm_f32", P, I64, P, P, P, P, I64, I64, I64, I32)
+    fn.restype = ctypes.c_int
+    status = fn(ptr(a), k, ptr(wb), ptr(bias), ptr(res), ptr(out), math.prod(a.shape[:-1]), n,
+                k, ACTS[act])
+    if status != 0:
+        raise ValueError(f"C bfloat16 gemm: the weight is not packed as (K, N) = ({k}, {n})")
+    return out
 
 
 def gemm(a, q, s, bias=None, act=None, out=None, res=None):
@@ -170,3 +212,85 @@ for _act in ("relu", "gelu", "gelu_tanh"):
     _register(f"c_q8_matmul_bias_{_act}", True, _act)
 _register("c_q8_matmul_add", False, None, residual=True)
 _register("c_q8_matmul_bias_add", True, None, residual=True)
+
+
+def _bf16_constraint(has_bias: bool, residual: bool):
+    def where(shapes, dtypes, attrs):
+        reason = lib.failure(LIB)
+        if reason is not None:
+            return reason
+        a, w = (tuple(x) for x in shapes[:2])
+        names = [d.name for d in dtypes]
+        if any(d != "float32" for d in names):
+            return f"needs float32 operands, got {names}"
+        if len(a) < 2 or len(w) != 2 or a[-1] != w[0]:
+            return f"needs a (..., K) of rank >= 2 and a (K, N) weight, got {a} @ {w}"
+        n = w[1]
+        if has_bias and tuple(shapes[2]) != (n,):
+            return f"bias must have shape ({n},), got {tuple(shapes[2])}"
+        if residual and tuple(shapes[-1]) != a[:-1] + (n,):
+            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
+                    f"{tuple(shapes[-1])}")
+        return True
+    return where
+
+
+def _bf16_signatures(has_bias: bool, residual: bool) -> list[dict]:
+    out = []
+    for sig in _signatures(has_bias, residual):
+        sig = dict(sig)
+        k, n = sig.pop("q")[0]
+        sig.pop("s")
+        out.append({"a": sig.pop("a"), "wb": ((k, n), "float32"), **sig})
+    return out
+
+
+def _register_bf16(name: str, has_bias: bool, act: str | None, residual: bool = False) -> None:
+    build = _ACT_BUILD[act]
+
+    def wide(wb):
+        return tg.bf16_round(wb)
+    if has_bias and residual:
+        def pattern(a, wb, bias, res):
+            return a @ wide(wb) + bias + res
+
+        def run(a, wb, bias, res, *, out=None):
+            return gemm_bf16(a, wb, bias, act, out, res)
+    elif has_bias:
+        def pattern(a, wb, bias):
+            return build(a @ wide(wb) + bias)
+
+        def run(a, wb, bias, *, out=None):
+            return gemm_bf16(a, wb, bias, act, out)
+    elif residual:
+        def pattern(a, wb, res):
+            return a @ wide(wb) + res
+
+        def run(a, wb, res, *, out=None):
+            return gemm_bf16(a, wb, None, act, out, res)
+    else:
+        def pattern(a, wb):
+            return build(a @ wide(wb))
+
+        def run(a, wb, *, out=None):
+            return gemm_bf16(a, wb, None, act, out)
+    run.__doc__ = (f"{act + '(' if act else ''}a @ bf16_round(wb)"
+                   f"{' + bias' if has_bias else ''}{')' if act else ''}"
+                   f"{' + res' if residual else ''}: the weight stored as bfloat16, packed once "
+                   "at bind time, widened in registers (a shift).")
+    run.source_text = SOURCE + f"\n/* {name} */"
+    prep = Preparation(pack_bf16,
+                       nbytes=lambda shape, dtype: packed_bytes(*map(int, shape), 2) + 64,
+                       name="pack_bf16", strided=True)
+    kernel(pattern, backend="c", name=name, contiguous=True,
+           where=_bf16_constraint(has_bias, residual), tolerance=1e-5,
+           signatures=_bf16_signatures(has_bias, residual), writes_out=True,
+           prepare={"wb": prep})(run)
+
+
+_register_bf16("c_bf16_matmul", False, None)
+_register_bf16("c_bf16_matmul_bias", True, None)
+for _act in ("relu", "gelu", "gelu_tanh"):
+    _register_bf16(f"c_bf16_matmul_bias_{_act}", True, _act)
+_register_bf16("c_bf16_matmul_add", False, None, residual=True)
+_register_bf16("c_bf16_matmul_bias_add", True, None, residual=True)
