@@ -46,7 +46,8 @@ def write_program_html(prog, path, feeds: Mapping | None, runs: int,
             if steps[n] >= 0:
                 measured[steps[n]] = seconds
         call = sorted(c[1] for c in timing.calls)[len(timing.calls) // 2]
-        notes.append(f"measured: median of {runs} calls per step on the Python loop, a call "
+        loop = timing.traced.split(",")[0].split(":")[0]  # "native loop" or "python loop"
+        notes.append(f"measured: median of {runs} calls per step ({loop}), a call "
                      f"{format_seconds(call)} (steps {format_seconds(sum(measured.values()))})")
     name = "program"
     outputs = getattr(prog, "_outputs", ())

@@ -144,6 +144,7 @@ class Recorder:
         self.records: list[tuple[int, tuple, list[int]]] = []  # (fn, signature, args)
         self.descs: list[list[tuple]] = []  # per record, per argument: its descriptor
         self.owners: list[str] = []  # per record: the instruction that made the call
+        self.owner_steps: list[int] = []  # per record: that instruction's index (prog.trace)
         self.blocks: list[np.ndarray] = []  # owned copies of the blocks kernels passed
         # per block: a descriptor per 8-byte slot, or None (elements of another size: compared
         # as bytes)
@@ -255,6 +256,7 @@ class Recorder:
                 descs.append(("i", values[-1]))
         address = ctypes.cast(fn, ctypes.c_void_p).value
         self.owners.append(self._step)
+        self.owner_steps.append(self._index)
         self.records.append((address, ("int" if ret == "int32_t" else "void", ctypes_sig),
                              values))
 
@@ -417,6 +419,7 @@ class Recorder:
         self.descs.append([("null",), ("null",), ("block", len(self.blocks) - 1, 0)])
         args = [0, 0, _data(block)]
         self.owners.append(self._step)
+        self.owner_steps.append(self._index)
         self.records.append((0, COPY, args))
         args[0] = self._address(_data(dst), ("arg", index, 0))
         args[1] = self._address(_data(value), ("arg", index, 1))
@@ -499,6 +502,7 @@ class Recording:
         self.keep = rec.keep
         self.outputs = outputs
         self.signatures = sigs
+        self.owner_steps = tuple(rec.owner_steps)  # (runtime/trace.py runs it step by step)
         self.run_fn = runner(tuple(sigs))
         self._args = (_data(self.table), self.count, self.stride, _data(self.patches),
                       self.npatches, 3, _data(self.bases), 0)

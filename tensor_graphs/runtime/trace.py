@@ -7,12 +7,15 @@ file). The file is the Trace Event Format's JSON object: ``traceEvents`` holds o
 that ran the step, ``ts``/``dur`` in microseconds from the first traced call; ``args`` name the
 kernel, its input shapes, result dtype, backend and device.
 
-The native loop (``runtime/native.py``) runs every C step of a call in one foreign call whose
-C runner has no per-step clock, so traced calls run on the Python loop (as
-``runtime/steps.py`` times them) and the trace's ``otherData.loop`` says so, with the loop
-the program uses outside tracing. Gaps between step slices are the Python loop's dispatch:
-outside tracing the native loop spends nanoseconds there. On a GPU each step synchronizes
-before and after, so a slice is that kernel's own time, not the overlapped call's.
+Where the program's calls run in the native loop (``runtime/native.py``: one foreign call
+makes every C call of a call), the traced calls run there too, the runner walking its table
+one step's C calls at a time with a clock around each (a ctypes call per step instead of one
+per call: the gaps between slices); a step that makes no C call (a view) gets a slice of no
+length. Elsewhere (a numpy step, a recording fitted over dims, a GPU program) traced calls
+run on the Python loop with a clock around each kernel (as ``runtime/steps.py`` times them),
+and the gaps are its dispatch. ``otherData.loop`` says which, and ``loop_outside_trace`` the
+loop the program ran before. On a GPU each step synchronizes before and after, so a slice is
+that kernel's own time, not the overlapped call's.
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ from tensor_graphs.files import atomic_write
 from tensor_graphs.ir.shapes import format_shape, is_static
 from tensor_graphs.runtime.steps import _gpu_sync
 
-TRACED_LOOP = ("python loop: traced calls run each step from Python so each has a clock "
-               "(the native loop makes all C calls in one foreign call, with no per-step "
-               "hook); gaps between slices are the Python loop's dispatch")
+PYTHON_LOOP = ("python loop: each step timed from Python (the program does not run in the "
+               "native loop here{why}); gaps between slices are the Python loop's dispatch")
+NATIVE_LOOP = ("native loop, one foreign call per step while traced (untraced, the runner "
+               "makes every C call of a call in one foreign call); gaps between slices are "
+               "a ctypes call each")
+WARMUPS = 3  # calls before tracing: plan, then the native loop records on the second
 
 
 class StepRun(NamedTuple):
@@ -44,8 +50,8 @@ class StepRun(NamedTuple):
     start: float  # perf_counter seconds
     seconds: float
     thread: int  # native thread id of the thread that ran it
-    input_shapes: tuple
-    dtype: str
+    input_shapes: tuple | None  # the arguments' shapes where the Python loop saw them
+    called: bool = True  # False: no kernel call (a view, or a state written in place)
 
 
 @dataclasses.dataclass
@@ -57,6 +63,7 @@ class Timing:
     steps: list[StepRun]
     instructions: list
     loop: str  # the loop the program ran before tracing (what it uses outside a trace)
+    traced: str  # how the traced calls ran (PYTHON_LOOP or NATIVE_LOOP)
 
     def medians(self) -> dict[int, float]:
         """Median seconds per instruction index over the traced calls."""
@@ -71,40 +78,101 @@ def _program(prog):
     return getattr(prog, "program", None) or prog
 
 
+def _python_timed(n: int, ins, sink):
+    """``ins`` with a clock around its kernel (the Python loop calls it)."""
+    fn, sync = ins.fn, _gpu_sync(ins)
+
+    def run(*args, **kw):
+        sync()
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            sync()
+            seconds = time.perf_counter() - start
+            sink(n, start, seconds,
+                 tuple(tuple(int(d) for d in getattr(a, "shape", ())) for a in args))
+    return dataclasses.replace(ins, fn=run)
+
+
+def _native_stepped(recording, sink):
+    """A ``Recording.run`` that walks the table one instruction's calls at a time, timing each
+    (the same runner over a slice of the table; the input relocations patched on the first)."""
+    pieces: list[tuple[int, int, int]] = []  # (instruction, first record, records)
+    for i, step in enumerate(recording.owner_steps):
+        if pieces and pieces[-1][0] == step and pieces[-1][1] + pieces[-1][2] == i:
+            pieces[-1] = (step, pieces[-1][1], pieces[-1][2] + 1)
+        else:
+            pieces.append((step, i, 1))
+    table = recording.table.ctypes.data
+    row = 8 * recording.stride
+    patches, bases = recording.patches.ctypes.data, recording.bases.ctypes.data
+
+    def run(inputs) -> int:
+        for k, a in enumerate(inputs):
+            recording.bases[k + 1] = a.__array_interface__["data"][0]
+        npatches = recording.npatches
+        for step, first, count in pieces:
+            start = time.perf_counter()
+            got = recording.run_fn(table + row * first, count, recording.stride, patches,
+                                   npatches, 3, bases, None)
+            sink(step, start, time.perf_counter() - start, None)
+            if got:
+                return first + got
+            npatches = 0
+        return 0
+    return run
+
+
+def _native_recordings(exe) -> list | str:
+    """The recordings the native loop replays for ``exe``, or why its calls cannot be timed
+    step by step there."""
+    last = exe.native.last
+    if not last.startswith("native loop"):
+        return f": {last}" if last.startswith("python loop") else f" ({last})"
+    if "fitted" in last:
+        return ": its recording is fitted over dims, which is not split by step"
+    found = [v[0] for v in exe.native.recordings.values() if isinstance(v, tuple)]
+    if not found or any(len(getattr(r, "owner_steps", ())) != r.count for r in found):
+        return ": its recording does not say which step made each C call"
+    return found
+
+
 def timed_runs(prog, feeds: Mapping | None, runs: int) -> Timing:
-    """Call ``prog(**feeds)`` once to plan and warm up, then ``runs`` times on the Python loop
-    with a clock around every step."""
+    """Call ``prog(**feeds)`` to plan and warm up (until the native loop replays, where it
+    will and the program keeps no state that calls change), then ``runs`` times with a clock
+    around every step: in the native loop where the calls run there, else on the Python
+    loop."""
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ArgumentError(f"runs={runs!r}: give a whole number of traced calls, 1 or more")
     program = _program(prog)
     feeds = dict(feeds or {})
     program(**feeds)
     exe = program._last  # noqa: SLF001 - the executable the call ran
+    for _ in range(WARMUPS - 1):
+        last = exe.native.last
+        if not program.native or exe.gpu or program._kept \
+                or not last.startswith("python loop") \
+                or not ("first call" in last or "recorded" in last or "prelude" in last):
+            break
+        program(**feeds)
+        exe = program._last  # noqa: SLF001
     loop = exe.native.last
+    native = _native_recordings(exe)
     original = exe.instructions
     steps: list[StepRun] = []
     current = [0]
 
-    def timed(n: int, ins):
-        fn, sync = ins.fn, _gpu_sync(ins)
-        dtype = str(getattr(ins.dtype, "name", ins.dtype))
+    def sink(n: int, start: float, seconds: float, shapes) -> None:
+        steps.append(StepRun(current[0], n, start, seconds, threading.get_native_id(), shapes))
 
-        def run(*args, **kw):
-            sync()
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                sync()
-                seconds = time.perf_counter() - start
-                shapes = tuple(tuple(int(d) for d in getattr(a, "shape", ())) for a in args)
-                steps.append(StepRun(current[0], n, start, seconds,
-                                     threading.get_native_id(), shapes, dtype))
-        return dataclasses.replace(ins, fn=run)
-
-    exe.instructions = [timed(n, ins) for n, ins in enumerate(original)]
-    native, graphs = program.native, program.cuda_graphs
-    program.native = program.cuda_graphs = False  # (neither has per-step hooks)
+    exe.instructions = [_python_timed(n, ins, sink) for n, ins in enumerate(original)]
+    flags = program.native, program.cuda_graphs
+    patched = native if isinstance(native, list) else []
+    for recording in patched:
+        recording.run = _native_stepped(recording, sink)
+    if not patched:
+        program.native = program.cuda_graphs = False  # (neither has per-step hooks)
     calls = []
     try:
         for r in range(runs):
@@ -113,8 +181,29 @@ def timed_runs(prog, feeds: Mapping | None, runs: int) -> Timing:
             program(**feeds)
             calls.append((start, time.perf_counter() - start, threading.get_native_id()))
     finally:
-        exe.instructions, program.native, program.cuda_graphs = original, native, graphs
-    return Timing(calls, steps, original, loop)
+        exe.instructions = original
+        program.native, program.cuda_graphs = flags
+        for recording in patched:
+            del recording.run  # (the class's run again)
+    traced = NATIVE_LOOP if patched else PYTHON_LOOP.format(why=native)
+    return Timing(calls, _with_uncalled(steps, calls, len(original)), original, loop, traced)
+
+
+def _with_uncalled(steps: list[StepRun], calls: list, count: int) -> list[StepRun]:
+    """``steps`` plus a zero-length slice for each step of a call that called no kernel (a
+    view in the native loop, a state written in place), where it falls in the order: so
+    every call has one slice per step."""
+    out: list[StepRun] = []
+    for run, (start, _, thread) in enumerate(calls):
+        mine = {s.index: s for s in steps if s.run == run}
+        at = start
+        for n in range(count):
+            s = mine.get(n)
+            if s is None:
+                s = StepRun(run, n, at, 0.0, thread, None, False)
+            out.append(s)
+            at = s.start + s.seconds
+    return out
 
 
 def trace_events(timing: Timing, device_name=lambda kind: kind) -> dict:
@@ -145,18 +234,23 @@ def trace_events(timing: Timing, device_name=lambda kind: kind) -> dict:
                        "dur": us(s.seconds),
                        "args": {"kernel": ins.name, "step": s.index, "run": s.run,
                                 **_shapes(ins, s.input_shapes),
-                                "dtype": s.dtype,
+                                "dtype": str(getattr(ins.dtype, "name", ins.dtype)),
+                                **({} if s.called else {"note": "no kernel call (a view, "
+                                                        "or a state written in place)"}),
                                 "backend": getattr(kernel, "backend", ""),
                                 "device": device_name(ins.device)}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"tool": "tensor_graphs prog.trace", "runs": len(timing.calls),
-                          "steps_per_run": len(timing.instructions), "loop": TRACED_LOOP,
+                          "steps_per_run": len(timing.instructions), "loop": timing.traced,
                           "loop_outside_trace": timing.loop}}
 
 
-def _shapes(ins, actual: tuple) -> dict:
+def _shapes(ins, actual: tuple | None) -> dict:
     """The step's input shapes as the plan has them; a kernel that reads a prepared argument
-    (a GEMM's packed weight) gets the shapes it was called with too."""
+    (a GEMM's packed weight) gets the shapes it was called with too. (The native loop sees
+    no arrays: a symbolic shape stays symbolic there.)"""
+    if actual is None:
+        return {"input_shapes": [format_shape(sh) for sh in ins.input_shapes]}
     planned = [sh if is_static(sh) else got for sh, got in
                zip(tuple(ins.input_shapes) or actual, actual)]
     found = {"input_shapes": [format_shape(sh) for sh in planned]}
