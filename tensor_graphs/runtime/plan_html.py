@@ -5,9 +5,10 @@ fused. The page holds three views of one plan, all inline (CSS, a little JavaScr
 opens offline and from an attachment, and names no URL):
 
 - the graph, drawn here as SVG (no Graphviz needed): one box per step, laid out in rows by
-  depth (a step sits one row below the deepest step it reads), colored by backend, outlined
-  by device, its width growing with predicted time; a fused or generated kernel is a group
-  box holding the ops it covers;
+  depth (a step sits one row below the deepest step it reads; one that reads only leaves,
+  just above its first reader), colored by backend, outlined by device, its width growing
+  with predicted time, faded when it runs once per binding; a fused or generated kernel is a
+  group box holding the ops it covers;
 - a step table (kernel, backend, device, what it computes, shape, source of the estimate,
   predicted and measured time, error) that sorts on a click on its header;
 - a cost bar per layer: steps grouped by the layer their weights belong to (the name up to
@@ -165,6 +166,13 @@ def _svg(plan: Plan, producers: list[list[int]], colors: dict, device_name,
     depth: list[int] = []
     for i in range(len(plan.steps)):
         depth.append(1 + max((depth[p] for p in producers[i]), default=-1))
+    users: dict[int, list[int]] = {}
+    for i, ps in enumerate(producers):
+        for p in ps:
+            users.setdefault(p, []).append(i)
+    for i in range(len(plan.steps)):  # a step reading only leaves (a weight's transpose)
+        if not producers[i] and users.get(i):  # sits just above its first reader
+            depth[i] = max(min(depth[u] for u in users[i]) - 1, 0)
     top = max((s.cost for s in plan.steps if math.isfinite(s.cost)), default=0.0)
     rows: dict[int, list[int]] = {}
     for i, d in enumerate(depth):
@@ -211,12 +219,14 @@ def _box(i: int, s: Step, box: tuple, colors: dict, device_name, measured) -> st
     kind = _kind(s)
     stroke, sw = DEVICE_STROKES.get(s.device, ("#000", 2.0))
     tip = (f"#{i} {s.kernel.name} ({s.kernel.backend}, {device_name(s.device)}): "
-           f"{_computes(s)} {format_shape(s.node.shape)}; predicted "
+           f"{_computes(s)} {format_shape(s.node.shape)}"
+           f"{' (once per binding)' if s.static else ''}; predicted "
            f"{format_seconds(s.cost)} ({s.source})"
            + (f", measured {format_seconds(measured)}" if measured is not None else ""))
     label = s.kernel.name if len(s.kernel.name) * 6.2 < w - 8 else \
         s.kernel.name[:max(int((w - 8) / 6.2) - 1, 3)] + "…"
-    parts = [f"<g class='step {kind}' id='step-{i}' data-step='{i}'>",
+    static = " static" if s.static else ""  # (runs once per binding: drawn faded)
+    parts = [f"<g class='step {kind}{static}' id='step-{i}' data-step='{i}'>",
              f"<title>{esc(tip)}</title>"]
     dash = " stroke-dasharray='5,3'" if kind in ("fused", "generated") else ""
     fill = colors[s.kernel.backend]
@@ -306,6 +316,7 @@ svg.plan .edge { fill: none; stroke: #aaa; stroke-width: 1.2; }
 svg.plan .label { font: 12px monospace; fill: #111; }
 svg.plan .label.light { fill: #fff; }
 svg.plan .oplabel { font: 11px monospace; fill: #fff; }
+svg.plan .step.static { opacity: .55; }
 svg.plan .step.hit rect { stroke: #ff0 !important; stroke-width: 4 !important; }
 table.steps { border-collapse: collapse; font: 12px monospace; }
 table.steps th, table.steps td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
