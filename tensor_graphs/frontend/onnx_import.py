@@ -331,7 +331,7 @@ class OnnxProgram:
                 run[name] = arr
         results = self.program(**run)
         results = results if isinstance(results, (list, tuple)) else [results]
-        return [np.asarray(r) for r in results]
+        return [np.asarray(r) for r in results[:len(self.output_names)]]
 
 
 def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="cpu",
@@ -360,13 +360,30 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     given = {k: v for k, v in bounds.items() if v is not None}
     used = {str(s) for n in ir_graph.nodes(outputs)
             for d in (*n.shape, *n.attrs.values()) for s in getattr(d, "free_symbols", ())}
-    program = compiler.compile(list(outputs), device=device,
+    carriers = _shape_carriers(outputs, inputs, used)
+    program = compiler.compile(list(outputs) + carriers, device=device,
                                bounds={k: v for k, v in given.items() if k in used} or None,
                                **options)
     present = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
     if present:
         program.bind(**{n: w for n, w in weights.items() if n in present})
-    return OnnxProgram(program, inputs, outputs, [vi.name for vi in proto.graph.output])
+    return OnnxProgram(program, inputs, outputs + carriers,
+                       [vi.name for vi in proto.graph.output])
+
+
+def _shape_carriers(outputs, inputs: dict, used: set) -> list:
+    """Extra (empty) outputs that read the inputs used only for their symbolic shape (a
+    Range to an input's length): a dim the program needs is bound from the leaves it reads.
+    Each is a 0-element slice of its input; OnnxProgram never returns it."""
+    read = {leaf for leaf in ir_graph.nodes(outputs) if leaf.op.name == INPUT}
+    bound = {str(s) for leaf in read for d in leaf.shape for s in getattr(d, "free_symbols", ())}
+    carriers = []
+    for leaf in inputs.values():
+        carries = {str(s) for d in leaf.shape for s in getattr(d, "free_symbols", ())}
+        if leaf not in read and carries & used - bound:
+            carriers.append(tg.slice_axis(tg.reshape(leaf, (-1,)), 0, 0, 0))
+            bound |= carries
+    return carriers
 
 
 __all__ = ["OnnxProgram", "StaticInputError", "UnsupportedOpError", "from_onnx",

@@ -287,3 +287,17 @@ def test_external_data_is_read_from_the_model_folder_only(tmp_path):
     path, _ = external_model(folder, "weights.bin", offset=8, length=48)
     with pytest.raises(tg.SerializationError, match="pass the model's path"):
         tg.from_onnx(path.read_bytes())
+
+
+def test_an_input_read_only_for_its_length_binds_the_dim():
+    """Range(0, len(x)) reads x's symbolic length only: the program still binds it."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["y"], to=F)]
+    m = model(nodes, [vi("x", ["n", 2])], [vi("y", ["n"])], 13,
+              [ints("zero", 0), ints("one", 1)])
+    prog = tg.from_onnx(m, {"n": 16})
+    for n in (3, 7):
+        (got,) = prog(x=np.zeros((n, 2), np.float32))
+        np.testing.assert_array_equal(got, np.arange(n, dtype=np.float32))

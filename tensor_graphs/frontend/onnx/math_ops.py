@@ -255,14 +255,17 @@ def _gemm(c: Ctx):
     return out
 
 
-def _cumsum(c: Ctx):
+def _cumsum(c: Ctx, fn=tg.cumsum):
     x = c.t(0)
     axis = int(ints(c.s(1, "axis"))[0]) % x.ndim
     if c.a("reverse", 0):
         x = tg.slice_axis(x, axis, None, None, -1)
-    out = tg.cumsum(x, axis=axis)
-    if c.a("exclusive", 0):
-        out = tg.sub(out, x)
+    out = fn(x, axis=axis)
+    if c.a("exclusive", 0):  # shifted by one along the axis, the identity first
+        one = tg.slice_axis(out, axis, 0, 1)
+        start = tg.broadcast_to(tg.as_node(0 if fn is tg.cumsum else 1, x.dtype), *one.shape)
+        out = tg.concat([start, tg.slice_axis(out, axis, 0, -1)], axis) \
+            if x.shape[axis] != 0 else out
     if c.a("reverse", 0):
         out = tg.slice_axis(out, axis, None, None, -1)
     return out
@@ -298,6 +301,7 @@ def table() -> dict:
         "MatMul": _matmul,
         "Gemm": _gemm,
         "CumSum": _cumsum,
+        "CumProd": lambda c: _cumsum(c, tg.cumprod),
     })
     return out
 

@@ -238,6 +238,71 @@ def _global(fn):
     return mapped
 
 
+def _rms_norm(c: Ctx):
+    x = c.t(0)
+    axis = norm_axis(c.a("axis", -1), x.ndim)
+    eps = c.a("epsilon", 1e-5)
+    w = c.t(1)
+    if axis == x.ndim - 1 and w.ndim == 1:
+        return tg.rms_norm(x, w, eps=eps)
+    flat = tg.reshape(x, (*x.shape[:axis], -1))
+    return tg.mul(tg.reshape(tg.rms_norm(flat, eps=eps), x.shape), w)
+
+
+def _swish(c: Ctx):
+    x = c.t(0)
+    return tg.mul(x, tg.sigmoid(tg.mul(x, _f(x, c.a("alpha", 1.0)))))
+
+
+def _hardmax(c: Ctx):
+    x = c.t(0)
+    axis = norm_axis(c.a("axis", -1 if c.opset >= 13 else 1), x.ndim)
+    if c.opset < 13:  # before 13: over the axes from axis, as 2-D
+        lead = 1
+        for d in x.shape[:axis]:
+            lead = lead * d
+        flat = tg.reshape(x, (lead, -1))
+        return tg.reshape(_one_hot_max(flat, 1), x.shape)
+    return _one_hot_max(x, axis)
+
+
+def _one_hot_max(x, axis: int):
+    """1 at the first largest element along ``axis``, 0 elsewhere."""
+    first = tg.argmax(x, axis=axis, keepdims=True)
+    positions = tg.reshape(tg.iota(x.shape[axis]),
+                           tuple(-1 if a == axis else 1 for a in range(x.ndim)))
+    return tg.cast(tg.equal(positions, first), x.dtype)
+
+
+def _lp_norm(c: Ctx):
+    x = c.t(0)
+    axis, p = c.a("axis", -1), c.a("p", 2)
+    if p == 1:
+        norm = tg.sum(tg.abs(x), axis, keepdims=True)
+    elif p == 2:
+        norm = tg.sqrt(tg.sum(tg.square(x), axis, keepdims=True))
+    else:
+        raise c.refuse(f"p={p} (1 and 2 are defined)")
+    zero = tg.equal(norm, _f(x, 0))  # ONNX's reference: a zero vector stays zero
+    return tg.where(zero, _f(x, 0), tg.div(x, tg.where(zero, _f(x, 1), norm)))
+
+
+def _group_norm(c: Ctx):
+    if c.opset < 21:
+        raise c.refuse("opset 18's per-group scale and bias (opset 21 takes them per channel)")
+    x = c.t(0)
+    return tg.group_norm(x, c.t(1), c.t(2), num_groups=c.a("num_groups"),
+                         eps=c.a("epsilon", 1e-5))
+
+
+def _mvn(c: Ctx):
+    x = c.t(0)
+    axes = tuple(c.a("axes", [0, 2, 3]))
+    centered = tg.sub(x, tg.mean(x, axis=axes, keepdims=True))
+    var = tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True)
+    return tg.div(centered, tg.add(tg.sqrt(var), _f(x, 1e-9)))
+
+
 def table() -> dict:
     return {
         "Relu": lambda c: tg.relu(c.t(0)),
@@ -250,6 +315,9 @@ def table() -> dict:
         "InstanceNormalization": _instance_norm, "Conv": _conv,
         "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
         "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
+        "RMSNormalization": _rms_norm, "Swish": _swish, "Hardmax": _hardmax,
+        "LpNormalization": _lp_norm, "GroupNormalization": _group_norm,
+        "MeanVarianceNormalization": _mvn,
     }
 
 

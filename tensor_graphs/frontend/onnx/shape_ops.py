@@ -287,8 +287,8 @@ def _dropout(c: Ctx):
     if c.opset >= 12 and c.has(2) and bool(c.s(2, "training_mode").reshape(-1)[0]):
         raise c.refuse("training_mode=True (dropout is random; import the eval-mode graph)")
     x = c.inputs[0]
-    if c.outputs > 1:
-        return x, c.refuse("its mask output")
+    if c.outputs > 1:  # inference keeps every element: the mask is all True
+        return x, tg.broadcast_to(tg.constant(np.array(True)), *shape_of(x))
     return x
 
 
@@ -311,6 +311,17 @@ def _space_depth(to_depth: bool):
     return mapped
 
 
+def _eye_like(c: Ctx):
+    x = c.t(0)
+    rows, cols = x.shape
+    k = c.a("k", 0)
+    to = dtype_of(c.a("dtype"), f"EyeLike node '{c.name}'") if c.a("dtype") is not None \
+        else x.dtype
+    diagonal = tg.equal(tg.add(tg.reshape(tg.iota(rows), (-1, 1)), k),
+                        tg.reshape(tg.iota(cols), (1, -1)))
+    return tg.cast(diagonal, to)
+
+
 def table() -> dict:
     return {
         "Shape": _shape, "Size": _size, "Reshape": _reshape, "Flatten": _flatten,
@@ -319,7 +330,7 @@ def table() -> dict:
         "Expand": _expand, "Tile": _tile, "Pad": _pad, "Constant": _constant,
         "ConstantOfShape": _constant_of_shape, "Range": _range, "Identity": _identity,
         "Dropout": _dropout, "SpaceToDepth": _space_depth(True),
-        "DepthToSpace": _space_depth(False),
+        "DepthToSpace": _space_depth(False), "EyeLike": _eye_like,
     }
 
 
