@@ -172,3 +172,9 @@ def test_page_renders_in_a_headless_browser(tmp_path):
     parsed = parse(dom)
     assert sorted(parsed.rows) == list(range(len(prog.plan.steps)))
     assert sorted(parsed.boxes) == list(range(len(prog.plan.steps)))
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--screenshot={shot}", "--window-size=1200,900", path.as_uri()],
+                   capture_output=True, timeout=120)
+    image = pytest.importorskip("matplotlib.image").imread(str(shot))
+    assert image.std() > 0.01, "the screenshot is blank"  # boxes, text and table drawn
