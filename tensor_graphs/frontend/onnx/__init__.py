@@ -5,10 +5,17 @@ an op with several outputs; a key in two modules is an error."""
 
 from __future__ import annotations
 
-from tensor_graphs.frontend.onnx import attention_ops, math_ops, nn_ops, select_ops, shape_ops
+from tensor_graphs.frontend.onnx import (
+    attention_ops,
+    math_ops,
+    nn_ops,
+    recurrent_ops,
+    select_ops,
+    shape_ops,
+)
 from tensor_graphs.frontend.onnx.common import StaticInputError, UnsupportedOpError
 
-MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops)
+MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops, recurrent_ops)
 
 
 def build_table() -> dict:
