@@ -301,3 +301,36 @@ def test_an_input_read_only_for_its_length_binds_the_dim():
     for n in (3, 7):
         (got,) = prog(x=np.zeros((n, 2), np.float32))
         np.testing.assert_array_equal(got, np.arange(n, dtype=np.float32))
+
+
+@pytest.mark.parametrize("op,direction,layout", [
+    ("GRU", "forward", 0), ("GRU", "bidirectional", 0), ("LSTM", "bidirectional", 0),
+    ("LSTM", "reverse", 0), ("RNN", "bidirectional", 0)])  # ORT has no layout=1: node tests do
+def test_recurrent_layers_match_onnxruntime(op, direction, layout):
+    """Gate order, directions, layouts, biases and initial states (GRU only in torch's
+    linear_before_reset=1 form, which no ONNX node test uses) against ONNX Runtime."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    dirs, hidden, seq, batch, size = 2 if direction == "bidirectional" else 1, 5, 4, 3, 6
+    rng = np.random.default_rng(2)
+    init = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.5, n)
+            for n, shape in (("W", (dirs, gates * hidden, size)),
+                             ("R", (dirs, gates * hidden, hidden)),
+                             ("B", (dirs, 2 * gates * hidden)))]
+    states = [(batch, dirs, hidden) if layout else (dirs, batch, hidden)]
+    inputs = [vi("X", [batch, seq, size] if layout else [seq, batch, size]),
+              vi("h0", states[0])]
+    names = ["X", "W", "R", "B", "", "h0"]
+    if op == "LSTM":
+        inputs.append(vi("c0", states[0]))
+        names.append("c0")
+    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    outs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, outs, hidden_size=hidden, direction=direction,
+                            layout=layout, **extra)
+    y_shape = [batch, seq, dirs, hidden] if layout else [seq, dirs, batch, hidden]
+    m = model([node], inputs, [vi("Y", y_shape)] + [vi(o, states[0]) for o in outs[1:]],
+              22, init)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in
+                                          i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in inputs}
+    against_ort(m, feeds)
