@@ -29,9 +29,9 @@ import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tensor_graphs.errors import ArgumentError
+from tensor_graphs.errors import ArgumentError, TensorGraphsError
 from tensor_graphs.files import atomic_write
-from tensor_graphs.ir.shapes import format_shape, is_static
+from tensor_graphs.ir.shapes import format_shape, is_static, resolve
 from tensor_graphs.runtime.steps import _gpu_sync
 
 PYTHON_LOOP = ("python loop: each step timed from Python (the program does not run in the "
@@ -64,6 +64,7 @@ class Timing:
     instructions: list
     loop: str  # the loop the program ran before tracing (what it uses outside a trace)
     traced: str  # how the traced calls ran (PYTHON_LOOP or NATIVE_LOOP)
+    dims: Mapping | None = None  # the dims the traced calls bound (symbol -> int)
 
     def medians(self) -> dict[int, float]:
         """Median seconds per instruction index over the traced calls."""
@@ -173,7 +174,14 @@ def timed_runs(prog, feeds: Mapping | None, runs: int) -> Timing:
         recording.run = _native_stepped(recording, sink)
     if not patched:
         program.native = program.cuda_graphs = False  # (neither has per-step hooks)
-    calls = []
+    calls, seen = [], []
+    run = exe.run
+
+    def noting(arrays, dims, *args, **kw):  # the dims each call binds: shapes resolve at them
+        seen.append(dims)
+        return run(arrays, dims, *args, **kw)
+
+    exe.run = noting
     try:
         for r in range(runs):
             current[0] = r
@@ -182,11 +190,13 @@ def timed_runs(prog, feeds: Mapping | None, runs: int) -> Timing:
             calls.append((start, time.perf_counter() - start, threading.get_native_id()))
     finally:
         exe.instructions = original
+        del exe.run  # (the class's run again)
         program.native, program.cuda_graphs = flags
         for recording in patched:
             del recording.run  # (the class's run again)
     traced = NATIVE_LOOP if patched else PYTHON_LOOP.format(why=native)
-    return Timing(calls, _with_uncalled(steps, calls, len(original)), original, loop, traced)
+    return Timing(calls, _with_uncalled(steps, calls, len(original)), original, loop, traced,
+                  seen[-1] if seen else None)
 
 
 def _with_uncalled(steps: list[StepRun], calls: list, count: int) -> list[StepRun]:
@@ -233,7 +243,7 @@ def trace_events(timing: Timing, device_name=lambda kind: kind) -> dict:
                        "pid": pid, "tid": s.thread, "ts": us(s.start - origin),
                        "dur": us(s.seconds),
                        "args": {"kernel": ins.name, "step": s.index, "run": s.run,
-                                **_shapes(ins, s.input_shapes),
+                                **_shapes(ins, s.input_shapes, timing.dims),
                                 "dtype": str(getattr(ins.dtype, "name", ins.dtype)),
                                 **({} if s.called else {"note": "no kernel call (a view, "
                                                         "or a state written in place)"}),
@@ -245,18 +255,25 @@ def trace_events(timing: Timing, device_name=lambda kind: kind) -> dict:
                           "loop_outside_trace": timing.loop}}
 
 
-def _shapes(ins, actual: tuple | None) -> dict:
-    """The step's input shapes as the plan has them; a kernel that reads a prepared argument
-    (a GEMM's packed weight) gets the shapes it was called with too. (The native loop sees
-    no arrays: a symbolic shape stays symbolic there.)"""
+def _shapes(ins, actual: tuple | None, dims: Mapping | None) -> dict:
+    """The step's input shapes as the plan has them, at the call's dims; a kernel that reads
+    a prepared argument (a GEMM's packed weight) gets the shapes it was called with too (the
+    Python loop sees them; the native loop sees no arrays)."""
     if actual is None:
-        return {"input_shapes": [format_shape(sh) for sh in ins.input_shapes]}
+        return {"input_shapes": [format_shape(_at(sh, dims)) for sh in ins.input_shapes]}
     planned = [sh if is_static(sh) else got for sh, got in
                zip(tuple(ins.input_shapes) or actual, actual)]
     found = {"input_shapes": [format_shape(sh) for sh in planned]}
     if [tuple(sh) for sh in planned] != [tuple(sh) for sh in actual]:
         found["argument_shapes"] = [format_shape(sh) for sh in actual]
     return found
+
+
+def _at(shape: tuple, dims: Mapping | None) -> tuple:
+    try:
+        return resolve(tuple(shape), dims) if dims else tuple(shape)
+    except TensorGraphsError:  # (a dim no call bound: shown symbolic)
+        return tuple(shape)
 
 
 def write_trace(prog, path, feeds: Mapping | None = None, runs: int = 3) -> dict:

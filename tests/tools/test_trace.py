@@ -102,3 +102,15 @@ def test_trace_refuses_a_bad_run_count(tmp_path, runs):
     with pytest.raises(ArgumentError, match="runs="):
         prog.trace(tmp_path / "t.json", feeds, runs=runs)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_trace_of_a_symbolic_program_shows_the_calls_shapes(tmp_path):
+    x = tg.input("x", ("seq", 16))
+    w = tg.weight("w", (16, 16))
+    prog = tg.compile(tg.tanh(x @ w) * 2.0, db=":memory:", bounds={"seq": 32})
+    prog.bind(w=np.eye(16, dtype=np.float32))
+    for seq in (5, 9):
+        trace = prog.trace(tmp_path / "t.json", {"x": np.ones((seq, 16), np.float32)}, runs=1)
+        steps = slices(trace, "step")
+        assert steps and all(e["args"]["input_shapes"][0] == f"({seq}, 16)" for e in steps), \
+            [e["args"] for e in steps]
