@@ -1,0 +1,319 @@
+"""torch.compile(model, backend="tensor_graphs"): Dynamo's graphs planned and run as our
+programs, compared with eager torch on the same weights (one error measure, 1e-4)."""
+
+import contextlib
+import warnings
+from importlib.metadata import entry_points
+
+import pytest
+
+import tensor_graphs  # noqa: F401  (before torch: its thread pools start quiet)
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402,N812
+
+from tensor_graphs.db import Database  # noqa: E402
+from tensor_graphs.errors import ArgumentError, TensorGraphsError  # noqa: E402
+from tensor_graphs.frontend.aten import UnsupportedOpError  # noqa: E402
+from tensor_graphs.frontend.dynamo import (  # noqa: E402
+    DynamoProgram,
+    EagerFallbackWarning,
+    tensor_graphs_backend,
+)
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+TOL = 1e-4
+OPTIONS = {"db": ":memory:"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (Dynamo's caches are per code object and global)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Spy:
+    """The registered backend, looked up by name as torch.compile does, recording what it
+    returns for each graph Dynamo hands over."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        made = torch._dynamo.lookup_backend("tensor_graphs")(gm, example_inputs, **kwargs)
+        self.made.append(made)
+        return made
+
+    @property
+    def ours(self) -> list:
+        return [m for m in self.made if isinstance(m, DynamoProgram)]
+
+
+def _err(got, ref) -> float:
+    return relative_error(got.detach().double().numpy(), ref.detach().double().numpy())
+
+
+@contextlib.contextmanager
+def _no_fallback():
+    """A graph our backend cannot take fails the test (the warning becomes an error)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EagerFallbackWarning)
+        yield
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block in plain torch."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+# ---------------------------------------------------------------------------- registration
+def test_entry_point_resolves():
+    names = {ep.name: ep for ep in entry_points(group="torch_dynamo_backends")}
+    assert "tensor_graphs" in names, "reinstall: pip install -e . (the entry point is new)"
+    assert names["tensor_graphs"].load() is tensor_graphs_backend
+    assert "tensor_graphs" in torch._dynamo.list_backends()
+    assert torch._dynamo.lookup_backend("tensor_graphs") is tensor_graphs_backend
+
+
+def test_backend_by_name_matches_eager():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 7, 32)
+    compiled = torch.compile(m, backend="tensor_graphs", options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        got = compiled(x)
+        ref = m(x)
+    assert _err(got, ref) <= TOL
+
+
+# ---------------------------------------------------------------------------- graph breaks
+class Broken(nn.Module):
+    """Two regions with a graph break between (the print runs in Python, between them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Block(), Block()
+
+    def forward(self, x):
+        h = self.a(x)
+        print("between the blocks")
+        return self.b(h).softmax(-1)
+
+
+def test_graph_break_runs_each_piece_as_our_program(capsys):
+    torch.manual_seed(0)
+    m = Broken().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    x = torch.randn(2, 5, 32)
+    with _no_fallback(), torch.no_grad():
+        got = compiled(x)
+        again = compiled(x + 1)
+        ref, ref_again = m(x), m(x + 1)
+    assert "between the blocks" in capsys.readouterr().out  # eager Python between our programs
+    assert len(spy.made) == 2 and len(spy.ours) == 2  # one program per piece
+    assert all(p.calls == 2 for p in spy.ours)
+    assert _err(got, ref) <= TOL and _err(again, ref_again) <= TOL
+
+
+# ---------------------------------------------------------------------------- dynamic shapes
+def test_dynamic_lengths_replan_only_past_the_bound():
+    torch.manual_seed(0)
+    m = Block().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        for n in (8, 13, 21, 100):
+            x = torch.randn(2, n, 32)
+            assert _err(compiled(x), m(x)) <= TOL, n
+    # Dynamo: the first length static, the second a recompile with a symbolic length
+    assert len(spy.ours) == 2
+    static, dynamic = spy.ours
+    assert static.bounds == {} and static.calls == 1
+    assert dynamic.calls == 3
+    # 13 planned with the bound 64, 21 replayed from that plan, 100 past it: one more plan
+    assert dynamic.compiles == 2 and list(dynamic.bounds.values()) == [256]
+    assert dynamic.program.stats["planner_runs"] == 1
+
+
+def test_dynamic_true_one_graph_and_a_fixed_bound():
+    torch.manual_seed(0)
+    m = Block().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, dynamic=True, options={**OPTIONS, "bound": 40})
+    with _no_fallback(), torch.no_grad():
+        for n in (6, 11, 40):
+            x = torch.randn(3, n, 32)
+            assert _err(compiled(x), m(x)) <= TOL, n
+    (prog,) = spy.ours
+    assert prog.compiles == 1 and prog.calls == 3
+    assert set(prog.bounds.values()) == {40}
+    assert prog.program.stats["planner_runs"] == 1  # every length replays one plan
+
+
+def test_options_reach_the_planner(tmp_path):
+    """profile="missing" measures what the plan lacks into the database the options name."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)).eval()
+    path = tmp_path / "measured.sqlite"
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options={"db": str(path), "profile": "missing",
+                                                      "tolerance": 1e-3})
+    x = torch.randn(4, 16)
+    with _no_fallback(), torch.no_grad():
+        assert _err(compiled(x), m(x)) <= TOL
+    (prog,) = spy.ours
+    assert prog.program.stats["measured"] > 0
+    assert Database(str(path)).rows()  # the rows landed in that file
+
+
+# ---------------------------------------------------------------------------- fallbacks
+class Bessel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.special.bessel_j0(self.fc(x))
+
+
+def test_unmapped_op_falls_back_to_eager_with_a_warning():
+    torch.manual_seed(0)
+    m = Bessel().eval()
+    x = torch.randn(4, 8)
+    compiled = torch.compile(m, backend="tensor_graphs", options=OPTIONS)
+    with pytest.warns(EagerFallbackWarning, match="bessel_j0") as record, torch.no_grad():
+        got = compiled(x)
+    (warned,) = [w for w in record if w.category is EagerFallbackWarning]
+    assert "'fallback': False" in str(warned.message)  # names the option that raises instead
+    with torch.no_grad():
+        assert _err(got, m(x)) == 0  # eager torch ran it
+
+
+def test_fallback_false_raises_the_import_error():
+    m = Bessel().eval()
+    compiled = torch.compile(m, backend="tensor_graphs", options={**OPTIONS, "fallback": False})
+    with pytest.raises(Exception) as info, torch.no_grad():  # noqa: B017  (Dynamo wraps it)
+        compiled(torch.randn(4, 8))
+    chain, exc = [], info.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__ or getattr(exc, "inner_exception", None)
+    found = [e for e in chain if isinstance(e, UnsupportedOpError)]
+    assert found and "bessel_j0" in str(found[0])
+
+
+def test_gradients_fall_back_to_eager():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 5, 32)
+    compiled = torch.compile(m, backend="tensor_graphs", options=OPTIONS)
+    with pytest.warns(EagerFallbackWarning, match="no_grad"):
+        got = compiled(x)  # grad mode on, parameters require grad
+    got.sum().backward()  # eager torch ran: the graph still trains
+    assert m.fc.weight.grad is not None
+
+
+def test_unknown_option_is_named():
+    m = Block().eval()
+    compiled = torch.compile(m, backend="tensor_graphs", options={"tolerence": 1e-3})
+    with pytest.raises(Exception) as info, torch.no_grad():  # noqa: B017  (Dynamo wraps it)
+        compiled(torch.randn(2, 5, 32))
+    cause = info.value
+    while cause is not None and not isinstance(cause, TensorGraphsError):
+        cause = cause.__cause__ or getattr(cause, "inner_exception", None)
+    assert isinstance(cause, ArgumentError) and "tolerence" in str(cause)
+    assert "tolerance" in str(cause)  # and lists the options there are
+
+
+def test_parameters_changed_in_place_are_seen():
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 5, 32)
+    compiled = torch.compile(m, backend="tensor_graphs", options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        compiled(x)
+        m.fc.weight.mul_(2.0)  # bound once; the in-place change must reach the program
+        assert _err(compiled(x), m(x)) <= TOL
+
+
+# ---------------------------------------------------------------------------- real models
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000,
+                                  n_positions=64, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.slow
+def test_gpt2_two_layers_default_forward_matches_eager():
+    model = _gpt2()
+    spy = Spy()
+    compiled = torch.compile(model, backend=spy, options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        for n in (9, 14):
+            ids = torch.randint(0, 1000, (1, n))
+            got, ref = compiled(ids), model(ids)  # default forward: use_cache=True
+            assert _err(got.logits, ref.logits) <= TOL, n
+            # the cache the forward returns: tensors our program computed
+            layers = list(zip(got.past_key_values.layers, ref.past_key_values.layers))
+            assert len(layers) == 2
+            for g, r in layers:
+                assert _err(g.keys, r.keys) <= TOL and _err(g.values, r.values) <= TOL
+    assert spy.ours and all(p.calls for p in spy.ours)
+
+
+@pytest.mark.slow
+def test_gpt2_generate_greedy_tokens_match_eager():
+    model = _gpt2()
+    ids = torch.randint(1, 1000, (1, 7))
+    kwargs = dict(max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids),
+                  pad_token_id=0)
+    ref = model.generate(ids, **kwargs)
+    spy = Spy()
+    model.forward = torch.compile(model.forward, backend=spy, options=OPTIONS)
+    with _no_fallback():
+        got = model.generate(ids, **kwargs)
+    assert got.tolist() == ref.tolist()
+    # prefill, the first decode step, and one graph of symbolic cache length for the rest
+    assert sum(p.calls for p in spy.ours) == 8
+    assert max(p.compiles for p in spy.ours) == 1  # the cache stayed inside the first bound
+
+
+@pytest.mark.slow
+def test_minilm_shaped_bert_matches_eager():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=6,
+                                  num_attention_heads=12, intermediate_size=1536,
+                                  max_position_embeddings=128)
+    model = transformers.BertModel(cfg).eval()
+    spy = Spy()
+    compiled = torch.compile(model, backend=spy, options=OPTIONS)
+    ids = torch.randint(0, 1000, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0  # padded like a batch of sentences
+    with _no_fallback(), torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask)
+        ref = model(input_ids=ids, attention_mask=mask)
+    assert _err(got.last_hidden_state, ref.last_hidden_state) <= TOL
+    assert _err(got.pooler_output, ref.pooler_output) <= TOL
+    assert spy.ours and all(p.calls == 1 for p in spy.ours)
