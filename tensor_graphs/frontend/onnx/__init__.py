@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tensor_graphs.frontend.onnx import (
     attention_ops,
+    loss_ops,
     math_ops,
     nn_ops,
     recurrent_ops,
@@ -15,7 +16,7 @@ from tensor_graphs.frontend.onnx import (
 )
 from tensor_graphs.frontend.onnx.common import StaticInputError, UnsupportedOpError
 
-MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops, recurrent_ops)
+MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops, recurrent_ops, loss_ops)
 
 
 def build_table() -> dict:
