@@ -11,12 +11,14 @@ from tensor_graphs.frontend.onnx import (
     math_ops,
     nn_ops,
     recurrent_ops,
+    resize_ops,
     select_ops,
     shape_ops,
 )
 from tensor_graphs.frontend.onnx.common import StaticInputError, UnsupportedOpError
 
-MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops, recurrent_ops, loss_ops)
+MODULES = (math_ops, nn_ops, shape_ops, select_ops, attention_ops, recurrent_ops, loss_ops,
+           resize_ops)
 
 
 def build_table() -> dict:

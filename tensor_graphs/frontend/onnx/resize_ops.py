@@ -1,0 +1,172 @@
+"""ONNX's Resize (opset 11 on) as one matrix product per resized axis. Each mode (nearest,
+linear, cubic, with antialias), coordinate transformation and option is linear in the data
+along an axis, so its weights are computed once here with numpy, as ONNX's reference
+computes each output position (its formulas, edge padding, exclude_outside), and applied as
+a constant (out, in) matrix: static sizes only."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensor_graphs.frontend.onnx.common import Ctx, ints
+from tensor_graphs.ir import api as tg
+
+
+def _nearest(ratio, scale, mode):
+    if float(ratio).is_integer():
+        return np.array([0.0, 1.0])
+    return np.array({"round_prefer_floor": [ratio <= 0.5, ratio > 0.5],
+                     "round_prefer_ceil": [ratio < 0.5, ratio >= 0.5],
+                     "floor": [1, 0], "ceil": [0, 1]}[mode], dtype=np.float64)
+
+
+def _cubic(ratio, scale, a):
+    r = ratio
+    return np.array([
+        ((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+        ((a + 2) * r - (a + 3)) * r * r + 1,
+        ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+        ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a,
+    ])
+
+
+def _cubic_antialias(ratio, scale, a):
+    scale = min(scale, 1.0)
+
+    def coeff(x):
+        x = abs(x)
+        if x <= 1:
+            return (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1
+        return a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a if x < 2 else 0.0
+    start = int(np.floor(-2 / scale) + 1)
+    out = np.array([coeff(scale * (i - ratio)) for i in range(start, 2 - start)])
+    return out / out.sum()
+
+
+def _linear(ratio, scale):
+    return np.array([1 - ratio, ratio])
+
+
+def _linear_antialias(ratio, scale):
+    scale = min(scale, 1.0)
+    start = int(np.floor(-1 / scale) + 1)
+    args = (np.arange(start, start + 2 - 2 * start) - ratio) * scale
+    out = np.clip(1 - np.abs(args), 0, 1)
+    return out / out.sum()
+
+
+def _source(x, size_in, scale, size_out, mode, roi):
+    """Where output position ``x`` samples the input (None: outside a crop's roi)."""
+    width = scale * size_in
+    if mode == "align_corners":
+        return 0.0 if width == 1 else x * (size_in - 1) / (width - 1)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_crop_and_resize":
+        lo, hi = roi
+        at = (hi - lo) * (size_in - 1) / 2 if width == 1 else \
+            x * (hi - lo) * (size_in - 1) / (width - 1)
+        at += lo * (size_in - 1)
+        return None if at < 0 or at > size_in - 1 else at
+    if mode == "pytorch_half_pixel":
+        return -0.5 if width == 1 else (x + 0.5) / scale - 0.5
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = size_in / 2 * (1 - size_out / width)
+        return offset + (x + 0.5) / scale - 0.5
+    raise ValueError(mode)
+
+
+def weights(size_in: int, size_out: int, scale: float, coeffs, coordinate: str,
+            exclude_outside: bool, roi=None) -> tuple[np.ndarray, np.ndarray]:
+    """(out, in) weights and the (out,) positions outside a crop (extrapolated)."""
+    m = np.zeros((size_out, size_in))
+    outside = np.zeros(size_out, dtype=bool)
+    for x in range(size_out):
+        at = _source(float(x), size_in, scale, size_out, coordinate, roi)
+        if at is None:
+            outside[x] = True
+            continue
+        base = math.floor(at)
+        ratio = 1.0 if float(at).is_integer() else at - base
+        c = np.array(coeffs(ratio, scale), dtype=np.float64)
+        n = len(c)
+        pad = math.ceil(n / 2)
+        centre = at + pad
+        window = range(max(0, base + pad - n - 1), min(size_in + 2 * pad, base + pad + n + 2))
+        idx = sorted(sorted(window, key=lambda i: (abs(centre - i), i))[:n])
+        idx = [i - pad for i in idx]
+        if exclude_outside:
+            c = np.where([0 <= i < size_in for i in idx], c, 0.0)
+            c = c / c.sum()
+        for i, w in zip(idx, c):
+            m[x, min(max(i, 0), size_in - 1)] += w
+    return m, outside
+
+
+def _resize(c: Ctx):
+    if c.opset < 11:
+        raise c.refuse("Resize before opset 11 (scales only, no coordinate modes)")
+    x = c.t(0)
+    if not x.dtype.is_float:
+        raise c.refuse(f"a {x.dtype.name} input (float inputs are mapped)")
+    rank = x.ndim
+    if not all(isinstance(d, int) for d in x.shape):
+        raise c.refuse(f"symbolic input dims {x.shape} (the weights are built per size)")
+    axes = [a % rank for a in c.a("axes", list(range(rank)))]
+    roi = c.s(1, "roi").astype(np.float64).reshape(-1) if c.has(1) else np.zeros(0)
+    scales = c.s(2, "scales").astype(np.float64).reshape(-1) if c.has(2) and \
+        c.s(2, "scales").size else None
+    sizes = ints(c.s(3, "sizes")) if c.n > 3 and c.has(3) else None
+    full_scale = [1.0] * rank
+    out_size = list(x.shape)
+    if sizes is not None:
+        ratio = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+        policy = c.a("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            one = min(ratio) if policy == "not_larger" else max(ratio)
+            ratio = [one] * len(axes)
+            sizes = [int(one * x.shape[a] + 0.5) for a in axes]
+        for i, a in enumerate(axes):
+            full_scale[a], out_size[a] = ratio[i], sizes[i]
+    elif scales is not None:
+        for i, a in enumerate(axes):
+            full_scale[a] = float(scales[i])
+            out_size[a] = int(full_scale[a] * x.shape[a])
+    else:
+        raise c.refuse("neither scales nor sizes")
+    mode = c.a("mode", "nearest")
+    antialias = bool(c.a("antialias", 0))
+    a = c.a("cubic_coeff_a", -0.75)
+    coeffs = {
+        "nearest": lambda r, s: _nearest(r, s, c.a("nearest_mode", "round_prefer_floor")),
+        "linear": _linear_antialias if antialias else _linear,
+        "cubic": (lambda r, s: _cubic_antialias(r, s, a)) if antialias else
+                 (lambda r, s: _cubic(r, s, a)),
+    }[mode]
+    coordinate = c.a("coordinate_transformation_mode", "half_pixel")
+    extrapolate = c.a("extrapolation_value", 0.0)
+    out = x
+    for i, ax in enumerate(axes):
+        axis_roi = (roi[i], roi[len(axes) + i]) if roi.size else (0.0, 1.0)
+        if math.isclose(full_scale[ax], 1.0) and out_size[ax] == x.shape[ax] and \
+                (coordinate != "tf_crop_and_resize" or axis_roi == (0.0, 1.0)):
+            continue
+        m, outside = weights(x.shape[ax], out_size[ax], full_scale[ax], coeffs, coordinate,
+                             bool(c.a("exclude_outside", 0)), axis_roi)
+        moved = tg.transpose(out, ax, -1) if ax != rank - 1 else out
+        moved = tg.matmul(moved, tg.constant(m.T.astype(x.dtype.np_dtype)))
+        if outside.any():
+            moved = tg.add(moved, tg.constant((outside * extrapolate).astype(x.dtype.np_dtype)))
+        out = tg.transpose(moved, ax, -1) if ax != rank - 1 else moved
+    return out
+
+
+def table() -> dict:
+    return {"Resize": _resize}
+
+
+__all__ = ["table", "weights"]
