@@ -1,8 +1,9 @@
 """ONNX's RNN, GRU and LSTM on our recurrent layers (``ir/ops/recurrent.py``), one
 ``*_layer`` per direction. ONNX orders the gates differently from torch (LSTM i, o, f, c
 against i, f, g, o; GRU z, r, h against r, z, n): the weights' row blocks are reordered here.
-Forms the layers do not compute (other activations, clip, peepholes, coupled gates, GRU's
-default linear_before_reset=0, ragged sequence_lens) are refused by name."""
+ONNX's default GRU (linear_before_reset=0, which no torch layer computes) is unrolled here
+over a concrete length. Other forms (activations, clip, peepholes, coupled gates, ragged
+sequence_lens) are refused by name."""
 
 from __future__ import annotations
 
@@ -36,9 +37,7 @@ def _recurrent(c: Ctx):
         raise c.refuse("clip")
     if c.a("input_forget", 0):
         raise c.refuse("input_forget=1")
-    if c.op == "GRU" and not c.a("linear_before_reset", 0):
-        raise c.refuse("linear_before_reset=0 (the reset gate before the recurrent product; "
-                       "torch's GRU, linear_before_reset=1, is mapped)")
+    torch_gru = c.op != "GRU" or bool(c.a("linear_before_reset", 0))
     if c.op == "LSTM" and c.n > 7 and c.has(7):
         raise c.refuse("peephole weights P")
     x, w, r = c.t(0), c.t(1), c.t(2)
@@ -79,6 +78,10 @@ def _recurrent(c: Ctx):
             y = tg.slice_axis(both, 2, 0, hidden)
             cs.append(tg.slice_axis(tg.slice_axis(both, 2, hidden, None), 0, last,
                                     None if last == -1 else 1))
+        elif not torch_gru:  # ONNX's default GRU: the reset gate scales h before R_h
+            if not isinstance(seq, int):
+                raise c.refuse("linear_before_reset=0 over a symbolic sequence length")
+            y = _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden, reverse)
         elif c.op == "GRU":
             y = tg.gru_layer(x, h, w_ih, w_hh, b_ih, b_hh, reverse=reverse)
         else:
@@ -94,6 +97,32 @@ def _recurrent(c: Ctx):
         y_h = tg.transpose(y_h, 0, 1)
         y_c = tg.transpose(y_c, 0, 1) if y_c is not None else None
     return (y, y_h, y_c) if c.op == "LSTM" else (y, y_h)
+
+
+def _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden: int, reverse: bool):
+    """ONNX's GRU with linear_before_reset=0, unrolled over a concrete length: the candidate
+    is tanh(x W_n + b_in + (r * h) R_n + b_hn). Weights in torch's order (r, z, n)."""
+    xs = tg.matmul(x, tg.transpose(w_ih, 0, 1))  # (seq, batch, 3 * hidden)
+    if b_ih is not None:
+        xs = tg.add(xs, b_ih)
+    r_rz = tg.transpose(tg.slice_axis(w_hh, 0, 0, 2 * hidden), 0, 1)
+    r_n = tg.transpose(tg.slice_axis(w_hh, 0, 2 * hidden, None), 0, 1)
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    out = {}
+    for t in steps:
+        xt = tg.squeeze(tg.slice_axis(xs, 0, t, t + 1), 0)
+        hr = tg.matmul(h, r_rz)
+        if b_hh is not None:
+            hr = tg.add(hr, tg.slice_axis(b_hh, 0, 0, 2 * hidden))
+        gates = tg.sigmoid(tg.add(tg.slice_axis(xt, 1, 0, 2 * hidden), hr))
+        r, z = tg.slice_axis(gates, 1, 0, hidden), tg.slice_axis(gates, 1, hidden, None)
+        hn = tg.matmul(tg.mul(r, h), r_n)
+        if b_hh is not None:
+            hn = tg.add(hn, tg.slice_axis(b_hh, 0, 2 * hidden, None))
+        n = tg.tanh(tg.add(tg.slice_axis(xt, 1, 2 * hidden, None), hn))
+        h = tg.add(n, tg.mul(z, tg.sub(h, n)))  # (1 - z) * n + z * h
+        out[t] = tg.unsqueeze(h, 0)
+    return tg.concat([out[t] for t in range(x.shape[0])], 0)
 
 
 def table() -> dict:
