@@ -187,6 +187,57 @@ def _conv(c: Ctx):
     return tg.squeeze(out, 2) if one else out
 
 
+def _conv_transpose(c: Ctx):
+    """The gradient of a convolution as one: the input spread by the stride (zeros between),
+    padded by the dilated kernel less the pads, convolved with the flipped kernel whose
+    in and out channels swap within each group."""
+    x, w = c.t(0), c.t(1)
+    b = c.t(2) if c.has(2) else None
+    k = list(c.a("kernel_shape", w.shape[2:]))
+    n = len(k)
+    if n not in (1, 2):
+        raise c.refuse(f"a {n}-D transposed convolution (1-D and 2-D are mapped)")
+    sizes = list(x.shape[2:])
+    strides = list(c.a("strides", [1] * n))
+    dil = list(c.a("dilations", [1] * n))
+    extra = list(c.a("output_padding", [0] * n))[:n]
+    want = c.a("output_shape")
+    pads, auto = c.a("pads"), c.a("auto_pad", "NOTSET")
+    if pads is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+    if pads is None:
+        target = list(want) if want else [sizes[i] * strides[i] for i in range(n)]
+        total = [strides[i] * (sizes[i] - 1) + extra[i] + (k[i] - 1) * dil[i] + 1 - target[i]
+                 for i in range(n)]
+        low = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        pads = low + [t - lo for t, lo in zip(total, low)]
+    if n == 1:
+        x, w = _to_2d(x), _to_2d(w)
+        k, strides, dil, extra = [1, k[0]], [1, strides[0]], [1, dil[0]], [0, extra[0]]
+        pads = [0, pads[0], 0, pads[1]]
+        want = [1, want[-1]] if want else None
+    batch, ch, h, wd = x.shape
+    sh, sw = strides
+    if sh > 1 or sw > 1:  # the stride's zeros between the input's elements
+        y = tg.pad(tg.reshape(x, (batch, ch, h, 1, wd, 1)), [0, sw - 1, 0, 0, 0, sh - 1])
+        y = tg.reshape(y, (batch, ch, h * sh, wd * sw))
+        x = tg.slice_axis(tg.slice_axis(y, 2, 0, (h - 1) * sh + 1), 3, 0, (wd - 1) * sw + 1)
+    edge = [dil[i] * (k[i] - 1) for i in range(2)]
+    x = tg.pad(x, [edge[1] - pads[1], edge[1] - pads[3] + extra[1],
+                   edge[0] - pads[0], edge[0] - pads[2] + extra[0]])
+    groups = c.a("group", 1)
+    cin, per = w.shape[0], w.shape[1]
+    kernel = tg.reshape(w, (groups, cin // groups, per, k[0], k[1]))
+    kernel = tg.reshape(tg.permute(kernel, 0, 2, 1, 3, 4), (groups * per, cin // groups,
+                                                           k[0], k[1]))
+    kernel = tg.slice_axis(tg.slice_axis(kernel, 2, None, None, -1), 3, None, None, -1)
+    out = tg.conv2d(x, kernel, b, dilation=tuple(dil), groups=groups)
+    if want:  # an output_shape beyond what the pads give: zeros after (or cut)
+        have = out.shape[2:]
+        out = tg.pad(out, [0, want[-1] - have[-1], 0, want[-2] - have[-2]])
+    return tg.squeeze(out, 2) if n == 1 else out
+
+
 def _pool(kind: str):
     def mapped(c: Ctx):
         if c.outputs > 1:
@@ -313,6 +364,7 @@ def table() -> dict:
         "Softmax": _softmax(tg.softmax), "LogSoftmax": _softmax(tg.log_softmax),
         "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm,
         "InstanceNormalization": _instance_norm, "Conv": _conv,
+        "ConvTranspose": _conv_transpose,
         "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
         "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
         "RMSNormalization": _rms_norm, "Swish": _swish, "Hardmax": _hardmax,
