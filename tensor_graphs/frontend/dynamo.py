@@ -22,6 +22,13 @@ import numpy as np
 from tensor_graphs import compiler
 from tensor_graphs.errors import ArgumentError, ShapeError, TensorGraphsError
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, torch_module
+from tensor_graphs.frontend.dynamo_graph import (
+    RefusedGraphError,
+    dim_names,
+    dynamic_shapes,
+    export,
+    exportable,
+)
 from tensor_graphs.frontend.torch_export import _shape_carriers, import_exported
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
@@ -45,19 +52,12 @@ MODES = {
     "max-autotune-no-cudagraphs": "missing",  # the same
 }
 
-# the largest size a Dim may take where Dynamo sets none (a finite range for the importer)
-LARGEST = 2 ** 31 - 2
-
 # a symbolic size's first bound is at least this (a few decode steps fit before a re-plan)
 MIN_BOUND = 64
 
 
 class EagerFallbackWarning(UserWarning):
     """A graph Dynamo handed over runs in eager torch instead of a tensor_graphs program."""
-
-
-class _RefusedError(TensorGraphsError):
-    """A graph the backend cannot take for a reason no op names (gradients, devices)."""
 
 
 class _OutsidePlanError(ShapeError):
@@ -135,46 +135,47 @@ class DynamoProgram:
         torch = torch_module()
         tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            raise _RefusedError("this graph needs gradients (grad mode is on and an input or "
-                                "parameter requires grad); the tensor_graphs backend compiles "
-                                "inference only: call the model under torch.no_grad() or "
-                                "torch.inference_mode()")
+            raise RefusedGraphError("this graph needs gradients (grad mode is on and an input "
+                                    "or parameter requires grad); the tensor_graphs backend "
+                                    "compiles inference only: call the model under "
+                                    "torch.no_grad() or torch.inference_mode()")
         devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
         if devices:
-            raise _RefusedError(f"inputs on {', '.join(devices)}: the tensor_graphs backend "
-                                "plans cpu programs only; use tg.from_torch(..., "
-                                "device='cuda') for GPUs")
+            raise RefusedGraphError(f"inputs on {', '.join(devices)}: the tensor_graphs "
+                                    "backend plans cpu programs only; use "
+                                    "tg.from_torch(..., device='cuda') for GPUs")
         self.gm = gm
         self.compiles = 0
         self.calls = 0
         self._fallback = opts["fallback"]
         self._eager = False
-        module, self._user, self._weights, self._scalars, values = _exportable(
-            gm, example_inputs)
+        found = exportable(gm, example_inputs)
+        self._user, self._weights, self._scalars = found.user, found.weights, found.scalars
         args = [example_inputs[i] for i in self._user]
         try:
-            spec = _dynamic_shapes(values, duck=False)
-            outputs, leaves, weights, _ = import_exported(_export(module, args, spec),
-                                                          _dim_names(spec))
+            spec = dynamic_shapes(found.values, duck=False)
+            outputs, leaves, weights, _ = import_exported(export(found.module, args, spec),
+                                                          dim_names(spec))
         except ShapeError:
             # Dynamo keeps sizes apart that the graph needs equal but torch's meta kernels
             # never compare (sdpa's key and value lengths): one dim per size equal in the
             # example, as torch's duck shaping does; a call where they differ runs eagerly
-            spec = _dynamic_shapes(values, duck=True)
-            outputs, leaves, weights, _ = import_exported(_export(module, args, spec),
-                                                          _dim_names(spec))
+            spec = dynamic_shapes(found.values, duck=True)
+            outputs, leaves, weights, _ = import_exported(export(found.module, args, spec),
+                                                          dim_names(spec))
         self._leaves = leaves  # the user tensors' leaves, in self._user's order
-        self._outputs: list = []  # per graph output: index into the program's, or a value
+        # per graph output: (True, index into the program's outputs) or (False, a value)
+        self._outputs: list[tuple[bool, object]] = []
         nodes = []
         for out in outputs:
             if isinstance(out, Node):
-                self._outputs.append(len(nodes))
+                self._outputs.append((True, len(nodes)))
                 nodes.append(out)
             elif getattr(out, "free_symbols", None):
-                raise _RefusedError(f"the graph returns the symbolic size {out}, which a "
-                                    "tensor_graphs program cannot return")
+                raise RefusedGraphError(f"the graph returns the symbolic size {out}, which a "
+                                        "tensor_graphs program cannot return")
             else:
-                self._outputs.append(out)
+                self._outputs.append((False, out))
         self._nodes = nodes
         self._program = None
         self._options = {"profile": profile}
@@ -183,7 +184,9 @@ class DynamoProgram:
         if opts["db"] is not None:
             self._options["db"] = opts["db"]
         self._fixed_bound = opts["bound"]
-        self._versions: dict[str, tuple[object, int]] = {}  # weight -> (tensor, its version)
+        self.bounds: dict[str, int] = {}  # the symbolic sizes' bounds the program runs with
+        # weight -> (the tensor bound, its version then)
+        self._versions: dict[str, tuple[object, int | None]] = {}
         self._weight_arrays = weights
         if nodes:
             self._nodes += _shape_carriers(nodes, leaves, self._used_dims())
@@ -204,8 +207,9 @@ class DynamoProgram:
             for d, size in zip(leaf.shape, arr.shape):
                 if getattr(d, "is_Symbol", False):
                     if dims.setdefault(str(d), int(size)) != size:
-                        raise _OutsidePlanError(f"inputs give the dim {d} the sizes {dims[str(d)]} "
-                                           f"and {size}, one dim when the graph was compiled")
+                        raise _OutsidePlanError(f"inputs give the dim {d} the sizes "
+                                                f"{dims[str(d)]} and {size}, one dim when the "
+                                                "graph was compiled")
         return dims
 
     def _first_bounds(self, example_inputs) -> dict[str, int]:
@@ -262,7 +266,7 @@ class DynamoProgram:
         if any(args[i].item() != v for i, v in self._scalars.items()):
             raise _OutsidePlanError("a number the program took as a constant changed")
         if self._program is None:
-            return tuple(self._outputs)
+            return tuple(value for _, value in self._outputs)
         changed = {name: args[i] for i, name in self._weights.items()
                    if args[i] is not self._versions[name][0]
                    or _version(args[i]) != self._versions[name][1]}
@@ -279,8 +283,8 @@ class DynamoProgram:
             results = [results]
         self.calls += 1
         out = []
-        for o in self._outputs:
-            if not isinstance(o, int) or isinstance(o, bool):
+        for ours, o in self._outputs:
+            if not ours:
                 out.append(o)
                 continue
             r = np.asarray(results[o])
@@ -299,179 +303,3 @@ def _version(tensor) -> int | None:
 
 def _pow2(n: int) -> int:
     return 1 << max(1, math.ceil(math.log2(max(n, 2))))
-
-
-# ---------------------------------------------------------------------------- export
-def _exportable(gm, example_inputs: list):
-    """A copy of Dynamo's graph that torch.export can take: parameters and buffers as the
-    module's own buffers (weights of the exported program, bound once), each symbolic size
-    Dynamo passes as an argument read from a tensor's shape instead (so one symbol ties them:
-    export never sees a size it cannot relate to a tensor). Dynamo's own graph is left as it
-    is (it builds its guards from it after we return).
-
-    A Python number Dynamo keeps unspecialized (a float attribute such as a norm's eps,
-    passed as a 0-d tensor and read with ``.item()``) becomes the constant it is now: a
-    ``.item()`` is data torch.export cannot trace through; a call with another value runs
-    eagerly (``DynamoProgram`` checks).
-
-    Returns (module, positions of user tensors, {position: weight name}, {position: scalar},
-    the user tensors' example values as Dynamo traced them: fake tensors of symbolic
-    sizes)."""
-    torch = torch_module()
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    module = torch.fx.GraphModule(gm, graph)
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_inputs):
-        raise _RefusedError(f"Dynamo gave {len(example_inputs)} inputs for a graph of "
-                            f"{len(placeholders)} placeholders")
-    user, weights, scalars, tensors, sizes = [], {}, {}, {}, []
-    for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
-        if isinstance(value, torch.Tensor) and _is_weight(node, value):
-            name = f"w{i}_{node.target}".replace(".", "_")
-            module.register_buffer(name, value.detach())
-            with graph.inserting_before(node):
-                attr = graph.get_attr(name)
-            attr.meta = dict(node.meta)
-            node.replace_all_uses_with(attr)
-            graph.erase_node(node)
-            weights[i] = name
-        elif isinstance(value, torch.Tensor) and _specialize_scalar(node, value):
-            scalars[i] = value.item()
-        elif isinstance(value, torch.Tensor):
-            user.append(i)
-            tensors[node] = node.meta.get("example_value", value)
-        elif isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
-            sizes.append((node, value))
-        else:
-            raise _RefusedError(f"graph input '{node.target}' is a {type(value).__name__}; "
-                                "the tensor_graphs backend takes tensors and symbolic sizes")
-    for node, value in sizes:
-        expr = node.meta.get("example_value", value)
-        expr = _expr(expr) if isinstance(expr, torch.SymInt) else expr
-        source = _size_source(tensors, expr)
-        if source is None:
-            raise _RefusedError(f"graph input '{node.target}' is the symbolic size {expr}, "
-                                "which is no tensor input's size; the tensor_graphs backend "
-                                "cannot follow it")
-        last = [n for n in graph.nodes if n.op == "placeholder" and n in tensors][-1]
-        with graph.inserting_after(last):  # where every tensor placeholder is defined
-            read = graph.call_function(torch.ops.aten.sym_size.int, source)
-        node.replace_all_uses_with(read)
-        graph.erase_node(node)
-    module.recompile()
-    return module, user, weights, scalars, list(tensors.values())
-
-
-def _dynamic_shapes(values: list, duck: bool) -> list[dict]:
-    """torch.export's dynamic shapes for the user tensors: one named Dim per Dynamo symbol
-    (``duck``: per example size of Dynamo's symbols), so sizes Dynamo tied stay tied."""
-    torch = torch_module()
-    from torch.fx.experimental.symbolic_shapes import is_concrete_int
-
-    dims: dict = {}
-    spec = []
-    for value in values:
-        axes = {}
-        for axis, size in enumerate(value.shape):
-            if is_concrete_int(size):
-                continue
-            expr = _expr(size)
-            if not expr.is_Symbol:
-                axes[axis] = torch.export.Dim.AUTO
-                continue
-            key = size.node.hint if duck and size.node.hint is not None else expr
-            if key not in dims:
-                dims[key] = torch.export.Dim(str(expr), **_range(size))
-            axes[axis] = dims[key]
-        spec.append(axes)
-    return spec
-
-
-def _specialize_scalar(node, value) -> bool:
-    """A number Dynamo passes as a 0-d tensor and reads only with ``.item()``: its reads
-    replaced by the number (``node`` is erased)."""
-    torch = torch_module()
-    grapharg = node.meta.get("grapharg")
-    if not getattr(grapharg, "pass_arg_as_tensor", False) or value.ndim != 0:
-        return False
-    if not all(u.op == "call_method" and u.target == "item" for u in node.users):
-        return False
-    number = value.item()
-    for read in list(node.users):
-        def constant(n, read=read):
-            return number if n is read else n
-
-        for user in list(read.users):
-            user.args = torch.fx.node.map_arg(user.args, constant)
-            user.kwargs = torch.fx.node.map_arg(user.kwargs, constant)
-        read.graph.erase_node(read)
-    node.graph.erase_node(node)
-    return True
-
-
-def _is_weight(node, value) -> bool:
-    """A parameter or a module's buffer: Dynamo's source for it passes through the module's
-    ``_parameters``/``_buffers`` (unspecialized nn modules) or names the module's attribute."""
-    torch = torch_module()
-    if isinstance(value, torch.nn.Parameter):
-        return True
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    while source is not None:
-        if type(source).__name__ in ("UnspecializedParamBufferSource", "NNModuleSource",
-                                     "ParamBufferSource"):
-            return True
-        source = getattr(source, "base", None)
-    return False
-
-
-def _size_source(tensors: Mapping, expr):
-    """(tensor node, axis) whose size is ``expr``, or None."""
-    for node, value in tensors.items():
-        for axis, size in enumerate(value.shape):
-            if not isinstance(size, int) and _expr(size) == expr:
-                return (node, axis)
-    return None
-
-
-def _expr(size):
-    """A symbolic size as Dynamo knows it now: symbols it found equal while tracing (a key
-    and a value cache's lengths) replaced by one, so export sees them as one Dim."""
-    env = size.node.shape_env
-    return env.replace(size.node.expr) if env is not None else size.node.expr
-
-
-def _range(size) -> dict:
-    """The Dim's min/max from the range Dynamo's shape env keeps for the symbol. The max is
-    always finite: the importer reads it as an int (our bounds are set apart, by the
-    backend)."""
-    env = size.node.shape_env
-    found = env.var_to_range.get(_expr(size)) if env is not None else None
-    lower, upper = (_finite(found.lower), _finite(found.upper)) if found else (None, None)
-    out = {"max": min(upper, LARGEST) if upper is not None else LARGEST}
-    if lower is not None:
-        out["min"] = max(lower, 0)
-    return out
-
-
-def _finite(value) -> int | None:
-    """An int, or None for torch's infinities (``int_oo``, which ``int()`` refuses)."""
-    import sympy
-
-    return int(value) if isinstance(value, (int, sympy.Integer)) else None
-
-
-def _dim_names(spec: list) -> dict[tuple[int, int], str]:
-    """Our dims take the Dim names (Dynamo's symbols: ``s77``)."""
-    return {(pos, axis): dim.__name__ for pos, axes in enumerate(spec)
-            for axis, dim in axes.items() if isinstance(getattr(dim, "__name__", None), str)
-            and dim.__name__.isidentifier()}
-
-
-def _export(module, args: list, spec: list):
-    """torch.export outside Dynamo's tracing context: export's own shape guards would
-    otherwise join the frame Dynamo is compiling (and fail its guard check)."""
-    torch = torch_module()
-    with torch._guards.tracing(None), torch.no_grad():
-        return torch.export.export(module, tuple(args), dynamic_shapes=spec or None,
-                                   strict=False)

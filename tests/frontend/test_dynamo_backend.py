@@ -296,6 +296,7 @@ def test_gpt2_generate_greedy_tokens_match_eager():
     # prefill, the first decode step, and one graph of symbolic cache length for the rest
     assert sum(p.calls for p in spy.ours) == 8
     assert max(p.compiles for p in spy.ours) == 1  # the cache stayed inside the first bound
+    assert [p.program.stats["planner_runs"] for p in spy.ours] == [1, 1, 1]  # not per token
 
 
 @pytest.mark.slow
