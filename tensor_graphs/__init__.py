@@ -68,7 +68,13 @@ __version__ = "0.1.0"
 
 def from_torch(module, example_args, dynamic_shapes=None, **options):
     """A PyTorch module as a compiled program, called like the module (see
-    ``tensor_graphs.frontend``). Imports torch only when called."""
+    ``tensor_graphs.frontend``). Imports torch only when called. ``train=True`` (with
+    ``loss_fn=`` and ``optimizer=``) gives a ``tg.Trainer`` of the module's parameters instead
+    (``tensor_graphs.train.torch_trainer``)."""
+    if options.pop("train", False):
+        from tensor_graphs.train.torch_trainer import trainer_from_torch
+
+        return trainer_from_torch(module, example_args, dynamic_shapes=dynamic_shapes, **options)
     from tensor_graphs.frontend import from_torch as load
 
     return load(module, example_args, dynamic_shapes, **options)

@@ -1,6 +1,6 @@
 """Training: ``tg.Trainer`` compiles a loss, its gradients and an optimizer's step as one
-program (``trainer``); ``chars`` is a small character-level transformer and its text, for
-``tg run train-char``."""
+program (``trainer``); ``torch_trainer`` makes one for a PyTorch module's parameters
+(``tg.from_torch(module, args, train=True, loss_fn=..., optimizer=...)``)."""
 
 from tensor_graphs.train.trainer import Trainer
 

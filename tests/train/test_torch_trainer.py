@@ -1,0 +1,80 @@
+"""tg.from_torch(module, example_args, train=True, loss_fn=...): a torch module's parameters
+trained by a compiled step, next to torch.optim training the same module from the same values
+on the same batches."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.numerics import relative_error
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _batch(step: int):
+    rng = np.random.default_rng(step)
+    x = rng.standard_normal((12, 6)).astype(np.float32)
+    return x, (x[:, :4] > 0).argmax(axis=1).astype(np.int64)  # learnable classes
+
+
+@pytest.mark.parametrize("loss_fn, target", [
+    (F.cross_entropy, lambda y: y),
+    (F.mse_loss, lambda y: np.eye(4, dtype=np.float32)[y]),
+], ids=["cross_entropy", "mse"])
+def test_module_trains_as_torch_trains_it(loss_fn, target):
+    module = _mlp()
+    reference = copy.deepcopy(module).train()
+    x0, y0 = _batch(0)
+    trainer = tg.from_torch(module, (torch.from_numpy(x0), torch.from_numpy(target(y0))),
+                            train=True, loss_fn=loss_fn,
+                            optimizer=tg.optim.AdamW(0.01, weight_decay=0.01))
+    assert isinstance(trainer, tg.Trainer)
+    assert sorted(trainer.params) == sorted(n for n, _ in module.named_parameters())
+    topt = torch.optim.AdamW(reference.parameters(), lr=0.01, weight_decay=0.01)
+    losses = []
+    for step in range(20):
+        x, y = _batch(step)
+        ours = trainer.step(x, target(y))
+        topt.zero_grad()
+        theirs = loss_fn(reference(torch.from_numpy(x)), torch.from_numpy(target(y)))
+        theirs.backward()
+        topt.step()
+        assert abs(ours - theirs.item()) <= 1e-4 * abs(theirs.item()), step
+        losses.append(ours)
+    assert losses[-1] < losses[0]
+    assert trainer.program.stats["planner_runs"] == 1
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer.load_into(module)
+    for name, p in reference.named_parameters():
+        got = dict(module.named_parameters())[name].detach().numpy()
+        assert relative_error(got, p.detach().numpy()) < 1e-5, name
+        assert relative_error(got, before[name].numpy()) > 1e-3  # it moved
+
+
+def test_frozen_parameters_and_errors():
+    module = _mlp()
+    for p in module[0].parameters():
+        p.requires_grad_(False)
+    x, y = _batch(0)
+    trainer = tg.from_torch(module, (torch.from_numpy(x), torch.from_numpy(y)), train=True,
+                            loss_fn=F.cross_entropy, optimizer=tg.optim.SGD(0.1))
+    assert sorted(trainer.params) == ["2.bias", "2.weight"]
+    assert sorted(trainer.frozen) == ["0.bias", "0.weight"]
+    first = trainer.weights()["2.weight"].copy()
+    trainer.step(x, y)
+    assert relative_error(trainer.weights()["2.weight"], first) > 1e-4
+    with pytest.raises(tg.FeedError, match="2 positional values|takes 2"):
+        trainer.step(x)
+    with pytest.raises(tg.ArgumentError, match="loss_fn"):
+        tg.from_torch(module, (torch.from_numpy(x), torch.from_numpy(y)), train=True,
+                      loss_fn=None, optimizer=tg.optim.SGD(0.1))
