@@ -127,3 +127,40 @@ def test_bf16_gemm_matches_the_reference(m, k, n):
     assert relative_error(registry.get("c_bf16_matmul")(a, w), ref) <= 1e-6
     # the rounding is the graph's: the unrounded product is far off at this tolerance
     assert relative_error(a.astype(np.float64) @ w, ref) > 1e-4 or k * n < 64
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-fma")],
+                         ids=["avx2", "portable"])
+def test_other_instruction_sets_match(flags):
+    """quant.c's AVX2 and portable paths (the build here takes AVX-512 where the CPU has it),
+    compiled with those flags and called directly: int8 and bfloat16, one row and several."""
+    import ctypes
+
+    from tensor_graphs.kernels.c import lib
+
+    c = build.load_library("tg_quant_test", lib.source("quant"), flags)
+    q8 = c.tg_q8_gemm_f32
+    bf = c.tg_bf16_gemm_f32
+    for f in (q8, bf):
+        f.restype = ctypes.c_int
+    rng = np.random.default_rng(11)
+    for m, k, n in ((1, 37, 33), (6, 70, 19)):
+        a, q, s, bias, res = _case(rng, m, k, n)
+        out = np.empty((m, n), np.float32)
+        packed = cq.pack(q)
+        assert q8(ctypes.c_void_p(a.ctypes.data), ctypes.c_int64(k),
+                  ctypes.c_void_p(packed.ctypes.data), ctypes.c_void_p(s.ctypes.data),
+                  ctypes.c_void_p(bias.ctypes.data), ctypes.c_void_p(res.ctypes.data),
+                  ctypes.c_void_p(out.ctypes.data), ctypes.c_int64(m), ctypes.c_int64(n),
+                  ctypes.c_int64(k), ctypes.c_int(3)) == 0
+        assert relative_error(out, _reference(a, q, s, bias, res, act="gelu_tanh")) <= 1e-5
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        packed = cq.pack_bf16(w)
+        assert bf(ctypes.c_void_p(a.ctypes.data), ctypes.c_int64(k),
+                  ctypes.c_void_p(packed.ctypes.data), None, None,
+                  ctypes.c_void_p(out.ctypes.data), ctypes.c_int64(m), ctypes.c_int64(n),
+                  ctypes.c_int64(k), ctypes.c_int(0)) == 0
+        W = tg.input("w", w.shape)
+        ref = evaluate(tg.input("a", a.shape) @ tg.bf16_round(W), {"a": a, "w": w},
+                       dtype="float64")
+        assert relative_error(out, ref) <= 1e-6
