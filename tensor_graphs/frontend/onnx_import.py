@@ -10,6 +10,7 @@ chain ends as a reshape to a static or symbolic shape. Nothing here knows any mo
 
 from __future__ import annotations
 
+import keyword
 import os
 from collections.abc import Mapping
 
@@ -190,6 +191,10 @@ def _refuse_unmapped(model, label: str) -> None:
         [(op, n) for op, names in found.items() for n in names])
 
 
+def _symbol(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name) and len(name) <= 64
+
+
 def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
@@ -199,8 +204,9 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
         if d.HasField("dim_value"):
             shape.append(int(d.dim_value))
             continue
-        name = d.dim_param if d.dim_param.isidentifier() else f"{vi.name}_dim{axis}"
-        name = name if name.isidentifier() else f"input{len(bounds)}_dim{axis}"
+        # a dim's name must read back as one symbol: not a keyword, not "batch size"
+        name = d.dim_param if _symbol(d.dim_param) else f"{vi.name}_dim{axis}"
+        name = name if _symbol(name) else f"input{len(bounds)}_dim{axis}"
         if name in dynamic_dims and isinstance(dynamic_dims[name], int):
             bounds[name] = dynamic_dims[name]
         else:

@@ -334,3 +334,11 @@ def test_recurrent_layers_match_onnxruntime(op, direction, layout):
                                           i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in inputs}
     against_ort(m, feeds)
+
+
+@pytest.mark.parametrize("dim", ["if", "None", "batch size", "", "x" * 300])
+def test_dim_names_that_are_no_symbol_get_the_inputs_name(dim):
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [dim, 3])],
+              [vi("y", [dim, 3])], 13)
+    prog = tg.from_onnx(m, {"x_dim0": 4})
+    np.testing.assert_array_equal(prog(x=-X[0, :2, :3])[0], np.maximum(-X[0, :2, :3], 0))
