@@ -265,3 +265,25 @@ def test_unbound_parameters_are_named():
         trainer.step(**_mlp_batch(0))
     with pytest.raises(tg.ShapeError, match="float scalar"):
         tg.Trainer(tg.input("v", (3,)) * tg.weight("w", (3,)), optimizer=tg.optim.SGD(0.1))
+
+
+def test_a_symbolic_batch_trains_under_one_plan():
+    """Batches of any size up to the bound run the one plan (a last, short batch of an
+    epoch); one above it is refused, naming the step."""
+    x, y = tg.input("x", ("batch", 5)), tg.input("y", ("batch", 3))
+    fc1, fc2 = tg.nn.Linear(5, 8, name="fc1"), tg.nn.Linear(8, 3, name="fc2")
+    err = fc2(tg.tanh(fc1(x))) - y
+    trainer = tg.Trainer((err * err).mean(), optimizer=tg.optim.SGD(0.1, momentum=0.5),
+                         bounds={"batch": 32})
+    module = _torch_mlp()
+    trainer.bind(**_mlp_initial(module))
+    topt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.5)
+    for step, rows in enumerate((16, 7, 32, 1)):
+        batch = {k: v[:rows] for k, v in _mlp_batch(step).items()} if rows <= 16 else \
+            {k: np.concatenate([v, _mlp_batch(step + 100)[k]]) for k, v in
+             _mlp_batch(step).items()}
+        ours, theirs = trainer.step(**batch), _torch_step(module, topt, batch)
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), rows
+    assert trainer.program.stats["planner_runs"] == 1
+    with pytest.raises(tg.ShapeError, match="Trainer.step: batch=40"):
+        trainer.step(x=np.zeros((40, 5), np.float32), y=np.zeros((40, 3), np.float32))
