@@ -287,3 +287,20 @@ def test_a_symbolic_batch_trains_under_one_plan():
     assert trainer.program.stats["planner_runs"] == 1
     with pytest.raises(tg.ShapeError, match="Trainer.step: batch=40"):
         trainer.step(x=np.zeros((40, 5), np.float32), y=np.zeros((40, 3), np.float32))
+
+
+def test_extra_outputs_and_state_parameters():
+    """Parameters may be written as tg.state leaves already (as tests/optim builds them); an
+    extra output (here the batch's mean absolute error) comes back with each step."""
+    x, y = tg.input("x", (16, 5)), tg.input("y", (16, 3))
+    w = tg.state("w", (5, 3))
+    err = x @ w - y
+    trainer = tg.Trainer((err * err).mean(), params=[w], optimizer=tg.optim.SGD(0.05),
+                         extra=[tg.abs(err).mean()])
+    trainer.bind(w=np.zeros((5, 3), np.float32))
+    batch = _mlp_batch(0)
+    trainer.step(**batch)
+    (mae,) = trainer.last
+    np.testing.assert_allclose(mae, np.abs(batch["y"]).mean(), rtol=1e-6)  # at w = 0
+    trainer.step(**batch)
+    assert float(trainer.last[0]) < float(mae)
