@@ -184,6 +184,23 @@ def test_options_reach_the_planner(tmp_path):
     assert Database(str(path)).rows()  # the rows landed in that file
 
 
+def test_numbers_dynamo_passes_as_tensors_are_the_values_of_the_call():
+    """dynamic=True passes a norm's eps as a 0-d tensor read with .item(); the program takes
+    it as the constant it is, so a large eps (visible in the result) must be the one used.
+    Dynamo guards on the attribute, so a changed eps is a new graph, never the old plan."""
+    torch.manual_seed(0)
+    m = Block().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, dynamic=True, options=OPTIONS)
+    x = torch.randn(2, 5, 32)
+    with _no_fallback(), torch.no_grad():
+        for eps in (0.5, 2.0):
+            m.ln1.eps = eps
+            assert _err(compiled(x), m(x)) <= TOL, eps
+    assert len(spy.ours) == 2 and [p.calls for p in spy.ours] == [1, 1]
+    assert all(p._scalars for p in spy.ours)  # the eps came as a number, not a weight
+
+
 # ---------------------------------------------------------------------------- fallbacks
 class Bessel(nn.Module):
     def __init__(self):
