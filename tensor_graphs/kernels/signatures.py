@@ -385,6 +385,12 @@ def _embedding(dt, arity):
     return [OpCase((S(i, it, "index", t[0]), S(t, dt))) for i, it, t in table]
 
 
+@generator("dequantize")
+def _dequantize(dt, arity):  # int8 values (small nonzero ints) and a positive float scale
+    table = [((7, 33), (1, 33)), ((33, 5), (33, 1)), ((1025,), ())]
+    return [OpCase((S(q, "int8"), S(sc, dt, "positive"))) for q, sc in table]
+
+
 @generator("scaled_dot_product_attention")
 def _attention(dt, arity):
     table = [  # q, k/v, mask (shape, dtype), is_causal, scale
