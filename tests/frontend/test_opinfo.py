@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+import zlib
 from collections import Counter
 
 import numpy as np
@@ -103,7 +104,7 @@ permute_copy sum_to_size
 """.split()
 
 # samples that must pass at least (what passes today: raise it as mappings land)
-TARGET = 3052
+TARGET = 3061
 # samples per op, at most: a few ops have hundreds (max_pool2d 1440, cdist 256) of one kind,
 # and an import that needs torch's decompositions costs ~0.3 s; ``--all`` runs every one
 SAMPLES = 32
@@ -247,8 +248,11 @@ def run_op(info, limit: int | None = SAMPLES) -> list[tuple[str, str]]:
 
 
 def run(names, limit: int | None = SAMPLES) -> dict[str, list[tuple[str, str]]]:
-    infos = _opinfos()
-    return {name: run_op(infos[name], limit) for name in names}
+    infos, results = _opinfos(), {}
+    for name in names:
+        torch.manual_seed(zlib.crc32(name.encode()))  # an op's samples whatever runs before
+        results[name] = run_op(infos[name], limit)
+    return results
 
 
 def _counts(results) -> Counter:
@@ -263,28 +267,43 @@ def test_op_list_is_in_op_db():
     assert len(set(OPS)) == len(OPS) >= 200
 
 
+# the differential run in parts, each well under pytest's faulthandler_timeout (300 s) on a
+# loaded machine; the pass target is checked over all parts once they have run
+PARTS = 8
+_PASSED: dict[int, int] = {}
+
+
 @pytest.mark.slow
-def test_opinfo_differential():
-    torch.manual_seed(0)
-    results = run(OPS)
+@pytest.mark.parametrize("part", range(PARTS))
+def test_opinfo_differential(part):
+    names = OPS[part::PARTS]
+    results = run(names)
     counts = _counts(results)
-    print(f"\nOpInfo over {len(OPS)} ops: " + ", ".join(f"{k} {v}" for k, v in
-                                                       sorted(counts.items())))
+    _PASSED[part] = counts["pass"]
+    print(f"\nOpInfo part {part} ({len(names)} ops): " + ", ".join(
+        f"{k} {v}" for k, v in sorted(counts.items())))
     bad = [f"{name}: {cat}: {msg}" for name, samples in results.items()
            for cat, msg in samples if cat in ("wrong", "crash")]
     assert not bad, "wrong numbers or crashes:\n" + "\n".join(bad[:40])
-    assert counts["pass"] >= TARGET, f"{counts['pass']} samples pass, the target is {TARGET}"
+
+
+@pytest.mark.slow
+def test_opinfo_pass_target():
+    if len(_PASSED) < PARTS:
+        pytest.skip("runs after every part of test_opinfo_differential")
+    passed = sum(_PASSED.values())
+    print(f"\nOpInfo over {len(OPS)} ops: {passed} samples pass (target {TARGET})")
+    assert passed >= TARGET, f"{passed} samples pass, the target is {TARGET}"
 
 
 if __name__ == "__main__":
     import time
 
-    torch.manual_seed(0)
-    infos, total = _opinfos(), Counter()
+    total = Counter()
     names = [a for a in sys.argv[1:] if a != "--all"]
     for name in names or OPS:
         start = time.perf_counter()
-        samples = run_op(infos[name], None if "--all" in sys.argv else SAMPLES)
+        samples = run([name], None if "--all" in sys.argv else SAMPLES)[name]
         c = Counter(cat for cat, _ in samples)
         total.update(c)
         print(f"{name:45s} {time.perf_counter() - start:5.1f}s "
