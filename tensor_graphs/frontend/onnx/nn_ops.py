@@ -282,6 +282,28 @@ def _pool(kind: str):
     return mapped
 
 
+def _lp_pool(c: Ctx):
+    """(sum of |x|^p over each window)^(1/p): the mean pool of the zero-padded |x|^p times
+    the window's size."""
+    x = c.t(0)
+    kernel = list(c.a("kernel_shape"))
+    if len(kernel) not in (1, 2):
+        raise c.refuse(f"a {len(kernel)}-D window (1-D and 2-D are mapped)")
+    pads, strides, dil = _spatial(c, x, kernel)
+    if any(d != 1 for d in dil) or c.a("ceil_mode", 0):
+        raise c.refuse("dilations or ceil_mode in LpPool")
+    one = len(kernel) == 1
+    if one:
+        x = _to_2d(x)
+        kernel, pads, strides = [1, kernel[0]], [0, pads[0], 0, pads[1]], [1, strides[0]]
+    p = float(c.a("p", 2))
+    powered = tg.pow(tg.abs(x), _f(x, p))
+    powered = tg.pad(powered, [pads[1], pads[3], pads[0], pads[2]])
+    mean = tg.avg_pool2d(powered, kernel_size=tuple(kernel), stride=tuple(strides))
+    out = tg.pow(tg.mul(mean, _f(x, kernel[0] * kernel[1])), _f(x, 1 / p))
+    return tg.squeeze(out, 2) if one else out
+
+
 def _global(fn):
     def mapped(c: Ctx):
         x = c.t(0)
@@ -364,7 +386,7 @@ def table() -> dict:
         "Softmax": _softmax(tg.softmax), "LogSoftmax": _softmax(tg.log_softmax),
         "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm,
         "InstanceNormalization": _instance_norm, "Conv": _conv,
-        "ConvTranspose": _conv_transpose,
+        "ConvTranspose": _conv_transpose, "LpPool": _lp_pool,
         "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
         "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
         "RMSNormalization": _rms_norm, "Swish": _swish, "Hardmax": _hardmax,
