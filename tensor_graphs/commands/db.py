@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import sys
@@ -11,8 +12,17 @@ import time
 from tensor_graphs import cli_args
 from tensor_graphs.errors import ArgumentError
 
-DB_HELP = ("the database file (default: $TG_DB, else ~/.cache/tensor_graphs/"
-           "measurements.sqlite; ':memory:' for an empty one)")
+DB_HELP = ("the database: a file or a postgresql:// URL (default: $TG_DB, else "
+           "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for an empty one)")
+
+
+def _jsonl_or_url(check):
+    """An argparse type: a ``postgresql://`` URL as it is, else ``check``'s file rule."""
+    def parse(text: str) -> str:
+        from tensor_graphs.db.store import is_url
+
+        return text if is_url(text) else check(text)
+    return parse
 
 
 def add_db_commands(sub) -> None:
@@ -27,7 +37,7 @@ def add_db_commands(sub) -> None:
 
     def command(name: str, help: str, description: str, run) -> argparse.ArgumentParser:
         p = dsub.add_parser(name, help=help, description=description)
-        p.add_argument("--db", metavar="PATH", help=DB_HELP)
+        p.add_argument("--db", metavar="PATH|URL", help=DB_HELP)
         p.set_defaults(run=run)
         return p
 
@@ -42,17 +52,20 @@ def add_db_commands(sub) -> None:
     show.add_argument("--kernel", help="only this kernel (exact name)")
     show.add_argument("--limit", type=cli_args.count, default=30,
                       help="at most this many rows (default 30; 0 for all)")
-    exp = command("export", "write measurements as JSON lines",
+    exp = command("export", "write measurements as JSON lines (or into another database)",
                   "Writes every measurement as one JSON object per line, to share with "
-                  "another machine or keep as a backup; `tg db import` merges it back.",
-                  _export)
-    exp.add_argument("file", metavar="FILE", type=cli_args.output_file,
-                     help="output file, '-' for stdout")
-    imp = command("import", "merge measurements from JSON lines",
+                  "another machine or keep as a backup; `tg db import` merges it back. Given "
+                  "a postgresql:// URL instead of a file, merges the rows into that database "
+                  "(SQLite file to server: --db FILE URL).", _export)
+    exp.add_argument("file", metavar="FILE|URL", type=_jsonl_or_url(cli_args.output_file),
+                     help="output file, '-' for stdout, or a postgresql:// database")
+    imp = command("import", "merge measurements from JSON lines (or another database)",
                   "Adds the measurements of a `tg db export` file, skipping rows already "
-                  "present (exact duplicates), so importing twice changes nothing.", _import)
-    imp.add_argument("file", metavar="FILE", type=cli_args.input_file,
-                     help="input file, '-' for stdin")
+                  "present (exact duplicates), so importing twice changes nothing. Given a "
+                  "postgresql:// URL instead of a file, merges that database's rows (server "
+                  "to SQLite file: --db FILE URL).", _import)
+    imp.add_argument("file", metavar="FILE|URL", type=_jsonl_or_url(cli_args.input_file),
+                     help="input file, '-' for stdin, or a postgresql:// database")
     prune = command("prune", "delete stale, old or failed measurements",
                     "Deletes the rows selected by the options (at least one is needed). "
                     "Stale rows are still used as rough estimates, so pruning them is "
@@ -161,7 +174,14 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from tensor_graphs.db.store import is_url, open_db
+
     db = _open(args)
+    if is_url(args.file):
+        target = open_db(args.file)
+        n = _copy(db, target)
+        print(f"exported {n} new rows to {target.path}")
+        return 0
     n = db.export_jsonl(sys.stdout if args.file == "-" else args.file)
     if args.file != "-":
         print(f"exported {n} rows to {args.file}")
@@ -169,10 +189,24 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from tensor_graphs.db.store import is_url, open_db
+
     db = _open(args)
-    n = db.import_jsonl(sys.stdin if args.file == "-" else args.file)
+    if is_url(args.file):
+        n = _copy(open_db(args.file), db)
+    else:
+        n = db.import_jsonl(sys.stdin if args.file == "-" else args.file)
     print(f"imported {n} new rows into {db.path}")
     return 0
+
+
+def _copy(source, target) -> int:
+    """Merge ``source``'s rows into ``target`` through the JSON lines both stores read and
+    write, so a copy is checked exactly as an imported file is; returns how many were new."""
+    buffer = io.StringIO()
+    source.export_jsonl(buffer)
+    buffer.seek(0)
+    return target.import_jsonl(buffer)
 
 
 def _plot(args: argparse.Namespace) -> int:

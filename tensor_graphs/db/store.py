@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tensor_graphs.db.hardware import Hardware, current
+from tensor_graphs.db.schema import SCHEMA_VERSION, render
 from tensor_graphs.errors import DatabaseError, UntrustedPathError
 from tensor_graphs.files import check_regular, open_regular, parse_json, private_dir
 
@@ -39,37 +40,9 @@ APPLICATION_ID = 0x54474442  # "TGDB": marks a file as ours (PRAGMA application_
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
 
-# MIGRATIONS[i] takes a file from user_version i to i + 1; append, never edit.
-MIGRATIONS: list[tuple[str, ...]] = [
-    (  # v1: measurements and the revision counter
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-        "INSERT INTO meta (key, value) VALUES ('revision', 0)",
-        """CREATE TABLE measurements (
-            id INTEGER PRIMARY KEY,
-            machine TEXT NOT NULL, device TEXT NOT NULL, libs TEXT NOT NULL,
-            kernel TEXT NOT NULL, source_hash TEXT NOT NULL, signature TEXT NOT NULL,
-            runs INTEGER NOT NULL, median REAL, min REAL, max REAL, error REAL,
-            "when" REAL NOT NULL)""",
-    ),
-    (  # v2: failed kernels, the lookup index, device calibration
-        "ALTER TABLE measurements ADD COLUMN failure TEXT",
-        "CREATE INDEX measurements_lookup ON measurements (kernel, device, libs, signature)",
-        """CREATE TABLE calibration (
-            device TEXT NOT NULL, libs TEXT NOT NULL, rates TEXT NOT NULL,
-            "when" REAL NOT NULL, PRIMARY KEY (device, libs))""",
-    ),
-    (  # v3: the call's work (flops, bytes moved), so the cost model can interpolate
-        "ALTER TABLE measurements ADD COLUMN flops REAL",
-        "ALTER TABLE measurements ADD COLUMN bytes REAL",
-    ),
-    (  # v4: claims, so profilers sharing the file split the work (see ``claim``)
-        """CREATE TABLE claims (
-            kernel TEXT NOT NULL, source_hash TEXT NOT NULL, signature TEXT NOT NULL,
-            device TEXT NOT NULL, libs TEXT NOT NULL, owner TEXT NOT NULL,
-            expires REAL NOT NULL, PRIMARY KEY (kernel, source_hash, signature, device, libs))""",
-    ),
-]
-SCHEMA_VERSION = len(MIGRATIONS)
+# MIGRATIONS[i] takes a file from user_version i to i + 1 (db/schema.py, shared with
+# the PostgreSQL store)
+MIGRATIONS: list[tuple[str, ...]] = render("sqlite")
 
 _COLUMNS = ("machine", "device", "libs", "kernel", "source_hash", "signature", "runs",
             "median", "min", "max", "error", "failure", '"when"', "flops", "bytes")
@@ -159,7 +132,15 @@ _instances = itertools.count()
 
 
 class Database:
-    """A measurement database at ``path`` (a file path or ":memory:"); see the module doc."""
+    """A measurement database at ``path`` (a file path or ":memory:"); see the module doc. A
+    ``postgresql://`` URL gives the PostgreSQL store (db/postgres.py), never a file."""
+
+    def __new__(cls, path: str | os.PathLike = ":memory:"):
+        if cls is Database and is_url(path):
+            from tensor_graphs.db.postgres import PostgresDatabase
+
+            return super().__new__(PostgresDatabase)
+        return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike = ":memory:"):
         self.path = str(path)
@@ -786,6 +767,22 @@ _opened: dict[tuple[str, int], Database] = {}
 _opened_lock = threading.Lock()
 
 
+URL_SCHEMES = ("postgresql://", "postgres://")  # a server's database, never a file path
+
+
+def is_url(target: object) -> bool:
+    """True for a PostgreSQL URL (``Path`` would fold its ``//`` into a file name)."""
+    return isinstance(target, str) and target.startswith(URL_SCHEMES)
+
+
+def default_target() -> str | Path:
+    """``$TG_DB`` (a file path or a ``postgresql://`` URL), else the default file."""
+    env = os.environ.get("TG_DB")
+    if env and is_url(env):
+        return env
+    return default_path()
+
+
 def default_path() -> Path:
     """``$TG_DB``, else ``<user cache dir>/tensor_graphs/measurements.sqlite``."""
     if os.environ.get("TG_DB"):
@@ -817,14 +814,16 @@ def _check_default_folder(folder: Path) -> None:
 
 def open_db(db: Database | str | os.PathLike | None = None) -> Database:
     """A Database passes through; a path opens it (once per process); ":memory:" is always a
-    new database; None opens ``$TG_DB`` or the default file in the user cache directory."""
+    new database; None opens ``$TG_DB`` or the default file in the user cache directory; a
+    ``postgresql://`` URL opens that server's database (once per process, as a file)."""
     if isinstance(db, Database):
         return db
     if db is None:
-        db = default_path()
+        db = default_target()
     if str(db) == ":memory:":
         return Database(":memory:")
-    key = (os.path.realpath(os.path.expanduser(str(db))), os.getpid())  # never across fork
+    where = db if is_url(db) else os.path.realpath(os.path.expanduser(str(db)))
+    key = (where, os.getpid())  # never across fork
     with _opened_lock:
         found = _opened.get(key)
         if found is None or found.closed:
@@ -833,4 +832,4 @@ def open_db(db: Database | str | os.PathLike | None = None) -> Database:
 
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "Database", "Measurement", "default_path",
-           "open_db", "signature_text"]
+           "default_target", "is_url", "open_db", "signature_text"]

@@ -1,6 +1,7 @@
 """Profilers sharing one database split the work through claims: a lease its owner renews
-while alive, taken over once it expires. Real processes on a real file: three profilers record
-each call once, and a profiler killed with SIGKILL mid-claim has its calls taken over."""
+while alive, taken over once it expires. Real processes on a real file and a real PostgreSQL
+server: three profilers record each call once, and a profiler killed with SIGKILL mid-claim has
+its calls taken over."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def _done(db: Database, item) -> None:
     db.record(Measurement(kernel, shash, sig, 5, 1e-5, 1e-5, 1e-5, 0.0))
 
 
-def test_a_claim_is_held_until_recorded_or_expired(tmp_path):
-    path = tmp_path / "claims.sqlite"
+def test_a_claim_is_held_until_recorded_or_expired(shared_target):
+    path = shared_target
     a, b = Database(path), Database(path)  # two connections, as two processes have
     assert a.claim(WORK, "a", lease=1.0, limit=2) == ["claimed", "claimed", "later"]
     assert a.revision == 0  # claims change no estimate: cached plans stay valid
@@ -42,10 +43,10 @@ def test_a_claim_is_held_until_recorded_or_expired(tmp_path):
     b.close()
 
 
-def test_claims_are_per_device_and_source_hash(tmp_path, elsewhere):
+def test_claims_are_per_device_and_source_hash(shared_target, elsewhere):
     from tensor_graphs.db import Hardware
 
-    with Database(path=tmp_path / "c.sqlite") as db:
+    with Database(shared_target) as db:
         assert db.claim(WORK[:1], "a", 30) == ["claimed"]
         other_device = Hardware("m", "another cpu", current().libs)
         assert db.claim(WORK[:1], "b", 30, hardware=other_device) == ["claimed"]
@@ -53,8 +54,8 @@ def test_claims_are_per_device_and_source_hash(tmp_path, elsewhere):
         assert db.claim(WORK[:1], "b", 30, hardware=elsewhere) == ["held"]  # same device
 
 
-def test_a_live_owner_renews_its_lease(tmp_path):
-    path = tmp_path / "renew.sqlite"
+def test_a_live_owner_renews_its_lease(shared_target):
+    path = shared_target
     mine, other = Database(path), Database(path)
     claims = missing.Claims(mine, lease=0.8)
     assert claims.take([], 8) == []
@@ -102,13 +103,17 @@ def _profile(db: str, lease: float, go, results) -> None:
                  sorted({s.source for s in prog.plan.steps})))
 
 
-def _start(db: Path, lease: float, go, results):
+def _start(db: Path | str, lease: float, go, results):
     proc = CTX.Process(target=_profile, args=(str(db), lease, go, results))
     proc.start()
     return proc
 
 
-def _rows(db: Path) -> list[tuple]:
+def _rows(db: Path | str) -> list[tuple]:
+    if not isinstance(db, Path):  # a PostgreSQL URL
+        with Database(db) as store:
+            return [(m.kernel, m.signature, m.hardware.device, m.hardware.libs, m.when)
+                    for m in store.rows()]
     conn = sqlite3.connect(db)
     try:
         return conn.execute('SELECT kernel, signature, device, libs, "when" FROM measurements'
@@ -117,8 +122,8 @@ def _rows(db: Path) -> list[tuple]:
         conn.close()
 
 
-def test_three_profilers_record_each_call_once(tmp_path):
-    db = tmp_path / "shared.sqlite"
+def test_three_profilers_record_each_call_once(shared_target):
+    db = Path(shared_target) if "://" not in shared_target else shared_target
     Database(db).close()  # created (and migrated) once, before they race
     go, results = CTX.Event(), CTX.Queue()
     procs = [_start(db, 10.0, go, results) for _ in range(3)]

@@ -1,4 +1,5 @@
-"""Record, look up, calibrate, prune, export and import: the database's API on :memory:."""
+"""Record, look up, calibrate, prune, export and import: the store's contract, each test on
+an in-memory SQLite database and on a fresh PostgreSQL database (``new_db``, conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from tensor_graphs.db import Database, Hardware, Measurement, current, open_db, 
 from tensor_graphs.errors import DatabaseError, TensorGraphsError
 
 
-def test_record_lookup_round_trip(mk):
-    db = Database(":memory:")
+def test_record_lookup_round_trip(new_db, mk):
+    db = new_db()
     m = mk()
     before = time.time()
     stored = db.record(m)
@@ -27,8 +28,8 @@ def test_record_lookup_round_trip(mk):
     assert db.lookup("numpy_mul", m.signature) is None
 
 
-def test_lookup_matches_device_and_libs_and_prefers_this_machine(mk, elsewhere):
-    db = Database(":memory:")
+def test_lookup_matches_device_and_libs_and_prefers_this_machine(new_db, mk, elsewhere):
+    db = new_db()
     hw = current()
     db.record(mk(median=1.0, hardware=hw, when=100.0))
     db.record(mk(median=2.0, hardware=elsewhere, when=200.0))  # newer, other machine
@@ -47,8 +48,8 @@ def test_lookup_matches_device_and_libs_and_prefers_this_machine(mk, elsewhere):
     assert db.lookup("numpy_add", mk(n=8).signature).median == 6.0
 
 
-def test_lookup_returns_any_source_hash_and_prefers_the_given_one(mk):
-    db = Database(":memory:")
+def test_lookup_returns_any_source_hash_and_prefers_the_given_one(new_db, mk):
+    db = new_db()
     db.record(mk(source_hash="new", median=1.0, when=100.0))
     db.record(mk(source_hash="old", median=2.0, when=200.0))
     assert db.lookup("numpy_add", mk().signature).source_hash == "old"  # most recent
@@ -56,8 +57,8 @@ def test_lookup_returns_any_source_hash_and_prefers_the_given_one(mk):
     assert db.lookup("numpy_add", mk().signature, source_hash="gone").source_hash == "old"
 
 
-def test_failures_are_recorded_with_nan_timings(mk):
-    db = Database(":memory:")
+def test_failures_are_recorded_with_nan_timings(new_db, mk):
+    db = new_db()
     db.record(mk(n=2))
     sig = mk(n=4).signature
     db.record(Measurement("numpy_add", "h1", sig, 0, math.nan, math.nan, math.nan, None,
@@ -69,8 +70,8 @@ def test_failures_are_recorded_with_nan_timings(mk):
     assert db.stats()["failures"] == 1
 
 
-def test_rows_for_is_every_successful_row_on_this_device_and_libs(mk, elsewhere):
-    db = Database(":memory:")
+def test_rows_for_is_every_successful_row_on_this_device_and_libs(new_db, mk, elsewhere):
+    db = new_db()
     hw = current()
     for n in (64, 128, 256):
         db.record(mk(n=n, median=n * 1e-6))
@@ -82,8 +83,8 @@ def test_rows_for_is_every_successful_row_on_this_device_and_libs(mk, elsewhere)
     assert db.rows_for("nothing") == []
 
 
-def test_record_many_is_one_transaction_and_rejects_non_measurements(mk):
-    db = Database(":memory:")
+def test_record_many_is_one_transaction_and_rejects_non_measurements(new_db, mk):
+    db = new_db()
     assert db.record_many([mk(n=n) for n in range(1, 6)]) == 5
     assert db.revision == 1 and len(db.rows()) == 5
     with pytest.raises(DatabaseError):
@@ -91,8 +92,8 @@ def test_record_many_is_one_transaction_and_rejects_non_measurements(mk):
     assert len(db.rows()) == 5 and db.record_many([]) == 0
 
 
-def test_calibration(mk, elsewhere):
-    db = Database(":memory:")
+def test_calibration(new_db, mk, elsewhere):
+    db = new_db()
     assert db.calibration() is None
     db.set_calibration(None, {"flops": 1e11, "bytes": 2e10})
     assert db.calibration() == {"flops": 1e11, "bytes": 2e10}
@@ -104,8 +105,8 @@ def test_calibration(mk, elsewhere):
     assert db.stats()["calibrations"] == 1
 
 
-def test_revision_increments_on_every_write(mk):
-    db = Database(":memory:")
+def test_revision_increments_on_every_write(new_db, mk):
+    db = new_db()
     assert db.revision == 0
     db.record(mk())
     assert db.revision == 1
@@ -117,8 +118,8 @@ def test_revision_increments_on_every_write(mk):
     assert db.prune(stale_hashes={"numpy_add": "h2"}) == 3 and db.revision == 4
 
 
-def test_stats_and_rows(mk, elsewhere):
-    db = Database(":memory:")
+def test_stats_and_rows(new_db, mk, elsewhere):
+    db = new_db()
     db.record(mk(n=1, when=10.0))
     db.record(mk(n=2, when=30.0, source_hash="h0"))
     db.record(mk(kernel="numpy_mul", n=2, when=20.0, hardware=elsewhere))
@@ -132,8 +133,8 @@ def test_stats_and_rows(mk, elsewhere):
     assert [m.when for m in db.rows(kernel="numpy_add", limit=1)] == [30.0]
 
 
-def test_prune(mk):
-    db = Database(":memory:")
+def test_prune(new_db, mk):
+    db = new_db()
     now = time.time()
     db.record(mk(n=1, source_hash="old", when=now - 10 * 86400))
     db.record(mk(n=2, source_hash="old"))
@@ -149,8 +150,8 @@ def test_prune(mk):
         ("gone_kernel", "x"), ("numpy_add", "new")]
 
 
-def test_export_import_round_trip_and_merge(mk, elsewhere, tmp_path):
-    a = Database(":memory:")
+def test_export_import_round_trip_and_merge(new_db, mk, elsewhere, tmp_path):
+    a = new_db()
     a.record(mk(n=1))
     a.record(mk(n=2, hardware=elsewhere))
     a.record(Measurement("numpy_add", "h1", mk(n=3).signature, 0, math.nan, math.nan,
@@ -159,7 +160,7 @@ def test_export_import_round_trip_and_merge(mk, elsewhere, tmp_path):
     assert a.export_jsonl(path) == 3
     for line in path.read_text().splitlines():  # strict JSON: NaN written as null
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
-    b = Database(":memory:")
+    b = new_db()
     b.record(mk(n=4))
     assert b.import_jsonl(path) == 3
     assert b.revision == 2
@@ -178,10 +179,10 @@ def test_export_import_round_trip_and_merge(mk, elsewhere, tmp_path):
     assert a.import_jsonl(buf) == 1 and len(a.rows()) == 4
 
 
-def test_import_rejects_bad_lines(tmp_path):
+def test_import_rejects_bad_lines(new_db, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"kernel": "k"}\n')
-    db = Database(":memory:")
+    db = new_db()
     with pytest.raises(DatabaseError, match="line 1"):
         db.import_jsonl(path)
     assert db.rows() == [] and db.revision == 0
@@ -199,10 +200,10 @@ GOOD_LINE = ('{"kernel": "k", "source_hash": "h", "signature": "s", "runs": 1, "
     (GOOD_LINE.replace('"runs": 1', '"runs": 1, "failure": {"a": 1}').encode(), 1, "failure"),
     (b'"just a string"\n', 1, "AttributeError"),
 ])
-def test_import_refuses_files_that_are_not_measurements(tmp_path, content, line, why):
+def test_import_refuses_files_that_are_not_measurements(new_db, tmp_path, content, line, why):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
-    db = Database(":memory:")
+    db = new_db()
     with pytest.raises(DatabaseError) as info:
         db.import_jsonl(path)
     msg = str(info.value)
@@ -234,8 +235,8 @@ def test_signature_text_is_canonical():
         == signature_text([((4,), "float32")], {"k": 3})
 
 
-def test_closed_database_raises(mk):
-    with Database(":memory:") as db:
+def test_closed_database_raises(new_db, mk):
+    with new_db() as db:
         db.record(mk())
     assert db.closed
     with pytest.raises(DatabaseError, match="closed"):
