@@ -10,6 +10,7 @@ import sympy
 
 from tensor_graphs.errors import ArgumentError, DTypeError, TensorGraphsError
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.graph import nodes as graph_nodes
 from tensor_graphs.ir.node import Node
 
 
@@ -155,6 +156,13 @@ class Ctx:
                 f"{self.op} node '{self.name}': its {label} is the graph input '{source}', "
                 "whose value the graph's shapes depend on; give it when importing: "
                 f"tg.from_onnx(..., constants={{'{source}': value}})", [source])
+        found = [self._sources[n] for n in graph_nodes([v]) if n in self._sources]
+        if found:  # computed from graph inputs: known once they are
+            raise StaticInputError(
+                f"{self.op} node '{self.name}': its {label} is computed at run time from the "
+                f"graph input(s) {found}, and the graph's shapes depend on it; if those "
+                "inputs are fixed (a shape fed as an input), give them when importing: "
+                "tg.from_onnx(..., constants={name: value})", found)
         raise UnsupportedOpError(
             f"{self.op} node '{self.name}': its {label} is computed from run-time data, "
             "so the result's shape would depend on the data; tensor_graphs needs it known "

@@ -322,6 +322,25 @@ def _eye_like(c: Ctx):
     return tg.cast(diagonal, to)
 
 
+def _center_crop_pad(c: Ctx):
+    """Each axis cropped or zero-padded to its target size around the centre (the odd
+    element goes to the end)."""
+    x = c.t(0)
+    target = ints(c.s(1, "shape"))
+    axes = [norm_axis(a, x.ndim) for a in c.a("axes", range(x.ndim))]
+    for axis, size in zip(axes, target):
+        dim = x.shape[axis]
+        if not isinstance(dim, int) or not isinstance(size, int):
+            raise c.refuse(f"symbolic sizes on axis {axis} ({dim} to {size})")
+        if size < dim:
+            x = tg.slice_axis(x, axis, (dim - size) // 2, (dim - size) // 2 + size)
+        elif size > dim:
+            before = (size - dim) // 2
+            flat = [0, 0] * (x.ndim - 1 - axis) + [before, size - dim - before]
+            x = tg.pad(x, flat)
+    return x
+
+
 def table() -> dict:
     return {
         "Shape": _shape, "Size": _size, "Reshape": _reshape, "Flatten": _flatten,
@@ -331,6 +350,7 @@ def table() -> dict:
         "ConstantOfShape": _constant_of_shape, "Range": _range, "Identity": _identity,
         "Dropout": _dropout, "SpaceToDepth": _space_depth(True),
         "DepthToSpace": _space_depth(False), "EyeLike": _eye_like,
+        "CenterCropPad": _center_crop_pad,
     }
 
 
