@@ -184,6 +184,21 @@ def test_options_reach_the_planner(tmp_path):
     assert Database(str(path)).rows()  # the rows landed in that file
 
 
+@pytest.mark.parametrize("mode, measures", [("max-autotune", True), ("default", False)])
+def test_torch_compile_mode_picks_the_profile(tmp_path, monkeypatch, mode, measures):
+    """torch.compile takes a mode or options, not both: the mode alone picks the profile
+    (the database is then $TG_DB's)."""
+    monkeypatch.setenv("TG_DB", str(tmp_path / "db.sqlite"))  # empty: nothing measured yet
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Tanh()).eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, mode=mode)
+    x = torch.randn(4, 16)
+    with _no_fallback(), torch.no_grad():
+        assert _err(compiled(x), m(x)) <= TOL
+    assert (spy.ours[0].program.stats["measured"] > 0) == measures
+
+
 def test_numbers_dynamo_passes_as_tensors_are_the_values_of_the_call():
     """dynamic=True passes a norm's eps as a 0-d tensor read with .item(); the program takes
     it as the constant it is, so a large eps (visible in the result) must be the one used.
