@@ -133,8 +133,40 @@ def _masked_softmax(x):
     return tg.div(e, total)
 
 
+def _rotary(c: Ctx):
+    """RotaryEmbedding (opset 23): the first rotary_embedding_dim features of each head
+    rotated by the cached angles of each position, halves or interleaved pairs."""
+    x, cos, sin = c.t(0), c.t(1), c.t(2)
+    four = x.ndim == 4
+    h = tg.permute(x, 0, 2, 1, 3) if four else x  # (B, S, H, D) or (B, S, hidden)
+    if not four:
+        b, s, hidden = h.shape
+        heads = c.a("num_heads")
+        h = tg.reshape(h, (b, s, heads, hidden // heads))
+    dim = c.a("rotary_embedding_dim", 0) or h.shape[3]
+    rot, keep = tg.slice_axis(h, 3, 0, dim), tg.slice_axis(h, 3, dim, None)
+    if c.has(3):  # the caches' rows of each position
+        ids = c.t(3)
+        cos, sin = tg.gather(cos, ids, 0), tg.gather(sin, ids, 0)
+    cos, sin = tg.unsqueeze(cos, 2), tg.unsqueeze(sin, 2)
+    interleaved = bool(c.a("interleaved", 0))
+    if interleaved:
+        x1, x2 = tg.slice_axis(rot, 3, 0, None, 2), tg.slice_axis(rot, 3, 1, None, 2)
+    else:
+        x1, x2 = tg.slice_axis(rot, 3, 0, dim // 2), tg.slice_axis(rot, 3, dim // 2, None)
+    real = tg.sub(tg.mul(cos, x1), tg.mul(sin, x2))
+    imag = tg.add(tg.mul(sin, x1), tg.mul(cos, x2))
+    if interleaved:
+        rot = tg.reshape(tg.concat([tg.unsqueeze(real, -1), tg.unsqueeze(imag, -1)], -1),
+                         rot.shape)
+    else:
+        rot = tg.concat([real, imag], -1)
+    out = tg.concat([rot, keep], -1) if keep.shape[3] != 0 else rot
+    return tg.permute(out, 0, 2, 1, 3) if four else tg.reshape(out, x.shape)
+
+
 def table() -> dict:
-    return {"Attention": _attention}
+    return {"Attention": _attention, "RotaryEmbedding": _rotary}
 
 
 __all__ = ["table"]
