@@ -342,3 +342,14 @@ def test_dim_names_that_are_no_symbol_get_the_inputs_name(dim):
               [vi("y", [dim, 3])], 13)
     prog = tg.from_onnx(m, {"x_dim0": 4})
     np.testing.assert_array_equal(prog(x=-X[0, :2, :3])[0], np.maximum(-X[0, :2, :3], 0))
+
+
+def test_an_op_of_another_domain_is_refused_with_its_domain():
+    """ONNX Runtime's contrib ops (com.microsoft) share no table with ai.onnx ops of the
+    same name: refused, named with their domain."""
+    node = helper.make_node("Gelu", ["x"], ["y"], name="fused", domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [vi("x", [2, 3])], [vi("y", [2, 3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17),
+                                                helper.make_operatorsetid("com.microsoft", 1)])
+    with pytest.raises(UnsupportedOpError, match="com.microsoft::Gelu \\(nodes 'fused'\\)"):
+        tg.from_onnx(m)
