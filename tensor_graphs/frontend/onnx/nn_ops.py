@@ -327,6 +327,11 @@ def _swish(c: Ctx):
     return tg.mul(x, tg.sigmoid(tg.mul(x, _f(x, c.a("alpha", 1.0)))))
 
 
+def _swiglu(c: Ctx):
+    a, b = c.t(0), c.t(1)
+    return tg.mul(tg.mul(a, tg.sigmoid(tg.mul(a, _f(a, c.a("alpha", 1.0))))), b)
+
+
 def _hardmax(c: Ctx):
     x = c.t(0)
     axis = norm_axis(c.a("axis", -1 if c.opset >= 13 else 1), x.ndim)
@@ -389,7 +394,7 @@ def table() -> dict:
         "ConvTranspose": _conv_transpose, "LpPool": _lp_pool,
         "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
         "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
-        "RMSNormalization": _rms_norm, "Swish": _swish, "Hardmax": _hardmax,
+        "RMSNormalization": _rms_norm, "Swish": _swish, "SwiGLU": _swiglu, "Hardmax": _hardmax,
         "LpNormalization": _lp_norm, "GroupNormalization": _group_norm,
         "MeanVarianceNormalization": _mvn,
     }
