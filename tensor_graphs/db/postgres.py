@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 import threading
 import time
@@ -134,10 +135,7 @@ class PostgresDatabase(Database):
             raise DatabaseError(f"cannot connect to the measurement database {self.path}: "
                                 f"{str(exc).strip()}; check the URL, the server and its access "
                                 "rules, or point TG_DB or db= at a file") from exc
-        self._pool = psycopg_pool.ConnectionPool(
-            self._url, min_size=POOL_SIZE[0], max_size=POOL_SIZE[1], open=True, timeout=30,
-            check=psycopg_pool.ConnectionPool.check_connection, name="tensor_graphs",
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT})
+        self._pool = self._new_pool()
         try:
             self._attempt(self._migrate_in, "migrating", transaction=True)
         except BaseException:
@@ -145,15 +143,33 @@ class PostgresDatabase(Database):
             raise
 
     # ------------------------------------------------------------------ plumbing
+    def _new_pool(self):
+        """A pool owned by this process (``_here`` makes a forked child its own)."""
+        _, psycopg_pool = _psycopg()
+        self._pid = os.getpid()
+        return psycopg_pool.ConnectionPool(
+            self._url, min_size=POOL_SIZE[0], max_size=POOL_SIZE[1], open=True, timeout=30,
+            check=psycopg_pool.ConnectionPool.check_connection, name="tensor_graphs",
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT})
+
+    def _here(self):
+        """The pool, made anew in a forked child: the parent's connections share their
+        sockets with it (a child using one would corrupt the parent's session) and its
+        threads did not survive the fork; they are dropped, never closed from here."""
+        with self._lock:
+            if self._pool is not None and self._pid != os.getpid():
+                self._pool = self._new_pool()
+            return self._pool
+
     @property
     def closed(self) -> bool:
         return self._pool is None
 
     def close(self) -> None:
-        """Close the pool's connections."""
+        """Close the pool's connections (only this process's own: see ``_here``)."""
         with self._lock:
             pool, self._pool = getattr(self, "_pool", None), None
-        if pool is not None:
+        if pool is not None and self._pid == os.getpid():  # a forked child drops its parent's
             pool.close()
 
     def _attempt(self, work: Callable[[Any], Any], what: str, transaction: bool = False,
@@ -163,7 +179,7 @@ class PostgresDatabase(Database):
         deadlock: a failed transaction rolled back whole, and writes are idempotent."""
         wait = BACKOFF[0]
         for attempt in itertools.count(1):
-            pool = self._pool
+            pool = self._here()
             if pool is None:
                 raise DatabaseError(f"the measurement database {self.path} is closed")
             try:

@@ -143,8 +143,17 @@ def test_three_profilers_record_each_call_once(shared_target):
         assert not check.claims()
 
 
-def test_a_killed_profilers_claims_are_taken_over(tmp_path):
-    db = tmp_path / "killed.sqlite"
+def _claims_reader(db: Path | str):
+    """A plain connection to read the claims table while a profiler works."""
+    if isinstance(db, Path):
+        return sqlite3.connect(db, timeout=10)
+    import psycopg
+
+    return psycopg.connect(db, autocommit=True)
+
+
+def test_a_killed_profilers_claims_are_taken_over(shared_target):
+    db = Path(shared_target) if "://" not in shared_target else shared_target
     Database(db).close()
     go, results = CTX.Event(), CTX.Queue()
     go.set()
@@ -152,7 +161,7 @@ def test_a_killed_profilers_claims_are_taken_over(tmp_path):
     victim = _start(db, lease, go, results)
     held: list[tuple] = []
     deadline = time.monotonic() + 60
-    conn = sqlite3.connect(db, timeout=10)
+    conn = _claims_reader(db)
     while not held and time.monotonic() < deadline:  # catch it holding claims, then kill it
         if conn.execute("SELECT count(*) FROM claims").fetchone()[0]:
             os.kill(victim.pid, signal.SIGSTOP)

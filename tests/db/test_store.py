@@ -83,6 +83,16 @@ def test_rows_for_is_every_successful_row_on_this_device_and_libs(new_db, mk, el
     assert db.rows_for("nothing") == []
 
 
+def test_rows_named_is_every_kernel_of_a_prefix_in_code_point_order(new_db, mk):
+    db = new_db()
+    names = ["gen_a1", "gen_B2", "gen_", "gen", "gem_x", "gen\u00e9", "genZ", "other"]
+    for i, name in enumerate(names):
+        db.record(mk(kernel=name, n=i + 1))
+    assert sorted({m.kernel for m in db.rows_named("gen_")}) == ["gen_", "gen_B2", "gen_a1"]
+    assert {m.kernel for m in db.rows_named("gen")} == set(names) - {"gem_x", "other"}
+    assert db.rows_named("nothing") == []
+
+
 def test_record_many_is_one_transaction_and_rejects_non_measurements(new_db, mk):
     db = new_db()
     assert db.record_many([mk(n=n) for n in range(1, 6)]) == 5
