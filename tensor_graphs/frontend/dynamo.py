@@ -28,6 +28,7 @@ from tensor_graphs.frontend.dynamo_graph import (
     dynamic_shapes,
     export,
     exportable,
+    written_inputs,
 )
 from tensor_graphs.frontend.torch_export import _shape_carriers, import_exported
 from tensor_graphs.ir import graph as ir_graph
@@ -154,15 +155,13 @@ class DynamoProgram:
         args = [example_inputs[i] for i in self._user]
         try:
             spec = dynamic_shapes(found.values, duck=False)
-            outputs, leaves, weights, _ = import_exported(export(found.module, args, spec),
-                                                          dim_names(spec))
+            outputs, leaves, weights, _ = _import(export(found.module, args, spec), spec)
         except ShapeError:
             # Dynamo keeps sizes apart that the graph needs equal but torch's meta kernels
             # never compare (sdpa's key and value lengths): one dim per size equal in the
             # example, as torch's duck shaping does; a call where they differ runs eagerly
             spec = dynamic_shapes(found.values, duck=True)
-            outputs, leaves, weights, _ = import_exported(export(found.module, args, spec),
-                                                          dim_names(spec))
+            outputs, leaves, weights, _ = _import(export(found.module, args, spec), spec)
         self._leaves = leaves  # the user tensors' leaves, in self._user's order
         # per graph output: (True, index into the program's outputs) or (False, a value)
         self._outputs: list[tuple[bool, object]] = []
@@ -290,6 +289,16 @@ class DynamoProgram:
             r = np.asarray(results[o])
             out.append(torch.from_numpy(r if r.flags.writeable else r.copy()))
         return tuple(out)
+
+
+def _import(exported, spec: list):
+    """import_exported, refusing first a graph that writes its inputs or weights in place
+    (our programs never write what they are fed)."""
+    written = written_inputs(exported)
+    if written:
+        raise RefusedGraphError(f"this graph writes its inputs in place ({', '.join(written)}),"
+                                " which a tensor_graphs program does not do")
+    return import_exported(exported, dim_names(spec))
 
 
 def _version(tensor) -> int | None:

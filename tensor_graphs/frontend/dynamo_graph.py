@@ -197,6 +197,36 @@ def dim_names(spec: list) -> dict[tuple[int, int], str]:
             and dim.__name__.isidentifier()}
 
 
+def written_inputs(exported) -> list[str]:
+    """Each in-place write (``buf.add_(x)``, ``cache[:, i] = k``, a module's counter
+    ``self.n += 1``) whose target is, through views, an input or a weight of the program, as
+    "op on 'name'". torch.export's graph keeps them as in-place ops without listing them as
+    mutations, and the importer reads an in-place op as its functional form, so a program
+    would drop the write the caller sees in eager torch."""
+    torch = torch_module()
+    placeholders = {n for n in exported.graph.nodes if n.op == "placeholder"}
+
+    def storage_of(node):  # follow ops whose result aliases their first argument (views)
+        while node.op == "call_function" and node.args and isinstance(node.args[0],
+                                                                      torch.fx.Node):
+            schema = getattr(node.target, "_schema", None)
+            if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+                break
+            node = node.args[0]
+        return node
+
+    found = []
+    for node in exported.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        for i, arg in enumerate(schema.arguments if schema is not None else ()):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, torch.fx.Node) and storage_of(value) in placeholders:
+                found.append(f"{schema.name} on '{storage_of(value).name}'")
+    return found
+
+
 def export(module, args: list, spec: list):
     """torch.export outside Dynamo's tracing context: export's own shape guards would
     otherwise join the frame Dynamo is compiling (and fail its guard check)."""

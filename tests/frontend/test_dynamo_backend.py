@@ -239,6 +239,34 @@ def test_unmapped_op_falls_back_to_eager_with_a_warning():
         assert _err(got, m(x)) == 0  # eager torch ran it
 
 
+class Writes(nn.Module):
+    """Writes an argument and its own counter in place: side effects the caller sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x, buf):
+        buf[1:].add_(x[1:])  # through a view
+        self.count.add_(1)
+        return buf * 2 + self.count
+
+
+def test_in_place_writes_to_inputs_and_buffers_run_eagerly():
+    x = torch.randn(3)
+    m, twin = Writes(), Writes()
+    compiled = torch.compile(m, backend="tensor_graphs", options=OPTIONS)
+    bufs, twin_bufs = [torch.zeros(3) for _ in range(2)], [torch.zeros(3) for _ in range(2)]
+    with pytest.warns(EagerFallbackWarning, match="writes its inputs in place"), \
+            torch.no_grad():
+        got = [compiled(x, b) for b in bufs]
+    with torch.no_grad():
+        ref = [twin(x, b) for b in twin_bufs]
+    for g, r, b, tb in zip(got, ref, bufs, twin_bufs):
+        assert torch.equal(g, r) and torch.equal(b, tb)  # the writes happened, as in eager
+    assert torch.equal(m.count, torch.full((3,), 2.0))
+
+
 def test_fallback_false_raises_the_import_error():
     m = Bessel().eval()
     compiled = torch.compile(m, backend="tensor_graphs", options={**OPTIONS, "fallback": False})
