@@ -41,6 +41,7 @@ from tensor_graphs.ir.ops.names import INPUT, WEIGHT
 
 _FIX = "export the model again (onnx.save), or check the path"
 _DOMAINS = ("", "ai.onnx")  # the default domain's two spellings
+_PROTOBUF_LIMIT = 2 ** 31  # protobuf parses no message larger: refused before reading it all
 
 
 def _onnx():
@@ -64,7 +65,8 @@ def load_model(source):
     else:
         path = path_of(source, "tg.from_onnx's model")
         label = f"'{path}'"
-        data = read_regular(path, "ONNX model", _FIX)
+        data = read_regular(path, "ONNX model", _FIX + " (a model over 2 GiB keeps its "
+                            "weights in external data files)", most=_PROTOBUF_LIMIT)
         model = _parse(data, label)
         folder = os.path.dirname(os.path.abspath(path))
     _external(model, folder, label)

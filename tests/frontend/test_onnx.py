@@ -353,3 +353,13 @@ def test_an_op_of_another_domain_is_refused_with_its_domain():
                                                 helper.make_operatorsetid("com.microsoft", 1)])
     with pytest.raises(UnsupportedOpError, match="com.microsoft::Gelu \\(nodes 'fused'\\)"):
         tg.from_onnx(m)
+
+
+def test_a_file_larger_than_protobuf_parses_is_refused_unread(tmp_path, monkeypatch):
+    from tensor_graphs.frontend import onnx_import
+
+    monkeypatch.setattr(onnx_import, "_PROTOBUF_LIMIT", 100)  # 2 GiB, scaled down
+    big = tmp_path / "big.onnx"
+    big.write_bytes(small_model()[0].SerializeToString() + b"\0" * 200)
+    with pytest.raises(tg.SerializationError, match="big.onnx is larger.*external data"):
+        tg.from_onnx(big)
