@@ -123,7 +123,7 @@ def _layer_norm_stats(c: Ctx, x, w, b, axis: int, eps: float):
     out = tg.mul(tg.cast(tg.mul(centered, inv), x.dtype), w)
     if b is not None:
         out = tg.add(out, b)
-    return (out, mean, inv)[:1 + c.outputs - 1 + 0] if c.outputs < 3 else (out, mean, inv)
+    return out, mean, inv  # the importer keeps those the node names
 
 
 def _batch_norm(c: Ctx):
