@@ -29,8 +29,10 @@ def add_db_commands(sub) -> None:
     """Register ``tg db stats | show | export | import | prune | plot`` on the ``tg`` subparsers."""
     db = sub.add_parser(
         "db", help="inspect, export, import and prune kernel measurements (tg db --help)",
-        description="The measurement database holds kernel timings on this hardware (SQLite, "
-                    "one row per kernel x input signature x hardware). The planner reads it; "
+        description="The measurement database holds kernel timings on this hardware (an "
+                    "SQLite file, or a PostgreSQL database a team shares: --db or TG_DB "
+                    "postgresql://...; one row per kernel x input signature x hardware). The "
+                    "planner reads it; "
                     "`tg profile` and compile(profile='missing') write it.")
     dsub = db.add_subparsers(dest="db_command", metavar="SUBCOMMAND")
     db.set_defaults(run=lambda args: (db.print_help(), 0)[1])

@@ -184,12 +184,15 @@ def test_a_database_of_another_application_or_a_newer_version_is_refused(pg_url)
         assert conn.execute("SELECT * FROM measurements").fetchall() == [(1,)]
 
 
-def test_an_unreachable_server_names_the_url_without_its_password():
-    with pytest.raises(DatabaseError) as info:
-        Database("postgresql://someone:secret@127.0.0.1:1/tg")
-    msg = str(info.value)
-    assert "postgresql://someone:***@127.0.0.1:1/tg" in msg and "secret" not in msg
-    assert "TG_DB" in msg
+def test_an_unreachable_server_names_the_url_without_its_password(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for opener in (Database, open_db):
+        with pytest.raises(DatabaseError) as info:
+            opener("postgresql://someone:secret@127.0.0.1:1/tg")
+        msg = str(info.value)
+        assert "postgresql://someone:***@127.0.0.1:1/tg" in msg and "secret" not in msg
+        assert "TG_DB" in msg
+    assert list(tmp_path.iterdir()) == []  # never taken for a file path ("postgresql:/...")
 
 
 def test_tg_db_names_a_server_database(pg_url, monkeypatch):
