@@ -32,6 +32,13 @@ from tensor_graphs.rewrite.simplify import pm_movement
 
 _pointwise_cache: dict[tuple, bool] = {}
 
+# Attributes that name axes or sizes of the input: an op carrying one is tied to its input's
+# rank and shape, so it cannot move to the other side of a reshape even where its
+# decomposition happens to be elementwise (``prod`` over an axis of size 1, a 0-d tensor
+# made 1-d: on the 0-d tensor that axis does not exist).
+_SHAPE_ATTRS = frozenset({"axis", "axes", "dim", "dims", "perm", "shape", "size", "reps",
+                          "kernel_size", "output_size", "diagonal"})
+
 
 def pointwise(node: Node) -> bool:
     """``node`` applies one function to each element of its single tensor input."""
@@ -39,6 +46,8 @@ def pointwise(node: Node) -> bool:
         return False
     if node.op.is_atomic:
         return node.op.name in ELEMENTWISE
+    if _SHAPE_ATTRS.intersection(node.attrs):
+        return False
     key = (node.op.name, node.attrs, node.dtype, node.inputs[0].dtype)
     if key not in _pointwise_cache:
         _pointwise_cache[key] = _decomposes_pointwise(node)

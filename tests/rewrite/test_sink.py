@@ -118,3 +118,18 @@ def test_a_reshaped_operand_that_broadcasts_does_not_sink():
     x = tg.input("x", (2, 6, 6), "float32")
     out = tg.reshape(x, (2, 1, 6, 6)) + tg.input("y", (2, 4, 6, 6), "float32")
     assert sink_reshapes(out) is out
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_a_reduction_over_an_axis_of_size_one_keeps_its_reshape(keepdims):
+    """``prod`` over the one axis of a 0-d tensor made 1-d decomposes to elementwise ops (the
+    axis has size 1), but its ``axis`` names an axis the 0-d tensor lacks: moved past the
+    reshape it raised a ShapeError (torch's ``prod(x, 0, keepdim=True)`` of a 0-d x)."""
+    x = tg.input("x", (), "float32")
+    y = tg.prod(tg.reshape(x, (1,)), axis=0, keepdims=keepdims)
+    assert not pointwise(y)
+    (out,) = sink_reshapes((y,))
+    value = np.array(1.5, dtype=np.float32)
+    got = tg.compile(out, db=":memory:")(x=value)
+    ref = np.prod(value.reshape(1), axis=0, keepdims=keepdims)
+    assert got.shape == y.shape == ref.shape and relative_error(got, ref) == 0
