@@ -391,6 +391,34 @@ def _dequantize(dt, arity):  # int8 values (small nonzero ints) and a positive f
     return [OpCase((S(q, "int8"), S(sc, dt, "positive"))) for q, sc in table]
 
 
+def _recurrent(kind: str, gates: int, layer: bool, proj: bool = False):
+    """Cases of a recurrent cell or layer (all of its inputs; a variant without a bias or
+    the projection drops it): batch of 1 and 3, odd sizes, a layer over 1 and 7 steps."""
+    def gen(dt, arity):
+        out = []
+        for steps, batch, feat, hidden, attrs in ((1, 1, 1, 1, {}), (7, 3, 5, 4, {}),
+                                                  (4, 2, 33, 7, {"reverse": True})):
+            if not layer and attrs:
+                continue
+            size = hidden  # h's size: the projection keeps it (a variant may drop w_hr)
+            x = S((steps, batch, feat) if layer else (batch, feat), dt)
+            state = [S((batch, size), dt)] + ([S((batch, hidden), dt)] if kind == "lstm"
+                                              else [])
+            params = [S((gates * hidden, feat), dt), S((gates * hidden, size), dt),
+                      S((gates * hidden,), dt), S((gates * hidden,), dt)]
+            if proj:
+                params.append(S((size, hidden), dt))
+            for extra in ({}, {"nonlinearity": "relu"}) if kind == "rnn" else ({},):
+                out.append(OpCase((x, *state, *params), {**attrs, **extra}))
+        return out
+    return gen
+
+
+for _kind, _gates in (("rnn", 1), ("gru", 3), ("lstm", 4)):
+    generator(f"{_kind}_cell")(_recurrent(_kind, _gates, False))
+    generator(f"{_kind}_layer")(_recurrent(_kind, _gates, True, _kind == "lstm"))
+
+
 @generator("scaled_dot_product_attention")
 def _attention(dt, arity):
     table = [  # q, k/v, mask (shape, dtype), is_causal, scale
