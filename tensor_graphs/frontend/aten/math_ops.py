@@ -70,15 +70,6 @@ def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
     return scaled(y, scale)
 
 
-def _softplus(x, beta=1.0, threshold=20.0):
-    """torch's softplus, and exp(beta x) / beta where that is below float32's resolution
-    next to 1 (beta x < -16): log(1 + e) rounds such an e away, torch's log1p keeps it
-    (softplus(-9, beta=3) is 3e-12, not 0; log_sigmoid(20) is -2e-9)."""
-    y = tg.softplus(x, beta=beta, threshold=threshold)
-    bx = x * beta
-    return tg.where(bx < -16.0, tg.exp(tg.minimum(bx, 0.0)) / beta, y)
-
-
 def _leaky(x, slope):
     return tg.where(x > 0, x, x * slope)
 
@@ -195,7 +186,7 @@ def _softmax_fn(fn, dtype_key=None):
 
 
 def _log_sigmoid_forward(a, kw):
-    return (-_softplus(-kw["self"]),
+    return (-tg.softplus(-kw["self"]),
             Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
 
 
@@ -250,10 +241,10 @@ def table(aten) -> dict:
         aten.elu: lambda a, kw: _elu(kw["self"], kw["alpha"], kw["scale"], kw["input_scale"]),
         aten.celu: lambda a, kw: _elu(kw["self"], kw["alpha"], 1.0, 1.0 / kw["alpha"]),
         aten.selu: unary(tg.selu),
-        aten.softplus: lambda a, kw: _softplus(kw["self"], beta=float(kw["beta"]),
+        aten.softplus: lambda a, kw: tg.softplus(kw["self"], beta=float(kw["beta"]),
                                                  threshold=float(kw["threshold"])),
-        aten.mish: lambda a, kw: kw["self"] * tg.tanh(_softplus(kw["self"])),
-        aten.log_sigmoid: lambda a, kw: -_softplus(-kw["self"]),
+        aten.mish: lambda a, kw: kw["self"] * tg.tanh(tg.softplus(kw["self"])),
+        aten.log_sigmoid: lambda a, kw: -tg.softplus(-kw["self"]),
         aten.log_sigmoid_forward: _log_sigmoid_forward,
         aten.hardsigmoid: lambda a, kw: _hardsigmoid(kw["self"]),
         aten.hardswish: lambda a, kw: kw["self"] * _hardsigmoid(kw["self"]),

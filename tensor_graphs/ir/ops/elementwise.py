@@ -203,7 +203,11 @@ def selu(x):
 
 @composite(example=_x)
 def softplus(x, *, beta=1.0, threshold=20.0):
-    """log(1 + exp(beta x)) / beta, linear above threshold (torch's form), overflow-free."""
+    """log(1 + exp(beta x)) / beta, linear above threshold (torch's form), overflow-free.
+    log1p, not log(1 + e): for beta x below about -16 e is under float32's resolution next
+    to 1, and 1 + e rounds it away (softplus(-20) is 2e-9, not 0; log_sigmoid(20) likewise)."""
     bx = tg.mul(x, beta)
-    soft = div(tg.add(tg.maximum(bx, 0.0), tg.log(tg.add(tg.exp(tg.neg(abs(bx))), 1.0))), beta)
+    # atomic log1p by name: ir/ops/pointwise.py, its builder, imports this module
+    tail = tg._make("log1p", (tg.exp(tg.neg(abs(bx))),))
+    soft = div(tg.add(tg.maximum(bx, 0.0), tail), beta)
     return tg.where(tg.less(threshold, bx), x, soft)
