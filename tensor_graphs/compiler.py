@@ -223,18 +223,23 @@ class Pipeline:
 
         planner = self.planner(prepared, dims=costed_at, refused=refused)
         found = self.decisions or cache.get(key())
+        plan = None
         if found is not None:
             try:
                 plan = planner.replay(found)
             except PlanFileError as exc:  # refused, never re-planned: see planner/lockfile
-                if self.decisions is None:
-                    raise
-                from tensor_graphs.planner.lockfile import FIX
+                if self.decisions is not None:
+                    from tensor_graphs.planner.lockfile import FIX
 
-                raise PlanFileError(f"plan file {self.plan_file} cannot be replayed as saved: "
-                                    f"{exc}; it is refused, not re-planned ({FIX})") from None
-            stats["replayed" if self.decisions else "plan_cache_hits"] += 1
-        else:
+                    raise PlanFileError(f"plan file {self.plan_file} cannot be replayed as "
+                                        f"saved: {exc}; it is refused, not re-planned ({FIX})"
+                                        ) from None
+                # the cache's plan chose a generated kernel refused since (realize): plan again
+                cache.drop(key())
+                planner = self.planner(prepared, dims=costed_at, refused=refused)
+            else:
+                stats["replayed" if self.decisions else "plan_cache_hits"] += 1
+        if plan is None:
             if self.profile == "missing":
                 from tensor_graphs.profiler.missing import profile_missing
 

@@ -58,5 +58,10 @@ def put(k: tuple, decisions: Sequence[str]) -> None:
         _plans.popitem(last=False)
 
 
+def drop(k: tuple) -> None:
+    """Forget a plan that no longer replays (a kernel it chose was refused since)."""
+    _plans.pop(k, None)
+
+
 def clear() -> None:
     _plans.clear()

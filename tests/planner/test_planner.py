@@ -178,6 +178,22 @@ def test_plan_cache_hits_for_the_same_structure_with_other_names():
     np.testing.assert_allclose(p2(c=a, d=b), np.maximum(a * b, 0), rtol=1e-6)
 
 
+def test_a_cached_plan_that_no_longer_replays_is_planned_again():
+    """The plan cache is a shortcut: a cached decision that is gone (a generated kernel refused
+    since; int32 right_shift did this) plans again instead of failing the compile."""
+    cache.clear()
+    db = open_db(":memory:")
+    g = tg.relu(tg.input("a", (5, 7)) * tg.input("b", (5, 7)))
+    tg.compile(g, db=db)
+    ((k, decisions),) = cache._plans.items()
+    cache._plans[k] = ("generated:c_fused_refused_since",) + decisions[1:]
+    again = tg.compile(g, db=db)
+    assert again.stats["planner_runs"] == 1 and again.stats["plan_cache_hits"] == 0
+    a, b = RNG.standard_normal((2, 5, 7)).astype(np.float32)
+    np.testing.assert_allclose(again(a=a, b=b), np.maximum(a * b, 0), rtol=1e-6)
+    assert cache.get(k) == again.plan.decisions
+
+
 def test_symbolic_dims_plan_on_first_call_and_validate_feeds():
     x = tg.input("x", ("n", 4))
     w = tg.weight("w", (4, 3))
