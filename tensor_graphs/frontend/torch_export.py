@@ -172,7 +172,7 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
                 top = getattr(upper, "upper", None) if upper is not None else None
                 try:
                     top = int(top)
-                except (TypeError, ValueError, OverflowError):
+                except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo
                     top = None
                 bounds[name] = top if top is not None and top < 2 ** 31 else int(hint)
             shape.append(symbols[key])
