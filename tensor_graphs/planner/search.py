@@ -35,6 +35,7 @@ from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import is_static, nodes, root_state, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops.names import (
+    CAST,
     CONSTANT,
     DIM,
     EXPAND,
@@ -127,8 +128,13 @@ def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
                           {k: json_attr(v) for k, v in attrs.items()})
 
 
-def step_error(kernel, dtype: DType) -> float:
-    return max(kernel.tolerance, LOW_PRECISION_ROUNDING.get(dtype.name, 0.0))
+def step_error(kernel, node: Node) -> float:
+    """The kernel's tolerance, and a half-precision result's rounding against the float64
+    reference, except at a cast: there the rounding is the op the user wrote (exactly rounded
+    arithmetic on its input), not an error the kernel adds."""
+    if node.op.name == CAST:
+        return kernel.tolerance
+    return max(kernel.tolerance, LOW_PRECISION_ROUNDING.get(node.dtype.name, 0.0))
 
 
 class Planner:
@@ -271,7 +277,7 @@ class Planner:
             self.stats["estimates"] += 1
             cold = 0.0 if est is FREE else self._cold(args, node)
             out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
-                              covers, attrs, est, step_error(k, node.dtype), sig, feats,
+                              covers, attrs, est, step_error(k, node), sig, feats,
                               label=f"kernel:{k.name}",
                               densify=self._densify(args) if k.contiguous else 0.0, cold=cold,
                               static=is_static(node)))
@@ -304,7 +310,7 @@ class Planner:
             est = self.cost.estimate(cand, sig, feats)
             self.stats["estimates"] += 1
             out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
-                              cand, cand.covers, {}, est, step_error(cand, node.dtype), sig,
+                              cand, cand.covers, {}, est, step_error(cand, node), sig,
                               feats, label=f"{GENERATED}:{cand.name}",
                               cold=self._cold(cand.inputs, node, cand.also),
                               static=is_static(node)))
@@ -382,7 +388,7 @@ class Planner:
         est = FREE if copies.cost_hint(k) == 0.0 else self.cost.estimate(k, sig, feats)
         attrs = {"device": slot.device} if "device" in k.attrs else {}  # (the runtime's GPU)
         return [Option(COPY, slot, (Slot(slot.node, other, False),), k, (), attrs, est,
-                       step_error(k, slot.node.dtype), sig, feats, label=f"copy:{k.name}",
+                       step_error(k, slot.node), sig, feats, label=f"copy:{k.name}",
                        static=is_static(slot.node))]
 
     def _decomposition(self, node: Node) -> Node:

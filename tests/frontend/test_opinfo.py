@@ -151,6 +151,10 @@ def _same(got, ref) -> str | None:
             return f"shape {got.shape}, torch {tuple(ref.shape)}"
         if ref.dtype.is_complex:
             return "complex output"
+        if ref.dtype == torch.bfloat16:  # numpy has none: ours is ml_dtypes' bfloat16
+            if got.dtype.name != "bfloat16":
+                return f"dtype {got.dtype}, torch bfloat16"
+            ref, got = ref.float(), got.astype(np.float32)
         want = ref.numpy()
         if want.dtype.kind != got.dtype.kind or (want.dtype.kind != "f" and
                                                  want.dtype != got.dtype):
