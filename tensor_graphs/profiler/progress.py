@@ -1,33 +1,44 @@
-"""A progress bar on stderr for long profiling work (quiet when stderr is not a terminal,
-unless forced)."""
+"""Progress for long profiling work, drawn by ``tqdm`` (the bar users already know) on stderr.
+
+Data goes to stdout and progress to stderr, so a bar would only garble a pipe or a log: it is
+drawn when its stream is a terminal (or when forced) and nothing is written otherwise.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
+from typing import TextIO
+
+from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, label: str, stream=None, force: bool = False):
+    """``total`` steps of ``label``; ``step`` after each, ``close`` at the end (or use it as a
+    context manager). ``force`` draws the bar on a stream that is not a terminal."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None,
+                 force: bool = False) -> None:
         self.total, self.label, self.done = max(total, 0), label, 0
         self.stream = stream or sys.stderr
-        self.enabled = force or getattr(self.stream, "isatty", lambda: False)()
-        self.start = time.perf_counter()
-        self._last = 0.0
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled = bool(force or (callable(isatty) and isatty()))
+        # disabled: tqdm writes nothing at all (not even on close)
+        self._bar = tqdm(total=self.total, desc=label, file=self.stream,
+                         disable=not self.enabled, mininterval=0.1, dynamic_ncols=True,
+                         leave=True)
 
     def step(self, note: str = "") -> None:
         self.done += 1
-        now = time.perf_counter()
-        if self.enabled and (now - self._last > 0.1 or self.done == self.total):
-            self._last = now
-            width = 30
-            filled = int(width * self.done / self.total) if self.total else width
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} "
-                              f"{now - self.start:5.1f}s {note[:40]:<40}")
-            self.stream.flush()
+        if self.enabled:
+            if note:
+                self._bar.set_postfix_str(note[:40], refresh=False)
+            self._bar.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        self._bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
