@@ -44,6 +44,11 @@ keeps the C kernels from spinning. Both are read when those libraries load, so `
 tensor_graphs`` imports this module before anything loads numpy; numpy or torch imported
 *before* tensor_graphs keep spinning pools, and the import warns once naming them
 (``late_pools``).
+
+The BLAS and OpenMP pools' counts are set through ``threadpoolctl``, which knows every such
+library's setter. What it does not cover stays here: the spin settings (environment read at
+library load, not a runtime call), torch's own intra-op count (set only when the user asked
+tensor_graphs for a count), and the C kernels' team (one shared state their regions read).
 """
 
 from __future__ import annotations
@@ -241,69 +246,48 @@ def register_library(lib) -> None:
         _libraries.append(lib)
 
 
-_SETTERS = ("scipy_openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
-            "openblas_set_num_threads", "openblas_set_num_threads64_")
-
-
-def _openblas_paths() -> list[str]:
-    paths = []
+def _load_scipy_openblas() -> str | None:
+    """The C backend's BLAS (scipy-openblas32), loaded now if it is not yet, so that its pool
+    has the count before the first C library linking it is loaded; its path, or None without
+    the package. threadpoolctl only sees libraries already in the process."""
     try:
         import scipy_openblas32
-
-        lib_dir = scipy_openblas32.get_lib_dir()
-        paths.append(os.path.join(lib_dir, f"lib{scipy_openblas32.get_library()}.so"))
     except ImportError:
-        pass
-    try:  # OpenBLAS builds already in the process (numpy's bundled one)
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                if "openblas" in os.path.basename(path).lower() and path not in paths:
-                    paths.append(path)
+        return None
+    path = os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+    try:
+        ctypes.CDLL(path)
     except OSError:
-        pass
-    return paths
+        return None
+    return path
+
+
+def _limit(n: int, user_api: str) -> None:
+    """Every pool of ``user_api`` ("blas": OpenBLAS builds, MKL, BLIS, FlexiBLAS; "openmp":
+    libgomp, libomp, libiomp) loaded in this process set to ``n`` threads, by threadpoolctl."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api=user_api)
 
 
 def _set_openblas(n: int) -> None:
-    for path in _openblas_paths():
-        if not os.path.exists(path):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _SETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_int]
-                fn.restype = None
-                fn(n)
-                break
+    _load_scipy_openblas()
+    _limit(n, "blas")
 
 
 def _set_openmp(n: int) -> None:
-    for name in ("libgomp.so.1", "libomp.so", "libiomp5.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        fn = getattr(lib, "omp_set_num_threads", None)
-        if fn is not None:
-            fn.argtypes = [ctypes.c_int]
-            fn.restype = None
-            fn(n)
-        return
+    _limit(n, "openmp")
 
 
 def openblas_num_threads() -> int | None:
     """The thread count scipy-openblas32 reports (for checks), or None without it."""
-    for path in _openblas_paths()[:1]:
-        try:
-            lib = ctypes.CDLL(path)
-            fn = lib.scipy_openblas_get_num_threads
-            fn.restype = ctypes.c_int
-            return int(fn())
-        except (OSError, AttributeError):
-            return None
+    path = _load_scipy_openblas()
+    if path is None:
+        return None
+    from threadpoolctl import threadpool_info
+
+    real = os.path.realpath(path)
+    for pool in threadpool_info():
+        if os.path.realpath(pool["filepath"]) == real:
+            return int(pool["num_threads"])
     return None
