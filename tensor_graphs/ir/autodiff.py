@@ -20,7 +20,7 @@ import numpy as np
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.grad_rules import COMPOSITE_VJP, NON_DIFFERENTIABLE, VJP, zeros
-from tensor_graphs.ir.graph import _as_list
+from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
 from tensor_graphs.ir.shapes import dims_equal, format_shape
 
@@ -79,31 +79,11 @@ def _seeds(outs: list[Node], seed) -> list[Node]:
     return result
 
 
-def _order(outs: list[Node], stop: frozenset) -> list[Node]:
-    """Topological order of what ``outs`` read, not descending below the ``stop`` nodes."""
-    order: list[Node] = []
-    seen: set[Node] = set()
-    for root in outs:
-        stack = [(root, False)]
-        while stack:
-            node, done = stack.pop()
-            if done:
-                order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            if node not in stop:
-                stack.extend((i, False) for i in reversed(node.inputs) if i not in seen)
-    return order
-
-
 def _sweep(outs: list[Node], seeds: list[Node], targets: set[Node],
            stop: frozenset = frozenset()) -> dict[Node, Node]:
     """The cotangents of ``targets`` given the outputs' ``seeds``; ``stop`` bounds the graph
     (a composite's inputs, when its decomposition is swept)."""
-    order = _order(outs, stop)
+    order = nodes(outs, stop=stop)
     needed: set[Node] = set()
     for n in order:  # on a path to a target: the only nodes whose cotangent matters
         if n in targets or (n not in stop and any(i in needed for i in n.inputs)):

@@ -5,7 +5,7 @@ Every walk is iterative (an explicit stack), so a 2,000-layer chain needs no rec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from tensor_graphs.errors import FeedError, StateError, TensorGraphsError
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
@@ -28,8 +28,10 @@ def _as_list(outputs) -> list[Node]:
 STATIC_LEAVES = (WEIGHT, CONSTANT, DIM)  # leaf kinds fixed for one weight binding
 
 
-def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
-    """All nodes the outputs depend on, leaves included, inputs before users (deterministic)."""
+def nodes(*outputs: Node | Iterable[Node], stop: Container[Node] = ()) -> list[Node]:
+    """All nodes the outputs depend on, leaves included, inputs before users (deterministic).
+    A node in ``stop`` is listed but not entered (what it reads is left out unless reached
+    another way): the walks above a boundary (a composite's inputs, a rewrite's placeholders)."""
     roots: list[Node] = []
     for o in outputs:
         roots.extend(_as_list(o))
@@ -48,6 +50,8 @@ def nodes(*outputs: Node | Iterable[Node]) -> list[Node]:
                 continue
             seen.add(id(node))
             stack.append((node, True))
+            if node in stop:
+                continue
             for child in reversed(node.inputs):
                 if id(child) not in seen:
                     stack.append((child, False))

@@ -24,7 +24,7 @@ import sympy
 
 from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, COMMUTATIVE, chain_terms
 from tensor_graphs.ir.dtypes import DType
-from tensor_graphs.ir.graph import _as_list
+from tensor_graphs.ir.graph import _as_list, nodes
 from tensor_graphs.ir.node import ConstValue, Node
 
 DIGEST_SIZE = 16
@@ -58,23 +58,6 @@ def encode(value) -> bytes:
     raise TypeError(f"cannot encode attribute value {value!r} of type {type(value).__name__}")
 
 
-def _walk(outputs: list[Node], stop: Mapping[Node, int]) -> list[Node]:
-    """Topological order of everything above ``stop`` (placeholders are included, not entered)."""
-    order, seen, stack = [], set(), [(o, False) for o in reversed(outputs)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        if node not in stop:
-            stack.extend((c, False) for c in reversed(node.inputs) if c not in seen)
-    return order
-
-
 def digests(outputs, *, named: bool = True,
             placeholders: Mapping[Node, int] | None = None) -> dict[Node, bytes]:
     """The digest of every node the outputs depend on.
@@ -85,7 +68,7 @@ def digests(outputs, *, named: bool = True,
     stop = placeholders or {}
     out: dict[Node, bytes] = {}
     chain_sum: dict[Node, int] = {}  # AC chains: sum of term digests mod 2**128 (a multiset hash)
-    for node in _walk(_as_list(outputs), stop):
+    for node in nodes(_as_list(outputs), stop=stop):  # placeholders: listed, not entered
         if node in stop:
             parts = [b"arg", str(stop[node]).encode()]
         elif node.op.is_leaf:
@@ -144,7 +127,7 @@ def canonicalize(outputs):
     outs = _as_list(outputs)
     table = digests(outs, named=True)
     interior = _interior_chain_nodes(outs)
-    order = _walk(outs, {})
+    order = nodes(outs)
     # a chain stops at a shared chain node (a root of its own): flattening through it would
     # rebuild its sum inside every user, e.g. the residual stream once per layer (O(L**2))
     roots = {n for n in order if n.op.name in ASSOCIATIVE_COMMUTATIVE and n not in interior}
@@ -175,7 +158,7 @@ def _interior_chain_nodes(outs: list[Node]) -> set[Node]:
     """AC nodes used only inside a longer chain of their own op: only chain roots are rebuilt,
     so canonicalising an n-term chain costs O(n), not O(n**2)."""
     users: dict[Node, list[Node]] = {}
-    for n in _walk(outs, {}):
+    for n in nodes(outs):
         for i in n.inputs:
             users.setdefault(i, []).append(n)
     roots = set(outs)
