@@ -73,6 +73,7 @@ PLANNING_RULES = pm_matmul  # cost-changing rewrites worth planning (a 10x cheap
 MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
 LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+NO_ROUNDING = 1e-12  # a kernel declaring at most this is bit-exact (movement, comparisons)
 # Where each kind of fed leaf lives: the one rule for placing leaves (``Planner.home``), which the
 # runtime follows (runtime/program.py keeps weights and states on the target's device). A value
 # read elsewhere reaches there through a copy step; a kept state's new version is delivered
@@ -130,9 +131,10 @@ def signature(arguments: Sequence[Node], attrs: Mapping) -> str:
 
 def step_error(kernel, node: Node) -> float:
     """The kernel's tolerance, and a half-precision result's rounding against the float64
-    reference, except at a cast: there the rounding is the op the user wrote (exactly rounded
-    arithmetic on its input), not an error the kernel adds."""
-    if node.op.name == CAST:
+    reference where the step rounds one: not at a cast (the rounding is the op the user
+    wrote, exactly rounded arithmetic on its input), nor in a kernel that never rounds
+    (a reshape, copy or comparison of float16 values is bit-exact)."""
+    if node.op.name == CAST or kernel.tolerance <= NO_ROUNDING:
         return kernel.tolerance
     return max(kernel.tolerance, LOW_PRECISION_ROUNDING.get(node.dtype.name, 0.0))
 
