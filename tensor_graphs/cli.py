@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -11,12 +12,33 @@ from collections.abc import Callable
 from typing import Any
 
 from tensor_graphs.cli_args import Parser, choice_of, count, existing_file, positive_int
+from tensor_graphs.commands import output
 from tensor_graphs.commands.db import add_db_commands
+from tensor_graphs.commands.env import add_env_command
 from tensor_graphs.commands.kernels_compile import add_compile_command
 from tensor_graphs.commands.kernels_generate import add_generate_command
 from tensor_graphs.commands.profile import add_plan_commands
 from tensor_graphs.errors import ArgumentError, DeviceError, TensorGraphsError
 from tensor_graphs.jobs.cli import add_run_command
+
+# tg's exit statuses, the one list --help's epilog and README show; FAILURES maps errors onto them
+OK, FAILURE, USAGE, INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES: tuple[tuple[int, str, str], ...] = (  # (status, name, when)
+    (OK, "ok", "the command did what it was asked"),
+    (FAILURE, "failure", "a file, database or graph refused, a check that failed (tg kernels "
+                         "verify, tg run's agreement), or stdout closed early (tg ... | head)"),
+    (USAGE, "usage", "a bad argument or option, found by the parser or by the command"),
+    (INTERRUPTED, "interrupted", "Ctrl-C (128 + SIGINT, as shells report it)"),
+)
+
+
+def _epilog() -> str:
+    codes = ", ".join(f"{code} {name}" for code, name, _ in EXIT_CODES)
+    return ("A bad argument or file ends a command with one line on stderr: 'tg COMMAND: "
+            "error: ...'. Set TG_DEBUG=1 (or pass --traceback) to see the Python traceback "
+            f"instead. Exit status: {codes}. Listings take -o json|csv|md (data on stdout, "
+            "notes on stderr); --quiet silences progress and notes; tg env lists the TG_* "
+            "environment variables.")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -32,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "evaluate it exactly with the numpy reference, and run the fastest "
                     "verified plan for this machine, chosen from a database of kernel "
                     "measurements (tg profile fills it; tg explain shows a plan).",
-        epilog="A bad argument or file ends a command with one line on stderr: 'tg COMMAND: "
-               "error: ...', exit status 2 for a bad argument, 1 for a failure. Set "
-               "TG_DEBUG=1 (or pass --traceback) to see the Python traceback instead.")
+        epilog=_epilog())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
     demo = sub.add_parser(
@@ -52,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernels(sub)
     add_db_commands(sub)
     add_plan_commands(sub)
+    add_env_command(sub)
     return parser
 
 
@@ -64,16 +85,12 @@ def _kernels_list(args: argparse.Namespace) -> int:
             if (not args.backend or k.backend in args.backend)
             and (not args.op or k.op in args.op)
             and (not args.name or args.name in k.name)]
-    table = [("name", "backend", "device", "pattern", "tolerance")]
-    table += [(k.name, k.backend, k.device, describe(k.pattern), f"{k.tolerance:g}")
-              for k in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(4)]
-    for i, row in enumerate(table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
-        if i == 0:
-            print("  ".join("-" * w for w in widths) + "  " + "-" * 9)
-    print(f"\n{len(rows)} kernels" + (f" (of {len(kernels.all())})" if len(rows) !=
-                                       len(kernels.all()) else ""))
+    table = [{"name": k.name, "backend": k.backend, "device": k.device,
+              "pattern": describe(k.pattern), "tolerance": k.tolerance} for k in rows]
+    output.emit(table, args.output_format, ("name", "backend", "device", "pattern", "tolerance"),
+                shown=lambda r: {**r, "tolerance": f"{r['tolerance']:g}"})
+    output.note(f"\n{len(rows)} kernels" + (f" (of {len(kernels.all())})" if len(rows) !=
+                                             len(kernels.all()) else ""), args.output_format)
     return 0
 
 
@@ -85,7 +102,7 @@ def _kernels_verify(args: argparse.Namespace) -> int:
         try:
             admitted = kernels.load(args.file)
         except KernelVerificationError as exc:  # the kernels that passed are still admitted
-            print(f"{args.prog_name}: error: {exc}", file=sys.stderr)
+            output.error(f"{args.prog_name}: error: {exc}")
             for k in getattr(exc, "admitted", []):
                 print(f"admitted {k.name}")
             return 1
@@ -160,6 +177,7 @@ def _add_kernels(sub) -> None:
     ls.add_argument("--op", action="append", type=choice_of("op", _ops),
                     help="only kernels rooted at this op (repeatable)")
     ls.add_argument("--name", help="only kernels whose name contains this text")
+    output.add_output_option(ls)
     ls.set_defaults(run=_kernels_list)
 
     ver = ksub.add_parser(
@@ -196,20 +214,20 @@ def _add_kernels(sub) -> None:
     add_compile_command(ksub)
 
 
-# How main reports each kind of failure: (exception, its one-line message, exit status); the
-# first match wins. 2 is a bad argument, 1 a failure, 130 Ctrl-C (as shells report SIGINT).
+# How main reports each kind of failure: (exception, its one-line message, exit status, one of
+# EXIT_CODES); the first match wins.
 FAILURES: tuple[tuple[type[BaseException], Callable[[Any], str], int], ...] = (
-    (ArgumentError, str, 2),  # a bad argument found by the command (an unknown dim ...)
-    (DeviceError, str, 2),  # --device names no device of this machine
-    (TensorGraphsError, str, 1),  # a file, database or graph refused: the message says why
+    (ArgumentError, str, USAGE),  # a bad argument found by the command (an unknown dim ...)
+    (DeviceError, str, USAGE),  # --device names no device of this machine
+    (TensorGraphsError, str, FAILURE),  # a file, database or graph refused: the message says why
     (OSError, lambda e: f"{e.filename}: {e.strerror}" if e.filename and e.strerror
-     else str(e) or type(e).__name__, 1),  # a file that cannot be read or written
+     else str(e) or type(e).__name__, FAILURE),  # a file that cannot be read or written
     (ModuleNotFoundError, lambda e: f"{e}: this command needs it installed (pip install "
-     f"{(e.name or '?').split('.')[0].replace('_', '-')})", 1),
-    (MemoryError, lambda e: f"out of memory: {e}" if str(e) else "out of memory", 1),
-    (KeyboardInterrupt, lambda e: "interrupted", 130),
+     f"{(e.name or '?').split('.')[0].replace('_', '-')})", FAILURE),
+    (MemoryError, lambda e: f"out of memory: {e}" if str(e) else "out of memory", FAILURE),
+    (KeyboardInterrupt, lambda e: "interrupted", INTERRUPTED),
     (Exception, lambda e: f"internal error, {type(e).__name__}: {e} (a bug in tensor_graphs; "
-     "TG_DEBUG=1 shows the traceback to report)", 1),
+     "TG_DEBUG=1 shows the traceback to report)", FAILURE),
 )
 
 
@@ -245,6 +263,21 @@ class _Interrupts:
             signal.signal(signal.SIGINT, self._previous)
 
 
+@contextlib.contextmanager
+def _quieted(quiet: bool):
+    """``--quiet``: while the command runs, ``sys.stderr`` (progress bars, notes, warnings)
+    goes nowhere; error lines still reach the real one (``output.error``, ``_report``)."""
+    output.set_quiet(quiet, sys.stderr)
+    try:
+        if not quiet:
+            yield
+            return
+        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        output.set_quiet(False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``tg`` command and return its exit status. A command line the parser refuses
     exits 2 (SystemExit, as argparse does) after one line from ``cli_args.Parser``; whatever
@@ -256,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "run", None):
             parser.print_help()
-            return 0
-        with _Interrupts() as interrupts:
+            return OK
+        with _Interrupts() as interrupts, _quieted(getattr(args, "quiet", False)):
             status = args.run(args)
         if interrupts.seen:  # a library swallowed the KeyboardInterrupt: the user still asked
             raise KeyboardInterrupt
@@ -265,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:  # `tg ... | head` closed stdout: not an error worth a line
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return FAILURE
     except (Exception, KeyboardInterrupt) as exc:
         if os.environ.get("TG_DEBUG", "") not in ("", "0") or getattr(args, "traceback", False):
             raise

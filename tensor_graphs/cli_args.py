@@ -25,13 +25,16 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser (and, through ``add_subparsers``, every subcommand's) that reports a
     bad command line as one line, ``tg demo: error: argument --batch: ...``, without the usage
     text, and exits 2 as argparse does. Every (sub)command takes ``--traceback``; the parsed
-    namespace's ``prog_name`` is the deepest subcommand's ("tg db stats"), for messages."""
+    namespace's ``prog_name`` is the deepest subcommand's ("tg db stats"), for messages. Every
+    one takes ``--quiet`` too, so it may come before or after the subcommand."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # SUPPRESS: a subcommand's unset flag must not hide `tg --traceback COMMAND`
         self.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
                           help="on an error, show the Python traceback (as TG_DEBUG=1 does)")
+        self.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                          help="no progress bars and no notes on stderr (errors still are)")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -10,6 +10,7 @@ import sys
 import time
 
 from tensor_graphs import cli_args
+from tensor_graphs.commands import output
 from tensor_graphs.errors import ArgumentError
 
 DB_HELP = ("the database: a file or a postgresql:// URL (default: $TG_DB, else "
@@ -43,15 +44,18 @@ def add_db_commands(sub) -> None:
         p.set_defaults(run=run)
         return p
 
-    command("stats", "counts: rows, kernels, hardware, failures, stale rows",
-            "Summarises the database: its file, schema version and revision, how many rows, "
-            "kernels and failures it holds, rows per hardware key, and how many rows are "
-            "stale (their kernel's source changed since they were measured).", _stats)
+    stats = command("stats", "counts: rows, kernels, hardware, failures, stale rows",
+                    "Summarises the database: its file, schema version and revision, how many "
+                    "rows, kernels and failures it holds, rows per hardware key, and how many "
+                    "rows are stale (their kernel's source changed since they were measured).",
+                    _stats)
+    output.add_output_option(stats)
     show = command("show", "table of measurements, most recent first",
                    "One line per measurement: when, kernel, input signature, runs, median / "
                    "min / max time, error against the float64 reference, and the device. "
                    "Failed kernels show their error message.", _show)
     show.add_argument("--kernel", help="only this kernel (exact name)")
+    output.add_output_option(show)
     show.add_argument("--limit", type=cli_args.count, default=30,
                       help="at most this many rows (default 30; 0 for all)")
     exp = command("export", "write measurements as JSON lines (or into another database)",
@@ -104,14 +108,6 @@ def _current_hashes() -> dict[str, str]:
     return {k.name: k.source_hash for k in kernels.all()}
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for i, row in enumerate([header, *rows]):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def fmt_seconds(t: float | None) -> str:
     """A duration for people: 12.3us, 4.56ms, 1.20s ('-' for none)."""
     if t is None or math.isnan(t):
@@ -136,6 +132,14 @@ def short_signature(text: str) -> str:
 def _stats(args: argparse.Namespace) -> int:
     db = _open(args)
     s = db.stats(_current_hashes())
+    if args.output_format != "table":  # one field per row; a row per hardware key after
+        fields = [("database", str(s["path"])), ("readonly", db.readonly_reason or None),
+                  *((k, s[k]) for k in ("schema", "revision", "rows", "kernels", "failures",
+                                        "stale", "oldest", "newest", "calibrations"))]
+        fields += [(f"hardware {h['key']}", h["rows"]) for h in s["hardware"]]
+        output.emit([{"field": k, "value": v} for k, v in fields], args.output_format,
+                    ("field", "value"))
+        return 0
     note = f"  (read-only: {db.readonly_reason})" if db.readonly else ""
     print(f"database   {s['path']}{note}")
     print(f"schema     v{s['schema']}, revision {s['revision']}")
@@ -146,8 +150,8 @@ def _stats(args: argparse.Namespace) -> int:
     print(f"calibrated {s['calibrations']} device(s)")
     if s["hardware"]:
         print()
-        _table([(h["key"], str(h["rows"]), h["device"], h["libs"]) for h in s["hardware"]],
-               ("hardware", "rows", "device", "libs"))
+        output.emit([{"hardware": h["key"], **h} for h in s["hardware"]], "table",
+                    ("hardware", "rows", "device", "libs"))
     return 0
 
 
@@ -158,21 +162,33 @@ def _date(t: float) -> str:
 def _show(args: argparse.Namespace) -> int:
     db = _open(args)
     rows = db.rows(kernel=args.kernel, limit=args.limit or None)
-    table = []
-    for m in rows:
-        err = "-" if m.error is None else f"{m.error:.2g}"
-        median = fmt_seconds(m.median) if m.ok else "FAILED"
-        note = (m.failure or "").splitlines()[0][:80] if not m.ok and m.failure else ""
-        table.append((_date(m.when), m.kernel, short_signature(m.signature), str(m.runs),
-                      median, fmt_seconds(m.min), fmt_seconds(m.max), err, m.hardware.key,
-                      note))
+    table = [{"when": m.when, "kernel": m.kernel, "signature": m.signature, "runs": m.runs,
+              "median_s": m.median if m.ok else None, "min_s": m.min, "max_s": m.max,
+              "error": m.error, "hardware": m.hardware.key, "failure": m.failure}
+             for m in rows]
     if table:
-        _table(table, ("when", "kernel", "signature", "runs", "median", "min", "max", "error",
-                       "hardware", ""))
+        output.emit(table, args.output_format, SHOW_COLUMNS, shown=_shown_row)
+    elif args.output_format != "table":  # an empty listing is still one that parses
+        output.emit([], args.output_format, SHOW_COLUMNS)
     total = db.stats()["rows"] if not args.kernel else len(db.rows(kernel=args.kernel))
-    print(f"\n{len(rows)} of {total} rows" + (f" of kernel {args.kernel}" if args.kernel
-                                              else ""))
+    output.note(f"\n{len(rows)} of {total} rows" + (f" of kernel {args.kernel}" if args.kernel
+                                                    else ""), args.output_format)
     return 0
+
+
+SHOW_COLUMNS = ("when", "kernel", "signature", "runs", "median_s", "min_s", "max_s", "error",
+                "hardware", "failure")
+
+
+def _shown_row(r: output.Row) -> output.Row:
+    """A ``tg db show`` row as people read it: dates, short signatures, 12.3us, FAILED."""
+    failure = r["failure"].splitlines()[0][:80] if r["failure"] else ""
+    return {"when": _date(r["when"]), "kernel": r["kernel"],
+            "signature": short_signature(r["signature"]), "runs": r["runs"],
+            "median_s": "FAILED" if r["median_s"] is None else fmt_seconds(r["median_s"]),
+            "min_s": fmt_seconds(r["min_s"]), "max_s": fmt_seconds(r["max_s"]),
+            "error": "-" if r["error"] is None else f"{r['error']:.2g}",
+            "hardware": r["hardware"], "failure": failure}
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensor_graphs import cli_args
+from tensor_graphs.commands import output
 from tensor_graphs.commands.kernel_answer import ask, command_argv, run_captured
 from tensor_graphs.commands.kernel_trial import (
     Verdict,
@@ -475,13 +476,23 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_folder()
     command_argv(args.command)  # a missing program is a one-line error before planning
     outputs = list(graph) if isinstance(graph, (list, tuple)) else [graph]
-    print(f"asking {args.command!r} for kernels for the generated regions of {args.graph} "
-          f"({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static'}); admitted ones go "
-          f"to {out}", file=sys.stderr)
+    output.info(f"asking {args.command!r} for kernels for the generated regions of "
+                f"{args.graph} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static'}); "
+                f"admitted ones go to {out}")
     rows = generate(outputs, dims, args.command, out=out, tolerance=args.tolerance, db=args.db,
-                    timeout=args.timeout, source=args.graph, progress=not args.quiet)
-    print(table(rows), end="")
+                    timeout=args.timeout, source=args.graph, progress=not output.quiet())
+    if args.output_format == "table":
+        print(table(rows), end="")
+    else:
+        output.emit([{"region": r.region, "shape": r.shape, "verdict": r.verdict,
+                      **{f"{k}_s": r.seconds.get(k) for k in ("this", "generated", "unfused")},
+                      "speedup": r.speedup, "path": r.path, "detail": r.detail} for r in rows],
+                    args.output_format, GENERATE_COLUMNS)
     return 0
+
+
+GENERATE_COLUMNS = ("region", "shape", "verdict", "this_s", "generated_s", "unfused_s",
+                    "speedup", "path", "detail")
 
 
 DESCRIPTION = (
@@ -541,7 +552,7 @@ def add_generate_command(ksub) -> None:
                                      f"answer (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--dim", action="append", type=cli_args.dim_binding, metavar="NAME=VALUE",
                    help="a value for a symbolic dim (repeatable; default batch=1, seq=128)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_output_option(p)
     p.set_defaults(run=_run)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from tensor_graphs import cli_args
+from tensor_graphs.commands import output
 
 GRAPHS = {  # name -> (description, builder)
     "block": ("one pre-norm transformer block, d_model 64, 4 heads",
@@ -83,12 +83,31 @@ def _profile(args) -> int:
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
     settings = _settings(args, graph)
-    print(f"profiling {args.graph} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static'})"
-          f" on {settings.device.name} into {settings.db.path}", file=sys.stderr)
+    bound = ", ".join(f"{k}={v}" for k, v in dims.items()) or "static"
+    output.info(f"profiling {args.graph} ({bound}) on {settings.device.name} into "
+                f"{settings.db.path}")
     report = profile(settings.outputs, settings, dims, budget=args.budget, paths=args.paths,
-                     progress=not args.quiet)
-    print(report.table())
+                     progress=not output.quiet())
+    if args.output_format == "table":
+        print(report.table())
+        return 0
+    rows = [{"path": p.label, "steps": len(p.plan), "predicted_s": p.predicted,
+             "measured_s": p.measured, "failure": p.failure,
+             "kernels": ", ".join(dict.fromkeys(p.plan.kernels))} for p in report.paths]
+    output.info(report.table().split("\n")[0])  # how many calls were measured
+    output.emit(rows, args.output_format, PROFILE_COLUMNS, shown=_shown_seconds)
     return 0
+
+
+PROFILE_COLUMNS = ("path", "steps", "predicted_s", "measured_s", "failure", "kernels")
+
+
+def _shown_seconds(row: output.Row) -> output.Row:
+    """A row as people read it: every ``*_s`` value (seconds) as "12.3us"."""
+    from tensor_graphs.commands.db import fmt_seconds
+
+    return {k: fmt_seconds(v) if k.endswith("_s") else ("-" if v is None else v)
+            for k, v in row.items()}
 
 
 def _paths(args) -> int:
@@ -98,13 +117,34 @@ def _paths(args) -> int:
     dims = parse_dims(graph, args.dim)
     settings = _settings(args, graph)
     planner = settings.planner(prepare(settings.outputs, dims), blocks=False)
-    print(f"{planner.count()} paths; the {args.limit} cheapest-first:")
+    output.note(f"{planner.count()} paths; the {args.limit} cheapest-first:", args.output_format)
+    rows = []
     for i, plan in enumerate(planner.paths()):
         if i >= args.limit:
             break
-        names = ", ".join(plan.kernels)
-        print(f"{i + 1:4d}  {plan.cost * 1e6:10.1f} us  {names[:110]}")
+        rows.append({"rank": i + 1, "cost_s": plan.cost, "kernels": ", ".join(plan.kernels)})
+    if args.output_format == "table":  # one line per path, as it always was
+        for r in rows:
+            print(f"{r['rank']:4d}  {r['cost_s'] * 1e6:10.1f} us  {r['kernels'][:110]}")
+    else:
+        output.emit(rows, args.output_format, ("rank", "cost_s", "kernels"),
+                    shown=_shown_seconds)
     return 0
+
+
+EXPLAIN_COLUMNS = ("step", "kernel", "backend", "device", "computes", "shape", "time_s",
+                   "source", "error")
+
+
+def explain_rows(plan, limit: int | None = None) -> list[dict]:
+    """The plan's steps as rows for ``-o``: what ``explain``'s table shows, raw values."""
+    from tensor_graphs.ir.shapes import format_shape
+
+    return [{"step": i, "kernel": s.kernel.name, "backend": s.kernel.backend,
+             "device": s.device, "computes": f"copy to {s.device}" if s.is_copy else s.computes,
+             "shape": format_shape(s.node.shape), "time_s": s.cost, "source": s.source,
+             "error": s.error}
+            for i, s in enumerate(plan.steps) if limit is None or i < limit]
 
 
 def _explain(args) -> int:
@@ -117,9 +157,14 @@ def _explain(args) -> int:
     dims = parse_dims(graph, args.dim)
     prog = compile(graph, device=args.device, tolerance=args.tolerance, db=args.db,
                    bounds=dims)
-    print(prog.explain(limit=args.limit, html=args.html))
+    text = prog.explain(limit=args.limit, html=args.html)
+    if args.output_format == "table":
+        print(text)
+    else:
+        output.emit(explain_rows(prog.plan, args.limit), args.output_format, EXPLAIN_COLUMNS,
+                    shown=_shown_seconds)
     if args.html:
-        print(f"wrote {args.html}", file=sys.stderr)
+        output.info(f"wrote {args.html}")
     return 0
 
 
@@ -134,6 +179,7 @@ def _common(p: argparse.ArgumentParser, tolerance: float) -> None:
                    help=f"largest norm-wise relative error per step (default {tolerance:g})")
     p.add_argument("--db", default=None,
                    help="measurement database (default $TG_DB or the user cache file)")
+    output.add_output_option(p)
 
 
 def add_plan_commands(sub) -> None:
@@ -149,7 +195,6 @@ def add_plan_commands(sub) -> None:
                    help="stop measuring after this many seconds (default: no limit)")
     p.add_argument("--paths", type=cli_args.count, default=3, metavar="N",
                    help="how many of the cheapest paths to run end to end (default 3)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=_profile)
 
     p = sub.add_parser("paths", help="count a graph's paths and list the cheapest",
