@@ -138,9 +138,17 @@ class PostgresDatabase(Database):
         self._pool = self._new_pool()
         try:
             self._attempt(self._migrate_in, "migrating", transaction=True)
+            missing = self._attempt(lambda conn: [t for t in ("measurements", "claims") if not
+                                                  conn.execute("SELECT has_table_privilege(%s, "
+                                                               "'INSERT')", (t,)).fetchone()[0]],
+                                    "reading")
         except BaseException:
             self.close()
             raise
+        if missing:  # a role that may only read: plans still come from the shared rows
+            self.readonly = True
+            self.readonly_reason = (f"this role may not insert into {' and '.join(missing)}; "
+                                    "GRANT INSERT, UPDATE, DELETE on the tables to record")
 
     # ------------------------------------------------------------------ plumbing
     def _new_pool(self):
@@ -182,6 +190,12 @@ class PostgresDatabase(Database):
             pool = self._here()
             if pool is None:
                 raise DatabaseError(f"the measurement database {self.path} is closed")
+            if transaction and self.readonly:
+                raise DatabaseError(
+                    f"the measurement database {self.path} is read-only "
+                    f"({self.readonly_reason}), so nothing can be recorded; point TG_DB or db= "
+                    "at a database this role may write (check db.readonly first to plan "
+                    "without recording)")
             try:
                 with pool.connection() as conn:
                     if not transaction:
@@ -247,7 +261,8 @@ class PostgresDatabase(Database):
         raise AssertionError("PostgresDatabase writes through _attempt")
 
     def record_in_memory(self) -> bool:
-        """Never needed: a server database is writable or refuses to open."""
+        """False: a server database this role may only read keeps refusing records (with
+        ``DatabaseError`` naming the grant it needs); planning from it still works."""
         return False
 
     # ------------------------------------------------------------------ writing

@@ -54,15 +54,15 @@ def _endless_writer(path: str, committed) -> None:
             n = 1
         else:
             n = db.record_many(measurement(kernel="batch", n=i * 100 + j) for j in range(50))
-        with committed.get_lock():
-            committed.value += n
+        committed.value += n  # the only writer; unlocked, so a kill cannot leave a lock held
         i += 1
 
 
 def test_sigkilled_writer_loses_nothing_committed_and_leaves_no_lock(tmp_path):
     current()
     path = str(tmp_path / "killed.sqlite")
-    committed = CTX.Value("i", 0)
+    # a RawValue: a locked Value's lock, held by the writer as it was killed, hung `.value`
+    committed = CTX.RawValue("i", 0)
     proc = CTX.Process(target=_endless_writer, args=(path, committed))
     proc.start()
     deadline = time.monotonic() + 30

@@ -184,6 +184,32 @@ def test_a_database_of_another_application_or_a_newer_version_is_refused(pg_url)
         assert conn.execute("SELECT * FROM measurements").fetchall() == [(1,)]
 
 
+def test_a_role_that_may_only_read_plans_from_the_rows_and_refuses_records(pg_url):
+    import psycopg
+
+    with Database(pg_url) as db:
+        db.record(measurement())
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS reader_{name}")
+        conn.execute(f"CREATE ROLE reader_{name} LOGIN")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader_{name}")
+    reader = Database(pg_url.replace("postgres@", f"reader_{name}@"))
+    try:
+        assert reader.readonly and "GRANT INSERT" in reader.readonly_reason
+        assert reader.lookup("numpy_add", measurement().signature).ok
+        assert not reader.record_in_memory()
+        with pytest.raises(DatabaseError, match="read-only .*may not insert into measurements"):
+            reader.record(measurement(n=9))
+        with pytest.raises(DatabaseError, match="read-only"):
+            reader.claim([("k", "h", "s")], "me", 10)
+    finally:
+        reader.close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY reader_{name}")
+            conn.execute(f"DROP ROLE reader_{name}")
+
+
 def test_an_unreachable_server_names_the_url_without_its_password(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for opener in (Database, open_db):
