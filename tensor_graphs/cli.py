@@ -122,22 +122,36 @@ def _kernels_verify(args: argparse.Namespace) -> int:
     if args.backend:
         chosen = [k for k in chosen if k.backend in args.backend]
     failed = skipped = 0
+    rows = []
+    # a line per kernel as it is verified: on stdout for people, stderr beside machine rows
+    say = output.info if args.output_format != "table" else lambda t: print(t, flush=True)
     for i, k in enumerate(chosen, 1):
         report = kernels.verify(k, seed=args.seed)
         mark = "skip" if report.skipped else ("ok" if report.ok else "FAIL")
-        print(f"[{i}/{len(chosen)}] {mark:4} {report.summary()}", flush=True)
+        say(f"[{i}/{len(chosen)}] {mark:4} {report.summary()}")
+        rows.append({"kernel": k.name, "backend": k.backend, "result": mark,
+                     "max_rel_error": None if report.skipped else report.max_rel_error,
+                     "tolerance": k.tolerance, "cases": len(report.shapes),
+                     "failures": "; ".join(report.failures), "skipped": report.skipped})
         if report.skipped:
             skipped += 1
         elif not report.ok:
             failed += 1
             for line in report.failures[:5]:
-                print(f"        {line}")
+                say(f"        {line}")
         if args.verbose:
             for line in report.shapes:
-                print(f"        tried: {line}")
-    print(f"{len(chosen) - failed - skipped} passed, {failed} failed"
-          + (f", {skipped} not verified (their device is not on this machine)" if skipped else ""))
+                say(f"        tried: {line}")
+    if args.output_format != "table":
+        output.emit(rows, args.output_format, VERIFY_COLUMNS)
+    output.note(f"{len(chosen) - failed - skipped} passed, {failed} failed"
+                + (f", {skipped} not verified (their device is not on this machine)"
+                   if skipped else ""), args.output_format)
     return 1 if failed else 0
+
+
+VERIFY_COLUMNS = ("kernel", "backend", "result", "max_rel_error", "tolerance", "cases",
+                  "failures", "skipped")
 
 
 def _kernels_prompt(args: argparse.Namespace) -> int:
@@ -195,6 +209,7 @@ def _add_kernels(sub) -> None:
                      help="load this Python file of @tg.kernel definitions: verify its "
                           "kernels and admit those that pass")
     ver.add_argument("-v", "--verbose", action="store_true", help="list every case tried")
+    output.add_output_option(ver)
     ver.set_defaults(run=_kernels_verify)
 
     pr = ksub.add_parser(

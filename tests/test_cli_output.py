@@ -65,6 +65,10 @@ LISTINGS = {
     "kernels list": (["kernels", "list", "--op", "tanh"],
                      ("name", "backend", "device", "pattern", "tolerance"),
                      lambda r: f"{r['name']} "),
+    "kernels verify": (["kernels", "verify", "c_tanh", "numpy_tanh", "--seed", "1"],
+                       ("kernel", "backend", "result", "max_rel_error", "tolerance", "cases",
+                        "failures", "skipped"),
+                       lambda r: f"{r['result']:4} {r['kernel']}: "),
     "db show": (["db", "show", "--db", "{db}"],
                 ("when", "kernel", "signature", "runs", "median_s", "min_s", "max_s", "error",
                  "hardware", "failure"),
@@ -128,6 +132,8 @@ def test_notes_go_to_stderr_beside_machine_rows(outputs):
         proc = outputs["paths", fmt]
         assert "cheapest-first" in proc.stderr and "cheapest-first" not in proc.stdout
         assert "3 of 3 rows" in outputs["db show", fmt].stderr
+        proc = outputs["kernels verify", fmt]
+        assert "[2/2] ok   numpy_tanh" in proc.stderr and "2 passed" in proc.stderr
 
 
 def test_db_show_json_keeps_raw_values(outputs, files):
@@ -166,6 +172,32 @@ def test_quiet_silences_notes_not_errors(files, tmp_path):
     failed = tg_run("--quiet", "db", "stats", "--db", str(garbage))
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr.startswith("tg db stats: error: ") and failed.stderr.count("\n") == 1
+
+
+CRASH = "import sys\nsys.stdin.read()\nprint('model overloaded', file=sys.stderr)\nsys.exit(1)\n"
+
+
+def test_kernels_generate_rows(tmp_path):
+    """`tg kernels generate -o`: one row per region asked about (here a command that crashes,
+    so nothing is timed or kept)."""
+    x = tg.input("x", (8, 16), "float32")
+    y = x
+    for _ in range(3):
+        y = tg.exp(tg.log(y))
+    tg.save(y * 0.5 + 1.0, tmp_path / "chain.json")
+    (tmp_path / "crash.py").write_text(CRASH)
+    argv = ["kernels", "generate", str(tmp_path / "chain.json"), "--command",
+            f"{sys.executable} {tmp_path / 'crash.py'}", "--out", str(tmp_path / "kept"),
+            "--db", str(tmp_path / "m.sqlite"), "--timeout", "60"]
+    runs = {fmt: tg_run(*argv, "-o", fmt) for fmt in ("json", "csv")}
+    assert all(p.returncode == 0 for p in runs.values()), runs["json"].stderr
+    rows = strict_json(runs["json"].stdout)
+    assert [r["verdict"] for r in rows] == ["crashed"] and "overloaded" in rows[0]["detail"]
+    assert list(rows[0]) == ["region", "shape", "verdict", "this_s", "generated_s",
+                             "unfused_s", "speedup", "path", "detail"]
+    parsed = list(csv.DictReader(io.StringIO(runs["csv"].stdout)))
+    assert parsed == [{k: "" if v is None else str(v) for k, v in r.items()} for r in rows]
+    assert "asking" in runs["json"].stderr
 
 
 def test_an_unknown_format_is_a_usage_error():
