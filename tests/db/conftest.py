@@ -151,6 +151,13 @@ def pg_server():
     run(str(pgbin / "pg_ctl"), "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
         f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off "
         "-c max_connections=300", "start")
+    # a watchdog stops the server and removes its folder should this run be killed before
+    # the teardown below (a CI timeout): no server outlives the tests that started it
+    stop = " ".join([*prefix, str(pgbin / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"])
+    subprocess.Popen(["sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                      f"{stop} >/dev/null 2>&1; rm -rf {folder}"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}"
     finally:
