@@ -338,7 +338,8 @@ def test_truncated_files(tmp_path):
     good = tmp_path / "good.safetensors"
     stn.save_file(arrays, str(good))
     data = good.read_bytes()
-    for cut, expect in [(len(data) - 1, "outside"), (len(data) - 400, "outside"),
+    for cut, expect in [(len(data) - 1, "not fully covered; truncated"),
+                        (len(data) - 400, "not fully covered; truncated"),
                         (20, "truncated"), (4, "truncated"), (0, "truncated")]:
         bad = tmp_path / f"cut{cut}.safetensors"
         bad.write_bytes(data[:cut])
@@ -350,19 +351,24 @@ def test_truncated_files(tmp_path):
 def test_header_lies_about_offsets(tmp_path):
     data = bytes(64)
     cases = {
-        "beyond": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [56, 72]}}, "outside"),
-        "reversed": ({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}}, "outside"),
+        "beyond": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [56, 72]}},
+                   "invalid offset for tensor `w`"),
+        "reversed": ({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}},
+                     "invalid offset"),
         "size": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}},
-                 "span 12 bytes, but F32\\[4\\] needs 16"),
+                 "invalid shape, data type, or offset"),
         "overlap": ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                     "b": {"dtype": "I8", "shape": [8], "data_offsets": [12, 20]}}, "overlap"),
-        "negative": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}}, "offsets"),
-        "dtype": ({"w": {"dtype": "U16", "shape": [1], "data_offsets": [0, 2]}},
+                     "b": {"dtype": "I8", "shape": [8], "data_offsets": [12, 20]}},
+                    "invalid offset for tensor `b`"),
+        "negative": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}},
+                     "integer `-4`, expected usize"),
+        "dtype": ({"w": {"dtype": "U16", "shape": [32], "data_offsets": [0, 64]}},
                   "'U16' is not supported"),
-        "shape": ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, "shape"),
-        "floatshape": ({"w": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}}, "shape"),
-        "entry": ({"w": [1, 2]}, "not an object"),
-        "metadata": ({"__metadata__": {"a": 1}}, "__metadata__"),
+        "shape": ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, "integer `-1`"),
+        "floatshape": ({"w": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}},
+                       "floating point `1.0`"),
+        "entry": ({"w": [1, 2]}, "expected string or map"),
+        "metadata": ({"__metadata__": {"a": 1}}, "integer `1`, expected a string"),
     }
     for name, (header, expect) in cases.items():
         path = raw_file(tmp_path / f"{name}.safetensors", header, data)
@@ -459,18 +465,20 @@ def test_bad_files_are_serialization_errors_naming_the_file(tmp_path):
     """Files that let RecursionError, TypeError or a blocked open through before; every one a
     SerializationError naming the file and what to do."""
     entry = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    whole = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}  # all 8 data bytes
     cases = {
-        "deep": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-        "deep_entry": (b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too deeply"),
+        "deep": (b"[" * 100_000 + b"]" * 100_000, "expected struct"),
+        "deep_entry": (b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "recursion limit"),
         "dtype_list": (json.dumps({"w": {**entry, "dtype": ["F32"]}}).encode(),
-                       r"dtype \['F32'\] is not supported"),
-        "dtype_object": (json.dumps({"w": {**entry, "dtype": {}}}).encode(), "not supported"),
+                       "sequence, expected string or map"),
+        "dtype_object": (json.dumps({"w": {**entry, "dtype": {}}}).encode(), "invalid value: map"),
+        # the package takes the last of two same names: ours refuses (which one is meant?)
         "twice": (b'{"w": ' + json.dumps(entry).encode() + b', "w": '
-                  + json.dumps(entry).encode() + b"}", "names 'w' twice"),
+                  + json.dumps(whole).encode() + b"}", "names 'w' twice"),
         "too_big": (json.dumps({"w": {**entry, "shape": [2**62, 4, 0],
-                                      "data_offsets": [0, 0]}}).encode(), "larger than any"),
+                                      "data_offsets": [0, 0]}}).encode(), "overflow"),
         "digits": (json.dumps(entry).encode().replace(b"[1]", b"[" + b"9" * 5000 + b"]"),
-                   "thousands of digits"),
+                   "number out of range"),
     }
     for name, (header, expect) in cases.items():
         path = raw_file(tmp_path / f"{name}.safetensors", None, bytes(8), header_bytes=header)
@@ -478,6 +486,28 @@ def test_bad_files_are_serialization_errors_naming_the_file(tmp_path):
             read_safetensors(path, {})
         assert str(path) in str(exc.value), name
         assert "again" in str(exc.value) or "convert" in str(exc.value), name
+
+
+@pytest.mark.parametrize("where", ["top", "entry", "shape", "metadata", "offsets"])
+@pytest.mark.parametrize("depth", [200, 5_000, 1_000_000])
+def test_a_deeply_nested_header_is_a_clear_error(tmp_path, where, depth):
+    """Nesting anywhere in the header, deeper than any real file needs, is refused by the
+    safetensors package (at most 128 levels) as a SerializationError naming the file, never a
+    RecursionError or a crash, however deep (up to the 100 MB header limit)."""
+    nest = b"[" * depth + b"]" * depth
+    header = {
+        "top": nest,
+        "entry": b'{"w": ' + nest + b"}",
+        "shape": b'{"w": {"dtype": "F32", "shape": ' + nest + b', "data_offsets": [0, 4]}}',
+        "metadata": b'{"__metadata__": {"a": ' + nest + b"}}",
+        "offsets": b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": ' + nest + b"}}",
+    }[where]
+    path = raw_file(tmp_path / "deep.safetensors", None, bytes(4), header_bytes=header)
+    with pytest.raises(SerializationError) as exc:
+        read_safetensors(path, {"w": ((1,), dt.float32)})
+    msg = str(exc.value)
+    assert str(path) in msg and "safetensors package refuses it" in msg
+    assert "again" in msg
 
 
 def test_paths_that_are_not_files(tmp_path):
@@ -492,3 +522,55 @@ def test_paths_that_are_not_files(tmp_path):
         read_safetensors(fifo, {})
     with pytest.raises(ArgumentError, match="str or os.PathLike"):
         read_safetensors(None, {})
+
+
+def test_writer_is_atomic_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """The package writes the file; a write that fails half way leaves the old file whole and
+    no temporary file or folder next to it."""
+    import safetensors.numpy
+
+    path = tmp_path / "ckpt.safetensors"
+    write_safetensors(path, {"w": np.arange(4, dtype=np.float32)}, metadata={"step": "1"})
+    assert os.listdir(tmp_path) == ["ckpt.safetensors"]
+    before = path.read_bytes()
+
+    real = safetensors.numpy.save_file
+
+    def half_then_fail(tensors, filename, metadata=None):
+        real(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(20)  # a disk that filled up half way
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", half_then_fail)
+    with pytest.raises(SerializationError, match="No space left") as exc:
+        write_safetensors(path, {"w": np.zeros(1000, np.float32)})
+    assert str(path) in str(exc.value)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.safetensors"]
+    monkeypatch.undo()
+    with safetensors.safe_open(str(path), framework="np") as f:
+        assert f.metadata() == {"step": "1"}
+
+
+def test_the_package_checks_the_file_that_is_copied(tmp_path, monkeypatch):
+    """The package is handed the descriptor we opened, not the path again: a file swapped
+    for another after the open is never the one checked (or copied)."""
+    import safetensors
+
+    path = tmp_path / "w.safetensors"
+    write_safetensors(path, {"w": np.full(3, 7, np.float32)})
+    other = tmp_path / "other.safetensors"
+    write_safetensors(other, {"w": np.full(3, 9, np.float32), "x": np.ones(1, np.int8)})
+    opened = []
+    real = safetensors.safe_open
+
+    def spy(name, *args, **kwargs):
+        opened.append(name)
+        os.replace(other, path)  # swapped after our open, before the package's
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", spy)
+    got = read_safetensors(path, {"w": ((3,), dt.float32)}, strict=True)
+    np.testing.assert_array_equal(got["w"], [7, 7, 7])
+    assert opened and opened[0].startswith("/proc/self/fd/")
