@@ -238,7 +238,7 @@ def _conv_transpose(c: Ctx):
     return tg.squeeze(out, 2) if n == 1 else out
 
 
-def _pool(kind: str):
+def _pool(maximum: bool):
     def mapped(c: Ctx):
         if c.outputs > 1:
             raise c.refuse("its Indices output")
@@ -258,7 +258,7 @@ def _pool(kind: str):
             2 * pads[i] <= (kernel[i] - 1) * dil[i] + 1 for i in range(2))
         explicit = [pads[1], pads[3], pads[0], pads[2]]
         window = {"kernel_size": tuple(kernel), "stride": tuple(strides), "ceil_mode": ceil}
-        if kind == "max":
+        if maximum:
             if not inside:
                 x = tg.pad(x, explicit, float("-inf"))
                 pads = [0, 0, 0, 0]
@@ -392,7 +392,7 @@ def table() -> dict:
         "LayerNormalization": _layer_norm, "BatchNormalization": _batch_norm,
         "InstanceNormalization": _instance_norm, "Conv": _conv,
         "ConvTranspose": _conv_transpose, "LpPool": _lp_pool,
-        "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
+        "MaxPool": _pool(maximum=True), "AveragePool": _pool(maximum=False),
         "GlobalAveragePool": _global(tg.mean), "GlobalMaxPool": _global(tg.max),
         "RMSNormalization": _rms_norm, "Swish": _swish, "SwiGLU": _swiglu, "Hardmax": _hardmax,
         "LpNormalization": _lp_norm, "GroupNormalization": _group_norm,
