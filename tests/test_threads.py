@@ -174,3 +174,27 @@ def test_the_team_shrinks_while_other_processes_want_the_cores(child_env):
     if alone != "None":  # scipy-openblas32 is installed: its threads follow the team
         assert (alone, pinned_blas) == ("1", "2")
     assert pinned_team == "2"
+
+
+def test_every_blas_pool_in_the_process_follows_the_count(child_env):
+    """threadpoolctl's view: numpy's own OpenBLAS and the C backend's scipy-openblas32 (loaded
+    by tensor_graphs so the C libraries find the count) both take each setting; OpenMP pools
+    are left alone unless the count is one the user asked tensor_graphs for."""
+    res = child("""
+        import tensor_graphs as tg
+        import numpy as np
+        from threadpoolctl import threadpool_info
+        np.ones((64, 64)) @ np.ones((64, 64))
+        seen = []
+        for n in (1, 2):
+            tg.threads.set_num_threads(n)
+            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            seen.append(sorted({p["num_threads"] for p in blas}))
+            seen.append(len(blas))
+        print(*seen, tg.threads.openblas_num_threads())
+    """, child_env)
+    assert res.returncode == 0, res.stderr
+    ones, n1, twos, n2, scipy_blas = res.stdout.split()
+    assert ones == "[1]" and twos == "[2]"
+    assert int(n1) == int(n2) >= 2  # numpy's and scipy-openblas32's
+    assert scipy_blas == "2"
