@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 
 import numpy as np
+import sympy
 
 from tensor_graphs import compiler
 from tensor_graphs.devices import as_device, torch_device
@@ -30,6 +31,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
+from tensor_graphs.ir.shapes import dim_symbol
 
 # torch.export's refusal of a forward that returns a non-tensor object (a transformers
 # DynamicCache inside the model output): "Found <class '...'> in output, which is not a known type"
@@ -107,10 +109,29 @@ def _dim_names(module, example_args, dynamic_shapes, user_inputs) -> dict[tuple[
     for pos, spec in enumerate(specs[:len(user_inputs)]):
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
         for axis, dim in items:
-            name = getattr(dim, "__name__", None)
+            # a derived dim (``10 * Dim("frames")``) names its root: the symbol it solves for
+            name = getattr(getattr(dim, "root", dim), "__name__", None)
             if isinstance(name, str) and name.isidentifier():
                 out[(pos, axis)] = name
     return out
+
+
+def _symbol_bound(exported, sym, expr, hint) -> int:
+    """The largest value of torch's symbol ``sym``: its range's upper end where export
+    bounded it, else the value the example gave it (solved from ``expr`` = the example's
+    size, for a derived dim)."""
+    upper = exported.range_constraints.get(sym)
+    top = getattr(upper, "upper", None) if upper is not None else None
+    try:
+        top = int(top)
+    except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo
+        top = None
+    if top is not None and top < 2 ** 31:
+        return top
+    if expr == sym:
+        return int(hint)
+    solved = [v for v in sympy.solve(sympy.Eq(expr, int(hint)), sym) if v.is_integer]
+    return int(solved[0]) if solved else int(hint)
 
 
 def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = False):
@@ -160,22 +181,18 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
                 shape.append(size)
                 continue
             expr = size.node.expr
-            key = str(expr)
-            if not expr.is_Symbol:
+            free = sorted(expr.free_symbols, key=str)
+            if len(free) != 1:
                 raise ShapeError(f"input '{node.name}' axis {axis} has the size expression "
-                                 f"{key}; only plain symbolic dims are supported")
+                                 f"{expr}; a dim must be one symbol or a derived dim of one "
+                                 "(10 * Dim('frames')): give the axis its own Dim")
+            (sym,) = free
+            key = str(sym)
             if key not in symbols:
                 name = dim_names.get((len(inputs), axis)) or f"{node.name}_dim{axis}"
                 symbols[key] = name
-                hint = size.node.hint
-                upper = exported.range_constraints.get(expr)
-                top = getattr(upper, "upper", None) if upper is not None else None
-                try:
-                    top = int(top)
-                except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo
-                    top = None
-                bounds[name] = top if top is not None and top < 2 ** 31 else int(hint)
-            shape.append(symbols[key])
+                bounds[name] = _symbol_bound(exported, sym, expr, size.node.hint)
+            shape.append(expr.xreplace({sym: dim_symbol(symbols[key])}))
         env[node] = tg.input(node.name, tuple(shape), dtype_name(val.dtype))
         inputs.append(env[node])
 

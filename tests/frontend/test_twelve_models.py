@@ -7,7 +7,8 @@ torch's float32 result) with one plan over a symbolic length.
   DynamicCache the forward builds is not an output), unpadded, left-padded (generation's
   batches) and right-padded (training's) rows, at two lengths;
 - T5's encoder: ids and a padded mask;
-- Wav2Vec2: raw ``input_values`` with the padded samples zero and an ``attention_mask``;
+- Wav2Vec2: raw ``input_values`` of any length with the padded samples zero and an
+  ``attention_mask``;
 - ViT: ``pixel_values``; Whisper's encoder: log-mel ``input_features`` (neither takes a mask).
 
 Falcon (``.T``: ``aten.numpy_T``), GPT-J and CodeGen (``repeat_interleave`` in their
@@ -216,22 +217,28 @@ def test_t5_encoder_with_mask_and_padding():
     assert prog.program.stats["plans"] == 1
 
 
-def test_wav2vec2_with_padded_audio_and_mask():
+def test_wav2vec2_with_padded_audio_and_mask_over_any_length():
+    """Audio of any length (a multiple of 10 samples, as torch.export asks for the feature
+    encoder's strides 5 and 2: a derived dim ``10 * Dim("frames")``), one plan; the second
+    clip is padded with zeros and masked, as Wav2Vec2's processor pads a batch."""
     torch.manual_seed(0)
     cfg = transformers.Wav2Vec2Config(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
         num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4)
     wrapped = Hidden(transformers.Wav2Vec2Model(cfg).eval())
+    samples = 10 * Dim("frames", min=10, max=80)
     x = torch.randn(2, 400)
-    prog = tg.from_torch(wrapped, (x, torch.ones(2, 400, dtype=torch.int64)), db=":memory:")
-    for keep in (400, 300, 157):  # the second clip's samples after `keep` are padding
-        x = torch.randn(2, 400)
-        mask = torch.ones(2, 400, dtype=torch.int64)
-        x[1, keep:], mask[1, keep:] = 0.0, 0
+    prog = tg.from_torch(wrapped, (x, torch.ones(2, 400, dtype=torch.int64)),
+                         ({1: samples}, {1: samples}), db=":memory:")
+    for n, keep in ((400, 400), (400, 157), (530, 300), (160, 100)):
+        x = torch.randn(2, n)
+        mask = torch.ones(2, n, dtype=torch.int64)
+        x[1, keep:], mask[1, keep:] = 0.0, 0  # the second clip's samples after `keep`
         with torch.no_grad():
             ref = wrapped(x, mask)
-        _close(prog(x, mask), ref, keep)
+        _close(prog(x, mask), ref, (n, keep))
+    assert prog.program.stats["plans"] == 1
 
 
 def test_vit_pixel_values():

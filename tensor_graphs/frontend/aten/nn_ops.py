@@ -4,6 +4,7 @@ picks fused kernels for them)."""
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten.common import Unavailable, guarded, ints
@@ -160,11 +161,10 @@ def _conv(op, x, weight, bias, stride, padding, dilation, groups):
 def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
     """A 1-d convolution over a named (symbolic) length, which our conv2d cannot take (its
     window positions need concrete sizes): im2col spelled out over the length, as one slice
-    per kernel offset (stops are size expressions), stacked, and one grouped matmul."""
-    if stride != 1:
-        raise ShapeError(f"{op}: stride {stride} over the symbolic length {x.shape[2]} is not "
-                         "supported (the output length would need floor division); use "
-                         "stride 1 or a concrete length")
+    per kernel offset (stops are size expressions; a stride is the slices' step), stacked,
+    and one grouped matmul. A strided output length is floor((L - d (k-1) - 1) / s) + 1,
+    which sympy simplifies where the length is a multiple of the stride (Wav2Vec2's feature
+    encoder over ``10 * Dim("frames")`` samples)."""
     k = weight.shape[2]
     cout, cin = weight.shape[0], x.shape[1]
     if not all(isinstance(v, int) for v in (k, cout, cin)):
@@ -172,8 +172,10 @@ def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
                          "must be concrete")
     if padding:
         x = tg.pad(x, (padding, padding))
-    n, length = x.shape[0], x.shape[2] - dilation * (k - 1)
-    cols = tg.stack([tg.slice_axis(x, 2, i * dilation, i * dilation + length)
+    n, span = x.shape[0], x.shape[2] - dilation * (k - 1)
+    length = sympy.floor((span - 1) / stride) + 1 if stride != 1 else span
+    stop = (length - 1) * stride + 1
+    cols = tg.stack([tg.slice_axis(x, 2, i * dilation, i * dilation + stop, stride)
                      for i in range(k)], axis=2)  # (N, C, K, L_out)
     cols = tg.reshape(cols, (n, groups, cin // groups * k, length))
     w = tg.reshape(weight, (groups, cout // groups, cin // groups * k))

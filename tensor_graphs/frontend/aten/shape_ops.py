@@ -79,8 +79,14 @@ def _movedim(x, source, destination):
 
 
 def _flip(x, dims):
+    """A reversed slice on a concrete axis; on a symbolic one (Wav2Vec2's feature mask over
+    the length), a gather at n-1, n-2, ..., 0, which one plan serves at every length."""
     for d in ints(dims):
-        x = tg.slice_axis(x, d, None, None, -1)
+        n = x.shape[d]
+        if isinstance(n, int):
+            x = tg.slice_axis(x, d, None, None, -1)
+        else:
+            x = tg.gather(x, tg.size(n - 1) - tg.iota(n), axis=d)
     return x
 
 
