@@ -6,10 +6,21 @@ drawn when its stream is a terminal (or when forced) and nothing is written othe
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 from typing import TextIO
 
 from tqdm import tqdm
+
+
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to; 0 when it reports none, -1 when it is
+    no terminal with a descriptor (tqdm then sizes the bar itself)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return -1
 
 
 class Progress:
@@ -22,10 +33,13 @@ class Progress:
         self.stream = stream or sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.enabled = bool(force or (callable(isatty) and isatty()))
+        # a terminal that reports no width (some CI pseudo-terminals) would get an empty bar
+        sized = self.enabled and _columns(self.stream) > 0
         # disabled: tqdm writes nothing at all (not even on close)
         self._bar = tqdm(total=self.total, desc=label, file=self.stream,
-                         disable=not self.enabled, mininterval=0.1, dynamic_ncols=True,
-                         leave=True)
+                         disable=not self.enabled, mininterval=0.1, leave=True,
+                         dynamic_ncols=sized, **({} if sized or not self.enabled
+                                                 else {"ncols": 80, "nrows": 24}))
 
     def step(self, note: str = "") -> None:
         self.done += 1

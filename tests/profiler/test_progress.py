@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tensor_graphs.profiler.progress import Progress
 
 
@@ -56,3 +58,41 @@ def test_default_stream_is_stderr_and_a_pipe_stays_clean():
                          check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.stdout == "data\n"
     assert "100%" not in out.stderr and "|" not in out.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("columns", [100, 0])  # 0: a terminal that reports no width
+def test_a_real_terminal_on_stderr_gets_the_bar(columns):
+    """stderr a pseudo-terminal: the default stream draws tqdm's bar there, stdout stays data."""
+    import fcntl
+    import struct
+    import termios
+
+    code = ("from tensor_graphs.profiler.progress import Progress\n"
+            "b = Progress(4, 'profiling')\n"
+            "[b.step('k') for _ in range(4)]\n"
+            "b.close()\nprint('data')\n")
+    leader, follower = os.openpty()
+    if columns:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=follower, text=True, check=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        os.close(follower)
+        follower = None
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(leader)
+        if follower is not None:
+            os.close(follower)
+    assert proc.stdout == "data\n"
+    assert b"profiling: 100%|" in drawn and b"4/4" in drawn
