@@ -87,9 +87,12 @@ class Many(Pat):
 
 @dataclass(frozen=True, eq=False)
 class Const(Pat):
-    """A constant node whose every element equals ``value`` (any dtype, any broadcast shape)."""
+    """A constant node whose every element equals ``value`` (any dtype, any broadcast shape).
+    ``dtype``: what building the pattern gives it (a generated region's own constant), where no
+    operand beside it says (``where(c, 0, 1)`` over int32); matching ignores it."""
 
     value: float | int | bool
+    dtype: dtypes.DType | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -254,7 +254,7 @@ def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bo
             raise ArgumentError(f"no input for pattern variable '{p.name}'")
         return leaves[p.name]
     if isinstance(p, pat.Const):
-        return _builder.constant(p.value, like or _dtypes.float32)
+        return _builder.constant(p.value, p.dtype or like or _dtypes.float32)
     if not isinstance(p, pat.OpPat):
         raise ArgumentError(f"cannot build pattern {p!r}")
     if any(isinstance(c, pat.Many) for c in p.inputs):  # its elements: xs[0], xs[1], ...

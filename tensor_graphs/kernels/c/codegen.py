@@ -610,7 +610,7 @@ def region_pattern(region: Region) -> tuple[pat.Pat, tuple[str, ...]]:
         built[n] = pat.var(name, dtype=n.dtype)
         names.append(name)
     for c in region.constants:
-        built[c] = pat.Const(np.asarray(c.attrs["value"].array).reshape(()).item())
+        built[c] = pat.Const(np.asarray(c.attrs["value"].array).reshape(()).item(), c.dtype)
     users: dict[Node, list[Node]] = {}
     for n in region.nodes:
         for i in n.inputs:
