@@ -19,28 +19,13 @@ from tensor_graphs.numerics import relative_error
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.frontend.causal_lm import Logits  # noqa: E402
+from tests.frontend.causal_lm import masks as _masks  # noqa: E402
+
 TOL = 1e-5
 VOCAB = 97
 
 
-class Logits(torch.nn.Module):
-    """ids (and a mask) -> logits, with every other argument of the model at its default."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, mask):
-        return self.model(input_ids=ids, attention_mask=mask).logits
-
-
-def _masks(batch: int, n: int) -> list:
-    """No padding, left padding (generation's batches) and right padding (training's)."""
-    full = torch.ones(batch, n, dtype=torch.int64)
-    left, right = full.clone(), full.clone()
-    left[-1, :3] = 0
-    right[0, n - 2:] = 0
-    return [full, left, right]
 
 
 def _check(model, lengths=(8, 13)) -> None:
