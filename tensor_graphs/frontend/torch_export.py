@@ -219,6 +219,7 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
             e.add_note(f"while importing {_op_name(node.target)} at {_location(node)}")
             raise
         if mutates(node.target) and isinstance(node.args[0], torch.fx.Node):
+            _refuse_state_write(node, kinds.get(node.args[0].name), InputKind)
             env[node.args[0]] = env[node]  # later reads of the mutated tensor see the result
 
     out_node = next(n for n in exported.graph.nodes if n.op == "output")
@@ -233,6 +234,21 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
                                      [("output", str(arg))])
         outputs.append(out)
     return outputs, inputs, weights, bounds
+
+
+def _refuse_state_write(node, spec, kind) -> None:
+    """An in-place write to a buffer or parameter (a call counter, running statistics) would
+    be lost between calls of the compiled program: torch.export keeps ``add_`` on a buffer
+    without listing it as a mutation, so it is refused here, not dropped."""
+    if spec is None or spec.kind not in (kind.BUFFER, kind.PARAMETER):
+        return
+    what = "buffer" if spec.kind == kind.BUFFER else "parameter"
+    op = _op_name(node.target)
+    raise UnsupportedOpError(
+        f"the forward writes {what} '{spec.target}' in place ({op} at {_location(node)}); a "
+        "compiled program computes from the values bound once, so the write would be lost "
+        "between calls. Return the new value instead of writing it (or, in eval mode, leave "
+        "the module's training-only updates off)", [(op, _location(node))])
 
 
 def _refuse_unmapped(exported) -> None:

@@ -1,0 +1,38 @@
+"""Edges of from_torch: a dynamic dim without a max, and state a forward writes in place."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tensor_graphs import from_torch  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+
+def test_a_dim_without_a_max_imports_and_runs():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3).eval()
+    prog = from_torch(m, (torch.randn(5, 4),), ({0: torch.export.Dim("b")},))
+    for n in (5, 2):
+        x = torch.randn(n, 4)
+        with torch.no_grad():
+            ref = m(x).double().numpy()
+        assert relative_error(np.asarray(prog(x), np.float64), ref) < 1e-6
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x * self.count
+
+
+def test_an_in_place_write_to_a_buffer_is_refused_not_dropped():
+    """Eager gives x * 1, then x * 2: a program that dropped the write gave x * 1 forever."""
+    from tensor_graphs.frontend.aten import UnsupportedOpError
+
+    with pytest.raises(UnsupportedOpError, match="writes buffer 'count' in place"):
+        from_torch(_Counter(), (torch.ones(2),))
