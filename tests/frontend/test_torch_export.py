@@ -353,7 +353,10 @@ def test_conv1d_over_a_dynamic_length():
     prog = from_torch(m, (torch.randn(2, 4, 10),), dynamic_shapes=({2: length},))
     for n in (10, 3, 40):
         _check(prog, m, torch.randn(2, 4, n))
-    assert prog.program.stats["planner_runs"] == 1
+    # one plan serves every length ("planner_runs" also counts a plan made again without a
+    # generated kernel whose checked error, measured on fresh random inputs, came out above
+    # the tolerance)
+    assert prog.program.stats["plans"] == 1
     # strided: the output length floor((L - 3) / 2) + 1 is a size expression of the length
     strided = nn.Conv1d(4, 4, 3, stride=2).eval()
     prog = from_torch(strided, (torch.randn(2, 4, 10),),
