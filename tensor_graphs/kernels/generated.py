@@ -166,16 +166,7 @@ def grow(root: Node, uses: Mapping[Node, int], expand: Expand,
             break
         excluded |= outside
         members = _reach(root, expand, inside, excluded, start)
-    through = {n: expand(n) for n in members if not n.op.is_atomic}
-    covers = _topological(root, members, expand)
-    if len(covers) < 2:
-        return None
-    boundary: list[Node] = []
-    for n in covers:
-        for i in _inputs(n, members, expand):
-            if i not in members and i not in boundary:
-                boundary.append(i)
-    return tuple(covers), tuple(boundary), through
+    return _region(root, members, expand)
 
 
 def grow_stored(root: Node, uses: Mapping[Node, int], expand: Expand,
@@ -206,8 +197,17 @@ def grow_stored(root: Node, uses: Mapping[Node, int], expand: Expand,
             break
         excluded |= dropped
         members = _reach(root, expand, inside, excluded, start)
-    if not outside:
+    found = _region(root, members, expand) if outside else None
+    if found is None:
         return None
+    covers = found[0]
+    return (*found, tuple(n for n in covers if n in outside))
+
+
+def _region(root: Node, members: Mapping[Node, Context], expand: Expand
+            ) -> tuple[tuple[Node, ...], tuple[Node, ...], dict[Node, Node]] | None:
+    """(covers in topological order, the values read from outside, composites expanded) of
+    the members, or None for the root alone."""
     through = {n: expand(n) for n in members if not n.op.is_atomic}
     covers = _topological(root, members, expand)
     if len(covers) < 2:
@@ -217,7 +217,7 @@ def grow_stored(root: Node, uses: Mapping[Node, int], expand: Expand,
         for i in _inputs(n, members, expand):
             if i not in members and i not in boundary:
                 boundary.append(i)
-    return tuple(covers), tuple(boundary), through, tuple(n for n in covers if n in outside)
+    return tuple(covers), tuple(boundary), through
 
 
 # A member's context: the inputs of each composite whose decomposition it lies in, innermost
