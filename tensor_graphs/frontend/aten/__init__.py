@@ -16,6 +16,7 @@ from tensor_graphs.frontend.aten import (
     math_ops,
     nn_ops,
     pointwise_ops,
+    random_ops,
     recurrent_ops,
     select_ops,
     shape_ops,
@@ -23,7 +24,7 @@ from tensor_graphs.frontend.aten import (
 from tensor_graphs.frontend.aten.common import UnsupportedOpError, torch_module
 
 MODULES = (math_ops, nn_ops, shape_ops, index_ops, pointwise_ops, select_ops,
-           recurrent_ops)
+           recurrent_ops, random_ops)
 
 
 def build_table() -> dict:

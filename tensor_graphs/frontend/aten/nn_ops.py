@@ -45,12 +45,6 @@ def _sdpa(a, kw):
                                            is_causal=kw["is_causal"], scale=kw["scale"])
 
 
-def _dropout(a, kw):
-    if kw["train"] and kw["p"]:
-        raise ArgumentError("dropout in training mode: call module.eval() before from_torch")
-    return kw["input"]
-
-
 _BAG_MODES = ("sum", "mean", "max")
 
 
@@ -398,10 +392,6 @@ def table(aten) -> dict:
         aten._embedding_bag: _embedding_bag,
         aten.embedding_bag: _embedding_bag,
         aten.scaled_dot_product_attention: _sdpa,
-        aten.dropout: _dropout,
-        aten.feature_dropout: _dropout,
-        aten.alpha_dropout: _dropout,
-        aten.feature_alpha_dropout: _dropout,
         # convolution
         aten.conv1d.default: _conv_fn("conv1d"),
         aten.conv1d.padding: _conv_fn("conv1d"),
