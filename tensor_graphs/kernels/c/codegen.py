@@ -964,6 +964,19 @@ def rounding_bound(region: Region, arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.broadcast_to(np.asarray(total, np.float64), np.shape(vals[region.root]))
 
 
+def error_bound(region: Region) -> Callable:
+    """A kernel's ``error_bound(*arrays)`` (what ``tg.kernels.verify`` calls with the
+    kernel's arguments): ``rounding_bound`` of ``region`` over them. verify passed the
+    arguments one by one to ``rounding_bound(region, arrays)``, so the allowance it exists
+    for raised a TypeError (two inputs) or bounded the wrong values (one input) exactly on
+    the fresh inputs that needed it, and a correct kernel was refused now and then."""
+    return functools.partial(_bound_of_arguments, region)
+
+
+def _bound_of_arguments(region: Region, *arrays: np.ndarray) -> np.ndarray:
+    return rounding_bound(region, arrays)
+
+
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     b = np.asarray(b)
     if a.dtype.kind != "f":
@@ -1324,7 +1337,7 @@ def _build(region: Region, emitted: Emitted, digest: bytes) -> FusedKernel:
         writes_out=True,
         doc=f"{summary}: {text if len(text) <= 1000 else text[:1000] + '...'}",
         source_hash=source_hash(emitted), region_digest=digest, pattern_size=size,
-        summary=summary, error_bound=functools.partial(rounding_bound, region))
+        summary=summary, error_bound=error_bound(region))
 
 
 def broadcast_constraint(name: str, in_dtypes: Sequence[DType]) -> Callable:
@@ -1421,7 +1434,7 @@ def clear_cache() -> None:
 
 __all__ = ["ELEMENTWISE", "SUPPORTED_DTYPES", "Region", "Emitted", "CheckReport", "fusable",
            "uniform_value", "elementwise_region", "emit_c", "c_literal", "region_pattern",
-           "region_digest", "check_kernel", "evaluate_rounded", "rounding_bound",
+           "region_digest", "check_kernel", "evaluate_rounded", "rounding_bound", "error_bound",
            "fuse_elementwise", "make_function", "admitted", "flags_for", "float_to_int_flags",
            "cached_kernels", "clear_cache", "stats",
            "FusedKernel", "pattern_size", "source_hash", "elementwise_candidate"]

@@ -246,7 +246,7 @@ def build_elementwise(region: cg.Region, rendered: render.Rendered, config: Conf
         where=where, tolerance=check.floor(region.nodes, region.inputs), writes_out=True,
         doc=summary, source_hash=name, region_digest=cg.region_digest(region),
         pattern_size=size, summary=summary,
-        error_bound=functools.partial(cg.rounding_bound, region))
+        error_bound=cg.error_bound(region))
     if not verify:
         return kernel
     return _admitted(kernel, check.check_elementwise, fn, region, rendered.source)
