@@ -305,3 +305,55 @@ def test_profiled_like_any_kernel_and_replayed_from_a_lock_file(tmp_path):
     weights = dict(w=rand(64, 48), b=rand(48))
     replayed.bind(**weights)
     check(replayed, y, {"x": rand(32, 64)}, weights)
+
+
+def test_a_symbolic_batch_flattened_into_the_rows():
+    """A transformer's ``x.view(-1, K) @ W + b`` viewed back as (batch, T, N) under a symbolic
+    batch: ``a`` is (T*batch, K), the result (batch, T, N). The kernel solves batch from its
+    rows (it was refused: "dims ['batch'] ... are not named by the operands", and planned
+    again without it)."""
+    K, N, T = 24, 40, 8
+    x = tg.input("x", ("batch", T, K))
+    w, b = tg.weight("w", (K, N)), tg.weight("b", (N,))
+    h = tg.reshape(tg.reshape(x, (x.shape[0] * T, K)) @ w + b, (x.shape[0], T, N))
+    y = tg.tanh(h) * 0.5 + 1.0
+    weights = dict(w=rand(K, N), b=rand(N))
+    prog = compiled(y, weights, bounds={"batch": 4})
+    one_generated_gemm(prog, "reshape", "exp")
+    assert prog.stats["planner_runs"] == 1 and "generated_refused" not in prog.stats
+    for batch in (4, 1, 3):
+        check(prog, y, {"x": rand(batch, T, K)}, weights)
+
+
+def test_rows_that_split_in_several_ways_are_not_offered():
+    """(batch*seq, K) @ W viewed as (batch, seq, N) with nothing else naming batch or seq:
+    the arrays alone do not say the result's shape, so no generated GEMM is offered."""
+    K, N = 24, 40
+    x = tg.input("x", ("batch", "seq", K))
+    w, b = tg.weight("w", (K, N)), tg.weight("b", (N,))
+    rows = x.shape[0] * x.shape[1]
+    h = tg.reshape(tg.reshape(x, (rows, K)) @ w + b, (x.shape[0], x.shape[1], N))
+    y = tg.tanh(h) * 0.5 + 1.0
+    found = ge.gemm_region(*_atomic_root_and_uses(y))
+    assert found is not None and found[1].reshaped
+    assert not ge.resolvable(found[1])
+    weights = dict(w=rand(K, N), b=rand(N))
+    prog = compiled(y, weights, bounds={"batch": 2, "seq": 4})
+    assert prog.stats["planner_runs"] == 1 and "generated_refused" not in prog.stats
+    check(prog, y, {"x": rand(2, 3, K)}, weights)
+
+
+def _atomic_root_and_uses(y):
+    from tensor_graphs.ir.node import expand_composite
+
+    memo = {}
+
+    def expand(n):
+        if n not in memo:
+            memo[n] = expand_composite(n.op, n.inputs, n.attrs)
+        return memo[n]
+
+    root = y
+    while not root.op.is_atomic:
+        root = expand(root)
+    return root, use_counts([y]), expand

@@ -518,13 +518,61 @@ def _shape(shape) -> str:
 
 # ---------------------------------------------------------------------------- calling
 def _binding(nodes: Sequence[Node], shapes: Sequence[tuple]) -> dict:
-    """The symbols the kernel's arguments' shapes name, bound from the actual shapes."""
+    """The symbols the kernel's arguments' shapes name, bound from the actual shapes: a dim
+    that is a lone symbol binds it, and a dim that is an expression of one symbol not bound
+    yet is solved for it (``a`` read as ``(8*batch, K)``, a transformer's ``x.view(-1, K)``
+    under a symbolic batch, binds ``batch`` for the ``(batch, 8, N)`` the epilogue's
+    reshape names; ``(batch*seq, K)`` does once ``seq`` is bound by another operand)."""
     bound: dict = {}
+    pending: list[tuple] = []
     for n, s in zip(nodes, shapes):
         for d, v in zip(n.shape, s):
             if isinstance(d, sympy.Symbol):
                 bound[d] = int(v)
+            elif not isinstance(d, int):
+                pending.append((d, int(v)))
+    while pending:
+        left = []
+        for d, v in pending:
+            e = sympy.sympify(d).xreplace(bound)
+            free = e.free_symbols
+            solved = _solve(e, next(iter(free)), v) if len(free) == 1 else None
+            if solved is not None:
+                bound[next(iter(free))] = solved
+            elif free:
+                left.append((d, v))
+        if len(left) == len(pending):
+            break
+        pending = left
     return bound
+
+
+@functools.lru_cache(maxsize=1024)
+def _solve(expr, symbol, value: int) -> int | None:
+    """The one non-negative integer ``symbol`` at which ``expr`` is ``value``, else None."""
+    try:
+        found = sympy.solve(sympy.Eq(expr, value), symbol)
+    except (NotImplementedError, TypeError, ValueError):  # floor() and the like: not solved
+        return None
+    ints = [int(x) for x in found if x.is_Integer and x >= 0]
+    return ints[0] if len(ints) == 1 and len(found) == 1 else None
+
+
+def resolvable(region: GemmRegion) -> bool:
+    """Whether every dim the region's reshapes and frames name follows from its arguments'
+    shapes (the kernel is called with arrays alone): tried at the trial dims. A result
+    ``(batch, seq, N)`` of ``a`` read as ``(batch*seq, K)`` with nothing else naming either
+    does not (its rows split in several ways): such a region is not offered."""
+    if not region.reshaped:
+        return True
+    args = [region.a, region.w, *region.inputs]
+    wanted = free_symbols(tuple(d for n in (region.root, *_all_nodes(region))
+                                for d in n.shape)) | free_symbols(
+        tuple(d for _k, f, _v in region.loads for d in f))
+    for shapes in trial_shapes(region)[:1]:
+        if not wanted <= set(_binding(args, shapes)):
+            return False
+    return True
 
 
 def _resolve(shape: Sequence, bound: Mapping) -> tuple[int, ...]:
@@ -1089,6 +1137,8 @@ def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node]
         return None
     covers, region = found
     args = (region.a, region.w, *region.inputs)
+    if not resolvable(region):
+        return None
     if _covered_by_hand_kernel(root, uses, expand, covers, args):
         return None
     emitted = emit_gemm_c(region)
@@ -1104,5 +1154,5 @@ def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node]
 
 __all__ = ["GemmRegion", "GemmEmitted", "GemmKernel", "gemm_region", "emit_gemm_c",
            "make_gemm_function", "trial_shapes", "check_gemm_kernel", "gemm_rounding_bound",
-           "region_pattern", "region_signatures", "build_gemm_kernel",
+           "region_pattern", "region_signatures", "build_gemm_kernel", "resolvable",
            "gemm_candidate", "summary"]
