@@ -3,8 +3,9 @@
 ``build.py`` compiles and caches libraries (``load_library``; also used by the generated-C
 code generator); ``lib.py`` loads this folder's own ``*.c`` files lazily; ``unary.py``,
 ``norms.py``, ``matmul.py``, ``gemm.py``, ``attention.py``, ``gather.py``, ``pointwise.py``
-(a decode's mask and position steps), ``concat.py`` and ``scatter.py`` (scatter-add of
-rows: an embedding's gradient) register the kernels (``c_<what>``).
+(a decode's mask and position steps), ``concat.py``, ``scatter.py`` (scatter-add of
+rows: an embedding's gradient), ``strided_matmul.py``, ``reduce_sum.py`` and ``bool_cast.py``
+(a backward pass's products of views, sums and mask cast) register the kernels (``c_<what>``).
 Importing registers them and compiles nothing: a missing or failing compiler shows up as
 ``available() is False`` and as a failed ``where`` constraint on every C kernel, so the
 planner uses other backends.
@@ -13,6 +14,7 @@ planner uses other backends.
 from tensor_graphs.errors import CCompileError  # noqa: F401
 from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     attention,
+    bool_cast,
     concat,
     gather,
     gemm,
@@ -20,7 +22,9 @@ from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     norms,
     pointwise,
     quant,
+    reduce_sum,
     scatter,
+    strided_matmul,
     unary,
 )
 from tensor_graphs.kernels.c.build import (  # noqa: F401
