@@ -383,6 +383,33 @@ def _dense(node: Node, shape) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(np.zeros(1, dt), tuple(shape), tuple(reversed(strides)))
 
 
+def per_part(region: RowRegion) -> tuple[bool, ...]:
+    """Per input of a ``Frame`` region: whether it is full but the same along each row's S2
+    axis (a per-channel weight: one value per S1 index) and read in the epilogue only. The
+    epilogue then walks a row as S1 x S2 and reads it once per S1 index, where it was
+    gathered into a row buffer on every row (GroupNorm (8, 64, 32, 32): two 2048-element
+    gathers per row, more than the row's arithmetic)."""
+    frame = region.frame
+    if frame is None:
+        return (False,) * len(region.inputs)
+    pass_list, _ = passes(region)
+    early = set()
+    for p in pass_list[:-1]:
+        early |= {i for n in p.computes for i in n.inputs}
+        early |= {r.inputs[0] for r in p.reduces or ()}
+    refined = refinement(frame.rows, frame.out)
+    out = []
+    for k, n in enumerate(region.inputs):
+        if n in region.per_row or n in early:
+            out.append(False)
+            continue
+        strides = _frame_strides(frame, refined, len(frame.rows) - 1,
+                                 _dense(n, frame.reads[k]), frame.reads[k], frame.spaces[k],
+                                 False)
+        out.append(strides is not None and strides[-1] == 0)
+    return tuple(out)
+
+
 def row_region_parts(top: Node, boundary: Sequence[Node],
                      constant: Callable[[Node], np.generic | None] | None = None):
     """(members, inputs, consts) of the region rooted at ``top`` stopping at ``boundary``:
@@ -678,6 +705,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
     for i, n in enumerate(region.nodes):
         names[n] = f"v{i}"
     full = tuple(n not in region.per_row for n in region.inputs)
+    part = per_part(region)
     buf = row_buffers(region, pass_list, stored)
     scratch = sorted({b for b in buf.values() if b[0] == "m"}, key=lambda b: int(b[1:]))
     position = {n: k for k, n in enumerate(region.inputs)}
@@ -700,7 +728,8 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
         used = {i for n in p.computes for i in n.inputs}
         used |= {region.root} if p.reduces is None else {r.inputs[0] for r in p.reduces}
         lines = [f"const {_ctype(n.dtype)} x{k} = p{k}[jj];"
-                 for k, n in enumerate(region.inputs) if full[k] and n in used]
+                 for k, n in enumerate(region.inputs) if full[k] and n in used
+                 and not (p.reduces is None and part[k])]
         lines += [f"const {_ctype(n.dtype)} {names[n]} = {buf[n]}[jj];" for n in p.loads]
         for n in p.computes:
             lines.append(f"const {_ctype(n.dtype)} {names[n]} = {expr(n)};")
@@ -773,7 +802,10 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                     f"    const int64_t s{k} = strides[{k} * (nd + 1) + nd];",
                     f"    if (s{k} != 1) {{ {t} *g = ({t} *)(scratch + (size_t){g} * bb); "
                     f"for (int64_t j = 0; j < D; j++) g[j] = p{k}[j * s{k}]; p{k} = g; }}"]
-        else:  # a row of S1 x S2 elements: dense, or gathered (a per-channel weight)
+        elif part[k]:  # one value per S1 index: read in the epilogue's S1 loop
+            row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
+                    f"    const int64_t t{k} = strides[{k} * (nd + 2) + nd];"]
+        else:  # a row of S1 x S2 elements: dense, or gathered
             row += [f"    const {t} *p{k} = (const {t} *)ptrs[{k}] + o{k};",
                     f"    const int64_t t{k} = strides[{k} * (nd + 2) + nd], "
                     f"s{k} = strides[{k} * (nd + 2) + nd + 1];",
@@ -784,6 +816,17 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
         g += 1
     row += per_row_values(0)
     for index, p in enumerate(pass_list):
+        if p.reduces is None and any(part):
+            row += [f"    /* pass {index}: the epilogue, stored, S1 x S2 */",
+                    "    for (int64_t j1 = 0; j1 < D / S2; j1++) {",
+                    *(f"        const {_ctype(n.dtype)} x{k} = p{k}[j1 * t{k}];"
+                      for k, n in enumerate(region.inputs) if part[k]),
+                    *("    " + line for line in cg.IVDEP),
+                    "        for (int64_t jj = j1 * S2; jj < (j1 + 1) * S2; jj++) {",
+                    *body(p, "            ", index),
+                    "        }",
+                    "    }"]
+            continue
         if p.reduces is None:
             row += [f"    /* pass {index}: the epilogue, stored */",
                     *cg.IVDEP,
@@ -833,11 +876,12 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
             row += [f"    {statement}", f"    const {t} {names[r]} = {value};"]
         row += per_row_values(region.level[p.reduces[0]])
     row.append("}")
-    return _assemble(region, row, full, len(scratch), sum(full), len(pass_list), helpers)
+    return _assemble(region, row, full, len(scratch), sum(full), len(pass_list), helpers, part)
 
 
 def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers: int,
-              gathers: int, npasses: int, helpers: set[str]) -> RowEmitted:
+              gathers: int, npasses: int, helpers: set[str],
+              part: tuple[bool, ...] = ()) -> RowEmitted:
     """The whole source: the C kernels' common header (inlined, so the source hash covers
     it: the team of a parallel region, ``tg_team``), helpers, the row function and the entry
     point that runs rows (in parallel from PARALLEL_MIN elements)."""
@@ -857,7 +901,8 @@ def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers
     else:
         strided = " + ".join(f"!(strides[{k} * (nd + 2) + nd + 1] == 1 && (shape[nd] == D || "
                              f"strides[{k} * (nd + 2) + nd] == shape[nd]))"
-                             for k in range(nin) if full[k]) or "0"
+                             for k in range(nin) if full[k] and not (part and part[k])) \
+            or "0"
     lines += [
         "",
         "int NAME(int64_t rows, int64_t D, int64_t nd, const int64_t *shape, "
