@@ -20,6 +20,7 @@ from tensor_graphs.compiler import compile as compile_graph
 from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.ir import builder
 from tensor_graphs.kernels.registry import get
+from tensor_graphs.profiler.bandwidth import read_bandwidth
 
 
 def dispatch_overhead(steps: int = 64, repeats: int = 7) -> float:
@@ -44,8 +45,9 @@ def dispatch_overhead(steps: int = 64, repeats: int = 7) -> float:
 
 
 def calibrate(db, hardware, seconds: float = 0.3) -> dict:
-    """Measure this machine's peak rates (float32 matrix product flops, copy bandwidth) and the
-    runtime's dispatch cost per step, and store them in the database for ``hardware``; returns
+    """Measure this machine's peak rates (float32 matrix product flops, copy bandwidth, the
+    read bandwidth its weights stream at: ``profiler/bandwidth.py``) and the runtime's dispatch
+    cost per step, and store them in the database for ``hardware``; returns
     the rates."""
     rng = np.random.default_rng(0)
     n = 512
@@ -65,7 +67,7 @@ def calibrate(db, hardware, seconds: float = 0.3) -> dict:
         if t2 > deadline:
             break
     rates = {"flops": 2.0 * n ** 3 / best_mm, "bytes": 2.0 * src.nbytes / best_copy,
-             "dispatch": dispatch_overhead()}
+             "dispatch": dispatch_overhead(), "read": read_bandwidth()}
     if db is not None and not db.readonly:
         db.set_calibration(hardware, rates)
     return rates

@@ -23,6 +23,11 @@ Every answer is an ``Estimate`` that says where it came from, in order of trust:
    host and a GPU costs the link's latency plus its bytes at the link's rate (PCIe-like
    until calibrated), so 1 GB costs ~0.08 s before it is measured.
 
+Static values (weights, and what the prelude makes of them) read by a call of a program whose
+weights exceed the last-level cache come from memory once per call: ``from_memory`` floors the
+answer at those bytes, at the width the kernel stores them, over the measured read bandwidth
+(see its docstring for why a floor on the answer and not a measurement with the cache flushed).
+
 Rows are filed and looked up under the hardware key of the device that runs the kernel
 (``measured_on``: a host<->GPU copy is the GPU's), so a GPU's rows, and the simulated GPU's
 (CPU times under a key of their own), never mix with the CPU's.
@@ -35,12 +40,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tensor_graphs.db import generated_cost
-from tensor_graphs.db.features import Features
+from tensor_graphs.db.features import SUBSET_READERS, Features, features, nbytes
+from tensor_graphs.ir.graph import is_static
+from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.ops.names import CONSTANT
 from tensor_graphs.kernels.copy import placement
 
 # Built-in rates per device kind, for a device never calibrated (``commands/calibrate.py``
@@ -53,8 +63,17 @@ DEFAULT_RATES = {
     # a datacenter GPU at ~3/4 of an H100's peaks (67 TFLOP/s fp32 without TF32, 3.35 TB/s);
     # copies from pageable host memory (no pinned staging yet) at ~12 GB/s over PCIe (an
     # H200 measured 12.7 GB/s host -> GPU and 13.7 back on 4 MB, 9.6 host -> GPU on 64 MB)
-    "cuda": {"flops": 50e12, "bytes": 2e12, "dispatch": 3e-6, "link": 12e9},
+    "cuda": {"flops": 50e12, "bytes": 2e12, "dispatch": 3e-6, "link": 12e9,
+             "cache": 50e6},  # an H100's L2
 }
+# Rates a device's calibration may lack, derived from what it has (``CostModel.rates``):
+# "read": bytes per second the runtime's threads read from memory (static values streamed once
+# per call, ``from_memory``): measured by ``profiler/bandwidth.py`` (``tg profile``'s
+# calibration, or ``profile="missing"`` the first time a program streams), "bytes" before that;
+# "cache": bytes of the last-level cache (a program whose static values exceed it reads them
+# from memory every call): this CPU's from sysfs (``last_level_cache``) unless stored.
+READ_FALLBACK = "bytes"
+DEFAULT_CACHE = 32 << 20  # a CPU whose cache sizes sysfs does not give
 # Seconds one call costs beyond its work, per (backend, device kind whose rates cost it: see
 # ``measured_on``). Where a row is missing, the backend's CPU figure, else DEFAULT_OVERHEAD.
 OVERHEAD = {
@@ -91,9 +110,12 @@ class Estimate:
     seconds: float
     source: str  # measured | interpolated | stale | calibrated | estimated | free | failed
     uncertainty: float
+    from_memory: bool = False  # raised to its static inputs' bytes at the read bandwidth
 
     def __str__(self) -> str:
-        return f"{format_seconds(self.seconds)} ({self.source}, x{self.uncertainty:.2g})"
+        memory = ", weights from memory" if self.from_memory else ""
+        return (f"{format_seconds(self.seconds)} ({self.source}{memory}, "
+                f"x{self.uncertainty:.2g})")
 
 
 FREE = Estimate(0.0, "free", 1.0)
@@ -146,6 +168,8 @@ class CostModel:
         if found is None:
             stored = self.db.calibration(self.hardware[kind]) if self.db is not None else None
             found = {**DEFAULT_RATES.get(kind, DEFAULT_RATES["cpu"]), **(stored or {})}
+            found.setdefault("read", found[READ_FALLBACK])
+            found.setdefault("cache", float(last_level_cache()))
             if kind != "cpu" and "cpu" in self.hardware and "dispatch" not in (stored or {}):
                 found["dispatch"] = self.rates("cpu")["dispatch"]
             self._rates[kind] = found
@@ -175,6 +199,45 @@ class CostModel:
             if found is not None:
                 return float(found)
         return OVERHEAD.get(key, OVERHEAD.get((kernel.backend, "cpu"), DEFAULT_OVERHEAD))
+
+    def weights_stream(self, static_bytes: float, kind: str) -> bool:
+        """Whether a program whose static values (weights bound once, and what the prelude
+        makes of them) total ``static_bytes`` reads them from memory on every call on the
+        device kind ``kind``: they exceed its last-level cache. A decode walks every weight
+        once per token in the same order, which an LRU cache smaller than the walk misses
+        entirely; a model that fits keeps them cached between calls (what the profiler's hot
+        loop measures), so its plans are costed as measured."""
+        return static_bytes > self.rates(kind)["cache"]
+
+    def from_memory(self, kernel, estimate: Estimate, static_bytes: float) -> Estimate:
+        """``estimate`` of a call that reads ``static_bytes`` of static values (at the width
+        the kernel stores them: ``call_features``) from memory once per call, in a program
+        whose weights exceed the cache (``weights_stream``): at least the call's overhead plus
+        those bytes at the measured read bandwidth ("read"), else ``estimate`` as it is.
+
+        Why a floor on the answer, not a measurement with the static inputs evicted (a
+        cache-flush buffer between samples): whether a weight comes from memory is a property
+        of the program (its weights against the cache), not of the call, and one database row
+        serves every program that makes the call, so an evicted row would overcharge a small
+        model whose weights stay cached, where the hot row is right; flushing a 32 MiB cache
+        per sample costs milliseconds and leaves one call per sample, where a 20 us GEMV
+        timed alone is mostly the timer and the thread team's wake-up on a loaded machine;
+        and a floor applies alike to measured, interpolated, calibrated and roofline answers,
+        so an int8 kernel measured hot and a float one estimated meet on the same footing.
+        ``max``, not a sum: a weight-streaming kernel (a GEMV over packed panels, read in
+        order) overlaps its arithmetic with the hardware prefetcher's reads, so it runs at the
+        slower of the two; the hot time already holds the arithmetic. The measured cost of
+        not doing this: the GPT-2 124M int8-weight decode's measured plan kept float GEMVs
+        (a 9.4 MB layer weight timed from the 32 MiB L3 at ~100 GB/s) and ran 1.38x float32,
+        where int8 everywhere ran 2.6-3.1x."""
+        if static_bytes <= 0 or estimate.source in ("free", "failed") or kernel.view \
+                or crosses_link(kernel):
+            return estimate
+        rate = self.rates(measured_on(kernel))["read"]
+        floor = self.overhead(kernel) + static_bytes / rate
+        if floor <= estimate.seconds:
+            return estimate
+        return Estimate(floor, estimate.source, estimate.uncertainty, from_memory=True)
 
     def estimate(self, kernel, signature: str, feats: Features) -> Estimate:
         key = (kernel.name, signature)
@@ -277,6 +340,58 @@ class CostModel:
         return Estimate(predicted, "interpolated", round(uncertainty, 3))
 
 
+def call_features(kernel, covers: Sequence[Node], arguments: Sequence[Node], result: Node
+                  ) -> tuple[Features, float]:
+    """(the features of one call of ``kernel`` computing ``covers`` from ``arguments``, the
+    bytes of static values it reads per call) as the kernel runs it: an argument it prepares at
+    bind time (``prepare=``) is read at its prepared width (``Preparation.nbytes``:
+    ``c_bf16_matmul``'s float32 weight is streamed as bfloat16, half the bytes), and a covered
+    node computed from prepared arguments and constants alone is the preparation's work, done
+    once per binding (``c_bf16_matmul``'s ``bf16_round``: 68 flops a weight element in its
+    decomposition, per call on paper, 21 times the GEMV's own). ``dequantize(q, s)`` in
+    ``c_q8_matmul`` reads the scale ``s``, which is not prepared: it stays per call, as the
+    kernel widens every weight per call. The one place these widths are decided: the planner's
+    options, the profiler's rows (their work for interpolation) and ``from_memory`` use it."""
+    prepared = _prepared(kernel, arguments)
+    stored = {a: (prep.nbytes(tuple(int(d) for d in a.shape), a.dtype)
+                  if prep is not None and prep.nbytes is not None else nbytes(a))
+              for a, prep in prepared.items()}
+    at_bind = _bind_time(covers, set(prepared))
+    base = features([n for n in covers if n not in at_bind], arguments, result)
+    subset = result.op.name in SUBSET_READERS
+    out = nbytes(result)
+    moved, static = base.bytes, 0.0
+    for a in set(arguments):
+        width = stored.get(a, nbytes(a))
+        read = min(width, out) if subset else width
+        if a in stored and not subset:
+            moved += width - nbytes(a)
+        if is_static(a):
+            static += read
+    return Features(base.flops, moved, base.elements), float(static)
+
+
+def _prepared(kernel, arguments: Sequence[Node]) -> dict:
+    """Argument node -> its ``Preparation`` (None for a generated kernel's, which re-lays a
+    float weight out at its own width) for the arguments ``kernel`` prepares at bind time."""
+    positions = getattr(kernel, "prepared_positions", None)
+    if positions is not None:
+        return {arguments[i]: p for i, p in positions(len(arguments)).items()}
+    return {arguments[i]: None for i in getattr(kernel, "prepared", ())}
+
+
+def _bind_time(covers: Sequence[Node], prepared: set) -> set:
+    """The covered nodes computed from ``prepared`` arguments and constants alone."""
+    found: set = set()
+    if not prepared:
+        return found
+    for n in covers:  # topological order: inputs first
+        if any(i in prepared or i in found for i in n.inputs) and all(
+                i in prepared or i in found or i.op.name == CONSTANT for i in n.inputs):
+            found.add(n)
+    return found
+
+
 def measured_on(kernel) -> str:
     """The device kind whose hardware key files ``kernel``'s rows and whose rates cost it:
     where it runs, except that a copy between the host and a GPU is the GPU's whichever way it
@@ -302,3 +417,32 @@ def _shape_class(signature: str) -> tuple:
     """The dtypes and ranks of a signature's inputs: rows of the same class interpolate."""
     inputs = json.loads(signature).get("inputs", [])
     return tuple((len(shape), dtype) for shape, dtype in inputs)
+
+
+def last_level_cache() -> int:
+    """Bytes of this CPU's largest cache (sysfs: the highest level cpu0 reports), else
+    ``DEFAULT_CACHE``."""
+    global _LLC
+    if _LLC is None:
+        _LLC = DEFAULT_CACHE
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        best = (0, 0)
+        try:
+            for entry in os.listdir(base):
+                if not entry.startswith("index"):
+                    continue
+                with open(os.path.join(base, entry, "level")) as f:
+                    level = int(f.read())
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+                size = int(text.rstrip("KMG")) * scale
+                best = max(best, (level, size))
+        except (OSError, ValueError):
+            pass
+        if best[1] > 0:
+            _LLC = best[1]
+    return _LLC
+
+
+_LLC: int | None = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from tensor_graphs.db.cost import FREE, CostModel, Estimate
+from tensor_graphs.db.cost import FREE, CostModel, Estimate, call_features
 from tensor_graphs.db.features import features, nbytes
 from tensor_graphs.db.store import signature_text
 from tensor_graphs.errors import NoPathError, PlanFileError
@@ -147,7 +147,8 @@ class Planner:
                  weights_on: str | None = None, blocks: bool = False,
                  output_device: str = "cpu", dims: Mapping | None = None,
                  generate: bool = True, refused: frozenset[str] = frozenset(),
-                 block_inputs: frozenset[Node] | None = None, stay: bool = False):
+                 block_inputs: frozenset[Node] | None = None, stay: bool = False,
+                 streams: bool | None = None):
         self.outputs = list(outputs)
         # compute on the target wherever it can (the other devices only for what it cannot
         # compute): the single-device plan ``plan`` weighs against the mixed one
@@ -172,6 +173,11 @@ class Planner:
         self.native = target == "cpu"  # its programs may run natively (NATIVE_DISPATCH)
         self.uses = use_counts(self.outputs)
         self.shared = {n for n, c in self.uses.items() if c > 1}
+        # the program's weights exceed the cache, so a step reads its static inputs from
+        # memory every call (``CostModel.from_memory``); a block's planner is told by the whole
+        # graph's (one layer's weights fit where the model's do not)
+        self.streams = cost.weights_stream(self._static_bytes(), target) \
+            if streams is None else streams
         # what a generated region sees: an output is also read by the caller, so a region
         # never computes one only inside it ([h, rms_norm(h + 1)] recomputed h beside c_add)
         self._decomposed: dict[Node, Node] = {}
@@ -273,9 +279,10 @@ class Planner:
             if not covers or not self._exclusive(covers, node):
                 continue
             attrs = {a: node.attrs[a] for a in k.attrs if a in node.attrs}
-            sig, feats = self._measure_key(covers, args, node)
+            sig, feats, static = self._measure_key(covers, args, node, k)
             hint = copies.cost_hint(k)
-            est = FREE if hint == 0.0 else self.cost.estimate(k, sig, feats)
+            est = FREE if hint == 0.0 else self._streamed(k, self.cost.estimate(k, sig, feats),
+                                                          static, node)
             self.stats["estimates"] += 1
             cold = 0.0 if est is FREE else self._cold(args, node)
             out.append(Option(KERNEL, slot, tuple(Slot(a, source, True) for a in args), k,
@@ -308,8 +315,8 @@ class Planner:
                 # covers: storing it again is waste
             if not all(is_static(cand.inputs[i]) for i in cand.prepared):
                 continue  # see _kernels: prepared once per binding
-            sig, feats = self._measure_key(cand.covers, cand.inputs, node)
-            est = self.cost.estimate(cand, sig, feats)
+            sig, feats, static = self._measure_key(cand.covers, cand.inputs, node, cand)
+            est = self._streamed(cand, self.cost.estimate(cand, sig, feats), static, node)
             self.stats["estimates"] += 1
             out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
                               cand, cand.covers, {}, est, step_error(cand, node), sig,
@@ -327,9 +334,11 @@ class Planner:
         fused epilogue costs nothing, but a near tie between the fused GEMM and the pair went
         to the pair on measurement noise. Added to every step, so alternatives with the same
         operands keep their measured order, and the pair pays for its intermediate twice
-        (written, read back). Weights are left out: a weight-streaming kernel measures its
-        own bandwidth. A decision term only: the plan's predicted time stays the estimates'.
-        ``also``: values the step stores besides its result (written once more each)."""
+        (written, read back). Static inputs are left out: the estimate itself is raised to
+        their bytes at the memory's read bandwidth where the program's weights exceed the
+        cache (``_streamed``). A decision term only: the plan's predicted time stays the
+        estimates'. ``also``: values the step stores besides its result (written once more
+        each)."""
         rate = self.cost.rates(self.target)["bytes"]
         moved = [a for a in dict.fromkeys(args) if not is_static(a)] + [node, *also]
         return sum(nbytes(t) for t in self._concrete(moved)) / rate
@@ -343,11 +352,25 @@ class Planner:
         specialize_map(nodes_, self.dims, self._twins)
         return [self._twins[n] for n in nodes_]
 
-    def _measure_key(self, covers, args, node) -> tuple[str, object]:
-        """The database signature and the work features of a kernel call, at ``self.dims``."""
+    def _measure_key(self, covers, args, node, kernel) -> tuple[str, object, float]:
+        """The database signature, the work features of a kernel call and the bytes of
+        static values it reads (``db.cost.call_features``), at ``self.dims``."""
         twins = self._concrete([*covers, *args, node])
         c_covers, c_args, c_node = twins[:len(covers)], twins[len(covers):-1], twins[-1]
-        return signature(c_args, c_node.attrs), features(c_covers, c_args, c_node)
+        feats, static = call_features(kernel, c_covers, c_args, c_node)
+        return signature(c_args, c_node.attrs), feats, static
+
+    def _streamed(self, kernel, est: Estimate, static: float, node: Node) -> Estimate:
+        """``est`` with the step's static inputs read from memory (``CostModel.from_memory``)
+        where the program's weights exceed the cache, for a step that runs per call."""
+        if not self.streams or is_static(node):
+            return est
+        return self.cost.from_memory(kernel, est, static)
+
+    def _static_bytes(self) -> int:
+        """Bytes of the graph's static leaves (weights, constants) at their bound width."""
+        leaves = [n for n in nodes(self.outputs) if n.op.is_leaf and is_static(n)]
+        return sum(nbytes(t) for t in self._concrete(leaves)) if leaves else 0
 
     def _densify(self, args: Sequence[Node]) -> float:
         """Seconds the runtime spends copying strided views (a permute, a slice) into dense
@@ -632,7 +655,7 @@ class Planner:
                          weights_on=self.weights_on, blocks=bool(self._blocks),
                          output_device=self.output_device, dims=self.dims,
                          generate=self.generate, refused=self.refused,
-                         block_inputs=self.block_inputs, stay=True)
+                         block_inputs=self.block_inputs, stay=True, streams=self.streams)
         try:
             alone = single._extracted()  # noqa: SLF001 - the same class
         except NoPathError:
@@ -1155,7 +1178,7 @@ class BlockInstancePlan:
                       tolerance=planner.tolerance, backends=planner.backends,
                       weights_on=planner.weights_on, output_device=planner.target,
                       dims=planner.dims, generate=planner.generate, refused=planner.refused,
-                      block_inputs=self.inputs, stay=planner.stay)
+                      block_inputs=self.inputs, stay=planner.stay, streams=planner.streams)
         self.plan = sub.plan() if decisions is None else sub.replay(decisions)
         planner.stats["blocks_planned"] += 1
         for key in ("slots", "options", "estimates"):

@@ -50,6 +50,7 @@ from tensor_graphs.errors import DatabaseError
 from tensor_graphs.kernels import generated
 from tensor_graphs.planner.plan import COPY, KERNEL, Option
 from tensor_graphs.planner.search import Planner
+from tensor_graphs.profiler.bandwidth import ensure_read_rate
 from tensor_graphs.profiler.measure import Call, measure_together
 from tensor_graphs.profiler.progress import Progress
 
@@ -109,7 +110,8 @@ def call_of(o: Option, hardware: Mapping[str, Hardware] | None = None) -> Call:
     """The option's kernel call (a generated kernel already built: see ``verified``). A copy
     is called with its target device, as its signature names it."""
     args = tuple(n.node for n in o.needs)
-    node = getattr(o.kernel, "computes", None) or o.slot.node
+    node = getattr(o.kernel, "computes", None)
+    node = o.slot.node if node is None else node  # (not `or`: a 0-d node has no truth value)
     attrs = dict(o.attrs)
     if o.how == COPY and "device" in o.kernel.attrs:
         attrs["device"] = o.slot.device
@@ -242,7 +244,8 @@ def replanned(planner: Planner, cost) -> Planner:
                    weights_on=planner.weights_on, blocks=False,
                    output_device=planner.output_device, dims=planner.dims,
                    generate=planner.generate, refused=planner.refused,
-                   block_inputs=planner.block_inputs, stay=planner.stay)
+                   block_inputs=planner.block_inputs, stay=planner.stay,
+                   streams=planner.streams)
 
 
 def could_win(planner: Planner, unmeasured: Mapping[tuple[str, str], Option]
@@ -269,7 +272,11 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
     plan picks it (``could_win``), in rounds: first beside the registered kernels (in the
     graph's order, so a region is timed with the steps it competes with), then the kernels the
     next optimistic plan picks once those rows calibrate their generators' estimates
-    (``db/generated_cost.py``), until it picks none."""
+    (``db/generated_cost.py``), until it picks none. A host program whose weights exceed the
+    cache (``Planner.streams``) also gets the memory's read bandwidth measured once per
+    database and device (``bandwidth.ensure_read_rate``): its steps are costed at it."""
+    if planner.streams and planner.target == "cpu" and "cpu" in planner.cost.hardware:
+        ensure_read_rate(db, planner.cost.hardware["cpu"])
     todo = calls_to_measure(planner)
     if not todo:
         return 0
