@@ -164,3 +164,35 @@ def test_a_per_channel_weight_is_read_once_per_channel_not_gathered():
     wide = {"w": np.repeat(values["w"], 2), "b": np.repeat(values["b"], 3)}
     got = kernel.fn(values["x"], wide["w"][::2], wide["b"][::3])
     assert relative_error(got, want) <= kernel.tolerance
+
+
+@pytest.mark.parametrize("kind", ["offset", "near-constant", "ramp"])
+def test_group_norm_statistics_in_one_pass_keep_their_digits(kind, monkeypatch):
+    """The variance comes from shifted sums taken in the statistics' one pass (then one
+    pass normalises and scales): rows far from zero, near-constant rows and rows whose
+    first elements are far from their mean (the shift) stay as close to float64 as the
+    two-pass kernel's (the float32 mean's own rounding is the same in both)."""
+    shape, groups = (2, 8, 16, 16), 4
+    x, w, b = leaves(shape)
+    y = tg.group_norm(x, w, b, num_groups=groups)
+    cand = next(c for c in _candidates(y) if c.generator == "rows_grouped")
+    assert "in 2 passes" in cand.summary
+    one = cand.build()
+    with monkeypatch.context() as m:
+        m.setattr(rowgen, "moments", lambda *a: None)
+        two = next(c for c in _candidates(y) if c.generator == "rows_grouped").build()
+    assert "in 3 passes" in two.summary
+    rng = np.random.default_rng(4)
+    values = feeds(shape, 4)
+    base = rng.standard_normal(shape)
+    if kind == "offset":
+        values["x"] = (3e3 + base * 0.5).astype(np.float32)
+    elif kind == "near-constant":
+        values["x"] = (-7.0 + base * 1e-4).astype(np.float32)
+    else:  # sorted rows: the first elements (the shift's) are the lowest
+        flat = np.sort(base.reshape(2, groups, -1), axis=-1) * 4 + 100
+        values["x"] = flat.reshape(shape).astype(np.float32)
+    want = tg.evaluate(y, values, dtype="float64")
+    errors = [relative_error(k.fn(values["x"], values["w"], values["b"]), want)
+              for k in (one, two)]
+    assert errors[0] <= 1.1 * errors[1] + one.tolerance, (kind, errors)

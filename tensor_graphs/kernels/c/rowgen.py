@@ -70,16 +70,19 @@ from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import (
+    ADD,
     CAST,
     ERF,
     EXP,
     LOG,
     MAX,
+    MUL,
     POW,
     RECIPROCAL,
     RESHAPE,
     SIN,
     SQRT,
+    SUB,
     SUM,
 )
 from tensor_graphs.ir.shapes import dims_equal
@@ -525,6 +528,69 @@ def passes(region: RowRegion) -> tuple[list[Pass], set[Node]]:
     return out, stored
 
 
+@dataclass(frozen=True)
+class Moment:
+    """A sum of squares of deviations, ``sum((x + sign * w) ** 2)`` with ``x`` the full row
+    a first-pass sum reads and ``w`` a per-row value made from first-pass sums (LayerNorm's
+    and GroupNorm's ``sum((x - mean) ** 2)``), taken in the first pass as shifted sums:
+    with ``d = x - s`` (``s`` the mean of the row's first ``SHIFT_SPAN`` elements) and ``e =
+    s + sign * w``, it is ``Q + 2 e T + D e**2`` for ``T = sum(d)``, ``Q = sum(d**2)``,
+    exactly, whatever ``w`` is. ``d`` is small next to ``x`` on rows far from zero, so the
+    one pass keeps the digits ``E[x**2] - E[x]**2`` loses; T, Q and the combination are
+    accumulated and formed in double (float lanes within a block, as every float32 sum)."""
+
+    reduction: Node  # the second pass's sum it replaces
+    first: Node  # the first-pass sum of x (its elements lie where the lanes read x)
+    w: Node  # the per-row value
+    sign: int  # +1: x + w, -1: x - w
+
+
+SHIFT_SPAN = 64  # elements averaged for a row's shift s: within a spread of the mean
+
+
+def moments(region: RowRegion, pass_list: Sequence[Pass], stored: set[Node]
+            ) -> list[Moment] | None:
+    """The second pass's reductions as ``Moment``s, when each of them is one (float32 rows
+    of exactly three passes, the middle one computing only their squares, through a
+    ``Frame``): the kernel then makes two passes. None otherwise.
+
+    Frames only (GroupNorm): their rows have the region's own length. A shape-generic row
+    kernel is also verified on rows of one element, where a LayerNorm's ``(x - mean) *
+    rsqrt(var)`` cancels its rounding of ``x - mean`` only when the variance is made from
+    the same rounded values (the two-pass way); the shifted sums' variance, closer to
+    float64, left that rounding in the result: 1.29e-6 against a declared 1.30e-6."""
+    if region.frame is None or len(pass_list) != 3 or not pass_list[1].reduces:
+        return None
+    first = {r.inputs[0]: r for r in pass_list[0].reduces or () if r.op.name == SUM}
+    out = []
+    for r in pass_list[1].reduces:
+        q = r.inputs[0]
+        if r.op.name != SUM or r.dtype.name != "float32" or q.op.name != MUL \
+                or q.inputs[0] is not q.inputs[1]:
+            return None
+        c = q.inputs[0]
+        found = None
+        if c.op.name in (ADD, SUB):
+            a, b = c.inputs
+            for x, w, sign in ((a, b, 1 if c.op.name == ADD else -1), (b, a, 1)):
+                if x in first and w in region.per_row and region.level.get(w, 0) == 1 \
+                        and w not in region.inputs and w.dtype.name == "float32" \
+                        and not (c.op.name == SUB and x is b):
+                    found = Moment(r, first[x], w, sign)
+                    break
+        if found is None:
+            return None
+        out.append(found)
+    made = set(pass_list[1].computes)
+    if made & stored or made & set(pass_list[2].loads) or made & set(region.stored):
+        return None
+    squares = {m.reduction.inputs[0] for m in out} | {m.reduction.inputs[0].inputs[0]
+                                                        for m in out}
+    if not made <= squares | {n for n in made if region.level.get(n, 0) == 0}:
+        return None
+    return out
+
+
 # ---------------------------------------------------------------------------- C emission
 def _ctype(d: DType) -> str:
     return cg.C_TYPES[d.name][0]
@@ -691,6 +757,7 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
     Returns 0, or 2 when the row buffers cannot be allocated. A stored value is written in
     the first pass that computes it."""
     pass_list, stored = passes(region)
+    shifted = moments(region, pass_list, stored)
     first: dict[Node, int] = {}
     for index, p in enumerate(pass_list):
         for n in p.computes:
@@ -834,15 +901,25 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                     *body(p, "        ", index),
                     "    }"]
             continue
+        if shifted and index == 1:  # its sums were taken in the first pass: see Moment
+            continue
+        extra = shifted if shifted and index == 0 else []
         # blocks of BLOCK elements: one plain loop computes them (it vectorises, calls the
         # SIMD libm), then the lanes take them in from where they lie (a row, or the block)
-        row.append(f"    /* pass {index}: {len(p.reduces)} reduction(s) */")
+        row.append(f"    /* pass {index}: {len(p.reduces) + 2 * len(extra)} reduction(s) */")
         row += ["    " + REDUCTIONS[r.op.name].declare(f"{names[r]}a{c}", _ctype(r.dtype))
                 for r in p.reduces for c in range(CHAINS)]
+        row += [f"    {_sum_declare(f'{a}{c}', 'float')}" for a in _moment_lanes(extra, names)
+                for c in range(CHAINS)]
+        row += [f"    float {names[m.reduction]}s = 0;" for m in extra]
         opened = [f"        {line}" for r in p.reduces for c in range(CHAINS)
                   if (line := REDUCTIONS[r.op.name].open(f"{names[r]}a{c}", _ctype(r.dtype)))]
+        opened += [f"        {_sum_open(f'{a}{c}', 'float')}"
+                   for a in _moment_lanes(extra, names) for c in range(CHAINS)]
         closed = [f"        {line}" for r in p.reduces for c in range(CHAINS)
                   if (line := REDUCTIONS[r.op.name].close(f"{names[r]}a{c}", _ctype(r.dtype)))]
+        closed += [f"        {_sum_close(f'{a}{c}', 'float')}"
+                   for a in _moment_lanes(extra, names) for c in range(CHAINS)]
         row += [f"    for (int64_t j0 = 0; j0 < D; j0 += {BLOCK}) {{",
                 f"        const int64_t n = D - j0 < {BLOCK} ? D - j0 : {BLOCK};",
                 *(f"        {_ctype(r.dtype)} {names[r]}t[{BLOCK}];" for r in p.reduces
@@ -852,17 +929,31 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                     "        for (int64_t jj = j0; jj < j0 + n; jj++) {",
                     *body(p, "            ", index),
                     "        }"]
+        for m in extra:  # the shift: the mean of the row's first elements, in double
+            at, sv = start(m.first), f"{names[m.reduction]}s"
+            row += ["        if (j0 == 0) {",
+                    f"            const int64_t c = n < {SHIFT_SPAN} ? n : {SHIFT_SPAN};",
+                    "            double acc = 0;",
+                    f"            for (int64_t i = 0; i < c; i++) acc += {at}[i];",
+                    f"            {sv} = (float)(acc / (double)c);",
+                    "        }",
+                    f"        const tg_vf {sv}v = {sv} - (tg_vf){{0}};"]
         step = LANES * CHAINS
         row += ["        int64_t k = 0;",
                 f"        for (; k + {step} <= n; k += {step}) {{",
                 *(f"            {block(r, c, f'{start(r)} + k + {c * LANES}')}"
                   for r in p.reduces for c in range(CHAINS)),
+                *(f"            {_moment_block(m, names, c, f'{start(m.first)} + k + {c * LANES}')}"
+                  for m in extra for c in range(CHAINS)),
                 "        }",
                 f"        for (; k + {LANES} <= n; k += {LANES}) {{",
                 *(f"            {block(r, 0, f'{start(r)} + k')}" for r in p.reduces),
+                *(f"            {_moment_block(m, names, 0, f'{start(m.first)} + k')}"
+                  for m in extra),
                 "        }",
                 "        if (k < n) {",
                 *(f"            {padded(r)}" for r in p.reduces),
+                *(f"            {_moment_padded(m, names, start(m.first))}" for m in extra),
                 "        }",
                 *closed,
                 "    }"]
@@ -874,9 +965,42 @@ def emit_row_c(region: RowRegion) -> RowEmitted:
                 w //= 2
             statement, value = red.finish(f"{a}0", t)
             row += [f"    {statement}", f"    const {t} {names[r]} = {value};"]
+        for a in _moment_lanes(extra, names):  # T and Q, kept in double
+            w = CHAINS // 2
+            while w:
+                row += [f"    {_sum_merge(f'{a}{c}', 'float', f'{a}{c + w}')}" for c in range(w)]
+                w //= 2
+            row.append(f"    {_sum_finish(f'{a}0', 'float')[0]}")
         row += per_row_values(region.level[p.reduces[0]])
+        for m in extra:  # Q + 2 e T + D e^2, e = s + sign * w (not below 0: rounding)
+            r = names[m.reduction]
+            sign = "+" if m.sign > 0 else "-"
+            row += [f"    const double {r}e = (double){r}s {sign} (double){names[m.w]};",
+                    f"    const double {r}d = {r}Qa0[0] + 2.0 * {r}e * {r}Ta0[0] + "
+                    f"(double)D * {r}e * {r}e;",
+                    f"    const float {r} = (float)({r}d < 0.0 ? 0.0 : {r}d);"]
+        if extra:
+            row += per_row_values(region.level[extra[0].reduction])
     row.append("}")
-    return _assemble(region, row, full, len(scratch), sum(full), len(pass_list), helpers, part)
+    return _assemble(region, row, full, len(scratch), sum(full),
+                     len(pass_list) - (1 if shifted else 0), helpers, part)
+
+
+def _moment_lanes(extra: Sequence[Moment], names: Mapping[Node, str]) -> list[str]:
+    """The lane names of each moment's T and Q sums."""
+    return [f"{names[m.reduction]}{which}a" for m in extra for which in ("T", "Q")]
+
+
+def _moment_block(m: Moment, names: Mapping[Node, str], chain: int, at: str) -> str:
+    r = names[m.reduction]
+    return (f"{{ tg_vf u; __builtin_memcpy(&u, {at}, sizeof u); const tg_vf d = u - {r}sv; "
+            f"{r}Ta{chain}f += d; {r}Qa{chain}f += d * d; }}")
+
+
+def _moment_padded(m: Moment, names: Mapping[Node, str], at: str) -> str:
+    r = names[m.reduction]
+    return (f"{{ tg_vf d; for (int l = 0; l < {LANES}; l++) d[l] = k + l < n ? "
+            f"{at}[k + l] - {r}s : 0.0f; {r}Ta0f += d; {r}Qa0f += d * d; }}")
 
 
 def _assemble(region: RowRegion, row: list[str], full: tuple[bool, ...], buffers: int,
@@ -958,7 +1082,8 @@ def summary(region: RowRegion) -> str:
     ops = ", ".join(f"{v} {k}" if v > 1 else k for k, v in region.ops.items()
                     if k not in REDUCTIONS)
     ins = ", ".join(n.dtype.name for n in region.inputs)
-    npasses = region.level[region.root] + 1
+    pass_list, stored = passes(region)
+    npasses = len(pass_list) - (1 if moments(region, pass_list, stored) else 0)
     also = f", storing {len(region.stored)} more" if region.stored else ""
     return (f"rows: {len(reductions)} reductions ({', '.join(reductions)}) and "
             f"{len(region.nodes) - len(reductions)} elementwise ops ({ops}) in {npasses} "
