@@ -2,6 +2,7 @@
 
     python benchmarks/fusion.py [--only mish] [--repeats 15] [--threads 2] [--no-compile]
                                 [--profile missing|never] [--fresh]
+    python benchmarks/fusion.py --kernel-alone 300     # the GroupNorm kernel vs F.group_norm
 
 Every block is a torch module a user might write (an activation, a gated unit, a norm by hand,
 a chain of pointwise ops) on (256, 4096) float32, and a diffusion UNet's GroupNorm + SiLU on
@@ -142,6 +143,51 @@ RUNNERS = {"ours": _ours(True), "ours-nogen": _ours(False), "eager": eager,
            "compile": compiled}
 
 
+def kernel_alone(calls: int) -> None:
+    """GroupNorm (8, 64, 32, 32), 32 groups, with and without SiLU: the one generated step's
+    kernel on preallocated buffers against torch's ``F.group_norm`` (and ``F.silu`` of it),
+    interleaved, min and median of ``calls`` each: what the kernel costs without a program
+    call's dispatch and its fresh result's page faults."""
+    import time
+
+    import numpy as np
+
+    shape, groups = (8, 64, 32, 32), 32
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g) * 3 + 50
+    w, b = torch.rand(shape[1], generator=g) + 0.5, torch.randn(shape[1], generator=g) * 0.1
+    xs, ws, bs = tg.input("x", shape), tg.input("w", (shape[1],)), tg.input("b", (shape[1],))
+    norm = tg.group_norm(xs, ws, bs, num_groups=groups)
+    out = np.empty(shape, np.float32)
+    arrays = {"x": x.numpy(), "w": w.numpy(), "b": b.numpy()}
+    load = os.getloadavg()[0]
+    for name, y, theirs in (("groupnorm", norm, lambda: F.group_norm(x, groups, w, b)),
+                            ("groupnorm+silu", tg.silu(norm),
+                             lambda: F.silu(F.group_norm(x, groups, w, b)))):
+        prog = tg.compile(y, db=":memory:")
+        if len(prog.plan.steps) != 1:
+            print(f"  {name}: {len(prog.plan.steps)} steps, not one kernel: skipped")
+            continue
+        step = prog.plan.steps[0]
+        args = [arrays[s.node.name] for s in step.inputs]
+
+        def ours(fn=step.kernel.fn, args=args):
+            fn(*args, out=out)
+
+        times: dict[str, list[float]] = {"ours": [], "torch": []}
+        for _ in range(calls):
+            for label, fn in (("ours", ours), ("torch", theirs)):
+                t = time.perf_counter()
+                fn()
+                times[label].append((time.perf_counter() - t) * 1e3)
+        (mo, mt), (do, dt) = ((min(v) for v in times.values()),
+                              (float(np.median(v)) for v in times.values()))
+        print(f"  {name:15s} {step.kernel.name}: {mo:.3f} ms min, {do:.3f} median; torch "
+              f"{mt:.3f} min, {dt:.3f} median; ours/torch {mo / mt:.2f} (min), "
+              f"{do / dt:.2f} (median)")
+    print(f"  load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] + " Blocks: "
                                  + "; ".join(BLOCKS) + ".",
@@ -158,7 +204,16 @@ def main(argv=None) -> int:
                     help="ours: measure what the database lacks before planning (default)")
     ap.add_argument("--fresh", action="store_true",
                     help="plan against a new empty database (a new user's first run)")
+    ap.add_argument("--kernel-alone", type=int, default=0, metavar="CALLS",
+                    help="time the generated GroupNorm kernel alone against torch's "
+                         "F.group_norm, CALLS interleaved calls each, instead of the blocks")
     args = ap.parse_args(argv)
+    if args.kernel_alone:
+        threads.set_num_threads(args.threads or threads.get_num_threads())
+        print(f"# kernel alone: {threads.get_num_threads()} threads, {args.kernel_alone} "
+              f"interleaved calls, torch {torch.__version__}")
+        kernel_alone(args.kernel_alone)
+        return 0
     if args.fresh:
         os.environ["TG_DB"] = str(Path(tempfile.mkdtemp(prefix="tg-fusion-")) / "m.sqlite")
     threads.set_num_threads(args.threads or threads.get_num_threads())
