@@ -1,24 +1,40 @@
 """One AdamW training step of a GPT-2-style model: tg.Trainer against torch eager.
 
     python benchmarks/train.py [--layers 4] [--width 256] [--batch 8] [--seq 128]
-                               [--vocab 4096] [--repeats 11] [--threads 2]
+                               [--vocab 4096] [--repeats 11] [--threads 2] [--db PATH]
+                               [--backends c,numpy] [--profile never|missing]
 
-The issue's target: ours <= 0.9x torch eager's step time, and peak memory <= torch's. Both
+The issue's targets: ours <= 0.9x torch eager's step time, and peak memory <= torch's. Both
 sides train the same model (tg.nn.GPT2 / transformers' GPT2LMHeadModel, tied head, no
 dropout) from the same weights on the same batches, interleaved in one process; medians and
-the 10th-90th percentile spread. Memory: our step's plan (arena + weights + states:
-parameters and moments, ``trainer.memory()``) against torch's resident growth over the
-process (parameters, moments, activations and gradients: torch has no allocator statistics
-on the CPU, so that is the best it tells). On a loaded machine the spreads are wide: compare
-medians of runs on a quiet machine.
+the 10th-90th percentile spread, and the load average (a 2-core machine shared with other
+work swings both sides: compare medians of runs at low load).
+
+Peak memory, each side's first step (which also creates the optimizer's moments):
+- ours, planned: the step's memory plan (``trainer.memory()``: arena of activations and
+  gradients + frozen weights + states: parameters, moments, count, learning rate).
+- ours, measured: tracemalloc's peak over ``bind`` and the first step. numpy reports its
+  allocations to tracemalloc, so this sees the state buffers, the arena and any result a
+  kernel allocates outside it; it misses C-side scratch (OpenBLAS's buffers, a strided GEMM's
+  packing), as torch's figure misses its own BLAS buffers.
+- torch: its parameters' bytes (live before the step) + the peak of the CPU allocator's
+  "Total Allocated" over the first step, from torch.profiler's memory events
+  (``profile_memory=True``): every tensor allocated during the step and still live (the
+  activations autograd saves, gradients, AdamW's moments). torch keeps no allocator
+  statistics on the CPU (``torch.cuda.max_memory_allocated`` has no CPU twin), and a
+  process's RSS mixes both sides, the Python heap and freed pages glibc keeps, so the profiler's
+  allocation events are the closest to an allocator's peak.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import os
 import sys
+import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,9 +45,25 @@ import numpy as np
 import tensor_graphs as tg  # noqa: E402
 from tensor_graphs import threads  # noqa: E402
 
+MIB = 2**20
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def torch_peak_bytes(step, params) -> int:
+    """Parameters' bytes + the peak of torch's CPU allocator over ``step()`` (see the module
+    doc), from torch.profiler's memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    allocated = [e["args"]["Total Allocated"] for e in events
+                 if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    before = sum(p.numel() * p.element_size() for p in params)
+    return before + max(allocated, default=0)
 
 
 def main() -> None:
@@ -45,6 +77,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--db", default=None)
+    ap.add_argument("--backends", default=None,
+                    help="comma-separated backends the plan may use (default: all)")
+    ap.add_argument("--profile", default="never", choices=("never", "missing"),
+                    help="measure the kernels the database lacks before planning")
     a = ap.parse_args()
     threads.set_num_threads(a.threads)
     import torch
@@ -60,15 +96,17 @@ def main() -> None:
                                         n_layer=a.layers, n_head=a.heads))
     ids, targets = tg.input("ids", (b, s), "int64"), tg.input("targets", (b * s,), "int64")
     loss = tg.cross_entropy(tg.reshape(model(ids), (b * s, v)), targets)
+    backends = a.backends.split(",") if a.backends else None
     start = time.perf_counter()
-    trainer = tg.Trainer(loss, optimizer=tg.optim.AdamW(1e-3), db=a.db)
+    trainer = tg.Trainer(loss, optimizer=tg.optim.AdamW(1e-3), db=a.db, backends=backends,
+                         profile=a.profile)
     plan_s = time.perf_counter() - start
     state = {k: t.detach().numpy().copy() for k, t in hf.state_dict().items()}
-    trainer.bind(**{n: state[n] for n in trainer.params})
+    first = {n: state[n] for n in trainer.params}
     topt = torch.optim.AdamW(hf.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, v, (b, s)), rng.integers(0, v, (b * s,)))
-               for _ in range(a.repeats + 1)]
+               for _ in range(a.repeats + 2)]
 
     def torch_step(x, y):
         topt.zero_grad(set_to_none=True)
@@ -78,32 +116,54 @@ def main() -> None:
         topt.step()
         return out.item()
 
-    rss0 = _rss_mib()
-    ours_t, theirs_t, worst = [], [], 0.0
-    for i, (x, y) in enumerate(batches):
+    # peak memory: each side's first step (it also makes the optimizer's moments)
+    x, y = batches[0]
+    tracemalloc.start()
+    trainer.bind(**first)
+    ours_loss = trainer.step(ids=x, targets=y)
+    ours_measured = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    losses = [0.0]
+    theirs_bytes = torch_peak_bytes(lambda: losses.__setitem__(0, torch_step(x, y)),
+                                    list(hf.parameters()))
+    worst = abs(ours_loss - losses[0]) / abs(losses[0])
+
+    ours_t, theirs_t = [], []
+    load = os.getloadavg()
+    for i, (x, y) in enumerate(batches[1:]):
         t = time.perf_counter()
         ours = trainer.step(ids=x, targets=y)
         t1 = time.perf_counter()
         theirs = torch_step(x, y)
         t2 = time.perf_counter()
         worst = max(worst, abs(ours - theirs) / abs(theirs))
-        if i:  # the first call of each warms up (generated kernels, torch's allocator)
+        if i:  # the first timed call of each warms up (the native loop records on it)
             ours_t.append((t1 - t) * 1e3)
             theirs_t.append((t2 - t1) * 1e3)
+    load = [max(p, q) for p, q in zip(load, os.getloadavg())]
 
     def summary(ts):
         return f"{np.median(ts):8.1f} ms ({np.percentile(ts, 10):.1f}-{np.percentile(ts, 90):.1f})"
 
     n = sum(int(np.prod(p.shape)) for p in trainer.params.values())
+    mem = trainer.program.memory_plan
     print(f"GPT-2-style {a.layers} layers, d {a.width}, vocab {v}, batch {b}x{s}: {n:,} "
-          f"parameters, {a.threads} thread(s); planned in {plan_s:.1f} s, "
-          f"{len(trainer.program.plan.steps)} steps; loop: {trainer.program.loop}")
+          f"parameters, {a.threads} thread(s), load average {load[0]:.1f} {load[1]:.1f} "
+          f"{load[2]:.1f}; planned in {plan_s:.1f} s, {len(trainer.program.plan.steps)} steps; "
+          f"loop: {trainer.program.loop}")
     print(f"  tensor_graphs  {summary(ours_t)}")
     print(f"  torch eager    {summary(theirs_t)}")
-    print(f"  ratio {np.median(ours_t) / np.median(theirs_t):.2f}; losses within {worst:.1e} "
-          "relative")
-    print(f"  memory: ours {trainer.memory()['cpu'] / 2**20:.1f} MiB planned (arena + weights + "
-          f"states); process peak RSS {_rss_mib():.0f} MiB ({rss0:.0f} MiB before the steps)")
+    print(f"  time ratio {np.median(ours_t) / np.median(theirs_t):.2f}; losses within "
+          f"{worst:.1e} relative")
+    planned = trainer.memory()["cpu"]
+    print(f"  memory: ours {planned / MIB:.1f} MiB planned (arena "
+          f"{mem.arena.get('cpu', 0) / MIB:.1f} + weights "
+          f"{mem.weights.get('cpu', 0) / MIB:.1f} + states "
+          f"{mem.state.get('cpu', 0) / MIB:.1f}), {ours_measured / MIB:.1f} MiB measured "
+          f"(tracemalloc peak over bind and the first step); torch {theirs_bytes / MIB:.1f} MiB "
+          f"(parameters + the CPU allocator's peak over its first step, torch.profiler)")
+    print(f"  memory ratio {planned / theirs_bytes:.2f} planned, "
+          f"{ours_measured / theirs_bytes:.2f} measured")
 
 
 if __name__ == "__main__":
