@@ -80,6 +80,7 @@ from tensor_graphs.ir.ops.losses import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.nn import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.pointwise import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.quant import *  # noqa: F401,F403,E402
+from tensor_graphs.ir.ops.random import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.recurrent import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.reductions import (  # noqa: F401
     argmax,

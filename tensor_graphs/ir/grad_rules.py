@@ -21,6 +21,7 @@ from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.elementwise import cos, div, logical_and, logical_not, rsqrt, sub
 from tensor_graphs.ir.ops.nn import _safe_softmax
 from tensor_graphs.ir.ops.pointwise import trunc
+from tensor_graphs.ir.ops.random import dropout_op
 from tensor_graphs.ir.ops.reductions import mean, softmax
 from tensor_graphs.ir.ops.selection import scatter
 from tensor_graphs.ir.shapes import dims_equal, format_shape, numel
@@ -359,6 +360,7 @@ NON_DIFFERENTIABLE: dict[str, str] = {
     "argsort": "an int64 order",
     "iota": "no tensor inputs (indices)",
     "bitwise_and": "int operands only",
+    "random_bits": "an int64 result (random words of an int key)",
 }
 
 
@@ -411,6 +413,13 @@ def _norm_rule(centered: bool):
                 out[k] = tg.reshape(out[k], args[k].shape)
         return tuple(out.get(p) for p in y.attrs.get("args", y.op.params))
     return rule
+
+
+def _dropout_rule(y: Node, g: Node):
+    """The cotangent through the same mask, drawn again from the same key and stream (a
+    fused kernel regenerates it in the pass that scales g: no mask is stored)."""
+    x, key = y.inputs
+    return dropout_op(g, key, p=y.attrs["p"], stream=y.attrs["stream"]), None
 
 
 def _attention_rule(y: Node, g: Node):
@@ -482,4 +491,6 @@ COMPOSITE_VJP: dict[str, Rule] = {
     "rms_norm": _norm_rule(centered=False),
     # P recomputed from q, k; dV = P^T dO, dS = P (dP - rowsum(dP P)), dQ = dS K, dK = dS^T Q
     "scaled_dot_product_attention": _attention_rule,
+    # the same mask regenerated from the key and stream: g / (1 - p) where kept, else 0
+    "dropout": _dropout_rule,
 }

@@ -54,7 +54,7 @@ from tensor_graphs.ir.dtypes import DType
 from tensor_graphs.ir.graph import FED_LEAVES
 from tensor_graphs.ir.graph import nodes as topo_nodes
 from tensor_graphs.ir.node import COMPOSITE, LEAF, Attrs, ConstValue, Node
-from tensor_graphs.ir.ops import OPS, pointwise, selection
+from tensor_graphs.ir.ops import OPS, pointwise, random, selection
 from tensor_graphs.ir.ops.atomic import BINARY, SPECIAL_BINARY, SPECIAL_UNARY, UNARY
 from tensor_graphs.ir.ops.names import (
     ARGSORT,
@@ -70,6 +70,7 @@ from tensor_graphs.ir.ops.names import (
     MAX,
     PAD,
     PERMUTE,
+    RANDOM_BITS,
     RESHAPE,
     SCATTER,
     SLICE,
@@ -421,6 +422,7 @@ _REBUILD = {  # leaf or atomic op: its builder call from (inputs, attrs, name)
                                                            a["axis"]),
     ARGSORT: lambda xs, a, name: selection.argsort(xs[0], a["axis"], a["descending"]),
     SCATTER: lambda xs, a, name: selection.scatter(xs[0], xs[1], xs[2], a["axis"], a["reduce"]),
+    RANDOM_BITS: lambda xs, a, name: random.random_bits(xs[0], a["shape"], a["stream"]),
 }
 _BUILDER_NAMES = {SLICE: "getitem (x[...])", DIM: "size"}  # where the tg.* name differs
 

@@ -7,8 +7,11 @@ targets to the loss, over the module's parameters and buffers as weights; the tr
 differentiates and updates it like any tensor_graphs model. Why export the loss with the
 module: the loss is torch code the user already has (``F.cross_entropy``, a custom mix), and
 torch.export maps it the same way as the module. Parameters that ``requires_grad`` are trained;
-buffers and frozen parameters stay weights. The module is exported in eval mode, as
-``tg.from_torch`` does (dropout off, batch norm's running statistics read, not updated).
+buffers and frozen parameters stay weights. Dropout follows the module's own mode, as in torch:
+in training mode (``module.train()``, a new module's mode) each dropout draws from one
+generator (``tg.rng``, seeded by ``seed=``, advanced by every step), after ``module.eval()`` it
+is off. Batch norm is exported in eval mode, as ``tg.from_torch`` does (its running statistics
+read, not updated).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError, FeedError
+from tensor_graphs.frontend.aten.random_ops import training_rng
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes, substitute
 from tensor_graphs.ir.node import Node
@@ -27,6 +31,7 @@ from tensor_graphs.train.trainer import Trainer
 __all__ = ["TorchTrainer", "trainer_from_torch"]
 
 PREFIX = "module."  # the wrapper's attribute holding the user's module
+RNG = "rng"  # the state of the generator the module's dropouts draw from
 
 
 class TorchTrainer(Trainer):
@@ -60,7 +65,8 @@ def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, opt
                        targets: int = 1, dynamic_shapes=None, **options) -> TorchTrainer:
     """The Trainer of ``loss_fn(module(*inputs), *targets)``: ``example_args`` holds the
     module's inputs followed by ``targets`` target tensors (torch tensors or arrays of the
-    batch's shapes). ``options`` go to ``tg.Trainer`` (device, tolerance, bounds, db...)."""
+    batch's shapes). ``options`` go to ``tg.Trainer`` (device, tolerance, bounds, db, the
+    dropouts' ``seed``...)."""
     torch = _torch()
     from tensor_graphs.frontend.torch_export import _export, import_exported
 
@@ -82,16 +88,24 @@ def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, opt
         def forward(self, *values):
             return loss_fn(self.module(*values[:n_inputs]), *values[n_inputs:])
 
+        def train(self, mode=True):  # the export's eval(): the module's own mode decides
+            return self
+
     trained = {PREFIX + n for n, p in module.named_parameters() if p.requires_grad}
     if not trained:
         raise ArgumentError(f"from_torch(train=True): {type(module).__name__} has no parameter "
                             "that requires grad; nothing would train")
-    was_training = module.training
+    modes = {m: m.training for m in module.modules()}
+    for m in module.modules():  # batch norm reads its running statistics, as in inference
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase):
+            m.eval()
     try:
         exported = _export(WithLoss(), args, dynamic_shapes)
     finally:
-        module.train(was_training)
-    outputs, inputs, weights, bounds = import_exported(exported)
+        for m, training in modes.items():
+            m.training = training
+    with training_rng(tg.rng(name=RNG)):
+        outputs, inputs, weights, bounds = import_exported(exported)
     loss = outputs[0] if len(outputs) == 1 and isinstance(outputs[0], Node) else None
     if loss is None or loss.ndim:
         raise ArgumentError("from_torch(train=True): loss_fn must return one scalar tensor "

@@ -40,6 +40,7 @@ from tensor_graphs.ir.grad_rules import zeros
 from tensor_graphs.ir.graph import leaves, nodes, substitute
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
+from tensor_graphs.ir.ops.random import advance, initial, rng_states
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.optim.base import Optimizer
 from tensor_graphs.runtime.weights import read_safetensors, write_safetensors
@@ -55,8 +56,11 @@ class Trainer:
     ``params``: what is trained, as leaves (``tg.weight`` or ``tg.state``) or their names;
     None trains every float weight the loss reads (the others stay frozen, bound with
     ``bind`` like any weight). ``extra``: more nodes the step returns (an accuracy, the
-    logits), read with ``last``. ``device``, ``tolerance`` and ``compile_options`` go to
-    ``tg.compile`` (``bounds=`` for a batch with symbolic dims, ``db=``, ``profile=``).
+    logits), read with ``last``. ``seed``: where the generators of the loss's dropouts
+    (``tg.rng``) start; the step advances them in place, so each step draws new masks and
+    the same seed draws the same ones again. ``device``, ``tolerance`` and
+    ``compile_options`` go to ``tg.compile`` (``bounds=`` for a batch with symbolic dims,
+    ``db=``, ``profile=``).
 
     A parameter the loss does not read is an ``ArgumentError`` (a misspelt or wrong layer's
     weight would otherwise train nothing in silence). One it reads only through indices or
@@ -66,7 +70,7 @@ class Trainer:
 
     def __init__(self, loss: Node, params: Sequence[Node | str] | None = None, *,
                  optimizer: Optimizer, device="cpu", tolerance: float = DEFAULT_TOLERANCE,
-                 extra: Sequence[Node] = (), **compile_options):
+                 extra: Sequence[Node] = (), seed: int = 0, **compile_options):
         _check_loss(loss)
         if not isinstance(optimizer, Optimizer):
             raise ArgumentError(f"Trainer: optimizer must be a tg.optim optimizer "
@@ -93,16 +97,19 @@ class Trainer:
         self.optimizer = optimizer
         self.loss, self.extra = loss, extra
         self.outputs: list[Node] = [loss, *extra, *self.updates.outputs]
+        generators = rng_states(self.outputs)
+        self.rngs = {s.name: initial(seed) for s in generators}
+        self.outputs += [advance(s) for s in generators]  # one step further per call
         self.program = compile_graph(self.outputs, device=device, tolerance=tolerance,
                                      **compile_options)
-        self.program.bind(**self.updates.state_init())
+        self.program.bind(**self.updates.state_init(), **self.rngs)
         self.inputs: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
                                         if lf.op.name == INPUT}
         self.frozen: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
                                         if lf.op.name == WEIGHT}
         self._frozen_values: dict[str, np.ndarray] = {}
         self._bound: set[str] = set()  # the parameters and frozen weights given values
-        self._optim_states = set(self.updates.init)
+        self._optim_states = set(self.updates.init) | set(self.rngs)  # resumed together
         self._compile = dict(device=device, tolerance=tolerance,
                              **{k: v for k, v in compile_options.items()
                                 if k in ("db", "backends")})

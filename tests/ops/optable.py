@@ -2435,6 +2435,72 @@ RECURRENT = [
 ]
 
 
+# ------------------------------------------------------------------------------ random
+# Philox-4x32-10 written out per block with Python ints (Salmon et al. 2011; Random123's
+# constants), independent of the vectorised reference in tensor_graphs/ir/ops/random.py
+def _philox_words(key, n, stream):
+    seed, step = (int(v) % (1 << 64) for v in np.asarray(key).reshape(-1))
+    m = (1 << 32) - 1
+    words = []
+    for block in range((n + 3) // 4):
+        c = [block, stream, step & m, step >> 32]
+        k = [seed & m, seed >> 32]
+        for _ in range(10):
+            p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+            c = [((p1 >> 32) ^ c[1] ^ k[0]) & m, p1 & m, ((p0 >> 32) ^ c[3] ^ k[1]) & m, p0 & m]
+            k = [(k[0] + 0x9E3779B9) & m, (k[1] + 0xBB67AE85) & m]
+        words += c
+    return np.array(words[:n], np.int64)
+
+
+def _random_bits_ref(key, shape, stream):
+    return _philox_words(key, math.prod(shape), stream).reshape(shape)
+
+
+def _dropped(key, shape, p, stream):
+    """Where dropout zeroes: the word below p * 2**32."""
+    return _philox_words(key, math.prod(shape), stream).reshape(shape) < round(p * 2 ** 32)
+
+
+def _dropout_ref(x, key, p, stream):
+    kept = x.astype(np.float64) * (1.0 / (1.0 - p))
+    return np.where(_dropped(key, x.shape, p, stream), 0.0, kept)
+
+
+def _torch_dropout(torch, x, key, p, stream):
+    """torch's where over the same mask: torch.autograd's gradient of our dropout."""
+    drop = torch.from_numpy(_dropped(key.numpy(), tuple(x.shape), p, stream))
+    return torch.where(drop, torch.zeros((), dtype=x.dtype), x * (1.0 / (1.0 - p)))
+
+
+def _key_domain(rng, spec, dtype):
+    """The key [seed, step] over the whole int64 range (both 32-bit words of each vary)."""
+    key = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 2, dtype=np.int64)
+    return [key]
+
+
+def _dropout_domain(rng, spec, dtype):
+    return [sample(dtype, concrete(spec.shapes[0]), rng, "none")] + _key_domain(rng, spec, dtype)
+
+
+RANDOM_ATOMIC = [
+    OpInfo("random_bits", "random_bits",
+           lambda key, shape, stream: tg.random_bits(key, shape, stream), _random_bits_ref,
+           ("int64",), [S((2,), shape=s, stream=k) for k, s in enumerate(
+               [(7,), (33,), (2, 3, 5), (1,), (0,), (4, 257)])] + [S((2,), shape=(9,),
+                                                                    stream=(1 << 32) - 1)],
+           domain=_key_domain, check="exact"),
+]
+RANDOM = [
+    OpInfo("dropout", "dropout",
+           lambda x, key, p, stream: tg.dropout(x, p, key, stream=stream), _dropout_ref,
+           ("float64", "float32"), [S(s, (2,), p=p, stream=k) for k, (s, p) in enumerate(
+               [((7,), 0.5), ((33,), 0.1), ((2, 3, 5), 0.9), ((1,), 1 / 3), ((4, 257), 0.25)])],
+           domain=_dropout_domain, check="float", tol64=1e-12, tol32=1e-7,
+           torch=_torch_dropout),
+]
+
+
 # ------------------------------------------------------------------------------ the table
 def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
     return [OpInfo(**{**r.__dict__, "family": name}) for r in rows]
@@ -2446,7 +2512,8 @@ TABLE: list[OpInfo] = (_family("atomic", ATOMIC) + _family("composites", COMPOSI
                        + _family("conv", CONV) + _family("losses", LOSSES)
                        + _family("shape", SHAPE) + _family("atomic", SELECTION_ATOMIC)
                        + _family("atomic", POINTWISE_ATOMIC) + _family("pointwise", POINTWISE)
-                       + _family("selection", SELECTION))
+                       + _family("selection", SELECTION)
+                       + _family("atomic", RANDOM_ATOMIC) + _family("random", RANDOM))
 BY_NAME: dict[str, OpInfo] = {r.name: r for r in TABLE}
 assert len(BY_NAME) == len(TABLE), "two rows share a name"
 

@@ -1,21 +1,80 @@
-"""ATen's random ops: dropout and its variants."""
+"""ATen's random ops: dropout and its variants.
+
+In eval mode (``train=False``, or ``p = 0``) dropout is the identity. In training mode it maps
+to ``tg.dropout`` drawing from the generator that ``tg.from_torch(..., train=True)`` imports
+the module under (``training_rng``): each site gets its own stream, in graph order. The masks
+are ours (Philox-4x32-10, ``ir/ops/random.py``), not torch's: the same in distribution, not
+bit for bit. Without a generator (a plain ``tg.from_torch`` of a module exported in training
+mode) a training-mode dropout is refused, since inference would otherwise drop at random.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.frontend.aten.common import guarded
+from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.ops.random import Rng, dropout, random_bits, threshold
+
+_RNG: ContextVar[Rng | None] = ContextVar("tensor_graphs_training_rng", default=None)
+
+
+@contextmanager
+def training_rng(rng: Rng) -> Iterator[Rng]:
+    """Import under ``rng``: training-mode dropouts draw from it (one stream per site)."""
+    token = _RNG.set(rng)
+    try:
+        yield rng
+    finally:
+        _RNG.reset(token)
+
+
+def _generator(op: str) -> Rng:
+    rng = _RNG.get()
+    if rng is None:
+        raise ArgumentError(f"{op} in training mode: train it with tg.from_torch(module, args, "
+                            "train=True, loss_fn=..., optimizer=...), or call module.eval() "
+                            "before from_torch for inference")
+    return rng
 
 
 def _dropout(a, kw):
-    if kw["train"] and kw["p"]:
-        raise ArgumentError("dropout in training mode: call module.eval() before from_torch")
-    return kw["input"]
+    if not (kw["train"] and kw["p"]):
+        return kw["input"]
+    return dropout(kw["input"], float(kw["p"]), _generator("dropout"))
+
+
+def _native_dropout(a, kw):
+    """(output, keep mask): the mask from the same words as the output."""
+    x, p = kw["input"], float(kw["p"])
+    if kw["train"] is False or p == 0.0:
+        return x, tg.expand(tg.constant(True), x.shape)
+    rng = _generator("native_dropout")
+    stream = rng.stream()
+    out = dropout(x, p, rng.state, stream=stream)
+    words = random_bits(rng.state, x.shape, stream)
+    return out, tg.logical_not(tg.less(words, tg.constant(threshold(p), "int64")))
+
+
+def _unsupported(op: str, why: str):
+    def mapping(a, kw):
+        if kw["train"] and kw["p"]:
+            raise ArgumentError(f"{op} in training mode: {why}; call module.eval() before "
+                                "from_torch, or use nn.Dropout")
+        return kw["input"]
+    return mapping
 
 
 def table(aten) -> dict:
     return guarded({
         aten.dropout: _dropout,
-        aten.feature_dropout: _dropout,
-        aten.alpha_dropout: _dropout,
-        aten.feature_alpha_dropout: _dropout,
+        aten.native_dropout: _native_dropout,
+        aten.feature_dropout: _unsupported("feature_dropout", "whole channels are not dropped "
+                                           "yet (tg.dropout draws per element)"),
+        aten.alpha_dropout: _unsupported("alpha_dropout", "SELU's alpha dropout is not mapped"),
+        aten.feature_alpha_dropout: _unsupported("feature_alpha_dropout",
+                                                 "SELU's alpha dropout is not mapped"),
     })

@@ -533,5 +533,5 @@ ATOMIC_OPS: tuple[str, ...] = (
     *UNARY, *BINARY, *SPECIAL_UNARY, *SPECIAL_BINARY, "where", "cast", "sum", "max", "reshape",
     "permute", "expand", "slice",
     "pad", "concat", "gather", "matmul", "iota", "copy_to", "state_update",
-    "argsort", "scatter")
+    "argsort", "scatter", "random_bits")  # random_bits: registered by ops/random.py
 LEAF_OPS: tuple[str, ...] = ("input", "weight", "state", "constant", "dim")

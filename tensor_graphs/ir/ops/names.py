@@ -58,6 +58,7 @@ COPY_TO = "copy_to"
 STATE_UPDATE = "state_update"
 ARGSORT = "argsort"
 SCATTER = "scatter"
+RANDOM_BITS = "random_bits"
 
 # composites, each defined by its decomposition: elementwise.py
 SUB = "sub"
@@ -183,3 +184,6 @@ COPYSIGN = "copysign"
 FMAX = "fmax"
 FMIN = "fmin"
 ANGLE = "angle"
+
+# random.py: Philox dropout
+DROPOUT = "dropout"

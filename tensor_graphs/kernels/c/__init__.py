@@ -22,6 +22,7 @@ from tensor_graphs.kernels.c import (  # noqa: F401  (register the kernels)
     norms,
     pointwise,
     quant,
+    random,
     reduce_sum,
     scatter,
     strided_matmul,

@@ -16,5 +16,6 @@ from tensor_graphs.kernels.numpy import (  # noqa: F401
     composite,
     exact,
     pointwise,
+    random,
     selection,
 )
