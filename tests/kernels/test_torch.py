@@ -331,6 +331,12 @@ CASES = {
                                  b((n,), dt) @ b((3, n, 2), dt),
                                  b((2, 1, 3, n), dt) @ b((n, 4), dt)], FLOATS),
     "iota": (lambda b, n, dt: [tg.iota(n, dt)], ("int64", F32)),
+    # the Philox words of a key over the whole int64 range (kernels/torch/random.py)
+    "random_bits": (lambda b, n, dt: [tg.random_bits(b((2,), dt, low=-2 ** 62, high=2 ** 62),
+                                                     (n, 3), n)], ("int64",)),
+    "dropout": (lambda b, n, dt: [tg.dropout(b((n, 5), dt), 0.3, b((2,), "int64", low=-2 ** 62,
+                                                                   high=2 ** 62), stream=n)],
+                FLOATS),
     "layer_norm": (_layer_norm("wb"), FLOATS),
     "layer_norm_weight": (_layer_norm("w"), FLOATS),
     "layer_norm_bias": (_layer_norm("b"), FLOATS),

@@ -75,6 +75,7 @@ if available():
     _base.CUDA = cuda_available()
     from tensor_graphs.kernels.torch import ops as _ops  # noqa: F401  (registers the kernels)
     from tensor_graphs.kernels.torch import pointwise as _pointwise  # noqa: F401
+    from tensor_graphs.kernels.torch import random as _random  # noqa: F401  (Philox on device)
 
     if _base.CUDA:
         from tensor_graphs.kernels.torch import state as _state
