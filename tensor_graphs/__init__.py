@@ -16,6 +16,7 @@ from tensor_graphs.devices import Device  # noqa: E402,F401
 from tensor_graphs.errors import (  # noqa: F401
     ArgumentError,
     CCompileError,
+    ClusterError,
     DatabaseError,
     DecompositionError,
     DeviceError,
@@ -105,6 +106,7 @@ __all__ = [
     "Trainer",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",
-    "StateError", "EvaluationError", "SerializationError", "DatabaseError", "NoPathError",
+    "StateError", "EvaluationError", "SerializationError", "DatabaseError", "ClusterError",
+    "NoPathError",
     "OutOfMemory", "PassError", "PlanFileError", "UntrustedPathError",
 ]

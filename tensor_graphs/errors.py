@@ -73,6 +73,12 @@ class DatabaseError(TensorGraphsError):
     read-only when asked to record; the message names the file and what to do."""
 
 
+class ClusterError(TensorGraphsError):
+    """A Ray cluster ``tg profile --ray`` cannot use: the ``ray`` extra missing, an address
+    nobody answers at, no node advertising the hardware the work needs, or a node whose
+    hardware is not what it advertises; the message names the address or node and the fix."""
+
+
 class NoPathError(TensorGraphsError):
     """No way to compute a node within the tolerance (or at all): names the node and the most
     accurate kernel there is."""

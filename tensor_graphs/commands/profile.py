@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
 from tensor_graphs import cli_args
 from tensor_graphs.commands import output
@@ -82,6 +83,8 @@ def _profile(args) -> int:
 
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
+    if args.ray is not None:
+        return _profile_on_ray(args, graph, dims)
     settings = _settings(args, graph)
     bound = ", ".join(f"{k}={v}" for k, v in dims.items()) or "static"
     output.info(f"profiling {args.graph} ({bound}) on {settings.device.name} into "
@@ -97,6 +100,105 @@ def _profile(args) -> int:
     output.info(report.table().split("\n")[0])  # how many calls were measured
     output.emit(rows, args.output_format, PROFILE_COLUMNS, shown=_shown_seconds)
     return 0
+
+
+@dataclass(frozen=True)
+class GraphPlanner:
+    """Plans a graph on a Ray node (pickled there by ``tg profile --ray``): the nodes may not
+    have the driver's files, so a graph file travels as its text; a built-in graph by name."""
+
+    graph: str  # a built-in graph's name, or the file's path (for messages)
+    text: str | None  # the graph file's JSON; None for a built-in graph
+    dims: tuple[tuple[str, int], ...]
+    device: str
+    tolerance: float
+    backends: tuple[str, ...] | None = None
+
+    def __call__(self, db):
+        import json
+
+        from tensor_graphs.compiler import Pipeline, prepare
+        from tensor_graphs.ir.graph import _as_list
+        from tensor_graphs.ir.serialize import from_json
+
+        graph = load_graph(self.graph) if self.text is None else \
+            from_json(json.loads(self.text), source=self.graph)
+        settings = Pipeline(_as_list(graph), self.device, self.tolerance, db, "never",
+                            self.backends)
+        return settings.planner(prepare(settings.outputs, dict(self.dims)), blocks=False)
+
+
+def calibrate_node(db, planner) -> bool:
+    """Calibrate this node's devices the database has no rates for (as ``tg profile`` does
+    before measuring); True when it did, so the planner is made again."""
+    from tensor_graphs.commands.calibrate import calibrate, calibrate_gpu
+    from tensor_graphs.devices import cuda_available
+
+    kinds = [kind for kind in planner.kinds
+             if db.calibration(planner.cost.hardware[kind]) is None
+             and (kind == "cpu" or cuda_available())]
+    for kind in kinds:
+        (calibrate if kind == "cpu" else calibrate_gpu)(db, planner.cost.hardware[kind])
+    return bool(kinds)
+
+
+def _profile_on_ray(args, graph, dims) -> int:
+    from tensor_graphs.db.store import default_target, is_url, open_db
+    from tensor_graphs.errors import ArgumentError
+    from tensor_graphs.profiler.ray_profile import KINDS, profile_on_ray
+
+    target = str(args.db if args.db is not None else default_target())
+    text = None
+    if args.graph not in GRAPHS:
+        with open(args.graph, encoding="utf-8") as f:
+            text = f.read()
+    source = GraphPlanner(args.graph, text, tuple(sorted(dims.items())), args.device,
+                          args.tolerance)
+    # the device kinds a plan for --device uses (the device need not be on this machine)
+    kind = args.device.split(":")[0]
+    if kind not in KINDS:
+        raise ArgumentError(f"--device {args.device!r}: the device kinds are {', '.join(KINDS)}")
+    kinds = tuple(dict.fromkeys((kind, "cpu")))
+    bound = ", ".join(f"{k}={v}" for k, v in dims.items()) or "static"
+    output.info(f"profiling {args.graph} ({bound}) for {'/'.join(kinds)} on the Ray cluster at "
+                f"{args.ray} into {open_db(target).path}"
+                + ("" if is_url(target) else " (a file: every node must see this path)"))
+    report = profile_on_ray(args.ray, target, source, kinds, prepare=calibrate_node,
+                            progress=not output.quiet())
+    if args.output_format == "table":
+        print(report.table())
+    else:
+        output.emit(report.rows(), args.output_format, RAY_COLUMNS)
+    return 0 if all(not r.left and not r.errors for r in report.keys.values()) else 1
+
+
+RAY_COLUMNS = ("hardware", "device", "nodes", "calls", "measured", "failures", "by_others",
+               "left", "died", "errors")
+
+
+def _ray_node(args) -> int:
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    from tensor_graphs.errors import ArgumentError
+    from tensor_graphs.profiler.ray_profile import node_resources
+
+    if (args.address is None) == (not args.head):
+        raise ArgumentError("tg ray-node: give the head's ADDRESS to join a cluster, or --head "
+                            "to start one (not both)")
+    command = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
+               *(["--head", "--port", str(args.port)] if args.head
+                 else ["--address", args.address]),
+               "--resources", json.dumps(node_resources(), sort_keys=True)]
+    if args.dry_run:
+        print(shlex.join(command))
+        return 0
+    from tensor_graphs.profiler.ray_profile import import_ray
+
+    import_ray()  # a ClusterError naming the extra before a bare ModuleNotFoundError
+    return subprocess.run(command, check=False).returncode
 
 
 PROFILE_COLUMNS = ("path", "steps", "predicted_s", "measured_s", "failure", "kernels")
@@ -195,7 +297,36 @@ def add_plan_commands(sub) -> None:
                    help="stop measuring after this many seconds (default: no limit)")
     p.add_argument("--paths", type=cli_args.count, default=3, metavar="N",
                    help="how many of the cheapest paths to run end to end (default 3)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="measure on the machines of the Ray cluster at ADDRESS (HOST:PORT of "
+                        "its head, or auto) instead of here, each on its own hardware: the "
+                        "driver collects what the database lacks per hardware key (each "
+                        "machine lists it for itself), and measuring actors, placed only on "
+                        "nodes that advertise that hardware (start them with `tg ray-node "
+                        "ADDRESS`), split it through the database's claims and record into "
+                        "it; a killed worker's claims are taken over when their lease runs "
+                        "out. --db must be a database every node reaches (a postgresql:// "
+                        "URL; a file only for nodes on one machine). Prints what each "
+                        "hardware key got; --budget and --paths do not apply (run tg profile "
+                        "without --ray on a machine to compare its paths). Needs the ray "
+                        "extra: pip install tensor_graphs[ray]")
     p.set_defaults(run=_profile)
+
+    p = sub.add_parser(
+        "ray-node", help="start a Ray node that offers this machine to tg profile --ray",
+        description="Runs `ray start` with this machine's hardware advertised as Ray "
+                    "resources (tg_hw_<kind>_<key>: one unit for its CPU and one for a usable "
+                    "GPU), so tg profile --ray gives it only the work its hardware can "
+                    "measure, one measuring actor per kind at a time. Needs the ray extra.")
+    p.add_argument("address", nargs="?", default=None,
+                   help="HOST:PORT of the cluster's head node to join")
+    p.add_argument("--head", action="store_true",
+                   help="start a new cluster's head node here instead of joining one")
+    p.add_argument("--port", type=cli_args.positive_int, default=6379,
+                   help="the head's port (with --head; default 6379)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the ray start command instead of running it")
+    p.set_defaults(run=_ray_node)
 
     p = sub.add_parser("paths", help="count a graph's paths and list the cheapest",
                        description="Counts every valid path (kernel choices, decompositions, "
