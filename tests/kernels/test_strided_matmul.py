@@ -46,7 +46,10 @@ VIEWS = {  # name -> (a, b) as a backward pass meets them
     "empty contraction": lambda: (rand(6, 0), rand(0, 4)),
     "float64 transposed": lambda: (rand(20, 9, dtype=np.float64).T,
                                    rand(20, 11, dtype=np.float64)),
-    "large (threaded BLAS)": lambda: (rand(300, 1024).T, rand(300, 512)),
+    "large (rows split among threads)": lambda: (rand(300, 1024).T, rand(300, 512)),
+    "wide (columns split among threads)": lambda: (rand(700, 64).T, rand(700, 1500)),
+    "packed and split": lambda: (rand(200, 600)[:, ::2], rand(300, 400)),
+    "wide, b transposed and split": lambda: (rand(96, 128), rand(2000, 128).T),
     "many small (one per thread)": lambda: (rand(16, 32, 8, 24).transpose(0, 2, 1, 3),
                                             rand(16, 8, 24, 20)),
 }

@@ -13,14 +13,19 @@
  * loop replays it.
  *
  * Batches: up to three batch axes (extents nb0..nb2, element strides per operand; 0 for one
- * broadcast). Small products (under TG_SMM_SERIAL_FLOPS each) with at least a team's worth of
- * them run one per thread with OpenBLAS on one thread (a (128 x 64) @ (64 x 128) product is too
- * small to split, and OpenBLAS's threads would otherwise wake for each); larger ones run one
- * after another on OpenBLAS's threads, which follow the team (tg_common.h). */
+ * broadcast). Threads are the C kernels' OpenMP team (tg_team, tg_common.h: it shrinks to the
+ * calling thread while the cores are oversubscribed), each calling OpenBLAS on one thread:
+ * small products (under TG_SMM_SERIAL_FLOPS each) with a team's worth of them run one per
+ * thread; a product of TG_SMM_SPLIT_FLOPS or more is cut into one block of rows (or of
+ * columns, when it has more columns than rows) per thread. Not OpenBLAS's own threads: they
+ * sleep at once after a call (OPENBLAS_THREAD_TIMEOUT=4, see tensor_graphs.threads) and are
+ * woken for the next, where the team's spin for ~0.2 ms between the back-to-back kernels of a
+ * training step; a batched product woke them once per entry. */
 #include "tg_common.h"
 #include <cblas.h>
 
 #define TG_SMM_SERIAL_FLOPS (16LL * 1024 * 1024)
+#define TG_SMM_SPLIT_FLOPS (4LL * 1024 * 1024)
 
 static inline void blas_follow(int threads) {
     if (scipy_openblas_get_num_threads() != threads) scipy_openblas_set_num_threads(threads);
@@ -42,13 +47,15 @@ static inline int tg_smm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t 
     return -1;
 }
 
+/* one product block: c (m x n, row stride ldc) = a (m x k) @ b (k x n) [+ c] */
 #define TG_SMM(NAME, T, GEMM, ONE, ZERO)                                                       \
 static void NAME##_one(const T *a, const T *b, T *c, int64_t m, int64_t n, int64_t k,         \
-                       int64_t ars, int64_t acs, int64_t brs, int64_t bcs, T beta, T *pa,     \
-                       T *pb) {                                                               \
+                       int64_t ars, int64_t acs, int64_t brs, int64_t bcs, int64_t ldc,       \
+                       T beta, T *pa, T *pb) {                                                \
     if (m <= 0 || n <= 0) return;                                                             \
     if (k <= 0) {                                                                             \
-        if (beta == ZERO) memset(c, 0, sizeof(T) * (size_t)(m * n));                          \
+        if (beta == ZERO)                                                                     \
+            for (int64_t i = 0; i < m; i++) memset(c + i * ldc, 0, sizeof(T) * (size_t)n);    \
         return;                                                                               \
     }                                                                                         \
     int64_t lda, ldb;                                                                         \
@@ -65,7 +72,7 @@ static void NAME##_one(const T *a, const T *b, T *c, int64_t m, int64_t n, int64
     }                                                                                         \
     GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,       \
          (blasint)m, (blasint)n, (blasint)k, ONE, a, (blasint)lda, b, (blasint)ldb, beta, c,  \
-         (blasint)n);                                                                         \
+         (blasint)ldc);                                                                       \
 }                                                                                             \
                                                                                               \
 /* returns 1 when a packing buffer could not be allocated (nothing written), else 0 */        \
@@ -79,8 +86,14 @@ int NAME(const T *a, const T *b, T *c, int64_t m, int64_t n, int64_t k, int64_t 
     const int pack_a = tg_smm_layout(m, k, ars, acs, &ld) < 0 && k > 0;                       \
     const int pack_b = tg_smm_layout(k, n, brs, bcs, &ld) < 0 && k > 0;                       \
     const int team = tg_team();                                                               \
-    const int par = team > 1 && batch >= team && 2.0 * m * n * k < TG_SMM_SERIAL_FLOPS;       \
-    const int workers = par ? team : 1;                                                       \
+    const double flops = 2.0 * (double)m * (double)n * (double)k;                             \
+    const int by_batch = team > 1 && batch >= team && flops < TG_SMM_SERIAL_FLOPS;            \
+    const int split = team > 1 && !by_batch && flops >= TG_SMM_SPLIT_FLOPS;                   \
+    const int workers = by_batch || split ? team : 1;                                         \
+    const int64_t tiles = split ? team : 1;                                                   \
+    const int rows = m >= n; /* split the rows, else the columns */                           \
+    const int64_t extent = rows ? m : n;                                                      \
+    const int64_t chunk = (((extent + tiles - 1) / tiles) + 15) / 16 * 16;                    \
     T *scratch = NULL;                                                                        \
     const size_t per = (size_t)(pack_a ? m * k : 0) + (size_t)(pack_b ? k * n : 0);           \
     if (per) {                                                                                \
@@ -88,16 +101,27 @@ int NAME(const T *a, const T *b, T *c, int64_t m, int64_t n, int64_t k, int64_t 
         if (!scratch) return 1;                                                               \
     }                                                                                         \
     const T beta = accumulate ? ONE : ZERO;                                                   \
-    blas_follow(par ? 1 : team);                                                              \
-    _Pragma("omp parallel for schedule(static) num_threads(workers) if(par)")                 \
-    for (int64_t p = 0; p < batch; p++) {                                                     \
-        const int64_t i0 = p / (nb1 * nb2), i1 = (p / nb2) % nb1, i2 = p % nb2;               \
-        T *mine = scratch ? scratch + per * (size_t)(par ? omp_get_thread_num() : 0) : NULL;  \
-        NAME##_one(a + i0 * as0 + i1 * as1 + i2 * as2, b + i0 * bs0 + i1 * bs1 + i2 * bs2,    \
-                   c + p * m * n, m, n, k, ars, acs, brs, bcs, beta, mine,                    \
-                   mine ? mine + (pack_a ? m * k : 0) : NULL);                                \
+    blas_follow(1);                                                                           \
+    _Pragma("omp parallel for schedule(static) num_threads(workers) if(workers > 1)")         \
+    for (int64_t t = 0; t < batch * tiles; t++) {                                             \
+        const int64_t p = t / tiles, lo = (t % tiles) * chunk;                                \
+        const int64_t hi = lo + chunk < extent ? lo + chunk : extent;                         \
+        if (lo < hi) {                                                                        \
+            const int64_t i0 = p / (nb1 * nb2), i1 = (p / nb2) % nb1, i2 = p % nb2;           \
+            const T *ap = a + i0 * as0 + i1 * as1 + i2 * as2;                                 \
+            const T *bp = b + i0 * bs0 + i1 * bs1 + i2 * bs2;                                 \
+            T *cp = c + p * m * n;                                                            \
+            T *mine = scratch ? scratch + per * (size_t)(workers > 1 ? omp_get_thread_num() : 0) \
+                              : NULL;                                                         \
+            T *pb = mine ? mine + (pack_a ? m * k : 0) : NULL;                                \
+            if (rows)                                                                         \
+                NAME##_one(ap + lo * ars, bp, cp + lo * n, hi - lo, n, k, ars, acs, brs, bcs, \
+                           n, beta, mine, pb);                                                \
+            else                                                                              \
+                NAME##_one(ap, bp + lo * bcs, cp + lo, m, hi - lo, k, ars, acs, brs, bcs, n,  \
+                           beta, mine, pb);                                                   \
+        }                                                                                     \
     }                                                                                         \
-    if (par) blas_follow(team);                                                               \
     free(scratch);                                                                            \
     return 0;                                                                                 \
 }
