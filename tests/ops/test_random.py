@@ -195,6 +195,24 @@ def test_a_program_advances_its_generator_in_place_and_a_seed_repeats_it():
     assert not np.array_equal(prog(x=xs)[0] != 0, masks[0])
 
 
+def test_the_native_loop_replays_each_step_with_the_advanced_key():
+    """c_dropout reads the key through its pointer, and the advance is a C add: the native
+    loop runs the step, and its replays draw each step's mask (values read at record time
+    would repeat one step's mask)."""
+    r = tg.rng(seed=42)
+    x = tg.input("x", (256, 1024))
+    prog = tg.compile([tg.dropout(x, 0.5, r), r.advance()], backends=["c", "numpy"])
+    prog.bind(**r.init())
+    xs = np.ones((256, 1024), np.float32)
+    for step in range(5):
+        y, key = prog(x=xs)
+        assert key.tolist() == [42, step + 1]
+        want = bits_reference(np.array([42, step]), xs.size, 0) < threshold(0.5)
+        assert np.array_equal(y.reshape(-1) == 0, want), step
+    assert prog.loop.startswith("native loop"), prog.loop
+    assert prog.stats["native_runs"] >= 2
+
+
 def test_scale_and_threshold():
     assert scale(0.0) == 1.0 and scale(0.5) == 2.0 and scale(1.0) == 0.0
     assert threshold(0.0) == 0 and threshold(1.0) == 2 ** 32 and threshold(0.5) == 2 ** 31

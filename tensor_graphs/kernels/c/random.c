@@ -88,3 +88,9 @@ void tg_dropout_##SUFFIX(const FTYPE *restrict x, const int64_t *key, int64_t st
 
 TG_DROPOUT(f32, float)
 TG_DROPOUT(f64, double)
+
+/* out = a + b over int64 (wrapping, as numpy): the generator's step advance ([seed, step] +
+ * [0, 1]), so a program with dropout keeps every step in C (and in the native loop). */
+void tg_add_i64(const int64_t *a, const int64_t *b, int64_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = (int64_t)((uint64_t)a[i] + (uint64_t)b[i]);
+}

@@ -1,5 +1,7 @@
 """C kernels of the random ops: ``c_random_bits`` (the Philox words) and ``c_dropout``, the
-mask drawn and applied in the one pass that scales x (float32, float64).
+mask drawn and applied in the one pass that scales x (float32, float64); and ``c_add_int64``,
+the generator's step advance (an int64 add of equal shapes), without which that one numpy step
+kept a program with dropout out of the native loop.
 
 The key is passed as a pointer to its two int64s, never as numbers read in Python: the program
 advances the generator's state in place, and the native loop replays a recorded call with the
@@ -75,4 +77,24 @@ def c_dropout(x, key, p, stream, *, out=None):
     out = lib.output(out, x.shape, x.dtype)
     fn = lib.func(LIB, symbol, P, P, I64, U64, ftype, P, I64)
     fn(ptr(x), ptr(key), stream, threshold(p), scale(p), ptr(out), x.size)
+    return out
+
+
+def _same_int64(shapes, dtypes, attrs):
+    reason = lib.failure(LIB)
+    if reason is not None:
+        return reason
+    if len({tuple(s) for s in shapes}) > 1:
+        return f"adds equal shapes only (no broadcasting), got {list(map(tuple, shapes))}"
+    return True
+
+
+@kernel("add", backend="c", name="c_add_int64", dtypes=("int64",), where=_same_int64,
+        contiguous=True, tolerance=NONE, writes_out=True)
+@_src
+def c_add_int64(a, b, *, out=None):
+    """a + b over int64, wrapping as numpy does (the generator's step advance)."""
+    a, b = _dense(a), _dense(b)
+    out = lib.output(out, a.shape, np.int64)
+    lib.func(LIB, "tg_add_i64", P, P, P, I64)(ptr(a), ptr(b), ptr(out), a.size)
     return out
