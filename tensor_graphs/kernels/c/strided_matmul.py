@@ -7,10 +7,11 @@ keeps a program out of the native loop); numpy's matmul reads them but calls its
 once per batch entry, whose workers sleep between calls (OPENBLAS_THREAD_TIMEOUT=4, see
 ``threads``): (8, 128, 256) @ (256, 256) took 14-64 ms against 0.6-1.1 ms dense. Here one C
 call hands BLAS each operand's transpose flag and leading dimension, packs only views BLAS
-cannot read (strided.c: a broadcast or negative stride), batches up to three batch axes
-(broadcasting as numpy does) and folds batch axes into the rows where the strides allow, so
-(8, 128, 256) @ (256, 256) is one GEMM of 1024 rows. The C arguments are the shapes and
-strides alone, so the native loop replays a call as it was recorded.
+cannot read (a broadcast or negative stride), batches up to three batch axes (broadcasting as
+numpy does) and folds batch axes into the rows where the strides allow, so (8, 128, 256) @
+(256, 256) is one GEMM of 1024 rows. Its threads are the C kernels' team, each running
+OpenBLAS on one thread (strided_matmul.c says why). The C arguments are the shapes and strides
+alone, so the native loop replays a call as it was recorded.
 """
 
 from __future__ import annotations
