@@ -63,6 +63,7 @@ from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
 )
 from tensor_graphs.rewrite.quantize import quantize  # noqa: E402,F401  (op, or graph rewrite)
 from tensor_graphs.rewrite.simplify import simplify  # noqa: E402,F401
+from tensor_graphs.nn.quality import Quality, quality  # noqa: E402,F401,I001  (tg.quality)
 
 __version__ = "0.1.0"
 
@@ -102,7 +103,7 @@ __all__ = [
     "bool_", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
     "save", "load", "rewrite", "pat", "canonicalize", "canonical_hash", "structural_hash",
     "simplify", "kernels", "kernel", "Device", "compile", "paths", "count_paths",
-    "estimate_memory", "from_torch", "from_onnx", "generate", "nn", "optim",
+    "estimate_memory", "from_torch", "from_onnx", "generate", "quality", "Quality", "nn", "optim",
     "Trainer",
     "TensorGraphsError", "ArgumentError", "CCompileError", "ShapeError", "DTypeError", "FeedError",
     "DecompositionError", "DeviceError", "KernelConstraintError", "KernelVerificationError",

@@ -18,6 +18,7 @@ from tensor_graphs.commands.env import add_env_command
 from tensor_graphs.commands.kernels_compile import add_compile_command
 from tensor_graphs.commands.kernels_generate import add_generate_command
 from tensor_graphs.commands.profile import add_plan_commands
+from tensor_graphs.commands.quality import add_quality_command
 from tensor_graphs.errors import ArgumentError, DeviceError, TensorGraphsError
 from tensor_graphs.jobs.cli import add_run_command
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernels(sub)
     add_db_commands(sub)
     add_plan_commands(sub)
+    add_quality_command(sub)
     add_env_command(sub)
     return parser
 
