@@ -151,3 +151,28 @@ def test_native_dropout_gives_the_output_and_its_keep_mask():
     assert got_keep.dtype == np.bool_ and np.array_equal(got_out != 0, got_keep)
     assert np.allclose(got_out[got_keep], xs[got_keep] / 0.75)
     assert 0.65 < got_keep.mean() < 0.85
+
+
+def test_feature_dropout_zeroes_whole_channels():
+    from tensor_graphs.frontend.torch_export import import_exported
+
+    class Channels(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout2d(0.5)
+
+        def forward(self, x):
+            return self.drop(x)
+
+    with torch.no_grad():
+        exported = torch.export.export(Channels().train(), (torch.randn(4, 64, 3, 5),))
+    with training_rng(tg.rng()):
+        (out,), _, _, _ = import_exported(exported)
+    xs = np.random.default_rng(0).uniform(1.0, 2.0, (4, 64, 3, 5)).astype(np.float32)
+    got = tg.evaluate(out, {"x": xs, "rng": np.array([2, 0])})
+    zero = (got == 0).reshape(4, 64, 15)
+    assert np.array_equal(zero.all(axis=2), zero.any(axis=2))  # a channel is dropped whole
+    assert 0.3 < zero.all(axis=2).mean() < 0.7
+    kept = ~zero.all(axis=2)
+    assert np.allclose(got.reshape(4, 64, 15)[kept], 2 * xs.reshape(4, 64, 15)[kept])
+

@@ -59,6 +59,19 @@ def _native_dropout(a, kw):
     return out, tg.logical_not(tg.less(words, tg.constant(threshold(p), "int64")))
 
 
+def _feature_dropout(a, kw):
+    """Whole channels (axis 1) zeroed, torch's Dropout1d/2d/3d: x times a dropout of ones over
+    (batch, channels, 1, ...), broadcast."""
+    x, p = kw["input"], float(kw["p"])
+    if not (kw["train"] and p):
+        return x
+    if x.ndim < 2:
+        raise ArgumentError(f"feature_dropout: the input {tuple(x.shape)} needs a batch and a "
+                            "channel axis")
+    ones = tg.expand(tg.constant(1.0, x.dtype), tuple(x.shape[:2]) + (1,) * (x.ndim - 2))
+    return tg.mul(x, dropout(ones, p, _generator("feature_dropout")))
+
+
 def _unsupported(op: str, why: str):
     def mapping(a, kw):
         if kw["train"] and kw["p"]:
@@ -72,8 +85,7 @@ def table(aten) -> dict:
     return guarded({
         aten.dropout: _dropout,
         aten.native_dropout: _native_dropout,
-        aten.feature_dropout: _unsupported("feature_dropout", "whole channels are not dropped "
-                                           "yet (tg.dropout draws per element)"),
+        aten.feature_dropout: _feature_dropout,
         aten.alpha_dropout: _unsupported("alpha_dropout", "SELU's alpha dropout is not mapped"),
         aten.feature_alpha_dropout: _unsupported("feature_alpha_dropout",
                                                  "SELU's alpha dropout is not mapped"),
