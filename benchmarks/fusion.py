@@ -180,11 +180,20 @@ def kernel_alone(calls: int) -> None:
                 t = time.perf_counter()
                 fn()
                 times[label].append((time.perf_counter() - t) * 1e3)
+        pool = torch.get_num_threads()
+        torch.set_num_threads(1)  # on a loaded machine our kernel runs on one thread
+        one = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            theirs()
+            one.append((time.perf_counter() - t) * 1e3)
+        torch.set_num_threads(pool)
         (mo, mt), (do, dt) = ((min(v) for v in times.values()),
                               (float(np.median(v)) for v in times.values()))
         print(f"  {name:15s} {step.kernel.name}: {mo:.3f} ms min, {do:.3f} median; torch "
-              f"{mt:.3f} min, {dt:.3f} median; ours/torch {mo / mt:.2f} (min), "
-              f"{do / dt:.2f} (median)")
+              f"{mt:.3f} min, {dt:.3f} median ({pool} threads), {min(one):.3f} min, "
+              f"{float(np.median(one)):.3f} median (1 thread); ours/torch {mo / mt:.2f} (min), "
+              f"{do / dt:.2f} (median), {mo / min(one):.2f} (min, torch on 1 thread)")
     print(f"  load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
 
 
