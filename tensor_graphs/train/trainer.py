@@ -40,7 +40,7 @@ from tensor_graphs.ir.grad_rules import zeros
 from tensor_graphs.ir.graph import leaves, nodes, substitute
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
-from tensor_graphs.ir.ops.random import advance, initial, rng_states
+from tensor_graphs.ir.ops.random import advance, check_sites, initial, rng_states
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.optim.base import Optimizer
 from tensor_graphs.runtime.weights import read_safetensors, write_safetensors
@@ -76,6 +76,7 @@ class Trainer:
             raise ArgumentError(f"Trainer: optimizer must be a tg.optim optimizer "
                                 f"(tg.optim.AdamW(1e-3), ...), got {type(optimizer).__name__}")
         extra = list(extra)
+        check_sites([loss, *extra])  # two dropouts sharing a mask: before the backward reuses it
         by_name = {leaf.name: leaf for leaf in leaves([loss, *extra])}
         chosen = _chosen(params, by_name, loss)
         # the trained weights become states of the same names: the program updates them

@@ -176,3 +176,14 @@ def test_feature_dropout_zeroes_whole_channels():
     kept = ~zero.all(axis=2)
     assert np.allclose(got.reshape(4, 64, 15)[kept], 2 * xs.reshape(4, 64, 15)[kept])
 
+
+
+def test_two_generators_of_one_name_are_refused():
+    """Each tg.rng of a name starts at stream 0: two of them would give two sites one mask."""
+    x = tg.input("x", (ROWS, IN))
+    h = tg.dropout(x @ tg.weight("w1", (IN, HID)), 0.5, tg.rng())
+    out = tg.dropout(h @ tg.weight("w2", (HID, OUT)), 0.5, tg.rng())  # a second tg.rng()
+    h2 = tg.dropout(x @ tg.weight("w1", (IN, HID)), 0.5, tg.rng())
+    assert h2 is h  # the same site built again is the same node: no clash
+    with pytest.raises(tg.ArgumentError, match="draw stream 0 of the generator state"):
+        tg.Trainer(tg.mean(out), optimizer=tg.optim.SGD(0.1))

@@ -223,6 +223,26 @@ def rng_states(outputs) -> list[Node]:
     return [s for s in found if s.op.name == STATE]
 
 
+def check_sites(outputs) -> None:
+    """Refuse two dropout sites of a forward graph that draw one stream of one generator
+    state: they would share their masks (two ``tg.rng`` of one name each start at stream 0).
+    Called on a forward only: a backward's dropout reuses its forward's stream on purpose."""
+    from tensor_graphs.ir.graph import nodes
+
+    seen: dict[tuple, Node] = {}
+    for n in nodes(outputs):
+        if n.op.name != DROPOUT:
+            continue
+        site = (n.inputs[1], n.attrs["stream"])
+        if site in seen and seen[site] is not n:
+            raise ArgumentError(
+                f"dropout: two sites ({seen[site].inputs[0]!r} and {n.inputs[0]!r}) draw stream "
+                f"{site[1]} of the generator state {site[0]!r}, so their masks would be the "
+                "same; make one tg.rng per model and pass it to every dropout (or give each "
+                "generator its own name)")
+        seen[site] = n
+
+
 def dropout(x, p: float = 0.5, rng: Rng | Node | None = None, *, training: bool = True,
             stream: int | None = None) -> Node:
     """torch's ``F.dropout``: in training, each element is zeroed with probability ``p`` and
