@@ -59,7 +59,7 @@ def _src(fn):
         tolerance=NONE, writes_out=True)
 @_src
 def c_random_bits(key, shape, stream, *, out=None):
-    """Philox-4x32-10 words in element order, 16 blocks per vector pass, threads over chunks."""
+    """Philox-4x32-10 words in element order, 64 blocks per vector pass, threads over chunks."""
     key = _dense(key)
     out = lib.output(out, tuple(shape), np.int64)
     fn = lib.func(LIB, "tg_random_bits", P, I64, P, I64)
