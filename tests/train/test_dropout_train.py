@@ -75,6 +75,22 @@ def test_each_step_draws_a_new_mask():
     assert not np.array_equal(masks[0], masks[1])
 
 
+def test_a_symbolic_batch_draws_the_reference_mask_at_every_length():
+    """One plan for every batch up to the bound: the words follow the element index of the
+    batch actually fed (the program's shape, bound at each call)."""
+    r = tg.rng()
+    x = tg.input("x", ("batch", IN))
+    h = tg.dropout(tg.tanh(x @ tg.weight("w1", (IN, HID))), 0.2, r)
+    trainer = tg.Trainer(tg.mean(h * h), optimizer=tg.optim.SGD(0.01), seed=3,
+                         bounds={"batch": 64}, extra=[h])
+    trainer.bind(w1=np.full((IN, HID), 0.1, np.float32))
+    for step, rows in enumerate([5, 64, 17]):
+        trainer.step(x=np.ones((rows, IN), np.float32))
+        want = bits_reference(np.array([3, step]), rows * HID, 0) < threshold(0.2)
+        assert np.array_equal(trainer.last[0].reshape(-1) == 0, want), rows
+    assert trainer.program.stats["planner_runs"] == 1
+
+
 def test_p_zero_is_the_model_without_dropout():
     assert _run(_trainer(0.0), 5) == _run(_trainer(0.0, seed=9), 5)
     trainer = _trainer(0.0)
