@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import sympy
@@ -370,6 +370,7 @@ class TorchProgram:
 
 def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
                tolerance: float | None = None, bounds: Mapping[str, int] | None = None,
+               quantize: str | None = None, skip: Sequence[str] = (),
                **compile_options) -> TorchProgram:
     """``torch.export`` ``module`` on ``example_args``, import its ATen graph, compile it and
     bind its parameters and buffers. Dims export marks dynamic (``dynamic_shapes`` with
@@ -378,6 +379,10 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     plans for the GPU and keeps the parameters there (copied from the module once, with no
     numpy stage); the other options go to ``tg.compile`` (``outputs="device"``...). An
     ``ExportedProgram`` in place of ``module`` is imported as it is (no second export).
+    ``quantize`` (a ``tg.quantize`` scheme: "int8-weight", "bf16-weight"...) rewrites the
+    imported graph's matmul/linear weights before planning, as ``tg.quantize`` does, those
+    whose parameter names match a ``skip`` pattern left float; the module's float parameters
+    are bound and quantized once per binding.
 
     Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
     """
@@ -396,6 +401,13 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     found.update(bounds or {})
 
     nodes = [o for o in outputs if isinstance(o, Node)]
+    if quantize is not None:
+        from tensor_graphs.rewrite.quantize import quantize as quantize_graph
+
+        nodes = quantize_graph(nodes, quantize, skip=skip) if nodes else nodes
+    elif skip:
+        raise ArgumentError(f"from_torch: skip={list(skip)!r} names weights to leave float "
+                            "under quantize=, which is not given (quantize='int8-weight'...)")
     positions, k = [], 0
     for o in outputs:
         positions.append(k if isinstance(o, Node) else o)
