@@ -25,6 +25,8 @@ ENV: dict[str, tuple[str, str]] = {
                           "1 or a capacity in bytes: cuda:0 is a GPU simulated in host memory"),
     "TG_C_SANITIZE": ("unset: no sanitizer",  # kernels/c/build.py
                       "comma-separated sanitizers (address, undefined) to build C kernels with"),
+    "TG_INT8_ISA": ("auto: the widest this CPU runs",  # kernels/c/quant_dyn.py
+                    "the int8 GEMM's path: avx512-vnni, avx-vnni, avx2 or portable"),
 }
 
 

@@ -8,10 +8,12 @@ measured error is against that reference.
 
 A weight here is a float ``tg.weight`` leaf of rank 2 read by a product as its right operand:
 ``a @ w`` (w (K, N)) or ``linear(x, w, b)`` (w (N, K), torch's layout). Each becomes
-``a @ dequantize(quantize(w', s), s)`` with ``w'`` the (K, N) view (``permute(w)`` for a
-linear) and ``s = quant_scale(w', axis=0)``, one scale per output channel. ``quantize`` and
-``quant_scale`` read weights only, so the runtime computes them once per binding (the
-prelude, ``ir.graph.is_static``) from the float weights the user binds; a kernel matching
+``a @ dequantize(quantize(w', s), s)`` (int8-dynamic: ``dynamic_quant(a) @ ...``, the rows
+of ``a`` quantized at run time, each with its own scale) with ``w'`` the (K, N) view
+(``permute(w)`` for a linear) and ``s = quant_scale(w', axis=0)``, one scale per output
+channel. ``quantize`` and ``quant_scale`` read weights only, so the runtime computes them
+once per binding (the prelude, ``ir.graph.is_static``) from the float weights the user
+binds; a kernel matching
 ``a @ dequantize(q, s)`` then packs ``q`` once more at bind time. Other readers of the same
 weight keep the float tensor: GPT-2's tied embedding still gathers float rows while its LM
 head reads int8.
@@ -27,14 +29,18 @@ from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import LINEAR, MATMUL, WEIGHT
+from tensor_graphs.ir.ops.names import DYNAMIC_QUANT, LINEAR, MATMUL, WEIGHT
 
-# scheme -> what it does to one (K, N) weight view (the product's right operand)
+# scheme -> (what it does to one (K, N) weight view (the product's right operand), what it
+# does to the activation (the left operand))
 SCHEMES = {
     # symmetric int8, one scale per output channel (column of the (K, N) view)
-    "int8-weight": lambda w: tg.dequantize(*_int8(w)),
+    "int8-weight": (lambda w: tg.dequantize(*_int8(w)), lambda a: a),
+    # the same weights, and each activation row quantized at run time with its own scale:
+    # the product is int8 x int8 summed in int32, times both scales
+    "int8-dynamic": (lambda w: tg.dequantize(*_int8(w)), lambda a: tg.dynamic_quant(a)),
     # bfloat16 storage: w rounded to bfloat16 (to nearest even), a float result
-    "bf16-weight": lambda w: tg.bf16_round(w),
+    "bf16-weight": (lambda w: tg.bf16_round(w), lambda a: a),
 }
 
 
@@ -47,6 +53,23 @@ def _weight(node: Node, skip) -> bool:
     """A float weight leaf of rank 2 whose name no ``skip`` pattern matches."""
     return (node.op.name == WEIGHT and node.ndim == 2 and node.dtype.is_float
             and not any(fnmatchcase(node.name, p) for p in skip))
+
+
+def _float(a: Node) -> bool:
+    """An activation a scheme may quantize: float, with a row (rank >= 1)."""
+    return a.dtype.is_float and a.ndim >= 1
+
+
+def _own(a: Node, w: Node) -> Node:
+    """The activation as this product reads it; a run-time quantization gets a node of its
+    own, named after the weight (``<weight>:rows``). Why: products of one input (attention's
+    q, k and v) would otherwise share one ``dynamic_quant`` node, and a kernel may fuse a node
+    only when nothing else reads it, so each would run as a float GEMM on the shared
+    quantize-dequantize's float result; quantizing the rows once per product costs O(rows x K)
+    against the product's O(rows x K x N)."""
+    if a.op.name != DYNAMIC_QUANT:
+        return a
+    return Node.make(a.op, a.inputs, a.attrs, f"{w.name}:rows")
 
 
 def quantize(outputs, scheme="int8-weight", *, skip=()):
@@ -62,7 +85,7 @@ def quantize(outputs, scheme="int8-weight", *, skip=()):
         raise ArgumentError(f"quantize: unknown scheme {scheme!r}; known: {sorted(SCHEMES)}")
     if isinstance(skip, str):
         skip = (skip,)
-    make = SCHEMES[scheme]
+    make, act = SCHEMES[scheme]
     if isinstance(outputs, dict):
         keys, outs = list(outputs), list(outputs.values())
     elif isinstance(outputs, Node):
@@ -77,10 +100,11 @@ def quantize(outputs, scheme="int8-weight", *, skip=()):
     mapped: dict[Node, Node] = {}  # old node -> its rewritten graph, inputs first
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)
-        if n.op.name == MATMUL and _weight(ins[1], skip):
-            mapped[n] = tg.matmul(ins[0], make(ins[1]))
-        elif n.op.name == LINEAR and len(ins) >= 2 and _weight(ins[1], skip):
-            y = tg.matmul(ins[0], make(tg.transpose(ins[1], 0, 1)))
+        if n.op.name == MATMUL and _weight(ins[1], skip) and _float(ins[0]):
+            mapped[n] = tg.matmul(_own(act(ins[0]), ins[1]), make(ins[1]))
+        elif n.op.name == LINEAR and len(ins) >= 2 and _weight(ins[1], skip) \
+                and _float(ins[0]):
+            y = tg.matmul(_own(act(ins[0]), ins[1]), make(tg.transpose(ins[1], 0, 1)))
             mapped[n] = y if len(ins) < 3 else y + ins[2]
         else:
             mapped[n] = n if ins == n.inputs else Node.make(n.op, ins, n.attrs, n.name)

@@ -125,6 +125,7 @@ QUANT_SCALE = "quant_scale"
 QUANTIZE = "quantize"
 DEQUANTIZE = "dequantize"
 BF16_ROUND = "bf16_round"
+DYNAMIC_QUANT = "dynamic_quant"
 
 # losses.py
 MSE_LOSS = "mse_loss"

@@ -9,6 +9,11 @@ graph, not a kernel's private detail):
 - ``quantize(x, scale)``: round half to even of x / scale, clamped to [-127, 127], as int8
   (symmetric: -128 is never used, so negating a channel stays exact).
 - ``dequantize(q, scale)``: q as the scale's dtype times the scale (broadcast).
+- ``dynamic_quant(x)``: x's rows (the last axis) quantized and back, each with its own scale:
+  ``dequantize(quantize(x, s), s)``, ``s = quant_scale(x, axis=-1)``. What "int8-dynamic"
+  does to a product's activation at run time; one op, so a kernel can take the float rows and
+  quantize them itself (``c_q8d_*``) while the graph still says exactly which int8 values
+  and scales it must use.
 - ``bf16_round(w)``: w rounded to bfloat16 and back (a float result: a kernel may store the
   weight as bfloat16 bits, exactly what the graph computes).
 
@@ -23,12 +28,13 @@ from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import abs as _abs
 from tensor_graphs.ir.ops.elementwise import clamp, div
-from tensor_graphs.ir.ops.names import BF16_ROUND, DEQUANTIZE
+from tensor_graphs.ir.ops.names import BF16_ROUND, DEQUANTIZE, DYNAMIC_QUANT
 from tensor_graphs.ir.ops.pointwise import floor, log2
 from tensor_graphs.ir.ops.pointwise import round as _round
 from tensor_graphs.ir.shapes import format_shape
 
-__all__ = ["quant_scale", "quantize", "dequantize", "bf16_round"]  # scheme_of: for explain()
+# scheme_of: for explain()
+__all__ = ["quant_scale", "quantize", "dequantize", "dynamic_quant", "bf16_round"]
 
 QMAX = 127  # symmetric int8: [-127, 127]
 
@@ -76,6 +82,18 @@ def dequantize(q, scale):
     return tg.mul(tg.cast(q, scale.dtype), scale)
 
 
+@composite(example=lambda: (tg.input("x", (4, 6)),))
+def dynamic_quant(x):
+    """x with each row (the last axis) quantized to symmetric int8 with its own scale and
+    back: dequantize(quantize(x, s), s), s = quant_scale(x, axis=-1) (an all-zero row: scale
+    1). int8-dynamic's activations, quantized at run time."""
+    if not x.dtype.is_float or x.ndim < 1:
+        raise DTypeError(f"dynamic_quant: needs a float tensor with a last axis, got "
+                         f"{x.dtype.name} {format_shape(x.shape)}")
+    s = quant_scale(x, axis=x.ndim - 1)
+    return dequantize(quantize(x, s), s)
+
+
 @composite(example=lambda: (tg.input("w", (5, 3)),))
 def bf16_round(w):
     """w rounded to bfloat16's 8 significant bits (to nearest even) in w's own dtype: a weight
@@ -101,12 +119,16 @@ def scheme_of(inside, inputs) -> str:
     """The quantization scheme a plan step computes with, for ``explain()`` ('' for none):
     a step whose kernel covers a ``dequantize`` reads int8 weights; one that reads a
     ``dequantize``'s result gets the weight dequantized (once per binding where static)."""
+    if any(n.op.name == DYNAMIC_QUANT for n in inside):
+        return "int8-dynamic"
     for n in inside:
         if n.op.name == DEQUANTIZE and n.inputs[0].dtype.name == "int8":
             return "int8-weight"
         if _bf16_weight(n):
             return "bf16-weight"
     for n in inputs:
+        if n.op.name == DYNAMIC_QUANT:
+            return "int8-dynamic, dequantized"
         if n.op.name == DEQUANTIZE and n.inputs[0].dtype.name == "int8":
             return "int8-weight, dequantized"
         if _bf16_weight(n):

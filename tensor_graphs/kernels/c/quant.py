@@ -294,3 +294,6 @@ for _act in ("relu", "gelu", "gelu_tanh"):
     _register_bf16(f"c_bf16_matmul_bias_{_act}", True, _act)
 _register_bf16("c_bf16_matmul_add", False, None, residual=True)
 _register_bf16("c_bf16_matmul_bias_add", True, None, residual=True)
+
+# the int8 x int8 kernels (int8-dynamic) register with these
+from tensor_graphs.kernels.c import quant_dyn  # noqa: E402,F401

@@ -1,0 +1,219 @@
+"""C int8-dynamic GEMM (``quant_dyn.c``): ``c_q8d_*`` kernels, int8 x int8 -> int32.
+
+The pattern is the quantized graph's own product (``tg.quantize(g, "int8-dynamic")`` writes
+it): ``dynamic_quant(a) @ dequantize(q, s)``, the activation's rows quantized at run time and
+the weight int8 with a scale per output channel, with the epilogues of the int8-weight GEMM
+(``_bias``, ``_bias_relu``/``_gelu``/``_gelu_tanh``, ``_add``, ``_bias_add``). The row
+quantization is fused (it reads each activation once, writes int8 rows the GEMM reads from
+cache) and reproduces the reference exactly, so the error is the float32 epilogue's.
+``q`` is prepared: packed once per binding (``pack``) in 4-deep k groups with its column
+sums. The instructions: ``isa()`` (the CPU's widest, or ``TG_INT8_ISA``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import numpy as np
+
+from tensor_graphs.errors import ArgumentError
+from tensor_graphs.ir import api as tg
+from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
+from tensor_graphs.kernels.registry import Preparation, kernel
+
+LIB = "quant_dyn"
+SOURCE = lib.source(LIB)
+ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+MAGIC = 0x7467713864796E31
+ENV = "TG_INT8_ISA"
+# instruction sets of the int8 GEMM, widest first -> the code quant_dyn.c takes
+ISAS = {
+    "avx512-vnni": 3,  # vpdpbusd on 512 bits: 64 multiply-adds an instruction
+    "avx-vnni": 2,     # vpdpbusd on 256 bits (VEX)
+    "avx2": 1,         # vpmaddubsw + vpmaddwd chains
+    "portable": 0,     # C int32 sums, any CPU
+}
+
+
+def supported(name: str) -> bool:
+    """Whether this CPU runs the int8 GEMM's ``name`` path (``ISAS``)."""
+    fn = lib.func(LIB, "tg_q8d_isa_supported", I32)
+    fn.restype = ctypes.c_int
+    return bool(fn(ISAS[name]))
+
+
+_chosen: dict[str, int] = {}
+
+
+def isa() -> int:
+    """The path the int8 GEMM takes: ``TG_INT8_ISA`` (one of ``ISAS``; unset or "auto": the
+    widest this CPU runs). Forcing a narrower path tests it on a CPU that has a wider one."""
+    want = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    found = _chosen.get(want)
+    if found is not None:
+        return found
+    if want == "auto":
+        found = next(code for name, code in ISAS.items() if supported(name))
+    elif want not in ISAS:
+        raise ArgumentError(f"{ENV}={want!r}: the int8 GEMM's paths are "
+                            f"{', '.join(ISAS)} or auto (the widest this CPU runs)")
+    elif not supported(want):
+        best = next(name for name in ISAS if supported(name))
+        raise ArgumentError(f"{ENV}={want}: this CPU does not run that path; its widest is "
+                            f"{best} (unset {ENV} to use it)")
+    else:
+        found = ISAS[want]
+    _chosen[want] = found
+    return found
+
+
+def isa_name() -> str:
+    code = isa()
+    return next(name for name, c in ISAS.items() if c == code)
+
+
+def packed_bytes(k: int, n: int) -> int:
+    panels, kp = -(-n // 16), -(-k // 4) * 4
+    return 64 + panels * 64 + panels * kp * 16
+
+
+def pack(q: np.ndarray) -> np.ndarray:
+    """The packed form of an int8 (K, N) weight (read through its strides): a 64-byte aligned
+    int8 array with a header, the column sums and 16-column panels in 4-deep k groups."""
+    q = np.asarray(q)
+    if q.ndim != 2 or q.dtype != np.int8:
+        raise TypeError(f"pack: needs a 2-D int8 weight, got {q.shape} {q.dtype}")
+    if any(s < 0 for s in q.strides):
+        q = np.ascontiguousarray(q)
+    k, n = q.shape
+    size = packed_bytes(k, n)
+    raw = np.empty(size + 64, np.int8)
+    skip = -raw.ctypes.data % 64
+    out = raw[skip:skip + size]
+    lib.func(LIB, "tg_q8d_pack", P, I64, I64, I64, I64, P)(
+        q.ctypes.data, k, n, q.strides[0], q.strides[1], out.ctypes.data)
+    return out
+
+
+def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = None):
+    """act(dynamic_quant(a) @ (q * s) + bias) + res; ``q`` packed (``pack``) or (K, N) int8;
+    ``path`` one of ``ISAS``' codes (default ``isa()``)."""
+    if q.ndim == 2:  # not prepared: pack for this call
+        q = pack(q)
+    k = a.shape[-1]
+    n = s.shape[-1]
+    out = lib.output(out, a.shape[:-1] + (n,), np.float32)
+    fn = lib.func(LIB, "tg_q8d_gemm", P, I64, P, P, P, P, P, I64, I64, I64, I32, I32)
+    fn.restype = ctypes.c_int
+    status = fn(ptr(a), k, ptr(q), ptr(s), ptr(bias), ptr(res), ptr(out),
+                math.prod(a.shape[:-1]), n, k, ACTS[act], isa() if path is None else path)
+    if status == -2:
+        raise MemoryError(f"C int8-dynamic gemm: no memory for the quantized rows of a "
+                          f"{a.shape} activation")
+    if status != 0:
+        h = q[:24].view(np.int64)
+        raise ValueError(f"C int8-dynamic gemm: the weight is packed as (K, N) = "
+                         f"({int(h[1])}, {int(h[2])}), the call needs K = {k}, N = {n}")
+    return out
+
+
+def _constraint(has_bias: bool, residual: bool):
+    def where(shapes, dtypes, attrs):
+        reason = lib.failure(LIB)
+        if reason is not None:
+            return reason
+        a, q, s = (tuple(x) for x in shapes[:3])
+        names = [d.name for d in dtypes]
+        if names[1] != "int8" or any(d != "float32" for i, d in enumerate(names) if i != 1):
+            return f"needs float32 operands and an int8 weight, got {names}"
+        if len(a) < 2 or len(q) != 2:
+            return f"needs a of rank >= 2 and a 2-D weight, got {a} @ {q}"
+        k, n = q
+        if a[-1] != k:
+            return f"inner dims differ: {a} @ {q}"
+        if s != (1, n):
+            return f"the scale must have shape (1, {n}) (one per output channel), got {s}"
+        if has_bias and tuple(shapes[3]) != (n,):
+            return f"bias must have shape ({n},), got {tuple(shapes[3])}"
+        if residual and tuple(shapes[-1]) != a[:-1] + (n,):
+            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
+                    f"{tuple(shapes[-1])}")
+        return True
+    return where
+
+
+def _signatures(has_bias: bool, residual: bool) -> list[dict]:
+    """Verification cases: one row to 13 rows (two 6-row tiles and a part), K not a multiple
+    of 4, N across 64-column tasks and 16-column panels; ``offset`` rows (1e3..1e4 with a
+    small spread: most of a row quantizes to one value) and ``tiny``/constant rows."""
+    from tensor_graphs.kernels.signatures import Spec
+
+    out = []
+    for m, k, n, lead, values in (
+            (1, 1, 1, (), "normal"), (1, 33, 17, (), "normal"), (3, 67, 31, (), "normal"),
+            (8, 129, 80, (), "normal"), (13, 65, 33, (), "offset"), (4, 17, 9, (2,), "normal"),
+            (7, 31, 47, (), "tiny"), (2, 300, 130, (), "normal")):
+        sig = {"a": Spec(lead + (m, k), "float32", values, axes=(len(lead) + 1,)),
+               "q": ((k, n), "int8"), "s": ((1, n), "float32")}
+        if has_bias:
+            sig["bias"] = ((n,), "float32")
+        if residual:
+            sig["res"] = (lead + (m, n), "float32")
+        out.append(sig)
+    return out
+
+
+def _register(name: str, has_bias: bool, act: str | None, residual: bool = False) -> None:
+    from tensor_graphs.kernels.c.quant import _ACT_BUILD
+
+    build = _ACT_BUILD[act]
+
+    def product(a, q, s):
+        return tg.dynamic_quant(a) @ tg.dequantize(q, s)
+    if has_bias and residual:
+        def pattern(a, q, s, bias, res):
+            return product(a, q, s) + bias + res
+
+        def run(a, q, s, bias, res, *, out=None):
+            return gemm(a, q, s, bias, act, out, res)
+    elif has_bias:
+        def pattern(a, q, s, bias):
+            return build(product(a, q, s) + bias)
+
+        def run(a, q, s, bias, *, out=None):
+            return gemm(a, q, s, bias, act, out)
+    elif residual:
+        def pattern(a, q, s, res):
+            return product(a, q, s) + res
+
+        def run(a, q, s, res, *, out=None):
+            return gemm(a, q, s, None, act, out, res)
+    else:
+        def pattern(a, q, s):
+            return build(product(a, q, s))
+
+        def run(a, q, s, *, out=None):
+            return gemm(a, q, s, None, act, out)
+    run.__doc__ = (f"{act + '(' if act else ''}dynamic_quant(a) @ dequantize(q, s)"
+                   f"{' + bias' if has_bias else ''}{')' if act else ''}"
+                   f"{' + res' if residual else ''}: rows quantized in the kernel, int8 x "
+                   "int8 -> int32 (VNNI / AVX2 / C, chosen at run time), scales in the "
+                   "epilogue.")
+    run.source_text = SOURCE + f"\n/* {name} */"
+    prep = Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
+                       name="pack_q8d", strided=True)
+    kernel(pattern, backend="c", name=name, contiguous=True,
+           where=_constraint(has_bias, residual), tolerance=1e-5,
+           signatures=_signatures(has_bias, residual), writes_out=True,
+           prepare={"q": prep})(run)
+
+
+_register("c_q8d_matmul", False, None)
+_register("c_q8d_matmul_bias", True, None)
+for _act in ("relu", "gelu", "gelu_tanh"):
+    _register(f"c_q8d_matmul_bias_{_act}", True, _act)
+_register("c_q8d_matmul_add", False, None, residual=True)
+_register("c_q8d_matmul_bias_add", True, None, residual=True)
