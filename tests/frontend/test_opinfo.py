@@ -13,8 +13,9 @@ sample is
 - ``refused``: a ``TensorGraphsError`` (``UnsupportedOpError`` or another clear refusal);
 - ``torch``: torch itself cannot export or run the sample (not counted).
 
-The test fails on any wrong or crash and when fewer than ``TARGET`` samples pass: the target is
-what passes today, so a mapping that regresses shows here. ``python tests/frontend/test_opinfo.py
+The test fails on any wrong or crash, when fewer than ``TARGET`` samples pass (the target is
+what passes today, so a mapping that regresses shows here) and when fewer than ``SHARE`` of the
+counted samples pass; it prints the share. ``python tests/frontend/test_opinfo.py
 [--all] [op ...]`` prints each op's counts and the first message of each failing sample.
 """
 
@@ -99,12 +100,15 @@ nn.functional.hinge_embedding_loss nn.functional.margin_ranking_loss
 nn.functional.poisson_nll_loss nn.functional.soft_margin_loss
 nn.functional.multilabel_soft_margin_loss nn.functional.cosine_embedding_loss
 nn.functional.triplet_margin_loss nn.functional.pdist nn.functional.channel_shuffle
-nn.functional.interpolate.linear expand_copy view_copy unsqueeze_copy squeeze_copy
-permute_copy sum_to_size
+nn.functional.interpolate.linear nn.functional.interpolate.bicubic expand_copy view_copy
+unsqueeze_copy squeeze_copy permute_copy sum_to_size
 """.split()
 
 # samples that must pass at least (what passes today: raise it as mappings land)
 TARGET = 3061
+# the share of counted samples (torch's own refusals left out) that must pass: issue 21's
+# done-criterion; the rest are refused with a TensorGraphsError (any wrong or crash fails)
+SHARE = 0.95
 # samples per op, at most: a few ops have hundreds (max_pool2d 1440, cdist 256) of one kind,
 # and an import that needs torch's decompositions costs ~0.3 s; ``--all`` runs every one
 SAMPLES = 32
@@ -284,6 +288,7 @@ def test_op_list_is_in_op_db():
 # loaded machine; the pass target is checked over all parts once they have run
 PARTS = 8
 _PASSED: dict[int, int] = {}
+_COUNTED: dict[int, int] = {}  # pass + wrong + crash + refused: torch's own refusals not
 
 
 @pytest.mark.slow
@@ -293,6 +298,7 @@ def test_opinfo_differential(part):
     results = run(names)
     counts = _counts(results)
     _PASSED[part] = counts["pass"]
+    _COUNTED[part] = sum(v for k, v in counts.items() if k != "torch")
     print(f"\nOpInfo part {part} ({len(names)} ops): " + ", ".join(
         f"{k} {v}" for k, v in sorted(counts.items())))
     bad = [f"{name}: {cat}: {msg}" for name, samples in results.items()
@@ -304,9 +310,12 @@ def test_opinfo_differential(part):
 def test_opinfo_pass_target():
     if len(_PASSED) < PARTS:
         pytest.skip("runs after every part of test_opinfo_differential")
-    passed = sum(_PASSED.values())
-    print(f"\nOpInfo over {len(OPS)} ops: {passed} samples pass (target {TARGET})")
+    passed, counted = sum(_PASSED.values()), sum(_COUNTED.values())
+    print(f"\nOpInfo over {len(OPS)} ops: {passed} of {counted} counted samples pass "
+          f"({100 * passed / counted:.1f}%; target {TARGET}), the rest refused")
     assert passed >= TARGET, f"{passed} samples pass, the target is {TARGET}"
+    assert passed >= SHARE * counted, (f"{passed} of {counted} samples pass, under issue 21's "
+                                       f"{SHARE:.0%}")
 
 
 if __name__ == "__main__":
@@ -326,4 +335,6 @@ if __name__ == "__main__":
             if cat != "pass" and (cat, msg[:120]) not in seen:
                 seen.add((cat, msg[:120]))
                 print(f"    {cat}: {msg[:300]}", flush=True)
-    print("TOTAL", dict(total))
+    counted = sum(v for k, v in total.items() if k != "torch")
+    print("TOTAL", dict(total), f"pass {100 * total['pass'] / max(counted, 1):.1f}% of "
+          f"{counted} counted")

@@ -1318,6 +1318,78 @@ def _quantize_ref(a, b):
     return np.clip(np.rint(a.astype(np.float64) / b), -127, 127).astype(np.int8)
 
 
+def _gamma_values(rng, shape, dtype, spec=None):
+    """Uniform in (-10, 10) with the poles (0, -0, -1, -3), halves, tiny +-1e-30, +-inf, nan
+    and a huge 1e30: the reflection below 1/2 and both ends of the series."""
+    x = rng.uniform(-10.0, 10.0, shape)
+    if x.size >= 12:
+        extra = [0.0, -0.0, -1.0, -3.0, -2.5, 0.5, 1e-30, -1e-30, np.inf, -np.inf, np.nan,
+                 1e30][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _erfinv_values(rng, shape, dtype, spec=None):
+    """Uniform in (-1, 1) with +-1 (+-inf), 1.5 (nan), +-0, values within 1e-7 of +-1."""
+    x = rng.uniform(-1.0, 1.0, shape)
+    if x.size >= 8:
+        extra = [1.0, -1.0, 1.5, 0.0, -0.0, 1 - 6e-8, -1 + 6e-8, np.nan][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
+def _nextafter_values(rng, spec, dtype):
+    """Pairs across the dtype's edges: +-0 both ways, powers of two (the spacing halves below
+    them), the smallest normal and subnormal, the largest finite, +-inf, nan, equal pairs."""
+    a, b = (_wide_values(rng, concrete(s), dtype) for s in spec.shapes)
+    if a.size >= 16 and a.shape == b.shape:
+        info = np.finfo(NP[dtype])
+        pairs = [(0.0, 1.0), (0.0, -1.0), (-0.0, 0.0), (0.0, -0.0), (1.0, 0.0), (-4.0, 0.0),
+                 (2.0, 3.0), (info.tiny, 0.0), (info.smallest_subnormal, -1.0),
+                 (info.max, np.inf), (np.inf, 0.0), (-np.inf, 1.0), (np.nan, 1.0),
+                 (1.0, np.nan), (3.0, 3.0), (-info.tiny, -1.0)]
+        a.reshape(-1)[:16], b.reshape(-1)[:16] = zip(*pairs)
+    return a, b
+
+
+def _elementwise(fn):
+    return lambda x: np.vectorize(fn, otypes=[np.float64])(x)
+
+
+def _lgamma_one(v: float) -> float:
+    """Python's lgamma; torch's inf at the poles (math raises there) and at +-inf."""
+    if math.isnan(v):
+        return v
+    if math.isinf(v) or (v <= 0 and v == math.floor(v)):
+        return math.inf
+    return math.lgamma(v)
+
+
+def _digamma_one(v: float) -> float:
+    """mpmath's digamma; torch's edges: -inf at +0, inf at -0, nan at the negative integers
+    and -inf, inf at inf."""
+    import mpmath
+
+    if math.isnan(v) or v == -math.inf or (v < 0 and v == math.floor(v)):
+        return math.nan
+    if v == 0:
+        return math.copysign(math.inf, -math.copysign(1.0, v))
+    if v == math.inf:
+        return math.inf
+    return float(mpmath.digamma(mpmath.mpf(v)))
+
+
+def _erfinv_one(v: float) -> float:
+    """mpmath's erfinv; nan beyond [-1, 1], +-inf at +-1, -0 kept."""
+    import mpmath
+
+    if math.isnan(v) or abs(v) > 1:
+        return math.nan
+    if abs(v) == 1 or v == 0:
+        return math.copysign(math.inf, v) if v else v
+    return float(mpmath.erfinv(mpmath.mpf(v)))
+
+
 POINTWISE = [
     _f("trunc", "trunc", tg.trunc, np.trunc, P_U, lambda torch, x: torch.trunc(x),
        domain=(_rounding_values,), tol32=0.0),
@@ -1363,6 +1435,19 @@ POINTWISE = [
        domain=(_prob_values,), tol32=1e-6),
     _f("logit_eps", "logit", lambda x: tg.logit(x, eps=1e-3), lambda x: _logit(x, 1e-3), P_U,
        lambda torch, x: torch.logit(x, eps=1e-3), domain=(_prob_values,), tol32=1e-6),
+    # computed in float64 and rounded once: float32 within its rounding of the float64 value
+    _f("lgamma", "lgamma", tg.lgamma, _elementwise(_lgamma_one), P_U,
+       lambda torch, x: torch.lgamma(x), domain=(_gamma_values,), tol64=1e-12, tol32=1e-7),
+    _f("digamma", "digamma", tg.digamma, _elementwise(_digamma_one), P_U,
+       lambda torch, x: torch.digamma(x), domain=(_gamma_values,), tol64=1e-12, tol32=1e-6),
+    _f("erfinv", "erfinv", tg.erfinv, _elementwise(_erfinv_one), P_U,
+       lambda torch, x: torch.erfinv(x), domain=(_erfinv_values,), tol64=1e-12, tol32=1e-7),
+    # bit for bit in the run's dtype (numpy's nextafter in float32 is float32's next value);
+    # torch's column in float64 only: the lifted float32 run is still float32's next value,
+    # torch's lifted one float64's (float32 against torch: tests/frontend/test_window_ops.py)
+    OpInfo("nextafter", "nextafter", tg.nextafter, np.nextafter, F64_32, P_B,
+           domain=_nextafter_values, torch=lambda torch, a, b: torch.nextafter(a, b),
+           torch_dtypes=("float64",), check="exact"),
     _f("isinf", "isinf", tg.isinf, np.isinf, P_U, lambda torch, x: torch.isinf(x)),
     _f("isfinite", "isfinite", tg.isfinite, np.isfinite, P_U,
        lambda torch, x: torch.isfinite(x)),
@@ -1692,6 +1777,84 @@ def _adaptive_avg_pool2d(x, output_size):
     return _adaptive_avg(x, tuple(n if o is None else o for n, o in zip(x.shape[-2:], outs)))
 
 
+def _scan_max_index(x, windows) -> np.ndarray:
+    """torch's max-pooling index: per output position, scan its window's (row, col) pairs
+    in order, keeping the first strict maximum and moving to every nan; the flat index
+    row * W + col of what was kept. ``windows[i][j]`` lists the pairs of output (i, j)."""
+    W = x.shape[-1]
+    out = np.empty(x.shape[:2] + (len(windows), len(windows[0])), np.int64)
+    for i, row in enumerate(windows):
+        for j, pairs in enumerate(row):
+            best = np.full(x.shape[:2], -np.inf)
+            where = np.full(x.shape[:2], pairs[0][0] * W + pairs[0][1], np.int64)
+            for r, c in pairs:
+                v = x[:, :, r, c]
+                take = (v > best) | np.isnan(v)
+                best, where = np.where(take, v, best), np.where(take, r * W + c, where)
+            out[:, :, i, j] = where
+    return out
+
+
+def _max_pool2d_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    (kh, kw), (ph, pw), (dh, dw) = _two(kernel_size), _two(padding), _two(dilation)
+    sh, sw = _two(stride if stride is not None else kernel_size)
+    H, W = x.shape[2:]
+    oh, ow = (_pool_size(H, kh, sh, ph, dh, ceil_mode), _pool_size(W, kw, sw, pw, dw, ceil_mode))
+    return _scan_max_index(x, [[
+        [(r, c) for r in range(i * sh - ph, i * sh - ph + dh * kh, dh) if 0 <= r < H
+         for c in range(j * sw - pw, j * sw - pw + dw * kw, dw) if 0 <= c < W]
+        for j in range(ow)] for i in range(oh)])
+
+
+_max_pool2d_indices.rank = 4
+
+
+def _adaptive_sizes(x, output_size):
+    return tuple(n if o is None else o for n, o in zip(x.shape[-2:], _two(output_size)))
+
+
+def _adaptive_max_pool2d(x, output_size):
+    rows, cols = (_adaptive_bounds(n, o) for n, o in zip(x.shape[2:], _adaptive_sizes(
+        x, output_size)))
+    out = np.empty(x.shape[:2] + (len(rows), len(cols)), x.dtype)
+    for i, (a, b) in enumerate(rows):
+        for j, (c, d) in enumerate(cols):
+            out[:, :, i, j] = x[:, :, a:b, c:d].max(axis=(-2, -1))  # nan wins
+    return out
+
+
+_adaptive_max_pool2d.rank = 4
+
+
+def _adaptive_max_pool2d_indices(x, output_size):
+    rows, cols = (_adaptive_bounds(n, o) for n, o in zip(x.shape[2:], _adaptive_sizes(
+        x, output_size)))
+    return _scan_max_index(x, [[[(r, c) for r in range(a, b) for c in range(e, f)]
+                                for e, f in cols] for a, b in rows])
+
+
+_adaptive_max_pool2d_indices.rank = 4
+
+
+def _unfold(x, kernel_size, dilation=1, padding=0, stride=1):
+    """im2col: row (channel, ki, kj), column (window row, window col), zero padding."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_two(kernel_size), _two(dilation), _two(padding),
+                                              _two(stride))
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    out = np.empty((x.shape[0], x.shape[1], kh, kw, oh, ow), x.dtype)
+    for ki in range(kh):
+        for kj in range(kw):
+            for i in range(oh):
+                for j in range(ow):
+                    out[:, :, ki, kj, i, j] = xp[:, :, i * sh + ki * dh, j * sw + kj * dw]
+    return out.reshape(x.shape[0], x.shape[1] * kh * kw, oh * ow)
+
+
+_unfold.rank = 4
+
+
 def _nearest(n_in: int, n_out: int, scale, exact: bool) -> list[int]:
     """torch's source index: floor(dst * s) (nearest-exact: floor((dst + 0.5) * s)), clamped to
     the last, in float32 arithmetic with s = in / out, or 1 / scale_factor when one is given."""
@@ -1721,6 +1884,40 @@ def _linear_resample(x, axis, n_out, scale, align_corners):
     return np.concatenate(parts, axis)
 
 
+def _keys_cubic(d: float, a: float = -0.75) -> float:
+    """Keys' cubic convolution kernel at distance d (torch's A = -0.75)."""
+    d = abs(d)
+    if d <= 1:
+        return (a + 2) * d ** 3 - (a + 3) * d ** 2 + 1
+    if d < 2:
+        return a * d ** 3 - 5 * a * d ** 2 + 8 * a * d - 4 * a
+    return 0.0
+
+
+def _cubic_source(n_in, n_out, scale, align_corners, dst):
+    if align_corners:
+        return dst * ((n_in - 1) / (n_out - 1)) if n_out > 1 else 0.0
+    s = 1.0 / scale if scale else n_in / n_out
+    return s * (dst + 0.5) - 0.5  # unclamped for cubic
+
+
+def _bicubic(x, outs, scales, align_corners):
+    """Each output the 4x4 neighbourhood of its source point, weighted by the kernel at the
+    distances along both axes; a neighbour outside the input reads the nearest edge."""
+    (H, W), (oh, ow) = x.shape[2:], outs
+    out = np.zeros(x.shape[:2] + (oh, ow))
+    for i in range(oh):
+        sy = _cubic_source(H, oh, scales[0], align_corners, i)
+        for j in range(ow):
+            sx = _cubic_source(W, ow, scales[1], align_corners, j)
+            for r in range(math.floor(sy) - 1, math.floor(sy) + 3):
+                for c in range(math.floor(sx) - 1, math.floor(sx) + 3):
+                    weight = _keys_cubic(sy - r) * _keys_cubic(sx - c)
+                    out[:, :, i, j] += weight * x[:, :, min(max(r, 0), H - 1),
+                                                  min(max(c, 0), W - 1)]
+    return out
+
+
 def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None):
     k = x.ndim - 2
@@ -1733,6 +1930,8 @@ def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=
         scales = (None,) * k if recompute_scale_factor else sf
     if mode == "area":
         return _adaptive_avg(x, outs)
+    if mode == "bicubic":
+        return _bicubic(x, outs, scales, bool(align_corners))
     for axis, n_out, scale in zip(range(2, x.ndim), outs, scales):
         if mode in ("nearest", "nearest-exact"):
             x = np.take(x, _nearest(x.shape[axis], n_out, scale, mode == "nearest-exact"), axis)
@@ -1791,6 +1990,8 @@ POOL_CASES = [  # (x shape, kernel_size, stride, padding, dilation, ceil_mode)
     ((2, 2, 6, 10), 4, 3, 2, 1, True),
     ((2, 5, 5), 2, None, 1, 1, False),                      # unbatched
 ]
+ADAPTIVE_MAX_CASES = [((2, 3, 7, 7), (3, 5)), ((1, 2, 5, 5), (7, 9)), ((1, 2, 8, 6), 1),
+                      ((1, 2, 9, 6), (None, 4)), ((1, 1, 1, 1), (2, 3)), ((3, 10, 10), (3, 7))]
 INTERPOLATE_CASES = [
     ((2, 3, 4, 5), dict(scale_factor=2)),
     ((2, 3, 4, 5), dict(scale_factor=(3, 1))),
@@ -1812,6 +2013,10 @@ INTERPOLATE_CASES = [
     ((1, 2, 7), dict(size=15, mode="linear", align_corners=False)),
     ((1, 2, 3, 4, 5), dict(size=(5, 2, 7), mode="trilinear", align_corners=False)),
     ((1, 2, 9, 7), dict(size=(4, 3), mode="area")),
+    ((2, 3, 4, 4), dict(size=(5, 7), mode="bicubic", align_corners=False)),
+    ((1, 2, 7, 9), dict(scale_factor=1.7, mode="bicubic", align_corners=False)),
+    ((1, 2, 7, 9), dict(size=(3, 13), mode="bicubic", align_corners=True)),
+    ((1, 2, 1, 9), dict(size=(4, 2), mode="bicubic")),
 ]
 
 
@@ -1848,6 +2053,33 @@ CONV = [
             ((2, 3, 7, 7), (3, 5)), ((1, 2, 5, 5), (7, 9)), ((1, 2, 8, 6), 1), ((1, 2, 8, 6), 4),
             ((1, 2, 9, 6), (None, 4)), ((1, 1, 1, 1), (2, 3)), ((3, 10, 10), (3, 7))]],
         lambda torch, x, output_size: torch.nn.functional.adaptive_avg_pool2d(x, output_size)),
+    # where the max lies: ties ("rounded" has them, and nan and inf) keep the first, a nan
+    # the last, as torch's kernels do
+    _nn("max_pool2d_indices", "max_pool2d_indices",
+        lambda x, **kw: tg.max_pool2d_indices(x, **kw), _batched(_max_pool2d_indices),
+        [S(s, kernel_size=k, stride=st, padding=p, dilation=d, ceil_mode=c)
+         for s, k, st, p, d, c in POOL_CASES],
+        lambda torch, x, **kw: torch.nn.functional.max_pool2d(x, return_indices=True, **kw)[1],
+        domain=("rounded",)),
+    _nn("adaptive_max_pool2d", "adaptive_max_pool2d",
+        lambda x, output_size: tg.adaptive_max_pool2d(x, output_size=output_size),
+        _batched(_adaptive_max_pool2d), [S(s, output_size=o) for s, o in ADAPTIVE_MAX_CASES],
+        lambda torch, x, output_size: torch.nn.functional.adaptive_max_pool2d(x, output_size),
+        tol64=0.0, tol32=1e-7),
+    _nn("adaptive_max_pool2d_indices", "adaptive_max_pool2d_indices",
+        lambda x, output_size: tg.adaptive_max_pool2d_indices(x, output_size=output_size),
+        _batched(_adaptive_max_pool2d_indices),
+        [S(s, output_size=o) for s, o in ADAPTIVE_MAX_CASES],
+        lambda torch, x, output_size: torch.nn.functional.adaptive_max_pool2d(
+            x, output_size, return_indices=True)[1], domain=("rounded",)),
+    _nn("unfold", "unfold", lambda x, **kw: tg.unfold(x, **kw), _batched(_unfold),
+        [S(s, **kw) for s, kw in [
+            ((2, 3, 7, 9), dict(kernel_size=3, stride=2, padding=1)),
+            ((1, 2, 5, 5), dict(kernel_size=(2, 3), dilation=(2, 1))),
+            ((0, 2, 5, 5), dict(kernel_size=2)),                         # an empty batch
+            ((1, 1, 1, 1), dict(kernel_size=1)),
+            ((3, 6, 7), dict(kernel_size=(2, 3), padding=(1, 0), stride=(1, 2)))]],  # unbatched
+        lambda torch, x, **kw: torch.nn.functional.unfold(x, **kw), tol64=0.0, tol32=0.0),
     _nn("interpolate", "interpolate", lambda x, **kw: tg.interpolate(x, **kw), _interpolate,
         [S(s, **kw) for s, kw in INTERPOLATE_CASES],
         lambda torch, x, **kw: torch.nn.functional.interpolate(x, **kw)),

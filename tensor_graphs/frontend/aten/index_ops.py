@@ -89,6 +89,8 @@ def _gather(x, dim, index):
                       tg.reshape(index, (1,)) if index.ndim == 0 else index)
         return tg.reshape(out, tuple(index.shape))
     dim = dim % x.ndim
+    if index.ndim != x.ndim and 0 in tuple(index.shape):  # torch reads nothing: no rank check
+        return tg.expand(tg.constant(0, x.dtype.name), tuple(index.shape))
     if index.ndim != x.ndim:
         raise ShapeError(f"gather: index of rank {index.ndim} for an input of rank {x.ndim}")
     indices = []

@@ -7,7 +7,12 @@ import numpy as np
 import sympy
 
 from tensor_graphs.errors import ArgumentError, ShapeError
-from tensor_graphs.frontend.aten.common import Unavailable, guarded, ints
+from tensor_graphs.frontend.aten.common import (
+    Unavailable,
+    UnsupportedOpError,
+    guarded,
+    ints,
+)
 from tensor_graphs.ir import api as tg
 
 
@@ -43,6 +48,19 @@ def _sdpa(a, kw):
         raise ArgumentError("scaled_dot_product_attention: dropout_p must be 0 (inference)")
     return tg.scaled_dot_product_attention(kw["query"], kw["key"], kw["value"], kw["attn_mask"],
                                            is_causal=kw["is_causal"], scale=kw["scale"])
+
+
+def _embedding_renorm(a, kw):
+    """F.embedding(max_norm=...) writes the looked-up rows of the weight in place before the
+    lookup reads them, through an alias (a detached view) of the weight: a mapping would
+    read the weight unchanged, so it is refused with what to do."""
+    raise UnsupportedOpError(
+        f"embedding with max_norm={kw['max_norm']}: torch renormalizes the looked-up rows of "
+        "the weight in place (embedding_renorm_) before reading them, a write to the weight "
+        "a compiled program does not follow. Renormalize the weight once before export "
+        "(with torch.no_grad(): torch.embedding_renorm_(weight, indices, max_norm, "
+        "norm_type)) and drop max_norm, or clip the looked-up rows out of place "
+        "(torch.renorm)", [("aten::embedding_renorm_", "")])
 
 
 _BAG_MODES = ("sum", "mean", "max")
@@ -258,6 +276,8 @@ def _batch_stats(x):
 
 
 def _batch_norm_value(op, x, weight, bias, mean, var, training, eps):
+    if x.ndim < 2 and 0 in tuple(x.shape):  # torch returns an empty input as it is
+        return x
     if training or mean is None or var is None:
         if not training:
             raise ArgumentError(f"{op}: inference without running statistics needs "
@@ -331,16 +351,17 @@ def _stride(kw, nd):
 
 
 def _max_pool(op, nd, indices=False):
+    """max_pool1d/2d; with indices, torch's flat positions in each input plane (1-d pools are
+    2-d pools over a height of 1, so a position there is the index along the length)."""
     def fn(a, kw):
-        y = _pool(op, nd, tg.max_pool2d, kw["self"], kernel_size=ints(kw["kernel_size"], nd),
-                  stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
-                  padding=ints(kw["padding"], nd), dilation=ints(kw["dilation"], nd),
-                  ceil_mode=kw["ceil_mode"])
+        attrs = dict(kernel_size=ints(kw["kernel_size"], nd),
+                     stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
+                     padding=ints(kw["padding"], nd), dilation=ints(kw["dilation"], nd),
+                     ceil_mode=kw["ceil_mode"])
+        y = _pool(op, nd, tg.max_pool2d, kw["self"], **attrs)
         if not indices:
             return y
-        return (y, Unavailable(f"{op}: the indices output has no tensor_graphs op; pool "
-                               "without return_indices (F.max_pool2d(..., "
-                               "return_indices=False)) or take argmax explicitly"))
+        return (y, _pool(op, nd, tg.max_pool2d_indices, kw["self"], **attrs))
     return fn
 
 
@@ -362,6 +383,21 @@ def _adaptive_avg_pool(op, nd):
             size = tuple(kw["self"].shape[-nd + i] if s is None else s for i, s in enumerate(size))
         return _pool(op, nd, tg.adaptive_avg_pool2d, kw["self"], output_size=size)
     return fn
+
+
+def _adaptive_max_pool(op, nd):
+    """adaptive_max_pool1d/2d: the values and torch's flat positions of each window's max."""
+    def fn(a, kw):
+        size = ints(kw["output_size"], nd)
+        return tuple(_pool(op, nd, f, kw["self"], output_size=size)
+                     for f in (tg.adaptive_max_pool2d, tg.adaptive_max_pool2d_indices))
+    return fn
+
+
+def _im2col(a, kw):
+    return tg.unfold(kw["self"], kernel_size=tuple(kw["kernel_size"]),
+                     dilation=tuple(kw["dilation"]), padding=tuple(kw["padding"]),
+                     stride=tuple(kw["stride"]))
 
 
 def _upsample(mode):
@@ -389,6 +425,7 @@ def table(aten) -> dict:
         aten.native_layer_norm: _native_layer_norm,
         aten.rms_norm: _rms_norm,
         aten.embedding: lambda a, kw: tg.embedding(kw["indices"], kw["weight"]),
+        aten.embedding_renorm: _embedding_renorm,
         aten._embedding_bag: _embedding_bag,
         aten.embedding_bag: _embedding_bag,
         aten.scaled_dot_product_attention: _sdpa,
@@ -409,10 +446,12 @@ def table(aten) -> dict:
         aten.upsample_linear1d.vec: _upsample("linear"),
         aten.upsample_bilinear2d.vec: _upsample("bilinear"),
         aten.upsample_trilinear3d.vec: _upsample("trilinear"),
+        aten.upsample_bicubic2d.vec: _upsample("bicubic"),
         aten.upsample_nearest1d.default: _upsample_sized("nearest"),
         aten.upsample_nearest2d.default: _upsample_sized("nearest"),
         aten.upsample_linear1d.default: _upsample_sized("linear"),
         aten.upsample_bilinear2d.default: _upsample_sized("bilinear"),
+        aten.upsample_bicubic2d.default: _upsample_sized("bicubic"),
         # channel norms
         aten.group_norm: lambda a, kw: tg.group_norm(kw["input"], kw["weight"], kw["bias"],
                                                      num_groups=kw["num_groups"],
@@ -435,4 +474,7 @@ def table(aten) -> dict:
         aten.adaptive_avg_pool1d: _adaptive_avg_pool("adaptive_avg_pool1d", 1),
         aten.adaptive_avg_pool2d: _adaptive_avg_pool("adaptive_avg_pool2d", 2),
         aten._adaptive_avg_pool2d: _adaptive_avg_pool("_adaptive_avg_pool2d", 2),
+        aten.adaptive_max_pool1d: _adaptive_max_pool("adaptive_max_pool1d", 1),
+        aten.adaptive_max_pool2d: _adaptive_max_pool("adaptive_max_pool2d", 2),
+        aten.im2col: _im2col,
     })

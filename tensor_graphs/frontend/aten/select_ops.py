@@ -548,4 +548,12 @@ def table(aten) -> dict:
         aten.masked_select.default: _data_dependent(
             "masked_select", "Keep the shape: torch.where(mask, x, 0), or a masked sum "
                              "(x * mask).sum()."),
+        aten.unique_consecutive.default: _data_dependent(
+            "unique_consecutive", "Keep the shape: mark each run's first element, "
+                                  "torch.cat([x[:1] == x[:1], x[1:] != x[:-1]]), and mask."),
+        aten._unique2.default: _data_dependent(
+            "unique", "Keep the shape: torch.sort(x) and a mask of each value's first "
+                      "place (sorted[1:] != sorted[:-1])."),
+        aten.unique_dim.default: _data_dependent(
+            "unique", "Keep the shape: sort and mask the first place of each value."),
     })

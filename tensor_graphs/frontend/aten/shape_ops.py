@@ -211,9 +211,50 @@ def torch_sym(name: str):
     return getattr(torch_module(), name)
 
 
+def _diagonal_scatter(x, src, offset, dim1, dim2):
+    """torch.diagonal_scatter: x with the diagonal torch.diagonal(x, offset, dim1, dim2)
+    replaced by src (its last axis runs along the diagonal). The two axes are moved last;
+    each of their places takes src's element at its diagonal position (a gather of constant
+    indices) where a constant mask marks the diagonal, x's own element elsewhere."""
+    nd = x.ndim
+    if nd < 2:
+        raise ShapeError(f"diagonal_scatter: the input {x.shape} needs at least 2 dims")
+    d1, d2 = dim1 % nd, dim2 % nd
+    if d1 == d2:
+        raise ShapeError(f"diagonal_scatter: dim1 and dim2 ({dim1}, {dim2}) name the same "
+                         f"axis of {x.shape}")
+    n1, n2 = x.shape[d1], x.shape[d2]
+    if not isinstance(n1, int) or not isinstance(n2, int):
+        raise ShapeError(f"diagonal_scatter: axes {d1} and {d2} of {x.shape} must be concrete")
+    length = max(0, min(n1 + min(offset, 0), n2 - max(offset, 0)))
+    others = [a for a in range(nd) if a not in (d1, d2)]
+    want = tuple(x.shape[a] for a in others) + (length,)
+    if src.ndim != len(want) or not all(
+            not (isinstance(a, int) and isinstance(b, int)) or a == b
+            for a, b in zip(src.shape, want)):
+        raise ShapeError(f"diagonal_scatter: src {src.shape} must have the diagonal's shape "
+                         f"{want}")
+    if length == 0:
+        return x
+    rows = np.arange(length) + max(-offset, 0)
+    cols = np.arange(length) + max(offset, 0)
+    mask = np.zeros((n1, n2), bool)
+    mask[rows, cols] = True
+    place = np.zeros((n1, n2), np.int64)
+    place[rows, cols] = np.arange(length)
+    perm = tuple(others) + (d1, d2)
+    moved = tg.permute(x, perm)
+    spread = tg.gather(tg.cast(src, x.dtype), tg.constant(place.reshape(-1)), axis=-1)
+    spread = tg.reshape(spread, tuple(moved.shape))
+    out = tg.where(tg.constant(mask), spread, moved)
+    return tg.permute(out, tuple(int(i) for i in np.argsort(perm)))
+
+
 def table(aten) -> dict:
     return {**guarded({
         # shapes and views
+        aten.diagonal_scatter: lambda a, kw: _diagonal_scatter(
+            kw["self"], kw["src"], kw["offset"], kw["dim1"], kw["dim2"]),
         aten.view.default: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
         aten._unsafe_view: lambda a, kw: tg.reshape(kw["self"], tuple(kw["size"])),
         aten.reshape: lambda a, kw: tg.reshape(kw["self"], tuple(kw["shape"])),

@@ -20,12 +20,14 @@ import numpy as np
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
-from tensor_graphs.ir.ops.elementwise import div, rsqrt, sub
+from tensor_graphs.ir.ops.elementwise import div, isnan, logical_and, rsqrt, sub
 from tensor_graphs.ir.ops.reductions import mean
+from tensor_graphs.ir.ops.reductions import min as reduce_min
 from tensor_graphs.ir.shapes import dims_equal, format_shape, is_static, numel
 
 __all__ = [
-    "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "batch_norm",
+    "conv2d", "max_pool2d", "max_pool2d_indices", "avg_pool2d", "adaptive_avg_pool2d",
+    "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "unfold", "interpolate", "batch_norm",
     "group_norm",
 ]
 
@@ -219,6 +221,82 @@ def max_pool2d(x, *, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=
     return undo(tg.max(windows, 2))
 
 
+def _lowest(x, op: str):
+    if x.dtype.is_bool:
+        raise DTypeError(f"{op}: bool input is not accepted; cast it to an int or float dtype")
+    return float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np_dtype).min)
+
+
+def _window_positions(hw, kernel, stride, dilation, pads, out) -> np.ndarray:
+    """(KH*KW, OH, OW): the flat index h * W + w of each window element in the input's
+    (H, W) plane, -1 where it lies in the padding (the layout of ``_padded_windows``)."""
+    (h, w), (kh, kw), (sh, sw), (dh, dw), (top, left), (oh, ow) = (
+        hw, kernel, stride, dilation, pads, out)
+    rows = (np.arange(oh) * sh - top)[None, :] + (np.arange(kh) * dh)[:, None]  # (KH, OH)
+    cols = (np.arange(ow) * sw - left)[None, :] + (np.arange(kw) * dw)[:, None]  # (KW, OW)
+    r, c = rows[:, None, :, None], cols[None, :, None, :]
+    inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+    return np.where(inside, r * w + c, -1).reshape(kh * kw, oh, ow).astype(np.int64)
+
+
+def _argmax_index(windows, positions: np.ndarray):
+    """torch's max-pooling index over windows (N, C, K, OH, OW) whose elements lie at
+    ``positions`` (K, OH, OW; -1: padding): the position of the first maximum in window
+    order, or of the last nan where the window has one, as torch's kernels scan
+    (``val > maxval || isnan(val)``). Window order is row-major, so the first (last) in
+    window order is the smallest (largest) position."""
+    inside = tg.constant(positions >= 0)
+    where = tg.constant(positions, "int64")
+    top = tg.max(windows, 2, keepdims=True)
+    hit = logical_and(inside, tg.equal(windows, top))
+    first = reduce_min(tg.where(hit, where, tg.constant(np.iinfo(np.int64).max, "int64")),
+                       axis=2)
+    if not windows.dtype.is_float:
+        return first
+    last_nan = tg.max(tg.where(logical_and(inside, isnan(windows)), where,
+                               tg.constant(-1, "int64")), 2)
+    return tg.where(tg.less(last_nan, 0), first, last_nan)
+
+
+@composite(example=_pool_example)
+def max_pool2d_indices(x, *, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Where each max_pool2d window's maximum lies (torch's return_indices=True, int64): the
+    flat index h * W + w in the input's (H, W) plane of the window's first maximum, or of its
+    last nan where it has one (the rule of torch's kernels)."""
+    op = "max_pool2d_indices"
+    x4, undo = _batched(x, op)
+    low = _lowest(x, op)
+    kernel, stride, padding, dilation, out = _pool_geometry(
+        x4, op, kernel_size, stride, padding, dilation, ceil_mode)
+    windows = _padded_windows(x4, kernel, stride, dilation, padding, out, low)
+    positions = _window_positions(x4.shape[-2:], kernel, stride, dilation, padding, out)
+    return undo(_argmax_index(windows, positions))
+
+
+@composite(example=lambda: {"x": tg.input("x", (1, 2, 5, 5)), "kernel_size": 2})
+def unfold(x, *, kernel_size, dilation=1, padding=0, stride=1):
+    """Sliding local blocks as columns (torch's F.unfold, im2col): (N, C, H, W) -> (N,
+    C*KH*KW, L), a column per window position in row-major order, channel-major rows; the
+    zero-padded windows as in conv2d, without the matmul."""
+    op = "unfold"
+    x4, undo = _batched(x, op)
+    if x.dtype.is_bool:
+        raise DTypeError(f"{op}: bool input is not accepted; cast it to an int or float dtype")
+    kernel = _pair(kernel_size, "kernel_size", op)
+    dilation, stride = _pair(dilation, "dilation", op), _pair(stride, "stride", op)
+    pads = _pair(padding, "padding", op, low=0)
+    h, w = _spatial(x4, op)
+    out = tuple(_out_size(n, k, s, d, p, p) for n, k, s, d, p
+                in zip((h, w), kernel, stride, dilation, pads))
+    if min(out) < 1:
+        raise ShapeError(f"{op}: input {format_shape(x.shape)} padded by {pads} is smaller than "
+                         f"the block {kernel} (dilation {dilation}); pad it or use a smaller "
+                         "kernel_size")
+    cols = _padded_windows(x4, kernel, stride, dilation, pads, out, 0)
+    n, c = x4.shape[0], x4.shape[1]
+    return undo(tg.reshape(cols, (n, c * kernel[0] * kernel[1], out[0] * out[1])))
+
+
 def _avg_divisor(size, k, s, p, out, count_include_pad):
     """torch's per-window divisor along one axis: the window clipped to the padded input, or
     to the input itself when padding does not count."""
@@ -301,8 +379,58 @@ def adaptive_avg_pool2d(x, *, output_size):
     return undo(_along(y, _adaptive_matrix(hw[1], ow), -1))
 
 
-_LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3}
+def _adaptive_index(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, k): the input positions of each adaptive window [floor(i*in/out),
+    ceil((i+1)*in/out)), k the longest window's length; a shorter window repeats its last
+    position (which changes neither its maximum nor where the first or last one lies)."""
+    start = np.arange(n_out) * n_in // n_out
+    end = -(-(np.arange(1, n_out + 1) * n_in) // n_out)
+    k = int((end - start).max())
+    return np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1)
+
+
+def _adaptive_windows(x, op: str, output_size):
+    """(N, C, KH*KW, OH, OW) adaptive windows of an (N, C, H, W) input, gathered with constant
+    index arrays, and their positions (K, OH, OW) in the (H, W) plane."""
+    h, w = _spatial(x, op)
+    oh, ow = _output_size(output_size, (h, w), op)
+    rows, cols = _adaptive_index(h, oh), _adaptive_index(w, ow)  # (OH, KH), (OW, KW)
+    kh, kw = rows.shape[1], cols.shape[1]
+    y = tg.gather(x, tg.constant(rows.reshape(-1)), axis=2)
+    y = tg.gather(y, tg.constant(cols.reshape(-1)), axis=3)  # (N, C, OH*KH, OW*KW)
+    y = tg.reshape(y, (x.shape[0], x.shape[1], oh, kh, ow, kw))
+    y = tg.reshape(tg.permute(y, (0, 1, 3, 5, 2, 4)), (x.shape[0], x.shape[1], kh * kw, oh, ow))
+    positions = rows.T[:, None, :, None] * w + cols.T[None, :, None, :]  # (KH, KW, OH, OW)
+    return y, positions.reshape(kh * kw, oh, ow).astype(np.int64)
+
+
+@composite(example=lambda: {"x": tg.input("x", (1, 2, 5, 7)), "output_size": (2, 3)})
+def adaptive_max_pool2d(x, *, output_size):
+    """Maximum over adaptive windows (torch's adaptive_max_pool2d): window i of an axis
+    covers [floor(i*in/out), ceil((i+1)*in/out)); the windows are gathered with constant
+    index arrays and reduced; nan propagates."""
+    op = "adaptive_max_pool2d"
+    _lowest(x, op)
+    x4, undo = _batched(x, op)
+    windows, _ = _adaptive_windows(x4, op, output_size)
+    return undo(tg.max(windows, 2))
+
+
+@composite(example=lambda: {"x": tg.input("x", (1, 2, 5, 7)), "output_size": (2, 3)})
+def adaptive_max_pool2d_indices(x, *, output_size):
+    """Where each adaptive_max_pool2d window's maximum lies (int64, torch's
+    return_indices=True): the flat index h * W + w of the first maximum, or of the last nan
+    where the window has one."""
+    op = "adaptive_max_pool2d_indices"
+    _lowest(x, op)
+    x4, undo = _batched(x, op)
+    windows, positions = _adaptive_windows(x4, op, output_size)
+    return undo(_argmax_index(windows, positions))
+
+
+_LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}  # mode: spatial dims
 _MODES = ("nearest", "nearest-exact", "area", *_LINEAR)
+_CUBIC_A = -0.75  # torch's (and OpenCV's) cubic convolution constant
 
 
 def _nearest_index(n_in: int, n_out: int, scale, exact: bool) -> np.ndarray:
@@ -354,6 +482,33 @@ def _linear_matrix(n_in: int, n_out: int, scale, align_corners: bool) -> np.ndar
     return m
 
 
+def _cubic_matrix(n_in: int, n_out: int, scale, align_corners: bool) -> np.ndarray:
+    """(n_out, n_in) bicubic weights with torch's rule: the source index unclamped (cubic),
+    four taps at floor(src) - 1 .. + 2 weighted by Keys' cubic convolution (A = -0.75), a tap
+    outside the input reading its nearest edge."""
+    dst = np.arange(n_out, dtype=np.float64)
+    if align_corners:
+        src = dst * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+    else:
+        s = 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+        src = s * (dst + 0.5) - 0.5
+    base = np.floor(src)
+    t = src - base
+    a = _CUBIC_A
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    m = np.zeros((n_out, n_in))
+    rows = np.arange(n_out)
+    for k, w in enumerate((far(t + 1), near(t), near(1 - t), far(2 - t))):
+        np.add.at(m, (rows, np.clip(base.astype(np.int64) - 1 + k, 0, n_in - 1)), w)
+    return m
+
+
 def _as_tuple(value, count: int, name: str, kind, op: str) -> tuple | None:
     if value is None:
         return None
@@ -371,7 +526,8 @@ def interpolate(x, *, size=None, scale_factor=None, mode="nearest", align_corner
                 recompute_scale_factor=None):
     """Resize the spatial dims (torch's interpolate): "nearest"/"nearest-exact" gather with
     constant index arrays (reshape + expand for integer factors), "linear"/"bilinear"/
-    "trilinear" and "area" apply constant (out, in) matrices along each spatial axis."""
+    "trilinear", "bicubic" and "area" apply constant (out, in) matrices along each spatial
+    axis (bicubic is separable: torch's 4x4 taps are the product of two 4-tap rows)."""
     op = "interpolate"
     if mode not in _MODES:
         raise ArgumentError(f"{op}: mode {mode!r} is not supported; use one of {_MODES}")
@@ -406,6 +562,8 @@ def interpolate(x, *, size=None, scale_factor=None, mode="nearest", align_corner
             x = _nearest_along(x, _nearest_index(n_in, n_out, scale, mode != "nearest"), axis)
         elif mode == "area":
             x = _along(x, _adaptive_matrix(n_in, n_out), axis)
+        elif mode == "bicubic":
+            x = _along(x, _cubic_matrix(n_in, n_out, scale, bool(align_corners)), axis)
         else:
             x = _along(x, _linear_matrix(n_in, n_out, scale, bool(align_corners)), axis)
     return x

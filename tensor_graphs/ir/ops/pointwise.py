@@ -316,6 +316,153 @@ def logit(x, *, eps=None):
     return tg.log(div(x, sub(1.0, x)))
 
 
+# ---------------------------------------------------------------------------- gamma and erfinv
+# The gamma family and erfinv are series and iterations rather than one formula: they run in
+# float64 and round once to the input's dtype (float32 results are then within an ulp or two;
+# ints give float32, as torch's).
+def _wide(x: Node) -> Node:
+    return tg.cast(_float(x), "float64")
+
+
+def _narrow(y: Node, x: Node) -> Node:
+    return tg.cast(y, _float(x).dtype)
+
+
+# Lanczos' approximation, g = 7, nine terms (Godfrey's coefficients): Gamma(z) to ~1e-15
+_LANCZOS_G = 7.0
+_LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
+            -176.61502916214059, 12.507343278686905, -0.13857109526572012,
+            9.9843695780195716e-6, 1.5056327351493116e-7)
+
+
+def _lgamma_right(z: Node) -> Node:
+    """log Gamma(z) for z >= 0.5 (Lanczos)."""
+    z = sub(z, 1.0)
+    a = tg.as_node(_LANCZOS[0], z.dtype)
+    for i, c in enumerate(_LANCZOS[1:], start=1):
+        a = tg.add(a, div(c, tg.add(z, float(i))))
+    t = tg.add(z, _LANCZOS_G + 0.5)
+    return tg.add(sub(tg.mul(tg.add(z, 0.5), tg.log(t)), t),
+                  tg.add(tg.log(a), 0.5 * math.log(2 * math.pi)))
+
+
+def _pi_period(x: Node) -> Node:
+    """x - round(x) in [-1/2, 1/2]: |sin(pi x)| and tan(pi x) are those of it, exact in
+    float64 (integers give exactly 0, the poles; a tiny x keeps its digits)."""
+    return sub(x, _round_even(x))
+
+
+@composite(example=_x)
+def lgamma(x):
+    """log |Gamma(x)|: Lanczos for x >= 0.5, the reflection log(pi / |sin(pi x)|) -
+    lgamma(1 - x) below (inf at 0 and the negative integers); inf at +-inf."""
+    w = _wide(x)
+    left = tg.less(w, 0.5)
+    g = _lgamma_right(tg.where(left, sub(1.0, w), w))
+    s = abs(tg.sin(tg.mul(_pi_period(w), math.pi)))
+    reflected = sub(sub(math.log(math.pi), tg.log(s)), g)
+    y = tg.where(left, reflected, g)
+    return _narrow(tg.where(tg.equal(abs(w), math.inf), abs(w), y), x)
+
+
+# psi(y) - log(y) + 1 / (2y) for large y: -sum B_2k / (2k y**2k), k = 1..7 (error < 1e-13
+# at y >= 6.5)
+_DIGAMMA_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
+_DIGAMMA_SHIFT = 6
+
+
+@composite(example=_x)
+def digamma(x):
+    """psi(x) = d/dx log Gamma(x): shifted by the recurrence psi(x) = psi(x + 1) - 1 / x to
+    x + 6, then the asymptotic series; the reflection psi(1 - x) - pi / tan(pi x) below 0.5.
+    torch's edges: -inf at +0, +inf at -0, nan at the negative integers and -inf."""
+    w = _wide(x)
+    left = tg.less(w, 0.5)
+    z = tg.where(left, sub(1.0, w), w)
+    shift = tg.as_node(0.0, z.dtype)
+    for k in range(_DIGAMMA_SHIFT):
+        shift = tg.add(shift, tg.reciprocal(tg.add(z, float(k))))
+    y = tg.add(z, float(_DIGAMMA_SHIFT))
+    inv2 = tg.reciprocal(tg.mul(y, y))
+    series, power = tg.as_node(0.0, z.dtype), inv2
+    for c in _DIGAMMA_SERIES:
+        series = tg.add(series, tg.mul(power, c))
+        power = tg.mul(power, inv2)
+    psi = sub(sub(sub(tg.log(y), div(0.5, y)), series), shift)
+    r = _pi_period(w)
+    reflected = sub(psi, div(math.pi, tan(tg.mul(r, math.pi))))
+    out = tg.where(left, reflected, psi)
+    pole = logical_and(tg.less(w, 0.0), tg.equal(r, 0.0))  # -1, -2, ... and -inf
+    out = tg.where(pole, tg.as_node(math.nan, out.dtype), out)
+    out = tg.where(tg.equal(w, 0.0), tg.neg(tg.reciprocal(w)), out)  # -inf at +0, inf at -0
+    return _narrow(out, x)
+
+
+_WINITZKI = 0.147  # erfinv's closed-form first guess (relative error < 2e-3)
+
+
+@composite(example=_x)
+def erfinv(x):
+    """The inverse of erf on [-1, 1]: Winitzki's closed form, then three Newton steps on
+    erf(v) = |x| (quadratic: 2e-3 -> float64's precision), the residual through erfc above
+    1/2 (1 - |x| is exact there, erf(v) - |x| would cancel); odd, +-inf at +-1, nan beyond."""
+    w = _wide(x)
+    a = abs(w)
+    ln = tg.log(tg.mul(sub(1.0, a), tg.add(a, 1.0)))  # log(1 - x**2), exact near 1
+    b = tg.add(tg.mul(ln, 0.5), 2.0 / (math.pi * _WINITZKI))
+    v = tg.sqrt(sub(tg.sqrt(sub(tg.mul(b, b), div(ln, _WINITZKI))), b))
+    high, rest = tg.less(0.5, a), sub(1.0, a)
+    for _ in range(3):
+        residual = tg.where(high, sub(rest, erfc(v)), sub(tg.erf(v), a))
+        v = sub(v, div(residual, tg.mul(tg.exp(tg.neg(tg.mul(v, v))), 2.0 / math.sqrt(math.pi))))
+    v = tg.where(tg.equal(a, 1.0), tg.as_node(math.inf, v.dtype), v)
+    v = tg.where(tg.less(1.0, a), tg.as_node(math.nan, v.dtype), v)
+    return _narrow(_odd(w, v), x)
+
+
+# float dtype: the exponent of its smallest normal value (below it the spacing stays fixed)
+_MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
+
+
+def _binade(m: Node) -> Node:
+    """The exponent e with 2**e <= m < 2**(e+1), for finite m > 0: floor(log2(m)) moved by one
+    where log2 rounded across a power of two (exact: the comparisons are with 2**e)."""
+    e = floor(log2(m))
+    e = tg.where(tg.less(m, exp2(e)), sub(e, 1.0), e)
+    return tg.where(logical_not(tg.less(m, exp2(tg.add(e, 1.0)))), tg.add(e, 1.0), e)
+
+
+@composite(example=_ab)
+def nextafter(a, b):
+    """The next value of a's dtype after a toward b (C's nextafter): a's magnitude plus or
+    minus its spacing 2**(e - mantissa bits) (half that below a power of two, the fixed
+    spacing among subnormals); b where a == b, the smallest subnormal toward b from 0, the
+    largest finite value toward 0 from +-inf, nan with a nan. Exact: every step is a sum of
+    two values of the dtype that is itself one, computed in float64."""
+    a, b = _floats(a, b)
+    name = a.dtype.name
+    bits, largest = _FLOAT[name]
+    low = _MIN_EXPONENT[name]
+    x, y = tg.cast(a, "float64"), tg.cast(b, "float64")
+    m = abs(x)
+    finite = tg.less(m, math.inf)
+    safe = tg.where(logical_and(finite, tg.less(0.0, m)), m, tg.as_node(1.0, m.dtype))
+    e = _binade(safe)
+    spacing = exp2(sub(tg.maximum(e, float(low)), float(bits)))
+    below = logical_and(tg.equal(safe, exp2(e)), tg.less(float(low), e))  # a power of two
+    away = tg.equal(tg.less(x, y), tg.less(0.0, x))  # |a| grows toward b
+    step = tg.where(logical_or(away, logical_not(below)), spacing, tg.mul(spacing, 0.5))
+    moved = tg.where(away, tg.add(m, step), sub(m, step))
+    moved = tg.where(finite, moved, tg.as_node(largest, m.dtype))  # from +-inf toward 0
+    out = tg.where(tg.less(x, 0.0), tg.neg(moved), moved)
+    tiny = 2.0 ** (low - bits)
+    out = tg.where(tg.equal(x, 0.0), tg.where(tg.less(y, 0.0), tg.as_node(-tiny, m.dtype),
+                                              tg.as_node(tiny, m.dtype)), out)
+    out = tg.where(tg.equal(x, y), y, out)
+    out = tg.where(logical_or(isnan(x), isnan(y)), tg.as_node(math.nan, m.dtype), out)
+    return tg.cast(out, a.dtype)
+
+
 # ---------------------------------------------------------------------------- classification
 @composite(example=_x)
 def isinf(x):
@@ -483,9 +630,9 @@ def div_rounded(a: TensorLike, b: TensorLike, rounding_mode: str | None) -> Node
 
 __all__ = [
     "acos", "acosh", "angle", "asin", "asinh", "atan", "atan2", "atanh", "bitwise_and",
-    "bitwise_not", "bitwise_or", "bitwise_xor", "ceil", "copysign", "cosh", "div_trunc", "erfc",
-    "exp2", "expm1", "floor", "floor_divide", "fmax", "fmin", "fmod", "frac", "hypot",
-    "isfinite", "isinf",
-    "left_shift", "log10", "log1p", "log2", "logical_xor", "logit", "nan_to_num", "remainder",
-    "right_shift", "round", "signbit", "sinh", "tan", "trunc", "xlogy",
+    "bitwise_not", "bitwise_or", "bitwise_xor", "ceil", "copysign", "cosh", "digamma",
+    "div_trunc", "erfc", "erfinv", "exp2", "expm1", "floor", "floor_divide", "fmax", "fmin",
+    "fmod", "frac", "hypot", "isfinite", "isinf", "left_shift", "lgamma", "log10", "log1p",
+    "log2", "logical_xor", "logit", "nan_to_num", "nextafter", "remainder", "right_shift", "round",
+    "signbit", "sinh", "tan", "trunc", "xlogy",
 ]
