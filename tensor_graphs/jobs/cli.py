@@ -58,28 +58,40 @@ def _run_minilm(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     module, prog = minilm.compile_embedder(max_batch, max_seq, db=args.db,
                                            profile=args.profile)
+    fprog = prog  # float32: the quantized program's accuracy is measured against it
+    if args.quantize:
+        _say(f"quantizing the matmul/linear weights ({args.quantize}), planning ...")
+        prog = minilm.quantized_program(fprog, args.quantize, db=args.db,
+                                        profile=args.profile)
     setup = time.perf_counter() - start
     emb = prog(ids, mask)
     sims = minilm.similarity(emb)
     print(f"cosine similarity of the sentence embeddings ({len(sentences)} sentences, "
-          f"{int(mask.sum())} tokens):")
+          f"{int(mask.sum())} tokens{', ' + args.quantize if args.quantize else ''}):")
     print("\n".join(_similarity_table(sentences, sims)))
     if len(sentences) > 2:
         off = sims - 2 * np.eye(len(sentences))
         i, j = np.unravel_index(int(np.argmax(off)), off.shape)
         print(f"most similar: [{i}] and [{j}] ({sims[i, j]:.3f})")
+    quant_ok = True
+    if args.quantize:
+        femb = fprog(ids, mask)
+        quant_ok = _quantized_accuracy(args, sims, minilm.similarity(femb),
+                                       relative_error(emb, femb))
 
     tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
-    with torch.no_grad():
+    femb = fprog(ids, mask)  # the references check the float32 program: quantizing is the
+    with torch.no_grad():    # user's choice of model, measured above against it
         ref = module(tids, tmask).numpy()
-    checks = [("torch eager (the imported module)", relative_error(emb, ref))]
+    checks = [("torch eager (the imported module)", relative_error(femb, ref))]
     st = minilm.sentence_transformer()
     if st is not None:
         st_emb = st.encode(list(sentences), convert_to_numpy=True, batch_size=len(sentences))
-        checks.append(("sentence-transformers", relative_error(emb, st_emb)))
+        checks.append(("sentence-transformers", relative_error(femb, st_emb)))
     with torch.no_grad():
         ours = _median_ms(lambda: prog(ids, mask), args.repeats)
         eager = _median_ms(lambda: module(tids, tmask), args.repeats)
+        floats = _median_ms(lambda: fprog(ids, mask), args.repeats) if args.quantize else None
 
     print(f"\nplan (one plan for any batch <= {max_batch} and seq <= {max_seq}; "
           "times predicted at those bounds):")
@@ -88,18 +100,38 @@ def _run_minilm(args: argparse.Namespace) -> int:
     print(f"  planner runs {stats['planner_runs']}: {stats['blocks']} repeated layers, "
           f"{stats['blocks_planned']} planned, {stats['block_cache_hits']} from the block cache")
     ok = all(err <= args.check_tolerance for _, err in checks)
-    print("\nagreement (norm-wise relative error of the embeddings): "
+    print(f"\nagreement{' of the float32 program' if args.quantize else ''} (norm-wise "
+          "relative error of the embeddings): "
           + "; ".join(f"{name} {err:.1e}" for name, err in checks)
           + f" ({'within' if ok else 'ABOVE'} {args.check_tolerance:g})")
     if st is None:
         print("  (pip install sentence-transformers to compare with its pipeline too)")
     print(f"import + plan: {setup:.1f} s")
-    print(f"tensor_graphs: {ours[0]:.2f} ms (min {ours[1]:.2f}, max {ours[2]:.2f}); "
-          f"torch eager: {eager[0]:.2f} ms (min {eager[1]:.2f}, max {eager[2]:.2f}); "
+    print(f"tensor_graphs{' ' + args.quantize if args.quantize else ''}: {ours[0]:.2f} ms "
+          f"(min {ours[1]:.2f}, max {ours[2]:.2f}); "
+          + (f"float32: {floats[0]:.2f} ms ({floats[0] / ours[0]:.2f}x); " if floats else "")
+          + f"torch eager: {eager[0]:.2f} ms (min {eager[1]:.2f}, max {eager[2]:.2f}); "
           f"ratio {ours[0] / eager[0]:.2f} (median of {args.repeats} calls, "
           f"{threads.get_num_threads()} thread"
           f"{'s' if threads.get_num_threads() != 1 else ''})")
-    return 0 if ok else 1
+    return 0 if ok and quant_ok else 1
+
+
+def _quantized_accuracy(args: argparse.Namespace, sims, fsims, emb_error: float) -> bool:
+    """Print each pair's similarity under the scheme beside float32's and the largest
+    difference; True when it is within --quant-tolerance."""
+    n = len(sims)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    diff = max((abs(sims[i, j] - fsims[i, j]) for i, j in pairs), default=0.0)
+    print(f"\naccuracy of {args.quantize} against float32 (the same weights, unquantized):")
+    print(f"  {'pair':>9}  {args.quantize:>12}  {'float32':>8}  {'difference':>10}")
+    for i, j in pairs:
+        print(f"  {f'[{i}] [{j}]':>9}  {sims[i, j]:12.4f}  {fsims[i, j]:8.4f}  "
+              f"{sims[i, j] - fsims[i, j]:+10.4f}")
+    ok = bool(diff <= args.quant_tolerance)
+    print(f"  max |difference| {diff:.4f} ({'within' if ok else 'ABOVE'} "
+          f"{args.quant_tolerance:g}); embeddings' norm-wise relative error {emb_error:.1e}")
+    return ok
 
 
 def _run_gpt2(args: argparse.Namespace) -> int:
@@ -116,8 +148,12 @@ def _run_gpt2(args: argparse.Namespace) -> int:
     prompt = gpt2.random_prompt(args.prompt, lm.config.vocab_size)
     start = time.perf_counter()
     gen = Generator.from_transformers(lm, max_len=args.prompt + args.tokens,
-                                      max_prompt=args.prompt, db=args.db, profile=args.profile)
+                                      max_prompt=args.prompt, db=args.db, profile=args.profile,
+                                      quantize=args.quantize)
     setup = time.perf_counter() - start
+    if args.quantize:
+        _say(f"{args.quantize}: every matmul/linear weight (the tied LM head included); "
+             "float32 runs beside it for the accuracy report")
     print(f"prompt: {args.prompt} random tokens; generating {args.tokens}:", flush=True)
     tokens, times = [], []
     t = time.perf_counter()
@@ -137,12 +173,31 @@ def _run_gpt2(args: argparse.Namespace) -> int:
     print("\ndecode plan (one token, any cache length up to the bound):")
     print("  " + gen.decode.plan.summary().replace("\n", "\n  "))
     decode = statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    ok = same
+    if args.quantize:  # the scheme's tokens against float32's (transformers' are float32's)
+        agree = sum(a == b for a, b in zip(tokens, ref[0, args.prompt:].tolist()))
+        ok = agree >= 0.9 * len(tokens)
+        floats = Generator.from_transformers(lm, max_len=args.prompt + args.tokens,
+                                             max_prompt=args.prompt, db=args.db,
+                                             profile=args.profile)
+        ftimes = []
+        t = time.perf_counter()
+        for _ in floats.stream(prompt, args.tokens):
+            ftimes.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+        fdecode = statistics.median(ftimes[1:]) if len(ftimes) > 1 else float("nan")
+        print(f"\naccuracy of {args.quantize} against float32 (transformers' greedy tokens, "
+              f"the same weights): {agree} of {len(tokens)} tokens agree "
+              f"({'at least' if ok else 'BELOW'} 90%)")
+        print(f"decode: {args.quantize} {decode:.2f} ms/token, float32 {fdecode:.2f} ms/token "
+              f"({fdecode / decode:.2f}x)")
     print(f"\nimport + plan of both programs: {setup:.1f} s; tokens equal transformers' "
-          f"greedy generate: {'yes' if same else 'NO'}")
+          f"greedy generate: {'yes' if same else 'NO'}"
+          + (f" (expected of float32, not of {args.quantize})" if args.quantize else ""))
     print(f"tensor_graphs: prefill {times[0]:.1f} ms, decode {decode:.2f} ms/token (median); "
           f"transformers eager generate: {eager / args.tokens:.2f} ms/token overall "
           f"(prefill included; benchmarks/generate.py separates them)")
-    return 0 if same else 1
+    return 0 if ok else 1
 
 
 def _run_train_char(args: argparse.Namespace) -> int:
@@ -193,6 +248,9 @@ def add_run_command(sub) -> None:
     minilm.add_argument("--check-tolerance", type=cli_args.non_negative_float, default=1e-4,
                         help="largest accepted relative error against the references "
                              "(default 1e-4)")
+    minilm.add_argument("--quant-tolerance", type=cli_args.non_negative_float, default=0.01,
+                        help="with --quantize: largest accepted difference of a pair's "
+                             "cosine similarity from float32's (default 0.01)")
     gpt2 = models.add_parser("gpt2", help=JOBS["gpt2"][1],
                              description="Generate tokens greedily with GPT-2 (124M sizes, "
                                          "random weights) from a random prompt: a prefill "
@@ -205,7 +263,13 @@ def add_run_command(sub) -> None:
     gpt2.add_argument("--layers", type=cli_args.positive_int, default=12,
                       help="transformer layers (default 12)")
     gpt2.set_defaults(run=JOBS["gpt2"][0])
+    from tensor_graphs.rewrite.quantize import SCHEMES
+
     for p in (minilm, gpt2):
+        p.add_argument("--quantize", choices=sorted(SCHEMES), default=None, metavar="SCHEME",
+                       help="run with every matmul/linear weight in SCHEME (tg.quantize: "
+                            + ", ".join(sorted(SCHEMES)) + ") and report its accuracy "
+                            "against float32 (the same weights unquantized), side by side")
         p.add_argument("--db", default=None,
                        help="measurement database (default $TG_DB or "
                             "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")

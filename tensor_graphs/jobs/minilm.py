@@ -131,3 +131,25 @@ def similarity(embeddings: np.ndarray) -> np.ndarray:
     """Cosine similarities of normalised embeddings: their Gram matrix."""
     e = np.asarray(embeddings, dtype=np.float64)
     return e @ e.T
+
+
+def quantized_program(prog, scheme: str, **options):
+    """``prog`` (a ``tg.from_torch`` program) planned again with its graph's matmul/linear
+    weights in ``scheme`` (``tg.quantize``: "int8-dynamic", "int8-weight", "bf16-weight"),
+    bound to the same weight arrays (no second export, no second copy of the weights); the
+    float program stays usable beside it, which is what an accuracy report compares.
+    ``options`` go to ``tg.compile`` (db=, profile=...); the bounds are ``prog``'s."""
+    import copy
+
+    import tensor_graphs as tg
+    from tensor_graphs.ir.graph import leaves
+
+    inner = prog.program
+    outputs = tg.quantize(list(inner._outputs), scheme)
+    bounds = {str(k): int(v) for k, v in inner._pipeline.bounds.items()}
+    new = tg.compile(outputs, bounds=bounds or None, **options)
+    wanted = {leaf.name for leaf in leaves(outputs)}
+    new.bind(**{n: v for n, v in inner._bound.items() if n in wanted})
+    out = copy.copy(prog)
+    out.program = new
+    return out

