@@ -11,16 +11,17 @@ network) decodes ``tokens`` greedy tokens after a ``prompt``-token prompt throug
 per output channel; the embedding gather keeps reading float rows). Each is planned two ways
 (``--plans``): *measured*, on the shared database with ``profile="missing"``, and *estimated*,
 on a fresh in-memory database (rooflines by bytes: nothing measured). Why both: the profiler
-times a kernel in a hot loop, where a 7 MB layer weight stays in the last-level cache, so a
-float GEMV on the weight dequantized once per binding can measure as fast as the int8 one,
-while in a decode every weight comes from memory once per token; and on a loaded 2-core
-machine its one-row samples are dominated by thread wake-ups. Repeats alternate every runner
+times a kernel in a hot loop, where a 7 MB layer weight stays in the last-level cache, while
+in a decode every weight comes from memory once per token; the cost model now raises each
+step of a program whose weights exceed the cache to its static bytes at the read bandwidth
+(``db/cost.py``, ``from_memory``), and the two plans show whether measured rows and rooflines
+agree on the kernels. Repeats alternate every runner
 with a pause between runners; the decode time per token is the median step after the first
 token, medians with min-max spread over repeats.
 
-Printed per scheme: ms/token, the bytes of weights a decode step reads (each matmul weight at
-its stored width: 4 bytes float32, 1 byte int8 + 4 bytes a channel's scale; other weights
-whole, except embedding tables, of which a step reads one row), and the bandwidth floor:
+Printed per scheme: ms/token, the bytes of weights a decode step reads (each static input at
+the width its kernel stores it: 4 bytes float32, 1 byte int8 + 4 bytes a channel's scale, 2
+bytes a bfloat16-packed weight; one row of an embedding table), and the bandwidth floor:
 those bytes plus the KV cache at the median step's length over the read bandwidth measured
 here (benchmarks/generate.py's ``ReadBandwidth``). Then the ratio float/int8 (the issue's
 target: >= 1.8) and the greedy-token agreement of int8 with float32 over the generated tokens,
@@ -41,38 +42,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from generate import PAUSE, ReadBandwidth, ours_step_ms  # noqa: E402
 from tensor_graphs import threads  # noqa: E402
-from tensor_graphs.ir.graph import is_static  # noqa: E402
-from tensor_graphs.ir.ops.names import EMBEDDING, GATHER  # noqa: E402
+from tensor_graphs.db.cost import call_features  # noqa: E402
 from tensor_graphs.nn import Generator  # noqa: E402
-
-GATHERS = (EMBEDDING, GATHER)  # ops whose table a step reads one row of
 
 
 def weight_bytes(gen: Generator) -> int:
     """Bytes of static values (weights, and what the prelude made of them) the decode plan's
-    per-token steps read, at their stored width (an int8 weight 1 byte an element); a gather
-    from a table reads one row a token."""
-    total = 0
+    per-token steps read, at the width their kernels store them (an int8 weight 1 byte, a
+    bfloat16-packed one 2; a gather reads one row of its table): the cost model's own count
+    (``db.cost.call_features``), which ``from_memory`` costs at the read bandwidth."""
+    total = 0.0
     for step in gen.decode.plan.steps:
-        if step.static:
+        if step.static or step.kernel is None or getattr(step.kernel, "view", False):
             continue
-        tables = {nd.inputs[1] if nd.op.name == EMBEDDING else nd.inputs[0]
-                  for nd in step.nodes if nd.op.name in GATHERS}
-        for slot in step.inputs:
-            n = slot.node
-            if not is_static(n):
-                continue
-            size = n.dtype.itemsize * int(np.prod(n.shape))
-            if n in tables:
-                size //= max(1, int(n.shape[0]))  # one row of the table
-            total += size
-    return total
+        total += call_features(step.kernel, step.nodes, [s.node for s in step.inputs],
+                               step.node)[1]
+    return int(total)
 
 
 def kernels_used(gen: Generator) -> str:

@@ -65,13 +65,18 @@ LEASE_SECONDS = 30.0  # a claim's life unless renewed: how long a dead profiler'
 def calls_to_measure(planner: Planner) -> list[Option]:
     """The planner's kernel and copy options without a row, one per (kernel, signature), in
     the order of the slots (bottom-up: a node's options next to those of its inputs). GPU
-    kernels and host<->GPU copies only when a GPU (real or simulated) is usable here."""
+    kernels and host<->GPU copies only when a GPU (real or simulated) is usable here. Not
+    static steps (``Option.static``: a weight's transpose, quantization or rounding, its copy
+    to the GPU): they run once per binding and the planner weighs them at a thousandth of
+    their time, so their rows decide nothing a call pays, and measuring them was most of a
+    quantized model's profile (GPT-2 124M bf16-weight: ``bf16_round``'s decomposition over
+    every weight, each checked in float64, 1290 s at load ~10)."""
     found: dict[tuple[str, str], Option] = {}
     gpu = None
     for options in planner._options.values():
         alternatives = [o for o in options if o.how in (KERNEL, COPY)]
         for o in alternatives:
-            if o.estimate.source in ("measured", "free", "failed"):
+            if o.estimate.source in ("measured", "free", "failed") or o.static:
                 continue
             if measured_on(o.kernel) != "cpu":
                 if gpu is None:
