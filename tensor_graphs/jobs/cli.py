@@ -307,8 +307,8 @@ def _add_train_char(models) -> None:
             ("--seed", int, d.seed, "initial weights' and batches' seed"),
             ("--sample", cli_args.positive_int, d.sample, "characters to sample at the end"),
             ("--threads", cli_args.positive_int, d.threads,
-             "threads (one is fastest on a shared machine: a parallel kernel waits for its "
-             "slowest thread)")):
+             "threads; None: the process's count, as the other jobs (TG_NUM_THREADS, "
+             "OMP_NUM_THREADS, else the cores)")):
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--db", default=None,
                    help="measurement database (default $TG_DB or "

@@ -73,10 +73,12 @@ class Options:
     warmup: int = 50
     seed: int = 0
     sample: int = 300
-    # one thread: a step is ~400 short kernels, and on a shared machine each parallel one
-    # waits for its slowest thread (2-core machine at load 6: 75 ms a step on one thread,
-    # 0.9 to 4.5 s on two, numpy's OpenBLAS and torch kernels stalling the most)
-    threads: int = 1
+    # None: the process's count, as the other jobs take it (TG_NUM_THREADS, OMP_NUM_THREADS,
+    # torch.set_num_threads, else the cores: tensor_graphs.threads). Two threads are faster
+    # now that the backward's products, sums and casts are C kernels on the C team, which
+    # shrinks under contention (load ~8: 143 ms a step against 246 on one thread); before, the
+    # plan's numpy and torch kernels stalled on two (load 6: 0.9 to 4.5 s a step against 75 ms)
+    threads: int | None = None
 
 
 def model(corpus: Corpus, o: Options) -> GPT2:
@@ -180,7 +182,8 @@ def run(o: Options, db=None, profile: str = "never", stream=None, out=None) -> i
     stream, out = stream or sys.stderr, out or sys.stdout
     from tensor_graphs import threads
 
-    threads.set_num_threads(o.threads)
+    count = o.threads or threads.get_num_threads()
+    threads.set_num_threads(count)
     corpus = Corpus.of(text())
     tokens = o.batch * o.seq
     print(f"text: pydoc_data.topics, {len(corpus.train) + len(corpus.valid):,} characters, "
@@ -194,8 +197,8 @@ def run(o: Options, db=None, profile: str = "never", stream=None, out=None) -> i
     memory = trainer.memory()["cpu"]
     print(f"model: {o.layers} layers, width {o.width}, {o.heads} heads, window {o.seq}: "
           f"{n_params:,} parameters; batch {o.batch} x {o.seq} = {tokens} tokens per step; "
-          f"AdamW lr {o.lr:g} (warm-up {o.warmup}, cosine); {o.threads} thread"
-          f"{'s' if o.threads != 1 else ''}", file=out)
+          f"AdamW lr {o.lr:g} (warm-up {o.warmup}, cosine); {count} thread"
+          f"{'s' if count != 1 else ''}", file=out)
     print(f"planned the training step in {setup:.1f} s: {len(trainer.program.plan.steps)} "
           f"steps (forward, backward, update), {memory / 2**20:.1f} MiB", file=out, flush=True)
     tty = getattr(stream, "isatty", lambda: False)()
