@@ -1,8 +1,9 @@
 """The ops issue 21's OpInfo measure found refused, imported as users write them: max pooling
-with return_indices (1-d and 2-d), adaptive max pooling, F.unfold (im2col, an empty batch
-included), diagonal_scatter, lgamma/digamma/erfinv, nextafter, and torch's empty-tensor
-conventions of gather and batch_norm. Each is compared with torch: indices exactly (ties and
-nan take torch's kernels' rule), values by the one error measure."""
+with return_indices (1-d and 2-d) and max_unpool, adaptive max pooling, F.unfold (im2col, an
+empty batch included), bicubic interpolation, diagonal_scatter, lgamma/digamma/erfinv,
+nextafter, and torch's empty-tensor conventions of gather, batch_norm and var. Each is
+compared with torch: indices exactly (ties and nan take torch's kernels' rule), values by the
+one error measure."""
 
 import numpy as np
 import pytest
@@ -79,6 +80,20 @@ def test_adaptive_max_pool1d():
     _check(Pool(F.adaptive_max_pool1d, output_size=4), _ties(3, 11))
 
 
+class PoolUnpool(nn.Module):
+    """SegNet's decoder: the encoder's pooling indices place the values back."""
+
+    def forward(self, x):
+        y, where = F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+        z, at = F.max_pool1d(x.flatten(2), 2, return_indices=True)
+        return (F.max_unpool2d(y, where, 3, stride=2, padding=1, output_size=x.shape[-2:]),
+                F.max_unpool1d(z, at, 2))
+
+
+def test_max_unpool_places_pooled_values_back():
+    _check(PoolUnpool(), torch.randn(2, 3, 7, 8))
+
+
 class Unfold(nn.Module):
     def __init__(self, **kw):
         super().__init__()
@@ -92,6 +107,21 @@ class Unfold(nn.Module):
 def test_unfold(shape):
     x = torch.randn(*shape)
     _check(Unfold(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=(1, 2)), x)
+
+
+class Bicubic(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return F.interpolate(x, mode="bicubic", **self.kw)
+
+
+@pytest.mark.parametrize("kw", [dict(size=(5, 9)), dict(scale_factor=1.7),
+                                dict(size=(3, 4), align_corners=True)])
+def test_bicubic(kw):
+    _check(Bicubic(**kw), torch.randn(2, 3, 6, 7))
 
 
 class DiagonalScatter(nn.Module):

@@ -394,6 +394,27 @@ def _adaptive_max_pool(op, nd):
     return fn
 
 
+def _max_unpool2d(a, kw):
+    """max_unpool1d/2d (torch hands the 1-d one over as a 2-d one of width 1): each value
+    written at its flat index into a zero (H, W) plane of output_size; repeated indices keep
+    the last writer in row-major order (torch's CPU loop does; the pooling that made the
+    indices repeats only one element's place)."""
+    x, where, size = kw["self"], kw["indices"], tuple(kw["output_size"])
+    if x.ndim not in (3, 4) or tuple(where.shape) != tuple(x.shape) or len(size) != 2:
+        raise ShapeError(f"max_unpool2d: expected an (N, C, h, w) or (C, h, w) input and "
+                         f"indices of its shape and a 2-d output_size, got {x.shape}, "
+                         f"{where.shape} and {size}")
+    if not all(isinstance(d, int) for d in (*size, *x.shape[-2:])):
+        raise ShapeError(f"max_unpool2d: the planes of {x.shape} and output_size {size} must "
+                         "be concrete")
+    lead = tuple(x.shape[:-2])
+    flat = tg.reshape(x, lead + (x.shape[-2] * x.shape[-1],))
+    zeros = tg.expand(tg.constant(0, x.dtype.name), lead + (size[0] * size[1],))
+    out = tg.put_along_axis(zeros, tg.reshape(tg.cast(where, "int64"), tuple(flat.shape)),
+                            flat, axis=-1)
+    return tg.reshape(out, lead + size)
+
+
 def _im2col(a, kw):
     return tg.unfold(kw["self"], kernel_size=tuple(kw["kernel_size"]),
                      dilation=tuple(kw["dilation"]), padding=tuple(kw["padding"]),
@@ -477,4 +498,5 @@ def table(aten) -> dict:
         aten.adaptive_max_pool1d: _adaptive_max_pool("adaptive_max_pool1d", 1),
         aten.adaptive_max_pool2d: _adaptive_max_pool("adaptive_max_pool2d", 2),
         aten.im2col: _im2col,
+        aten.max_unpool2d: _max_unpool2d,
     })
