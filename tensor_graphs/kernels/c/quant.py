@@ -20,7 +20,8 @@ import numpy as np
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
-from tensor_graphs.kernels.registry import Preparation, kernel
+from tensor_graphs.kernels.c.quant_family import Family, register
+from tensor_graphs.kernels.registry import Preparation
 
 LIB = "quant"
 SOURCE = lib.source(LIB)
@@ -119,31 +120,6 @@ def gemm(a, q, s, bias=None, act=None, out=None, res=None):
     return out
 
 
-def _constraint(has_bias: bool, residual: bool):
-    def where(shapes, dtypes, attrs):
-        reason = lib.failure(LIB)
-        if reason is not None:
-            return reason
-        a, q, s = (tuple(x) for x in shapes[:3])
-        names = [d.name for d in dtypes]
-        if names[1] != "int8" or any(d != "float32" for i, d in enumerate(names) if i != 1):
-            return f"needs float32 operands and an int8 weight, got {names}"
-        if len(a) < 2 or len(q) != 2:
-            return f"needs a of rank >= 2 and a 2-D weight, got {a} @ {q}"
-        k, n = q
-        if a[-1] != k:
-            return f"inner dims differ: {a} @ {q}"
-        if s != (1, n):
-            return f"the scale must have shape (1, {n}) (one per output channel), got {s}"
-        if has_bias and tuple(shapes[3]) != (n,):
-            return f"bias must have shape ({n},), got {tuple(shapes[3])}"
-        if residual and tuple(shapes[-1]) != a[:-1] + (n,):
-            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
-                    f"{tuple(shapes[-1])}")
-        return True
-    return where
-
-
 def _signatures(has_bias: bool, residual: bool) -> list[dict]:
     """Verification cases: one row (decode) to 9 rows, odd K and N, edge panels."""
     out = []
@@ -160,81 +136,6 @@ def _signatures(has_bias: bool, residual: bool) -> list[dict]:
     return out
 
 
-def _gelu(approx):
-    return lambda y: tg.gelu(y, approximate=approx)
-
-
-_ACT_BUILD = {None: lambda y: y, "relu": tg.relu, "gelu": _gelu("none"),
-              "gelu_tanh": _gelu("tanh")}
-
-
-def _register(name: str, has_bias: bool, act: str | None, residual: bool = False) -> None:
-    build = _ACT_BUILD[act]
-    if has_bias and residual:
-        def pattern(a, q, s, bias, res):
-            return a @ tg.dequantize(q, s) + bias + res
-
-        def run(a, q, s, bias, res, *, out=None):
-            return gemm(a, q, s, bias, act, out, res)
-    elif has_bias:
-        def pattern(a, q, s, bias):
-            return build(a @ tg.dequantize(q, s) + bias)
-
-        def run(a, q, s, bias, *, out=None):
-            return gemm(a, q, s, bias, act, out)
-    elif residual:
-        def pattern(a, q, s, res):
-            return a @ tg.dequantize(q, s) + res
-
-        def run(a, q, s, res, *, out=None):
-            return gemm(a, q, s, None, act, out, res)
-    else:
-        def pattern(a, q, s):
-            return build(a @ tg.dequantize(q, s))
-
-        def run(a, q, s, *, out=None):
-            return gemm(a, q, s, None, act, out)
-    run.__doc__ = (f"{act + '(' if act else ''}a @ dequantize(q, s){' + bias' if has_bias else ''}"
-                   f"{')' if act else ''}{' + res' if residual else ''}: int8 weight widened in "
-                   "registers, packed once at bind time, scale in the epilogue.")
-    run.source_text = SOURCE + f"\n/* {name} */"
-    prep = Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
-                       name="pack_q8", strided=True)
-    kernel(pattern, backend="c", name=name, contiguous=True,
-           where=_constraint(has_bias, residual), tolerance=1e-5,
-           signatures=_signatures(has_bias, residual), writes_out=True,
-           prepare={"q": prep})(run)
-
-
-_register("c_q8_matmul", False, None)
-_register("c_q8_matmul_bias", True, None)
-for _act in ("relu", "gelu", "gelu_tanh"):
-    _register(f"c_q8_matmul_bias_{_act}", True, _act)
-_register("c_q8_matmul_add", False, None, residual=True)
-_register("c_q8_matmul_bias_add", True, None, residual=True)
-
-
-def _bf16_constraint(has_bias: bool, residual: bool):
-    def where(shapes, dtypes, attrs):
-        reason = lib.failure(LIB)
-        if reason is not None:
-            return reason
-        a, w = (tuple(x) for x in shapes[:2])
-        names = [d.name for d in dtypes]
-        if any(d != "float32" for d in names):
-            return f"needs float32 operands, got {names}"
-        if len(a) < 2 or len(w) != 2 or a[-1] != w[0]:
-            return f"needs a (..., K) of rank >= 2 and a (K, N) weight, got {a} @ {w}"
-        n = w[1]
-        if has_bias and tuple(shapes[2]) != (n,):
-            return f"bias must have shape ({n},), got {tuple(shapes[2])}"
-        if residual and tuple(shapes[-1]) != a[:-1] + (n,):
-            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
-                    f"{tuple(shapes[-1])}")
-        return True
-    return where
-
-
 def _bf16_signatures(has_bias: bool, residual: bool) -> list[dict]:
     out = []
     for sig in _signatures(has_bias, residual):
@@ -245,55 +146,21 @@ def _bf16_signatures(has_bias: bool, residual: bool) -> list[dict]:
     return out
 
 
-def _register_bf16(name: str, has_bias: bool, act: str | None, residual: bool = False) -> None:
-    build = _ACT_BUILD[act]
-
-    def wide(wb):
-        return tg.bf16_round(wb)
-    if has_bias and residual:
-        def pattern(a, wb, bias, res):
-            return a @ wide(wb) + bias + res
-
-        def run(a, wb, bias, res, *, out=None):
-            return gemm_bf16(a, wb, bias, act, out, res)
-    elif has_bias:
-        def pattern(a, wb, bias):
-            return build(a @ wide(wb) + bias)
-
-        def run(a, wb, bias, *, out=None):
-            return gemm_bf16(a, wb, bias, act, out)
-    elif residual:
-        def pattern(a, wb, res):
-            return a @ wide(wb) + res
-
-        def run(a, wb, res, *, out=None):
-            return gemm_bf16(a, wb, None, act, out, res)
-    else:
-        def pattern(a, wb):
-            return build(a @ wide(wb))
-
-        def run(a, wb, *, out=None):
-            return gemm_bf16(a, wb, None, act, out)
-    run.__doc__ = (f"{act + '(' if act else ''}a @ bf16_round(wb)"
-                   f"{' + bias' if has_bias else ''}{')' if act else ''}"
-                   f"{' + res' if residual else ''}: the weight stored as bfloat16, packed once "
-                   "at bind time, widened in registers (a shift).")
-    run.source_text = SOURCE + f"\n/* {name} */"
-    prep = Preparation(pack_bf16,
-                       nbytes=lambda shape, dtype: packed_bytes(*map(int, shape), 2) + 64,
-                       name="pack_bf16", strided=True)
-    kernel(pattern, backend="c", name=name, contiguous=True,
-           where=_bf16_constraint(has_bias, residual), tolerance=1e-5,
-           signatures=_bf16_signatures(has_bias, residual), writes_out=True,
-           prepare={"wb": prep})(run)
-
-
-_register_bf16("c_bf16_matmul", False, None)
-_register_bf16("c_bf16_matmul_bias", True, None)
-for _act in ("relu", "gelu", "gelu_tanh"):
-    _register_bf16(f"c_bf16_matmul_bias_{_act}", True, _act)
-_register_bf16("c_bf16_matmul_add", False, None, residual=True)
-_register_bf16("c_bf16_matmul_bias_add", True, None, residual=True)
+register(Family(
+    prefix="c_q8", lib=LIB, weight_args=("q", "s"), weight=tg.dequantize, weight_dtype="int8",
+    gemm=gemm, prep=Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(
+        *map(int, shape)) + 64, name="pack_q8", strided=True),
+    signatures=_signatures, source=SOURCE, product="a @ dequantize(q, s)",
+    what="int8 weight widened in registers, packed once at bind time, scale in the "
+         "epilogue."))
+register(Family(
+    prefix="c_bf16", lib=LIB, weight_args=("wb",), weight=tg.bf16_round,
+    weight_dtype="float32", gemm=gemm_bf16,
+    prep=Preparation(pack_bf16, nbytes=lambda shape, dtype: packed_bytes(
+        *map(int, shape), 2) + 64, name="pack_bf16", strided=True),
+    signatures=_bf16_signatures, source=SOURCE, product="a @ bf16_round(wb)",
+    what="the weight stored as bfloat16, packed once at bind time, widened in registers "
+         "(a shift)."))
 
 # the int8 x int8 kernels (int8-dynamic) register with these
 from tensor_graphs.kernels.c import quant_dyn  # noqa: E402,F401

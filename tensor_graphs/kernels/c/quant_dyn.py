@@ -22,7 +22,8 @@ from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
-from tensor_graphs.kernels.registry import Preparation, kernel
+from tensor_graphs.kernels.c.quant_family import Family, register
+from tensor_graphs.kernels.registry import Preparation
 
 LIB = "quant_dyn"
 SOURCE = lib.source(LIB)
@@ -120,31 +121,6 @@ def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = No
     return out
 
 
-def _constraint(has_bias: bool, residual: bool):
-    def where(shapes, dtypes, attrs):
-        reason = lib.failure(LIB)
-        if reason is not None:
-            return reason
-        a, q, s = (tuple(x) for x in shapes[:3])
-        names = [d.name for d in dtypes]
-        if names[1] != "int8" or any(d != "float32" for i, d in enumerate(names) if i != 1):
-            return f"needs float32 operands and an int8 weight, got {names}"
-        if len(a) < 2 or len(q) != 2:
-            return f"needs a of rank >= 2 and a 2-D weight, got {a} @ {q}"
-        k, n = q
-        if a[-1] != k:
-            return f"inner dims differ: {a} @ {q}"
-        if s != (1, n):
-            return f"the scale must have shape (1, {n}) (one per output channel), got {s}"
-        if has_bias and tuple(shapes[3]) != (n,):
-            return f"bias must have shape ({n},), got {tuple(shapes[3])}"
-        if residual and tuple(shapes[-1]) != a[:-1] + (n,):
-            return (f"the added operand must have the product's shape {a[:-1] + (n,)}, got "
-                    f"{tuple(shapes[-1])}")
-        return True
-    return where
-
-
 def _signatures(has_bias: bool, residual: bool) -> list[dict]:
     """Verification cases: one row to 13 rows (two 6-row tiles and a part), K not a multiple
     of 4, N across 64-column tasks and 16-column panels; ``offset`` rows (1e3..1e4 with a
@@ -166,54 +142,11 @@ def _signatures(has_bias: bool, residual: bool) -> list[dict]:
     return out
 
 
-def _register(name: str, has_bias: bool, act: str | None, residual: bool = False) -> None:
-    from tensor_graphs.kernels.c.quant import _ACT_BUILD
-
-    build = _ACT_BUILD[act]
-
-    def product(a, q, s):
-        return tg.dynamic_quant(a) @ tg.dequantize(q, s)
-    if has_bias and residual:
-        def pattern(a, q, s, bias, res):
-            return product(a, q, s) + bias + res
-
-        def run(a, q, s, bias, res, *, out=None):
-            return gemm(a, q, s, bias, act, out, res)
-    elif has_bias:
-        def pattern(a, q, s, bias):
-            return build(product(a, q, s) + bias)
-
-        def run(a, q, s, bias, *, out=None):
-            return gemm(a, q, s, bias, act, out)
-    elif residual:
-        def pattern(a, q, s, res):
-            return product(a, q, s) + res
-
-        def run(a, q, s, res, *, out=None):
-            return gemm(a, q, s, None, act, out, res)
-    else:
-        def pattern(a, q, s):
-            return build(product(a, q, s))
-
-        def run(a, q, s, *, out=None):
-            return gemm(a, q, s, None, act, out)
-    run.__doc__ = (f"{act + '(' if act else ''}dynamic_quant(a) @ dequantize(q, s)"
-                   f"{' + bias' if has_bias else ''}{')' if act else ''}"
-                   f"{' + res' if residual else ''}: rows quantized in the kernel, int8 x "
-                   "int8 -> int32 (VNNI / AVX2 / C, chosen at run time), scales in the "
-                   "epilogue.")
-    run.source_text = SOURCE + f"\n/* {name} */"
-    prep = Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
-                       name="pack_q8d", strided=True)
-    kernel(pattern, backend="c", name=name, contiguous=True,
-           where=_constraint(has_bias, residual), tolerance=1e-5,
-           signatures=_signatures(has_bias, residual), writes_out=True,
-           prepare={"q": prep})(run)
-
-
-_register("c_q8d_matmul", False, None)
-_register("c_q8d_matmul_bias", True, None)
-for _act in ("relu", "gelu", "gelu_tanh"):
-    _register(f"c_q8d_matmul_bias_{_act}", True, _act)
-_register("c_q8d_matmul_add", False, None, residual=True)
-_register("c_q8d_matmul_bias_add", True, None, residual=True)
+register(Family(
+    prefix="c_q8d", lib=LIB, weight_args=("q", "s"), weight=tg.dequantize,
+    weight_dtype="int8", gemm=gemm, activation=tg.dynamic_quant,
+    prep=Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
+                     name="pack_q8d", strided=True),
+    signatures=_signatures, source=SOURCE, product="dynamic_quant(a) @ dequantize(q, s)",
+    what="rows quantized in the kernel, int8 x int8 -> int32 (VNNI / AVX2 / C, chosen at "
+         "run time), scales in the epilogue."))
