@@ -31,7 +31,8 @@ or an input lives on the GPU. The warm-up before a capture (``Checker``: a side 
 real GPU) refuses dims where a result that leaves was allocated after all, or a step
 synchronized with the host (``.item()``, a shape that depends on values). Kernels read their
 shapes from the dims, and decode's ``past`` changes the grids, so there is one graph per dims
-value (``Graphs``, an LRU of ``LIMIT``). Graphs take no memory of their own beyond CUDA's
+value (``Graphs``, an LRU of ``LIMIT``), or, for a program planned for bounds, one per bucket
+of padded dims, checked on the call it is captured on (``run_padded``, below). Graphs take no memory of their own beyond CUDA's
 record of their launches and what their steps allocate inside (from one private torch pool
 that a program's graphs share): they read and write the program's arena, weights and state
 buffers.
@@ -53,12 +54,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops.names import INPUT, STATE, STATE_UPDATE
 
 LIMIT = 64  # graphs kept per program: decode keeps its last 64 cache lengths
 SEEN = 4096  # dims keys remembered as met (a key is captured on its second sighting)
+MIN_BUCKET = 16  # padded graphs' smallest length: the first 16 cache lengths share a graph
+PADDING = "pow2"  # padded graphs: one per power-of-two bucket; "bound": one graph; None: off
 
 
 class Refused(Exception):  # noqa: N818 - a reason, not a failure: the Python loop runs instead
@@ -457,12 +462,16 @@ class Graphs:
     _split: object = None  # Split, or the reason the program is refused
     _for: object = None  # the instruction list it was made for
     _pool: object = None
+    # padded graphs (below): "pow2" buckets, "bound" (one graph), None (one per dims value)
+    padding: str | None = PADDING
+    _padding: object = None  # Padding, or why the program's graph is not padded
 
     def split(self, instructions: Sequence, analyzed: Callable[[], Split]) -> Split | str:
         if self._for is not instructions:
             self.entries.clear()
             self.seen.clear()
             self._for = instructions
+            self._padding = None
             try:
                 self._split = analyzed()
             except Refused as exc:
@@ -511,3 +520,420 @@ class Graphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return CudaGraph(device, self._pool)
+
+
+# ----------------------------------------------------------------------------- padded dims
+# One graph for many lengths. A decode step's ``past`` changes every call, and with it the
+# cache prefix's shape, the append's offset and the attention's key count: one graph per value
+# met (above) never replays a long generation past the LRU. A padded graph is captured at a
+# bucket of each padded dim instead (``bucket``: the next power of two, at most the bound) and
+# serves every value up to it: shapes are the bucket's (the cache viewed at the bucket's length
+# in its buffer, an iota of the bucket's length), while every value-level use of the dim reads
+# the call's own value from the GPU: the program's dim leaves (``size(past)``: positions, the
+# causal mask's row) are refreshed in their captured tensors before each replay, and a kept
+# state's append writes at an offset computed on the GPU from a small tensor of the dims
+# (``Padded.dimvals``) instead of its host attribute. The keys between the call's length and
+# the bucket's are masked by the graph itself (``tg.nn``'s attention masks keys past
+# ``past``, built from those device values), so the results are the call's; a kept state's
+# new version and every result that leaves are narrowed to the call's shapes (a prefix of the
+# padded layout). Whether a program is that kind of program is checked, not assumed: at each
+# padded capture the call first runs at its own dims in the Python loop, the cache past its
+# length is filled with noise, and the padded warm-up must give the same results and the
+# same cache (``check``); a difference refuses padding for the program, which keeps one
+# graph per dims. ``padding_rules`` refuses it before anything runs where a dim reaches a
+# step outside the region (an input's copy, a host step), or an append's offset is not
+# linear in the dims.
+
+
+def bucket(value: int, bound: int, mode: str = PADDING) -> int:
+    """The padded value a graph is captured at: ``value`` itself at or past the bound."""
+    if value >= bound or mode == "bound":
+        return max(value, bound)
+    b = MIN_BUCKET
+    while b < value:
+        b *= 2
+    return min(b, bound)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """What padding a program's dims needs (``padding_rules``): the dims padded (names), and
+    the region's appends whose offset becomes a GPU value: region position -> (constant,
+    ((dim position in ``symbols``, coefficient), ...))."""
+
+    symbols: tuple[str, ...]
+    appends: Mapping[int, tuple[int, tuple[tuple[int, int], ...]]]
+
+    def dims(self, dims: Mapping, bounds: Mapping, mode: str = PADDING) -> dict:
+        out = {}
+        for k, v in dims.items():
+            out[k] = bucket(int(v), int(bounds[str(k)]), mode) if str(k) in self.symbols \
+                else int(v)
+        return out
+
+
+def _symbols_in(value) -> set[str]:
+    """Names of the dims a shape or attribute value mentions (nested tuples, lists, dicts)."""
+    import sympy
+
+    if isinstance(value, sympy.Basic):
+        return {str(s) for s in value.free_symbols}
+    if isinstance(value, (tuple, list)):
+        return set().union(*(_symbols_in(v) for v in value)) if value else set()
+    if isinstance(value, dict):
+        return _symbols_in(tuple(value.values()))
+    return set()
+
+
+def _linear(expr, names: Sequence[str]) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+    """``expr`` as c0 + sum(c_i * dim_i) with integer c (None otherwise)."""
+    import sympy
+
+    expr = sympy.sympify(expr)
+    free = {str(s): s for s in expr.free_symbols}
+    if not set(free) <= set(names):
+        return None
+    try:
+        poly = sympy.Poly(expr, *free.values()) if free else None
+    except sympy.PolynomialError:
+        return None
+    if poly is not None and poly.total_degree() > 1:
+        return None
+    const = expr.subs({s: 0 for s in free.values()})
+    if not sympy.sympify(const).is_Integer:
+        return None
+    terms = []
+    for name, s in free.items():
+        c = sympy.sympify(expr.coeff(s))
+        if not c.is_Integer:
+            return None
+        terms.append((list(names).index(name), int(c)))
+    return int(const), tuple(terms)
+
+
+def padding_rules(instructions: Sequence, leaves: Sequence, split: Split,
+                  bounds: Mapping | None) -> Padding | str:
+    """The dims a program's graph may be padded in, or why none: a dim with a bound that no
+    step outside the region and no input reads; in the region, a kept state's append whose
+    offset is linear in the dims (it is moved onto the GPU)."""
+    if not bounds:
+        return "no bounds (a padded graph is captured at a bucket up to a dim's bound)"
+    outside = [instructions[n] for n in split.prefix] + list(instructions[split.last:])
+    named = set()
+    for ins in outside:
+        named |= _symbols_in(ins.shape) | _symbols_in(ins.attrs)
+    for _, node in leaves:
+        if node.op.name == INPUT:
+            named |= _symbols_in(tuple(node.shape))
+    symbols = tuple(sorted(str(k) for k in bounds if str(k) not in named))
+    if not symbols:
+        return "every bounded dim reaches an input or a step outside the graph"
+    appends = {}
+    for pos, n in enumerate(split.region):
+        ins = instructions[n]
+        if ins.kernel is None or ins.kernel.op != STATE_UPDATE \
+                or not _symbols_in(ins.attrs.get("offset")) & set(symbols):
+            continue
+        if ins.kernel.name != "torch_cuda_state_update":
+            return f"{ins.name} appends at an offset of the dims on the host"
+        lin = _linear(ins.attrs["offset"], symbols)
+        if lin is None:
+            return f"{ins.name}'s offset {ins.attrs['offset']} is not linear in {symbols}"
+        appends[pos] = lin
+    return Padding(symbols, appends)
+
+
+def device_append(dimvals, const: int, terms: tuple[tuple[int, int], ...]) -> Callable:
+    """``state_update`` for a padded graph: the state is the cache at the bucket's length,
+    the new rows go at the offset the GPU holds (``const + sum(c * dimvals[i])``), and the
+    result is the cache at the bucket's length plus the new rows, a view of the buffer (the
+    host's ``offset`` attribute, the bucket's, is not read)."""
+    import torch
+
+    def append(state, value, *, axis: int, offset=None, out=None):
+        shape = list(state.shape)
+        shape[axis] += value.shape[axis]
+        longer = torch.as_strided(state, tuple(shape), state.stride(), state.storage_offset())
+        start = dimvals[0] * 0 + const
+        for i, c in terms:
+            start = start + dimvals[i] * c
+        index = start + torch.arange(value.shape[axis], device=state.device)
+        longer.index_copy_(axis, index, value)
+        return longer
+
+    return append
+
+
+def widen(value, shape: tuple):
+    """A kept state's prefix viewed at a padded shape in its buffer (same strides); None
+    where the buffer has no room."""
+    import torch
+
+    if tuple(value.shape) == tuple(shape):
+        return value
+    end = value.storage_offset() + sum((n - 1) * s for n, s in zip(shape, value.stride())) + 1
+    if min(shape, default=1) > 0 and end * value.element_size() > value.untyped_storage().nbytes():
+        return None
+    return torch.as_strided(value, tuple(shape), value.stride(), value.storage_offset())
+
+
+def narrow(value, shape: tuple):
+    """A padded result seen at the call's shape: its leading part along each axis."""
+    if not hasattr(value, "stride") or tuple(value.shape) == tuple(shape):
+        return value
+    return value.as_strided(tuple(shape), value.stride(), value.storage_offset())
+
+
+def noise(value, axis: int, start: int, seed: int = 0) -> None:
+    """Fill a kept state past ``start`` along ``axis`` with finite noise: a padded graph that
+    read it unmasked would differ from the call's own run."""
+    import torch
+
+    n = value.shape[axis] - start
+    if n <= 0:
+        return
+    part = value.narrow(axis, start, n)
+    g = torch.Generator().manual_seed(seed)
+    part.copy_((torch.randn(tuple(part.shape), generator=g) * 2).to(part.dtype))
+
+
+def _tolerance(dtype) -> float:
+    """How far a padded run's float result may be from the call's own: the same kernels on
+    the same values, reductions over masked keys of weight exactly 0 (differences are
+    reduction order only, never the masked noise)."""
+    name = str(dtype)
+    return 2e-2 if ("float16" in name or "bfloat16" in name) else 1e-4
+
+
+def compare(got: Sequence, want: Sequence) -> str | None:
+    """Why a padded run's results are not the call's own (None: they are)."""
+    import torch
+
+    for k, (a, b) in enumerate(zip(got, want)):
+        a, b = (t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+                for t in (a, b))
+        if tuple(a.shape) != tuple(b.shape):
+            return f"result {k} has shape {tuple(a.shape)}, the call's {tuple(b.shape)}"
+        if a.is_floating_point():
+            x, y = a.double().cpu(), b.double().cpu()
+            if not bool(torch.isfinite(x).all()) and not bool(torch.equal(x.isnan(), y.isnan())):
+                return f"result {k} is not finite where the call's is"
+            x, y = torch.nan_to_num(x), torch.nan_to_num(y)
+            den = float(torch.linalg.vector_norm(y)) or 1.0
+            err = float(torch.linalg.vector_norm(x - y)) / den
+            if err > _tolerance(a.dtype):
+                return f"result {k} differs from the call's by {err:.1e}"
+        elif not bool(torch.equal(a.cpu(), b.cpu())):
+            return f"result {k} differs from the call's"
+    return None
+
+
+NOT_PADDED = object()  # run_padded's answer where the per-dims graphs (above) take the call
+GPU_LOOP = "python loop: the program has GPU steps"
+
+
+@dataclass
+class PaddedCapture(Captured):
+    """A padded graph: ``Captured`` plus what a replay refreshes (the dims on the GPU, the
+    dim leaves it captured) and how it reads results back at the call's shapes."""
+
+    dimvals: object = None  # int64 tensor of the padded dims' values (the appends' offsets)
+    symbols: tuple = ()  # their names, in dimvals' order
+    dim_leaves: tuple = ()  # (value index, expression, numpy dtype) of the held dim leaves
+    shapes: dict = field(default_factory=dict)  # leaving value -> its symbolic shape
+    steps: int = 0
+
+    def refresh(self, values: list, dims: Mapping) -> None:
+        """The call's dims into the tensors the graph reads them from."""
+        import torch
+
+        from tensor_graphs.ir.shapes import resolve
+
+        named = {str(k): int(v) for k, v in dims.items()}
+        self.dimvals.copy_(torch.tensor([named[s] for s in self.symbols], dtype=torch.int64))
+        for i, expr, dtype in self.dim_leaves:
+            held = self.held[i]
+            held.copy_(torch.as_tensor(np.asarray(resolve(expr, dims), dtype=dtype)))
+            values[i] = held
+
+    def narrowed(self, values: list, dims: Mapping) -> None:
+        from tensor_graphs.ir.shapes import resolve
+
+        for i, v in self.live.items():
+            values[i] = narrow(v, tuple(resolve(tuple(self.shapes[i]), dims)))
+
+
+def _key(dims: Mapping) -> tuple:
+    return ("padded", *sorted((str(k), int(v)) for k, v in dims.items()))
+
+
+def _widened(exe, values: list, states: Sequence[int], gdims: Mapping) -> bool:
+    """The kept states' prefixes viewed at the padded dims' shapes; False where a buffer is
+    too short (a state bound beyond its bound's room)."""
+    from tensor_graphs.ir.shapes import resolve
+
+    nodes = dict(exe.leaves)
+    for i in states:
+        wide = widen(values[i], tuple(resolve(tuple(nodes[i].shape), gdims)))
+        if wide is None:
+            return False
+        values[i] = wide
+    return True
+
+
+def _clone(v):
+    return v.clone() if hasattr(v, "clone") else np.array(v, copy=True)
+
+
+def run_padded(exe, arrays: Mapping, dims: Mapping):
+    """One call of ``exe`` (a ``program.Executable``) through the padded graph of its dims'
+    bucket (captured first on the bucket's second sighting); None where the Python loop runs
+    it (``exe.native.last`` says why); ``NOT_PADDED`` where padding does not apply and the
+    per-dims graphs take the call."""
+    graphs = exe.graphs
+    bounds = getattr(exe, "bounds", None)
+    if graphs.padding is None or not bounds:
+        return NOT_PADDED
+    split = exe._split()
+    if isinstance(split, str):
+        return NOT_PADDED
+    if graphs._padding is None:
+        graphs._padding = padding_rules(exe.instructions, exe.leaves, split, bounds)
+    pad = graphs._padding
+    if isinstance(pad, str):
+        return NOT_PADDED
+    gdims = pad.dims(dims, bounds, graphs.padding)
+    key = _key(gdims)
+    entry = graphs.get(key)
+    if isinstance(entry, str):
+        exe.native.last = entry
+        return None
+    if entry is None:
+        try:
+            exe.bound(gdims)  # the kernels' constraints at the bucket
+        except Exception:  # noqa: BLE001 - a kernel chosen at the bounds refuses the bucket
+            return NOT_PADDED
+        if not graphs.sighted(key):
+            exe.native.last = (f"{GPU_LOOP}, first call with these dims (padded to "
+                               f"{dict(key[1:])}: the next one captures a CUDA graph)")
+            return None
+    values, feeds = exe._load(arrays, dims, True, entry.held if entry else None)
+    if not _widened(exe, values, split.states, gdims):
+        return NOT_PADDED
+    if entry is not None and not entry.fits(values):  # a state moved to a new buffer
+        values, feeds = exe._load(arrays, dims, True)
+        _widened(exe, values, split.states, gdims)
+        entry = None
+    if entry is None:
+        try:
+            entry, results = _capture_padded(exe, split, pad, dims, gdims, arrays, values,
+                                             feeds)
+        except Refused as exc:
+            graphs._padding = f"padding refused: {exc}"
+            graphs.entries.pop(key, None)
+            exe.native.last = f"{GPU_LOOP} and no padded CUDA graph: {exc}"
+            return None  # (the Python loop runs the call again from its leaves)
+        graphs.put(key, entry)
+        return results
+    exe.native.last = entry.message
+    entry.refresh(values, dims)
+    entry.prefix.run(values, feeds=feeds, stage=True)
+    entry.graph.replay()
+    entry.narrowed(values, dims)
+    entry.suffix.run(values)
+    return [values[i] for i in exe.outputs]
+
+
+def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mapping,
+                    arrays: Mapping, values: list, feeds: dict) -> tuple[PaddedCapture, list]:
+    """Check padding on this call (its own run, then the padded warm-up over noise past its
+    length: the same results), then capture the padded region. Returns the entry and the
+    call's results (the warm-up's)."""
+    import dataclasses
+
+    import torch
+
+    from tensor_graphs.ir.ops.names import DIM
+    from tensor_graphs.ir.shapes import resolve
+
+    device = exe.names.get("cuda", "cuda:0")
+    nodes = dict(exe.leaves)
+    # the call at its own dims, in the Python loop: what the padded run must give
+    own, own_feeds = exe._load(arrays, dims, True)
+    prefix, region_own, suffix = exe._parts(split, dims)
+    prefix.run(own, feeds=own_feeds, stage=True)
+    region_own.run(own)
+    suffix.run(own)
+    want = [_clone(own[i]) for i in exe.outputs]
+    for i in split.states:  # noise past each state's length (the new rows included)
+        real = tuple(resolve(tuple(nodes[i].shape), dims))
+        wide = tuple(values[i].shape)
+        axes = [a for a, (x, y) in enumerate(zip(real, wide)) if x != y]
+        if len(axes) > 1:
+            raise Refused(f"state '{nodes[i].name}' is padded along several axes")
+        if axes:
+            more = list(wide)
+            more[axes[0]] += 1
+            room = widen(values[i], tuple(more))
+            noise(room if room is not None else values[i], axes[0], real[axes[0]])
+    # the padded warm-up
+    _, region, _ = exe._parts(split, gdims)
+    dimvals = torch.tensor([int({str(k): v for k, v in dims.items()}[s])
+                            for s in pad.symbols], dtype=torch.int64,
+                           device=torch_device(device))
+    swapped = [dataclasses.replace(ins, fn=device_append(dimvals, *pad.appends[pos]))
+               if pos in pad.appends else ins for pos, ins in enumerate(region.instructions)]
+    region = region._replace(instructions=swapped)
+    held = {i: values[i] for i in split.held}
+    marks = state_marks(values, split.states)
+    prefix.run(values, feeds=feeds, stage=True)
+    reads = {a for ins in region.instructions for a in ins.args}
+    staged = [v if i in reads else None for i, v in enumerate(values)]
+    checker = None
+    try:
+        with warming(device, region.instructions, region.outs, split.leaving) as checker:
+            region.run(values, checker)
+    except Refused:
+        raise
+    except Exception as exc:
+        why = sync_reason(exc)
+        if why is None or checker is None:
+            raise
+        raise Refused(f"{region.instructions[checker.step].name} synchronizes with the "
+                      f"host: {why}") from None
+    moved = allocated(values, split.live, [*exe.arenas.values(), *staged])
+    if moved is not None:
+        name = next(ins.name for ins in region.instructions if ins.out == moved)
+        raise Refused(f"{name}'s result leaves the graph in memory allocated inside it")
+    live = {i: values[i] for i in split.live}
+    shapes = {exe.instructions[n].out: exe.instructions[n].shape for n in split.region}
+    entry = PaddedCapture(None, live, held, marks, "", prefix, suffix, dimvals,
+                          pad.symbols, tuple((i, nodes[i].attrs["expr"], nodes[i].dtype.np_dtype)
+                                             for i in held if nodes[i].op.name == DIM),
+                          {i: shapes[i] for i in live}, len(region.instructions))
+    entry.narrowed(values, dims)
+    suffix.run(values)
+    got = [values[i] for i in exe.outputs]
+    why = compare(got, want)
+    if why is not None:
+        raise Refused(f"the graph padded to {dict(_key(gdims)[1:])} does not give the call's "
+                      f"results ({why}): its kernels read past the dims' own length")
+    graph, at = exe.graphs.new_graph(device), Steps()
+    try:
+        graph.capture(lambda recorder=at: region.run(list(staged), recorder), checker)
+    except Exception as exc:
+        name = region.instructions[at.step].name
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise Refused(f"capturing {name} failed: {why}") from None
+    exe.graphs.captures += 1
+    padded = ", ".join(f"{s} <= {gdims_value(gdims, s)}" for s in pad.symbols)
+    entry.graph = graph
+    entry.message = (f"cuda graph: replayed {entry.steps} GPU steps in one launch (padded: "
+                     f"{padded})")
+    exe.native.last = (f"cuda graph: captured {entry.steps} GPU steps padded to {padded} "
+                       "(later calls up to there replay it)")
+    return entry, got
+
+
+def gdims_value(dims: Mapping, name: str) -> int:
+    return next(int(v) for k, v in dims.items() if str(k) == name)

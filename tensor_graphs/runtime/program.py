@@ -95,6 +95,7 @@ class Executable:
         self._fit: tuple | None = None  # (dims the native loop fits over, Domain, DIM leaves)
         self.shared_results = False  # the last run's results live in memory runs reuse
         self.graphs = _graphs.Graphs()  # CUDA graphs by dims (a GPU program's, runtime/graphs.py)
+        self.bounds: dict | None = None  # a program planned for bounds: they (padded graphs)
 
     def _named(self, ins: Instruction) -> Instruction:
         """A copy's target device kind ("cuda") as the device it means ("cuda:0")."""
@@ -294,6 +295,9 @@ class Executable:
         places outside the graph (the prefix); results are read from where the graph leaves
         them."""
         loop = self.native
+        got = _graphs.run_padded(self, arrays, dims)  # one graph per bucket of lengths
+        if got is not _graphs.NOT_PADDED:
+            return got
         split = self._split()
         if isinstance(split, str):
             loop.last = f"{GPU_LOOP} and no CUDA graph: {split}"
@@ -772,6 +776,7 @@ class CompiledGraph:
             for i, (name, axis) in self._kept.items():
                 self._capacity[name] = int(resolve(tuple(self._outputs[i].shape), bounds)[axis])
             self._symbolic = exe
+            exe.bounds = {str(k): int(v) for k, v in bounds.items()}
             exe.bound(bounds)  # kernels' constraints at the bounds
         self._last = exe
         return exe

@@ -475,7 +475,8 @@ def _gpt2():
 
 @pytest.mark.slow  # 8-10 s: the Triton interpreter runs the attention and GEMM templates
 def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
-    """One generation meets each cache length once: the Python loop, no capture per token.
+    """Graphs per dims value (padding off): one generation meets each cache length once: the
+    Python loop, no capture per token.
     The next one meets them again and captures one graph per length; the third replays."""
     from tensor_graphs.nn import Generator
 
@@ -483,6 +484,7 @@ def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
     gen = Generator.from_transformers(lm, max_len=48, max_prompt=8, db=slow_host,
                                       device="cuda")
     decode = gen.decode
+    decode._symbolic.graphs.padding = None  # one graph per cache length (padded: below)
     prompt = _rng(3).integers(0, 211, (1, 8))
     with torch.no_grad():
         ids = torch.from_numpy(prompt)
@@ -555,3 +557,92 @@ def _gpt2_decode_replays_bit_for_bit_on_a_real_gpu(tmp_path):
 if not SIMULATED:  # (defined only there: the simulated run of this folder allows no skips)
     test_gpt2_decode_replays_bit_for_bit_on_a_real_gpu = \
         _gpt2_decode_replays_bit_for_bit_on_a_real_gpu
+
+
+# ----------------------------------------------------------------------------- padded graphs
+def test_buckets_and_linear_offsets():
+    assert [graphs.bucket(n, 107) for n in (0, 1, 16, 17, 32, 33, 64, 65, 106, 107, 200)] == \
+        [16, 16, 16, 32, 32, 64, 64, 107, 107, 107, 200]
+    assert graphs.bucket(3, 10) == 10  # never past the bound
+    assert graphs.bucket(5, 107, "bound") == 107
+    import sympy
+
+    past, seq = sympy.Symbol("past"), sympy.Symbol("seq")
+    assert graphs._linear(past, ("past",)) == (0, ((0, 1),))
+    assert graphs._linear(2 * past + 3, ("past", "seq")) == (3, ((0, 2),))
+    assert graphs._linear(past * seq, ("past", "seq")) is None
+    assert graphs._linear(past + seq, ("past",)) is None  # seq is not padded
+
+
+@pytest.mark.slow  # ~35 s: 2 x 99 decode steps, the Triton interpreter in every one
+def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow_host):
+    """One graph serves many cache lengths: it is captured at a power-of-two bucket of
+    ``past`` (the cache viewed at the bucket's length, the append's offset and the positions
+    read from the GPU, the keys past ``past`` masked by the model's own mask), so a 100-token
+    generation (past 8..106) captures 4 graphs (buckets 16, 32, 64 and the bound, 106) and
+    replays every step but each bucket's first; padded to the bound, the one graph at 106
+    replays every step of the next generation. Tokens equal transformers' throughout, and
+    the caches grow in place."""
+    from tensor_graphs.nn import Generator
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=211,
+                                  n_positions=128, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    gen = Generator.from_transformers(lm, max_len=107, max_prompt=8, db=slow_host,
+                                      device="cuda")
+    decode = gen.decode
+    prompt = _rng(3).integers(0, 211, (1, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=100, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    np.testing.assert_array_equal(gen(prompt, 100), expected)  # 99 decode steps
+    assert decode.stats["graph_captures"] == 4, decode.loop
+    assert decode.stats["graph_runs"] == 99 - 4, decode.loop  # each bucket's first: the loop
+    assert decode.loop == "cuda graph: replayed 32 GPU steps in one launch (padded: past <= " \
+        "106)", decode.loop
+    buffers = {n: decode._states[n].buffer for n in gen.cache_names}
+    decode._symbolic.graphs.padding = "bound"  # one graph for every length: 106's
+    np.testing.assert_array_equal(gen(prompt, 100), expected)  # all replayed
+    assert decode.stats["graph_captures"] == 4 and decode.stats["graph_runs"] == 2 * 99 - 4
+    assert all(decode._states[n].buffer is buffers[n] for n in gen.cache_names)
+    assert all(decode.state(n).shape[2] == 107 for n in gen.cache_names)
+    assert decode.loop.endswith("(padded: past <= 106)")
+
+
+def _unmasked_decode(slow_host, seed: int = 0):
+    """q attends over a cache without a mask: a padded graph would read the keys past
+    ``past``, so padding must be refused by the capture's check."""
+    q = tg.input("q", (1, 2, 1, 16))
+    new = tg.input("kv", (1, 2, 1, 16))
+    k = tg.state("k", (1, 2, "past", 16))
+    k2 = tg.state_update(k, new, offset="past", axis=2)
+    y = tg.scaled_dot_product_attention(q, k2, k2)
+    prog = tg.compile([y, k2], device="cuda", db=slow_host, bounds={"past": 40})
+    prog.bind(k=np.zeros((1, 2, 0, 16), np.float32))
+    return prog, y
+
+
+def test_padding_that_changes_results_is_refused_and_graphs_per_dims_run(slow_host):
+    prog, y = _unmasked_decode(slow_host)
+    keys = []
+    for step in range(12):
+        Q = _rng(step).standard_normal((1, 2, 1, 16)).astype(np.float32)
+        K = _rng(50 + step).standard_normal((1, 2, 1, 16)).astype(np.float32)
+        before = np.array(prog.state("k"))
+        got, _ = prog(q=Q, kv=K)
+        keys.append(K)
+        cache = np.concatenate(keys, axis=2)
+        np.testing.assert_array_equal(prog.state("k"), cache)
+        want = tg.evaluate(y, {"q": Q, "kv": K, "k": before}, dtype="float64")
+        assert relative_error(got, want) < 1e-5, (step, prog.loop)
+        if step == 1:  # the bucket's second sighting: padding checked, refused
+            assert "no padded CUDA graph" in prog.loop and "does not give the call's " \
+                "results" in prog.loop, prog.loop
+    exe = prog._symbolic
+    assert exe.graphs._padding.startswith("padding refused"), exe.graphs._padding
+    # the per-dims graphs took over: lengths met once run the Python loop
+    assert prog.stats["graph_captures"] == 0 and "first call with these dims" in prog.loop
