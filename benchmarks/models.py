@@ -1,7 +1,7 @@
 """Real models: tensor_graphs against torch eager, torch.compile and ONNX Runtime (CPU).
 
     python benchmarks/models.py [--only gpt2] [--repeats 9] [--threads 2] [--no-compile]
-                                [--no-ort] [--profile missing|never]
+                                [--no-ort] [--unfused] [--profile missing|never]
 
 Every workload is one torch module with its inputs; every runner gets the same weights and the
 same inputs in one process. ``ours`` is ``tg.from_torch`` (planned from the measurement
@@ -103,6 +103,19 @@ def ours(module, args, profile):
     return lambda: prog(*feeds)
 
 
+def unfused(module, args, profile):
+    """ours with the sibling-product rewrite off (rewrite/siblings: Q, K and V, gate and up as
+    one GEMM): the plan of the graph as imported, for measuring what the rewrite changes."""
+    from tensor_graphs import compiler
+
+    keep = compiler.sibling_groups
+    compiler.sibling_groups = lambda graph: []
+    try:
+        return ours(module, args, profile)
+    finally:
+        compiler.sibling_groups = keep
+
+
 def eager(module, args, profile):
     def run():
         with torch.no_grad():
@@ -136,7 +149,7 @@ def ort(module, args, profile):
     return lambda: session.run(None, feeds)[0]
 
 
-RUNNERS = {"ours": ours, "eager": eager, "compile": compiled, "ort": ort}
+RUNNERS = {"ours": ours, "unfused": unfused, "eager": eager, "compile": compiled, "ort": ort}
 
 
 def _array(out) -> np.ndarray:
@@ -201,13 +214,16 @@ def main(argv=None) -> int:
                          "the previous runner's spinning thread pool is idle again (default 0.25)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    ap.add_argument("--unfused", action="store_true",
+                    help="also run ours with sibling products left unfused (rewrite/siblings)")
     ap.add_argument("--profile", choices=("missing", "never"), default="missing",
                     help="ours: measure kernels the database ($TG_DB) lacks before planning "
                          "(default) or plan from what it has and estimates")
     args = ap.parse_args(argv)
     threads.set_num_threads(args.threads or threads.get_num_threads())
     runners = {k: v for k, v in RUNNERS.items()
-               if not (k == "compile" and args.no_compile) and not (k == "ort" and args.no_ort)}
+               if not (k == "compile" and args.no_compile) and not (k == "ort" and args.no_ort)
+               and not (k == "unfused" and not args.unfused)}
     print(f"# models: {threads.get_num_threads()} threads, {args.repeats} interleaved repeats, "
           f"torch {torch.__version__}, tensor_graphs {tg.__version__}")
     for name, make in WORKLOADS.items():

@@ -4,6 +4,8 @@
           -> simplify     movement chains, identities and constants folded       rewrite/simplify
           -> recompose    hand-spelled composites (RMSNorm...) back into an op   rewrite/recompose
           -> sink         reshapes moved below pointwise ops                      rewrite/sink
+          -> siblings     products of one activation by static weights fused     rewrite/siblings
+                          (an alternative form: both are planned, the faster runs)
           -> plan         a lock file or the plan cache replayed, else options    planner/
                           per slot and DP within tolerance (profile="missing":
                           measure what has no row first); the generated kernels
@@ -47,6 +49,7 @@ from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
 from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.rewrite.recompose import recompose
+from tensor_graphs.rewrite.siblings import fuse_siblings, sibling_groups
 from tensor_graphs.rewrite.simplify import simplify
 from tensor_graphs.rewrite.sink import sink_reshapes
 from tensor_graphs.runtime.lower import Program, lint_program, lower
@@ -164,7 +167,7 @@ class Pipeline:
             print(f"tg compile: {len(self.outputs)} output(s); {shown}"
                   + (" (bounds: symbolic dims kept)" if symbolic else ""), file=sys.stderr)
         graph = prepare(self.outputs, {} if symbolic else dims)  # specialize ... sink
-        plan = run_pass("plan", self._plan, graph, dims if symbolic else None, stats)
+        plan = run_pass("plan", self._plan_forms, graph, dims if symbolic else None, stats)
         at = plan.at(dims) if symbolic else plan  # concrete shapes, steps in the same order
         memory = run_pass("memory plan", plan_memory, at, symbolic=plan)  # static: on plan
         if fits:
@@ -193,15 +196,36 @@ class Pipeline:
                        dims=dims, generate=self.generate, refused=refused,
                        output_device=self.output_kind)
 
-    def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict) -> Plan:
+    def _plan_forms(self, prepared: list[Node], costed_at: Mapping | None, stats: dict
+                    ) -> Plan:
+        """``prepared`` planned as it is and with its sibling products fused
+        (``rewrite/siblings``: one GEMM over concatenated weights, read back as slices); the
+        plan predicted faster runs, the fused one on a tie. Fusing can lose (a sibling's own
+        epilogue, a reader copying its slice), so the measured costs decide. A lock file
+        replays on the form whose decisions it holds."""
+        if not sibling_groups(prepared):  # (TG_DEBUG lists the pass only where it acts)
+            return self._plan(prepared, costed_at, stats)
+        fused = run_pass("siblings", fuse_siblings, prepared)
+        if self.decisions is not None:
+            try:
+                return self._plan(fused, costed_at, stats, fuse_siblings)
+            except PlanFileError:
+                return self._plan(prepared, costed_at, stats)
+        plain = self._plan(prepared, costed_at, stats)
+        joined = self._plan(fused, costed_at, stats, fuse_siblings)
+        return joined if joined.cost <= plain.cost else plain
+
+    def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict,
+              form: Callable | None = None) -> Plan:
         """Replay a lock file or a cached plan, else (after measuring what is missing, with
         profile="missing") search; then build the generated kernels the plan chose
         (``planner/realize``): one that fails its checks or is less accurate than the
         tolerance is refused and the plan is made again without it. ``costed_at``: the bounds
-        a symbolic graph is costed at."""
+        a symbolic graph is costed at; ``form``: the rewrite that made ``prepared`` from the
+        graph passes' result (profiling a symbolic graph prepares it concretely again)."""
         refused: dict[str, str] = {}
         while True:
-            plan = self._choose(prepared, costed_at, stats, frozenset(refused))
+            plan = self._choose(prepared, costed_at, stats, frozenset(refused), form)
             plan, more = realize_plan(plan)
             if not more:
                 return plan
@@ -216,7 +240,7 @@ class Pipeline:
             stats["generated_refused"] = stats.get("generated_refused", 0) + len(more)
 
     def _choose(self, prepared: list[Node], costed_at: Mapping | None, stats: dict,
-                refused: frozenset[str]) -> Plan:
+                refused: frozenset[str], form: Callable | None = None) -> Plan:
         def key() -> tuple:
             return cache.key(prepared, self.device.name, self.tolerance, self.backends, self.db,
                              costed_at) + (self.generate, refused, self.output_kind)
@@ -244,6 +268,8 @@ class Pipeline:
                 from tensor_graphs.profiler.missing import profile_missing
 
                 concrete = prepared if costed_at is None else prepare(self.outputs, costed_at)
+                if costed_at is not None and form is not None:
+                    concrete = form(concrete)
                 everything = self.planner(concrete, blocks=False, refused=refused)
                 everything.solve()  # every option it sees
                 stats["measured"] += profile_missing(everything, self.db)
