@@ -187,3 +187,15 @@ def test_compile_plans_both_forms_and_runs_one(tmp_path):
     again = tg.compile(y, db=":memory:", plan=str(tmp_path / "plan.json"))
     assert relative_error(again(**feeds), ref) <= 1e-5
     assert len(again.plan.steps) == len(prog.plan.steps)
+
+
+def test_fused_int8_siblings_plan_one_int8_gemm():
+    """The joined weight keeps the quantized product's form, so the int8 kernel (with the
+    joined bias in its epilogue) still covers it: one c_q8 GEMM, not a float GEMM on a
+    dequantized concatenation."""
+    _, outs = _qkv(rows=(4,), d=64)
+    fused = fuse_siblings(prepare(tg.quantize(outs, "int8-weight"), {}))
+    prog = tg.compile(fused, db=":memory:")
+    per_call = [s.kernel.name for s in prog.plan.per_call if s.kernel is not None]
+    gemms = [k for k in per_call if "matmul" in k or "linear" in k]
+    assert gemms == ["c_q8_matmul_bias"], per_call
