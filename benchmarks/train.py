@@ -13,10 +13,12 @@ work swings both sides: compare medians of runs at low load).
 Peak memory, each side's first step (which also creates the optimizer's moments):
 - ours, planned: the step's memory plan (``trainer.memory()``: arena of activations and
   gradients + frozen weights + states: parameters, moments, count, learning rate).
-- ours, measured: tracemalloc's peak over ``bind`` and the first step. numpy reports its
-  allocations to tracemalloc, so this sees the state buffers, the arena and any result a
-  kernel allocates outside it; it misses C-side scratch (OpenBLAS's buffers, a strided GEMM's
-  packing), as torch's figure misses its own BLAS buffers.
+- ours, measured: tracemalloc's peak over ``bind`` and the first step, plus the optimizer's
+  initial states (moments, count, learning rate), which ``tg.Trainer`` binds when it is made,
+  before that. numpy reports its allocations to tracemalloc, so this sees the parameters'
+  buffers, the arena and any result a kernel allocates outside it; it misses C-side scratch
+  (OpenBLAS's buffers, a strided GEMM's packing), as torch's figure misses its own BLAS
+  buffers.
 - torch: its parameters' bytes (live before the step) + the peak of the CPU allocator's
   "Total Allocated" over the first step, from torch.profiler's memory events
   (``profile_memory=True``): every tensor allocated during the step and still live (the
@@ -121,7 +123,8 @@ def main() -> None:
     tracemalloc.start()
     trainer.bind(**first)
     ours_loss = trainer.step(ids=x, targets=y)
-    ours_measured = tracemalloc.get_traced_memory()[1]
+    ours_measured = tracemalloc.get_traced_memory()[1] + sum(
+        value.nbytes for value in trainer.updates.init.values())
     tracemalloc.stop()
     losses = [0.0]
     theirs_bytes = torch_peak_bytes(lambda: losses.__setitem__(0, torch_step(x, y)),
@@ -160,7 +163,8 @@ def main() -> None:
           f"{mem.arena.get('cpu', 0) / MIB:.1f} + weights "
           f"{mem.weights.get('cpu', 0) / MIB:.1f} + states "
           f"{mem.state.get('cpu', 0) / MIB:.1f}), {ours_measured / MIB:.1f} MiB measured "
-          f"(tracemalloc peak over bind and the first step); torch {theirs_bytes / MIB:.1f} MiB "
+          f"(tracemalloc peak over bind and the first step + the optimizer's states); "
+          f"torch {theirs_bytes / MIB:.1f} MiB "
           f"(parameters + the CPU allocator's peak over its first step, torch.profiler)")
     print(f"  memory ratio {planned / theirs_bytes:.2f} planned, "
           f"{ours_measured / theirs_bytes:.2f} measured")
