@@ -48,6 +48,7 @@ import transformers  # noqa: E402
 from generate import PAUSE, ReadBandwidth, ours_step_ms  # noqa: E402
 from tensor_graphs import threads  # noqa: E402
 from tensor_graphs.db.cost import call_features  # noqa: E402
+from tensor_graphs.ir.graph import is_static  # noqa: E402
 from tensor_graphs.nn import Generator  # noqa: E402
 
 
@@ -58,8 +59,9 @@ def weight_bytes(gen: Generator) -> int:
     (``db.cost.call_features``), which ``from_memory`` costs at the read bandwidth."""
     total = 0.0
     for step in gen.decode.plan.steps:
-        if step.static or step.kernel is None or getattr(step.kernel, "view", False):
-            continue
+        if step.static or step.kernel is None or getattr(step.kernel, "view", False) \
+                or not any(is_static(s.node) for s in step.inputs):
+            continue  # (attention over the cache: symbolic in ``past``, reads no weight)
         total += call_features(step.kernel, step.nodes, [s.node for s in step.inputs],
                                step.node)[1]
     return int(total)

@@ -24,9 +24,9 @@ Every answer is an ``Estimate`` that says where it came from, in order of trust:
    until calibrated), so 1 GB costs ~0.08 s before it is measured.
 
 Static values (weights, and what the prelude makes of them) read by a call of a program whose
-weights exceed the last-level cache come from memory once per call: ``from_memory`` floors the
-answer at those bytes, at the width the kernel stores them, over the measured read bandwidth
-(see its docstring for why a floor on the answer and not a measurement with the cache flushed).
+weights exceed the last-level cache come from memory once per call: ``from_memory`` adds those
+bytes, at the width the kernel stores them, over the measured read bandwidth (see its
+docstring for why a term on the answer, and why added, not a floor).
 
 Rows are filed and looked up under the hardware key of the device that runs the kernel
 (``measured_on``: a host<->GPU copy is the GPU's), so a GPU's rows, and the simulated GPU's
@@ -110,7 +110,7 @@ class Estimate:
     seconds: float
     source: str  # measured | interpolated | stale | calibrated | estimated | free | failed
     uncertainty: float
-    from_memory: bool = False  # raised to its static inputs' bytes at the read bandwidth
+    from_memory: bool = False  # includes its static inputs' bytes at the read bandwidth
 
     def __str__(self) -> str:
         memory = ", weights from memory" if self.from_memory else ""
@@ -212,32 +212,37 @@ class CostModel:
     def from_memory(self, kernel, estimate: Estimate, static_bytes: float) -> Estimate:
         """``estimate`` of a call that reads ``static_bytes`` of static values (at the width
         the kernel stores them: ``call_features``) from memory once per call, in a program
-        whose weights exceed the cache (``weights_stream``): at least the call's overhead plus
-        those bytes at the measured read bandwidth ("read"), else ``estimate`` as it is.
+        whose weights exceed the cache (``weights_stream``): the estimate plus those bytes at
+        the measured read bandwidth ("read").
 
-        Why a floor on the answer, not a measurement with the static inputs evicted (a
+        Why a term on the answer, not a measurement with the static inputs evicted (a
         cache-flush buffer between samples): whether a weight comes from memory is a property
         of the program (its weights against the cache), not of the call, and one database row
         serves every program that makes the call, so an evicted row would overcharge a small
         model whose weights stay cached, where the hot row is right; flushing a 32 MiB cache
         per sample costs milliseconds and leaves one call per sample, where a 20 us GEMV
         timed alone is mostly the timer and the thread team's wake-up on a loaded machine;
-        and a floor applies alike to measured, interpolated, calibrated and roofline answers,
+        and a term applies alike to measured, interpolated, calibrated and roofline answers,
         so an int8 kernel measured hot and a float one estimated meet on the same footing.
-        ``max``, not a sum: a weight-streaming kernel (a GEMV over packed panels, read in
-        order) overlaps its arithmetic with the hardware prefetcher's reads, so it runs at the
-        slower of the two; the hot time already holds the arithmetic. The measured cost of
-        not doing this: the GPT-2 124M int8-weight decode's measured plan kept float GEMVs
-        (a 9.4 MB layer weight timed from the 32 MiB L3 at ~100 GB/s) and ran 1.38x float32,
-        where int8 everywhere ran 2.6-3.1x."""
+
+        Why a sum, not ``max(hot time, bytes / bandwidth)`` (arithmetic overlapped with the
+        stream): GPT-2 124M's decodes ran at 2.1-2.7x their bandwidth floor, not at it (a
+        one-row GEMV's hot time, its weight from L3, adds to the time its weight takes from
+        memory: float32 floor 14.8 + hot GEMVs 6.4 = 21 ms against 31 measured at load 5);
+        and under ``max`` every float GEMV of a layer floored to the same bytes, so they tied
+        and the tie went to the unpacked GEMV (its weight unpadded, 0.1 % fewer bytes), 40 %
+        slower hot: the float32 decode plan took ``c_matmul_bias`` over
+        ``c_packed_matmul_bias`` and ran 56.2 against 50.1 ms a token. The sum keeps the
+        measured order among kernels that read the same bytes. The cost of not doing this:
+        the GPT-2 124M int8-weight decode's measured plan kept float GEMVs (a 9.4 MB layer
+        weight timed from the 32 MiB L3 at ~100 GB/s) and ran 1.38x float32, where int8
+        everywhere ran 2.6-3.1x."""
         if static_bytes <= 0 or estimate.source in ("free", "failed") or kernel.view \
                 or crosses_link(kernel):
             return estimate
         rate = self.rates(measured_on(kernel))["read"]
-        floor = self.overhead(kernel) + static_bytes / rate
-        if floor <= estimate.seconds:
-            return estimate
-        return Estimate(floor, estimate.source, estimate.uncertainty, from_memory=True)
+        return Estimate(estimate.seconds + static_bytes / rate, estimate.source,
+                        estimate.uncertainty, from_memory=True)
 
     def estimate(self, kernel, signature: str, feats: Features) -> Estimate:
         key = (kernel.name, signature)

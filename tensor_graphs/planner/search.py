@@ -334,9 +334,9 @@ class Planner:
         fused epilogue costs nothing, but a near tie between the fused GEMM and the pair went
         to the pair on measurement noise. Added to every step, so alternatives with the same
         operands keep their measured order, and the pair pays for its intermediate twice
-        (written, read back). Static inputs are left out: the estimate itself is raised to
-        their bytes at the memory's read bandwidth where the program's weights exceed the
-        cache (``_streamed``). A decision term only: the plan's predicted time stays the
+        (written, read back). Static inputs are left out: the estimate itself includes their
+        bytes at the memory's read bandwidth where the program's weights exceed the cache
+        (``_streamed``). A decision term only: the plan's predicted time stays the
         estimates'. ``also``: values the step stores besides its result (written once more
         each)."""
         rate = self.cost.rates(self.target)["bytes"]
