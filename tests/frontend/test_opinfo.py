@@ -105,8 +105,12 @@ unsqueeze_copy squeeze_copy permute_copy sum_to_size nn.functional.max_unpool1d
 nn.functional.max_unpool2d
 """.split()
 
-# samples that must pass at least (what passes today: raise it as mappings land)
-TARGET = 3061
+# samples that must pass at least (what passes today: raise it as mappings land). 3264 of
+# 3381 counted (96.5%) over 367 ops; the 117 refused: data-dependent sizes (nonzero, argwhere,
+# masked_select, unique_consecutive, tensor_split and repeat_interleave by tensors), random
+# draws torch's generator makes (dropout, sdpa's dropout_p), complex results (polar, chalf),
+# embedding's in-place max_norm
+TARGET = 3264
 # the share of counted samples (torch's own refusals left out) that must pass: issue 21's
 # done-criterion; the rest are refused with a TensorGraphsError (any wrong or crash fails)
 SHARE = 0.95
