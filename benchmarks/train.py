@@ -3,6 +3,7 @@
     python benchmarks/train.py [--layers 4] [--width 256] [--batch 8] [--seq 128]
                                [--vocab 4096] [--repeats 11] [--threads 2] [--db PATH]
                                [--backends c,numpy] [--profile never|missing]
+                               [--estimates-too]
 
 The issue's targets: ours <= 0.9x torch eager's step time, and peak memory <= torch's. Both
 sides train the same model (tg.nn.GPT2 / transformers' GPT2LMHeadModel, tied head, no
@@ -81,6 +82,9 @@ def main() -> None:
     ap.add_argument("--db", default=None)
     ap.add_argument("--backends", default=None,
                     help="comma-separated backends the plan may use (default: all)")
+    ap.add_argument("--estimates-too", action="store_true",
+                    help="also time, interleaved, the same step planned from estimates alone "
+                         "(an empty database): how much the database's rows change the plan")
     ap.add_argument("--profile", default="never", choices=("never", "missing"),
                     help="measure the kernels the database lacks before planning")
     a = ap.parse_args()
@@ -131,7 +135,13 @@ def main() -> None:
                                     list(hf.parameters()))
     worst = abs(ours_loss - losses[0]) / abs(losses[0])
 
-    ours_t, theirs_t = [], []
+    fresh = None
+    if a.estimates_too:
+        fresh = tg.Trainer(loss, optimizer=tg.optim.AdamW(1e-3), db=":memory:",
+                           backends=backends)
+        fresh.bind(**first)
+        fresh.step(ids=batches[0][0], targets=batches[0][1])  # the same state as ours
+    ours_t, theirs_t, fresh_t = [], [], []
     load = os.getloadavg()
     for i, (x, y) in enumerate(batches[1:]):
         t = time.perf_counter()
@@ -139,6 +149,9 @@ def main() -> None:
         t1 = time.perf_counter()
         theirs = torch_step(x, y)
         t2 = time.perf_counter()
+        if fresh is not None:
+            worst = max(worst, abs(fresh.step(ids=x, targets=y) - theirs) / abs(theirs))
+            fresh_t.append((time.perf_counter() - t2) * 1e3)
         worst = max(worst, abs(ours - theirs) / abs(theirs))
         if i:  # the first timed call of each warms up (the native loop records on it)
             ours_t.append((t1 - t) * 1e3)
@@ -156,6 +169,11 @@ def main() -> None:
           f"loop: {trainer.program.loop}")
     print(f"  tensor_graphs  {summary(ours_t)}")
     print(f"  torch eager    {summary(theirs_t)}")
+    if fresh is not None:
+        fresh_t = fresh_t[1:]
+        print(f"  tensor_graphs planned from estimates alone {summary(fresh_t)}: ratio "
+              f"{np.median(fresh_t) / np.median(theirs_t):.2f} to torch, "
+              f"{np.median(fresh_t) / np.median(ours_t):.2f} to the database's plan")
     print(f"  time ratio {np.median(ours_t) / np.median(theirs_t):.2f}; losses within "
           f"{worst:.1e} relative")
     planned = trainer.memory()["cpu"]
