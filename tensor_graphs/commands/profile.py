@@ -147,6 +147,9 @@ def _profile_on_ray(args, graph, dims) -> int:
     from tensor_graphs.errors import ArgumentError
     from tensor_graphs.profiler.ray_profile import KINDS, profile_on_ray
 
+    if args.budget is not None:
+        raise ArgumentError("--budget does not apply with --ray: each machine measures all it "
+                            "lacks (stop the run with Ctrl-C; what was recorded stays)")
     target = str(args.db if args.db is not None else default_target())
     text = None
     if args.graph not in GRAPHS:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,22 +77,37 @@ def cluster():
         from ray._private import ray_constants
 
         mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read at import in this process
+        folder = tempfile.mkdtemp(prefix="tg-ray-")  # the cluster's sockets and logs
         made = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False,
+            "num_cpus": 0, "include_dashboard": False, "temp_dir": folder,
             "object_store_memory": 80 * 1024 * 1024})
         try:
             for _ in range(2):
-                made.add_node(resources=here, **_node_args())
+                made.add_node(resources=here, temp_dir=folder, **_node_args())
             everyone = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {0})  # the raylet and its workers inherit it
             try:
-                made.add_node(resources=other, **_node_args())
+                made.add_node(resources=other, temp_dir=folder, **_node_args())
             finally:
                 os.sched_setaffinity(0, everyone)
             assert made.address.startswith("127.0.0.1:")
+            _watchdog(made, folder)
             yield made.address, here, other
         finally:
             made.shutdown()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _watchdog(made, folder: str) -> None:
+    """Should this pytest process die before the teardown (a CI timeout), a detached shell
+    kills the cluster's processes by their ids (a raylet's workers exit with it) and removes
+    its folder: no node outlives the tests that started it."""
+    nodes = [made.head_node, *made.worker_nodes]
+    pids = " ".join(str(p.pid) for node in nodes for _, p in node.live_processes())
+    subprocess.Popen(["sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                      f"kill -9 {pids} 2>/dev/null; rm -rf {folder}"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def _graph(tmp_path) -> Path:
@@ -222,6 +239,8 @@ def test_without_ray_the_error_names_the_extra(monkeypatch, capsys, tmp_path):
     assert code == 1 and 'pip install -c constraints.txt "tensor_graphs[ray]"' in err, err
     code, _, err = _tg(capsys, "ray-node", "--head")
     assert code == 1 and "tensor_graphs[ray]" in err, err
+    code, _, err = _tg(capsys, "profile", "block", "--ray", "auto", "--budget", "5")
+    assert code == 2 and "--budget does not apply with --ray" in err, err
 
 
 def test_an_address_nobody_answers_at_is_a_clear_error(capsys, tmp_path):
