@@ -18,6 +18,10 @@ binds; a kernel matching
 weight keep the float tensor: GPT-2's tied embedding still gathers float rows while its LM
 head reads int8.
 
+fp16-weight writes ``a @ fp16_round(w')``; int4-weight ``a @ dequantize_int4(q, s)`` with
+``q = quantize_int4(w', s)``, ``s = int4_scale(w', group_size=G)``: a scale per group of G
+rows along K and output channel (``GROUP_SIZE``), also prepared once per binding.
+
 ``skip``: weight names (``fnmatch`` patterns) left in float, e.g. ``["lm_head.weight"]``.
 """
 
@@ -25,28 +29,110 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+import numpy as np
+
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import DYNAMIC_QUANT, LINEAR, MATMUL, WEIGHT
 
-# scheme -> (what it does to one (K, N) weight view (the product's right operand), what it
-# does to the activation (the left operand))
+# scheme -> (what it does to one (K, N) weight view (the product's right operand) given the
+# group size, what it does to the activation (the left operand))
 SCHEMES = {
     # symmetric int8, one scale per output channel (column of the (K, N) view)
-    "int8-weight": (lambda w: tg.dequantize(*_int8(w)), lambda a: a),
+    "int8-weight": (lambda w, g: tg.dequantize(*_int8(w)), lambda a: a),
     # the same weights, and each activation row quantized at run time with its own scale:
     # the product is int8 x int8 summed in int32, times both scales
-    "int8-dynamic": (lambda w: tg.dequantize(*_int8(w)), lambda a: tg.dynamic_quant(a)),
+    "int8-dynamic": (lambda w, g: tg.dequantize(*_int8(w)), lambda a: tg.dynamic_quant(a)),
     # bfloat16 storage: w rounded to bfloat16 (to nearest even), a float result
-    "bf16-weight": (lambda w: tg.bf16_round(w), lambda a: a),
+    "bf16-weight": (lambda w, g: tg.bf16_round(w), lambda a: a),
+    # IEEE float16 storage: w rounded to float16 (to nearest even; subnormals, inf past range)
+    "fp16-weight": (lambda w, g: tg.fp16_round(w), lambda a: a),
+    # symmetric int4, a scale per (group of g rows along K, output channel)
+    "int4-weight": (lambda w, g: tg.dequantize_int4(*_int4(w, g)), lambda a: a),
 }
+# int4-weight's rows per scale along K. Why 32: GPT-2's and BERT's weights hold outlier rows
+# (an input channel 10-40x the median), and one outlier in a group spends the group's 15
+# levels on itself; 32 rows keep GPT-2 124M's greedy decode on float32's tokens where 128
+# drifted (docs/benchmarks.md), for 4 bytes of scale per 32 weights (0.625 bytes a weight
+# against 0.53 at 128). A smaller group is more accurate and reads more scale bytes.
+GROUP_SIZE = 32
 
 
 def _int8(w: Node) -> tuple[Node, Node]:
     s = tg.quant_scale(w, axis=0)
     return tg.quantize(w, s), s
+
+
+def _int4(w: Node, group_size: int) -> tuple[Node, Node]:
+    s = tg.int4_scale(w, group_size=group_size)
+    return tg.quantize_int4(w, s), s
+
+
+# prequantized weights: scheme -> what the file holds for a float weight ``<name>``, in the
+# weight's own layout ((N, K) for a linear, torch's; (K, N) for a matmul's right operand)
+LOADED = {
+    # <name>.q int8 [-127, 127] the weight's shape; <name>.scale size 1 along K: (N, 1) / (1, N)
+    "int8-weight": "int8",
+    "int8-dynamic": "int8",
+    # <name>.q int8 [-8, 7] the weight's shape (one a byte); <name>.scale a row per group of
+    # K: (N, ng) / (ng, N), ng = ceil(K / group_size)
+    "int4-weight": "int4",
+}
+
+
+def _loaded(scheme: str, w: Node, linear: bool, group_size: int) -> Node:
+    """The (K, N) weight a product reads from prequantized leaves ``<w>.q``, ``<w>.scale``
+    (``LOADED``), in place of ``w``'s float values."""
+    n, k = (int(d) for d in w.shape) if linear else reversed([int(d) for d in w.shape])
+    ng = -(-k // group_size) if LOADED[scheme] == "int4" else 1
+    q = tg.weight(f"{w.name}.q", tuple(w.shape), "int8")
+    s = tg.weight(f"{w.name}.scale", (n, ng) if linear else (ng, n), w.dtype)
+    if linear:
+        q, s = tg.transpose(q, 0, 1), tg.transpose(s, 0, 1)
+    if LOADED[scheme] == "int8":
+        return tg.dequantize(q, s)
+    # int4 as the graph holds it: v + 8 in uint8 (a value past [-8, 7] fails the packing)
+    return tg.dequantize_int4(tg.cast(tg.add(tg.cast(q, "int32"), 8), "uint8"), s)
+
+
+def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
+                         group_size: int | None = None) -> dict:
+    """The ``<name>.q``/``<name>.scale`` arrays (``LOADED``'s convention) of the float
+    ``weights`` ``tg.quantize(outputs, scheme, prequantized=True)`` reads: what a file for it
+    holds (``tg.write_safetensors``), computed by the scheme's own composites in float32."""
+    from tensor_graphs.ir.evaluate import evaluate
+
+    if scheme not in LOADED:
+        raise ArgumentError(f"prequantized_weights: {scheme!r} has no prequantized form; "
+                            f"known: {sorted(LOADED)}")
+    group_size = GROUP_SIZE if group_size is None else group_size
+    if isinstance(skip, str):
+        skip = (skip,)
+    found: dict[str, bool] = {}  # weight name -> read by a linear (its (N, K) layout)
+    for n in nodes(outputs if isinstance(outputs, (list, tuple)) else
+                   list(outputs.values()) if isinstance(outputs, dict) else [outputs]):
+        if n.op.name in (MATMUL, LINEAR) and len(n.inputs) >= 2 and _weight(n.inputs[1], skip):
+            found[n.inputs[1].name] = n.op.name == LINEAR
+    out = {}
+    for name, linear in found.items():
+        if name not in weights:
+            raise ArgumentError(f"prequantized_weights: no value for weight {name!r}")
+        w = tg.weight(name, np.shape(weights[name]))
+        view = tg.transpose(w, 0, 1) if linear else w
+        if LOADED[scheme] == "int8":
+            s = tg.quant_scale(view, axis=0)
+            q = tg.quantize(view, s)
+        else:
+            s = tg.int4_scale(view, group_size=group_size)
+            q = tg.cast(tg.add(tg.cast(tg.quantize_int4(view, s), "int32"), -8), "int8")
+        if linear:
+            q, s = tg.transpose(q, 0, 1), tg.transpose(s, 0, 1)
+        qv, sv = evaluate([q, s], {name: np.asarray(weights[name], np.float32)})
+        out[f"{name}.q"], out[f"{name}.scale"] = (np.ascontiguousarray(qv),
+                                                  np.ascontiguousarray(sv, np.float32))
+    return out
 
 
 def _weight(node: Node, skip) -> bool:
@@ -72,10 +158,15 @@ def _own(a: Node, w: Node) -> Node:
     return Node.make(a.op, a.inputs, a.attrs, f"{w.name}:rows")
 
 
-def quantize(outputs, scheme="int8-weight", *, skip=()):
+def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None = None,
+             prequantized: bool = False):
     """``outputs`` (a node, or a list/tuple/dict of nodes) with the weights of their matmuls
     and linears in ``scheme`` (``SCHEMES``); returns the same structure. Weights named by a
-    ``skip`` pattern stay float.
+    ``skip`` pattern stay float. ``group_size``: int4-weight's rows per scale along K (None:
+    ``GROUP_SIZE``; a K not a multiple of it: ceil(K / group_size) groups, equal but the
+    last). ``prequantized``: the int8/int4 values and scales are bound as weights of their own
+    (``<name>.q``, ``<name>.scale``: ``LOADED``), e.g. from a safetensors file, instead of
+    computed from the float weight, which the quantized products then no longer read.
 
     ``tg.quantize(x, scale)`` with a node as the second argument is the ``quantize`` op
     (``ir/ops/quant.py``): one public name for the op and for the rewrite that writes it."""
@@ -85,7 +176,21 @@ def quantize(outputs, scheme="int8-weight", *, skip=()):
         raise ArgumentError(f"quantize: unknown scheme {scheme!r}; known: {sorted(SCHEMES)}")
     if isinstance(skip, str):
         skip = (skip,)
-    make, act = SCHEMES[scheme]
+    group_size = GROUP_SIZE if group_size is None else group_size
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ArgumentError(f"quantize: group_size must be a positive int (rows of K per "
+                            f"int4 scale), got {group_size!r}")
+    scheme_make, act = SCHEMES[scheme]
+    if prequantized and scheme not in LOADED:
+        raise ArgumentError(f"quantize: prequantized weights exist for {sorted(LOADED)}, not "
+                            f"{scheme!r} (a float16/bfloat16 checkpoint binds to the float "
+                            f"weights as it is: the file's dtype is converted on load)")
+
+    def make(w: Node, leaf: Node, linear: bool) -> Node:
+        if prequantized:
+            return _loaded(scheme, leaf, linear, group_size)
+        return scheme_make(w, group_size)
+
     if isinstance(outputs, dict):
         keys, outs = list(outputs), list(outputs.values())
     elif isinstance(outputs, Node):
@@ -101,10 +206,11 @@ def quantize(outputs, scheme="int8-weight", *, skip=()):
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)
         if n.op.name == MATMUL and _weight(ins[1], skip) and _float(ins[0]):
-            mapped[n] = tg.matmul(_own(act(ins[0]), ins[1]), make(ins[1]))
+            mapped[n] = tg.matmul(_own(act(ins[0]), ins[1]), make(ins[1], ins[1], False))
         elif n.op.name == LINEAR and len(ins) >= 2 and _weight(ins[1], skip) \
                 and _float(ins[0]):
-            y = tg.matmul(_own(act(ins[0]), ins[1]), make(tg.transpose(ins[1], 0, 1)))
+            y = tg.matmul(_own(act(ins[0]), ins[1]),
+                          make(tg.transpose(ins[1], 0, 1), ins[1], True))
             mapped[n] = y if len(ins) < 3 else y + ins[2]
         else:
             mapped[n] = n if ins == n.inputs else Node.make(n.op, ins, n.attrs, n.name)
@@ -118,9 +224,9 @@ def quantize(outputs, scheme="int8-weight", *, skip=()):
 
 def quantized_weights(outputs) -> list[str]:
     """Names of the weights ``outputs`` read through ``quantize`` (for reports)."""
-    from tensor_graphs.ir.ops.names import QUANTIZE
+    from tensor_graphs.ir.ops.names import FP16_ROUND, QUANTIZE, QUANTIZE_INT4
     found = []
     for n in nodes(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
-        if n.op.name == QUANTIZE:
+        if n.op.name in (QUANTIZE, QUANTIZE_INT4, FP16_ROUND):
             found += [leaf.name for leaf in nodes([n.inputs[0]]) if leaf.op.name == WEIGHT]
     return sorted(set(found))

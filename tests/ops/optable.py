@@ -1318,6 +1318,37 @@ def _quantize_ref(a, b):
     return np.clip(np.rint(a.astype(np.float64) / b), -127, 127).astype(np.int8)
 
 
+def _i4_rows(k, ng):
+    """Each of K's rows' group: ceil(K / ng) rows a group, the last shorter."""
+    return np.arange(k) // -(-k // ng)
+
+
+def _i4_scale_ref(a, group_size=32):
+    k = a.shape[0]
+    ng = -(-k // group_size)
+    rows = _i4_rows(k, ng)
+    m = np.stack([np.abs(a[rows == g].astype(np.float64)).max(axis=0) for g in range(ng)])
+    return np.where(m > 0, m / 7.0, 1.0)
+
+
+def _i4_values(rng, spec, dtype):
+    """Weights with an all-zero group and their group scales: values land in [-7, 7]."""
+    w = rng.standard_normal(concrete(spec.shapes[0])).astype(NP[dtype])
+    w[:2, 0] = 0
+    ng = concrete(spec.shapes[1])[0]
+    return w, _i4_scale_ref(w, -(-w.shape[0] // ng)).astype(NP[dtype])
+
+
+def _i4_quantize_ref(w, s):
+    per_row = s[_i4_rows(w.shape[0], s.shape[0])]
+    return (np.clip(np.rint(w.astype(np.float64) / per_row), -7, 7) + 8).astype(np.uint8)
+
+
+def _i4_dequant_values(rng, spec, dtype):
+    q = rng.integers(0, 16, concrete(spec.shapes[0])).astype(np.uint8)
+    return q, (rng.random(concrete(spec.shapes[1])) * 0.1 + 1e-3).astype(NP[dtype])
+
+
 def _gamma_values(rng, shape, dtype, spec=None):
     """Uniform in (-10, 10) with the poles (0, -0, -1, -3), halves, tiny +-1e-30, +-inf, nan
     and a huge 1e30: the reflection below 1/2 and both ends of the series."""
@@ -1502,6 +1533,23 @@ POINTWISE = [
        [S((6, 5), (1, 5)), S((3, 4), (3, 1)), S((7,), ())], domain=_dequant_values),
     _f("bf16_round", "bf16_round", tg.bf16_round, _bf16_round_ref, [S((6, 5)), S((33,))],
        domain=_float32_exact),
+    _f("dynamic_quant", "dynamic_quant", tg.dynamic_quant,
+       lambda x: np.clip(np.rint(x / _qscale_ref(x, -1)), -127, 127) * _qscale_ref(x, -1),
+       [S((4, 6)), S((2, 3, 5)), S((7,))],
+       domain=lambda rng, spec, dtype: (rng.standard_normal(concrete(spec.shapes[0]))
+                                        .astype(NP[dtype]),)),
+    _f("fp16_round", "fp16_round", tg.fp16_round,
+       lambda a: a.astype(np.float16).astype(np.float64), [S((6, 5)), S((33,))],
+       domain=_float32_exact),
+    _f("int4_scale", "int4_scale", lambda a, group_size: tg.int4_scale(a, group_size=group_size),
+       _i4_scale_ref, [S((8, 5), group_size=4), S((67, 3), group_size=32), S((3, 2), group_size=8)],
+       domain=lambda rng, spec, dtype: (rng.standard_normal(concrete(spec.shapes[0]))
+                                        .astype(NP[dtype]),)),
+    _f("quantize_int4", "quantize_int4", tg.quantize_int4, _i4_quantize_ref,
+       [S((8, 5), (2, 5)), S((67, 3), (3, 3))], domain=_i4_values),
+    _f("dequantize_int4", "dequantize_int4", tg.dequantize_int4,
+       lambda q, s: (q.astype(np.float64) - 8) * s[_i4_rows(q.shape[0], s.shape[0])],
+       [S((8, 5), (2, 5)), S((67, 3), (3, 3))], domain=_i4_dequant_values),
 ]
 
 

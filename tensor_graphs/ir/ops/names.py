@@ -125,6 +125,10 @@ QUANT_SCALE = "quant_scale"
 QUANTIZE = "quantize"
 DEQUANTIZE = "dequantize"
 BF16_ROUND = "bf16_round"
+FP16_ROUND = "fp16_round"
+INT4_SCALE = "int4_scale"
+QUANTIZE_INT4 = "quantize_int4"
+DEQUANTIZE_INT4 = "dequantize_int4"
 DYNAMIC_QUANT = "dynamic_quant"
 
 # losses.py

@@ -15,7 +15,15 @@ graph, not a kernel's private detail):
   quantize them itself (``c_q8d_*``) while the graph still says exactly which int8 values
   and scales it must use.
 - ``bf16_round(w)``: w rounded to bfloat16 and back (a float result: a kernel may store the
-  weight as bfloat16 bits, exactly what the graph computes).
+  weight as bfloat16 bits, exactly what the graph computes); ``fp16_round(w)`` the same for
+  IEEE float16 (subnormals, and inf past its range, as a cast gives).
+- ``int4_scale(w, group_size=G)``, ``quantize_int4(w, s)``, ``dequantize_int4(q, s)``:
+  group-wise symmetric int4 of a (K, N) weight: a scale per (group of rows along K, output
+  channel), shape (ng, N), ng = ceil(K / G); the values in [-7, 7], held in the graph as
+  uint8 v + 8 (the nibble a kernel packs two a byte; a checkpoint's -8 is 0). The groups
+  are ceil(K / ng) rows each, the last shorter, so the scale's shape alone says where a
+  group starts (G when G divides K, the case of every model's hidden sizes): a kernel
+  matching ``dequantize_int4`` needs no attribute.
 
 A per-output-channel weight of ``a @ w`` (w of shape (K, N)) has its scale over axis 0, shape
 (1, N): the factor leaves the K-sum, which is what lets a kernel apply it once per output.
@@ -28,15 +36,25 @@ from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import abs as _abs
 from tensor_graphs.ir.ops.elementwise import clamp, div
-from tensor_graphs.ir.ops.names import BF16_ROUND, DEQUANTIZE, DYNAMIC_QUANT
+from tensor_graphs.ir.ops.names import (
+    BF16_ROUND,
+    DEQUANTIZE,
+    DEQUANTIZE_INT4,
+    DYNAMIC_QUANT,
+    FP16_ROUND,
+)
 from tensor_graphs.ir.ops.pointwise import floor, log2
 from tensor_graphs.ir.ops.pointwise import round as _round
 from tensor_graphs.ir.shapes import format_shape
 
 # scheme_of: for explain()
-__all__ = ["quant_scale", "quantize", "dequantize", "dynamic_quant", "bf16_round"]
+__all__ = ["quant_scale", "quantize", "dequantize", "dynamic_quant", "bf16_round", "fp16_round",
+           "int4_scale", "quantize_int4", "dequantize_int4"]
 
 QMAX = 127  # symmetric int8: [-127, 127]
+QMAX4 = 7  # symmetric int4: [-7, 7] (-8 unused, as -128 for int8)
+INT4_OFFSET = 8  # int4 values are held as uint8 v + 8: the nibble a kernel packs
+F16_MAX_ROUND = 65520.0  # |w| from here rounds to inf in float16 (65504 + half its ulp)
 
 
 def _wq():
@@ -94,6 +112,23 @@ def dynamic_quant(x):
     return dequantize(quantize(x, s), s)
 
 
+def _round_bits(w, bits: int, emin: float | None = None):
+    """w rounded to ``bits`` fraction bits (to nearest even): ulp = 2**(e - bits), e the
+    exponent of |w| (floor(log2|w|) corrected by exact comparisons, whatever log2 rounds to
+    near a power of two; floored at ``emin``: subnormals), round_half_even(w / ulp) * ulp
+    (exact: ulp is a power of two); 0 stays 0."""
+    ax = _abs(w)
+    zero = tg.equal(ax, 0.0)
+    safe = tg.where(zero, 1.0, ax)
+    e = floor(log2(safe))
+    e = tg.where(tg.less(safe, tg.pow(2.0, e)), tg.add(e, -1.0), e)
+    e = tg.where(tg.less(safe, tg.pow(2.0, tg.add(e, 1.0))), e, tg.add(e, 1.0))
+    if emin is not None:
+        e = tg.maximum(e, emin)
+    ulp = tg.pow(2.0, tg.add(e, -float(bits)))
+    return tg.where(zero, w, tg.mul(_round(div(w, ulp)), ulp))
+
+
 @composite(example=lambda: (tg.input("w", (5, 3)),))
 def bf16_round(w):
     """w rounded to bfloat16's 8 significant bits (to nearest even) in w's own dtype: a weight
@@ -105,14 +140,99 @@ def bf16_round(w):
     if not w.dtype.is_float:
         raise DTypeError(f"bf16_round: needs a float tensor, got {w.dtype.name} "
                          f"{format_shape(w.shape)}")
-    ax = _abs(w)
-    zero = tg.equal(ax, 0.0)
-    safe = tg.where(zero, 1.0, ax)
-    e = floor(log2(safe))
-    e = tg.where(tg.less(safe, tg.pow(2.0, e)), tg.add(e, -1.0), e)
-    e = tg.where(tg.less(safe, tg.pow(2.0, tg.add(e, 1.0))), e, tg.add(e, 1.0))
-    ulp = tg.pow(2.0, tg.add(e, -7.0))
-    return tg.where(zero, w, tg.mul(_round(div(w, ulp)), ulp))
+    return _round_bits(w, 7)
+
+
+@composite(example=lambda: (tg.input("w", (5, 3)),))
+def fp16_round(w):
+    """w rounded to IEEE float16 (10 fraction bits, to nearest even) in w's own dtype: a
+    weight stored as float16. Exact arithmetic as ``bf16_round`` (a cast would not round in
+    the float64 reference), with float16's subnormals (the exponent floored at -14: steps of
+    2**-24 below 2**-14) and its overflow (|w| >= 65520, half a step past 65504, gives inf),
+    so it equals numpy's ``astype(float16)`` on every float32 value."""
+    if not w.dtype.is_float:
+        raise DTypeError(f"fp16_round: needs a float tensor, got {w.dtype.name} "
+                         f"{format_shape(w.shape)}")
+    r = _round_bits(w, 10, emin=-14.0)
+    return tg.where(tg.less(_abs(w), F16_MAX_ROUND), r, tg.mul(w, float("inf")))
+
+
+def _groups(k: int, ng: int) -> int:
+    """Rows a group of ``ng`` holds along K: ceil(K / ng), the last group shorter."""
+    return -(-k // ng)
+
+
+def _group_count(k: int, group_size: int) -> int:
+    """ng for a requested group size: ceil(K / G). Its groups of ceil(K / ng) <= G rows leave
+    none empty ((ng - 1) < K / G rows of groups of at most G)."""
+    return -(-k // group_size)
+
+
+def _expand_groups(scale, k: int):
+    """The (ng, N) scale repeated over its groups' rows: (K, N)."""
+    ng, n = scale.shape
+    g = _groups(k, int(ng))
+    rows = tg.broadcast_to(tg.reshape(scale, int(ng), 1, n), (int(ng), g, n))
+    return tg.reshape(rows, int(ng) * g, n)[:k]
+
+
+def _int4_shapes(op: str, x, scale):
+    if x.ndim != 2 or scale.ndim != 2 or scale.shape[1] != x.shape[1]:
+        raise ShapeError(f"{op}: needs a (K, N) weight and an (ng, N) scale, got "
+                         f"{format_shape(x.shape)} and {format_shape(scale.shape)}")
+    k, ng = int(x.shape[0]), int(scale.shape[0])
+    if not 1 <= ng <= k or (ng - 1) * _groups(k, ng) >= k:
+        raise ShapeError(f"{op}: {ng} groups do not divide K = {k} rows (groups of "
+                         f"ceil(K / ng) rows, none empty); int4_scale gives the scale")
+
+
+def _w2():
+    return (tg.input("w", (8, 3)), tg.input("scale", (2, 3)))
+
+
+@composite(example=lambda: (tg.input("w", (8, 3)),))
+def int4_scale(w, *, group_size=32):
+    """The symmetric int4 scale of each (group of rows, column) of a (K, N) weight: max |w|
+    over the group / 7 (1 for an all-zero group), shape (ng, N), ng = ceil(K / group_size)
+    groups of ceil(K / ng) rows (the last shorter)."""
+    if not w.dtype.is_float or w.ndim != 2:
+        raise DTypeError(f"int4_scale: needs a float (K, N) weight, got {w.dtype.name} "
+                         f"{format_shape(w.shape)}")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ShapeError(f"int4_scale: group_size must be a positive int, got {group_size!r}")
+    k, n = int(w.shape[0]), int(w.shape[1])
+    ng = _group_count(k, group_size)
+    g = _groups(k, ng)
+    padded = tg.pad(_abs(w), (0, 0, 0, ng * g - k))
+    m = tg.max(tg.reshape(padded, ng, g, n), 1)
+    return tg.where(tg.less(0.0, m), div(m, float(QMAX4)), 1.0)
+
+
+@composite(example=_w2)
+def quantize_int4(w, scale):
+    """uint8(clamp(round_half_even(w / s), -7, 7) + 8), s the (ng, N) group scale repeated
+    over its group's rows: the int4 values offset by 8 (the nibble a kernel stores, 1..15)."""
+    if not w.dtype.is_float or scale.dtype != w.dtype:
+        raise DTypeError(f"quantize_int4: needs a float weight and a scale of its dtype, got "
+                         f"{w.dtype.name} {format_shape(w.shape)} and {scale.dtype.name} "
+                         f"{format_shape(scale.shape)}")
+    _int4_shapes("quantize_int4", w, scale)
+    q = clamp(_round(div(w, _expand_groups(scale, int(w.shape[0])))), min=-float(QMAX4),
+              max=float(QMAX4))
+    return tg.cast(tg.add(q, float(INT4_OFFSET)), "uint8")
+
+
+@composite(example=lambda: (tg.input("q", (8, 3), "uint8"), tg.input("scale", (2, 3))))
+def dequantize_int4(q, scale):
+    """(q - 8) * s in the scale's dtype, s the (ng, N) group scale repeated over its group's
+    rows; q uint8 (K, N), int4 values offset by 8 (0..15: a loaded checkpoint may use -8)."""
+    if q.dtype.name != "uint8" or not scale.dtype.is_float:
+        raise DTypeError(f"dequantize_int4: needs uint8 values (int4 + 8) and a float scale, "
+                         f"got {q.dtype.name} {format_shape(q.shape)} and {scale.dtype.name} "
+                         f"{format_shape(scale.shape)}")
+    _int4_shapes("dequantize_int4", q, scale)
+    v = tg.add(tg.cast(q, scale.dtype), -float(INT4_OFFSET))
+    return tg.mul(v, _expand_groups(scale, int(q.shape[0])))
 
 
 def scheme_of(inside, inputs) -> str:
@@ -126,6 +246,10 @@ def scheme_of(inside, inputs) -> str:
             return "int8-weight"
         if _bf16_weight(n):
             return "bf16-weight"
+        if n.op.name == FP16_ROUND:
+            return "fp16-weight"
+        if n.op.name == DEQUANTIZE_INT4:
+            return "int4-weight"
     for n in inputs:
         if n.op.name == DYNAMIC_QUANT:
             return "int8-dynamic, dequantized"
@@ -133,6 +257,10 @@ def scheme_of(inside, inputs) -> str:
             return "int8-weight, dequantized"
         if _bf16_weight(n):
             return "bf16-weight, widened"
+        if n.op.name == FP16_ROUND:
+            return "fp16-weight, widened"
+        if n.op.name == DEQUANTIZE_INT4:
+            return "int4-weight, dequantized"
     return ""
 
 

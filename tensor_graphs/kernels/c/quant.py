@@ -162,5 +162,5 @@ register(Family(
     what="the weight stored as bfloat16, packed once at bind time, widened in registers "
          "(a shift)."))
 
-# the int8 x int8 kernels (int8-dynamic) register with these
-from tensor_graphs.kernels.c import quant_dyn  # noqa: E402,F401
+# the int8 x int8 kernels (int8-dynamic) and the float16 / int4 ones register with these
+from tensor_graphs.kernels.c import quant_dyn, quant_lowp  # noqa: E402,F401

@@ -1,8 +1,9 @@
 """One registration for the quantized GEMM kernels: ``<prefix>_matmul<epilogue>`` for each
 kind of weight (``Family``) and each epilogue (``EPILOGUES``).
 
-Why one: int8-weight (``c_q8_*``), bf16-weight (``c_bf16_*``) and int8-dynamic (``c_q8d_*``)
-differ only in how the pattern reads the weight (``dequantize(q, s)``, ``bf16_round(wb)``),
+Why one: int8-weight (``c_q8_*``), bf16-weight (``c_bf16_*``), int8-dynamic (``c_q8d_*``),
+fp16-weight (``c_f16_*``) and int4-weight (``c_q4_*``) differ only in how the pattern reads
+the weight (``dequantize(q, s)``, ``bf16_round(wb)``, ``dequantize_int4(q, s)``),
 how it reads the activation (``a``, ``dynamic_quant(a)``), which GEMM runs and how the weight
 is packed at bind time; the epilogues, the constraints on the bias and the residual and the
 wrappers are the same, and were three near-copies.
@@ -60,6 +61,9 @@ class Family:
     product: str  # the product as text ("a @ dequantize(q, s)"), for the docstrings
     what: str  # how the kernel computes it, for the docstrings
     activation: Callable = lambda a: a
+    # (K, N, the scale's shape) -> None, or why the scale does not fit (default: (1, N), one
+    # per output channel)
+    scale_check: Callable | None = None
 
 
 def register(family: Family) -> None:
@@ -116,7 +120,11 @@ def _constraint(f: Family, has_bias: bool, residual: bool):
         k, n = w
         if a[-1] != k:
             return f"inner dims differ: {a} @ {w}"
-        if nw == 2 and tuple(shapes[2]) != (1, n):
+        if nw == 2 and f.scale_check is not None:
+            why = f.scale_check(k, n, tuple(shapes[2]))
+            if why is not None:
+                return why
+        elif nw == 2 and tuple(shapes[2]) != (1, n):
             return (f"the scale must have shape (1, {n}) (one per output channel), got "
                     f"{tuple(shapes[2])}")
         if has_bias and tuple(shapes[1 + nw]) != (n,):

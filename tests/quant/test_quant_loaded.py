@@ -1,0 +1,89 @@
+"""Prequantized weights from safetensors: ``tg.quantize(g, scheme, prequantized=True)`` reads
+``<name>.q`` / ``<name>.scale`` leaves (rewrite/quantize.py ``LOADED``) bound from a file, with
+no float weight; the program equals the one that quantized the float weights at bind time;
+hostile files (wrong dtype, wrong shape, missing scale, int4 values past a nibble) are refused
+naming the tensor."""
+
+import numpy as np
+import pytest
+
+import tensor_graphs as tg
+from tensor_graphs.errors import ArgumentError, DTypeError, FeedError, ShapeError
+from tensor_graphs.ir.graph import leaves
+from tensor_graphs.ir.ops.names import WEIGHT
+from tensor_graphs.kernels.c import build
+from tensor_graphs.numerics import relative_error
+from tensor_graphs.rewrite.quantize import prequantized_weights
+from tensor_graphs.runtime.weights import write_safetensors
+
+pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
+
+
+def _model():
+    """A linear (torch's (N, K) weight) into a matmul ((K, N) weight), K = 40 (not a multiple
+    of int4's group of 32: groups of 20)."""
+    x = tg.input("x", (3, 40))
+    h = tg.gelu(tg.linear(x, tg.weight("fc.weight", (40, 40)), tg.weight("fc.bias", (40,))))
+    return h @ tg.weight("proj", (40, 24))
+
+
+def _weights(rng):
+    return {"fc.weight": rng.standard_normal((40, 40)).astype(np.float32),
+            "fc.bias": rng.standard_normal(40).astype(np.float32),
+            "proj": rng.standard_normal((40, 24)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int8-dynamic", "int4-weight"])
+def test_a_prequantized_file_gives_the_bind_time_quantized_program(tmp_path, scheme):
+    rng = np.random.default_rng(0)
+    y, weights = _model(), _weights(rng)
+    stored = prequantized_weights(y, weights, scheme)
+    assert stored["fc.weight.q"].shape == (40, 40) and stored["fc.weight.q"].dtype == np.int8
+    ng = 2 if scheme == "int4-weight" else 1
+    assert stored["fc.weight.scale"].shape == (40, ng) and stored["proj.scale"].shape == (ng, 24)
+    path = tmp_path / "q.safetensors"
+    write_safetensors(path, {**stored, "fc.bias": weights["fc.bias"]})
+    loaded = tg.quantize(y, scheme, prequantized=True)
+    names = {leaf.name for leaf in leaves(loaded) if leaf.op.name == WEIGHT}
+    assert names == {"fc.weight.q", "fc.weight.scale", "fc.bias", "proj.q", "proj.scale"}
+    prog = tg.compile(loaded, db=":memory:").bind_safetensors(path, strict=True)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    ref = tg.compile(tg.quantize(y, scheme), db=":memory:").bind(**weights)(x=x)
+    assert relative_error(prog(x=x), ref) <= 1e-5
+    assert relative_error(ref, tg.evaluate(y, {"x": x, **weights})) > 1e-4  # quantized
+
+
+def _write(tmp_path, arrays):
+    path = tmp_path / "bad.safetensors"
+    write_safetensors(path, arrays)
+    return path
+
+
+def test_hostile_files_are_refused_naming_the_tensor(tmp_path):
+    rng = np.random.default_rng(1)
+    y, weights = _model(), _weights(rng)
+    good = {**prequantized_weights(y, weights, "int4-weight"), "fc.bias": weights["fc.bias"]}
+    prog = tg.compile(tg.quantize(y, "int4-weight", prequantized=True), db=":memory:")
+    bad = {**good, "proj.q": good["proj.q"].astype(np.float32)}  # float values for int8
+    with pytest.raises(DTypeError, match="proj.q"):
+        prog.bind_safetensors(_write(tmp_path, bad))
+    bad = {**good, "proj.q": good["proj.q"].astype(np.int32)}  # int32 does not fit int8
+    with pytest.raises(DTypeError, match="proj.q"):
+        prog.bind_safetensors(_write(tmp_path, bad))
+    bad = {**good, "fc.weight.scale": np.ascontiguousarray(good["fc.weight.scale"].T)}
+    with pytest.raises(ShapeError, match=r"fc.weight.scale.*\[2, 40\].*\[40, 2\]"):
+        prog.bind_safetensors(_write(tmp_path, bad))
+    bad = {k: v for k, v in good.items() if k != "proj.scale"}
+    with pytest.raises(FeedError, match="proj.scale"):
+        prog.bind_safetensors(_write(tmp_path, bad))
+    bad = {**good, "proj.q": np.full((40, 24), 9, np.int8)}  # past int4's [-8, 7]
+    prog.bind_safetensors(_write(tmp_path, bad))
+    with pytest.raises(ArgumentError, match=r"int4 weight.*-8..7"):
+        prog(x=np.ones((3, 40), np.float32))
+    prog.bind_safetensors(_write(tmp_path, good))  # a good file binds after all that
+    assert np.isfinite(prog(x=np.ones((3, 40), np.float32))).all()
+
+
+def test_schemes_without_a_stored_form_are_refused():
+    with pytest.raises(ArgumentError, match="prequantized"):
+        tg.quantize(_model(), "bf16-weight", prequantized=True)
