@@ -49,7 +49,7 @@ from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
 from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.rewrite.recompose import recompose
-from tensor_graphs.rewrite.siblings import fuse_siblings, sibling_groups
+from tensor_graphs.rewrite.siblings import fuse_siblings, sibling_groups, side_by_side
 from tensor_graphs.rewrite.simplify import simplify
 from tensor_graphs.rewrite.sink import sink_reshapes
 from tensor_graphs.runtime.lower import Program, lint_program, lower
@@ -206,6 +206,8 @@ class Pipeline:
         if not sibling_groups(prepared):  # (TG_DEBUG lists the pass only where it acts)
             return self._plan(prepared, costed_at, stats)
         fused = run_pass("siblings", fuse_siblings, prepared)
+        if self.profile == "missing" and self.decisions is None:
+            self._profile_forms(prepared, fused, costed_at, stats)
         if self.decisions is not None:
             try:
                 return self._plan(fused, costed_at, stats, fuse_siblings)
@@ -214,6 +216,21 @@ class Pipeline:
         plain = self._plan(prepared, costed_at, stats)
         joined = self._plan(fused, costed_at, stats, fuse_siblings)
         return joined if joined.cost <= plain.cost else plain
+
+    def _profile_forms(self, prepared: list[Node], fused: list[Node],
+                       costed_at: Mapping | None, stats: dict) -> None:
+        """What both forms lack, measured in one pass with each group's fused and separate
+        products side by side (``side_by_side``): measured apart, a burst of load during one
+        form's profiling decided between them."""
+        from tensor_graphs.profiler.missing import profile_missing
+
+        if costed_at is not None:  # a symbolic graph is measured at the bounds
+            prepared = prepare(self.outputs, costed_at)
+            fused = fuse_siblings(prepared)
+        both = side_by_side(prepared) + list(prepared) + list(fused)
+        everything = self.planner(both, blocks=False)
+        everything.solve()
+        stats["measured"] += profile_missing(everything, self.db)
 
     def _plan(self, prepared: list[Node], costed_at: Mapping | None, stats: dict,
               form: Callable | None = None) -> Plan:

@@ -105,6 +105,20 @@ def fuse_siblings(outputs):
     return new[0] if single else type(outputs)(new) if isinstance(outputs, tuple) else new
 
 
+def side_by_side(outputs) -> list[Node]:
+    """Per group, its fused product (over the group's own activation) followed by the
+    siblings it replaces: outputs for one profiling pass over both forms, so each group's one
+    GEMM and its separate GEMMs are measured next to each other (in the same interleaved
+    rounds), not minutes apart, where a burst of other work on the machine would decide."""
+    out: list[Node] = []
+    for group in sibling_groups(outputs):
+        pieces = _fused(group, {s.x: s.x for s in group})
+        if pieces:
+            out.append(next(iter(pieces.values())).inputs[0])
+            out.extend(s.root for s in group)
+    return out
+
+
 def sibling_groups(outputs) -> list[list[Sibling]]:
     """The groups ``fuse_siblings`` fuses, each in graph order (the order of the slices)."""
     found = [s for s in _siblings(outputs)]

@@ -12,7 +12,7 @@ import tensor_graphs as tg
 from tensor_graphs.compiler import prepare
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.numerics import relative_error
-from tensor_graphs.rewrite.siblings import fuse_siblings, join, sibling_groups
+from tensor_graphs.rewrite.siblings import fuse_siblings, join, sibling_groups, side_by_side
 
 RNG = np.random.default_rng(0)
 
@@ -199,3 +199,12 @@ def test_fused_int8_siblings_plan_one_int8_gemm():
     per_call = [s.kernel.name for s in prog.plan.per_call if s.kernel is not None]
     gemms = [k for k in per_call if "matmul" in k or "linear" in k]
     assert gemms == ["c_q8_matmul_bias"], per_call
+
+
+def test_side_by_side_lists_each_fused_product_beside_its_siblings():
+    """The profiling order for both forms: a group's one GEMM, then the GEMMs it replaces."""
+    _, outs = _qkv()
+    listed = side_by_side(outs)
+    assert [n.op.name for n in listed] == ["linear"] * 4
+    assert listed[0].shape == (2, 5, 48) and listed[1:] == outs
+    assert side_by_side([outs[0]]) == []
