@@ -77,24 +77,27 @@ def cluster():
         from ray._private import ray_constants
 
         mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read at import in this process
-        folder = tempfile.mkdtemp(prefix="tg-ray-")  # the cluster's sockets and logs
-        made = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "temp_dir": folder,
-            "object_store_memory": 80 * 1024 * 1024})
+        folder = tempfile.mkdtemp(prefix="tg-ray-")  # the cluster's sockets, logs, address
+        mp.setenv("RAY_TMPDIR", folder)  # (Ray's own default: /tmp/ray)
+        made = None
         try:
+            made = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 0, "include_dashboard": False,
+                "object_store_memory": 80 * 1024 * 1024})
             for _ in range(2):
-                made.add_node(resources=here, temp_dir=folder, **_node_args())
+                made.add_node(resources=here, **_node_args())
             everyone = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {0})  # the raylet and its workers inherit it
             try:
-                made.add_node(resources=other, temp_dir=folder, **_node_args())
+                made.add_node(resources=other, **_node_args())
             finally:
                 os.sched_setaffinity(0, everyone)
             assert made.address.startswith("127.0.0.1:")
             _watchdog(made, folder)
             yield made.address, here, other
         finally:
-            made.shutdown()
+            if made is not None:
+                made.shutdown()
             shutil.rmtree(folder, ignore_errors=True)
 
 
