@@ -27,6 +27,8 @@ ENV: dict[str, tuple[str, str]] = {
                       "comma-separated sanitizers (address, undefined) to build C kernels with"),
     "TG_INT8_ISA": ("auto: the widest this CPU runs",  # kernels/c/quant_dyn.py
                     "the int8 GEMM's path: avx512-vnni, avx-vnni, avx2 or portable"),
+    "TG_LOWP_ISA": ("auto: the widest this CPU runs",  # kernels/c/quant_lowp.py
+                    "the float16/int4-weight GEMM's path: avx512, avx2 or portable"),
 }
 
 
