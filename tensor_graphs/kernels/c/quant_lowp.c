@@ -5,8 +5,8 @@
  * Why: a decode step reads every weight once, so its floor is the weights' bytes over the
  * memory's bandwidth: float16 is half float32's, int4 an eighth (plus its scales). The weight
  * stays narrow in memory and is widened in registers: float16 by vcvtph2ps (F16C; AVX-512F's
- * 16-lane form), int4 by a mask, a shift and an unpack of the two nibbles then vpmovsxbd +
- * vcvtdq2ps; then FMA'd with the float activation. int4's scale leaves each group's K-sum:
+ * 16-lane form), int4 by a shift and a 16-entry table lookup (vpermps; AVX2: a mask and a
+ * conversion); then FMA'd with the float activation. int4's scale leaves each group's K-sum:
  * a group's partial sums are multiplied by its 16 scales once (one FMA a group of rows).
  *
  * The instructions are chosen at run time (tg_lowp_isa_supported; the Python side reads
@@ -16,8 +16,9 @@
  *
  * Packed ONCE at bind time (Python: quant_lowp.pack_*): a 64-byte header (magic, K, N,
  * panels) then ceil(N / 16) panels of K rows of 16 columns, zero past N: float16 a row 32
- * bytes; int4 a row 8 bytes, byte c holding column c (low nibble) and column c + 8 (high
- * nibble) as value + 8. One row (decode): four partial sums per group; more rows: blocks of
+ * bytes; int4 in blocks of 8 rows (K padded with zeros to a multiple of 8), 64 bytes a block:
+ * column c's 32-bit lane holds its 8 rows' values + 8, row j in bits 4j..4j+3, so a row is
+ * one shift of the block and a 16-entry table lookup (vpermps reads an index's low 4 bits). One row (decode): four partial sums per group; more rows: blocks of
  * MR rows share each widened weight row. OpenMP over (panel, row block) tasks,
  * num_threads(tg_team()), one thread under 262,144 multiply-adds. No -ffast-math: NaN and
  * inf in A propagate. */
@@ -67,16 +68,20 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-static inline float widen1(const uint8_t *row, int c, int kind) {
+/* the bytes of row kk's block: float16 one row of 32 bytes; int4 a block of 8 rows */
+#define LROW(b, kk, kind) ((kind) == K_F16 ? (b) + (kk) * 2 * LNR : (b) + ((kk) >> 3) * 64)
+
+static inline float widen1(const uint8_t *b, int64_t kk, int c, int kind) {
+    const uint8_t *row = LROW(b, kk, kind);
     if (kind == K_F16) return half_to_float(((const uint16_t *)row)[c]);
-    int v = c < 8 ? row[c] & 15 : row[c - 8] >> 4;
+    int j = (int)(kk & 7), v = (row[4 * c + j / 2] >> (4 * (j & 1))) & 15;
     return (float)(v - 8);
 }
 
-/* t[r][0..16) = rows r < nr of A @ panel b (k rows of `rb` bytes), each group's sum times
+/* t[r][0..16) = rows r < nr of A @ panel b (k rows), each group's sum times
  * its 16 scales (sc: ng rows, ss floats apart; NULL: one group, no scale) */
 static void panel_portable(const float *const *ar, int nr, const uint8_t *b, int64_t k,
-                           int64_t rb, int64_t g, const float *sc, int64_t ss, int kind,
+                           int64_t g, const float *sc, int64_t ss, int kind,
                            float t[LMR][LNR]) {
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < LNR; c++) t[r][c] = 0.0f;
@@ -84,7 +89,7 @@ static void panel_portable(const float *const *ar, int nr, const uint8_t *b, int
         float s[LMR][LNR] = {{0}};
         for (int64_t kk = g0; kk < lmin(k, g0 + g); kk++)
             for (int c = 0; c < LNR; c++) {
-                float w = widen1(b + kk * rb, c, kind);
+                float w = widen1(b, kk, c, kind);
                 for (int r = 0; r < nr; r++) s[r][c] += ar[r][kk] * w;
             }
         for (int r = 0; r < nr; r++)
@@ -99,7 +104,7 @@ static void panel_portable(const float *const *ar, int nr, const uint8_t *b, int
  * 8), the same loop as panel_portable with four partial sums for one row. */
 #define PANEL(NAME, TARGET, VEC, V, ZERO, SET1, FMA, ADD, LOADU, STOREU, WIDEN)                \
     TARGET static void NAME(const float *const *ar, int nr, const uint8_t *b, int64_t k,       \
-                            int64_t rb, int64_t g, const float *sc, int64_t ss, int kind,      \
+                            int64_t g, const float *sc, int64_t ss, int kind,      \
                             int half, float t[LMR][LNR]) {                                     \
         VEC acc[LMR];                                                                          \
         for (int r = 0; r < LMR; r++) acc[r] = ZERO;                                           \
@@ -110,18 +115,17 @@ static void panel_portable(const float *const *ar, int nr, const uint8_t *b, int
                 const float *a = ar[0];                                                        \
                 VEC s0 = ZERO, s1 = ZERO, s2 = ZERO, s3 = ZERO;                                \
                 for (; kk + 4 <= g1; kk += 4) {                                                \
-                    const uint8_t *p = b + kk * rb;                                            \
-                    s0 = FMA(SET1(a[kk]), WIDEN(p, kind, half), s0);                           \
-                    s1 = FMA(SET1(a[kk + 1]), WIDEN(p + rb, kind, half), s1);                  \
-                    s2 = FMA(SET1(a[kk + 2]), WIDEN(p + 2 * rb, kind, half), s2);              \
-                    s3 = FMA(SET1(a[kk + 3]), WIDEN(p + 3 * rb, kind, half), s3);              \
+                    s0 = FMA(SET1(a[kk]), WIDEN(b, kk, kind, half), s0);                       \
+                    s1 = FMA(SET1(a[kk + 1]), WIDEN(b, kk + 1, kind, half), s1);               \
+                    s2 = FMA(SET1(a[kk + 2]), WIDEN(b, kk + 2, kind, half), s2);               \
+                    s3 = FMA(SET1(a[kk + 3]), WIDEN(b, kk + 3, kind, half), s3);               \
                 }                                                                              \
-                for (; kk < g1; kk++) s0 = FMA(SET1(a[kk]), WIDEN(b + kk * rb, kind, half), s0); \
+                for (; kk < g1; kk++) s0 = FMA(SET1(a[kk]), WIDEN(b, kk, kind, half), s0);     \
                 s[0] = ADD(ADD(s0, s1), ADD(s2, s3));                                          \
             } else {                                                                           \
                 for (int r = 0; r < LMR; r++) s[r] = ZERO;                                     \
                 for (; kk < g1; kk++) {                                                        \
-                    VEC w = WIDEN(b + kk * rb, kind, half);                                    \
+                    VEC w = WIDEN(b, kk, kind, half);                                          \
                     for (int r = 0; r < LMR; r++) s[r] = FMA(SET1(ar[r][kk]), w, s[r]);        \
                 }                                                                              \
             }                                                                                  \
@@ -136,56 +140,57 @@ static void panel_portable(const float *const *ar, int nr, const uint8_t *b, int
         for (int r = 0; r < (nr == 1 ? 1 : LMR); r++) STOREU(t[r] + half * V, acc[r]);         \
     }
 
-/* the 16 weights of a panel row as floats: float16 by vcvtph2ps; int4 nibbles unpacked to
- * 16 bytes (columns in order), less 8, widened */
+/* the 16 weights of panel row kk as floats: float16 by vcvtph2ps; int4 the block shifted to
+ * row kk's nibble and looked up in the table of -8..7 */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-static inline __m512 widen_512(const uint8_t *p, int kind, int half) {
+static inline __m512 widen_512(const uint8_t *b, int64_t kk, int kind, int half) {
     (void)half;
+    const uint8_t *p = LROW(b, kk, kind);
     if (kind == K_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
-    __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
-    __m128i v = _mm_sub_epi8(_mm_unpacklo_epi64(lo, hi), _mm_set1_epi8(8));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512i x = _mm512_srli_epi32(_mm512_loadu_si512(p), (unsigned)(4 * (kk & 7)));
+    return _mm512_permutexvar_ps(x, table);
 }
 
-/* columns [8 half, 8 half + 8) of a panel row */
+/* columns [8 half, 8 half + 8) of panel row kk */
 __attribute__((target("avx2,fma,f16c")))
-static inline __m256 widen_256(const uint8_t *p, int kind, int half) {
+static inline __m256 widen_256(const uint8_t *b, int64_t kk, int kind, int half) {
+    const uint8_t *p = LROW(b, kk, kind);
     if (kind == K_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + half));
-    __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
-    x = _mm_srl_epi16(x, _mm_cvtsi32_si128(4 * half));
-    __m128i v = _mm_sub_epi8(_mm_and_si128(x, m), _mm_set1_epi8(8));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    __m256i x = _mm256_loadu_si256((const __m256i *)p + half);
+    x = _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_set1_epi32((int)(4 * (kk & 7)))),
+                         _mm256_set1_epi32(15));
+    return _mm256_sub_ps(_mm256_cvtepi32_ps(x), _mm256_set1_ps(8.0f));
 }
 
-/* int4, one row of A (decode), AVX-512: four panel rows (32 bytes) a step, each pair's nibbles
- * split by one mask and one shift and its two rows unpacked from them; the values widened to
- * 32 bits and looked up in a 16-entry table of -8..7 (vpermps), the offset and the conversion
- * in one instruction */
+/* int4, one row of A (decode), AVX-512: a block of 8 rows is one load; each row one shift and
+ * one lookup (vpermps reads the low 4 bits of each lane), four partial sums; rows of a group
+ * outside whole blocks (a group not a multiple of 8) one at a time */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
 static void i4_row_512(const float *a, const uint8_t *b, int64_t k, int64_t g, const float *sc,
                        int64_t ss, float t[LMR][LNR]) {
     const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m128i m = _mm_set1_epi8(15);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t g0 = 0, gi = 0; g0 < k; g0 += g, gi++) {
         int64_t g1 = lmin(k, g0 + g), kk = g0;
         __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (; kk + 4 <= g1; kk += 4) {
-            const uint8_t *p = b + kk * (LNR / 2);
-            __m128i x01 = _mm_loadu_si128((const __m128i *)p);
-            __m128i x23 = _mm_loadu_si128((const __m128i *)(p + 16));
-            __m128i l01 = _mm_and_si128(x01, m), h01 = _mm_and_si128(_mm_srli_epi16(x01, 4), m);
-            __m128i l23 = _mm_and_si128(x23, m), h23 = _mm_and_si128(_mm_srli_epi16(x23, 4), m);
-#define I4W(v) _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), table)
-            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), I4W(_mm_unpacklo_epi64(l01, h01)), s0);
-            s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 1]), I4W(_mm_unpackhi_epi64(l01, h01)), s1);
-            s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 2]), I4W(_mm_unpacklo_epi64(l23, h23)), s2);
-            s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 3]), I4W(_mm_unpackhi_epi64(l23, h23)), s3);
+        for (; kk < g1 && (kk & 7); kk++)
+            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), widen_512(b, kk, K_I4, 0), s0);
+        for (; kk + 8 <= g1; kk += 8) {
+            __m512i x = _mm512_loadu_si512(b + (kk >> 3) * 64);
+#define I4W(j) _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4 * (j)), table)
+            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), _mm512_permutexvar_ps(x, table), s0);
+            s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 1]), I4W(1), s1);
+            s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 2]), I4W(2), s2);
+            s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 3]), I4W(3), s3);
+            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 4]), I4W(4), s0);
+            s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 5]), I4W(5), s1);
+            s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 6]), I4W(6), s2);
+            s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk + 7]), I4W(7), s3);
 #undef I4W
         }
         for (; kk < g1; kk++)
-            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), widen_512(b + kk * (LNR / 2), K_I4, 0), s0);
+            s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[kk]), widen_512(b, kk, K_I4, 0), s0);
         __m512 sum = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
         acc = _mm512_fmadd_ps(sum, _mm512_loadu_ps(sc + gi * ss), acc);
     }
@@ -225,7 +230,8 @@ static int lowp_gemm(const float *a, const uint8_t *packed, const float *s, int6
     if (h[0] != (kind == K_F16 ? F16MAGIC : I4MAGIC) || h[1] != k || h[2] != n) return -1;
     if (m <= 0 || n <= 0) return 0;
     const uint8_t *bp = packed + LHEADER;
-    int64_t rb = kind == K_F16 ? 2 * LNR : LNR / 2;  /* bytes a panel row */
+    /* bytes a panel: float16 32 a row; int4 64 a block of 8 rows */
+    int64_t pb = kind == K_F16 ? k * 2 * LNR : ((k + 7) >> 3) * 64;
     int64_t panels = (n + LNR - 1) / LNR;
     int64_t g = kind == K_I4 ? (k + ng - 1) / ng : (k > 0 ? k : 1);
     int64_t mblocks = m == 1 ? 1 : (m + LMR - 1) / LMR;
@@ -245,7 +251,7 @@ static int lowp_gemm(const float *a, const uint8_t *packed, const float *s, int6
     #pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t j = task / mblocks, blk = task % mblocks;
-        const uint8_t *b = bp + j * k * rb;
+        const uint8_t *b = bp + j * pb;
         int64_t col = j * LNR, i0 = blk * LMR;
         int cols = (int)lmin(LNR, n - col);
         int rows = m == 1 ? 1 : (int)lmin(LMR, m - i0);
@@ -265,13 +271,13 @@ static int lowp_gemm(const float *a, const uint8_t *packed, const float *s, int6
             if (isa == LISA_AVX512 && kind == K_I4 && rows == 1)
                 i4_row_512(ar[0], b, k, g, sc, ss, t);
             else if (isa == LISA_AVX512)
-                panel_512(ar, rows, b, k, rb, g, sc, ss, kind, 0, t);
+                panel_512(ar, rows, b, k, g, sc, ss, kind, 0, t);
             else if (isa == LISA_AVX2) {
-                panel_256(ar, rows, b, k, rb, g, sc, ss, kind, 0, t);
-                panel_256(ar, rows, b, k, rb, g, sc, ss, kind, 1, t);
+                panel_256(ar, rows, b, k, g, sc, ss, kind, 0, t);
+                panel_256(ar, rows, b, k, g, sc, ss, kind, 1, t);
             } else
 #endif
-                panel_portable(ar, rows, b, k, rb, g, sc, ss, kind, t);
+                panel_portable(ar, rows, b, k, g, sc, ss, kind, t);
         }
         for (int r = 0; r < rows; r++) {
             float *crow = c + (i0 + r) * n;

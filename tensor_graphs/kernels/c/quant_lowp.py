@@ -80,9 +80,10 @@ def isa_name() -> str:
 
 
 def packed_bytes(k: int, n: int, kind: str) -> int:
-    """Bytes the packed (k, n) weight takes, header included: float16 2 a value, int4 1/2."""
-    row = 2 * PANEL if kind == "f16" else PANEL // 2
-    return HEADER + -(-n // PANEL) * k * row
+    """Bytes the packed (k, n) weight takes, header included: float16 2 a value, int4 1/2
+    (K padded to a multiple of 8)."""
+    panel = k * 2 * PANEL if kind == "f16" else -(-k // 8) * 64
+    return HEADER + -(-n // PANEL) * panel
 
 
 def _packed(panels: np.ndarray, k: int, n: int, magic: int) -> np.ndarray:
@@ -120,8 +121,9 @@ def pack_f16(w: np.ndarray) -> np.ndarray:
 
 
 def pack_i4(q: np.ndarray) -> np.ndarray:
-    """The packed form of a uint8 (K, N) int4 weight (values + 8, 0..15): two a byte, byte c
-    of a panel row holding column c (low nibble) and c + 8 (high nibble)."""
+    """The packed form of a uint8 (K, N) int4 weight (values + 8, 0..15): per 16-column panel,
+    blocks of 8 rows (K padded with 8s, value 0), 64 bytes a block: column c's little-endian
+    uint32 lane holds row j's value in bits 4j..4j+3."""
     q = np.asarray(q)
     if q.ndim != 2 or q.dtype != np.uint8:
         raise TypeError(f"pack_i4: needs a 2-D uint8 weight (int4 + 8), got {q.shape} "
@@ -131,8 +133,14 @@ def pack_i4(q: np.ndarray) -> np.ndarray:
                             f"got {int(q.max())}: a prequantized '<name>.q' holds int8 "
                             f"values in -8..7 (rewrite.quantize.prequantized_weights writes "
                             f"them)")
-    p = _panels(q, 8)
-    return _packed(p[..., :8] | (p[..., 8:] << 4), *q.shape, I4_MAGIC)
+    k, n = q.shape
+    kp = -(-k // 8) * 8
+    full = np.full((kp, n), 8, np.uint8)
+    full[:k] = q
+    p = _panels(full, 8)  # (panels, kp, 16)
+    blocks = p.reshape(p.shape[0], kp // 8, 8, PANEL).transpose(0, 1, 3, 2).astype(np.uint32)
+    lanes = (blocks << (4 * np.arange(8, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+    return _packed(np.ascontiguousarray(lanes.astype("<u4")), k, n, I4_MAGIC)
 
 
 def _header(p: np.ndarray) -> tuple[int, int, int]:
