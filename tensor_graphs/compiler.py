@@ -213,8 +213,12 @@ class Pipeline:
                 return self._plan(fused, costed_at, stats, fuse_siblings)
             except PlanFileError:
                 return self._plan(prepared, costed_at, stats)
+        runs = stats["planner_runs"]
         plain = self._plan(prepared, costed_at, stats)
         joined = self._plan(fused, costed_at, stats, fuse_siblings)
+        if stats["planner_runs"] - runs == 2:  # one build, one planner run; the second form's
+            stats["planner_runs"] -= 1  # search is counted apart
+            stats["sibling_forms"] = stats.get("sibling_forms", 0) + 1
         return joined if joined.cost <= plain.cost else plain
 
     def _profile_forms(self, prepared: list[Node], fused: list[Node],
