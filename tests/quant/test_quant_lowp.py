@@ -159,3 +159,27 @@ def test_tiny_gpt2_end_to_end(scheme, kernel, rough):
     assert rough[0] < relative_error(ref, float_ref) < rough[1]
     assert f"[{scheme}" in prog.explain()
     assert kernel in prog.explain()
+
+
+@needs_c
+@pytest.mark.parametrize("path", PATHS)
+def test_a_whole_program_under_each_forced_path(monkeypatch, path):
+    """TG_LOWP_ISA is read at each call: the same bound program on every path matches the
+    quantized graph's reference (fp16 and int4 products, a row and several)."""
+    rng = np.random.default_rng(7)
+    x = tg.input("x", ("rows", 72))
+    y = tg.relu(x @ tg.weight("w1", (72, 40)) + tg.weight("b1", (40,))) @ tg.weight("w2",
+                                                                                      (40, 9))
+    weights = {"w1": rng.standard_normal((72, 40)).astype(np.float32),
+               "b1": rng.standard_normal(40).astype(np.float32),
+               "w2": rng.standard_normal((40, 9)).astype(np.float32)}
+    for scheme in ("fp16-weight", "int4-weight"):
+        q = tg.quantize(y, scheme, group_size=24)
+        prog = tg.compile(q, db=":memory:", bounds={"rows": 8}).bind(**weights)
+        assert any(k in prog.explain() for k in ("c_f16_matmul", "c_q4_matmul"))
+        monkeypatch.setenv(ql.ENV, path)
+        for rows in (1, 5):
+            xv = rng.standard_normal((rows, 72)).astype(np.float32)
+            ref = tg.evaluate(q, {"x": xv, **weights}, dtype="float64")
+            assert relative_error(prog(x=xv), ref) <= 1e-5, (scheme, path, rows)
+        monkeypatch.delenv(ql.ENV)
