@@ -58,6 +58,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 import warnings
 
 from tensor_graphs.errors import ArgumentError
@@ -201,9 +202,9 @@ def set_num_threads(n: int) -> None:
 
 
 def _apply(n: int, source: str) -> None:
-    global _count, _source
+    global _count, _source, _foreign_blas
     with _lock:
-        _count, _source = n, source
+        _count, _source, _foreign_blas = n, source, None
         _set_openblas(n)
         _team[0] = _team[1] = n
         for lib in _libraries:
@@ -291,3 +292,75 @@ def openblas_num_threads() -> int | None:
         if os.path.realpath(pool["filepath"]) == real:
             return int(pool["num_threads"])
     return None
+
+
+# --- other BLAS pools follow the team while our kernels call them ---------------------------
+# numpy's own OpenBLAS (and any BLAS that is not the C backend's, which blas.c keeps on the team
+# itself): (controller's set_num_threads, the count set now). Found once, after the count.
+_foreign_blas: list | None = None
+_LOOK_NS = 10_000_000  # tg_common.h's TG_TEAM_LOOK_NS: look at most every 10 ms
+_AT = 2  # TG_T_AT: ns of the last look
+
+
+def _foreign_pools() -> list:
+    global _foreign_blas
+    if _foreign_blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        ours = _load_scipy_openblas()
+        ours = os.path.realpath(ours) if ours else None
+        _foreign_blas = [c for c in ThreadpoolController().select(user_api="blas").lib_controllers
+                         if os.path.realpath(c.filepath) != ours]
+    return _foreign_blas
+
+
+def _look() -> int:
+    """The team now, looked at again (as a C region's ``tg_team`` does) when the last look is
+    older than 10 ms: a program of numpy kernels alone runs no C region to look for it."""
+    n = get_num_threads()
+    if n <= 1 or _team[_PINNED] > 0:
+        return n
+    now = time.monotonic_ns()  # CLOCK_MONOTONIC, as tg_now_ns
+    if now - _team[_AT] >= _LOOK_NS and _libraries:
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                run, wait = (int(v) for v in f.read().split()[:2])
+        except (OSError, ValueError):
+            _team[_AT] = now  # no counters: the team stays the setting
+        else:
+            look = _libraries[0].tg_team_look
+            look.argtypes = [ctypes.c_int64] * 4
+            look.restype = ctypes.c_int
+            look(now, run, wait, threading.get_ident())  # get_ident is pthread_self
+    return int(_team[1])
+
+
+@contextlib.contextmanager
+def blas_follows_team():
+    """Within: every BLAS pool but the C backend's (numpy's own OpenBLAS) uses the C kernels'
+    team, as ``c_matmul``'s OpenBLAS does (blas.c): one thread while other processes want the
+    cores; after, the setting again, so a user's own numpy calls keep their count.
+
+    Why: an OpenBLAS call waits for every worker, and a worker that lost its core holds the call
+    up for a scheduler slice. numpy's matmul makes one such call per batch entry. Measured on 2
+    cores at load 7-8 (other processes' tests), (8, 128, 256) @ (256, 256) float32 through
+    numpy.matmul: 35 ms median back to back (0.76 ms at the 10th percentile), 39 ms right after
+    a C kernel, 171 ms after a C kernel and a 1 ms pause (its workers asleep,
+    OPENBLAS_THREAD_TIMEOUT=4); on one thread 1.16-1.19 ms in all three, as c_matmul_strided's
+    1.08-1.11. The profiler times a kernel's fastest uncontended take (``profiler.measure``), so
+    the database put numpy_matmul at ~0.6 ms, and the training step's plan (issue 22) spent 667
+    of 1354 ms in 24 such calls. With the pool on the team, the plan runs numpy's BLAS the way
+    it runs ours, and the profiler's full team (``full_team``) measures both alike. Costs a
+    look every 10 ms (~5 us) and, only while the team is short, two setter calls per block."""
+    n = _look()
+    if n == _count:
+        yield
+        return
+    pools = _foreign_pools()
+    for pool in pools:
+        pool.set_num_threads(n)
+    try:
+        yield
+    finally:
+        for pool in pools:
+            pool.set_num_threads(_count)

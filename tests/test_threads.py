@@ -198,3 +198,46 @@ def test_every_blas_pool_in_the_process_follows_the_count(child_env):
     assert ones == "[1]" and twos == "[2]"
     assert int(n1) == int(n2) >= 2  # numpy's and scipy-openblas32's
     assert scipy_blas == "2"
+
+
+def test_numpys_blas_follows_the_team_inside_numpy_matmul_only(child_env):
+    """numpy_matmul runs numpy's own OpenBLAS on the C kernels' team: one thread while the team
+    is short (its call waits for every worker, and at load 7-8 on 2 cores a (8, 128, 256) @
+    (256, 256) took 35 ms median on 2 threads against 1.1 ms on one), the setting under the
+    profiler's full team, and the user's numpy outside the kernel keeps the setting."""
+    res = child("""
+        import ctypes
+        import numpy as np
+        from threadpoolctl import threadpool_info
+        import tensor_graphs as tg
+        from tensor_graphs import threads
+        from tensor_graphs.kernels.c import lib
+        from tensor_graphs.kernels.numpy import atomic
+        threads.set_num_threads(2)
+        def pool():  # numpy's own OpenBLAS (in its wheel's numpy.libs), as threadpoolctl sees it
+            found = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"
+                     and p["filepath"].split("/")[-2] in ("numpy.libs", "numpy")]
+            assert len(found) == 1, threadpool_info()
+            return found[0]
+        seen, inner = [], atomic.ufunc
+        def spy(*args):
+            seen.append(pool())
+            return inner(*args)
+        atomic.ufunc = spy
+        matmul = tg.kernels.get("numpy_matmul")
+        a, b = np.ones((8, 16, 32), np.float32), np.ones((32, 8), np.float32)
+        matmul(a, b)                                     # quiet: the setting
+        look = lib.library("elementwise").tg_team_look
+        look.argtypes = [ctypes.c_int64] * 4
+        look.restype = ctypes.c_int
+        ms = 10**6
+        look(1000 * ms, 0, 0, 7)
+        look(1030 * ms, 14 * ms, 6 * ms, 7)              # contended: the team is 1 for 0.5 s
+        matmul(a, b)                                     # numpy's pool on the team
+        after = pool()                                   # the user's count again
+        with threads.full_team():
+            matmul(a, b)                                 # the profiler: the whole setting
+        print(*seen, after, threads.team())
+    """, child_env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == "2 1 2 2 1".split()

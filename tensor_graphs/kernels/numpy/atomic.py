@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tensor_graphs import threads
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.dtypes import ALL, FLOATS, NUMBERS
 from tensor_graphs.ir.ops import OPS
@@ -229,8 +230,9 @@ def numpy_gather(x, indices, axis, *, out=None):
 @kernel("matmul", backend="numpy", name="numpy_matmul", dtypes=NUMBERS, where=same_dtype,
         tolerance=CLOSE, writes_out=True)
 def numpy_matmul(a, b, *, out=None):
-    """numpy.matmul (BLAS for float32/float64; float16/bfloat16 in float32, rounded once)."""
-    with np.errstate(all="ignore"):
+    """numpy.matmul (BLAS for float32/float64; float16/bfloat16 in float32, rounded once), its
+    BLAS pool on the C kernels' team (``threads.blas_follows_team`` says why)."""
+    with np.errstate(all="ignore"), threads.blas_follows_team():
         return ufunc(np.matmul, a.dtype, out, a, b)
 
 
