@@ -108,7 +108,9 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
     the same GEMM with its bias, with its residual add) then see the same load. Measured one
     after another, a burst of other work on this shared 2-core machine made one of them read
     15 % slower than the next, more than the epilogue they differ by. The C kernels use their
-    whole team meanwhile (threads.full_team), even while other processes load the cores."""
+    whole team meanwhile (threads.full_team), even while other processes load the cores, and so
+    does numpy's own OpenBLAS inside ``numpy_matmul`` (threads.blas_follows_team): in a plan
+    both shrink to one thread under load alike, so the rows compare them as a plan runs them."""
     with threads.full_team():
         timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
         repeats = max(repeats, 1)  # every row has a sample
