@@ -16,10 +16,12 @@ under ``torch.no_grad``, ``compile`` ``torch.compile(module)`` and ``compile-ro`
 interleaved (the order rotates per repeat), each between two ``torch.cuda.synchronize()``;
 medians with min-max spread, ratios ours/competitor (< 1: ours is faster). Decode: GPT-2 124M
 greedy tokens from ``tg.nn.Generator`` on the GPU against transformers' ``generate`` (ours
-also on its first run, which meets each cache length for the first time and runs the Python
-loop; the second run captures a CUDA graph per length, untimed; the timed runs replay), with the
+also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
+length and replays the other steps; and with a graph per cache length, padding off), with the
 HBM floor (the decode program's weights read once per token at the device-to-device copy rate
-measured here). The table is appended to ``DIR/gpu_table.md`` as each row finishes, so a run
+measured here). ``--only split`` times log-softmax over a 50257-wide row: the Triton row
+kernels (one program a row) and the split ones against torch. The table is appended to
+``DIR/gpu_table.md`` as each row finishes, so a run
 cut short keeps what it measured; the database is ``DIR/gpu.sqlite``.
 """
 
@@ -263,10 +265,11 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
                                                         min_new_tokens=tokens, **kw)))
         return (many - one) / (tokens - 1), out[0][0, prompt_len:].tolist()
 
-    # the first run meets every cache length for the first time (the Python loop: a graph is
-    # captured on a dims key's second sighting); the second captures one graph per length;
-    # the timed runs repeat those lengths and replay
+    # graphs are padded to power-of-two buckets of the cache length (runtime/graphs.py): the
+    # first run captures one graph per bucket on its second step and replays the rest; the
+    # timed runs replay throughout
     first, _ = ours_steps()
+    captures_first = gen.decode.stats["graph_captures"]
     ours_steps()
     hf_steps()
     mine, theirs, agree = [], [], True
@@ -276,18 +279,62 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
         step, ref = hf_steps()
         theirs.append(step)
         agree = agree and got == ref
+    # graphs per cache length (padding off): what padding costs in attention over masked keys
+    exe = gen.decode._symbolic
+    exe.graphs.padding = None
+    ours_steps()
+    ours_steps()  # (captures one graph per length)
+    exact = statistics.median(ours_steps()[0] for _ in range(3))
+    exe.graphs.padding = "pow2"
     weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
         - lm.transformer.wpe.weight.numel() * 4  # a step reads one row of the positions
     floor = weights / device_bandwidth() * 1e3  # the copy's rate counts bytes read + written
     lines = [f"\n## gpt2-124m decode, fp32, prompt {prompt_len}, {tokens} tokens "
              f"(our build {setup:.1f} s; tokens {'equal' if agree else 'DIFFER'})",
              f"  ours        {statistics.median(mine):8.3f} ms/token",
-             f"  ours, first {first:8.3f} ms/token (new cache lengths: the Python loop)",
+             f"  ours, first {first:8.3f} ms/token ({captures_first} graphs captured: one "
+             "per power-of-two bucket of the cache length)",
+             f"  ours, exact {exact:8.3f} ms/token (a graph per cache length, no padding)",
              f"  hf generate {statistics.median(theirs):8.3f} ms/token",
              f"  HBM floor   {floor:8.3f} ms/token ({weights / 1e6:.0f} MB of weights)",
              f"  ours/floor {statistics.median(mine) / floor:.2f}, ours/hf "
              f"{statistics.median(mine) / statistics.median(theirs):.2f}",
              f"  ours decode: {gen.decode.loop}"]
+    report(table, "\n".join(lines))
+
+
+def split_rows(table, rows: int = 4, width: int = 50257) -> None:
+    """log-softmax over a vocabulary row: the one-program-per-row Triton kernels (2.99x
+    torch on an H200) against the split kernels (kernels/triton/splitrows.py) and torch,
+    each configuration checked against float64 first, in fp32 and fp16."""
+    import tensor_graphs as tg
+    from tensor_graphs.ir.graph import use_counts
+    from tensor_graphs.kernels.triton import gallery, generate, splitrows
+    from tensor_graphs.numerics import relative_error
+
+    lines = [f"\n## log-softmax ({rows}, {width}): Triton one program a row vs split, "
+             "ms (median of 50, synchronized)"]
+    for dt, tdt in (("float32", torch.float32), ("float16", torch.float16)):
+        y = tg.log_softmax(tg.input("x", (rows, width), dt))
+        expand = gallery._expand()  # noqa: SLF001 - one node per composite, as planning has
+        root = y
+        while not root.op.is_atomic:
+            root = expand(root)
+        _, region, _, rendered = generate.row_region(root, use_counts([y]), expand)
+        x = torch.randn(rows, width, device="cuda").to(tdt) * 4
+        ref = tg.evaluate(y, {"x": x.float().cpu().numpy().astype(dt)}, dtype="float64")
+        times = {"torch": statistics.median(timed(lambda x=x: torch.log_softmax(x, -1))
+                                            for _ in range(50))}
+        split = splitrows.render(region)
+        for config in generate.ROW_CONFIGS:
+            for label, k in (("rows", generate.build_rows(region, rendered, config)),
+                             ("split", generate.build_split(region, split, config))):
+                err = relative_error(k.fn(x).float().cpu().numpy(), ref)
+                times[f"{label} {config.label} (err {err:.1e})"] = statistics.median(
+                    timed(lambda k=k, x=x: k.fn(x)) for _ in range(50))
+        base = times["torch"]
+        lines += [f"  {dt} {name:48s} {t:8.4f} ms  {t / base:5.2f}x torch"
+                  for name, t in times.items()]
     report(table, "\n".join(lines))
 
 
@@ -349,6 +396,8 @@ def main(argv=None) -> int:
         for name, make in WORKLOADS.items() if args.only in name for dtype in dtypes]
     if args.only in "gpt2-124m decode":  # after GPT-2's prefill, whose rows it reuses
         work.insert(min(len(dtypes), len(work)), ("gpt2-124m decode", lambda: decode(db, table)))
+    if args.only in "log-softmax split":  # seconds: first, so a short lease measures it
+        work.insert(0, ("log-softmax split", lambda: split_rows(table)))
     for label, run in work:
         if args.budget and time.monotonic() - start > args.budget:
             report(table, f"\n## {label}: not run (--budget {args.budget:.0f} s spent)")

@@ -7,9 +7,11 @@ its shared memory fits the architecture's block limit (``SHARED_MEMORY``). Each 
 is compiled at the extremes of its code: an elementwise kernel at rank 1 (flat) and at
 ``MAX_RANK`` (every index division), a row kernel persistent at the configuration's largest
 block (one row a program) and on rows of ``SHORT_ROW`` (as many as a program holds), and
-looped at its loop block. The modules are imported as compiled, not interpreted,
-kernels (``build.import_module(..., interpret=False)``), in a process whose triton is not the
-interpreter's (``require_compiler``: the simulated GPU's library functions cannot compile).
+looped at its loop block; a split row module's kernels (``splitrows.py``) at the loop block,
+its combines at the widest partials a row may have. The modules are imported as compiled,
+not interpreted, kernels (``build.import_module(..., interpret=False)``), in a process whose
+triton is not the interpreter's (``require_compiler``: the simulated GPU's library functions
+cannot compile).
 
 A target may carry ``attrs``, the specialisation a launch gives its arguments (the templates'
 16-byte divisibility of pointers and sizes, ``templates/targets.py``). They are handed to
@@ -95,6 +97,12 @@ def targets(rendered: Rendered, configs: Iterable[Config], label: str = "") -> I
         if rendered.kind == "elementwise":
             shapes = [("kernel", "flat", 1, config.block, 0),
                       ("kernel", f"rank{MAX_RANK}", MAX_RANK, config.block, 0)]
+        elif rendered.kind == "split_rows":  # each phase at the loop block; the combines
+            # over the most partials a row has (build.SPLIT_PROGRAMS, one row: 512 lanes)
+            lanes = 1 << (build.SPLIT_PROGRAMS - 1).bit_length()
+            shapes = [(k, f"rank{MAX_LEADING}", MAX_LEADING,
+                       lanes if k.startswith("combine") else config.block, 0)
+                      for k in rendered.kernels]
         else:  # (kernel, what, RANK, BLOCK, ROWS: rows a persistent program holds)
             many = config.block // SHORT_ROW
             shapes = [("persistent", f"block{config.persist}", 1, config.persist, 1),

@@ -223,10 +223,13 @@ def elementwise_function(rendered: Rendered, module: ModuleType, config: Config,
     return _named(run, rendered, description)
 
 
-def row_function(rendered: Rendered, module: ModuleType, config: Config, description: str):
+def row_function(rendered: Rendered, module: ModuleType | None, config: Config,
+                 description: str, plan_only: bool = False):
     """The launcher of a row module: ``persistent`` for rows of up to ``config.persist``
     elements (BLOCK the next power of two; as many rows a program as make about
-    ``config.block`` elements), ``looped`` over blocks of ``config.block`` beyond."""
+    ``config.block`` elements), ``looped`` over blocks of ``config.block`` beyond.
+    ``plan_only``: a function returning (tensors, plan, out) instead, which the split
+    launcher shares."""
     import torch
 
     in_dtypes, out_dtype = _torch_dtypes(rendered)
@@ -263,7 +266,7 @@ def row_function(rendered: Rendered, module: ModuleType, config: Config, descrip
         if len(plans) >= 256:
             plans.clear()
         return (shape, rows, dense, (rows, width, *z[1:], *flat), rank, wide,
-                block if persistent else config.block, per)
+                block if persistent else config.block, per, persistent)
 
     def run(*tensors, out=None):
         _checked(description, tensors, in_dtypes)
@@ -271,19 +274,68 @@ def row_function(rendered: Rendered, module: ModuleType, config: Config, descrip
         found = plans.get(key)
         if found is None:
             found = plans[key] = plan(tensors)
-        shape, rows, dense, scalars, rank, wide, block, per = found
+        shape, rows, dense, scalars, rank, wide, block, per, persistent = found
         if dense:
             tensors = [_rows_dense(t, shape, f) for t, f in zip(tensors, rendered.full)]
         out = _output(description, out, shape, out_dtype, tensors[0].device)
+        if plan_only:
+            return tensors, found, out
         if out.numel() == 0:
             return out
-        if block <= config.persist:
+        if persistent:  # (not BLOCK <= persist: a looped row's BLOCK is the loop's, which
+            # every configuration keeps below its persist, so long rows ran persistent)
             module.persistent[((rows + per - 1) // per,)](
                 out, *tensors, *scalars, RANK=rank, WIDE=wide, ROWS=per, BLOCK=block,
                 num_warps=config.warps, enable_fp_fusion=False)
         else:
             module.looped[(rows,)](out, *tensors, *scalars, RANK=rank, WIDE=wide, BLOCK=block,
                                    num_warps=config.warps, enable_fp_fusion=False)
+        return out
+
+    return _named(run, rendered, description)
+
+
+SPLIT_PROGRAMS = 2 * 132  # split rows: programs to aim for (two waves of an H100's SMs)
+
+
+def split_count(rows: int, width: int, block: int) -> tuple[int, int]:
+    """(S, CHUNK): chunks per row and elements per chunk (a multiple of ``block``), so that
+    rows x S is about ``SPLIT_PROGRAMS`` and no chunk is empty."""
+    blocks = -(-width // block)
+    s = max(1, min(blocks, -(-SPLIT_PROGRAMS // max(rows, 1))))
+    chunk = -(-blocks // s) * block
+    return -(-width // chunk), chunk
+
+
+def split_function(rendered: Rendered, module: ModuleType, config: Config, description: str,
+                   nred: int, scratch: str):
+    """The launcher of a split row module (``splitrows.py``): per level of reductions a
+    ``part`` launch over rows x S chunks and a ``combine`` launch per row, then ``final``
+    over rows x S; ``red`` and ``part`` scratch of ``scratch`` dtype made per call."""
+    import torch
+
+    rows_launcher = row_function(rendered, None, config, description, plan_only=True)
+    phases = sum(1 for k in rendered.kernels if k.startswith("part"))
+    acc = getattr(torch, scratch)
+
+    def run(*tensors, out=None):
+        tensors, found, out = rows_launcher(*tensors, out=out)
+        if out.numel() == 0:
+            return out
+        shape, rows, dense, scalars, rank, wide, *_ = found
+        width = shape[-1]
+        s, chunk = split_count(rows, width, config.block)
+        red = torch.empty((rows, max(nred, 1)), dtype=acc, device=out.device)
+        part = torch.empty((rows, s, max(nred, 1)), dtype=acc, device=out.device)
+        wide = wide or rows * s * max(nred, 1) >= WIDE
+        args = (out, *tensors, *scalars, red, part, s, chunk)
+        opts = {"RANK": rank, "WIDE": wide, "num_warps": config.warps,
+                "enable_fp_fusion": False}
+        lanes = max(MIN_ROW_BLOCK, 1 << max(0, s - 1).bit_length())
+        for p in range(phases):
+            getattr(module, f"part{p}")[(rows * s,)](*args, BLOCK=config.block, **opts)
+            getattr(module, f"combine{p}")[(rows,)](*args, BLOCK=lanes, **opts)
+        module.final[(rows * s,)](*args, BLOCK=config.block, **opts)
         return out
 
     return _named(run, rendered, description)
@@ -303,4 +355,4 @@ def _named(run, rendered: Rendered, description: str):
 
 
 __all__ = ["Config", "WIDE", "cache_dir", "elementwise_function", "import_module",
-           "module_path", "row_function"]
+           "module_path", "row_function", "split_count", "split_function"]

@@ -19,7 +19,7 @@ HEADS = 12
 
 class Entry(NamedTuple):
     name: str
-    kind: str  # "elementwise" or "rows"
+    kind: str  # "elementwise", "rows" or "split_rows" (several programs a row)
     dtype: str
     region: object  # codegen.Region or rowgen.RowRegion
     rendered: object  # render.Rendered
@@ -63,6 +63,7 @@ def _builders() -> dict[str, tuple[str, Callable[[str], Node]]]:
         "bias_relu_residual": ("elementwise", bias_residual),
         "softmax": ("rows", softmax),
         "log_softmax": ("rows", log_softmax),
+        "log_softmax_split": ("split_rows", log_softmax),  # the vocabulary row, split
         "layer_norm_residual": ("rows", layer_norm_residual),
         "rms_norm": ("rows", rms_norm),
     }
@@ -96,7 +97,8 @@ def entry(name: str, dtype: str) -> Entry:
     root = y
     while not root.op.is_atomic:
         root = expand(root)
-    find = generate.elementwise_region if kind == "elementwise" else generate.row_region
+    find = {"elementwise": generate.elementwise_region, "rows": generate.row_region,
+            "split_rows": generate.split_region}[kind]
     found = find(root, use_counts([y]), expand)
     if found is None:
         raise AssertionError(f"gallery {name} {dtype}: no {kind} region at its root")

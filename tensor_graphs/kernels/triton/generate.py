@@ -46,6 +46,11 @@ ROW_CONFIGS = (
     Config(1024, 2, 2048),  # narrow rows (768, 1024) on 2 warps; long rows in small blocks
 )
 
+# split row launches (``splitrows.py``: several programs a row, for long rows on few rows):
+# the row configurations' loop blocks and warps, so ``tg kernels compile`` checks the same
+SPLIT_CONFIGS = tuple(Config(c.block, c.warps) for c in ROW_CONFIGS)
+SPLIT_MIN_WIDTH = 8192  # narrower rows fill a program each: the one-program kernels serve
+
 
 @functools.lru_cache(maxsize=4)
 def _usable(simulated) -> bool:
@@ -77,7 +82,7 @@ class _Last(threading.local):
     value: object = None
 
 
-_last = {"elementwise": _Last(), "rows": _Last()}
+_last = {"elementwise": _Last(), "rows": _Last(), "split_rows": _Last()}
 
 
 def _remembered(kind: str, root: Node, uses, expand, find: Callable):
@@ -150,6 +155,24 @@ def row_region(root: Node, uses: Mapping[Node, int], expand):
     return covers, region, None, rows.render(region)
 
 
+def split_region(root: Node, uses: Mapping[Node, int], expand):
+    """(covers, region, None, split module) of the row region rooted at ``root`` when its
+    rows are at least ``SPLIT_MIN_WIDTH`` long (a static width), or None."""
+    from tensor_graphs.kernels.triton import splitrows
+
+    found = _remembered("rows", root, uses, expand, row_region)
+    if found is None:
+        return None
+    width = rowgen._last(root)  # noqa: SLF001
+    try:
+        if int(width) < SPLIT_MIN_WIDTH:
+            return None
+    except TypeError:  # a symbolic width: the one-program kernels serve every length
+        return None
+    covers, region, top, _ = found
+    return covers, region, top, splitrows.render(region)
+
+
 # ---------------------------------------------------------------------------- candidates
 def elementwise_candidate(root: Node, uses: Mapping[Node, int], expand, *,
                           config: Config = ELEMENTWISE_CONFIGS[0]):
@@ -163,6 +186,13 @@ def row_candidate(root: Node, uses: Mapping[Node, int], expand, *,
     """The Triton row option at ``root`` under one launch configuration."""
     return _candidate("rows", "triton_row", row_region, build_rows, root, uses, expand,
                       config)
+
+
+def split_candidate(root: Node, uses: Mapping[Node, int], expand, *,
+                    config: Config = SPLIT_CONFIGS[0]):
+    """The Triton split-row option at ``root`` (long rows) under one launch configuration."""
+    return _candidate("split_rows", "triton_split", split_region, build_split, root, uses,
+                      expand, config)
 
 
 def _candidate(kind: str, prefix: str, finder, build, root: Node, uses: Mapping[Node, int],
@@ -198,6 +228,9 @@ def generator_rows() -> tuple[tuple[str, Callable], ...]:
     for config in ROW_CONFIGS:
         out.append((f"triton_rows_{config.label}",
                     functools.partial(row_candidate, config=config)))
+    for config in SPLIT_CONFIGS:
+        out.append((f"triton_split_rows_{config.label}",
+                    functools.partial(split_candidate, config=config)))
     return tuple(out)
 
 
@@ -261,6 +294,26 @@ def build_rows(region: rowgen.RowRegion, rendered: render.Rendered, config: Conf
     summary = _label(rendered, config)
     module = _module(rendered, name, summary)
     fn = build.row_function(rendered, module, config, f"{name} ({summary})")
+    return _row_kernel(region, rendered, name, summary, fn, verify)
+
+
+def build_split(region: rowgen.RowRegion, rendered: render.Rendered, config: Config,
+                verify: bool = True) -> rowgen.RowKernel:
+    """The checked kernel of a row region split across programs (``splitrows.py``) under
+    ``config`` (not registered)."""
+    from tensor_graphs.kernels.triton import build, splitrows
+
+    name = kernel_name("triton_split", rendered, config)
+    summary = _label(rendered, config)
+    module = _module(rendered, name, summary)
+    fn = build.split_function(rendered, module, config, f"{name} ({summary})",
+                              len(region.reductions), splitrows.accumulates_in(region))
+    return _row_kernel(region, rendered, name, summary, fn, verify)
+
+
+def _row_kernel(region: rowgen.RowRegion, rendered: render.Rendered, name: str, summary: str,
+                fn, verify: bool) -> rowgen.RowKernel:
+    """A row launcher as a registry kernel, checked unless ``verify`` is False."""
     pattern, var_names = rowgen.region_pattern(region)
     in_dtypes = rendered.input_dtypes
 
@@ -281,6 +334,7 @@ def build_rows(region: rowgen.RowRegion, rendered: render.Rendered, config: Conf
     return _admitted(kernel, check.check_rows, fn, region, rendered.source)
 
 
-__all__ = ["BACKEND", "DEVICE", "ELEMENTWISE_CONFIGS", "ROW_CONFIGS", "build_elementwise",
-           "build_rows", "elementwise_candidate", "elementwise_region", "generator_rows",
-           "kernel_name", "row_candidate", "row_region", "usable"]
+__all__ = ["BACKEND", "DEVICE", "ELEMENTWISE_CONFIGS", "ROW_CONFIGS", "SPLIT_CONFIGS",
+           "SPLIT_MIN_WIDTH", "build_elementwise", "build_rows", "build_split",
+           "elementwise_candidate", "elementwise_region", "generator_rows", "kernel_name",
+           "row_candidate", "row_region", "split_candidate", "split_region", "usable"]

@@ -119,6 +119,19 @@ def test_rows_of_one_and_odd_lengths_through_both_kernels(d, expand):
         agrees(got, tg.evaluate(norm, feeds, dtype="float64"))
 
 
+@pytest.mark.parametrize("config", [Config(16, 2, 32), *generate.ROW_CONFIGS[2:]],
+                         ids=["block16_persist32", "narrow"])
+def test_rows_longer_than_persist_are_looped_whatever_the_loop_block(config, expand):
+    """Every configuration loops in blocks below its persist limit: a row past the limit
+    must run the looped kernel (it ran the persistent one at the loop's BLOCK, reading the
+    first BLOCK columns: a log-softmax over 50257 gave garbage under every ROW_CONFIG)."""
+    d = 2 * config.persist + 3
+    y = log_softmax("float32", d=d)
+    k, _ = kernel(y, expand, config, verify=False)
+    x = np.random.default_rng(d).standard_normal((3, d)).astype(np.float32)
+    agrees(run(k, x), tg.evaluate(y, {"x": x}, dtype="float64"))
+
+
 def test_strided_broadcast_and_many_leading_dims_are_read_in_place(expand):
     """A transposed input, a weight broadcast along rows, a per-row input from a column
     slice, and four leading dims (more than the kernel indexes: copied contiguous)."""
