@@ -31,11 +31,11 @@ or an input lives on the GPU. The warm-up before a capture (``Checker``: a side 
 real GPU) refuses dims where a result that leaves was allocated after all, or a step
 synchronized with the host (``.item()``, a shape that depends on values). Kernels read their
 shapes from the dims, and decode's ``past`` changes the grids, so there is one graph per dims
-value (``Graphs``, an LRU of ``LIMIT``), or, for a program planned for bounds, one per bucket
-of padded dims, checked on the call it is captured on (``run_padded``, below). Graphs take no memory of their own beyond CUDA's
-record of their launches and what their steps allocate inside (from one private torch pool
-that a program's graphs share): they read and write the program's arena, weights and state
-buffers.
+value (``Graphs``, an LRU of ``LIMIT``), or, for a program planned for bounds, one per
+bucket of padded dims, checked on the call it is captured on (``run_padded``, below). Graphs
+take no memory of their own beyond CUDA's record of their launches and what their steps
+allocate inside (from one private torch pool that a program's graphs share): they read and
+write the program's arena, weights and state buffers.
 
 On the simulated GPU (``devices.simulated_cuda``) there is no CUDA graph: ``SimulatedGraph``
 keeps the region's run over the values staged at capture and runs it again at each replay,
