@@ -28,6 +28,8 @@ The C kernels' parallel regions use at most that count: while the cores are over
 whole team again half a second after the last such look (``tg_team`` in
 ``kernels/c/tg_common.h``: a region waits for its slowest thread, and one that lost its core
 to another process held every region up for a scheduler slice; ``team()`` says which now).
+numpy's own OpenBLAS follows the team inside ``numpy_matmul`` (``blas_follows_team``: one
+OpenBLAS call waits for every worker just the same), and keeps the setting outside it.
 
 Pools that take turns must also stop spinning soon after their turn, or an idle pool's
 busy-waiting threads steal the cores from the next one (measured on 2 cores: a layer_norm right
@@ -351,16 +353,18 @@ def blas_follows_team():
     the database put numpy_matmul at ~0.6 ms, and the training step's plan (issue 22) spent 667
     of 1354 ms in 24 such calls. With the pool on the team, the plan runs numpy's BLAS the way
     it runs ours, and the profiler's full team (``full_team``) measures both alike. Costs a
-    look every 10 ms (~5 us) and, only while the team is short, two setter calls per block."""
+    look every 10 ms (~5 us) and, only while the team is short, a getter and two setter calls
+    per pool."""
     n = _look()
     if n == _count:
         yield
         return
-    pools = _foreign_pools()
-    for pool in pools:
+    # only pools above the team, and each back to its own count (a user's threadpool_limits)
+    wide = [(pool, was) for pool in _foreign_pools() if (was := pool.get_num_threads()) > n]
+    for pool, _ in wide:
         pool.set_num_threads(n)
     try:
         yield
     finally:
-        for pool in pools:
-            pool.set_num_threads(_count)
+        for pool, was in wide:
+            pool.set_num_threads(was)

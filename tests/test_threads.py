@@ -204,11 +204,12 @@ def test_numpys_blas_follows_the_team_inside_numpy_matmul_only(child_env):
     """numpy_matmul runs numpy's own OpenBLAS on the C kernels' team: one thread while the team
     is short (its call waits for every worker, and at load 7-8 on 2 cores a (8, 128, 256) @
     (256, 256) took 35 ms median on 2 threads against 1.1 ms on one), the setting under the
-    profiler's full team, and the user's numpy outside the kernel keeps the setting."""
+    profiler's full team, and the user's numpy outside the kernel keeps the setting (or the
+    user's own limit)."""
     res = child("""
         import ctypes
         import numpy as np
-        from threadpoolctl import threadpool_info
+        from threadpoolctl import threadpool_info, threadpool_limits
         import tensor_graphs as tg
         from tensor_graphs import threads
         from tensor_graphs.kernels.c import lib
@@ -234,10 +235,13 @@ def test_numpys_blas_follows_the_team_inside_numpy_matmul_only(child_env):
         look(1000 * ms, 0, 0, 7)
         look(1030 * ms, 14 * ms, 6 * ms, 7)              # contended: the team is 1 for 0.5 s
         matmul(a, b)                                     # numpy's pool on the team
-        after = pool()                                   # the user's count again
+        after = pool()                                   # the setting again
+        with threadpool_limits(limits=1, user_api="blas"):
+            matmul(a, b)
+            limited = pool()                             # the user's own limit is kept
         with threads.full_team():
             matmul(a, b)                                 # the profiler: the whole setting
-        print(*seen, after, threads.team())
+        print(*seen, after, limited, threads.team())
     """, child_env, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == "2 1 2 2 1".split()
+    assert res.stdout.split() == "2 1 1 2 2 1 1".split()
