@@ -49,13 +49,6 @@ def packed_floats(k: int, n: int) -> int:
     return HEADER + -(-n // PANEL) * k * PANEL
 
 
-def _aligned(count: int) -> np.ndarray:
-    """A float32 array of ``count`` elements whose data is 64-byte aligned."""
-    raw = np.empty(count + 16, np.float32)
-    skip = (-raw.ctypes.data % 64) // 4
-    return raw[skip:skip + count]
-
-
 def pack(w: np.ndarray, linear: bool) -> np.ndarray:
     """The packed form of a weight: ``w`` (K, N) for ``a @ w``, or (N, K) for ``linear``
     (``x @ w.T``), float32, read through its strides (a transposed view packs without a copy).
@@ -68,7 +61,7 @@ def pack(w: np.ndarray, linear: bool) -> np.ndarray:
         w = np.ascontiguousarray(w)
     sn, sk = (s // 4 for s in w.strides) if linear else (s // 4 for s in w.strides[::-1])
     n, k = w.shape if linear else w.shape[::-1]
-    out = _aligned(packed_floats(k, n))
+    out = lib.aligned(packed_floats(k, n), np.float32)
     lib.func(LIB, "tg_gemm_pack_b", P, I64, I64, I64, I64, P)(
         w.ctypes.data, k, n, sk, sn, out.ctypes.data)
     return out

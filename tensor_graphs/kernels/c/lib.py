@@ -117,6 +117,15 @@ def output(out: np.ndarray | None, shape, dtype) -> np.ndarray:
     return np.empty(shape, dtype) if out is None else out
 
 
+def aligned(count: int, dtype, align: int = 64) -> np.ndarray:
+    """A 1-D array of ``count`` elements of ``dtype`` whose data starts on an ``align``-byte
+    boundary: packed weights are read with aligned vector loads."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(count + align // dtype.itemsize, dtype)
+    skip = (-raw.ctypes.data % align) // dtype.itemsize
+    return raw[skip:skip + count]
+
+
 def ptr(a: np.ndarray | None) -> int | None:
     """The address of an array's data (None for None). ``a.ctypes.data`` costs ~3 us a call;
     this ~1 us for a writable contiguous array, falling back for the others."""

@@ -48,9 +48,7 @@ def pack(q: np.ndarray) -> np.ndarray:
         q = np.ascontiguousarray(q)
     k, n = q.shape
     size = packed_bytes(k, n)
-    raw = np.empty(size + 64, np.int8)
-    skip = -raw.ctypes.data % 64
-    out = raw[skip:skip + size]
+    out = lib.aligned(size, np.int8)
     lib.func(LIB, "tg_q8_pack", P, I64, I64, I64, I64, P)(
         q.ctypes.data, k, n, q.strides[0], q.strides[1], out.ctypes.data)
     return out
@@ -76,10 +74,7 @@ def pack_bf16(w: np.ndarray) -> np.ndarray:
     if any(s < 0 or s % 2 for s in w.strides):
         w = np.ascontiguousarray(w)
     k, n = w.shape
-    size = packed_bytes(k, n, 2) // 2
-    raw = np.empty(size + 32, np.uint16)
-    skip = (-raw.ctypes.data % 64) // 2
-    out = raw[skip:skip + size]
+    out = lib.aligned(packed_bytes(k, n, 2) // 2, np.uint16)
     lib.func(LIB, "tg_bf16_pack", P, I64, I64, I64, I64, P)(
         w.ctypes.data, k, n, w.strides[0] // 2, w.strides[1] // 2, out.ctypes.data)
     return out

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 
 import numpy as np
 
-from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.isa import InstructionPaths
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
 from tensor_graphs.kernels.c.quant_family import Family, register
 from tensor_graphs.kernels.registry import Preparation
@@ -39,41 +38,10 @@ ISAS = {
 }
 
 
-def supported(name: str) -> bool:
-    """Whether this CPU runs the int8 GEMM's ``name`` path (``ISAS``)."""
-    fn = lib.func(LIB, "tg_q8d_isa_supported", I32)
-    fn.restype = ctypes.c_int
-    return bool(fn(ISAS[name]))
-
-
-_chosen: dict[str, int] = {}
-
-
-def isa() -> int:
-    """The path the int8 GEMM takes: ``TG_INT8_ISA`` (one of ``ISAS``; unset or "auto": the
-    widest this CPU runs). Forcing a narrower path tests it on a CPU that has a wider one."""
-    want = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    found = _chosen.get(want)
-    if found is not None:
-        return found
-    if want == "auto":
-        found = next(code for name, code in ISAS.items() if supported(name))
-    elif want not in ISAS:
-        raise ArgumentError(f"{ENV}={want!r}: the int8 GEMM's paths are "
-                            f"{', '.join(ISAS)} or auto (the widest this CPU runs)")
-    elif not supported(want):
-        best = next(name for name in ISAS if supported(name))
-        raise ArgumentError(f"{ENV}={want}: this CPU does not run that path; its widest is "
-                            f"{best} (unset {ENV} to use it)")
-    else:
-        found = ISAS[want]
-    _chosen[want] = found
-    return found
-
-
-def isa_name() -> str:
-    code = isa()
-    return next(name for name, c in ISAS.items() if c == code)
+PATHS = InstructionPaths(LIB, "tg_q8d_isa_supported", ENV, ISAS, "the int8 GEMM")
+supported = PATHS.supported  # whether this CPU runs a path (``ISAS``)
+isa = PATHS.code  # the path taken now: TG_INT8_ISA's, or the widest this CPU runs
+isa_name = PATHS.name
 
 
 def packed_bytes(k: int, n: int) -> int:
@@ -91,9 +59,7 @@ def pack(q: np.ndarray) -> np.ndarray:
         q = np.ascontiguousarray(q)
     k, n = q.shape
     size = packed_bytes(k, n)
-    raw = np.empty(size + 64, np.int8)
-    skip = -raw.ctypes.data % 64
-    out = raw[skip:skip + size]
+    out = lib.aligned(size, np.int8)
     lib.func(LIB, "tg_q8d_pack", P, I64, I64, I64, I64, P)(
         q.ctypes.data, k, n, q.strides[0], q.strides[1], out.ctypes.data)
     return out

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
+from tensor_graphs.kernels.c.isa import InstructionPaths
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
 from tensor_graphs.kernels.c.quant_family import Family, register
 from tensor_graphs.kernels.registry import Preparation
@@ -42,41 +42,10 @@ ISAS = {
 }
 
 
-def supported(name: str) -> bool:
-    """Whether this CPU runs the ``name`` path (``ISAS``)."""
-    fn = lib.func(LIB, "tg_lowp_isa_supported", I32)
-    fn.restype = ctypes.c_int
-    return bool(fn(ISAS[name]))
-
-
-_chosen: dict[str, int] = {}
-
-
-def isa() -> int:
-    """The path the kernels take: ``TG_LOWP_ISA`` (one of ``ISAS``; unset or "auto": the
-    widest this CPU runs). Forcing a narrower path tests it on a CPU with a wider one."""
-    want = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    found = _chosen.get(want)
-    if found is not None:
-        return found
-    if want == "auto":
-        found = next(code for name, code in ISAS.items() if supported(name))
-    elif want not in ISAS:
-        raise ArgumentError(f"{ENV}={want!r}: the float16/int4 GEMM's paths are "
-                            f"{', '.join(ISAS)} or auto (the widest this CPU runs)")
-    elif not supported(want):
-        best = next(name for name in ISAS if supported(name))
-        raise ArgumentError(f"{ENV}={want}: this CPU does not run that path; its widest is "
-                            f"{best} (unset {ENV} to use it)")
-    else:
-        found = ISAS[want]
-    _chosen[want] = found
-    return found
-
-
-def isa_name() -> str:
-    code = isa()
-    return next(name for name, c in ISAS.items() if c == code)
+PATHS = InstructionPaths(LIB, "tg_lowp_isa_supported", ENV, ISAS, "the float16/int4 GEMM")
+supported = PATHS.supported  # whether this CPU runs a path (``ISAS``)
+isa = PATHS.code  # the path taken now: TG_LOWP_ISA's, or the widest this CPU runs
+isa_name = PATHS.name
 
 
 def packed_bytes(k: int, n: int, kind: str) -> int:
@@ -89,9 +58,7 @@ def packed_bytes(k: int, n: int, kind: str) -> int:
 def _packed(panels: np.ndarray, k: int, n: int, magic: int) -> np.ndarray:
     """A 64-byte aligned uint8 array: the header, then ``panels``' bytes."""
     body = panels.reshape(-1).view(np.uint8)
-    raw = np.empty(HEADER + body.size + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    out = raw[skip:skip + HEADER + body.size]
+    out = lib.aligned(HEADER + body.size, np.uint8)
     header = np.zeros(HEADER // 8, np.int64)
     header[:4] = (magic, k, n, -(-n // PANEL))
     out[:HEADER] = header.view(np.uint8)
