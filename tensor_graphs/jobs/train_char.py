@@ -168,6 +168,56 @@ def sampler(trainer: Trainer, corpus: Corpus, o: Options, **compile_options):
     return sample
 
 
+def trained_weights(o: Options, **compile_options) -> tuple[Corpus, dict[str, np.ndarray]]:
+    """The corpus and the weights after ``o.steps`` steps (``run`` without its report), for
+    measuring the trained model elsewhere (``tg quality train-char``)."""
+    corpus = Corpus.of(text())
+    trainer, _ = build(corpus, o, **compile_options)
+    for _ in train(trainer, corpus, o):
+        pass
+    return corpus, trainer.weights()
+
+
+WEIGHTS_METADATA = ("width", "layers", "heads", "seq", "steps", "seed")  # Options kept in a file
+
+
+def save_weights(path, weights: dict[str, np.ndarray], corpus: Corpus, o: Options) -> None:
+    """A safetensors file of the trained weights, with the character set and the sizes in its
+    metadata: the file alone rebuilds the model (``load_weights``)."""
+    import json
+
+    from tensor_graphs.runtime.weights import write_safetensors
+
+    meta = {"chars": json.dumps(corpus.chars), **{k: str(getattr(o, k))
+                                                  for k in WEIGHTS_METADATA}}
+    write_safetensors(path, {k: np.asarray(v, np.float32) for k, v in weights.items()}, meta)
+
+
+def load_weights(path) -> tuple[Corpus, Options, dict[str, np.ndarray]]:
+    """The corpus (over the file's character set), the sizes and the weights of a file
+    ``save_weights`` wrote."""
+    import json
+
+    from safetensors import safe_open
+
+    from tensor_graphs.errors import ArgumentError
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata() or {}
+        weights = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open's API
+    missing = [k for k in ("chars", *WEIGHTS_METADATA) if k not in meta]
+    if missing:
+        raise ArgumentError(f"{path}: not a train-char weights file (its metadata lacks "
+                            f"{missing}); write one with tg quality train-char --save FILE")
+    chars = json.loads(meta["chars"])
+    o = Options(**{k: int(meta[k]) for k in WEIGHTS_METADATA})
+    lookup = {c: i for i, c in enumerate(chars)}
+    source = "".join(c for c in text() if c in lookup)
+    ids = np.fromiter((lookup[c] for c in source), np.int64, len(source))
+    cut = len(ids) * 9 // 10
+    return Corpus(chars, ids[:cut], ids[cut:]), o, weights
+
+
 def progress_line(step: int, steps: int, loss: float, tokens_per_s: float, elapsed: float,
                   width: int = 24) -> str:
     filled = int(width * (step + 1) / steps)

@@ -79,6 +79,34 @@ class Quality:
         return "\n".join(lines)
 
 
+def pooled(reports: Sequence[Quality]) -> Quality:
+    """One report of several (prompts, texts) of the same two models: counts summed, the
+    perplexities over all the texts' predictions together (``exp`` of the pooled mean
+    ``-log p``, each text weighted by its predictions), each output's error the largest.
+    One prompt's 64 greedy tokens say little (a near-tie ends the agreement); several say
+    how often that happens."""
+    if not reports:
+        raise ArgumentError("quality: pooled needs at least one report")
+    errors = [max(r.errors[i] for r in reports) for i in range(len(reports[0].errors))]
+    out = Quality(errors, list(reports[0].shapes))
+    greedy = [r for r in reports if r.tokens is not None]
+    if greedy:
+        out.tokens = sum(r.tokens for r in greedy)
+        out.agree = sum(r.agree for r in greedy)
+        firsts = [r.first_difference for r in greedy if r.first_difference is not None]
+        out.first_difference = min(firsts) if firsts else None
+    scored = [r for r in reports if r.text_tokens is not None]
+    if scored:
+        n = sum(r.text_tokens for r in scored)
+        out.text_tokens = n
+        out.next_agree = sum(r.next_agree for r in scored)
+        out.perplexity_a = math.exp(sum(r.text_tokens * math.log(r.perplexity_a)
+                                        for r in scored) / n)
+        out.perplexity_b = math.exp(sum(r.text_tokens * math.log(r.perplexity_b)
+                                        for r in scored) / n)
+    return out
+
+
 def quality(a, b, inputs=None, *, tokens: int = 32, text=None, tokenizer=None,
             show: bool = True) -> Quality:
     """Compare program ``a`` with the reference ``b`` (see the module doc) and return (and,
