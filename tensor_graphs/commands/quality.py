@@ -116,7 +116,7 @@ def _char_model(args: argparse.Namespace):
     if args.weights is not None:
         output.info(f"loading {args.weights}")
         return train_char.load_weights(args.weights)
-    o = train_char.Options(steps=args.steps, batch=args.batch, seq=args.seq)
+    o = train_char.Options(steps=args.steps, batch=args.batch, seq=args.seq, seed=args.seed)
     output.info(f"training the character model: {o.steps} steps of {o.batch} x {o.seq} "
                 "characters (tg run train-char's model; --weights FILE skips this)")
     corpus, weights = train_char.trained_weights(o, db=args.db, profile=args.profile)
@@ -231,6 +231,8 @@ def add_quality_command(sub) -> None:
     c.add_argument("--seq", type=cli_args.positive_int, default=128,
                    help="the model's positions, its training window (default 128: a prompt "
                         "and 64 tokens fit)")
+    c.add_argument("--seed", type=int, default=0,
+                   help="the training's seed (initial weights and windows; default 0)")
     c.add_argument("--prompts", type=cli_args.positive_int, default=4,
                    help="held-out windows scored, each with its own prompt (default 4)")
     p.add_argument("--db", default=None,
