@@ -50,6 +50,7 @@ from tensor_graphs.errors import DatabaseError
 from tensor_graphs.kernels import generated
 from tensor_graphs.planner.plan import COPY, KERNEL, Option
 from tensor_graphs.planner.search import Planner
+from tensor_graphs.profiler import shared_verify
 from tensor_graphs.profiler.bandwidth import ensure_read_rate
 from tensor_graphs.profiler.measure import Call, measure_together
 from tensor_graphs.profiler.progress import Progress
@@ -96,19 +97,27 @@ def hardware_of(o: Option, hardware: Mapping[str, Hardware] | None) -> Hardware:
     return (hardware or {}).get(kind) or current(kind)
 
 
-def verified(kernel) -> str | None:
-    """None when ``kernel`` passes verification (cached per process), else why not. A
-    generated kernel is built first (``generated.realize``: compiled, then checked against the
-    float64 reference); one that fails is never timed."""
+def verified(kernel, hw: Hardware | None = None, scope: str | None = None) -> str | None:
+    """None when ``kernel`` passes verification, else why not: cached per process, and shared
+    by the profilers of this machine (``shared_verify``: the first to need it verifies it, the
+    others wait and read the outcome), ``hw`` its hardware key (default this machine's for the
+    kernel's device), ``scope`` the database the profilers share (``shared_verify.scope_of``;
+    None: not shared). A generated kernel is built first (``generated.realize``: compiled, then
+    checked against the float64 reference); one that fails is never timed."""
     if kernel.name not in _verified:
-        from tensor_graphs.kernels.verify import verify
-
-        try:
-            report = verify(generated.realize(kernel))
-            _verified[kernel.name] = None if report.ok else report.summary()
-        except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
-            _verified[kernel.name] = f"{type(exc).__name__}: {exc}"
+        _verified[kernel.name] = shared_verify.shared(
+            kernel, hw or current(measured_on(kernel)), lambda: _verify(kernel), scope)
     return _verified[kernel.name]
+
+
+def _verify(kernel) -> str | None:
+    from tensor_graphs.kernels.verify import verify
+
+    try:
+        report = verify(generated.realize(kernel))
+        return None if report.ok else report.summary()
+    except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
+        return f"{type(exc).__name__}: {exc}"
 
 
 def call_of(o: Option, hardware: Mapping[str, Hardware] | None = None) -> Call:
@@ -124,15 +133,18 @@ def call_of(o: Option, hardware: Mapping[str, Hardware] | None = None) -> Call:
                 o.features.flops, o.features.bytes, hardware_of(o, hardware))
 
 
-def measure_options(options: list[Option], hardware: Mapping[str, Hardware] | None = None):
-    """Verify each option's kernel (once per process), then measure the calls ``WINDOW`` at a
-    time in interleaved rounds; yields (option, Measurement) per window, in order, each row
+def measure_options(options: list[Option], hardware: Mapping[str, Hardware] | None = None,
+                    scope: str | None = None):
+    """Verify each option's kernel (once per process; once per machine among the profilers
+    of database ``scope``, ``shared_verify.scope_of``), then measure the calls ``WINDOW`` at
+    a time in interleaved rounds; yields (option, Measurement) per window, in order, each row
     keyed by ``hardware_of``. A kernel that fails verification gives a failure row and is
     never timed."""
     nan = float("nan")
     for i in range(0, len(options), WINDOW):
         window = options[i:i + WINDOW]
-        failures = {id(o): verified(o.kernel) for o in window}
+        failures = {id(o): verified(o.kernel, hardware_of(o, hardware), scope)
+                    for o in window}
         timed = [o for o in window if failures[id(o)] is None]
         rows = dict(zip(map(id, timed),
                         measure_together([call_of(o, hardware) for o in timed])))
@@ -203,6 +215,7 @@ class Work:
 
     def __iter__(self) -> Iterator[list[tuple[Option, Measurement]]]:
         claims = Claims(self.db, self.lease)
+        scope = shared_verify.scope_of(self.db)
         keys = {id(o): hardware_of(o, self.hardware) for o in self.pending}
         held: set[Hardware] = set()  # devices whose pending calls others hold, since a wait
         started = False
@@ -227,7 +240,7 @@ class Work:
                 if not window:
                     held.add(hw)
                     continue
-                yield from measure_options(window, self.hardware)
+                yield from measure_options(window, self.hardware, scope)
                 claims.release()  # what the caller did not record
         finally:
             claims.close()

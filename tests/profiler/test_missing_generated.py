@@ -37,7 +37,7 @@ def clock(monkeypatch):
     """measure_options on ``fake_time``; returns the (kernel, generated) of every call."""
     calls: list[tuple[str, bool]] = []
 
-    def measure(options, hardware=None):
+    def measure(options, hardware=None, scope=None):
         for i in range(0, len(options), missing.WINDOW):
             window = []
             for o in options[i:i + missing.WINDOW]:

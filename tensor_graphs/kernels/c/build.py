@@ -33,7 +33,9 @@ preloaded — see docs/ARCHITECTURE.md, "C backend".
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -237,9 +239,13 @@ def load_library(name: str, source: str, extra_flags: Sequence[str] = ()) -> cty
                 _warn_once(f"{exc} Compiling it again in its place.")
                 fresh = True
         if fresh:
-            _compile_to(source, tuple(openmp_flags()) + sanitize_flags(), path,
-                        extra_flags=tuple(extra_flags), name=name)
-            stats["compiled"] += 1
+            with _building(path):
+                if path.exists() and not untrusted_reason(path):
+                    stats["disk_hits"] += 1  # another process built it while we waited
+                else:
+                    _compile_to(source, tuple(openmp_flags()) + sanitize_flags(), path,
+                                extra_flags=tuple(extra_flags), name=name)
+                    stats["compiled"] += 1
         else:
             stats["disk_hits"] += 1
         # the file dlopen maps: never one another user could have written (its constructors
@@ -257,6 +263,21 @@ def load_library(name: str, source: str, extra_flags: Sequence[str] = ()) -> cty
         lib._tg_path = str(path)  # noqa: SLF001 - for diagnostics
         _loaded[key] = lib
         return lib
+
+
+@contextlib.contextmanager
+def _building(path: Path):
+    """Holds ``path``'s build lock (an ``flock`` on a ``.lock`` file beside it): processes
+    sharing the cache that need the same library build it once, the others wait and load
+    it (four profilers starting together compiled each library four times). The lock dies
+    with its holder, so a killed build leaves no lock behind."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _compile_to(source: str, mode_flags: tuple[str, ...], dest: Path, *,
