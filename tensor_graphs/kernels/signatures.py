@@ -391,6 +391,12 @@ def _dequantize(dt, arity):  # int8 values (small nonzero ints) and a positive f
     return [OpCase((S(q, "int8"), S(sc, dt, "positive"))) for q, sc in table]
 
 
+@generator("dequantize_int4")
+def _dequantize_int4(dt, arity):  # int4 values offset by 8 (0..15) and positive group scales
+    table = [((64, 5), (2, 5)), ((33, 3), (2, 3)), ((7, 1), (1, 1))]  # 33 rows: 17 + 16
+    return [OpCase((S(q, "uint8", "index", 16), S(sc, dt, "positive"))) for q, sc in table]
+
+
 def _recurrent(kind: str, gates: int, layer: bool, proj: bool = False):
     """Cases of a recurrent cell or layer (all of its inputs; a variant without a bias or
     the projection drops it): batch of 1 and 3, odd sizes, a layer over 1 and 7 steps."""
@@ -468,7 +474,7 @@ def _conv2d(dt, arity):
     return [OpCase((S(x, dt), S(w, dt), S(w[:1], dt)), {**base, **a}) for x, w, a in table]
 
 
-@generator("max_pool2d", "avg_pool2d")
+@generator("max_pool2d", "avg_pool2d", "max_pool2d_indices")
 def _pool(dt, arity):
     return [OpCase((S((1, 2, 7, 7), dt),), {"kernel_size": 3, "stride": 2, "padding": 1}),
             OpCase((S((2, 1, 33, 8), dt),), {"kernel_size": 2}),
@@ -509,11 +515,19 @@ def _kl_div(dt, arity):
             for s, r in (((7, 33), "batchmean"), ((1,), "sum"), ((1025,), "mean"))]
 
 
-@generator("adaptive_avg_pool2d")
+@generator("adaptive_avg_pool2d", "adaptive_max_pool2d", "adaptive_max_pool2d_indices")
 def _adaptive_pool(dt, arity):
     return [OpCase((S(x, dt),), {"output_size": o})
             for x, o in (((1, 2, 5, 7), (2, 3)), ((2, 1, 33, 7), (7, 1)), ((1, 1, 1, 1), (1, 1)),
                          ((1, 1, 2, 1025), (1, 5)))]
+
+
+@generator("unfold")
+def _unfold(dt, arity):
+    return [OpCase((S(x, dt),), a) for x, a in (
+        ((1, 2, 5, 5), {"kernel_size": 2}),
+        ((2, 3, 7, 6), {"kernel_size": 3, "padding": 1, "stride": 2}),
+        ((1, 1, 3, 33), {"kernel_size": (1, 3), "dilation": (1, 2)}))]
 
 
 @generator("interpolate")
