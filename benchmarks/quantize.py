@@ -51,9 +51,6 @@ from tensor_graphs import threads  # noqa: E402
 from tensor_graphs.db.cost import call_features  # noqa: E402
 from tensor_graphs.ir.graph import is_static  # noqa: E402
 from tensor_graphs.nn import Generator  # noqa: E402
-from tensor_graphs.rewrite import quantize as quant_rewrite  # noqa: E402
-
-DEFAULT_GROUP = quant_rewrite.GROUP_SIZE
 
 
 def weight_bytes(gen: Generator) -> int:
@@ -124,10 +121,9 @@ def main(argv=None) -> int:
         for scheme in (None, *schemes):
             start = time.perf_counter()
             name, _, group = (scheme or "").partition(":")
-            quant_rewrite.GROUP_SIZE = int(group) if group else DEFAULT_GROUP
             gens[scheme, plan] = Generator.from_transformers(
-                lm, max_len=max_len, max_prompt=args.prompt, quantize=name or None, **options)
-            quant_rewrite.GROUP_SIZE = DEFAULT_GROUP
+                lm, max_len=max_len, max_prompt=args.prompt, quantize=name or None,
+                group_size=int(group) if group else None, **options)
             print(f"# {scheme or 'float32'} ({plan} plan): build "
                   f"{time.perf_counter() - start:.1f} s; decode products: "
                   f"{kernels_used(gens[scheme, plan])}")

@@ -15,7 +15,6 @@ and the next-token agreement and perplexities on the text.
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
 
 from tensor_graphs import cli_args
 from tensor_graphs.commands import output
@@ -53,20 +52,6 @@ def _shown(row: dict) -> dict:
             f"{value:.4g}" if isinstance(value, float) else str(value)}
 
 
-@contextmanager
-def _group_size(size: int | None):
-    """int4-weight's group size for the generators built inside (``Generator`` passes only the
-    scheme to ``tg.quantize``, which reads the module's ``GROUP_SIZE`` when given none)."""
-    from tensor_graphs.rewrite import quantize as rewrite
-
-    saved = rewrite.GROUP_SIZE
-    rewrite.GROUP_SIZE = saved if size is None else size
-    try:
-        yield
-    finally:
-        rewrite.GROUP_SIZE = saved
-
-
 def _scheme(args: argparse.Namespace) -> str:
     return args.quantize + ("" if args.group is None else f" (groups of {args.group})")
 
@@ -95,8 +80,8 @@ def _gpt2(args: argparse.Namespace) -> int:
     options = {"max_len": max_len, "max_prompt": args.prompt, "db": args.db,
                "profile": args.profile}
     output.info(f"building float32 and {_scheme(args)} generators ({args.layers} layers)")
-    with _group_size(args.group):
-        low = Generator.from_transformers(lm, quantize=args.quantize, **options)
+    low = Generator.from_transformers(lm, quantize=args.quantize, group_size=args.group,
+                                      **options)
     ref = Generator.from_transformers(lm, **options)
     prompt = random_prompt(args.prompt, lm.config.vocab_size)
     report = quality(low, ref, prompt, tokens=args.tokens, text=ids.astype(np.int64),
@@ -152,9 +137,8 @@ def _train_char(args: argparse.Namespace) -> int:
     options = {"vocab_size": len(corpus.chars), "max_len": o.seq,
                "max_prompt": args.prompt, "db": args.db, "profile": args.profile}
     output.info(f"building float32 and {_scheme(args)} generators")
-    with _group_size(args.group):
-        low = Generator(train_char.model(corpus, o), weights, quantize=args.quantize,
-                        **options)
+    low = Generator(train_char.model(corpus, o), weights, quantize=args.quantize,
+                    group_size=args.group, **options)
     ref = Generator(train_char.model(corpus, o), weights, **options)
     reports = [quality(low, ref, window[:args.prompt], tokens=args.tokens, text=window,
                        show=False)

@@ -51,7 +51,8 @@ class Generator:
     def __init__(self, model, weights: Mapping[str, np.ndarray], *, vocab_size: int,
                  max_len: int, max_prompt: int | None = None, batch: int = 1,
                  eos_token_id=None, pad_token_id: int | None = None,
-                 quantize: str | None = None, **compile_options):
+                 quantize: str | None = None, group_size: int | None = None,
+                 **compile_options):
         from tensor_graphs.compiler import compile as compile_graph
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
 
@@ -73,14 +74,14 @@ class Generator:
         prefill_outputs = [model(ids, cache=prefill_cache, last_only=True),
                            *prefill_cache.updates]
         if quantize is not None:  # tg.quantize's scheme for every matmul/linear weight
-            prefill_outputs = quantize_graph(prefill_outputs, quantize)
+            prefill_outputs = quantize_graph(prefill_outputs, quantize, group_size=group_size)
         self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
                                      **options)
         token = tg.input("input_ids", (batch, 1), "int64")
         decode_cache = KVCache(max_len)
         decode_outputs = [model(token, cache=decode_cache), *decode_cache.updates]
         if quantize is not None:
-            decode_outputs = quantize_graph(decode_outputs, quantize)
+            decode_outputs = quantize_graph(decode_outputs, quantize, group_size=group_size)
         self.decode = compile_graph(decode_outputs, bounds={"past": max_len - 1}, **options)
         self.cache_names = decode_cache.names()
         self._empty = prefill_cache.empty(batch)

@@ -73,3 +73,17 @@ def test_int8_decode_is_native_and_matches_the_quantized_reference(lm):
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
     q_logits = gen.prefill(input_ids=prompt)[0][0, -1]
     assert 1e-4 < relative_error(q_logits, float_logits) < 0.1
+
+
+def test_generator_passes_its_int4_group_size_to_the_scheme(lm):
+    """Generator(group_size=) reaches tg.quantize: a 64-deep weight in groups of 16 has 4
+    scale rows, in groups of 64 one (the commands and benchmarks set it this way)."""
+    def scale_rows(group_size):
+        gen = Generator.from_transformers(lm, max_len=16, max_prompt=4, db=":memory:",
+                                          profile="never", quantize="int4-weight",
+                                          group_size=group_size)
+        found = {n.shape[0] for n in tg.ir.graph.nodes(gen.decode._pipeline.outputs)  # noqa: SLF001
+                 if n.op.name == "int4_scale" and n.inputs[0].shape[0] == 64}
+        return found
+    assert scale_rows(16) == {4}
+    assert scale_rows(64) == {1}
