@@ -41,15 +41,21 @@ def packed_bytes(k: int, n: int, itemsize: int = 1) -> int:
 def pack(q: np.ndarray) -> np.ndarray:
     """The packed form of an int8 (K, N) weight, read through its strides: a 1-D int8 array,
     64-byte aligned (a header, then ceil(N / 16) panels of K x 16 values, zero past N)."""
+    return pack_int8(q, LIB, "tg_q8_pack", packed_bytes)
+
+
+def pack_int8(q: np.ndarray, library: str, symbol: str, size) -> np.ndarray:
+    """An int8 (K, N) weight packed by the C function ``symbol`` of ``library`` (called with
+    the weight, K, N, its strides and the output) into a 64-byte aligned int8 array of
+    ``size(K, N)`` bytes; negative strides are copied first."""
     q = np.asarray(q)
     if q.ndim != 2 or q.dtype != np.int8:
         raise TypeError(f"pack: needs a 2-D int8 weight, got {q.shape} {q.dtype}")
     if any(s < 0 for s in q.strides):
         q = np.ascontiguousarray(q)
     k, n = q.shape
-    size = packed_bytes(k, n)
-    out = lib.aligned(size, np.int8)
-    lib.func(LIB, "tg_q8_pack", P, I64, I64, I64, I64, P)(
+    out = lib.aligned(size(k, n), np.int8)
+    lib.func(library, symbol, P, I64, I64, I64, I64, P)(
         q.ctypes.data, k, n, q.strides[0], q.strides[1], out.ctypes.data)
     return out
 

@@ -21,6 +21,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.isa import InstructionPaths
 from tensor_graphs.kernels.c.lib import I32, I64, P, ptr
+from tensor_graphs.kernels.c.quant import pack_int8
 from tensor_graphs.kernels.c.quant_family import Family, register
 from tensor_graphs.kernels.registry import Preparation
 
@@ -52,17 +53,7 @@ def packed_bytes(k: int, n: int) -> int:
 def pack(q: np.ndarray) -> np.ndarray:
     """The packed form of an int8 (K, N) weight (read through its strides): a 64-byte aligned
     int8 array with a header, the column sums and 16-column panels in 4-deep k groups."""
-    q = np.asarray(q)
-    if q.ndim != 2 or q.dtype != np.int8:
-        raise TypeError(f"pack: needs a 2-D int8 weight, got {q.shape} {q.dtype}")
-    if any(s < 0 for s in q.strides):
-        q = np.ascontiguousarray(q)
-    k, n = q.shape
-    size = packed_bytes(k, n)
-    out = lib.aligned(size, np.int8)
-    lib.func(LIB, "tg_q8d_pack", P, I64, I64, I64, I64, P)(
-        q.ctypes.data, k, n, q.strides[0], q.strides[1], out.ctypes.data)
-    return out
+    return pack_int8(q, LIB, "tg_q8d_pack", packed_bytes)
 
 
 def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = None):
