@@ -17,7 +17,7 @@ import dataclasses
 import math
 import weakref
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import sympy
@@ -43,6 +43,9 @@ from tensor_graphs.runtime import native as _native
 from tensor_graphs.runtime import values as dv
 from tensor_graphs.runtime.lower import Instruction, Program
 from tensor_graphs.runtime.state import State, kept_states
+
+if TYPE_CHECKING:
+    from torch import Tensor as torch_Tensor
 
 # (the native loop runs host C kernels only; a GPU program runs as a CUDA graph where it can)
 GPU_LOOP = "python loop: the program has GPU steps"
@@ -1032,8 +1035,10 @@ class CompiledGraph:
             out.append(r if own else dv.copy(r))
         return out[0] if self._single else out
 
-    def state(self, name: str) -> np.ndarray:
-        """The current value of a kept state (read-only view of its active prefix)."""
+    def state(self, name: str) -> np.ndarray | torch_Tensor:
+        """The current value of a kept state (read-only view of its active prefix). A state
+        kept on a GPU is returned as the torch tensor there, not copied to the host: a decode
+        program binds a prefill's caches from it without a round trip (``.cpu()`` copies)."""
         st = self._states.get(name)
         if st is None:
             raise FeedError(f"'{name}' is not a state this program keeps; it keeps "
