@@ -58,6 +58,12 @@ from tensor_graphs.runtime.program import CompiledGraph, Executable
 PROFILE_MODES = ("never", "missing")
 OUTPUTS = ("host", "device")  # where a program's results come back (tg.compile's outputs=)
 DEFAULT_TOLERANCE = 1e-5
+# which counter of ``prog.stats`` a planner search adds to, per form of the graph searched
+# (``_plan``'s ``form``): each counts searches that ran, never corrected after the fact
+SEARCHES: dict[Callable | None, str] = {
+    None: "planner_runs",  # the graph as the passes hand it on (``prepare``)
+    fuse_siblings: "sibling_runs",  # its sibling-fused form, searched beside it (_plan_forms)
+}
 
 
 def cost_model(db: Database, kinds: Sequence[str]) -> CostModel:
@@ -160,6 +166,7 @@ class Pipeline:
         every call with dims up to them). ``fits``: raise OutOfMemory when the program does
         not fit the device (before anything runs)."""
         dims = as_symbols(dims)
+        stats.setdefault(SEARCHES[fuse_siblings], 0)  # (prog.stats names the other counters)
         if not symbolic:
             self._check_bounds(dims)
         if debug_level():
@@ -202,7 +209,9 @@ class Pipeline:
         (``rewrite/siblings``: one GEMM over concatenated weights, read back as slices); the
         plan predicted faster runs, the fused one on a tie. Fusing can lose (a sibling's own
         epilogue, a reader copying its slice), so the measured costs decide. A lock file
-        replays on the form whose decisions it holds."""
+        replays on the form whose decisions it holds. Each form's searches have their own
+        counter (``SEARCHES``): ``planner_runs`` the graph's, ``sibling_runs`` the fused
+        form's."""
         if not sibling_groups(prepared):  # (TG_DEBUG lists the pass only where it acts)
             return self._plan(prepared, costed_at, stats)
         fused = run_pass("siblings", fuse_siblings, prepared)
@@ -213,12 +222,8 @@ class Pipeline:
                 return self._plan(fused, costed_at, stats, fuse_siblings)
             except PlanFileError:
                 return self._plan(prepared, costed_at, stats)
-        runs = stats["planner_runs"]
         plain = self._plan(prepared, costed_at, stats)
         joined = self._plan(fused, costed_at, stats, fuse_siblings)
-        if stats["planner_runs"] - runs == 2:  # one build, one planner run; the second form's
-            stats["planner_runs"] -= 1  # search is counted apart
-            stats["sibling_forms"] = stats.get("sibling_forms", 0) + 1
         return joined if joined.cost <= plain.cost else plain
 
     def _profile_forms(self, prepared: list[Node], fused: list[Node],
@@ -296,7 +301,7 @@ class Pipeline:
                 stats["measured"] += profile_missing(everything, self.db)
                 planner = self.planner(prepared, dims=costed_at, refused=refused)
             plan = planner.plan()
-            stats["planner_runs"] += 1
+            stats[SEARCHES[form]] += 1
             cache.put(key(), plan.decisions)
         for name in ("slots", "options", "estimates", "blocks", "blocks_planned",
                      "block_cache_hits"):

@@ -180,7 +180,7 @@ def test_compile_plans_both_forms_and_runs_one(tmp_path):
     y = _bert_attention()
     prog = tg.compile(y, db=":memory:")
     assert prog.stats["planner_runs"] == 1  # one build
-    assert prog.stats["sibling_forms"] == 1  # also planned with Q, K and V fused
+    assert prog.stats["sibling_runs"] == 1  # also planned with Q, K and V fused
     feeds = _feeds([y], mask=np.ones((2, 1, 8, 8), bool))
     ref = tg.evaluate(y, feeds, dtype="float64")
     assert relative_error(prog(**feeds), ref) <= 1e-5
@@ -209,3 +209,24 @@ def test_side_by_side_lists_each_fused_product_beside_its_siblings():
     assert [n.op.name for n in listed] == ["linear"] * 4
     assert listed[0].shape == (2, 5, 48) and listed[1:] == outs
     assert side_by_side([outs[0]]) == []
+
+
+def test_each_form_search_is_counted_where_it_ran(monkeypatch, tmp_path):
+    """planner_runs counts searches of the graph and sibling_runs those of its fused form,
+    together every search that ran: the second form's search was once hidden by taking one
+    off planner_runs after the fact."""
+    from tensor_graphs.planner.search import Planner
+
+    searches = []
+    plan = Planner.plan
+    monkeypatch.setattr(Planner, "plan", lambda self, *a, **k: searches.append(1)
+                        or plan(self, *a, **k))
+    y, db = _bert_attention(seq=5), str(tmp_path / "m.db")
+    prog = tg.compile(y, db=db)
+    assert len(searches) == 2  # the graph and its fused form
+    assert (prog.stats["planner_runs"], prog.stats["sibling_runs"]) == (1, 1)
+    again = tg.compile(y, db=db)  # both forms' plans come from the plan cache
+    assert (again.stats["planner_runs"], again.stats["sibling_runs"]) == (0, 0)
+    assert again.stats["plan_cache_hits"] == 2 and len(searches) == 2
+    lone = tg.compile(tg.relu(tg.input("x", (4, 4))) * 2.0, db=":memory:")  # no siblings
+    assert (lone.stats["planner_runs"], lone.stats["sibling_runs"]) == (1, 0)
