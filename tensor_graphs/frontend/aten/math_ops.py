@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError, ShapeError
@@ -130,15 +128,9 @@ def _correction(kw):
 
 
 def _var(a, kw):
-    """torch divides by max(0, n - correction): fewer elements than the correction (an empty
-    axis, one element with correction 2) is 0 / 0, nan, where n - correction < 0 gives -0."""
+    """tg.var divides by max(0, n - correction) as torch does (nan or inf when n <= correction)."""
     x, axis, correction = kw["self"], axes(kw.get("dim")), _correction(kw)
-    v = tg.var(x, axis=axis, keepdims=kw.get("keepdim", False), correction=correction)
-    picked = range(x.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
-    sizes = [x.shape[a] for a in picked]
-    if all(isinstance(n, int) for n in sizes) and math.prod(sizes) < correction:
-        return tg.add(v, float("nan"))
-    return v
+    return tg.var(x, axis=axis, keepdims=kw.get("keepdim", False), correction=correction)
 
 
 def _mean_of(kw):

@@ -40,14 +40,19 @@ def mean(x, *, axis=None, keepdims=False):
 
 @composite(example=_x)
 def var(x, *, axis=None, keepdims=False, correction=0):
-    """Variance over axes: mean squared deviation, divided by (n - correction);
-    float16/bfloat16 accumulate in float32."""
+    """Variance over axes: the sum of squared deviations divided by max(n - correction, 0);
+    float16/bfloat16 accumulate in float32.
+
+    max(.., 0) as torch and numpy divide: with no degree of freedom left (n <= correction, an
+    empty axis) the variance is nan for a constant row (0 / 0) and inf otherwise, never the
+    negative value or -0 that n - correction < 0 would give."""
     x = _float(x)
     axes = normalize_axes(axis, x.ndim, "var")
     acc = _accumulator(x)
     centered = sub(acc, mean(acc, axis=axes, keepdims=True))
     total = tg.sum(tg.mul(centered, centered), axes, keepdims)
-    return tg.cast(div(total, sub(_count(acc, axes, acc.dtype), float(correction))), x.dtype)
+    dof = tg.maximum(sub(_count(acc, axes, acc.dtype), float(correction)), 0.0)
+    return tg.cast(div(total, dof), x.dtype)
 
 
 @composite(example=_x)

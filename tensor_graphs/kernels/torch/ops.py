@@ -156,16 +156,7 @@ def mean(x, axis, keepdims):
     return torch.mean(x, dim=_axes(x, axis), keepdim=keepdims)
 
 
-def _var_ok(shapes, dtypes, attrs):
-    axis = attrs.get("axis")
-    axes = range(len(shapes[0])) if axis is None else (axis,) if isinstance(axis, int) else axis
-    if _no_symbols(shapes):
-        if math.prod(shapes[0][a] for a in axes) <= attrs.get("correction", 0):
-            return "needs more elements than the correction (the variance is undefined)"
-    return True
-
-
-@torch_kernel("var", where=_var_ok, tolerance=REDUCTION)
+@torch_kernel("var", tolerance=REDUCTION)
 def var(x, axis, keepdims, correction):
     return torch.var(x, dim=_axes(x, axis), correction=correction, keepdim=keepdims)
 
