@@ -13,16 +13,25 @@ so a batch whose COMMIT was sent just before the connection dropped adds nothing
 Claims and the records that release them take a transaction-level advisory lock per hardware
 key, which orders them as SQLite's ``BEGIN IMMEDIATE`` does: no item is claimed twice nor
 measured again after it was recorded.
+
+A role that may only read (a team's read-only account: ``GRANT SELECT`` alone) is found at
+open (``has_table_privilege`` for every grant recording needs) or, should a grant be revoked
+later, by the server refusing a write (which rolls that transaction back whole). Planning reads
+the shared rows either way; a profiler (``record_in_memory``) then keeps what it measures in a
+private in-memory SQLite store for this process, read together with the server's rows, and
+the server gets nothing. The warning names the grants missing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -59,6 +68,14 @@ _RELEASE = ("DELETE FROM claims c USING unnest(%s::text[], %s::text[], %s::text[
             "c.kernel = k.kernel AND c.source_hash = k.source_hash AND "
             "c.signature = k.signature AND c.device = k.device AND c.libs = k.libs")
 _INSTALL = 'pip install "tensor_graphs[postgres]"'
+# the grants recording needs, one row per table (checked at open: a role lacking any may only
+# read, and a profiler keeps its rows in memory rather than half-write them)
+RECORDING_GRANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("measurements", ("INSERT",)),  # the rows themselves
+    ("claims", ("INSERT", "UPDATE", "DELETE")),  # taking, renewing and releasing work
+    ("meta", ("UPDATE",)),  # the revision counter every write increments
+    ("calibration", ("INSERT", "UPDATE")),  # a device's peak rates and read bandwidth
+)
 
 
 def _psycopg():
@@ -81,6 +98,26 @@ def _lock_key(hw: Hardware) -> int:
     """A signed 64-bit advisory lock key for a hardware key's device and libs."""
     digest = hashlib.sha256(f"{hw.device}\0{hw.libs}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class _RefusedError(DatabaseError):
+    """The server refused a statement for a grant this role lacks (its transaction rolled
+    back whole)."""
+
+
+def _or_memory(method):
+    """``method`` on the server until records go to memory (``record_in_memory``), then on
+    the in-memory store; a write the server refuses for a missing grant switches (or raises,
+    see ``_refused``)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self._memory is None:
+            try:
+                return method(self, *args, **kwargs)
+            except _RefusedError as exc:
+                self._refused(exc)
+        return getattr(self._memory, method.__name__)(*args, **kwargs)
+    return run
 
 
 class _Rows:
@@ -129,6 +166,11 @@ class PostgresDatabase(Database):
         self._conn = None
         self._retry = (psycopg.OperationalError,)  # dropped connections, serialization
         self._psycopg = psycopg  # failures and deadlocks are all OperationalErrors
+        # this process's rows once the server refused them (``record_in_memory``), and
+        # whether a refusal found later (a grant revoked) switches to it
+        self._memory: Database | None = None
+        self._fallback = False
+        self._claimed = False  # whether this process took claims on the server
         try:  # one direct connection first: a wrong URL fails now, naming what is wrong
             psycopg.connect(self._url, connect_timeout=CONNECT_TIMEOUT).close()
         except psycopg.Error as exc:
@@ -138,17 +180,12 @@ class PostgresDatabase(Database):
         self._pool = self._new_pool()
         try:
             self._attempt(self._migrate_in, "migrating", transaction=True)
-            missing = self._attempt(lambda conn: [t for t in ("measurements", "claims") if not
-                                                  conn.execute("SELECT has_table_privilege(%s, "
-                                                               "'INSERT')", (t,)).fetchone()[0]],
-                                    "reading")
+            reason = self._attempt(_missing_grants, "reading")
         except BaseException:
             self.close()
             raise
-        if missing:  # a role that may only read: plans still come from the shared rows
-            self.readonly = True
-            self.readonly_reason = (f"this role may not insert into {' and '.join(missing)}; "
-                                    "GRANT INSERT, UPDATE, DELETE on the tables to record")
+        if reason:  # a role that may only read: plans still come from the shared rows
+            self.readonly, self.readonly_reason = True, reason
 
     # ------------------------------------------------------------------ plumbing
     def _new_pool(self):
@@ -210,6 +247,9 @@ class PostgresDatabase(Database):
                         f"{what} the measurement database {self.path} failed {attempt} times "
                         f"({type(exc).__name__}: {str(exc).strip()}); check that the server "
                         "is up and reachable") from exc
+            except self._psycopg.errors.InsufficientPrivilege as exc:
+                raise _RefusedError(f"{what} the measurement database {self.path} was refused: "
+                               f"{str(exc).strip()}") from exc
             except self._psycopg.Error as exc:
                 raise DatabaseError(f"{what} the measurement database {self.path} failed: "
                                     f"{str(exc).strip()}") from exc
@@ -261,17 +301,55 @@ class PostgresDatabase(Database):
         raise AssertionError("PostgresDatabase writes through _attempt")
 
     def record_in_memory(self) -> bool:
-        """False: a server database this role may only read keeps refusing records (with
-        ``DatabaseError`` naming the grant it needs); planning from it still works."""
-        return False
+        """As ``Database.record_in_memory``: for a role that may only read, this process's
+        records go to a private in-memory store from now on, read together with the server's
+        rows, nothing sent to the server; warns once, naming the grants missing. False when
+        the role may write; a write the server refuses later (a grant revoked) then switches
+        to memory too, rather than failing the profile."""
+        with self._lock:
+            self._fallback = True
+            if not self.readonly or self._memory is not None:
+                return False
+        self._switch()
+        return True
+
+    def _switch(self) -> None:
+        """Records go to memory from now on (once; warned)."""
+        with self._lock:
+            if self._memory is not None:
+                return
+            self._memory = Database(":memory:")
+            self.readonly = False
+        warnings.warn(
+            f"the measurement database {self.path} is read-only for this role "
+            f"({self.readonly_reason}): what this process measures is kept in memory, planned "
+            "with beside the server's rows, and lost when it exits; nothing is written to the "
+            "server. Give the role those grants, or point TG_DB or db= at a database it may "
+            "write, to keep the measurements.", RuntimeWarning, stacklevel=4)
+
+    def _refused(self, exc: _RefusedError) -> None:
+        """The server refused a write for a grant this role lacks (rolled back whole): read-only
+        from now on; switched to memory if this process asked for it (``record_in_memory``),
+        else raises ``DatabaseError`` naming the grants."""
+        with self._lock:
+            self.readonly = True
+            self.readonly_reason = self._attempt(_missing_grants, "reading") or str(exc)
+        if not self._fallback:
+            raise DatabaseError(
+                f"the measurement database {self.path} is read-only ({self.readonly_reason}), "
+                "so nothing can be recorded; point TG_DB or db= at a database this role may "
+                "write (check db.readonly first to plan without recording)") from exc
+        self._switch()
 
     # ------------------------------------------------------------------ writing
+    @_or_memory
     def record(self, m: Measurement) -> Measurement:
         """Store one measurement (a resend of the same one adds nothing)."""
         m = _complete(m)
         self._store([m])
         return m
 
+    @_or_memory
     def record_many(self, ms: Iterable[Measurement]) -> int:
         """Store several measurements in one transaction, in batches of ``BATCH`` rows per
         statement; returns how many were given (rows already stored are not doubled)."""
@@ -297,6 +375,7 @@ class PostgresDatabase(Database):
         return self._attempt(work, "writing to", transaction=True,
                              locks=[_lock_key(m.hardware) for m in rows])
 
+    @_or_memory
     def set_calibration(self, hardware: Hardware | None, rates: Mapping[str, float]) -> None:
         """Store the device's measured peak rates (replacing earlier ones)."""
         import json
@@ -312,6 +391,7 @@ class PostgresDatabase(Database):
             conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'revision'")
         self._attempt(work, "writing to", transaction=True)
 
+    @_or_memory
     def import_jsonl(self, path_or_file) -> int:
         """Merge rows written by ``export_jsonl``, skipping rows already present (same
         hardware, kernel, source hash, signature and time); returns how many were new."""
@@ -322,6 +402,7 @@ class PostgresDatabase(Database):
                         if line.strip()]
         return self._store(incoming) if incoming else 0
 
+    @_or_memory
     def prune(self, stale_hashes: Mapping[str, str] | None = None,
               older_than: float | None = None, failures: bool = False) -> int:
         """As ``Database.prune``."""
@@ -350,22 +431,31 @@ class PostgresDatabase(Database):
               limit: int | None = None, hardware: Hardware | None = None) -> list[str]:
         """As ``Database.claim``: one transaction under the hardware key's advisory lock
         (records of that key take it too), and the claim itself an upsert that takes a row
-        only from its own owner or an expired lease."""
+        only from its own owner or an expired lease. Once records go to memory
+        (``record_in_memory``), claimed there, an item with a row on the server "done"."""
+        items = [tuple(w) for w in work]
+        if self._memory is None:
+            try:
+                return self._claim(items, owner, lease, limit, hardware)
+            except _RefusedError as exc:
+                self._refused(exc)
+        done = self._attempt(lambda conn: _done(conn, items, hardware or current()),
+                             "reading") if items else set()
+        rest = iter(self._memory.claim([w for w in items if w not in done], owner, lease,
+                                       limit, hardware))
+        return ["done" if w in done else next(rest) for w in items]
+
+    def _claim(self, items: list[tuple], owner: str, lease: float, limit: int | None,
+               hardware: Hardware | None) -> list[str]:
         hw = hardware or current()
-        items = list(work)
 
         def step(conn) -> list[str]:
             now = time.time()
             kernels, hashes, sigs = ([w[i] for w in items] for i in range(3))
-            keys = "unnest(%s::text[], %s::text[], %s::text[]) AS w(kernel, source_hash, signature)"
-            match = ("t.kernel = w.kernel AND t.source_hash = w.source_hash AND "
-                     "t.signature = w.signature AND t.device = %s AND t.libs = %s")
-            done = set(conn.execute(
-                f"SELECT DISTINCT w.kernel, w.source_hash, w.signature FROM {keys} JOIN "
-                f"measurements t ON {match}", (kernels, hashes, sigs, hw.device, hw.libs)))
+            done = _done(conn, items, hw)
             held = {(k, h, s): (o, e) for k, h, s, o, e in conn.execute(
-                f"SELECT t.kernel, t.source_hash, t.signature, t.owner, t.expires FROM {keys} "
-                f"JOIN claims t ON {match}", (kernels, hashes, sigs, hw.device, hw.libs))}
+                f"SELECT t.kernel, t.source_hash, t.signature, t.owner, t.expires FROM {_KEYS} "
+                f"JOIN claims t ON {_MATCH}", (kernels, hashes, sigs, hw.device, hw.libs))}
             states, wanted = [], []
             for item in items:
                 item = tuple(item)
@@ -382,7 +472,7 @@ class PostgresDatabase(Database):
                 got = set(conn.execute(
                     "INSERT INTO claims (kernel, source_hash, signature, device, libs, owner, "
                     "expires) SELECT w.kernel, w.source_hash, w.signature, %s, %s, %s, %s FROM "
-                    f"{keys} ON CONFLICT (kernel, source_hash, signature, device, libs) DO "
+                    f"{_KEYS} ON CONFLICT (kernel, source_hash, signature, device, libs) DO "
                     "UPDATE SET owner = excluded.owner, expires = excluded.expires WHERE "
                     "claims.owner = excluded.owner OR claims.expires <= %s "
                     "RETURNING kernel, source_hash, signature",
@@ -390,11 +480,13 @@ class PostgresDatabase(Database):
                                                                for i in range(3)), now)))
                 states = ["held" if s == "claimed" and tuple(i) not in got else s
                           for s, i in zip(states, items)]
+                self._claimed = True
             return states
         if not items:
             return []
         return self._attempt(step, "claiming work in", transaction=True, locks=[_lock_key(hw)])
 
+    @_or_memory
     def renew(self, owner: str, lease: float) -> int:
         """Extend every claim of ``owner`` to ``lease`` seconds from now; returns how many."""
         return self._attempt(lambda conn: conn.execute(
@@ -402,10 +494,22 @@ class PostgresDatabase(Database):
             (time.time() + lease, owner)).rowcount, "renewing claims in", transaction=True)
 
     def release(self, owner: str) -> int:
-        """Drop every claim of ``owner`` (work it will not record); returns how many."""
-        return self._attempt(lambda conn: conn.execute(
-            "DELETE FROM claims WHERE owner = %s", (owner,)).rowcount,
-            "releasing claims in", transaction=True)
+        """Drop every claim of ``owner`` (work it will not record); returns how many. Once
+        records go to memory, there too: the server may still hold claims taken before a
+        grant was revoked (dropped where the role may, else they expire with their lease)."""
+        mem = self._memory
+        if mem is not None and not self._claimed:
+            return mem.release(owner)
+        try:
+            n = self._attempt(lambda conn: conn.execute(
+                "DELETE FROM claims WHERE owner = %s", (owner,)).rowcount,
+                "releasing claims in", transaction=True)
+        except _RefusedError as exc:
+            if mem is None:
+                self._refused(exc)
+                mem = self._memory
+            n = 0
+        return n + (0 if mem is None else mem.release(owner))
 
     # ------------------------------------------------------------------ reading
     def rows_named(self, prefix: str, hardware: Hardware | None = None) -> list[Measurement]:
@@ -418,7 +522,97 @@ class PostgresDatabase(Database):
             rows = conn.execute(
                 f"{_SELECT} WHERE starts_with(kernel, ?) AND device = ? AND libs = ? "
                 'AND failure IS NULL ORDER BY "when", id', (prefix, hw.device, hw.libs))
-        return [_from_row(r) for r in rows]
+        mem = self._memory
+        return _oldest_first([_from_row(r) for r in rows],
+                             [] if mem is None else mem.rows_named(prefix, hardware))
+
+    # ---------------------------------------- reads, with this process's rows once in memory
+    @property
+    def revision(self) -> int:
+        """The server's counter, plus this process's in-memory one (both only grow)."""
+        mem, server = self._memory, Database.revision.fget(self)
+        return server if mem is None else server + mem.revision
+
+    def lookup(self, kernel: str, signature: str, hardware: Hardware | None = None,
+               source_hash: str | None = None) -> Measurement | None:
+        """As ``Database.lookup``, over the server's rows and this process's."""
+        found = super().lookup(kernel, signature, hardware, source_hash)
+        mem = self._memory
+        mine = None if mem is None else mem.lookup(kernel, signature, hardware, source_hash)
+        if found is None or mine is None:
+            return mine or found
+        hw = hardware or current()
+
+        def rank(m: Measurement) -> tuple:  # the order of Database.lookup's ORDER BY
+            return m.source_hash == (source_hash or ""), m.hardware.machine == hw.machine, m.when
+        return mine if rank(mine) >= rank(found) else found
+
+    def rows_for(self, kernel: str, hardware: Hardware | None = None) -> list[Measurement]:
+        """As ``Database.rows_for``, over the server's rows and this process's."""
+        mem = self._memory
+        return _oldest_first(super().rows_for(kernel, hardware),
+                             [] if mem is None else mem.rows_for(kernel, hardware))
+
+    def calibration(self, hardware: Hardware | None = None) -> dict | None:
+        """This process's calibration if it made one, else the server's."""
+        mem = self._memory
+        mine = None if mem is None else mem.calibration(hardware)
+        return mine if mine is not None else super().calibration(hardware)
+
+    def rows(self, kernel: str | None = None, limit: int | None = None) -> list[Measurement]:
+        """As ``Database.rows``, over the server's rows and this process's."""
+        mem = self._memory
+        if mem is None:
+            return super().rows(kernel, limit)
+        both = _oldest_first(super().rows(kernel, limit), mem.rows(kernel, limit))[::-1]
+        return both if limit is None else both[:int(limit)]
+
+    def claims(self) -> list[tuple[str, str, str, str, float]]:
+        """The server's claims and this process's."""
+        mem = self._memory
+        found = super().claims() + ([] if mem is None else mem.claims())
+        return sorted(found, key=lambda c: c[4])
+
+    def stats(self, current_hashes: Mapping[str, str] | None = None) -> dict:
+        """The server's counts, and ``in_memory``: this process's rows the server did not
+        take (``record_in_memory``)."""
+        out = super().stats(current_hashes)
+        mem = self._memory
+        out["in_memory"] = 0 if mem is None else mem.stats()["rows"]
+        return out
+
+
+def _missing_grants(conn) -> str | None:
+    """Why this role may not record: the grants it lacks (``RECORDING_GRANTS``) as the
+    statements that give them; None when it has them all."""
+    checks = [(t, p) for t, privileges in RECORDING_GRANTS for p in privileges]
+    row = conn.execute("SELECT quote_ident(current_user), " + ", ".join(
+        "has_table_privilege(%s, %s)" for _ in checks),
+        [x for check in checks for x in check]).fetchone()
+    user, held = row[0], dict(zip(checks, row[1:]))
+    lacking = [(t, [p for p in privileges if not held[(t, p)]])
+               for t, privileges in RECORDING_GRANTS]
+    grants = [f"GRANT {', '.join(ps)} ON {t} TO {user}" for t, ps in lacking if ps]
+    return f"role {user} may not record: {'; '.join(grants)}" if grants else None
+
+
+# the work items of a claim as a table w, and a table t's rows of them on a hardware key
+_KEYS = "unnest(%s::text[], %s::text[], %s::text[]) AS w(kernel, source_hash, signature)"
+_MATCH = ("t.kernel = w.kernel AND t.source_hash = w.source_hash AND "
+          "t.signature = w.signature AND t.device = %s AND t.libs = %s")
+
+
+def _done(conn, items: Sequence[tuple], hw: Hardware) -> set[tuple]:
+    """The items (kernel, source hash, signature) with a row on ``hw``'s device and libs."""
+    kernels, hashes, sigs = ([w[i] for w in items] for i in range(3))
+    return {tuple(r) for r in conn.execute(
+        f"SELECT DISTINCT w.kernel, w.source_hash, w.signature FROM {_KEYS} JOIN "
+        f"measurements t ON {_MATCH}", (kernels, hashes, sigs, hw.device, hw.libs))}
+
+
+def _oldest_first(server: list[Measurement], mine: list[Measurement]) -> list[Measurement]:
+    """Rows of the server and of this process, oldest first (the server's first on a tie)."""
+    return sorted(server + mine, key=lambda m: m.when) if mine else server
 
 
 def _has_columns(conn, table: str, columns: Sequence[str]) -> bool:

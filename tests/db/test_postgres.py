@@ -185,6 +185,7 @@ def test_a_database_of_another_application_or_a_newer_version_is_refused(pg_url)
 
 
 def test_a_role_that_may_only_read_plans_from_the_rows_and_refuses_records(pg_url):
+    """(Unless a profiler keeps its rows in memory: test_postgres_readonly.py.)"""
     import psycopg
 
     with Database(pg_url) as db:
@@ -196,10 +197,10 @@ def test_a_role_that_may_only_read_plans_from_the_rows_and_refuses_records(pg_ur
         conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader_{name}")
     reader = Database(pg_url.replace("postgres@", f"reader_{name}@"))
     try:
-        assert reader.readonly and "GRANT INSERT" in reader.readonly_reason
+        assert reader.readonly and f"GRANT INSERT ON measurements TO reader_{name}" in \
+            reader.readonly_reason
         assert reader.lookup("numpy_add", measurement().signature).ok
-        assert not reader.record_in_memory()
-        with pytest.raises(DatabaseError, match="read-only .*may not insert into measurements"):
+        with pytest.raises(DatabaseError, match="read-only .*GRANT INSERT ON measurements"):
             reader.record(measurement(n=9))
         with pytest.raises(DatabaseError, match="read-only"):
             reader.claim([("k", "h", "s")], "me", 10)
