@@ -62,6 +62,7 @@ from tensor_graphs.rewrite.canonical import (  # noqa: E402,F401
     structural_hash,
 )
 from tensor_graphs.rewrite.quantize import quantize  # noqa: E402,F401  (op, or graph rewrite)
+from tensor_graphs.runtime.prequantized import save_quantized  # noqa: E402,F401  (tg.save_quantized)
 from tensor_graphs.rewrite.simplify import simplify  # noqa: E402,F401
 from tensor_graphs.nn.quality import Quality, quality  # noqa: E402,F401,I001  (tg.quality)
 

@@ -318,6 +318,9 @@ class TorchProgram:
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
         self._names = names  # the forward's parameter names, for messages
+        # (float graph, its weights, scheme, skip, group size) of a program quantized at bind
+        # time: what save_quantized writes from; None otherwise
+        self._float = None
 
     def explain(self, limit: int | None = None) -> str:
         return self.program.explain(limit) if self.program is not None else "(no tensors)"
@@ -325,6 +328,23 @@ class TorchProgram:
     @property
     def plan(self):
         return self.program.plan
+
+    def save_quantized(self, path, *, metadata: Mapping[str, str] | None = None) -> list[str]:
+        """Write this program's weights, quantized as it was built (``quantize=``, from the
+        module's float parameters), as the safetensors file ``tg.from_torch(module, args,
+        weights=path)`` binds prequantized: ``<name>.q``/``<name>.scale`` per quantized
+        weight, the others float. Returns the tensor names written."""
+        from tensor_graphs.runtime.prequantized import save_quantized
+
+        if self._float is None:
+            raise ArgumentError("save_quantized needs a program built with quantize=<scheme> "
+                                "from float weights (this one is float, or loaded "
+                                "prequantized already)")
+        outputs, weights, scheme, skip, group_size = self._float
+        host = {n: w.detach().cpu().numpy() if hasattr(w, "detach") else w
+                for n, w in weights.items()}
+        return save_quantized(path, outputs, host, scheme, skip=skip,
+                                 group_size=group_size, metadata=metadata)
 
     def _arg_name(self, i: int) -> str:
         return f"'{self._names[i]}'" if i < len(self._names) else f"#{i}"
@@ -371,6 +391,7 @@ class TorchProgram:
 def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
                tolerance: float | None = None, bounds: Mapping[str, int] | None = None,
                quantize: str | None = None, skip: Sequence[str] = (),
+               group_size: int | None = None, weights=None, prequantized: bool | None = None,
                **compile_options) -> TorchProgram:
     """``torch.export`` ``module`` on ``example_args``, import its ATen graph, compile it and
     bind its parameters and buffers. Dims export marks dynamic (``dynamic_shapes`` with
@@ -381,15 +402,44 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     ``ExportedProgram`` in place of ``module`` is imported as it is (no second export).
     ``quantize`` (a ``tg.quantize`` scheme: "int8-weight", "bf16-weight"...) rewrites the
     imported graph's matmul/linear weights before planning, as ``tg.quantize`` does, those
-    whose parameter names match a ``skip`` pattern left float; the module's float parameters
-    are bound and quantized once per binding.
+    whose parameter names match a ``skip`` pattern left float (``group_size``: int4's);
+    the module's float parameters are bound and quantized once per binding.
+
+    ``weights``: where the values come from instead of the module (by state-dict name): a
+    safetensors file's path or a mapping of arrays. A file written by
+    :meth:`TorchProgram.save_quantized` / ``tg.save_quantized`` is prequantized (its metadata
+    names the scheme; ``prequantized=`` overrides): its ``<name>.q``/``<name>.scale`` are
+    bound and no float copy of a quantized weight is read. The module may then live on the
+    meta device (``with torch.device("meta"): module = ...``): nothing of its parameters is
+    read. Every value is checked before the program binds any.
 
     Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
     """
     torch = torch_module()
+    from tensor_graphs.runtime.prequantized import SCHEME_KEY, file_settings, is_path
+
     if not isinstance(example_args, tuple):
         example_args = (example_args,) if isinstance(example_args, torch.Tensor) \
             else tuple(example_args)
+    if prequantized is None:
+        prequantized = is_path(weights) and SCHEME_KEY in (
+            _header_metadata(weights) or {})
+    if prequantized:
+        if weights is None:
+            raise ArgumentError("from_torch: prequantized=True needs weights=<the "
+                                "prequantized safetensors file or arrays>")
+        if is_path(weights):
+            quantize, group_size = file_settings(weights, quantize, group_size)
+        elif quantize is None:
+            raise ArgumentError("from_torch: prequantized weights need quantize=<scheme> "
+                                "(the scheme their .q/.scale are in)")
+    if _on_meta(module):
+        if weights is None:
+            raise ArgumentError(f"from_torch: {type(module).__name__}'s parameters are on the "
+                                "meta device (no values): pass weights=<safetensors file>")
+        # shapes only: export traces the module on meta example arguments too
+        example_args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a
+                             for a in example_args)
     if isinstance(module, torch.export.ExportedProgram):
         exported = module  # exported already (by the caller, once for several imports)
     else:
@@ -397,14 +447,19 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     user = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     names = _dim_names(module, example_args, dynamic_shapes, user)
     on_gpu = as_device(device).kind != "cpu"
-    outputs, inputs, weights, found = import_exported(exported, names, tensors=on_gpu)
+    # with weights= the module's tensors are kept as torch tensors (no copy): only the
+    # constants the file need not hold are ever read from them
+    outputs, inputs, own, found = import_exported(exported, names,
+                                                  tensors=on_gpu or weights is not None)
     found.update(bounds or {})
 
     nodes = [o for o in outputs if isinstance(o, Node)]
+    float_nodes = nodes
     if quantize is not None:
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
 
-        nodes = quantize_graph(nodes, quantize, skip=skip) if nodes else nodes
+        nodes = quantize_graph(nodes, quantize, skip=skip, group_size=group_size,
+                               prequantized=prequantized) if nodes else nodes
     elif skip:
         raise ArgumentError(f"from_torch: skip={list(skip)!r} names weights to leave float "
                             "under quantize=, which is not given (quantize='int8-weight'...)")
@@ -412,11 +467,15 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     for o in outputs:
         positions.append(k if isinstance(o, Node) else o)
         k += isinstance(o, Node)
-    program, read = None, frozenset()
+    program, read, saved = None, frozenset(), None
     if nodes:
         used = {str(s) for n in ir_graph.nodes(nodes)
                 for d in (*n.shape, *n.attrs.values())  # tg.size(dim) holds it as an attr
                 for s in getattr(d, "free_symbols", ())}
+        present = {leaf.name: leaf for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
+        values = own if weights is None else _given(weights, present, own, exported,
+                                                    quantize if prequantized else None,
+                                                    on_gpu)
         nodes += _shape_carriers(nodes, inputs, used)
         options = dict(compile_options)
         if tolerance is not None:
@@ -424,17 +483,76 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         program = compiler.compile(nodes, device=device,
                                    bounds={k: v for k, v in found.items() if k in used} or None,
                                    **options)
-        present = {leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
         read = frozenset(leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == INPUT)
         # the program owns its weights: a parameter already on the GPU is cloned there (the
         # module may change it later), one elsewhere moves through the copy kernel
-        program.bind(**{n: _owned(w, program) for n, w in weights.items() if n in present})
+        program.bind(**{n: _owned(w, program) for n, w in values.items() if n in present})
+        if quantize is not None and not prequantized:  # what save_quantized writes from
+            saved = (float_nodes, values, quantize, tuple(skip), group_size)
     try:
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError, AttributeError):
         params = []
-    return TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params,
+    prog = TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params,
                         on_gpu, read)
+    prog._float = saved
+    return prog
+
+
+def _header_metadata(path) -> dict | None:
+    from tensor_graphs.runtime.weights import read_safetensors_header
+
+    return read_safetensors_header(path).metadata
+
+
+def _on_meta(module) -> bool:
+    """A module built under ``torch.device("meta")``: shapes, no values."""
+    tensors = [*module.parameters(), *module.buffers()] if hasattr(module, "parameters") \
+        else []
+    return any(t.is_meta for t in tensors)
+
+
+def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme: str | None,
+           on_gpu: bool) -> dict:
+    """The values of the weights ``present`` in the graph, from ``weights`` (a file's path or
+    a mapping), all checked before any is bound. Tensors the exported program holds as
+    constants (no state-dict entry) may come from the module when ``weights`` lacks them."""
+    from tensor_graphs.runtime.prequantized import check_prequantized, is_path, read_prequantized
+    from tensor_graphs.runtime.weights import read_safetensors
+
+    constants = {n for n in exported.constants if n in present and n in own
+                 and not own[n].is_meta}
+    if is_path(weights):
+        wanted = {n: leaf for n, leaf in present.items()}
+        header_names = set(_names_in(weights))
+        fallback = {n for n in constants if n not in header_names}
+        wanted = {n: leaf for n, leaf in wanted.items() if n not in fallback}
+        if scheme is not None:
+            values = read_prequantized(weights, wanted, scheme)
+        else:
+            values = read_safetensors(weights, {n: (tuple(lf.shape), lf.dtype)
+                                                for n, lf in wanted.items()})
+    else:
+        values = {n: (w.detach().cpu().numpy() if hasattr(w, "detach") else np.asarray(w))
+                  for n, w in weights.items() if n in present}
+        missing = sorted(n for n in present if n not in values and n not in constants)
+        if missing:
+            hint = (" (prequantized weights are <name>.q and <name>.scale: "
+                    "tg.save_quantized)" if scheme is not None else "")
+            raise ArgumentError(f"from_torch: weights= lacks {missing[:5]}"
+                                f"{' ...' if len(missing) > 5 else ''}{hint}")
+        if scheme is not None:
+            check_prequantized(values, scheme, where="from_torch(weights=)")
+    for n in constants:
+        if n not in values:
+            values[n] = own[n] if on_gpu else own[n].cpu().numpy().copy()
+    return values
+
+
+def _names_in(path) -> list[str]:
+    from tensor_graphs.runtime.weights import read_safetensors_header
+
+    return list(read_safetensors_header(path).tensors)
 
 
 def _shape_carriers(nodes, inputs, used) -> list:

@@ -18,7 +18,8 @@ token ids against the vocabulary, the prompt and ``max_new_tokens`` against the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -44,17 +45,46 @@ def _positions_limit(config) -> int | None:
                                                            None)
 
 
+def _architecture(config, max_len: int) -> tuple[Callable, type]:
+    """(reads its config, builds our model) for a transformers config, refusing model types
+    ``ARCHITECTURES`` lacks and a GPT-2 cache longer than its learned positions."""
+    kind = getattr(config, "model_type", None)
+    if kind not in ARCHITECTURES:
+        raise ArgumentError(f"generate: model type {kind!r} is not supported; supported: "
+                            f"{sorted(ARCHITECTURES)} (tg.from_torch imports other models "
+                            "for single forward passes)")
+    limit = _positions_limit(config)
+    if kind == "gpt2" and limit is not None and max_len > limit:
+        raise ShapeError(f"generate: {max_len} tokens outrun GPT-2's {limit} learned "
+                         "positions (shorten the prompt or max_new_tokens)")
+    return ARCHITECTURES[kind]
+
+
 class Generator:
     """A prefill and a decode program for one model, batch size and cache length; call it
     (or :meth:`stream`) for each prompt. Reuse it: building compiles both programs."""
 
-    def __init__(self, model, weights: Mapping[str, np.ndarray], *, vocab_size: int,
-                 max_len: int, max_prompt: int | None = None, batch: int = 1,
+    def __init__(self, model, weights: Mapping[str, np.ndarray] | str | os.PathLike, *,
+                 vocab_size: int, max_len: int, max_prompt: int | None = None, batch: int = 1,
                  eos_token_id=None, pad_token_id: int | None = None,
                  quantize: str | None = None, group_size: int | None = None,
-                 **compile_options):
+                 skip: Sequence[str] = (), prequantized: bool = False, **compile_options):
+        """``weights``: the state dict (name -> array) or a safetensors file's path, read
+        once for both programs. ``quantize``: a ``tg.quantize`` scheme for every matmul/linear
+        weight (``skip`` patterns left float, ``group_size`` for int4). ``prequantized``: the
+        weights hold that scheme's ``<name>.q``/``<name>.scale`` (``tg.save_quantized``,
+        :meth:`save_quantized`) in place of the float ones, so no float copy of a quantized
+        weight is read; from a file, ``quantize`` may be left out (the file's metadata names
+        it). Every weight is checked before either program binds any."""
         from tensor_graphs.compiler import compile as compile_graph
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
+        from tensor_graphs.runtime.prequantized import (
+            check_prequantized,
+            file_settings,
+            is_path,
+            read_prequantized,
+        )
+        from tensor_graphs.runtime.weights import read_safetensors
 
         if not isinstance(max_len, int) or max_len < 1:
             raise ArgumentError(f"generate: max_len must be a positive int, got {max_len!r}")
@@ -62,6 +92,11 @@ class Generator:
         if not 1 <= max_prompt <= max_len:
             raise ArgumentError(f"generate: max_prompt={max_prompt} must be in 1..{max_len} "
                                 "(max_len)")
+        if prequantized and is_path(weights):
+            quantize, group_size = file_settings(weights, quantize, group_size)
+        elif prequantized and quantize is None:
+            raise ArgumentError("generate: prequantized=True needs quantize=<scheme> (the "
+                                "scheme the .q/.scale weights are in)")
         self.vocab_size, self.max_len, self.max_prompt, self.batch = (vocab_size, max_len,
                                                                       max_prompt, batch)
         self.eos = {int(e) for e in np.atleast_1d(eos_token_id)} if eos_token_id is not None \
@@ -69,29 +104,83 @@ class Generator:
         self.pad = pad_token_id if pad_token_id is not None else min(self.eos, default=0)
         options = {"db": None, **compile_options}
 
+        def quantized(outputs: list) -> list:
+            if quantize is None:
+                return outputs
+            return quantize_graph(outputs, quantize, skip=skip, group_size=group_size,
+                                  prequantized=prequantized)
+
         ids = tg.input("input_ids", (batch, "seq"), "int64")
         prefill_cache = KVCache(max_len)
-        prefill_outputs = [model(ids, cache=prefill_cache, last_only=True),
-                           *prefill_cache.updates]
-        if quantize is not None:  # tg.quantize's scheme for every matmul/linear weight
-            prefill_outputs = quantize_graph(prefill_outputs, quantize, group_size=group_size)
-        self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
-                                     **options)
+        float_prefill = [model(ids, cache=prefill_cache, last_only=True),
+                         *prefill_cache.updates]
+        prefill_outputs = quantized(float_prefill)
         token = tg.input("input_ids", (batch, 1), "int64")
         decode_cache = KVCache(max_len)
-        decode_outputs = [model(token, cache=decode_cache), *decode_cache.updates]
-        if quantize is not None:
-            decode_outputs = quantize_graph(decode_outputs, quantize, group_size=group_size)
+        decode_outputs = quantized([model(token, cache=decode_cache), *decode_cache.updates])
+        # the weights, read once for both programs and all checked before compiling either
+        wanted = {leaf.name: leaf for outputs in (prefill_outputs, decode_outputs)
+                  for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
+        from_file = is_path(weights)
+        if from_file:
+            weights = read_prequantized(weights, wanted, quantize) if prequantized else \
+                read_safetensors(weights, {n: (tuple(lf.shape), lf.dtype)
+                                           for n, lf in wanted.items()})
+        missing = sorted(set(wanted) - set(weights))
+        if missing:
+            hint = (" (a prequantized state dict holds <name>.q and <name>.scale for each "
+                    "quantized weight: tg.save_quantized)" if prequantized else "")
+            raise ArgumentError(f"generate: the model's state dict lacks {missing[:5]}"
+                                f"{' ...' if len(missing) > 5 else ''}{hint}")
+        if prequantized and not from_file:  # (a file's values are checked as it is read)
+            check_prequantized({n: weights[n] for n in wanted}, quantize, where="generate")
+        # save_quantized's inputs: the float graph and its weights (bind-time quantization)
+        self._float = (float_prefill, weights, quantize, skip, group_size) \
+            if quantize is not None and not prequantized else None
+        self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
+                                     **options)
         self.decode = compile_graph(decode_outputs, bounds={"past": max_len - 1}, **options)
         self.cache_names = decode_cache.names()
         self._empty = prefill_cache.empty(batch)
         for prog, outputs in ((self.prefill, prefill_outputs), (self.decode, decode_outputs)):
             names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
-            missing = sorted(names - set(weights))
-            if missing:
-                raise ArgumentError(f"generate: the model's state dict lacks {missing[:5]}"
-                                    f"{' ...' if len(missing) > 5 else ''}")
             prog.bind(**{n: weights[n] for n in names})
+
+    def save_quantized(self, path, *, metadata: Mapping[str, str] | None = None) -> list[str]:
+        """Write this generator's weights, quantized as it was built (``quantize=``, from
+        float weights), as the safetensors file a prequantized generator loads
+        (:meth:`from_safetensors`, or ``Generator(..., weights=path, prequantized=True)``):
+        ``<name>.q``/``<name>.scale`` per quantized weight, the other weights float. Returns
+        the tensor names written."""
+        from tensor_graphs.runtime.prequantized import save_quantized
+
+        if self._float is None:
+            raise ArgumentError("generate: save_quantized needs a generator built with "
+                                "quantize=<scheme> from float weights (this one is float or "
+                                "loaded prequantized already)")
+        outputs, weights, scheme, skip, group_size = self._float
+        return save_quantized(path, outputs, weights, scheme, skip=skip,
+                                 group_size=group_size, metadata=metadata)
+
+    @classmethod
+    def from_safetensors(cls, path, config, *, max_len: int, max_prompt: int | None = None,
+                         batch: int = 1, quantize: str | None = None,
+                         group_size: int | None = None, skip: Sequence[str] = (),
+                         eos_token_id=None, pad_token_id: int | None = None,
+                         **compile_options) -> Generator:
+        """The generator of a transformers ``config`` (``ARCHITECTURES``) with its weights
+        read from the safetensors file at ``path``, no torch model built: a file written by
+        :meth:`save_quantized` / ``tg.save_quantized`` (its metadata names the scheme) loads
+        prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``)."""
+        from tensor_graphs.runtime.prequantized import SCHEME_KEY
+        from tensor_graphs.runtime.weights import read_safetensors_header
+
+        read, build = _architecture(config, max_len)
+        prequantized = SCHEME_KEY in (read_safetensors_header(path).metadata or {})
+        return cls(build(read(config)), path, vocab_size=config.vocab_size, max_len=max_len,
+                   max_prompt=max_prompt, batch=batch, eos_token_id=eos_token_id,
+                   pad_token_id=pad_token_id, quantize=quantize, group_size=group_size,
+                   skip=skip, prequantized=prequantized, **compile_options)
 
     @classmethod
     def from_transformers(cls, causal_lm, *, max_len: int, max_prompt: int | None = None,
@@ -99,16 +188,7 @@ class Generator:
         """The generator of a transformers causal LM (``ARCHITECTURES`` lists the model
         types), its weights taken from the module's state dict."""
         config = causal_lm.config
-        kind = getattr(config, "model_type", None)
-        if kind not in ARCHITECTURES:
-            raise ArgumentError(f"generate: model type {kind!r} is not supported; supported: "
-                                f"{sorted(ARCHITECTURES)} (tg.from_torch imports other models "
-                                "for single forward passes)")
-        limit = _positions_limit(config)
-        if kind == "gpt2" and limit is not None and max_len > limit:
-            raise ShapeError(f"generate: {max_len} tokens outrun GPT-2's {limit} learned "
-                             "positions (shorten the prompt or max_new_tokens)")
-        read, build = ARCHITECTURES[kind]
+        read, build = _architecture(config, max_len)
         weights = {}
         for name, tensor in causal_lm.state_dict().items():
             if tensor.is_floating_point() and str(tensor.dtype) != "torch.float32":

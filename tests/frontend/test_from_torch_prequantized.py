@@ -1,0 +1,131 @@
+"""Prequantized files in ``tg.from_torch`` (issue 23): an MLP quantized once
+(``TorchProgram.save_quantized``) and loaded later with ``weights=<file>`` gives the outputs of
+``from_torch(quantize=scheme)`` from the float parameters, with no float copy of a quantized
+weight read: the module may live on the meta device; a bad file is refused, naming the tensor,
+before anything is bound."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.errors import (  # noqa: E402
+    ArgumentError,
+    DTypeError,
+    FeedError,
+    SerializationError,
+    ShapeError,
+)
+from tensor_graphs.kernels.c import build  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+from tensor_graphs.runtime.prequantized import GROUP_KEY, SCHEME_KEY  # noqa: E402
+from tensor_graphs.runtime.weights import write_safetensors  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
+
+
+def _mlp():
+    """K = 40 (not a multiple of int4's group of 32), then K = 64 (two full groups)."""
+    return torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 24))
+
+
+@pytest.fixture(scope="module", params=["int8-weight", "int4-weight"])
+def saved(request, tmp_path_factory):
+    """(scheme, the float module, the program quantized from it, the file it saved)."""
+    torch.manual_seed(0)
+    module = _mlp().eval()
+    ref = tg.from_torch(module, (torch.randn(3, 40),), quantize=request.param, db=":memory:")
+    path = tmp_path_factory.mktemp("q") / f"{request.param}.safetensors"
+    ref.save_quantized(path)
+    return request.param, module, ref, path
+
+
+def _file(path):
+    from safetensors.numpy import load_file
+    return load_file(str(path))
+
+
+def test_a_saved_file_gives_the_bind_time_quantized_outputs(saved):
+    scheme, module, ref, path = saved
+    stored = _file(path)
+    assert sorted(stored) == ["0.bias", "0.weight.q", "0.weight.scale", "2.bias", "2.weight.q",
+                              "2.weight.scale"]  # no float copy of a quantized weight
+    x = torch.randn(3, 40)
+    got = tg.from_torch(module, (x,), weights=path, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6
+    with torch.no_grad():
+        assert relative_error(ref(x), module(x).numpy()) > 1e-4  # quantized
+
+
+def test_a_module_on_the_meta_device_loads_the_file(saved):
+    """No float parameter exists at all: the module has shapes only."""
+    scheme, _, ref, path = saved
+    with torch.device("meta"):
+        module = _mlp()
+    x = torch.randn(3, 40)
+    got = tg.from_torch(module, (x,), weights=path, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6
+    assert sorted(got.program._bound) == sorted(_file(path))
+
+
+def test_prequantized_arrays_load_like_the_file(saved):
+    scheme, module, ref, path = saved
+    x = torch.randn(3, 40)
+    got = tg.from_torch(module, (x,), weights=_file(path), quantize=scheme,
+                        prequantized=True, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6
+
+
+def test_a_float_checkpoint_quantizes_at_bind_time(saved, tmp_path):
+    """weights= a float file (no quantize metadata): read as the module's values."""
+    scheme, module, ref, _ = saved
+    floats = tmp_path / "float.safetensors"
+    write_safetensors(floats, {k: v.numpy() for k, v in module.state_dict().items()})
+    with torch.device("meta"):
+        empty = _mlp()
+    x = torch.randn(3, 40)
+    got = tg.from_torch(empty, (x,), weights=floats, quantize=scheme, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6
+
+
+def _write(tmp_path, arrays, scheme):
+    path = tmp_path / "bad.safetensors"
+    write_safetensors(path, arrays, {SCHEME_KEY: scheme, GROUP_KEY: "32"})
+    return path
+
+
+def test_bad_files_are_refused_naming_the_tensor(saved, tmp_path):
+    scheme, module, _, path = saved
+    good = _file(path)
+    x = torch.randn(3, 40)
+
+    def load(p, **kw):
+        return tg.from_torch(module, (x,), weights=p, db=":memory:", **kw)
+
+    with pytest.raises(FeedError, match="2.weight.scale"):
+        load(_write(tmp_path, {k: v for k, v in good.items() if k != "2.weight.scale"},
+                    scheme))
+    with pytest.raises(DTypeError, match="0.weight.q"):
+        load(_write(tmp_path, {**good, "0.weight.q": good["0.weight.q"].astype(np.int16)},
+                    scheme))
+    with pytest.raises(ShapeError, match="0.weight.scale"):
+        load(_write(tmp_path, {**good, "0.weight.scale": good["0.weight.scale"][:-1]}, scheme))
+    nan = good["2.weight.scale"].copy()
+    nan[7, 0] = np.nan
+    with pytest.raises(SerializationError, match=r"2.weight.scale.*\(7, 0\)"):
+        load(_write(tmp_path, {**good, "2.weight.scale": nan}, scheme))
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(SerializationError, match="cut.safetensors"):
+        load(cut)
+    other = "int4-weight" if scheme == "int8-weight" else "int8-weight"
+    with pytest.raises(ArgumentError, match=f"holds {scheme} weights"):
+        load(path, quantize=other)
+    with torch.device("meta"):
+        empty = _mlp()
+    with pytest.raises(ArgumentError, match="meta device.*weights="):
+        tg.from_torch(empty, (x,), db=":memory:")
+    with pytest.raises(ArgumentError, match="from float weights"):
+        load(path).save_quantized(tmp_path / "again.safetensors")
