@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import dtypes as _dtypes
+from tensor_graphs.ir.domains import DOMAINS
+from tensor_graphs.ir.domains import POSITIVE as DOMAIN_POSITIVE
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.names import (
     EMBEDDING,
@@ -41,13 +43,10 @@ from tensor_graphs.ir.ops.names import (
     INPUT,
     LESS,
     LESS_EQUAL,
-    LOG,
     MAXIMUM,
     MINIMUM,
     NLL_LOSS,
     NOT_EQUAL,
-    RSQRT,
-    SQRT,
     STATE,
     WHERE,
 )
@@ -150,7 +149,8 @@ def S(shape, dtype="float32", values="normal", high=0, leaf=INPUT) -> Spec:  # n
 UNARY_SHAPES = [(1,), (7,), (7, 33), (1025,), (), (2, 3, 4)]
 BINARY_SHAPES = [((1,), (1,)), ((7,), (7,)), ((7, 33), (7, 33)), ((7, 33), (33,)),
                  ((7, 1), (1, 33)), ((1025,), (1025,)), ((), (7,)), ((2, 1, 4), (3, 1))]
-POSITIVE = {LOG, SQRT, RSQRT}
+# unary ops whose operand is drawn positive (``ir.domains``, which the profiler's inputs follow)
+POSITIVE = frozenset(op for op, d in DOMAINS.items() if d.values == DOMAIN_POSITIVE)
 TIES = {EQUAL, LESS, GREATER, LESS_EQUAL, GREATER_EQUAL, NOT_EQUAL, MAXIMUM, MINIMUM}
 
 
