@@ -429,7 +429,7 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
             raise ArgumentError("from_torch: prequantized=True needs weights=<the "
                                 "prequantized safetensors file or arrays>")
         if is_path(weights):
-            quantize, group_size = file_settings(weights, quantize, group_size)
+            quantize, group_size, skip = file_settings(weights, quantize, group_size, skip)
         elif quantize is None:
             raise ArgumentError("from_torch: prequantized weights need quantize=<scheme> "
                                 "(the scheme their .q/.scale are in)")

@@ -93,10 +93,13 @@ class Generator:
             raise ArgumentError(f"generate: max_prompt={max_prompt} must be in 1..{max_len} "
                                 "(max_len)")
         if prequantized and is_path(weights):
-            quantize, group_size = file_settings(weights, quantize, group_size)
+            quantize, group_size, skip = file_settings(weights, quantize, group_size, skip)
         elif prequantized and quantize is None:
             raise ArgumentError("generate: prequantized=True needs quantize=<scheme> (the "
                                 "scheme the .q/.scale weights are in)")
+        if skip and quantize is None:
+            raise ArgumentError(f"generate: skip={list(skip)!r} names weights to leave float "
+                                "under quantize=, which is not given (quantize='int8-weight'...)")
         self.vocab_size, self.max_len, self.max_prompt, self.batch = (vocab_size, max_len,
                                                                       max_prompt, batch)
         self.eos = {int(e) for e in np.atleast_1d(eos_token_id)} if eos_token_id is not None \

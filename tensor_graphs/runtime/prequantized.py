@@ -17,6 +17,7 @@ scheme is refused by name rather than read as numbers of the wrong meaning.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 
@@ -39,6 +40,7 @@ __all__ = ["save_quantized", "file_settings", "read_prequantized", "check_prequa
 
 SCHEME_KEY = "tensor_graphs.quantize"  # metadata: the scheme the file's .q/.scale are in
 GROUP_KEY = "tensor_graphs.group_size"  # metadata: int4-weight's rows of K per scale
+SKIP_KEY = "tensor_graphs.skip"  # metadata: JSON list of the skip patterns (weights left float)
 
 # LOADED's kind -> the values a stored ``.q`` may hold
 Q_RANGE = {
@@ -91,20 +93,26 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
         else:
             raise ArgumentError(f"save_quantized: no value for weight {name!r}, which the "
                                 f"{scheme} graph reads (pass the model's whole state dict)")
-    meta = {**(metadata or {}), SCHEME_KEY: scheme, GROUP_KEY: str(group)}
+    if isinstance(skip, str):
+        skip = (skip,)
+    meta = {**(metadata or {}), SCHEME_KEY: scheme, GROUP_KEY: str(group),
+            SKIP_KEY: json.dumps(list(skip))}
     write_safetensors(path, arrays, meta)
     return sorted(arrays)
 
 
-def file_settings(path, scheme: str | None,
-                  group_size: int | None) -> tuple[str, int]:
-    """The (scheme, group size) to build the graph that binds the file at ``path``: the
-    caller's, checked against the file's metadata when it names them, else the metadata's
-    (a file without it, written by ``prequantized_weights`` + ``write_safetensors``, takes
-    the caller's scheme and ``GROUP_SIZE``). Reads the header only."""
+def file_settings(path, scheme: str | None, group_size: int | None,
+                  skip: Sequence[str] = ()) -> tuple[str, int, tuple[str, ...]]:
+    """The (scheme, group size, skip patterns) to build the graph that binds the file at
+    ``path``: the caller's, checked against the file's metadata where it names them, else the
+    metadata's (a file without it, written by ``prequantized_weights`` + ``write_safetensors``,
+    takes the caller's, ``GROUP_SIZE`` by default). Why: the same bytes mean different numbers
+    under another scheme or group size, and a weight skipped at saving has no ``.q`` to bind.
+    Reads the header only."""
     header = read_safetensors_header(path)
     meta = header.metadata or {}
     stored, stored_group = meta.get(SCHEME_KEY), meta.get(GROUP_KEY)
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
     if scheme is None:
         if stored is None:
             raise ArgumentError(f"{header.path} does not say which quantization it holds (no "
@@ -128,7 +136,17 @@ def file_settings(path, scheme: str | None,
                                 f"rows, not {group_size}: load it with group_size="
                                 f"{file_group} (or leave group_size out)")
         group_size = file_group
-    return scheme, GROUP_SIZE if group_size is None else group_size
+    if SKIP_KEY in meta:
+        try:
+            file_skip = tuple(json.loads(meta[SKIP_KEY]))
+        except (ValueError, TypeError):
+            raise SerializationError(f"{header.path}: metadata {SKIP_KEY}={meta[SKIP_KEY]!r} "
+                                     "is not a JSON list; save the model again") from None
+        if skip and sorted(skip) != sorted(file_skip):
+            raise ArgumentError(f"{header.path} was saved with skip={list(file_skip)!r}, not "
+                                f"{list(skip)!r}: load it with that skip (or leave skip out)")
+        skip = file_skip
+    return scheme, GROUP_SIZE if group_size is None else group_size, skip
 
 
 def read_prequantized(path, outputs, scheme: str, *,

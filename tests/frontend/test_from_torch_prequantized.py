@@ -129,3 +129,17 @@ def test_bad_files_are_refused_naming_the_tensor(saved, tmp_path):
         tg.from_torch(empty, (x,), db=":memory:")
     with pytest.raises(ArgumentError, match="from float weights"):
         load(path).save_quantized(tmp_path / "again.safetensors")
+
+
+def test_skipped_weights_stay_float_in_the_file_and_load_with_its_skip(tmp_path):
+    """skip= is kept in the file: the load needs no skip, and another one is refused."""
+    torch.manual_seed(1)
+    module = _mlp().eval()
+    x = torch.randn(3, 40)
+    ref = tg.from_torch(module, (x,), quantize="int8-weight", skip=["2.*"], db=":memory:")
+    path = tmp_path / "skip.safetensors"
+    assert "2.weight" in ref.save_quantized(path) and "2.weight.q" not in _file(path)
+    got = tg.from_torch(module, (x,), weights=path, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6
+    with pytest.raises(ArgumentError, match=r"saved with skip=\['2.\*'\].*not \['0.\*'\]"):
+        tg.from_torch(module, (x,), weights=path, skip=["0.*"], db=":memory:")

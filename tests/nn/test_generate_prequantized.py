@@ -175,3 +175,9 @@ def test_save_quantized_needs_a_bind_time_quantized_generator(saved, tmp_path):
     loaded = _load(path)
     with pytest.raises(ArgumentError, match="quantize=<scheme> from float weights"):
         loaded.save_quantized(tmp_path / "again.safetensors")
+
+
+def test_skip_without_a_scheme_is_refused():
+    with pytest.raises(ArgumentError, match="skip=.*quantize="):
+        Generator(tg.nn.GPT2(tg.nn.GPT2Config.from_hf(_config())), {}, vocab_size=VOCAB,
+                  max_len=MAX_LEN, skip=["lm_head.weight"])
