@@ -8,12 +8,17 @@ measured error is against that reference.
 
 A weight here is a float ``tg.weight`` leaf of rank 2 read by a product as its right operand:
 ``a @ w`` (w (K, N)) or ``linear(x, w, b)`` (w (N, K), torch's layout). Each becomes
-``a @ dequantize(quantize(w', s), s)`` (int8-dynamic: ``dynamic_quant(a) @ ...``, the rows
-of ``a`` quantized at run time, each with its own scale) with ``w'`` the (K, N) view
-(``permute(w)`` for a linear) and ``s = quant_scale(w', axis=0)``, one scale per output
-channel. ``quantize`` and ``quant_scale`` read weights only, so the runtime computes them
-once per binding (the prelude, ``ir.graph.is_static``) from the float weights the user
-binds; a kernel matching
+``a @ dequantize(quantize(w', s), s)`` with ``w'`` the (K, N) view (``permute(w)`` for a
+linear) and ``s = quant_scale(w', axis=0)``, one scale per output channel. int8-dynamic:
+``dynamic_quant(a, group=G) @ dequantize(q, s)``, the rows of ``a`` quantized at run time
+with a scale per G values of a row, and the weight with a scale per (G rows of K, output
+channel): ``s`` (K / G, N), the max over each group of the (K / G, G, N) view / 127 (G =
+``group_size``, 32; a K that G does not divide: a scale per row and per channel). Why groups
+on both sides: on MiniLM's real weights and 16 real sentences (benchmarks/quant_accuracy.py)
+per-channel int8 weights alone move a pair's cosine similarity by 0.010 and one scale a row
+by 0.029; groups of 32 on both by 0.007 (docs/benchmarks.md, issue 23). ``quantize`` and
+``quant_scale`` read weights only, so the runtime computes them once per binding (the
+prelude, ``ir.graph.is_static``) from the float weights the user binds; a kernel matching
 ``a @ dequantize(q, s)`` then packs ``q`` once more at bind time. Other readers of the same
 weight keep the float tensor: GPT-2's tied embedding still gathers float rows while its LM
 head reads int8.
@@ -41,16 +46,18 @@ from tensor_graphs.ir.ops.names import DYNAMIC_QUANT, LINEAR, MATMUL, WEIGHT
 # group size, what it does to the activation (the left operand))
 SCHEMES = {
     # symmetric int8, one scale per output channel (column of the (K, N) view)
-    "int8-weight": (lambda w, g: tg.dequantize(*_int8(w)), lambda a: a),
-    # the same weights, and each activation row quantized at run time with its own scale:
-    # the product is int8 x int8 summed in int32, times both scales
-    "int8-dynamic": (lambda w, g: tg.dequantize(*_int8(w)), lambda a: tg.dynamic_quant(a)),
+    "int8-weight": (lambda w, g: tg.dequantize(*_int8(w)), lambda a, g: a),
+    # int8 weights with a scale per (g rows of K, column), and each activation row quantized
+    # at run time with a scale per g values: int8 x int8 summed in int32 per group, times
+    # both groups' scales (a K that g does not divide: per channel and per row)
+    "int8-dynamic": (lambda w, g: tg.dequantize(*_int8_groups(w, g)),
+                     lambda a, g: tg.dynamic_quant(a, group=_group(a.shape[-1], g))),
     # bfloat16 storage: w rounded to bfloat16 (to nearest even), a float result
-    "bf16-weight": (lambda w, g: tg.bf16_round(w), lambda a: a),
+    "bf16-weight": (lambda w, g: tg.bf16_round(w), lambda a, g: a),
     # IEEE float16 storage: w rounded to float16 (to nearest even; subnormals, inf past range)
-    "fp16-weight": (lambda w, g: tg.fp16_round(w), lambda a: a),
+    "fp16-weight": (lambda w, g: tg.fp16_round(w), lambda a, g: a),
     # symmetric int4, a scale per (group of g rows along K, output channel)
-    "int4-weight": (lambda w, g: tg.dequantize_int4(*_int4(w, g)), lambda a: a),
+    "int4-weight": (lambda w, g: tg.dequantize_int4(*_int4(w, g)), lambda a, g: a),
 }
 # int4-weight's rows per scale along K. Why 32: a group's step is its largest |w| / 7, so a
 # smaller group keeps outlier weights from coarsening their neighbours' steps. Measured
@@ -65,6 +72,25 @@ def _int8(w: Node) -> tuple[Node, Node]:
     return tg.quantize(w, s), s
 
 
+def _group(k, group_size: int) -> int:
+    """int8-dynamic's group along K: ``group_size`` where it divides K and is smaller, else 0
+    (one scale a row / a channel)."""
+    return group_size if isinstance(k, int) and group_size < k and k % group_size == 0 else 0
+
+
+def _int8_groups(w: Node, group_size: int) -> tuple[Node, Node]:
+    """(q (K, N), s (K / G, N)): a symmetric scale per (G rows of K, column) of the (K, N)
+    weight ``w``, by ``quant_scale``/``quantize`` over its (K / G, G, N) view; per column
+    where ``_group`` gives 0."""
+    k, n = w.shape
+    g = _group(k, group_size)
+    if not g:
+        return _int8(w)
+    v = tg.reshape(w, k // g, g, n)
+    s = tg.quant_scale(v, axis=1)
+    return tg.reshape(tg.quantize(v, s), k, n), tg.reshape(s, k // g, n)
+
+
 def _int4(w: Node, group_size: int) -> tuple[Node, Node]:
     s = tg.int4_scale(w, group_size=group_size)
     return tg.quantize_int4(w, s), s
@@ -75,6 +101,7 @@ def _int4(w: Node, group_size: int) -> tuple[Node, Node]:
 LOADED = {
     # <name>.q int8 [-127, 127] the weight's shape; <name>.scale size 1 along K: (N, 1) / (1, N)
     "int8-weight": "int8",
+    # the same, the scale a row per group of K (``_group``): (N, K / G) / (K / G, N)
     "int8-dynamic": "int8",
     # <name>.q int8 [-8, 7] the weight's shape (one a byte); <name>.scale a row per group of
     # K: (N, ng) / (ng, N), ng = ceil(K / group_size)
@@ -86,7 +113,7 @@ def _loaded(scheme: str, w: Node, linear: bool, group_size: int) -> Node:
     """The (K, N) weight a product reads from prequantized leaves ``<w>.q``, ``<w>.scale``
     (``LOADED``), in place of ``w``'s float values."""
     n, k = (int(d) for d in w.shape) if linear else reversed([int(d) for d in w.shape])
-    ng = -(-k // group_size) if LOADED[scheme] == "int4" else 1
+    ng = -(-k // group_size) if LOADED[scheme] == "int4" else _groups_of(scheme, k, group_size)
     q = tg.weight(f"{w.name}.q", tuple(w.shape), "int8")
     s = tg.weight(f"{w.name}.scale", (n, ng) if linear else (ng, n), w.dtype)
     if linear:
@@ -122,8 +149,8 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
         w = tg.weight(name, np.shape(weights[name]))
         view = tg.transpose(w, 0, 1) if linear else w
         if LOADED[scheme] == "int8":
-            s = tg.quant_scale(view, axis=0)
-            q = tg.quantize(view, s)
+            q, s = (_int8_groups(view, group_size) if scheme == "int8-dynamic" else
+                    _int8(view))
         else:
             s = tg.int4_scale(view, group_size=group_size)
             q = tg.cast(tg.add(tg.cast(tg.quantize_int4(view, s), "int32"), -8), "int8")
@@ -133,6 +160,12 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
         out[f"{name}.q"], out[f"{name}.scale"] = (np.ascontiguousarray(qv),
                                                   np.ascontiguousarray(sv, np.float32))
     return out
+
+
+def _groups_of(scheme: str, k: int, group_size: int) -> int:
+    """Rows of an int8 prequantized scale along K: int8-dynamic's groups, else 1."""
+    g = _group(k, group_size) if scheme == "int8-dynamic" else 0
+    return k // g if g else 1
 
 
 def _weight(node: Node, skip) -> bool:
@@ -162,11 +195,13 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
              prequantized: bool = False):
     """``outputs`` (a node, or a list/tuple/dict of nodes) with the weights of their matmuls
     and linears in ``scheme`` (``SCHEMES``); returns the same structure. Weights named by a
-    ``skip`` pattern stay float. ``group_size``: int4-weight's rows per scale along K (None:
-    ``GROUP_SIZE``; a K not a multiple of it: ceil(K / group_size) groups, equal but the
-    last). ``prequantized``: the int8/int4 values and scales are bound as weights of their own
-    (``<name>.q``, ``<name>.scale``: ``LOADED``), e.g. from a safetensors file, instead of
-    computed from the float weight, which the quantized products then no longer read.
+    ``skip`` pattern stay float. ``group_size``: int4-weight's and int8-dynamic's rows per
+    scale along K (None: ``GROUP_SIZE``; int4, a K not a multiple of it: ceil(K /
+    group_size) groups, equal but the last; int8-dynamic, a K it does not divide or does not
+    exceed: a scale per output channel and per activation row). ``prequantized``: the
+    int8/int4 values and scales are bound as weights of their own (``<name>.q``,
+    ``<name>.scale``: ``LOADED``), e.g. from a safetensors file, instead of computed from
+    the float weight, which the quantized products then no longer read.
 
     ``tg.quantize(x, scale)`` with a node as the second argument is the ``quantize`` op
     (``ir/ops/quant.py``): one public name for the op and for the rewrite that writes it."""
@@ -206,10 +241,11 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)
         if n.op.name == MATMUL and _weight(ins[1], skip) and _float(ins[0]):
-            mapped[n] = tg.matmul(_own(act(ins[0]), ins[1]), make(ins[1], ins[1], False))
+            mapped[n] = tg.matmul(_own(act(ins[0], group_size), ins[1]),
+                                  make(ins[1], ins[1], False))
         elif n.op.name == LINEAR and len(ins) >= 2 and _weight(ins[1], skip) \
                 and _float(ins[0]):
-            y = tg.matmul(_own(act(ins[0]), ins[1]),
+            y = tg.matmul(_own(act(ins[0], group_size), ins[1]),
                           make(tg.transpose(ins[1], 0, 1), ins[1], True))
             mapped[n] = y if len(ins) < 3 else y + ins[2]
         else:

@@ -119,9 +119,10 @@ SYMBOLIC_KERNELS: dict[str, str] = {
     # own arguments, as gemm.c
     **{f"c_q8_matmul{suffix}": "rows, K, N; quant.c branches on its own arguments"
        for suffix in _MATMULS + ("_add", "_bias_add")},
-    # quant_dyn.py (int8-dynamic GEMMs): the same arguments, and the instruction path, fixed
-    **{f"c_q8d_matmul{suffix}": "rows, K, N; quant_dyn.c branches on its own arguments"
-       for suffix in _MATMULS + ("_add", "_bias_add")},
+    # quant_dyn.py (int8-dynamic GEMMs, per row and per group of 32): the same arguments,
+    # and the instruction path, fixed
+    **{f"{prefix}_matmul{suffix}": "rows, K, N; quant_dyn.c branches on its own arguments"
+       for prefix in ("c_q8d", "c_q8d_g32") for suffix in _MATMULS + ("_add", "_bias_add")},
 }
 
 # Kernel names by prefix, for kernels made on demand

@@ -8,12 +8,15 @@ graph, not a kernel's private detail):
   max is 0 (an all-zero channel quantizes to zeros, not to 0 / 0).
 - ``quantize(x, scale)``: round half to even of x / scale, clamped to [-127, 127], as int8
   (symmetric: -128 is never used, so negating a channel stays exact).
-- ``dequantize(q, scale)``: q as the scale's dtype times the scale (broadcast).
-- ``dynamic_quant(x)``: x's rows (the last axis) quantized and back, each with its own scale:
-  ``dequantize(quantize(x, s), s)``, ``s = quant_scale(x, axis=-1)``. What "int8-dynamic"
-  does to a product's activation at run time; one op, so a kernel can take the float rows and
-  quantize them itself (``c_q8d_*``) while the graph still says exactly which int8 values
-  and scales it must use.
+- ``dequantize(q, scale)``: q as the scale's dtype times the scale (broadcast); a (K, N)
+  q with an (ng, N) scale, 1 < ng < K dividing K: a scale per group of K / ng rows (the
+  grouped int8 weight of "int8-dynamic").
+- ``dynamic_quant(x, group=G)``: x's rows (the last axis) quantized and back, each with its
+  own scale: ``dequantize(quantize(x, s), s)``, ``s = quant_scale(x, axis=-1)``; with a
+  group G (dividing the row's length) a scale per G consecutive values of a row: the same
+  over the (..., K / G, G) view. What "int8-dynamic" does to a product's activation at run
+  time; one op, so a kernel can take the float rows and quantize them itself (``c_q8d_*``)
+  while the graph still says exactly which int8 values and scales it must use.
 - ``bf16_round(w)``: w rounded to bfloat16 and back (a float result: a kernel may store the
   weight as bfloat16 bits, exactly what the graph computes); ``fp16_round(w)`` the same for
   IEEE float16 (subnormals, and inf past its range, as a cast gives).
@@ -45,7 +48,7 @@ from tensor_graphs.ir.ops.names import (
 )
 from tensor_graphs.ir.ops.pointwise import floor, log2
 from tensor_graphs.ir.ops.pointwise import round as _round
-from tensor_graphs.ir.shapes import format_shape
+from tensor_graphs.ir.shapes import dims_equal, format_shape
 
 # scheme_of: for explain()
 __all__ = ["quant_scale", "quantize", "dequantize", "dynamic_quant", "bf16_round", "fp16_round",
@@ -87,9 +90,19 @@ def quantize(x, scale):
     return tg.cast(q, "int8")
 
 
+def _grouped_scale(q, scale) -> bool:
+    """A (K, N) value with an (ng, N) scale, 1 < ng < K: a scale per group of rows (which
+    plain broadcasting would reject)."""
+    return (q.ndim == 2 and scale.ndim == 2 and dims_equal(q.shape[1], scale.shape[1])
+            and isinstance(scale.shape[0], int) and isinstance(q.shape[0], int)
+            and 1 < int(scale.shape[0]) < int(q.shape[0]))
+
+
 @composite(example=_wq)
 def dequantize(q, scale):
-    """q * scale in the scale's dtype; q int8, ``scale`` broadcasting against it."""
+    """q * scale in the scale's dtype; q int8, ``scale`` broadcasting against it, or for a
+    (K, N) q an (ng, N) scale, ng dividing K: a scale per K / ng rows (int8-dynamic's
+    grouped weights)."""
     if q.dtype.name != "int8" or not scale.dtype.is_float:
         raise DTypeError(f"dequantize: needs int8 values and a float scale, got "
                          f"{q.dtype.name} {format_shape(q.shape)} and {scale.dtype.name} "
@@ -97,17 +110,35 @@ def dequantize(q, scale):
     if scale.ndim > q.ndim:
         raise ShapeError(f"dequantize: the scale {format_shape(scale.shape)} has more axes "
                          f"than the values {format_shape(q.shape)}")
+    if _grouped_scale(q, scale):
+        k, ng = int(q.shape[0]), int(scale.shape[0])
+        if k % ng:
+            raise ShapeError(f"dequantize: an ({ng}, N) scale of a (K, N) = "
+                             f"{format_shape(q.shape)} weight is a scale per K / {ng} rows: "
+                             f"{ng} must divide K = {k}")
+        return tg.mul(tg.cast(q, scale.dtype), _expand_groups(scale, k))
     return tg.mul(tg.cast(q, scale.dtype), scale)
 
 
 @composite(example=lambda: (tg.input("x", (4, 6)),))
-def dynamic_quant(x):
+def dynamic_quant(x, *, group=0):
     """x with each row (the last axis) quantized to symmetric int8 with its own scale and
     back: dequantize(quantize(x, s), s), s = quant_scale(x, axis=-1) (an all-zero row: scale
-    1). int8-dynamic's activations, quantized at run time."""
+    1). int8-dynamic's activations, quantized at run time. ``group`` G > 0: a scale per G
+    consecutive values of a row instead (G dividing the row): one outlier channel then
+    coarsens the steps of its G - 1 neighbours only, not of the whole row (0: the row)."""
     if not x.dtype.is_float or x.ndim < 1:
         raise DTypeError(f"dynamic_quant: needs a float tensor with a last axis, got "
                          f"{x.dtype.name} {format_shape(x.shape)}")
+    k = x.shape[-1]
+    if isinstance(group, bool) or not isinstance(group, int) or group < 0 \
+            or (group and not (isinstance(k, int) and k % group == 0)):
+        raise ShapeError(f"dynamic_quant: group must be 0 (a scale per row) or a size "
+                         f"dividing the row's {k} values, got {group!r}")
+    if group and group != k:
+        v = tg.reshape(x, *x.shape[:-1], k // group, group)
+        s = quant_scale(v, axis=v.ndim - 1)
+        return tg.reshape(dequantize(quantize(v, s), s), *x.shape)
     s = quant_scale(x, axis=x.ndim - 1)
     return dequantize(quantize(x, s), s)
 

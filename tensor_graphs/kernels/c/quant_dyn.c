@@ -27,7 +27,17 @@
  * Q (K x N, int8, element strides) is packed ONCE (tg_q8d_pack): a 64-byte header (magic, K,
  * N, panels, Kp = K rounded up to 4), the column sums (int32, panels * 16), then per 16-column
  * panel Kp / 4 groups of 64 bytes: column c's 4 consecutive k values at 4c (zero past K and
- * N). OpenMP: the rows are quantized in parallel, then (64 columns, 96 rows) tasks. */
+ * N), then the column sums of each 32-row block of K (int32, ceil(K / 32) * panels * 16):
+ * the grouped product's unsigned-row correction per block. OpenMP: the rows are quantized in
+ * parallel, then (64 columns, 96 rows) tasks.
+ *
+ * Groups (dynamic_quant(a, group=ga), a weight scale per gw rows of K: s (K / gw, N)): a
+ * row's scale per ga channels and the weight's per gw rows leave the K-sum only per block of
+ * B = min(ga, gw) (a multiple of 32 dividing K): the tile's int32 sums of one block, less
+ * 128 * the block's column sums on the unsigned paths, are scaled by sa[row, block] *
+ * s[block, column] and summed in float; ga = gw = K is the ungrouped product. Why groups:
+ * one scale a row spends the int8 range on a few outlier channels (MiniLM's FFN inputs: max
+ * |x| / rms ~10), and one a column on a few large weights (docs/benchmarks.md, issue 23). */
 #include "tg_common.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -41,6 +51,7 @@
 #define DHEADER 64
 #define DMAGIC ((int64_t)0x7467713864796e31) /* "tgq8dyn1" */
 #define TIE 1e-9     /* |q - round(q)| above 0.5 - TIE: divide exactly */
+#define DBLOCK 32    /* rows of K per stored column sum: the grouped product's finest block */
 
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512VNNI = 3 };
 enum { DACT_NONE = 0, DACT_RELU = 1, DACT_GELU = 2, DACT_GELU_TANH = 3 };
@@ -66,7 +77,8 @@ int tg_q8d_isa_supported(int isa) {
 
 int64_t tg_q8d_packed_size(int64_t k, int64_t n) {
     int64_t panels = (n + DNR - 1) / DNR, kp = (k + 3) & ~(int64_t)3;
-    return DHEADER + panels * DNR * 4 + panels * kp * DNR;
+    return DHEADER + panels * DNR * 4 + panels * kp * DNR
+           + (k + DBLOCK - 1) / DBLOCK * panels * DNR * 4;
 }
 
 void tg_q8d_pack(const int8_t *q, int64_t k, int64_t n, int64_t sk, int64_t sn, int8_t *out) {
@@ -93,6 +105,15 @@ void tg_q8d_pack(const int8_t *q, int64_t k, int64_t n, int64_t sk, int64_t sn, 
             colsum[col] = sum;
         }
     }
+    int32_t *blocksum = (int32_t *)(p + panels * kp * DNR);
+    int64_t blocks = (k + DBLOCK - 1) / DBLOCK;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t col = 0; col < panels * DNR; col++) {
+            int32_t sum = 0;
+            for (int64_t kk = b * DBLOCK; kk < dmin(k, (b + 1) * DBLOCK); kk++)
+                sum += col < n ? q[kk * sk + col * sn] : 0;
+            blocksum[b * panels * DNR + col] = sum;
+        }
 }
 
 /* ---------------------------------------------------------------- the row quantization */
@@ -355,22 +376,61 @@ static void epilogue(const int32_t *t, const int32_t *corr, float sa, const floa
     memcpy(c, v, sizeof(float) * (size_t)cols);
 }
 
-/* C (m, n) = act(dynamic_quant(A (m, k), row stride lda floats) @ (Q * s) + bias) + res.
- * Returns 0; -1 for a buffer that is not a packed (k, n) operand; -2 out of memory. */
+/* One 6-row tile of the grouped product (see the top): the int32 sums of each block of `blk`
+ * rows of K scaled by the row's and the column's scales of that block and summed in float,
+ * then the epilogue, given those sums as the per-column scale of a unit int32 sum (1 * (1 *
+ * v) is v exactly), so bias, activation and residual are the ungrouped path's own code. */
+static void grouped_tile(int isa, const uint8_t *qa, int64_t lq, int rows, const int8_t *b,
+                         int64_t pstride, int np, const int32_t *blocksum, int64_t bstride,
+                         const float *sa, int64_t nga, int64_t ga, const float *s, int64_t gw,
+                         int64_t n, int64_t k, int64_t blk, int offset, const float *bias,
+                         const float *res, float *c, int cols, int act) {
+    int32_t t[DMR][DCOLS] __attribute__((aligned(64)));
+    float acc[DMR][DCOLS];
+    int32_t corr[DCOLS], ones[DCOLS];
+    for (int q = 0; q < DCOLS; q++) ones[q] = 1;
+    for (int r = 0; r < DMR; r++)
+        for (int q = 0; q < DCOLS; q++) acc[r][q] = 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += blk) {
+        tile(isa, qa + k0, lq, rows, b + (k0 / 4) * 64, pstride, np, blk / 4, t);
+        const float *sw = s + (k0 / gw) * n;
+        for (int q = 0; q < cols; q++) corr[q] = 0;
+        if (offset)
+            for (int64_t j = k0 / DBLOCK; j < (k0 + blk) / DBLOCK; j++)
+                for (int q = 0; q < cols; q++) corr[q] += 128 * blocksum[j * bstride + q];
+        for (int r = 0; r < rows; r++) {
+            float ra = sa[r * nga + k0 / ga];
+            for (int q = 0; q < cols; q++) acc[r][q] += (float)(t[r][q] - corr[q]) * (ra * sw[q]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        epilogue(ones, NULL, 1.0f, acc[r], bias, res ? res + r * n : NULL, c + r * n, cols, act);
+}
+
+/* C (m, n) = act(dynamic_quant(A (m, k), row stride lda floats, group=ga) @ (Q * s) + bias)
+ * + res, s (k / gw, n): a weight scale per gw rows of K (ga = gw = k, or <= 0: ungrouped).
+ * Returns 0; -1 for a buffer that is not a packed (k, n) operand; -2 out of memory; -3 groups
+ * the kernel does not take (see the top). */
 int tg_q8d_gemm(const float *a, int64_t lda, const int8_t *packed, const float *s,
                 const float *bias, const float *res, float *c, int64_t m, int64_t n, int64_t k,
-                int act, int isa) {
+                int act, int isa, int64_t ga, int64_t gw) {
     const int64_t *h = (const int64_t *)packed;
     if (h[0] != DMAGIC || h[1] != k || h[2] != n) return -1;
+    if (ga <= 0) ga = k;
+    if (gw <= 0) gw = k;
+    int64_t blk = ga < gw ? ga : gw;
+    int grouped = ga < k || gw < k;
+    if (grouped && (blk % DBLOCK || k % ga || k % gw || ga % blk || gw % blk)) return -3;
     if (m <= 0 || n <= 0) return 0;
     if (!tg_q8d_isa_supported(isa)) isa = ISA_PORTABLE;
-    int64_t panels = h[3], kp = h[4], groups = kp / 4;
+    int64_t panels = h[3], kp = h[4], groups = kp / 4, nga = k / ga;
     const int32_t *colsum = (const int32_t *)(packed + DHEADER);
     const int8_t *bp = packed + DHEADER + panels * DNR * 4;
+    const int32_t *blocksum = (const int32_t *)(bp + panels * kp * DNR);
     int64_t pstride = kp * DNR;
     int offset = isa == ISA_AVX512VNNI || isa == ISA_AVXVNNI;
     int64_t lq = (kp + 63) & ~(int64_t)63;  /* bytes a quantized row */
-    size_t bytes = (size_t)(m * lq) + (size_t)m * sizeof(float);
+    size_t bytes = (size_t)(m * lq) + (size_t)(m * nga) * sizeof(float);
     int owned;
     uint8_t *qa = (uint8_t *)tg_ws_take(&q8d_ws, bytes, &owned);
     if (!qa) return -2;
@@ -383,14 +443,18 @@ int tg_q8d_gemm(const float *a, int64_t lda, const int8_t *packed, const float *
     #pragma omp parallel num_threads(nt)
     {
         #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m; i++) {
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t g = 0; g < nga; g++) {  /* a scale per ga channels; the last pads */
+                int64_t len = g == nga - 1 ? ga + kp - k : ga;
 #if Q8D_X86
-            if (isa == ISA_AVX512VNNI)
-                quant_row_512(a + i * lda, k, kp, qa + i * lq, sa + i, offset);
-            else
+                if (isa == ISA_AVX512VNNI)
+                    quant_row_512(a + i * lda + g * ga, ga, len, qa + i * lq + g * ga,
+                                  sa + i * nga + g, offset);
+                else
 #endif
-                quant_row_exact(a + i * lda, k, kp, qa + i * lq, sa + i, offset);
-        }
+                    quant_row_exact(a + i * lda + g * ga, ga, len, qa + i * lq + g * ga,
+                                    sa + i * nga + g, offset);
+            }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t cb = task % cblocks, rb = task / cblocks;
@@ -398,6 +462,16 @@ int tg_q8d_gemm(const float *a, int64_t lda, const int8_t *packed, const float *
             int np = (int)dmin(DCOLS / DNR, panels - col0 / DNR);
             int cols = (int)dmin(DCOLS, n - col0);
             int64_t rend = dmin(m, row0 + DROWS);
+            if (grouped) {
+                for (int64_t i0 = row0; i0 < rend; i0 += DMR)
+                    grouped_tile(isa, qa + i0 * lq, lq, (int)dmin(DMR, rend - i0),
+                                 bp + (col0 / DNR) * pstride, pstride, np, blocksum + col0,
+                                 panels * DNR, sa + i0 * nga, nga, ga, s + col0, gw, n, k, blk,
+                                 offset, bias ? bias + col0 : NULL,
+                                 res ? res + i0 * n + col0 : NULL, c + i0 * n + col0, cols,
+                                 act);
+                continue;
+            }
             int32_t t[DMR][DCOLS] __attribute__((aligned(64)));
             int32_t corr[DCOLS];
             if (offset)

@@ -45,9 +45,13 @@ isa = PATHS.code  # the path taken now: TG_INT8_ISA's, or the widest this CPU ru
 isa_name = PATHS.name
 
 
+BLOCK = 32  # rows of K per stored column sum: a grouped product's groups are multiples of it
+GROUPS = (32,)  # activation groups with kernels (c_q8d_g<G>_*): tg.quantize's GROUP_SIZE
+
+
 def packed_bytes(k: int, n: int) -> int:
     panels, kp = -(-n // 16), -(-k // 4) * 4
-    return 64 + panels * 64 + panels * kp * 16
+    return 64 + panels * 64 + panels * kp * 16 + -(-k // BLOCK) * panels * 64
 
 
 def pack(q: np.ndarray) -> np.ndarray:
@@ -56,21 +60,29 @@ def pack(q: np.ndarray) -> np.ndarray:
     return pack_int8(q, LIB, "tg_q8d_pack", packed_bytes)
 
 
-def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = None):
-    """act(dynamic_quant(a) @ (q * s) + bias) + res; ``q`` packed (``pack``) or (K, N) int8;
-    ``path`` one of ``ISAS``' codes (default ``isa()``)."""
+def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = None,
+         group: int = 0):
+    """act(dynamic_quant(a, group=group) @ dequantize(q, s) + bias) + res; ``q`` packed
+    (``pack``) or (K, N) int8, ``s`` (1, N) or (ng, N) (a scale per K / ng rows); ``path``
+    one of ``ISAS``' codes (default ``isa()``)."""
     if q.ndim == 2:  # not prepared: pack for this call
         q = pack(q)
     k = a.shape[-1]
     n = s.shape[-1]
+    gw = k // s.shape[0] if s.ndim == 2 and s.shape[0] > 1 else k
     out = lib.output(out, a.shape[:-1] + (n,), np.float32)
-    fn = lib.func(LIB, "tg_q8d_gemm", P, I64, P, P, P, P, P, I64, I64, I64, I32, I32)
+    fn = lib.func(LIB, "tg_q8d_gemm", P, I64, P, P, P, P, P, I64, I64, I64, I32, I32, I64, I64)
     fn.restype = ctypes.c_int
     status = fn(ptr(a), k, ptr(q), ptr(s), ptr(bias), ptr(res), ptr(out),
-                math.prod(a.shape[:-1]), n, k, ACTS[act], isa() if path is None else path)
+                math.prod(a.shape[:-1]), n, k, ACTS[act], isa() if path is None else path,
+                group or k, gw)
     if status == -2:
         raise MemoryError(f"C int8-dynamic gemm: no memory for the quantized rows of a "
                           f"{a.shape} activation")
+    if status == -3:
+        raise ValueError(f"C int8-dynamic gemm: groups of {group or k} activation values and "
+                         f"{gw} weight rows do not fit K = {k} (each a multiple of {BLOCK} "
+                         f"dividing K, one a multiple of the other)")
     if status != 0:
         h = q[:24].view(np.int64)
         raise ValueError(f"C int8-dynamic gemm: the weight is packed as (K, N) = "
@@ -78,19 +90,45 @@ def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = No
     return out
 
 
-def _signatures(has_bias: bool, residual: bool) -> list[dict]:
+def _scale_check(group: int):
+    """Scales the kernel takes: (1, N) (per output channel) or (K / gw, N) with gw a multiple
+    of BLOCK; with activation groups of ``group`` (0: the row) the smaller of the two groups
+    divides the larger."""
+    def check(k: int, n: int, shape: tuple) -> str | None:
+        if len(shape) != 2 or shape[1] != n or shape[0] < 1 or k % shape[0]:
+            return f"the scale must be (1, {n}) or (ng, {n}) with ng dividing K = {k}, got {shape}"
+        ga, gw = group or k, k // shape[0]
+        small, big = min(ga, gw), max(ga, gw)
+        if (ga < k or gw < k) and (small % BLOCK or big % small):
+            return (f"groups of {ga} activation values and {gw} weight rows: the kernel "
+                    f"needs multiples of {BLOCK}, one dividing the other")
+        return None
+    return check
+
+
+def _signatures(has_bias: bool, residual: bool, group: int = 0) -> list[dict]:
     """Verification cases: one row to 13 rows (two 6-row tiles and a part), K not a multiple
     of 4, N across 64-column tasks and 16-column panels; ``offset`` rows (1e3..1e4 with a
-    small spread: most of a row quantizes to one value) and ``tiny``/constant rows."""
+    small spread: most of a row quantizes to one value) and ``tiny``/constant rows. With
+    activation ``group``s: K of 1 to 4 groups, weight scales per group, per 2 groups and per
+    channel."""
     from tensor_graphs.kernels.signatures import Spec
 
-    out = []
-    for m, k, n, lead, values in (
+    if group:
+        cases = ((1, group, 17, (), "normal", 1), (3, 2 * group, 31, (), "normal", 2),
+                 (8, 4 * group, 80, (), "normal", 4), (13, 2 * group, 33, (), "offset", 1),
+                 (4, 4 * group, 9, (2,), "normal", 2), (7, group, 47, (), "tiny", 1),
+                 (2, 3 * group, 130, (), "normal", 3))
+    else:
+        cases = tuple(c + (1,) for c in (
             (1, 1, 1, (), "normal"), (1, 33, 17, (), "normal"), (3, 67, 31, (), "normal"),
             (8, 129, 80, (), "normal"), (13, 65, 33, (), "offset"), (4, 17, 9, (2,), "normal"),
-            (7, 31, 47, (), "tiny"), (2, 300, 130, (), "normal")):
+            (7, 31, 47, (), "tiny"), (2, 300, 130, (), "normal")))
+        cases += ((6, 128, 40, (), "normal", 4),)  # weight scales per 32 rows of K
+    out = []
+    for m, k, n, lead, values, ng in cases:
         sig = {"a": Spec(lead + (m, k), "float32", values, axes=(len(lead) + 1,)),
-               "q": ((k, n), "int8"), "s": ((1, n), "float32")}
+               "q": ((k, n), "int8"), "s": ((ng, n), "float32")}
         if has_bias:
             sig["bias"] = ((n,), "float32")
         if residual:
@@ -99,11 +137,24 @@ def _signatures(has_bias: bool, residual: bool) -> list[dict]:
     return out
 
 
-register(Family(
-    prefix="c_q8d", lib=LIB, weight_args=("q", "s"), weight=tg.dequantize,
-    weight_dtype="int8", gemm=gemm, activation=tg.dynamic_quant,
-    prep=Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
-                     name="pack_q8d", strided=True),
-    signatures=_signatures, source=SOURCE, product="dynamic_quant(a) @ dequantize(q, s)",
-    what="rows quantized in the kernel, int8 x int8 -> int32 (VNNI / AVX2 / C, chosen at "
-         "run time), scales in the epilogue."))
+_PREP = Preparation(pack, nbytes=lambda shape, dtype: packed_bytes(*map(int, shape)) + 64,
+                    name="pack_q8d", strided=True)
+
+
+def _family(group: int) -> Family:
+    """int8-dynamic's kernels for activation groups of ``group`` (0: a scale per row)."""
+    act = (lambda a: tg.dynamic_quant(a, group=group)) if group else tg.dynamic_quant
+    return Family(
+        prefix=f"c_q8d_g{group}" if group else "c_q8d", lib=LIB, weight_args=("q", "s"),
+        weight=tg.dequantize, weight_dtype="int8",
+        gemm=lambda *args: gemm(*args, group=group), activation=act, prep=_PREP,
+        signatures=lambda has_bias, residual: _signatures(has_bias, residual, group),
+        source=SOURCE, scale_check=_scale_check(group),
+        product=f"dynamic_quant(a{f', group={group}' if group else ''}) @ dequantize(q, s)",
+        what=(f"a scale per {group} values of a row, " if group else "rows ")
+        + "quantized in the kernel, int8 x int8 -> int32 (VNNI / AVX2 / C, chosen at run "
+          "time), scales (a weight's per column or per group of K rows) in the epilogue.")
+
+
+for _group in (0,) + GROUPS:
+    register(_family(_group))
