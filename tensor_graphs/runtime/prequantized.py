@@ -39,8 +39,12 @@ __all__ = ["save_quantized", "file_settings", "read_prequantized", "check_prequa
            "is_path"]
 
 SCHEME_KEY = "tensor_graphs.quantize"  # metadata: the scheme the file's .q/.scale are in
-GROUP_KEY = "tensor_graphs.group_size"  # metadata: int4-weight's rows of K per scale
+GROUP_KEY = "tensor_graphs.group_size"  # metadata: rows of K per scale (GROUPED schemes)
 SKIP_KEY = "tensor_graphs.skip"  # metadata: JSON list of the skip patterns (weights left float)
+
+# schemes whose stored scales depend on the group size (rewrite/quantize.py: int4's groups,
+# int8-dynamic's groups of K): a file of another group size holds other numbers
+GROUPED = {"int4-weight", "int8-dynamic"}
 
 # LOADED's kind -> the values a stored ``.q`` may hold
 Q_RANGE = {
@@ -125,14 +129,14 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     if stored is not None and stored != scheme:
         raise ArgumentError(f"{header.path} holds {stored} weights, not {scheme}: load it "
                             f"with quantize={stored!r}, or save the model again as {scheme}")
-    if stored_group is not None and LOADED[scheme] == "int4":
+    if stored_group is not None and scheme in GROUPED:
         try:
             file_group = int(stored_group)
         except ValueError:
             raise SerializationError(f"{header.path}: metadata {GROUP_KEY}={stored_group!r} is "
                                      "not an int; save the model again") from None
         if group_size is not None and group_size != file_group:
-            raise ArgumentError(f"{header.path} was saved with int4 groups of {file_group} "
+            raise ArgumentError(f"{header.path} was saved with groups of {file_group} "
                                 f"rows, not {group_size}: load it with group_size="
                                 f"{file_group} (or leave group_size out)")
         group_size = file_group

@@ -26,12 +26,13 @@ pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
 
 
 def _mlp():
-    """K = 40 (not a multiple of int4's group of 32), then K = 64 (two full groups)."""
+    """K = 40 (not a multiple of the group of 32: int4's last group short, int8-dynamic per
+    channel), then K = 64 (two full groups)."""
     return torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.GELU(),
                                torch.nn.Linear(64, 24))
 
 
-@pytest.fixture(scope="module", params=["int8-weight", "int4-weight"])
+@pytest.fixture(scope="module", params=["int8-weight", "int8-dynamic", "int4-weight"])
 def saved(request, tmp_path_factory):
     """(scheme, the float module, the program quantized from it, the file it saved)."""
     torch.manual_seed(0)
@@ -123,6 +124,9 @@ def test_bad_files_are_refused_naming_the_tensor(saved, tmp_path):
     other = "int4-weight" if scheme == "int8-weight" else "int8-weight"
     with pytest.raises(ArgumentError, match=f"holds {scheme} weights"):
         load(path, quantize=other)
+    if scheme != "int8-weight":  # its scales are per group of 32 rows of K
+        with pytest.raises(ArgumentError, match="groups of 32 rows, not 16.*group_size=32"):
+            load(path, group_size=16)
     with torch.device("meta"):
         empty = _mlp()
     with pytest.raises(ArgumentError, match="meta device.*weights="):
