@@ -8,12 +8,24 @@ from collections.abc import Sequence
 
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.atomic import BINARY, UNARY
-from tensor_graphs.ir.ops.names import ADD, CAST, EQUAL, EXPAND, MAXIMUM, MUL, PERMUTE, SLICE, WHERE
+from tensor_graphs.ir.ops.names import (
+    ADD,
+    CAST,
+    EQUAL,
+    ERFC,
+    EXPAND,
+    MAXIMUM,
+    MUL,
+    PERMUTE,
+    SLICE,
+    WHERE,
+)
 
 ASSOCIATIVE_COMMUTATIVE = frozenset({ADD, MUL, MAXIMUM})
 COMMUTATIVE = ASSOCIATIVE_COMMUTATIVE | {EQUAL}
-# atomic ops computed element by element with broadcasting (sinking and C fusion cross them)
-ELEMENTWISE = frozenset({*UNARY, *BINARY, WHERE, CAST})
+# atomic ops computed element by element with broadcasting (sinking and C fusion cross them);
+# of the special functions erfc alone: gelu's decomposition has it, so fusion renders it
+ELEMENTWISE = frozenset({*UNARY, *BINARY, WHERE, CAST, ERFC})
 # views whose result is usually not dense (a consumer that needs dense input copies)
 STRIDED_VIEWS = frozenset({PERMUTE, SLICE, EXPAND})
 

@@ -27,6 +27,11 @@ Value kinds (``Spec.values``; drawn by ``draw``; rows are the reduced axes of th
 - ``cancel``: float16/bfloat16 rows of normal / 2 + 1 with an eighth of the positions in pairs
   +-L, L in 8192..16384: a float32 accumulator keeps the small terms (to ~1e-5), a float16
   one overflows or loses them.
+- ``tail``: the whole tensor in [-9.5, -8.5] ([-4.9, -4.0] in float16), for an input that
+  reaches erfc scaled by a negative constant (gelu's x/2 erfc(-x / sqrt 2)): x Phi(x) is
+  -1e-17 .. -1e-20 there, and 1 + erf(x / sqrt 2), the textbook form, is exactly 0 in float64
+  (and in float32 from -5.9), so a kernel that computes it is off by 100 %. Mixed with
+  ordinary values the tail would not register in a norm-wise error: the case is all tail.
 
 Besides values, ``cases`` adds shapes and a layout to every kernel (unless ``contiguous``):
 rows of length 1 (the last axis, and every axis of that size, mapped to 1), odd sizes (every
@@ -53,15 +58,17 @@ import numpy as np
 from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import CAST, EXP, MATMUL, MAX, MUL, SQRT, SUM
+from tensor_graphs.ir.ops.names import CAST, CONSTANT, ERFC, EXP, MATMUL, MAX, MUL, NEG, SQRT, SUM
 from tensor_graphs.kernels.signatures import FLOATS, Case, Spec
 
 LOW = ("float16", "bfloat16")
-KINDS = ("logits", "masked", "scaled", "offset", "tiny", "cancel", "nonfinite")
+KINDS = ("logits", "masked", "scaled", "offset", "tiny", "cancel", "nonfinite", "tail")
 SPREAD = {"float64": (1e6, 1e7), "float32": (1e3, 1e4), "float16": (10.0, 30.0),
           "bfloat16": (10.0, 30.0)}  # R of ``offset``: the row's |mean| / its spread
 FLOOR_ULPS = 16  # an offset case allows FLOOR_ULPS * u * R_max (u: the arithmetic's roundoff)
 MASKED = 0.4  # the share of -inf positions in ``masked`` rows
+TAIL = {"float16": (-4.9, -4.0)}  # ``tail``'s range (else TAIL_RANGE): float16's Phi(-9) is 0
+TAIL_RANGE = (-9.5, -8.5)
 SIZED = (8, 20000)  # the elements of a case the variants start from (small, not trivial)
 SHAPES = ("rows of 1", "odd sizes", "one element")  # the shape variants' labels
 
@@ -197,6 +204,23 @@ def _summed(graph: Node) -> list[tuple[Node, tuple | None]]:
     return out
 
 
+def _erfc_tail(graph: Node) -> list[tuple[Node, tuple | None]]:
+    """erfc(c x) with c < 0, or erfc(-x): the inputs x, as whole tensors (gelu's tail)."""
+    out = []
+    for e in nodes(graph):
+        if e.op.name != ERFC:
+            continue
+        u = e.inputs[0]
+        if u.op.name == NEG and _named(u.inputs[0]):
+            out.append((u.inputs[0], None))
+        elif u.op.name == MUL:
+            for c, x in (u.inputs, u.inputs[::-1]):
+                if c.op.name == CONSTANT and _named(x) and bool(np.all(
+                        np.asarray(c.attrs["value"].array, np.float64) < 0)):
+                    out.append((x, None))
+    return out
+
+
 MOTIFS = (
     # softmax, log_softmax, logsumexp, cross_entropy, attention's mask: exp(x - max(x))
     Motif("shifted exp", lambda g: _shifted_exp(g, True), ("logits", "masked")),
@@ -210,6 +234,8 @@ MOTIFS = (
     Motif("reduction", _reduced, ("nonfinite",)),
     # sum, mean of float16/bfloat16: the accumulator's precision and range
     Motif("low-precision sum", _summed, ("cancel",), LOW),
+    # gelu (erf form): Phi's far tail, where 1 + erf cancels to 0 and erfc does not
+    Motif("erfc tail", _erfc_tail, ("tail",)),
 )
 
 
@@ -381,6 +407,9 @@ def draw(spec: Spec, rng: np.random.Generator) -> np.ndarray:
     elif spec.values == "nonfinite":  # one NaN, +inf or -inf in three rows of four
         at = rng.integers(0, max(n, 1), (rows, 1)) == np.arange(n)[None, :]
         v = np.where(at & (j % 4 < 3), np.choose(j % 4, [np.nan, np.inf, -np.inf, 0.0]), z)
+    elif spec.values == "tail":
+        lo, hi = TAIL.get(spec.dtype, TAIL_RANGE)
+        v = rng.uniform(lo, hi, (rows, n))
     elif spec.values == "cancel":
         v = z * 0.5 + 1.0
         pairs = n // 16

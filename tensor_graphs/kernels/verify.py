@@ -27,7 +27,9 @@ group_norm) gets rows at +-1e3..1e4 with a spread 1e3..1e4 times smaller in floa
 one-pass E[x^2] - E[x]^2 loses every digit); a division by sqrt(a row statistic) (norms) gets
 rows far below eps and constant rows ("tiny": a forgotten eps, a wrong axis); every sum or
 max reduction gets a NaN, +inf or -inf in most rows ("nonfinite": nanmax, fmax); a float16
-or bfloat16 sum gets large terms that cancel ("cancel": a float16 accumulator overflows).
+or bfloat16 sum gets large terms that cancel ("cancel": a float16 accumulator overflows); an
+input reaching erfc through a negative scale (gelu) gets Phi's far tail ("tail": the textbook
+x/2 (1 + erf(x / sqrt 2)) is 0 there, the reference x/2 erfc(-x / sqrt 2) is not).
 Every kernel also gets rows of length 1, every size moved to the next prime (64 -> 67) and a
 single element, derived from its first small case. An "offset" case allows the error a correct
 float32 algorithm shows on such rows (``Case.floor``, 16 * 2**-24 * 1e4 = 1e-2), which the

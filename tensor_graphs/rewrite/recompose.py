@@ -32,7 +32,7 @@ from tensor_graphs.ir.algebra import ASSOCIATIVE_COMMUTATIVE, build_chain, chain
 from tensor_graphs.ir.graph import _as_list, nodes, use_counts
 from tensor_graphs.ir.node import ConstValue, Node, expand_composite
 from tensor_graphs.ir.ops import OPS
-from tensor_graphs.ir.ops.names import CONSTANT, DIM
+from tensor_graphs.ir.ops.names import CONSTANT, DIM, ERFC, MUL
 from tensor_graphs.rewrite import pattern as pat
 from tensor_graphs.rewrite.canonical import digests
 from tensor_graphs.rewrite.simplify import pm_simplify
@@ -53,7 +53,31 @@ pm_powers = pat.RuleTable("powers", [
     pat.rule(pat.pow(_x, pat.var("e", where=lambda e: _small_power(e, 3))),
              lambda x, e: tg.mul(tg.mul(x, x), x), "pow3"),
 ])
-NORMAL_RULES = pm_powers + pm_simplify
+
+
+def _negated(u: Node) -> Node:
+    """-u, a scaling constant's sign flipped when u = y * c: the spelling gelu's definition
+    uses (erfc(x * -1/sqrt 2)), so a hand-written x / sqrt 2 meets it."""
+    if u.op.name == MUL:
+        for k in (0, 1):
+            c = u.inputs[k]
+            if c.op.name == CONSTANT and c.dtype.is_float:
+                return tg.mul(u.inputs[1 - k], tg.constant(-c.attrs["value"].array, c.dtype))
+    return tg.neg(u)
+
+
+def _unit(e: Node) -> bool:
+    return pat.constant_equals(e, 1.0) and e.attrs["value"].array.size == 1
+
+
+_u = pat.var("u")
+pm_complement = pat.RuleTable("complement", [
+    # 1 + erf(u) -> erfc(-u): the same function; gelu is defined with the erfc, which keeps
+    # the tail that 1 + erf cancels away, and a model's 0.5 x (1 + erf(x / sqrt 2)) is gelu
+    pat.rule(pat.erf(_u) + pat.var("one", where=_unit),
+             lambda u, one: tg._make(ERFC, (_negated(u),)), "erf_complement"),
+])
+NORMAL_RULES = pm_powers + pm_complement + pm_simplify
 
 
 def _rounded(node: Node) -> Node:

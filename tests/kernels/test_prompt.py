@@ -35,7 +35,7 @@ def test_prompt_lists_attributes_and_optional_inputs():
 def test_prompt_for_a_fused_expression():
     text = tg.kernels.prompt("gelu(x @ w + b)")
     assert "@tg.kernel(lambda x, w, b: tg.gelu(x @ w + b), backend='numpy'" in text
-    assert "= matmul(%0, %1)" in text and "= erf(" in text
+    assert "= matmul(%0, %1)" in text and "= erfc(" in text
     assert "x (7, 5) float32; w (5, 33) float32; b (33,) float32" in text
 
 

@@ -137,7 +137,8 @@ for _name, (_fn, _kinds, _doc) in BINARY.items():
 # What no short exact combination of the ops above gives: log(1 + x) is 0 for float32
 # x = 1e-10, a - trunc(a / b) * b rounds twice, and bits have no arithmetic form for and. Kept
 # out of UNARY/BINARY (ELEMENTWISE): C and Triton fusion render only the ops they know; the
-# numpy and C kernels compute these. Floats are computed in float64 and rounded once.
+# numpy and C kernels compute these (erfc, which gelu decomposes to, is rendered too: see
+# ir/algebra.py). Floats are computed in float64 and rounded once.
 def _f64(fn):
     def ref(*xs):
         with np.errstate(all="ignore"):

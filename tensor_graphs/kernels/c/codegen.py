@@ -5,7 +5,7 @@
     y = k(*arrays)                         # one array per region.inputs, numpy broadcasting
 
 A *region* is the largest set of elementwise atomic ops (neg exp log sqrt reciprocal sin erf
-add mul maximum pow equal less where cast) reachable from the root through inputs, stopping at
+erfc add mul maximum pow equal less where cast) reachable from the root through inputs, stopping at
 leaves, at non-elementwise ops (matmul, reductions, movement) and at nodes of a dtype the
 generator has no C type for (float16, bfloat16: not generated). What it stops at becomes a
 kernel input, except 0-d constants (Python scalars in the graph), which are inlined as C
@@ -20,7 +20,7 @@ every operand. The loop runs over tiles of at most TILE elements of the innermos
 setting, or the calling thread alone while the cores are oversubscribed); an input whose
 innermost stride is not 1 (broadcast or strided) is first gathered into a per-tile buffer, so
 the loop body reads unit-stride arrays and vectorises. Each op is one C statement on locals;
-the output is written once, contiguous. On x86-64 with GCC and glibc, exp/log/sin/erf/pow are
+the output is written once, contiguous. On x86-64 with GCC and glibc, exp/log/sin/erf/erfc/pow are
 declared ``simd`` so the loop calls libmvec's vector versions (what math.h does only under
 -ffast-math; NaN and inf stay IEEE, accuracy a few ULP, measured by the checks).
 
@@ -89,6 +89,7 @@ from tensor_graphs.ir.ops.names import (
     CONSTANT,
     EQUAL,
     ERF,
+    ERFC,
     EXP,
     LESS,
     LOG,
@@ -106,7 +107,7 @@ from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
 
-TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, POW})  # glibc may differ by ULPs
+TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, ERFC, POW})  # glibc may differ by ULPs
 
 # dtype -> (C type, unsigned C type of the same width for wrap-around arithmetic)
 C_TYPES: dict[str, tuple[str, str]] = {
@@ -278,13 +279,14 @@ def c_literal(value, d: DType) -> str:
     return f"(({ct}){v}{'LL' if d.name == 'int64' else ''})"
 
 
-_UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf"}  # op: C function
+_UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf", ERFC: "erfc"}
 
 # ---------------------------------------------------------------------------- vector math
 VECTOR_MATH = True  # use glibc's libmvec (SIMD exp/log/sin/erf/pow) where it links and loads
+_VECTOR_BASES = ("exp", "log", "sin", "erf", "erfc", "pow")
 _VECTOR_CANDIDATES = {  # C name: (base function, C type, arity)
-    **{b + "f": (b, "float", 1 + (b == "pow")) for b in ("exp", "log", "sin", "erf", "pow")},
-    **{b: (b, "double", 1 + (b == "pow")) for b in ("exp", "log", "sin", "erf", "pow")}}
+    **{b + "f": (b, "float", 1 + (b == "pow")) for b in _VECTOR_BASES},
+    **{b: (b, "double", 1 + (b == "pow")) for b in _VECTOR_BASES}}
 _vector_found: frozenset[str] | None = None
 
 
@@ -341,7 +343,8 @@ def _probe_vector(fn: str) -> bool:
     wide = a.astype(np.float64)
     with np.errstate(all="ignore"):
         ref = {"exp": np.exp, "log": np.log, "sin": np.sin, "pow": lambda v: np.power(v, v),
-               "erf": np.vectorize(math.erf, otypes=[np.float64])}[base](wide)
+               "erf": np.vectorize(math.erf, otypes=[np.float64]),
+               "erfc": np.vectorize(math.erfc, otypes=[np.float64])}[base](wide)
         close = np.isclose(o.astype(np.float64), ref, rtol=1e-5, equal_nan=True)
     return bool(close.all())
 
@@ -844,7 +847,7 @@ ROUNDING_ULPS = {  # op: its float result's own rounding error, in ulps of that 
 
 
 def _erf_moved(v, e, r):
-    """erf is 2/sqrt(pi)·exp(-t²)-Lipschitz on [|a| - e, |a| + e]."""
+    """erf (and erfc, its complement) is 2/sqrt(pi)·exp(-t²)-Lipschitz on [|a| - e, |a| + e]."""
     near = np.maximum(np.abs(v[0]) - e[0], 0.0)
     return 2.0 / math.sqrt(math.pi) * np.exp(-near * near) * e[0]
 
@@ -896,6 +899,7 @@ _MOVED = {  # op: (node, operand values, their error bounds, exact result) -> th
         np.abs(v[0]) > e[0], e[0] / (np.abs(v[0]) * (np.abs(v[0]) - e[0])), np.inf),
     SIN: lambda n, v, e, r: np.minimum(np.abs(np.cos(v[0])) * e[0] + e[0] ** 2 / 2, 2.0),
     ERF: lambda n, v, e, r: _erf_moved(v, e, r),
+    ERFC: lambda n, v, e, r: _erf_moved(v, e, r),
     ADD: lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else e[0] + e[1],  # or: 0/1
     MUL: lambda n, v, e, r: np.maximum(*e) if n.dtype.is_bool else (
         np.abs(v[0]) * e[1] + np.abs(v[1]) * e[0] + e[0] * e[1]),  # exact for intervals

@@ -83,19 +83,19 @@ int64_t tg_q8_packed_dim(const int8_t *packed, int which) {
     return which == 0 ? h[1] : h[2];
 }
 
-/* GELU below x = -5 as the graph's decomposition computes it in float64 ((x / 2)(1 + erf(x /
- * sqrt 2)), or tanh's formula): exactly 0 from x ~ -8.3 (-6.9 for tanh), where the float32
- * approximations keep the true tail (1e-16 .. 1e-39), so a one-element verification case
- * there compared a tiny value with 0 (relative error inf) */
-static float q_gelu_tail(float x, int act) {
+/* tanh-GELU below x = -5 as the graph's decomposition computes it in float64, (x / 2)(1 +
+ * tanh(..)): exactly 0 from x ~ -6.9, where tg_gelu_tanh keeps the true tail (1e-16 ..
+ * 1e-39), so a one-element verification case there compared a tiny value with 0 (relative
+ * error inf). The erf form needs no such case: its reference is x/2 erfc(-x / sqrt 2), whose
+ * tail tg_gelu_erf keeps. */
+static float q_gelu_tanh_tail(float x) {
     double d = x;
-    if (act == ACT_GELU) return (float)((d * 0.5) * (erf(d * 0.7071067811865475) + 1.0));
     return (float)((d * 0.5) * (tanh((d + d * d * d * 0.044715) * 0.7978845608028654) + 1.0));
 }
 
 TG_INLINE float q_act(float x, int act) {
     if (act == ACT_RELU) return tg_reluf(x);
-    if ((act == ACT_GELU || act == ACT_GELU_TANH) && x < -5.0f) return q_gelu_tail(x, act);
+    if (act == ACT_GELU_TANH && x < -5.0f) return q_gelu_tanh_tail(x);
     if (act == ACT_GELU) return tg_gelu_erf(x);
     if (act == ACT_GELU_TANH) return tg_gelu_tanh(x);
     return x;

@@ -207,15 +207,14 @@ PANEL(panel_256, __attribute__((target("avx2,fma,f16c"))), __m256, 8, _mm256_set
 
 TG_INLINE float l_act(float x, int act) {
     if (act == LACT_RELU) return tg_reluf(x);
-    if (act == LACT_GELU || act == LACT_GELU_TANH) {
-        if (x < -5.0f) {  /* the graph's float64 tail: exactly 0 far out (see quant.c) */
+    if (act == LACT_GELU) return tg_gelu_erf(x);
+    if (act == LACT_GELU_TANH) {
+        if (x < -5.0f) {  /* the graph's float64 tanh tail: exactly 0 far out (see quant.c) */
             double d = x;
-            if (act == LACT_GELU)
-                return (float)((d * 0.5) * (erf(d * 0.7071067811865475) + 1.0));
             return (float)((d * 0.5) *
                            (tanh((d + d * d * d * 0.044715) * 0.7978845608028654) + 1.0));
         }
-        return act == LACT_GELU ? tg_gelu_erf(x) : tg_gelu_tanh(x);
+        return tg_gelu_tanh(x);
     }
     return x;
 }

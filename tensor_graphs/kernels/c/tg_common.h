@@ -292,7 +292,7 @@ TG_INLINE float tg_exp_nonpos(float x) {
  * rounding into f (fmaf(a, a, -a^2), c's low part) would give 5e-7 everywhere for 3 more
  * operations (+15%).
  * a is clamped at 13.25 (then n = -127: 2^n's bits are 0, q = 0), so +inf -> inf,
- * -inf -> NaN (-inf * 0, as the float64 reference 0.5 x (1 + erf)), NaN -> NaN. */
+ * -inf -> NaN (-inf * 0, as the float64 reference x/2 erfc(-x / sqrt 2)), NaN -> NaN. */
 TG_INLINE float tg_gelu_erf(float x) {
     const float c = 0.72134752f, shifter = 12582912.0f; /* 1.5 * 2^23 */
     float a = fabsf(x);

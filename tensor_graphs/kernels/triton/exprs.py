@@ -14,9 +14,11 @@ Semantics follow numpy as ``kernels/c/codegen.py``'s C does:
 - ``sqrt`` and ``reciprocal`` are IEEE (``tl.sqrt_rn``, ``tl.div_rn``), never the GPU's
   approximate instructions; no fused multiply-add (kernels launch with
   ``enable_fp_fusion=False``, as the C kernels compile with ``-ffp-contract=off``);
-- exp/log/sin/erf are libdevice's on a GPU (expf within 2 ulp; ``tl.exp`` is ``ex2.approx``
-  after a rounded multiply, several ulp off for large arguments) and numpy's in the
-  interpreter, which cannot call libdevice: the generated module picks at import;
+- exp/log/sin/erf/erfc are libdevice's on a GPU (expf within 2 ulp; ``tl.exp`` is
+  ``ex2.approx`` after a rounded multiply, several ulp off for large arguments) and numpy's in
+  the interpreter, which cannot call libdevice: the generated module picks at import (the
+  interpreter has no erfc: there it is 1 - erf below |x| = 2.5 and erfc's continued fraction
+  above (numpy_erf's), not 1 - erf, which loses gelu's tail);
 - ``pow`` only with an inlined exponent of 0.5, -1, 1, 2, 3 or 4 (numpy's sqrt, reciprocal and
   square for 0.5, -1, 2; products within an ulp otherwise): a general float pow is libdevice's
   alone, which the interpreter cannot check, and an integer pow's negative exponents raise;
@@ -40,6 +42,7 @@ from tensor_graphs.ir.ops.names import (
     CONSTANT,
     EQUAL,
     ERF,
+    ERFC,
     EXP,
     LESS,
     LOG,
@@ -64,7 +67,7 @@ TYPES: dict[str, tuple[str, str, str]] = {
     "float64": ("tl.float64", "tl.float64", "*fp64"),
 }
 HALF = frozenset({"float16", "bfloat16"})  # computed in float32, rounded after every op
-TRANSCENDENTAL = (EXP, LOG, SIN, ERF)  # libdevice on a GPU, numpy in the interpreter
+TRANSCENDENTAL = (EXP, LOG, SIN, ERF, ERFC)  # libdevice on a GPU, numpy in the interpreter
 POW_EXPONENTS = (0.5, -1.0, 1.0, 2.0, 3.0, 4.0)  # inlined exponents rendered (see above)
 
 
@@ -264,7 +267,25 @@ else:
     @triton.jit
     def _{op}(x):
         return libdevice.{op}(x)
-""" for op in TRANSCENDENTAL},
+""" for op in TRANSCENDENTAL if op != ERFC},
+    "_erfc": """if INTERPRET:
+    @triton.jit
+    def _erfc(x):
+        # no erfc in the interpreter: 1 - erf(x) where |x| < 2.5 (erfc > 4e-4: 3 digits lost at
+        # most), else exp(-x^2) / sqrt(pi) / F with F erfc's continued fraction (80 terms,
+        # backward), and 2 minus that for x < 0
+        a = tl.abs(x)
+        b = tl.maximum(tl.minimum(a, 30.0), 2.5)  # erfc(30) underflows; NaN stays NaN
+        f = b
+        for k in tl.static_range(80, 0, -1):
+            f = b + (k * 0.5) / f
+        tail = tl.exp(-b * b) * 0.5641895835477563 / f
+        return tl.where(a < 2.5, 1.0 - tl.erf(x), tl.where(x < 0, 2.0 - tail, tail))
+else:
+    @triton.jit
+    def _erfc(x):
+        return libdevice.erfc(x)
+""",
 }
 
 
