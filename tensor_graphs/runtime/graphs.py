@@ -530,9 +530,11 @@ class Graphs:
 # serves every value up to it: shapes are the bucket's (the cache viewed at the bucket's length
 # in its buffer, an iota of the bucket's length), while every value-level use of the dim reads
 # the call's own value from the GPU: the program's dim leaves (``size(past)``: positions, the
-# causal mask's row) are refreshed in their captured tensors before each replay, and a kept
-# state's append writes at an offset computed on the GPU from a small tensor of the dims
-# (``Padded.dimvals``) instead of its host attribute. The keys between the call's length and
+# causal mask's row) and each kept state's append rows (``device_append``: ``index_copy_`` at
+# rows the GPU holds, instead of the host's offset attribute) are written before each replay
+# into one small GPU buffer (``DimsFeed``: one copy, from functions of the dims compiled at the
+# capture, so a replay does the exact graph's host work plus that copy: no sympy, no views
+# made again, no arithmetic kernels in the graph). The keys between the call's length and
 # the bucket's are masked by the graph itself (``tg.nn``'s attention masks keys past
 # ``past``, built from those device values), so the results are the call's; a kept state's
 # new version and every result that leaves are narrowed to the call's shapes (a prefix of the
@@ -570,6 +572,12 @@ class Padding:
             out[k] = bucket(int(v), int(bounds[str(k)]), mode) if str(k) in self.symbols \
                 else int(v)
         return out
+
+    def key(self, named: Mapping[str, int], bounds: Mapping, mode: str = PADDING) -> tuple:
+        """The graph key of the dims by name (``_key`` of ``dims(...)``), each dim's name
+        made once per call: a sympy symbol's ``str`` runs its printer."""
+        return ("padded", *sorted((k, bucket(v, int(bounds[k]), mode) if k in self.symbols
+                                   else v) for k, v in named.items()))
 
 
 def _symbols_in(value) -> set[str]:
@@ -643,25 +651,123 @@ def padding_rules(instructions: Sequence, leaves: Sequence, split: Split,
     return Padding(symbols, appends)
 
 
-def device_append(dimvals, const: int, terms: tuple[tuple[int, int], ...]) -> Callable:
+def device_append(index) -> Callable:
     """``state_update`` for a padded graph: the state is the cache at the bucket's length,
-    the new rows go at the offset the GPU holds (``const + sum(c * dimvals[i])``), and the
-    result is the cache at the bucket's length plus the new rows, a view of the buffer (the
-    host's ``offset`` attribute, the bucket's, is not read)."""
-    import torch
+    the new rows go at the rows ``index`` holds on the GPU (the call's offset and the rows
+    after it, written by ``DimsFeed`` before each replay), and the result is the cache at the
+    bucket's length plus the new rows, a view of the buffer (the host's ``offset`` attribute,
+    the bucket's, is not read). The index is computed on the host: arithmetic on the GPU
+    would add a handful of one-element kernels per append to every replay (24 appends in
+    GPT-2: ~150 launches), each one costing a launch's time inside the graph."""
 
     def append(state, value, *, axis: int, offset=None, out=None):
         shape = list(state.shape)
         shape[axis] += value.shape[axis]
-        longer = torch.as_strided(state, tuple(shape), state.stride(), state.storage_offset())
-        start = dimvals[0] * 0 + const
-        for i, c in terms:
-            start = start + dimvals[i] * c
-        index = start + torch.arange(value.shape[axis], device=state.device)
+        longer = state.as_strided(tuple(shape), state.stride(), state.storage_offset())
         longer.index_copy_(axis, index, value)
         return longer
 
     return append
+
+
+def _evaluator(value) -> Callable[[Mapping[str, int]], object]:
+    """``value`` (a dim expression, or a flat tuple of them: a shape) as a function of the
+    dims by name, compiled once (sympy.lambdify) at a capture: a replay then resolves no
+    sympy expression (``shapes.resolve`` costs ~20 us a shape, and a padded replay resolved
+    ~50 of them per token)."""
+    import sympy
+
+    from tensor_graphs.ir.shapes import free_symbols, resolve
+
+    symbols = sorted(free_symbols(value), key=str)
+    names = tuple(str(s) for s in symbols)
+    if not symbols:
+        return lambda named: value
+    if isinstance(value, tuple) and any(isinstance(v, tuple) for v in value):
+        return lambda named: resolve(value, {s: named[n] for s, n in zip(symbols, names)})
+    if isinstance(value, tuple):
+        fn = sympy.lambdify(symbols, list(value), "math")
+        return lambda named: tuple(int(v) for v in fn(*[named[n] for n in names]))
+    fn = sympy.lambdify(symbols, value, "math")
+    return lambda named: int(fn(*[named[n] for n in names]))
+
+
+def _rows_at(symbols: Sequence[str], const: int, terms: tuple[tuple[int, int], ...],
+             rows: int) -> Callable[[Mapping[str, int]], np.ndarray]:
+    """The rows an append writes, as a function of the dims by name: its offset (``const +
+    sum(c * dim)``, ``padding_rules``) and the ``rows - 1`` after it."""
+    base = np.arange(rows, dtype=np.int64)
+
+    def rows_at(named: Mapping[str, int]) -> np.ndarray:
+        start = const
+        for k, c in terms:
+            start += c * named[symbols[k]]
+        return base + start
+
+    return rows_at
+
+
+class DimsFeed:
+    """What a padded graph reads of the call's dims on the GPU, in one buffer: each slot a
+    dim leaf (``size(past)``: positions, the mask's row) or an append's row index, at an
+    8-byte aligned offset. ``write`` fills a host copy of it from the dims (compiled
+    functions, no sympy) and moves it in one host->GPU copy per replay, where refreshing
+    each tensor apart cost a synchronous copy each (pageable host memory: torch waits for
+    the copy) and a sympy substitution each. On a real GPU the host copy is pinned and the
+    move asynchronous; an event recorded after it is waited on before the host copy is
+    written again (the GPU may still be reading it when the host runs ahead)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.slots: list[tuple[int, np.dtype, tuple, Callable]] = []  # offset, dtype, shape, fn
+        self.size = 0
+        self.host = self.gpu = self.done = None
+        self._fill: list[tuple[np.ndarray, Callable]] = []
+
+    def add(self, fn: Callable[[Mapping[str, int]], object], dtype, shape: tuple) -> int:
+        """A slot for ``fn(named dims)`` (an array of ``shape`` in ``dtype``): its number."""
+        dtype = np.dtype(dtype)
+        offset = -(-self.size // 8) * 8
+        self.size = offset + max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+        self.slots.append((offset, dtype, tuple(shape), fn))
+        return len(self.slots) - 1
+
+    def allocate(self) -> None:
+        import torch
+
+        real = simulated_cuda() is None
+        size = -(-self.size // 8) * 8 or 8
+        self.host = torch.zeros(size, dtype=torch.uint8, pin_memory=real)
+        self.gpu = torch.zeros(size, dtype=torch.uint8, device=torch_device(self.device))
+        raw = self.host.numpy()
+        self._fill = []
+        for offset, dtype, shape, fn in self.slots:
+            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self._fill.append((raw[offset:offset + n].view(dtype).reshape(shape), fn))
+
+    def view(self, slot: int):
+        """Slot ``slot`` of the GPU buffer, the tensor a graph reads (its address is fixed)."""
+        from tensor_graphs.kernels.torch import convert
+
+        offset, dtype, shape, _ = self.slots[slot]
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self.gpu[offset:offset + n].view(convert.torch_dtype(dtype)).reshape(shape)
+
+    def write(self, named: Mapping[str, int]) -> None:
+        """The call's dims into the GPU buffer: one copy."""
+        if self.done is not None:
+            self.done.synchronize()  # the last copy has read the host buffer
+        for part, fn in self._fill:
+            part[...] = fn(named)
+        if simulated_cuda() is not None:
+            self.gpu.copy_(self.host)
+            return
+        import torch
+
+        self.gpu.copy_(self.host, non_blocking=True)
+        if self.done is None:
+            self.done = torch.cuda.Event()
+        self.done.record(torch.cuda.current_stream(self.gpu.device))
 
 
 def widen(value, shape: tuple):
@@ -734,33 +840,37 @@ GPU_LOOP = "python loop: the program has GPU steps"
 
 @dataclass
 class PaddedCapture(Captured):
-    """A padded graph: ``Captured`` plus what a replay refreshes (the dims on the GPU, the
-    dim leaves it captured) and how it reads results back at the call's shapes."""
+    """A padded graph: ``Captured`` plus what a replay refreshes (the call's dims on the GPU,
+    in one copy) and how it reads results back at the call's shapes. What a replay needs of
+    the dims is compiled at its capture: no sympy per token, the kept states' padded views
+    kept (not made again), the result shapes from compiled functions."""
 
-    dimvals: object = None  # int64 tensor of the padded dims' values (the appends' offsets)
-    symbols: tuple = ()  # their names, in dimvals' order
-    dim_leaves: tuple = ()  # (value index, expression, numpy dtype) of the held dim leaves
-    shapes: dict = field(default_factory=dict)  # leaving value -> its symbolic shape
+    feed: DimsFeed | None = None  # the dim leaves and append indices the graph reads
+    wide: tuple = ()  # (value index, padded view, data_ptr, strides) per kept state
+    narrowing: tuple = ()  # (shape's evaluator, ((value index, padded result, strides,
+    #                         storage offset), ...)): results that leave, by symbolic shape
     steps: int = 0
 
-    def refresh(self, values: list, dims: Mapping) -> None:
-        """The call's dims into the tensors the graph reads them from."""
-        import torch
+    def adopt(self, values: list) -> bool:
+        """The kept states' prefixes (``values``, the call's) swapped for the padded views of
+        the same buffers the graph captured; False where one moved (a rebound state in a new
+        buffer: the captured view holds the old one, so an equal address is the same)."""
+        for i, wide, ptr, strides in self.wide:
+            v = values[i]
+            if v.data_ptr() != ptr or v.stride() != strides:
+                return False
+            values[i] = wide
+        return True
 
-        from tensor_graphs.ir.shapes import resolve
-
-        named = {str(k): int(v) for k, v in dims.items()}
-        self.dimvals.copy_(torch.tensor([named[s] for s in self.symbols], dtype=torch.int64))
-        for i, expr, dtype in self.dim_leaves:
-            held = self.held[i]
-            held.copy_(torch.as_tensor(np.asarray(resolve(expr, dims), dtype=dtype)))
-            values[i] = held
-
-    def narrowed(self, values: list, dims: Mapping) -> None:
-        from tensor_graphs.ir.shapes import resolve
-
+    def narrowed(self, values: list, named: Mapping[str, int]) -> None:
+        """The results that leave, at the call's shapes: each a leading part of its padded
+        layout, the shapes evaluated once per symbolic shape (a model's layers share them)."""
         for i, v in self.live.items():
-            values[i] = narrow(v, tuple(resolve(tuple(self.shapes[i]), dims)))
+            values[i] = v
+        for shape_of, group in self.narrowing:
+            shape = shape_of(named)
+            for i, v, strides, offset in group:
+                values[i] = v.as_strided(shape, strides, offset)
 
 
 def _key(dims: Mapping) -> tuple:
@@ -802,13 +912,15 @@ def run_padded(exe, arrays: Mapping, dims: Mapping):
     pad = graphs._padding
     if isinstance(pad, str):
         return NOT_PADDED
-    gdims = pad.dims(dims, bounds, graphs.padding)
-    key = _key(gdims)
+    named = {str(k): int(v) for k, v in dims.items()}
+    key = pad.key(named, bounds, graphs.padding)
+    gdims = None  # the padded dims with the call's keys, made where no graph replays
     entry = graphs.get(key)
     if isinstance(entry, str):
         exe.native.last = entry
         return None
     if entry is None:
+        gdims = pad.dims(dims, bounds, graphs.padding)
         try:
             exe.bound(gdims)  # the kernels' constraints at the bucket
         except Exception:  # noqa: BLE001 - a kernel chosen at the bounds refuses the bucket
@@ -818,30 +930,28 @@ def run_padded(exe, arrays: Mapping, dims: Mapping):
                                f"{dict(key[1:])}: the next one captures a CUDA graph)")
             return None
     values, feeds = exe._load(arrays, dims, True, entry.held if entry else None)
+    if entry is not None and entry.adopt(values):  # a replay
+        exe.native.last = entry.message
+        entry.feed.write(named)
+        entry.prefix.run(values, feeds=feeds, stage=True)
+        entry.graph.replay()
+        entry.narrowed(values, named)
+        entry.suffix.run(values)
+        return [values[i] for i in exe.outputs]
+    if entry is not None:  # a state moved to a new buffer: captured again
+        values, feeds = exe._load(arrays, dims, True)
+        gdims = pad.dims(dims, bounds, graphs.padding)
     if not _widened(exe, values, split.states, gdims):
         return NOT_PADDED
-    if entry is not None and not entry.fits(values):  # a state moved to a new buffer
-        values, feeds = exe._load(arrays, dims, True)
-        _widened(exe, values, split.states, gdims)
-        entry = None
-    if entry is None:
-        try:
-            entry, results = _capture_padded(exe, split, pad, dims, gdims, arrays, values,
-                                             feeds)
-        except Refused as exc:
-            graphs._padding = f"padding refused: {exc}"
-            graphs.entries.pop(key, None)
-            exe.native.last = f"{GPU_LOOP} and no padded CUDA graph: {exc}"
-            return None  # (the Python loop runs the call again from its leaves)
-        graphs.put(key, entry)
-        return results
-    exe.native.last = entry.message
-    entry.refresh(values, dims)
-    entry.prefix.run(values, feeds=feeds, stage=True)
-    entry.graph.replay()
-    entry.narrowed(values, dims)
-    entry.suffix.run(values)
-    return [values[i] for i in exe.outputs]
+    try:
+        entry, results = _capture_padded(exe, split, pad, dims, gdims, arrays, values, feeds)
+    except Refused as exc:
+        graphs._padding = f"padding refused: {exc}"
+        graphs.entries.pop(key, None)
+        exe.native.last = f"{GPU_LOOP} and no padded CUDA graph: {exc}"
+        return None  # (the Python loop runs the call again from its leaves)
+    graphs.put(key, entry)
+    return results
 
 
 def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mapping,
@@ -850,8 +960,6 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
     length: the same results), then capture the padded region. Returns the entry and the
     call's results (the warm-up's)."""
     import dataclasses
-
-    import torch
 
     from tensor_graphs.ir.ops.names import DIM
     from tensor_graphs.ir.shapes import resolve
@@ -876,16 +984,33 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
             more[axes[0]] += 1
             room = widen(values[i], tuple(more))
             noise(room if room is not None else values[i], axes[0], real[axes[0]])
-    # the padded warm-up
+    # the padded warm-up, reading the dims it needs on the GPU from one buffer
     _, region, _ = exe._parts(split, gdims)
-    dimvals = torch.tensor([int({str(k): v for k, v in dims.items()}[s])
-                            for s in pad.symbols], dtype=torch.int64,
-                           device=torch_device(device))
-    swapped = [dataclasses.replace(ins, fn=device_append(dimvals, *pad.appends[pos]))
-               if pos in pad.appends else ins for pos, ins in enumerate(region.instructions)]
+    named = {str(k): int(v) for k, v in dims.items()}
+    feed = DimsFeed(device)
+    dim_slots = {i: feed.add(_evaluator(nodes[i].attrs["expr"]), nodes[i].dtype.np_dtype,
+                             tuple(values[i].shape))
+                 for i in split.held if nodes[i].op.name == DIM}
+    index_slots: dict[tuple, int] = {}  # (const, terms, rows) -> slot: appends share one
+    appends = {}
+    for pos, (const, terms) in pad.appends.items():
+        ins = region.instructions[pos]
+        rows = resolve(tuple(ins.input_shapes[1]), gdims)[int(region.attrs[pos]["axis"])]
+        slot = (const, terms, rows)
+        if slot not in index_slots:
+            index_slots[slot] = feed.add(_rows_at(pad.symbols, const, terms, rows), np.int64,
+                                         (rows,))
+        appends[pos] = index_slots[slot]
+    feed.allocate()
+    for i, slot in dim_slots.items():
+        values[i] = feed.view(slot)
+    feed.write(named)
+    swapped = [dataclasses.replace(ins, fn=device_append(feed.view(appends[pos])))
+               if pos in appends else ins for pos, ins in enumerate(region.instructions)]
     region = region._replace(instructions=swapped)
     held = {i: values[i] for i in split.held}
     marks = state_marks(values, split.states)
+    wide = tuple((i, values[i], values[i].data_ptr(), values[i].stride()) for i in split.states)
     prefix.run(values, feeds=feeds, stage=True)
     reads = {a for ins in region.instructions for a in ins.args}
     staged = [v if i in reads else None for i, v in enumerate(values)]
@@ -906,12 +1031,16 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
         name = next(ins.name for ins in region.instructions if ins.out == moved)
         raise Refused(f"{name}'s result leaves the graph in memory allocated inside it")
     live = {i: values[i] for i in split.live}
-    shapes = {exe.instructions[n].out: exe.instructions[n].shape for n in split.region}
-    entry = PaddedCapture(None, live, held, marks, "", prefix, suffix, dimvals,
-                          pad.symbols, tuple((i, nodes[i].attrs["expr"], nodes[i].dtype.np_dtype)
-                                             for i in held if nodes[i].op.name == DIM),
-                          {i: shapes[i] for i in live}, len(region.instructions))
-    entry.narrowed(values, dims)
+    shapes = {exe.instructions[n].out: tuple(exe.instructions[n].shape) for n in split.region}
+    narrowing: dict[tuple, list] = {}
+    for i, v in live.items():
+        if hasattr(v, "as_strided") and _symbols_in(shapes[i]):
+            narrowing.setdefault(shapes[i], []).append((i, v, v.stride(), v.storage_offset()))
+    entry = PaddedCapture(None, live, held, marks, "", prefix, suffix, feed, wide,
+                          tuple((_evaluator(shape), tuple(group))
+                                for shape, group in narrowing.items()),
+                          len(region.instructions))
+    entry.narrowed(values, named)
     suffix.run(values)
     got = [values[i] for i in exe.outputs]
     why = compare(got, want)

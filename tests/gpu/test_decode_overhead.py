@@ -1,0 +1,169 @@
+"""Host work per decode token when a CUDA graph replays (issue 20): on an H100 a padded
+replay (one graph per power-of-two bucket of the cache length, ``graphs.run_padded``) cost
+~1.4 ms a token more than a replay of the graph captured at the exact length, far more than
+its attention over masked keys. The padded path refreshed the dims with a synchronous
+host->GPU copy per tensor, resolved ~50 sympy shapes per token (the kept states' padded
+views made again, every result narrowed), and its appends computed their offsets with
+~6 one-element kernels each inside the graph. Here both replays are counted on the host:
+Python and C calls, the torch calls that move memory between the host and the GPU or wait
+for it, and calls into sympy, the graph's own replay excluded (the kernels' work).
+
+Runs on a real GPU as it is, and in CI on the simulated one (see conftest)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from tensor_graphs.db import Database
+from tensor_graphs.runtime import graphs
+
+# C functions that move memory between the host and the GPU, or wait for the GPU: a replay
+# may do the exact graph's (the token in, the logits out) and, padded, one copy of the dims
+MOVES = frozenset({"copy_", "to", "cpu", "cuda", "item", "tolist", "numpy", "tensor",
+                   "as_tensor", "_cuda_synchronize"})
+
+
+@pytest.fixture
+def slow_host(tmp_path) -> str:
+    """A database whose host computes at 1 Mflop/s: the decode step's work is planned on the
+    GPU (as GPT-2's is on a real one)."""
+    path = tmp_path / "slow-host.sqlite"
+    with Database(path) as db:
+        db.set_calibration(None, {"flops": 1e6, "bytes": 1e6})
+    return str(path)
+
+
+@dataclass
+class Work:
+    """One token's host work."""
+
+    calls: int = 0  # Python and C function calls
+    moves: int = 0  # calls in MOVES
+    sympy: int = 0  # Python calls into sympy (a symbol hashed or named, a shape resolved)
+
+
+def _replayed_tokens(gen, prompt: np.ndarray, tokens: int, monkeypatch) -> list[Work]:
+    """Each decode token of one generation (``next`` on ``gen.stream``, as
+    benchmarks/gpu.py times it) that replayed a graph, with its host work."""
+    work = Work()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            work.calls += 1
+            work.sympy += "sympy" in frame.f_code.co_filename.split("/")
+        elif event == "c_call":
+            work.calls += 1
+            work.moves += getattr(arg, "__name__", "") in MOVES
+
+    def paused(replay):
+        def run(self):
+            sys.setprofile(None)
+            try:
+                replay(self)
+            finally:
+                sys.setprofile(profile)
+        return run
+
+    for cls in (graphs.SimulatedGraph, graphs.CudaGraph):
+        monkeypatch.setattr(cls, "replay", paused(cls.replay))
+    stream = gen.stream(prompt, tokens)
+    next(stream)  # the prefill's token
+    replayed = []
+    while True:
+        work = Work()
+        sys.setprofile(profile)
+        try:
+            next(stream)
+        except StopIteration:
+            break
+        finally:
+            sys.setprofile(None)
+        if gen.decode.loop.startswith("cuda graph: replayed"):
+            replayed.append(work)
+    monkeypatch.undo()
+    return replayed
+
+
+def _median(works: list[Work], what: str) -> float:
+    return statistics.median(getattr(w, what) for w in works)
+
+
+@pytest.mark.slow  # ~15 s on the simulated GPU: the first generations run the Triton interpreter
+def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypatch):
+    """Per replayed token, padded: no more sympy than the exact replay (which hashes and
+    names the dims: no shape resolved), at most one host<->GPU copy more (the dims, which an
+    exact graph holds), and the exact replay's host calls within 10% (the padded one narrows
+    its results to the call's shapes). Later generations' replays do no more than the
+    first's."""
+    from tensor_graphs.nn import Generator
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=211,
+                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
+                                      device="cuda")
+    exe = gen.decode._symbolic
+    prompt = np.random.default_rng(3).integers(0, 211, (1, 8))
+    tokens = 7  # 6 decode steps, past 8..13: one bucket (16)
+    first = _replayed_tokens(gen, prompt, tokens, monkeypatch)  # the loop, a capture, replays
+    padded = _replayed_tokens(gen, prompt, tokens, monkeypatch)
+    assert len(first) == 4 and len(padded) == 6, gen.decode.loop
+    assert gen.decode.loop.endswith("(padded: past <= 16)"), gen.decode.loop
+    exe.graphs.padding = None  # a graph per cache length: captured on the second generation
+    _replayed_tokens(gen, prompt, tokens, monkeypatch)
+    _replayed_tokens(gen, prompt, tokens, monkeypatch)
+    exact = _replayed_tokens(gen, prompt, tokens, monkeypatch)
+    assert len(exact) == 6 and "padded" not in gen.decode.loop, gen.decode.loop
+    assert _median(padded, "sympy") <= _median(exact, "sympy"), \
+        (_median(padded, "sympy"), _median(exact, "sympy"))
+    assert _median(padded, "moves") <= _median(exact, "moves") + 1, \
+        (_median(padded, "moves"), _median(exact, "moves"))
+    assert _median(padded, "calls") <= 1.1 * _median(exact, "calls"), \
+        (_median(padded, "calls"), _median(exact, "calls"))
+    # later generations do no more than the first (whose new dims also check the kernels'
+    # constraints once: ~15% more calls)
+    assert _median(padded, "calls") <= _median(first, "calls"), \
+        (_median(padded, "calls"), _median(first, "calls"))
+
+
+def test_a_padded_graph_appends_without_arithmetic_kernels():
+    """The append of a padded graph is one ``index_copy_`` at rows the host computed (the
+    offset's arithmetic on the GPU cost ~6 one-element kernels per append per replay)."""
+    feed = graphs.DimsFeed("cuda")
+    slot = feed.add(graphs._rows_at(("past",), 0, ((0, 1),), 2), np.int64, (2,))
+    feed.allocate()
+    cache = torch.zeros((1, 1, 8, 2))  # (a simulated GPU's tensors are the host's)
+    if not graphs.simulated_cuda():
+        cache = cache.cuda()
+    append = graphs.device_append(feed.view(slot))
+    value = torch.ones((1, 1, 2, 2), device=cache.device)
+
+    class Count(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    for past in (3, 5):
+        feed.write({"past": past})
+        state, rows = cache.narrow(2, 0, 6), value * past
+        with Count() as counted:
+            got = append(state, rows, axis=2)
+        calls = counted.calls
+        assert [c for c in calls if c not in ("stride", "storage_offset", "shape",
+                                              "__get__")] == ["as_strided", "index_copy_"], calls
+        assert tuple(got.shape) == (1, 1, 8, 2)
+    rows = cache[0, 0, :, 0].cpu().tolist()
+    assert rows == [0, 0, 0, 3, 3, 5, 5, 0], rows
