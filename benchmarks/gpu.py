@@ -17,7 +17,8 @@ interleaved (the order rotates per repeat), each between two ``torch.cuda.synchr
 medians with min-max spread, ratios ours/competitor (< 1: ours is faster). Decode: GPT-2 124M
 greedy tokens from ``tg.nn.Generator`` on the GPU against transformers' ``generate`` (ours
 also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
-length and replays the other steps; and with a graph per cache length, padding off), with the
+length and replays the other steps; and with a graph per cache length, padding off; each with
+the host's time from the call to its graph's launch, the rest being the GPU's), with the
 HBM floor (the decode program's weights read once per token at the device-to-device copy rate
 measured here). ``--only split`` times log-softmax over a 50257-wide row: the Triton row
 kernels (one program a row) and the split ones against torch. The table is appended to
@@ -244,16 +245,36 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
     lm = lm.to("cuda")
     gpu_prompt = prompt.to("cuda")
 
+    launches = []  # perf_counter at each graph replay's launch (runtime/graphs.py)
+
+    def noting(replay):
+        def run(self):
+            launches.append(time.perf_counter())
+            return replay(self)
+        return run
+
+    from tensor_graphs.runtime import graphs
+
+    replays = {cls: cls.replay for cls in (graphs.CudaGraph, graphs.SimulatedGraph)}
+    for cls, replay in replays.items():  # (given back after the timed rounds)
+        cls.replay = noting(replay)
+
     def ours_steps():
+        """Median ms per token (next() on the stream, as a user sees it), median host ms
+        from the call to the graph's launch (the replayed tokens), and the tokens."""
         stream = gen.stream(prompt.numpy(), tokens)
-        out, steps = [next(stream)], []
+        out, steps, host = [next(stream)], [], []
         while True:
+            launches.clear()
             t = time.perf_counter()
             try:
                 out.append(next(stream))
             except StopIteration:
-                return statistics.median(steps), [int(x[0]) for x in out]
+                return (statistics.median(steps), statistics.median(host or [float("nan")]),
+                        [int(x[0]) for x in out])
             steps.append((time.perf_counter() - t) * 1e3)
+            if launches:
+                host.append((launches[0] - t) * 1e3)
 
     def hf_steps():
         kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(gpu_prompt))
@@ -266,35 +287,47 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
         return (many - one) / (tokens - 1), out[0][0, prompt_len:].tolist()
 
     # graphs are padded to power-of-two buckets of the cache length (runtime/graphs.py): the
-    # first run captures one graph per bucket on its second step and replays the rest; the
-    # timed runs replay throughout
-    first, _ = ours_steps()
+    # first run captures one graph per bucket on its second step and replays the rest; with
+    # padding off (exe.graphs.padding = None) one graph per cache length, captured on the
+    # second run. The timed rounds run exact, padded and transformers in the same order each
+    # time (the first H100 run timed exact only after the padded rounds, not between
+    # transformers' runs as padded was)
+    exe = gen.decode._symbolic
+    first, first_host, _ = ours_steps()
     captures_first = gen.decode.stats["graph_captures"]
     ours_steps()
-    hf_steps()
-    mine, theirs, agree = [], [], True
-    for _ in range(5):
-        step, got = ours_steps()
-        mine.append(step)
-        step, ref = hf_steps()
-        theirs.append(step)
-        agree = agree and got == ref
-    # graphs per cache length (padding off): what padding costs in attention over masked keys
-    exe = gen.decode._symbolic
     exe.graphs.padding = None
     ours_steps()
     ours_steps()  # (captures one graph per length)
-    exact = statistics.median(ours_steps()[0] for _ in range(3))
     exe.graphs.padding = "pow2"
+    hf_steps()
+    mine, mine_host, exact, exact_host, theirs, agree = [], [], [], [], [], True
+    for _ in range(5):
+        exe.graphs.padding = None
+        step, host, same = ours_steps()
+        exe.graphs.padding = "pow2"
+        exact.append(step)
+        exact_host.append(host)
+        step, host, got = ours_steps()
+        mine.append(step)
+        mine_host.append(host)
+        step, ref = hf_steps()
+        theirs.append(step)
+        agree = agree and got == ref == same
+    for cls, replay in replays.items():
+        cls.replay = replay
     weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
         - lm.transformer.wpe.weight.numel() * 4  # a step reads one row of the positions
     floor = weights / device_bandwidth() * 1e3  # the copy's rate counts bytes read + written
     lines = [f"\n## gpt2-124m decode, fp32, prompt {prompt_len}, {tokens} tokens "
              f"(our build {setup:.1f} s; tokens {'equal' if agree else 'DIFFER'})",
-             f"  ours        {statistics.median(mine):8.3f} ms/token",
-             f"  ours, first {first:8.3f} ms/token ({captures_first} graphs captured: one "
-             "per power-of-two bucket of the cache length)",
-             f"  ours, exact {exact:8.3f} ms/token (a graph per cache length, no padding)",
+             f"  ours        {statistics.median(mine):8.3f} ms/token (host to the graph's "
+             f"launch {statistics.median(mine_host):.3f})",
+             f"  ours, first {first:8.3f} ms/token (host to launch {first_host:.3f}; "
+             f"{captures_first} graphs captured: one per power-of-two bucket of the cache "
+             "length)",
+             f"  ours, exact {statistics.median(exact):8.3f} ms/token (host to launch "
+             f"{statistics.median(exact_host):.3f}; a graph per cache length, no padding)",
              f"  hf generate {statistics.median(theirs):8.3f} ms/token",
              f"  HBM floor   {floor:8.3f} ms/token ({weights / 1e6:.0f} MB of weights)",
              f"  ours/floor {statistics.median(mine) / floor:.2f}, ours/hf "
