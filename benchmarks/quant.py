@@ -317,7 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--db", default=":memory:", help="measurement database (default: none)")
     ap.add_argument("--per-channel", action="store_true",
                     help="onnxruntime's and torch's quantize_dynamic with per-channel weights")
-    ap.add_argument("--torch-engine", choices=("auto", *TORCH_ENGINES), default="auto",
+    # the choices literal, so tests/test_docs_run.py checks the values the docs pass
+    ap.add_argument("--torch-engine", choices=("auto", "x86", "fbgemm", "onednn", "qnnpack"),
+                    default="auto",
                     help="torch's quantized engine for the torch int8 runner (auto: the "
                          "first this torch supports of " + ", ".join(TORCH_ENGINES) + ")")
     ap.add_argument("--gpt2", action="store_true",
