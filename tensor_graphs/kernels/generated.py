@@ -69,6 +69,8 @@ class Candidate:
     contiguous: bool = False  # generated loops read strided inputs themselves
     generated: bool = True
     fn: None = None  # not callable before realize
+    draft: Callable[[], object] | None = None  # ``build`` without the checks: the kernel for
+    # a process that reads another's verification outcome (``share``); None: never shared
 
     def __repr__(self) -> str:
         return f"<generated {self.name} ({self.backend}, {self.device}) {self.summary}>"
@@ -77,6 +79,18 @@ class Candidate:
 _lock = threading.Lock()
 _built: dict[str, object] = {}  # candidate name -> its verified Kernel
 refused: dict[str, str] = {}  # candidate name -> why it was refused (compile or verification)
+# how ``realize`` builds a candidate with a ``draft``: None, ``build()`` here; else
+# fn(candidate) -> the kernel, which may verify it once for several processes (``share``)
+_sharing: Callable[[Candidate], object] | None = None
+
+
+def share(fn: Callable[[Candidate], object] | None) -> None:
+    """Let ``fn(candidate)`` build the candidates ``realize`` builds from now on (None: each
+    built and verified here). A profiler sets it (``profiler/shared_verify.py``) so that the
+    profilers of one database verify a candidate once: the first builds it, the others read
+    its outcome and take its ``draft`` with the tolerance the checks declared."""
+    global _sharing
+    _sharing = fn
 
 
 def realize(kernel):
@@ -96,7 +110,8 @@ def realize(kernel):
                                           f"({kernel.summary}) was refused: "
                                           f"{refused[kernel.name]}")
         try:
-            built = kernel.build()
+            built = kernel.build() if _sharing is None or kernel.draft is None \
+                else _sharing(kernel)
         except Exception as exc:
             refused[kernel.name] = f"{type(exc).__name__}: {exc}"
             raise
@@ -360,4 +375,4 @@ def rebuilt_map(covers: tuple[Node, ...], through: Mapping[Node, Node],
 
 
 __all__ = ["Candidate", "candidates", "generators", "grow", "grow_stored", "realize", "rebuilt",
-           "rebuilt_map", "refused"]
+           "rebuilt_map", "refused", "share"]

@@ -293,6 +293,9 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
     (``db/generated_cost.py``), until it picks none. A host program whose weights exceed the
     cache (``Planner.streams``) also gets the memory's read bandwidth measured once per
     database and device (``bandwidth.ensure_read_rate``): its steps are costed at it."""
+    # generated candidates this process builds (measuring, or compiling the plan): verified
+    # once by the profilers of this database
+    shared_verify.share(db, planner.cost.hardware)
     if planner.streams and planner.target == "cpu" and "cpu" in planner.cost.hardware:
         ensure_read_rate(db, planner.cost.hardware["cpu"])
     todo = calls_to_measure(planner)

@@ -15,21 +15,41 @@ and the hardware key's device and libs layers (numpy, compiler versions). A kern
 description names a Python object only this process knows (a repr with an address) is not
 shared. The folder is the private C library cache's (``files.private_dir``): an outcome
 decides whether a kernel is timed and then used, so no other user may plant one.
+
+Generated candidates (``kernels/generated``) are verified as they are built (``realize``:
+compiled, checked by their renderer, then ``tg.kernels.verify``), by whichever process first
+needs one: a profiler measuring it, or any profiler's compile whose plan picks it. ``share``
+makes ``realize`` of the profilers of one database go through here: the first builds and
+verifies the candidate and files the outcome with the tolerance its checks declared; the
+others take its unchecked build (``Candidate.draft``, the compiled library shared on disk)
+with that tolerance, or refuse it with the first one's reason. A candidate's outcome is filed
+under its generator, name, source hash, backend and device, declared tolerance, prepared
+arguments, layout, the shapes and dtypes of the values it reads and writes (its checks run on
+them), and the hardware key's device and libs (the compiler's version among them). A compile
+error is no outcome (it may be this machine's): it is not filed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tensor_graphs.db.hardware import Hardware
-from tensor_graphs.errors import UntrustedPathError
+from tensor_graphs.db.cost import measured_on
+from tensor_graphs.db.hardware import Hardware, current
+from tensor_graphs.errors import (
+    KernelVerificationError,
+    UntrustedPathError,
+)
 from tensor_graphs.files import check_trusted_file, private_dir
+from tensor_graphs.kernels import generated
 from tensor_graphs.kernels.registry import Kernel, source_hash
 
 PATIENCE = 600.0  # seconds to wait for another profiler's verification before doing it here
@@ -38,8 +58,7 @@ PATIENCE = 600.0  # seconds to wait for another profiler's verification before d
 def kernel_key(kernel, hw: Hardware, scope: str) -> str | None:
     """The digest ``kernel``'s outcome on ``hw`` for the profilers of ``scope`` (a database)
     is filed under, or None when its description holds an identity only this process knows,
-    or it is not a registered kind of kernel (a generated candidate is verified as it is
-    built, ``generated.realize``)."""
+    or it is not a registered kind of kernel (a generated candidate's is ``candidate_key``)."""
     if not isinstance(kernel, Kernel):
         return None
     cells = [c.cell_contents for c in getattr(kernel.fn, "__closure__", None) or ()
@@ -52,6 +71,24 @@ def kernel_key(kernel, hw: Hardware, scope: str) -> str | None:
              repr(kernel.view), repr(kernel.writes_out), repr(sorted(kernel.prepare)),
              repr(kernel.signatures), "" if where is None else source_hash(where),
              extra, hw.device, hw.libs, scope]
+    return _digest(parts)
+
+
+def candidate_key(cand: generated.Candidate, hw: Hardware, scope: str) -> str | None:
+    """The digest a generated candidate's outcome on ``hw`` for the profilers of ``scope`` is
+    filed under (see the module doc), or None when it has no ``draft`` to share it with."""
+    if cand.draft is None:
+        return None
+    values = (*cand.inputs, cand.root, *cand.also)
+    parts = ["generated", cand.generator, cand.name, cand.source_hash, cand.backend,
+             cand.device, repr(cand.tolerance), repr(cand.prepared), repr(cand.contiguous),
+             repr(cand.view),
+             *(f"{[str(d) for d in n.shape]}:{getattr(n.dtype, 'name', n.dtype)}"
+               for n in values), hw.device, hw.libs, scope]
+    return _digest(parts)
+
+
+def _digest(parts: list[str]) -> str | None:
     text = "\0".join(parts)
     if " at 0x" in text:
         return None
@@ -81,18 +118,20 @@ def _folder() -> Path:
     return folder
 
 
-def _read(path: Path) -> tuple[bool, str | None]:
-    """(found, reason): reason None for a kernel that passed. A file another user could have
-    written is not found (verified again and written over)."""
+def _read(path: Path) -> dict | None:
+    """The outcome filed at ``path`` ({"reason": None for a kernel that passed, else why
+    not, ...}), or None. A file another user could have written is not found (verified again
+    and written over)."""
     try:
         check_trusted_file(path, "verification outcome")
         found = json.loads(path.read_text())
     except (OSError, ValueError, UntrustedPathError):
-        return False, None
+        return None
     if not isinstance(found, dict) or "reason" not in found:
-        return False, None
-    reason = found["reason"]
-    return True, (reason if isinstance(reason, str) else None)
+        return None
+    if not isinstance(found["reason"], str):
+        found["reason"] = None
+    return found
 
 
 def scope_of(db) -> str | None:
@@ -128,25 +167,80 @@ def shared(kernel, hw: Hardware, check: Callable[[], str | None],
     """``check()`` (None when ``kernel`` passes, else why not), run once for the kernel's key
     by the profilers of this machine sharing ``scope`` (``scope_of``; None: not shared):
     another profiler's outcome is read, and one verifying it now is waited for (up to
-    ``PATIENCE`` seconds; then it is checked here too)."""
+    ``PATIENCE`` seconds; then it is checked here too). A generated candidate is realized
+    instead (``generated.realize``, which verifies it, shared through ``share``)."""
+    if isinstance(kernel, generated.Candidate) and kernel.draft is not None:
+        try:
+            generated.realize(kernel)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
+            return f"{type(exc).__name__}: {exc}"
     key = None if scope is None else kernel_key(kernel, hw, scope)
     if key is None:
         return check()
+    return _filed(key, lambda: {"reason": check()})["reason"]
+
+
+def _filed(key: str, make: Callable[[], dict]) -> dict:
+    """The outcome filed under ``key``, else ``make()``'s, filed: under the key's lock, so
+    one process makes it and the others wait for it (``PATIENCE``). Not shared (made here)
+    where the private folder is unusable."""
     try:
         folder = _folder()
         fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     except (OSError, UntrustedPathError):  # no private cache: verified here, not shared
-        return check()
+        return make()
     path = folder / f"{key}.json"
     try:
         _lock(fd, PATIENCE)
-        found, reason = _read(path)
-        if found:
-            return reason
-        reason = check()
+        found = _read(path)
+        if found is not None:
+            return found
+        outcome = make()
         tmp = path.with_name(f".{key}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"reason": reason, "when": time.time()}))
+        tmp.write_text(json.dumps({**outcome, "when": time.time()}))
         os.replace(tmp, path)  # readers see no file or the whole outcome
-        return reason
+        return outcome
     finally:
         os.close(fd)
+
+
+def share(db, hardware: Mapping[str, Hardware] | None = None) -> None:
+    """From now on, generated candidates this process realizes are verified once by the
+    profilers of ``db`` (``scope_of``; a private database shares nothing), each keyed by its
+    device kind's hardware key in ``hardware`` (the cost model's, as the profiler's rows)."""
+    scope = scope_of(db)
+    generated.share(None if scope is None else
+                    functools.partial(_build, scope=scope, hardware=dict(hardware or {})))
+
+
+def _build(cand: generated.Candidate, scope: str, hardware: Mapping[str, Hardware]):
+    """``cand`` built and verified here, or its ``draft`` with the tolerance another
+    profiler's checks declared; ``KernelVerificationError`` where they refused it. A compile
+    error propagates unfiled (``CCompileError``: it may be this machine's compiler)."""
+    kind = measured_on(cand)
+    key = candidate_key(cand, hardware.get(kind) or current(kind), scope)
+    if key is None:
+        return cand.build()
+    built, refused = [], []  # what make() did here, if it ran
+
+    def make() -> dict:
+        try:
+            built.append(cand.build())
+        except KernelVerificationError as exc:
+            refused.append(exc)
+            return {"reason": str(exc)}
+        return {"reason": None, "tolerance": float(built[0].tolerance)}
+
+    outcome = _filed(key, make)
+    if built:
+        return built[0]
+    if refused:
+        raise refused[0]
+    if outcome["reason"] is not None:
+        raise KernelVerificationError(outcome["reason"])
+    tolerance = outcome.get("tolerance")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
+            or not math.isfinite(tolerance):
+        return cand.build()  # an outcome without a usable tolerance: verified here
+    return dataclasses.replace(cand.draft(), tolerance=float(tolerance))

@@ -1451,7 +1451,7 @@ def elementwise_candidate(root: Node, uses: Mapping[Node, int],
     return generated.Candidate(
         "elementwise", root, covers, region.inputs, f"c_fused_{emitted.key}",
         source_hash(emitted), _floor(region), f"generated C: {_summary(region)}", build,
-        computes=top)
+        computes=top, draft=lambda: fuse_elementwise(region, register=False, verify=False))
 
 
 def cached_kernels() -> list[registry.Kernel]:

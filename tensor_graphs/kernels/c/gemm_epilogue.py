@@ -1149,7 +1149,8 @@ def gemm_candidate(root: Node, uses: Mapping[Node, int], expand: Callable[[Node]
     return generated.Candidate(
         "gemm_epilogue", root, covers, args, f"c_gemm_ep_{emitted.key}",
         cg.source_hash(emitted), DECLARED, f"generated C {summary(region)}", build,
-        computes=region.root, prepared=(1,), contiguous=True)
+        computes=region.root, prepared=(1,), contiguous=True,
+        draft=lambda: build_gemm_kernel(region, emitted, verify=False))
 
 
 __all__ = ["GemmRegion", "GemmEmitted", "GemmKernel", "gemm_region", "emit_gemm_c",

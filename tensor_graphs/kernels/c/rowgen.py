@@ -1601,7 +1601,8 @@ def grouped_row_candidate(root: Node, uses: Mapping[Node, int],
 
     return generated.Candidate(
         "rows_grouped", root, covers, region.inputs, f"c_row_{emitted.key}",
-        cg.source_hash(emitted), _floor(region), f"generated C {summary(region)}", build)
+        cg.source_hash(emitted), _floor(region), f"generated C {summary(region)}", build,
+        draft=lambda: build_row_kernel(region, emitted, verify=False))
 
 
 def _rows_at(root: Node, expand) -> Callable[[Node], bool] | None:
@@ -1631,7 +1632,8 @@ def _row_candidate(root: Node, covers, boundary, through, stored) :
 
     return generated.Candidate(
         "rows", root, covers, region.inputs, f"c_row_{emitted.key}", cg.source_hash(emitted),
-        _floor(region), f"generated C {summary(region)}", build, also=tuple(stored))
+        _floor(region), f"generated C {summary(region)}", build, also=tuple(stored),
+        draft=lambda: build_row_kernel(region, emitted, verify=False))
 
 
 __all__ = ["LANES", "REDUCTIONS", "RowRegion", "RowEmitted", "RowKernel", "Pass", "joins",

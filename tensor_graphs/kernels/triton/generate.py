@@ -212,7 +212,8 @@ def _candidate(kind: str, prefix: str, finder, build, root: Node, uses: Mapping[
         f"triton_{kind}_{config.label}", root, covers, region.inputs, name, name,
         check.floor(region.nodes, region.inputs), _label(rendered, config),
         functools.partial(build, region, rendered, config), computes=top,
-        backend=BACKEND, device=DEVICE)
+        backend=BACKEND, device=DEVICE,
+        draft=functools.partial(build, region, rendered, config, verify=False))
 
 
 def _label(rendered: render.Rendered, config: Config) -> str:
