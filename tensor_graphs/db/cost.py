@@ -148,6 +148,7 @@ class CostModel:
         self._rows: dict = {}
         self._rates: dict = {}
         self._calibrations: dict = {}  # (name prefix, device kind) -> Calibration | None
+        self._accuracy: dict = {}  # (kernel name, source hash) -> largest recorded error
         self.revision = db.revision if db is not None else 0
 
     def refresh(self) -> None:
@@ -158,6 +159,7 @@ class CostModel:
             self._rows.clear()
             self._rates.clear()
             self._calibrations.clear()
+            self._accuracy.clear()
             self.revision = revision
 
     def rates(self, kind: str) -> dict:
@@ -276,6 +278,23 @@ class CostModel:
         if found is None:
             return rough
         return Estimate(rough.seconds * found.ratio, "calibrated", found.uncertainty)
+
+    def accuracy(self, kernel) -> float | None:
+        """The largest error ``kernel``'s current rows on its hardware record (for a
+        generated kernel, the accuracy it was admitted at: ``profiler/measure.py``), or None
+        without one. A generated candidate declares only its float floor before it is built;
+        the profiler that measured it built and verified it, and a plan in another process
+        reads the result here instead of choosing it, building it and refusing it."""
+        if self.db is None:
+            return None
+        key = (kernel.name, kernel.source_hash)
+        if key not in self._accuracy:
+            errors = [r.error for r in self.db.rows_for(kernel.name,
+                                                        self.hardware[measured_on(kernel)])
+                      if r.source_hash == kernel.source_hash and r.failure is None
+                      and r.error is not None and math.isfinite(r.error)]
+            self._accuracy[key] = max(errors) if errors else None
+        return self._accuracy[key]
 
     def calibration(self, kernel):
         """The ``generated_cost.Calibration`` of a generated kernel's generator on its

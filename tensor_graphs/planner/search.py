@@ -74,6 +74,8 @@ MAX_REWRITE_DEPTH = 3  # rewrites of rewrites of ... an original node
 LOCAL = "local"  # a movable slot filled by the value made on the same device
 LOW_PRECISION_ROUNDING = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 NO_ROUNDING = 1e-12  # a kernel declaring at most this is bit-exact (movement, comparisons)
+# estimates answered from a kernel's own rows (db/cost.py): its recorded accuracy is asked
+MEASURED_SOURCES = frozenset({"measured", "interpolated"})
 # Where each kind of fed leaf lives: the one rule for placing leaves (``Planner.home``), which the
 # runtime follows (runtime/program.py keeps weights and states on the target's device). A value
 # read elsewhere reaches there through a copy step; a kept state's new version is delivered
@@ -318,8 +320,13 @@ class Planner:
             sig, feats, static = self._measure_key(cand.covers, cand.inputs, node, cand)
             est = self._streamed(cand, self.cost.estimate(cand, sig, feats), static, node)
             self.stats["estimates"] += 1
+            # the accuracy a profiler admitted it at, where one measured it (the rows' error:
+            # CostModel.accuracy); an unmeasured candidate has no row to ask
+            error = step_error(cand, node)
+            if est.source in MEASURED_SOURCES:
+                error = max(error, self.cost.accuracy(cand) or 0.0)
             out.append(Option(KERNEL, slot, tuple(Slot(a, kind, True) for a in cand.inputs),
-                              cand, cand.covers, {}, est, step_error(cand, node), sig,
+                              cand, cand.covers, {}, est, error, sig,
                               feats, label=f"{GENERATED}:{cand.name}",
                               cold=self._cold(cand.inputs, node, cand.also),
                               static=is_static(node)))

@@ -2,10 +2,12 @@
 
 As llm.c does before any benchmark, every measurement first computes the kernel's result on
 fresh random inputs and compares it with the reference interpreter in float64 (the norm-wise
-relative error is recorded with the timing). Timing: a warm-up call and a calibration (how many
-back-to-back calls last at least ``min_sample`` seconds), then ``repeats`` samples of that many
-calls; the row keeps the median, min and max seconds per call; a sample during which our
-threads waited for a core (another process on it) is taken again (``CONTENDED``).
+relative error is recorded with the timing; a generated kernel's row records the accuracy it
+was admitted at where that is larger, so plans in other processes know it). Timing: a warm-up
+call and a calibration (how many back-to-back calls last at least ``min_sample`` seconds),
+then ``repeats`` samples of that many calls; the row keeps the median, min and max seconds
+per call; a sample during which our threads waited for a core (another process on it) is
+taken again (``CONTENDED``).
 ``measure_together`` takes the samples of several calls in interleaved rounds, so
 alternatives see the same load. A kernel
 that raises is recorded as a failure (with its message) so a profiling run moves on and a
@@ -149,6 +151,10 @@ class _Timer:
         self.failure: str | None = None
         self.samples: list[float] = []
         self.error = math.nan
+        # a generated kernel's row keeps the accuracy it was admitted at (the worst error its
+        # checks showed, ``codegen.admitted``), which a plan in another process reads there
+        # (``CostModel.accuracy``) rather than building and verifying the kernel to learn it
+        self.admitted = float(k.tolerance) if getattr(k, "generated", False) else math.nan
         self.sync = None
         try:
             io = device_io(k)
@@ -210,7 +216,13 @@ class _Timer:
         s = self.samples
         return Measurement(**self.base, runs=len(s), median=float(np.median(s)),
                            min=float(min(s)), max=float(max(s)),
-                           error=None if math.isnan(self.error) else float(self.error))
+                           error=self.worst())
+
+    def worst(self) -> float | None:
+        """The row's error: this call's on its inputs, or a generated kernel's admitted
+        accuracy where that is larger; None when neither was measured."""
+        known = [e for e in (self.error, self.admitted) if not math.isnan(e)]
+        return float(max(known)) if known else None
 
 
 def _calls_per_sample(fn, min_sample: float, max_seconds: float, sync=None
