@@ -14,6 +14,11 @@ generator: the ratio still applies, with the roofline's own uncertainty.
 The profiler measures a generated kernel only where its **optimistic** estimate
 (``optimistic``: seconds / uncertainty) could put it in the plan (``profiler/missing.py``), and
 a plan on calibrated estimates then picks a measured kernel wherever the optimistic one did.
+The same rule (``gated``) holds the host-side kernels of a GPU plan: a kernel on the host and
+the copies between host and GPU, offered at every step ("copy to the host, run there, copy
+back"). Such a step pays two copies (13-17 us tiny, 40-150 us at GPT-2 124M's (1,128,768) on
+an H100) against GPU kernels of 6-50 us, so it almost never wins; measured all the same, 144
+of the 232 rows of GPT-2 124M's first GPU profile were host kernels.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_graphs.db.features import Features
+from tensor_graphs.kernels.copy import placement
 
 MIN_KERNELS = 3  # measured kernels of a generator before its ratios' spread is trusted
 SPREAD_QUANTILE = 0.9  # the uncertainty covers this share of the measured kernels' ratios
@@ -89,26 +95,49 @@ def generator_calibration(cost, kernel) -> Calibration | None:
     return calibrate(points)
 
 
-def optimistic(kernel, estimate):
-    """The least time ``estimate`` of ``kernel`` allows: a generated kernel's calibrated or
-    roofline estimate divided by its uncertainty; anything else (a measurement, an
-    interpolation of the kernel's own rows, a hand kernel) as it is."""
-    if not getattr(kernel, "generated", False) or estimate.source not in ("calibrated",
-                                                                         "estimated"):
+# the estimates an optimistic plan divides by their uncertainty, per kind of gated kernel
+RELAXED = {
+    "generated": ("calibrated", "estimated"),  # an interpolation of its own rows: as it is
+    "host": ("interpolated", "stale", "estimated"),  # anything but its own row here
+}
+
+
+def host_side(kernel, target: str | None) -> bool:
+    """Whether ``kernel`` is a host-side option of a plan for ``target``: the target is a GPU
+    and the kernel runs on the host or copies to or from it. None: no target (nothing is)."""
+    return target not in (None, "cpu") and "cpu" in placement(kernel)
+
+
+def gated(kernel, target: str | None) -> bool:
+    """Whether the profiler measures ``kernel`` only where a plan on optimistic times picks it
+    (``profiler/missing.could_win``): a generated kernel, or a host-side kernel of a plan for
+    GPU ``target`` (see the module doc). ``target`` None: generated kernels only."""
+    return bool(getattr(kernel, "generated", False)) or host_side(kernel, target)
+
+
+def optimistic(kernel, estimate, target: str | None = None):
+    """The least time ``estimate`` of ``kernel`` allows in a plan for ``target``: a gated
+    kernel's estimate (``gated``; a generated kernel's calibrated or roofline one, a host-side
+    kernel's anything but a row of its own here) divided by its uncertainty; anything else
+    (a measurement, a hand kernel on the target) as it is."""
+    kind = "generated" if getattr(kernel, "generated", False) else \
+        "host" if host_side(kernel, target) else None
+    if kind is None or estimate.source not in RELAXED[kind]:
         return estimate
     return type(estimate)(estimate.seconds / estimate.uncertainty, estimate.source,
-                          estimate.uncertainty)
+                          estimate.uncertainty, estimate.from_memory)
 
 
 class Optimistic:
-    """``cost`` (a ``CostModel``) with every unmeasured generated kernel at its optimistic
-    time: what the profiler plans with to find the generated kernels that could win."""
+    """``cost`` (a ``CostModel``) with every unmeasured gated kernel of a plan for ``target``
+    at its optimistic time (``optimistic``; ``target`` None: generated kernels only): what
+    the profiler plans with to find the gated kernels that could win."""
 
-    def __init__(self, cost):
-        self.cost = cost
+    def __init__(self, cost, target: str | None = None):
+        self.cost, self.target = cost, target
 
     def __getattr__(self, name: str):
         return getattr(self.cost, name)
 
     def estimate(self, kernel, signature: str, feats: Features):
-        return optimistic(kernel, self.cost.estimate(kernel, signature, feats))
+        return optimistic(kernel, self.cost.estimate(kernel, signature, feats), self.target)

@@ -7,6 +7,14 @@ slot has nothing else. Generated kernels (a candidate at every node: each a comp
 verification and a timing) are measured only where a plan on their optimistic times picks them
 (``could_win``, ``db/generated_cost.py``), in rounds until it picks none: GPT-2 2-layer's
 fresh profile measures 5 of its 40 generated candidates and plans as if it had measured all.
+The same rule (``gated``) holds a GPU plan's host-side options: kernels on the host and the
+copies that only reach them. The planner offers "copy to the host, run there, copy back" at
+every step of a GPU plan, and such a step pays two copies (13-17 us tiny, 40-150 us at
+(1,128,768) on an H100) against GPU kernels of 6-50 us: measuring them all, GPT-2 124M's first
+GPU profile filed 144 host rows of 232 and had not finished after 223 s. They wait until the
+GPU's own options and the copies a plan needs anyway (a fed leaf's up, an output's down) have
+rows (the first round), then go in the optimistic rounds at estimate / uncertainty. A CPU
+plan has no host-side options: it is measured as before.
 Each kernel is verified (``tg.kernels.verify``) before its first measurement; one that fails
 verification is recorded as a failure and never measured.
 
@@ -41,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from tensor_graphs.db import generated_cost
 from tensor_graphs.db.cost import is_exact_kernel, measured_on
 from tensor_graphs.db.generated_cost import Optimistic
 from tensor_graphs.db.hardware import Hardware, current
@@ -58,6 +67,9 @@ from tensor_graphs.profiler.progress import Progress
 # True: every generated kernel the planner offers is measured, as before the calibrated
 # estimates (GPT-2 2-layer's fresh profile: 314 calls); benchmarks/fresh_profile.py compares
 MEASURE_EVERY_GENERATED = False
+# True: every host-side option of a GPU plan is measured, as before they were gated (GPT-2
+# 124M's first GPU profile: 144 host rows of 232, unfinished after 223 s on an H100)
+MEASURE_EVERY_HOST = False
 _verified: dict[str, str | None] = {}  # kernel name -> None when it passed, else the reason
 WINDOW = 8  # calls timed together in interleaved rounds (their arrays are alive together)
 LEASE_SECONDS = 30.0  # a claim's life unless renewed: how long a dead profiler's work waits
@@ -266,16 +278,42 @@ def replanned(planner: Planner, cost) -> Planner:
                    streams=planner.streams)
 
 
+def gated(o: Option, planner: Planner) -> bool:
+    """Whether ``o`` is measured only where a plan on optimistic times picks it (``could_win``)
+    rather than with the first round: a generated kernel, or a host-side option of a plan for
+    a GPU (``generated_cost.gated``: a host kernel, a copy between host and GPU), except a
+    copy the plan needs whatever runs on the host: a fed leaf's to the GPU, an output's to
+    the host when it is wanted there."""
+    if _generated(o):
+        return not MEASURE_EVERY_GENERATED
+    if MEASURE_EVERY_HOST or not generated_cost.gated(o.kernel, planner.target):
+        return False
+    if o.how == COPY:
+        if o.slot.device == planner.target:
+            return not o.slot.node.op.is_leaf
+        return o.slot not in planner.output_slots
+    return True
+
+
+def _open_keys(planner: Planner) -> set[tuple[str, str]]:
+    """The (kernel, signature) of the planner's options that are not ``gated``: a call is
+    measured with the first round if any option making it is."""
+    return {_key(o) for options in planner._options.values() for o in options
+            if o.how in (KERNEL, COPY) and not gated(o, planner)}
+
+
 def could_win(planner: Planner, unmeasured: Mapping[tuple[str, str], Option]
               ) -> set[tuple[str, str]]:
-    """The calls of ``unmeasured`` (generated kernels' options by (kernel, signature)) in the
-    plan made with every unmeasured generated kernel at its optimistic time
-    (``generated_cost.Optimistic``: calibrated or roofline seconds over their uncertainty).
-    One left out cannot win even so; and since the plan's other steps are measured, a plan on
-    the calibrated estimates (each above its optimistic time) keeps them, so it picks no
-    unmeasured generated kernel."""
+    """The calls of ``unmeasured`` (gated options by (kernel, signature)) in the plan made
+    with every unmeasured gated kernel at its optimistic time (``generated_cost.Optimistic``:
+    calibrated or roofline seconds over their uncertainty); the host-side options of a GPU
+    plan only when ``unmeasured`` holds some (the first round offers generated kernels alone:
+    the host's at their plain estimates). One left out cannot win even so; and since the
+    plan's other steps are measured, a plan on the real estimates (each above its optimistic
+    time) keeps them, so it picks no unmeasured gated option."""
     planner.cost.refresh()
-    plan = replanned(planner, Optimistic(planner.cost)).plan()
+    host = any(generated_cost.host_side(o.kernel, planner.target) for o in unmeasured.values())
+    plan = replanned(planner, Optimistic(planner.cost, planner.target if host else None)).plan()
     return {_key(s) for s in plan.steps if _key(s) in unmeasured}
 
 
@@ -286,11 +324,14 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
     database into memory for this process, with a warning. Returns how many rows this process
     added.
 
-    Every registered kernel's call is measured; a generated kernel's only while an optimistic
-    plan picks it (``could_win``), in rounds: first beside the registered kernels (in the
-    graph's order, so a region is timed with the steps it competes with), then the kernels the
-    next optimistic plan picks once those rows calibrate their generators' estimates
-    (``db/generated_cost.py``), until it picks none. A host program whose weights exceed the
+    Every registered kernel's call is measured, except the host-side ones of a GPU plan; a
+    gated option's (``gated``: a generated kernel, a host-side option of a GPU plan) only
+    while an optimistic plan picks it (``could_win``), in rounds: first the generated kernels
+    a plan on optimistic generated times picks, beside the registered kernels (in the graph's
+    order, so a region is timed with the steps it competes with), then the options the next
+    optimistic plan picks once those rows calibrate their generators' estimates
+    (``db/generated_cost.py``) and the target's own options have rows, until it picks none.
+    A host program whose weights exceed the
     cache (``Planner.streams``) also gets the memory's read bandwidth measured once per
     database and device (``bandwidth.ensure_read_rate``): its steps are costed at it."""
     # generated candidates this process builds (measuring, or compiling the plan): verified
@@ -303,9 +344,11 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
         return 0
     db.record_in_memory()  # a read-only database: keep the rows for this process's plans
     bar = Progress(len(todo), "profiling") if progress else None
-    left = {_key(o): o for o in todo if _generated(o)}
-    picks = set(left) if MEASURE_EVERY_GENERATED or not left else could_win(planner, left)
-    batch = [o for o in todo if not _generated(o) or _key(o) in picks]
+    opened = _open_keys(planner)
+    left = {_key(o): o for o in todo if _key(o) not in opened}
+    first = {k: o for k, o in left.items() if _generated(o)}  # host-side: after the target's
+    picks = could_win(planner, first) if first else set()
+    batch = [o for o in todo if _key(o) not in left or _key(o) in picks]
     added = 0
     while batch:
         for window in Work(db, batch, lease, hardware=planner.cost.hardware):

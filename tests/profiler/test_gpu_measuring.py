@@ -152,10 +152,13 @@ def test_gpu_rows_are_filed_under_the_gpus_key_and_planned_from(monkeypatch, gpu
     assert GPU_CALLS <= set(rows)
     sig = signature([tg.input("x", (4, 16))], {"device": "cuda"})
     assert rows["copy_host_to_cuda"].signature == sig  # called with its target, keyed by it
-    # a second planner finds every option measured (the copies under the GPU's key too)
+    # a second planner finds every option measured (the copies under the GPU's key too) but
+    # the host-side ones that could not win (missing.gated)
     planner.cost.refresh()
     again = planner_for(db)
-    assert missing.calls_to_measure(again) == []
+    left = {(o.kernel.name, o.signature): o for o in missing.calls_to_measure(again)}
+    assert all(missing.gated(o, again) for o in left.values())
+    assert missing.could_win(again, left) == set()
     sources = {o.kernel.name: o.estimate.source for opts in again._options.values()
                for o in opts if o.kernel is not None}
     assert all(sources[n] == "measured" for n in GPU_CALLS)
