@@ -251,6 +251,69 @@ VNNI512_TILE(2)
 VNNI512_TILE(3)
 VNNI512_TILE(4)
 
+/* The grouped product's tile on AVX-512 VNNI, NP <= 2 panels x 6 rows: each block's int32
+ * sums (12 registers) scaled into float sums (12 more) in registers, where the portable
+ * grouped tile stores and reloads the int32 tile per block (measured: MiniLM's int8 time
+ * 1.8x the ungrouped one with it). acc[r][16p + c] = sum over blocks of float(sum - 128 *
+ * the block's column sum) * (sa[r, block] * s[block, column]). */
+#define VNNI512_GTILE(NP)                                                                     \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))                          \
+    static void gtile_512_##NP(const uint8_t *a, int64_t lda, int rows, const int8_t *b,      \
+                               int64_t pstride, const int32_t *blocksum, int64_t bstride,     \
+                               const float *sa, int64_t nga, int64_t ga, const float *s,      \
+                               int64_t gw, int64_t n, int64_t k, int64_t blk, int cols,       \
+                               float acc[DMR][DCOLS]) {                                       \
+        __m512 f[DMR][NP];                                                                    \
+        const uint8_t *ar[DMR];                                                               \
+        __mmask16 mask[NP];                                                                   \
+        for (int p = 0; p < NP; p++) {                                                        \
+            int left = cols - 16 * p;                                                         \
+            mask[p] = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);        \
+        }                                                                                     \
+        for (int r = 0; r < DMR; r++) {                                                       \
+            ar[r] = a + (r < rows ? r : rows - 1) * lda;                                      \
+            for (int p = 0; p < NP; p++) f[r][p] = _mm512_setzero_ps();                       \
+        }                                                                                     \
+        for (int64_t k0 = 0; k0 < k; k0 += blk) {                                             \
+            __m512i c[DMR][NP];                                                               \
+            for (int r = 0; r < DMR; r++)                                                     \
+                for (int p = 0; p < NP; p++) c[r][p] = _mm512_setzero_si512();                \
+            for (int64_t g = k0 / 4; g < (k0 + blk) / 4; g++) {                               \
+                __m512i w[NP];                                                                \
+                for (int p = 0; p < NP; p++)                                                  \
+                    w[p] = _mm512_load_si512((const void *)(b + p * pstride + g * 64));       \
+                for (int r = 0; r < DMR; r++) {                                               \
+                    int32_t x4;                                                               \
+                    memcpy(&x4, ar[r] + 4 * g, 4);                                            \
+                    __m512i x = _mm512_set1_epi32(x4);                                        \
+                    for (int p = 0; p < NP; p++)                                              \
+                        c[r][p] = _mm512_dpbusd_epi32(c[r][p], x, w[p]);                      \
+                }                                                                             \
+            }                                                                                 \
+            __m512i corr[NP];                                                                 \
+            __m512 sw[NP];                                                                    \
+            for (int p = 0; p < NP; p++) {                                                    \
+                corr[p] = _mm512_setzero_si512();                                             \
+                for (int64_t j = k0 / DBLOCK; j < (k0 + blk) / DBLOCK; j++)                   \
+                    corr[p] = _mm512_add_epi32(corr[p], _mm512_loadu_si512(                   \
+                        (const void *)(blocksum + j * bstride + 16 * p)));                    \
+                corr[p] = _mm512_slli_epi32(corr[p], 7);                                      \
+                sw[p] = _mm512_maskz_loadu_ps(mask[p], s + (k0 / gw) * n + 16 * p);           \
+            }                                                                                 \
+            for (int r = 0; r < DMR; r++) {                                                   \
+                __m512 ra = _mm512_set1_ps(sa[(r < rows ? r : rows - 1) * nga + k0 / ga]);    \
+                for (int p = 0; p < NP; p++)                                                  \
+                    f[r][p] = _mm512_fmadd_ps(                                                \
+                        _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][p], corr[p])),               \
+                        _mm512_mul_ps(ra, sw[p]), f[r][p]);                                   \
+            }                                                                                 \
+        }                                                                                     \
+        for (int r = 0; r < DMR; r++)                                                         \
+            for (int p = 0; p < NP; p++) _mm512_storeu_ps(acc[r] + 16 * p, f[r][p]);          \
+    }
+VNNI512_GTILE(1)
+VNNI512_GTILE(2)
+
 /* AVX-VNNI (256 bits, 16 registers): one panel (two halves) x 6 rows */
 __attribute__((target("avx2,avxvnni")))
 static void tile_avxvnni(const uint8_t *a, int64_t lda, int rows, const int8_t *b,
@@ -389,6 +452,24 @@ static void grouped_tile(int isa, const uint8_t *qa, int64_t lq, int rows, const
     for (int q = 0; q < DCOLS; q++) ones[q] = 1;
     for (int r = 0; r < DMR; r++)
         for (int q = 0; q < DCOLS; q++) acc[r][q] = 0.0f;
+#if Q8D_X86
+    if (isa == ISA_AVX512VNNI) {
+        for (int p0 = 0; p0 < np; p0 += 2) {
+            float part[DMR][DCOLS] __attribute__((aligned(64)));
+            int pc = cols - 16 * p0;
+            if (np - p0 >= 2)
+                gtile_512_2(qa, lq, rows, b + p0 * pstride, pstride, blocksum + 16 * p0,
+                            bstride, sa, nga, ga, s + 16 * p0, gw, n, k, blk, pc, part);
+            else
+                gtile_512_1(qa, lq, rows, b + p0 * pstride, pstride, blocksum + 16 * p0,
+                            bstride, sa, nga, ga, s + 16 * p0, gw, n, k, blk, pc, part);
+            for (int r = 0; r < rows; r++)
+                for (int q = 16 * p0; q < cols && q < 16 * p0 + 32; q++)
+                    acc[r][q] = part[r][q - 16 * p0];
+        }
+        goto done;
+    }
+#endif
     for (int64_t k0 = 0; k0 < k; k0 += blk) {
         tile(isa, qa + k0, lq, rows, b + (k0 / 4) * 64, pstride, np, blk / 4, t);
         const float *sw = s + (k0 / gw) * n;
@@ -401,6 +482,7 @@ static void grouped_tile(int isa, const uint8_t *qa, int64_t lq, int rows, const
             for (int q = 0; q < cols; q++) acc[r][q] += (float)(t[r][q] - corr[q]) * (ra * sw[q]);
         }
     }
+done:
     for (int r = 0; r < rows; r++)
         epilogue(ones, NULL, 1.0f, acc[r], bias, res ? res + r * n : NULL, c + r * n, cols, act);
 }
