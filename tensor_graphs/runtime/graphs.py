@@ -64,6 +64,7 @@ LIMIT = 64  # graphs kept per program: decode keeps its last 64 cache lengths
 SEEN = 4096  # dims keys remembered as met (a key is captured on its second sighting)
 MIN_BUCKET = 16  # padded graphs' smallest length: the first 16 cache lengths share a graph
 PADDING = "pow2"  # padded graphs: one per power-of-two bucket; "bound": one graph; None: off
+VIEWS = 1024  # a padded graph's narrowed results kept, by shape (a bucket's lengths, each once)
 
 
 class Refused(Exception):  # noqa: N818 - a reason, not a failure: the Python loop runs instead
@@ -850,6 +851,7 @@ class PaddedCapture(Captured):
     narrowing: tuple = ()  # (shape's evaluator, ((value index, padded result, strides,
     #                         storage offset), ...)): results that leave, by symbolic shape
     steps: int = 0
+    views: dict = field(default_factory=dict)  # (group, shape) -> narrowed results, made once
 
     def adopt(self, values: list) -> bool:
         """The kept states' prefixes (``values``, the call's) swapped for the padded views of
@@ -864,13 +866,21 @@ class PaddedCapture(Captured):
 
     def narrowed(self, values: list, named: Mapping[str, int]) -> None:
         """The results that leave, at the call's shapes: each a leading part of its padded
-        layout, the shapes evaluated once per symbolic shape (a model's layers share them)."""
+        layout, the shapes evaluated once per symbolic shape (a model's layers share them)
+        and the views made once per shape (a decode meets each length once a generation;
+        ``as_strided`` costs ~4 us, 24 of them a GPT-2 token), at most ``VIEWS`` shapes."""
         for i, v in self.live.items():
             values[i] = v
-        for shape_of, group in self.narrowing:
+        for k, (shape_of, group) in enumerate(self.narrowing):
             shape = shape_of(named)
-            for i, v, strides, offset in group:
-                values[i] = v.as_strided(shape, strides, offset)
+            views = self.views.get((k, shape))
+            if views is None:
+                if len(self.views) >= VIEWS:
+                    self.views.clear()
+                views = self.views[k, shape] = tuple(
+                    (i, v.as_strided(shape, strides, offset)) for i, v, strides, offset in group)
+            for i, view in views:
+                values[i] = view
 
 
 def _key(dims: Mapping) -> tuple:

@@ -84,6 +84,9 @@ class Executable:
         self.outputs = list(program.outputs)
         self.static = list(program.static)
         self._static_set = set(self.static)
+        # the leaves a call loads once the prelude's results are cached (a decode step: its
+        # token, states and dims, not the ~150 weights of GPT-2)
+        self._per_call = [(i, node) for i, node in self.leaves if i not in self._static_set]
         self._dense_static = list(program.dense_static)
         self.symbols = list(program.symbols)
         self._inputs = list(program.inputs)
@@ -265,7 +268,7 @@ class Executable:
         values: list = [None] * self.size
         cached = cache_static and self._static_values is not None
         feeds: dict[int, object] = {}  # input values fed as GPU tensors: copies skip them
-        for i, node in self.leaves:
+        for i, node in self._per_call if cached else self.leaves:
             if skip and i in skip:
                 values[i] = skip[i]
             elif not (cached and i in self._static_set):
