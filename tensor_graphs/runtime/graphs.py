@@ -716,13 +716,14 @@ class DimsFeed:
     each tensor apart cost a synchronous copy each (pageable host memory: torch waits for
     the copy) and a sympy substitution each. On a real GPU the host copy is pinned and the
     move asynchronous; an event recorded after it is waited on before the host copy is
-    written again (the GPU may still be reading it when the host runs ahead)."""
+    written again (a host that runs ahead may find the last move not yet done)."""
 
     def __init__(self, device: str):
         self.device = device
         self.slots: list[tuple[int, np.dtype, tuple, Callable]] = []  # offset, dtype, shape, fn
         self.size = 0
         self.host = self.gpu = self.done = None
+        self.real = False  # a real GPU: pinned host copy, asynchronous move
         self._fill: list[tuple[np.ndarray, Callable]] = []
 
     def add(self, fn: Callable[[Mapping[str, int]], object], dtype, shape: tuple) -> int:
@@ -736,9 +737,9 @@ class DimsFeed:
     def allocate(self) -> None:
         import torch
 
-        real = simulated_cuda() is None
+        self.real = simulated_cuda() is None
         size = -(-self.size // 8) * 8 or 8
-        self.host = torch.zeros(size, dtype=torch.uint8, pin_memory=real)
+        self.host = torch.zeros(size, dtype=torch.uint8, pin_memory=self.real)
         self.gpu = torch.zeros(size, dtype=torch.uint8, device=torch_device(self.device))
         raw = self.host.numpy()
         self._fill = []
@@ -755,12 +756,14 @@ class DimsFeed:
         return self.gpu[offset:offset + n].view(convert.torch_dtype(dtype)).reshape(shape)
 
     def write(self, named: Mapping[str, int]) -> None:
-        """The call's dims into the GPU buffer: one copy."""
+        """The call's dims into the GPU buffer: one copy (none where the graph reads none)."""
+        if not self.slots:
+            return
         if self.done is not None:
             self.done.synchronize()  # the last copy has read the host buffer
         for part, fn in self._fill:
             part[...] = fn(named)
-        if simulated_cuda() is not None:
+        if not self.real:
             self.gpu.copy_(self.host)
             return
         import torch
