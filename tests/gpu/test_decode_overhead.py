@@ -98,9 +98,9 @@ def _median(works: list[Work], what: str) -> float:
 def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypatch):
     """Per replayed token, padded: no more sympy than the exact replay (which hashes and
     names the dims: no shape resolved), at most one host<->GPU copy more (the dims, which an
-    exact graph holds), and the exact replay's host calls within 10% (the padded one narrows
-    its results to the call's shapes). Later generations' replays do no more than the
-    first's."""
+    exact graph holds), and the exact replay's host calls within 5% (2.4% here: the padded
+    one finds its graph's key by bucket and its results' views by shape; 54% more before).
+    Later generations' replays do no more than the first's."""
     from tensor_graphs.nn import Generator
 
     transformers = pytest.importorskip("transformers")
@@ -127,7 +127,7 @@ def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypat
         (_median(padded, "sympy"), _median(exact, "sympy"))
     assert _median(padded, "moves") <= _median(exact, "moves") + 1, \
         (_median(padded, "moves"), _median(exact, "moves"))
-    assert _median(padded, "calls") <= 1.1 * _median(exact, "calls"), \
+    assert _median(padded, "calls") <= 1.05 * _median(exact, "calls"), \
         (_median(padded, "calls"), _median(exact, "calls"))
     # later generations do no more than the first (whose new dims also check the kernels'
     # constraints once: ~15% more calls)
