@@ -542,7 +542,7 @@ def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme:
             raise ArgumentError(f"from_torch: weights= lacks {missing[:5]}"
                                 f"{' ...' if len(missing) > 5 else ''}{hint}")
         if scheme is not None:
-            check_prequantized(values, scheme, where="from_torch(weights=)")
+            check_prequantized(values, scheme, where="from_torch(weights=)", expected=present)
     for n in constants:
         if n not in values:
             values[n] = own[n] if on_gpu else own[n].cpu().numpy().copy()

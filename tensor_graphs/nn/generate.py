@@ -136,7 +136,8 @@ class Generator:
             raise ArgumentError(f"generate: the model's state dict lacks {missing[:5]}"
                                 f"{' ...' if len(missing) > 5 else ''}{hint}")
         if prequantized and not from_file:  # (a file's values are checked as it is read)
-            check_prequantized({n: weights[n] for n in wanted}, quantize, where="generate")
+            check_prequantized({n: weights[n] for n in wanted}, quantize, where="generate",
+                               expected=wanted)
         # save_quantized's inputs: the float graph and its weights (bind-time quantization)
         self._float = (float_prefill, weights, quantize, skip, group_size) \
             if quantize is not None and not prequantized else None

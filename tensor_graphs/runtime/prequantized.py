@@ -11,8 +11,16 @@ chooses which of the graph's leaves go into the file and checks what comes out o
 The file holds, for the prequantized graph: ``<name>.q`` and ``<name>.scale`` of each
 quantized weight, and the float value of every other weight that graph reads (biases, norms,
 a tied embedding's table: its gather still reads float rows), never the float copy of a
-quantized weight. Its metadata names the scheme and int4's group size, so a load with another
+quantized weight. Its metadata names the scheme and the group size, so a load with another
 scheme is refused by name rather than read as numbers of the wrong meaning.
+
+Each ``.scale``'s shape is checked against its ``.q`` and the group size before any graph is
+built (:func:`file_settings`, from the header alone) and against the graph's leaf before any
+value is bound (:func:`read_prequantized`, :func:`check_prequantized`). Why: a file of another
+group size, an int8-dynamic file saved before its scales were grouped (one scale per output
+channel), or a file written by another tool otherwise reaches the binding as a bare shape
+mismatch that says neither what the file holds nor how to load it. A file without metadata
+takes the group size its shapes allow when they allow one meaning only (:func:`layout_groups`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tensor_graphs.errors import ArgumentError, SerializationError
+from tensor_graphs.errors import ArgumentError, SerializationError, ShapeError
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import WEIGHT
@@ -36,7 +44,7 @@ from tensor_graphs.runtime.weights import (
 )
 
 __all__ = ["save_quantized", "file_settings", "read_prequantized", "check_prequantized",
-           "is_path"]
+           "check_layout", "layout_groups", "is_path"]
 
 SCHEME_KEY = "tensor_graphs.quantize"  # metadata: the scheme the file's .q/.scale are in
 GROUP_KEY = "tensor_graphs.group_size"  # metadata: rows of K per scale (GROUPED schemes)
@@ -129,17 +137,26 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     if stored is not None and stored != scheme:
         raise ArgumentError(f"{header.path} holds {stored} weights, not {scheme}: load it "
                             f"with quantize={stored!r}, or save the model again as {scheme}")
+    pairs = _pairs({n: tuple(t.shape) for n, t in header.tensors.items()})
     if stored_group is not None and scheme in GROUPED:
         try:
             file_group = int(stored_group)
         except ValueError:
             raise SerializationError(f"{header.path}: metadata {GROUP_KEY}={stored_group!r} is "
                                      "not an int; save the model again") from None
-        if group_size is not None and group_size != file_group:
+        # the caller's group size wins only where the shapes say the metadata is stale (an
+        # int8-dynamic file saved before its scales were grouped wrote int4's group there)
+        if group_size is not None and group_size != file_group and (
+                _misfit(scheme, pairs, file_group) is None
+                or _misfit(scheme, pairs, group_size) is not None):
             raise ArgumentError(f"{header.path} was saved with groups of {file_group} "
                                 f"rows, not {group_size}: load it with group_size="
                                 f"{file_group} (or leave group_size out)")
-        group_size = file_group
+        group_size = file_group if group_size is None else group_size
+    elif group_size is None and scheme in GROUPED and pairs \
+            and _misfit(scheme, pairs, GROUP_SIZE) is not None:
+        group_size = _inferred_group(header.path, scheme, pairs)  # a file without metadata
+    check_layout(header.path, pairs, scheme, GROUP_SIZE if group_size is None else group_size)
     if SKIP_KEY in meta:
         try:
             file_skip = tuple(json.loads(meta[SKIP_KEY]))
@@ -160,18 +177,29 @@ def read_prequantized(path, outputs, scheme: str, *,
     ``read_safetensors``; scales and ``.q`` values by :func:`check_prequantized`) before any
     is returned. Tensors the graph does not read (a float copy of a quantized weight) stay in
     the file, unread."""
-    wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in _weight_leaves(outputs).items()}
+    graph = _weight_leaves(outputs)
+    wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in graph.items()}
+    if rename is None:  # the scales' layout first: a clearer refusal than a shape mismatch
+        header = read_safetensors_header(path)
+        _check_against_graph({n: tuple(t.shape) for n, t in header.tensors.items()}, graph,
+                             scheme, where=os.fspath(path), error=ShapeError)
     arrays = read_safetensors(path, wanted, rename=rename)
     check_prequantized(arrays, scheme, where=os.fspath(path), error=SerializationError)
     return arrays
 
 
 def check_prequantized(arrays: Mapping[str, np.ndarray], scheme: str, *, where: str,
-                       error: type[Exception] = ArgumentError) -> None:
+                       error: type[Exception] = ArgumentError,
+                       expected: Mapping[str, Node] | None = None) -> None:
     """Refuse, naming the tensor, values no quantizer writes: a ``.scale`` that is not
     finite and positive (a NaN scale would turn its whole channel into NaN on every call) and
     a ``.q`` outside the scheme's range (``Q_RANGE``). Only pairs present together are
-    checked; a missing one is the reader's error (a missing weight)."""
+    checked; a missing one is the reader's error (a missing weight). ``expected``: the
+    graph's weight leaves by name, whose ``.scale`` shapes the arrays' must be
+    (:func:`check_layout`'s message, a ``ShapeError``), checked first."""
+    if expected is not None:
+        _check_against_graph({n: tuple(np.shape(a)) for n, a in arrays.items()}, expected,
+                             scheme, where=where, error=ShapeError)
     lo, hi = Q_RANGE[LOADED[scheme]]
     for name in sorted(arrays):
         if not name.endswith(".scale") or name[:-len(".scale")] + ".q" not in arrays:
@@ -190,3 +218,155 @@ def check_prequantized(arrays: Mapping[str, np.ndarray], scheme: str, *, where: 
             raise error(f"{where}: {qname!r} holds {int(q[at])} at {at}, outside {scheme}'s "
                         f"[{lo}, {hi}] (is it another scheme's file?); save the weights again "
                         f"as {scheme}")
+
+
+# --- the scales' layout ---------------------------------------------------------------------
+
+def _pairs(shapes: Mapping[str, tuple]) -> dict[str, tuple[tuple, tuple]]:
+    """weight name -> (its ``.q`` shape, its ``.scale`` shape), for the pairs present."""
+    return {n[:-len(".scale")]: (tuple(shapes[n[:-len(".scale")] + ".q"]), tuple(shapes[n]))
+            for n in sorted(shapes)
+            if n.endswith(".scale") and n[:-len(".scale")] + ".q" in shapes}
+
+
+def _rows(scheme: str, k: int, group: int) -> int:
+    """Rows of K a weight's scale has under ``scheme`` and ``group`` (``LOADED``'s layout,
+    ``rewrite/quantize.py``'s ``_loaded``)."""
+    if LOADED[scheme] == "int4":
+        return -(-k // group)
+    if scheme == "int8-dynamic" and group < k and k % group == 0:
+        return k // group
+    return 1
+
+
+def _readings(q: tuple, s: tuple) -> list[tuple[int, tuple[int, int]]]:
+    """What a ``.q``/``.scale`` pair can be, as (K, the scale's axis of rows): a linear's
+    (N, K) weight with an (N, rows) scale, or a matmul's (K, N) weight with a (rows, N) one
+    (the header does not say which product reads it; both are tried)."""
+    if len(q) != 2 or len(s) != 2:
+        return []
+    out = []
+    if s[0] == q[0]:
+        out.append((q[1], 1))  # linear: (N, K), scale (N, rows)
+    if s[1] == q[1]:
+        out.append((q[0], 0))  # matmul: (K, N), scale (rows, N)
+    return out
+
+
+def _misfit(scheme: str, pairs: Mapping[str, tuple[tuple, tuple]], group: int) -> str | None:
+    """The first weight whose scale no reading of its shapes gives under ``group``."""
+    for name, (q, s) in pairs.items():
+        if not any(s[axis] == _rows(scheme, k, group) for k, axis in _readings(q, s)):
+            return name
+    return None
+
+
+def layout_groups(scheme: str, pairs: Mapping[str, tuple[tuple, tuple]]) -> list[list[int]]:
+    """The group sizes the scales' shapes allow, in classes of the same meaning (each
+    class: group sizes that split every weight's K alike), smallest first. One class: the
+    shapes say what the file holds; several: they do not (int4's groups of 32 and of 33 both
+    give a K of 64 two scales). ``pairs``: :func:`_pairs`'s."""
+    if scheme not in GROUPED or not pairs:
+        return []
+    ks = {name: [k for k, _ in _readings(q, s)] for name, (q, s) in pairs.items()}
+    top = max((k for found in ks.values() for k in found), default=0)
+    classes: dict[tuple, list[int]] = {}
+    for g in range(1, top + 1):  # every g >= the largest K means what g = that K means
+        if _misfit(scheme, pairs, g) is not None:
+            continue
+        meaning = tuple((min(g, k) if LOADED[scheme] == "int4" else
+                         (g if g < k and k % g == 0 else 0)) for found in ks.values()
+                        for k in found)
+        classes.setdefault(meaning, []).append(g)
+    return sorted(classes.values())
+
+
+def _advised(scheme: str, pairs: Mapping[str, tuple[tuple, tuple]]) -> list[int]:
+    """One group size per meaning the shapes allow, the plainest first: the one dividing
+    the most weights' K (a group size past every K where the scales are per channel)."""
+    ks = [k for q, s in pairs.values() for k, _ in _readings(q, s)]
+
+    def plain(g: int) -> tuple[int, int]:
+        return (-sum(k % g == 0 or g >= k for k in ks), g)
+
+    return sorted((min(c, key=plain) for c in layout_groups(scheme, pairs)), key=plain)
+
+
+def _inferred_group(where: str, scheme: str, pairs: Mapping[str, tuple[tuple, tuple]]) -> int:
+    """The group size of a file without ``GROUP_KEY`` (another tool's), from its shapes
+    where they allow one meaning; refused with the candidates otherwise."""
+    classes = layout_groups(scheme, pairs)
+    if len(classes) == 1:
+        return _advised(scheme, pairs)[0]
+    if not classes:  # no group size fits: refused, by name
+        check_layout(where, pairs, scheme, GROUP_SIZE)
+    advice = _advised(scheme, pairs)
+    raise ArgumentError(f"{where} does not say its group size (no {GROUP_KEY!r} metadata) and "
+                        f"its {scheme} scales fit groups of {advice[:4]} rows alike, each "
+                        "meaning other numbers: load it with the group_size= it was written "
+                        f"with (e.g. group_size={advice[0]}), or save the model again with "
+                        "tg.save_quantized (which records it)")
+
+
+def check_layout(where: str, pairs: Mapping[str, tuple[tuple, tuple]], scheme: str,
+                 group: int) -> None:
+    """Refuse, naming the tensor, a ``.scale`` whose shape ``scheme`` with groups of
+    ``group`` rows does not give its ``.q``: the expected and found shapes, what the found
+    one is (one scale per channel: an int8-dynamic file from before grouped scales), and the
+    group size that would read it, if any."""
+    name = _misfit(scheme, pairs, group)
+    if name is None:
+        return
+    q, s = pairs[name]
+    readings = _readings(q, s)
+    if readings:
+        k, axis = readings[0]
+        want = [s[0], _rows(scheme, k, group)] if axis == 1 else [_rows(scheme, k, group), s[1]]
+        expected = f"{want} (K = {k}"
+        expected += f", groups of {group} rows)" if scheme in GROUPED else ", per channel)"
+    else:
+        expected = ("(N, rows) for a linear's (N, K) .q, (rows, N) for a matmul's (K, N): "
+                    "its output channels along the .q's")
+    raise ShapeError(f"{where}: {name + '.scale'!r} is {list(s)} for a {list(q)} "
+                     f"{name + '.q'!r}, {scheme} needs {expected}; "
+                     f"{_what(scheme, pairs, name, group)}")
+
+
+def _what(scheme: str, pairs: Mapping[str, tuple[tuple, tuple]], name: str, group: int) -> str:
+    """What a misfit scale looks like and the fixes, for :func:`check_layout`'s message."""
+    q, s = pairs[name]
+    fix = "save the model again from the float weights with tg.save_quantized"
+    readings = _readings(q, s)
+    old = (scheme == "int8-dynamic" and readings and all(s[axis] == 1 for _, axis in readings))
+    found = ("one scale per output channel, int8-dynamic's layout before its scales were "
+             "grouped: " if old else "")
+    advice = _advised(scheme, pairs) if scheme in GROUPED else []
+    if advice:
+        meaning = (" (per channel, each activation row one scale: what it was saved as)"
+                   if old else "")
+        return f"{found}{fix}, or load it with group_size={advice[0]}{meaning}"
+    return f"{found}{fix}"
+
+
+def _check_against_graph(shapes: Mapping[str, tuple], graph: Mapping[str, Node], scheme: str,
+                         *, where: str, error: type[Exception]) -> None:
+    """The scales' shapes against the graph's leaves (a transposed or flattened scale, or
+    rows of another group size), refused by :func:`check_layout`'s message before any
+    value is read or bound."""
+    for name, leaf in sorted(graph.items()):
+        if not name.endswith(".scale") or name not in shapes:
+            continue
+        base = name[:-len(".scale")]
+        want, got = tuple(int(d) for d in leaf.shape), tuple(shapes[name])
+        if got == want or base + ".q" not in shapes:
+            continue
+        q = tuple(shapes[base + ".q"])
+        advice = _advised(scheme, _pairs(shapes)) if scheme in GROUPED else []
+        old = scheme == "int8-dynamic" and _readings(q, got) and all(
+            got[a] == 1 for _, a in _readings(q, got))
+        found = ("one scale per output channel, int8-dynamic's layout before its scales "
+                 "were grouped: " if old else "")
+        how = f", or load it with group_size={advice[0]}" if advice else ""
+        raise error(f"{where}: {name!r} is {list(got)} for a {list(q)} {base + '.q'!r}, "
+                    f"the {scheme} graph reads {list(want)}; {found}save the model again "
+                    f"from the float weights with tg.save_quantized{how}")

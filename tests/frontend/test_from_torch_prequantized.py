@@ -147,3 +147,112 @@ def test_skipped_weights_stay_float_in_the_file_and_load_with_its_skip(tmp_path)
     assert relative_error(got(x), ref(x)) <= 1e-6
     with pytest.raises(ArgumentError, match=r"saved with skip=\['2.\*'\].*not \['0.\*'\]"):
         tg.from_torch(module, (x,), weights=path, skip=["0.*"], db=":memory:")
+
+
+# --- the scales' layout: another group size, the old int8-dynamic layout, other tools' files ---
+
+def _no_compile(monkeypatch):
+    """Refusals must come before anything is compiled (and so before anything is bound)."""
+    from tensor_graphs import compiler
+
+    def refuse(*a, **k):
+        raise AssertionError("compiled before the file was refused")
+    monkeypatch.setattr(compiler, "compile", refuse)
+
+
+def test_an_int8_dynamic_file_from_before_grouped_scales(tmp_path, monkeypatch):
+    """A file saved before int8-dynamic's scales were grouped: one scale per output channel,
+    metadata group 32 (int4's, written for every scheme). Refused, naming the tensor and
+    both shapes, file or arrays, before compiling; loads with the group size it advises,
+    giving per-channel weights and per-row activations: what it was saved as."""
+    torch.manual_seed(2)
+    module = _mlp().eval()
+    x = torch.randn(3, 40)
+    per_channel = tg.from_torch(module, (x,), quantize="int8-dynamic", group_size=64,
+                                db=":memory:")  # 64 >= every K: no groups, as before
+    path = tmp_path / "new.safetensors"
+    per_channel.save_quantized(path)
+    arrays = _file(path)
+    assert arrays["2.weight.scale"].shape == (24, 1)
+    old = _write(tmp_path, arrays, "int8-dynamic")  # metadata group 32
+    with monkeypatch.context() as m:
+        _no_compile(m)
+        with pytest.raises(ShapeError, match=r"'2.weight.scale' is \[24, 1\] for a \[24, 64\] "
+                           r"'2.weight.q', int8-dynamic needs \[24, 2\].*per output channel.*"
+                           r"tg.save_quantized.*group_size=64"):
+            tg.from_torch(module, (x,), weights=old, db=":memory:")
+        with pytest.raises(ShapeError, match=r"'2.weight.scale' is \[24, 1\].*reads \[24, 2\]"
+                           r".*tg.save_quantized.*group_size=64"):
+            tg.from_torch(module, (x,), weights=arrays, quantize="int8-dynamic",
+                          prequantized=True, db=":memory:")
+    got = tg.from_torch(module, (x,), weights=old, group_size=64, db=":memory:")
+    assert relative_error(got(x), per_channel(x)) <= 1e-6
+    with pytest.raises(ArgumentError, match="groups of 32 rows, not 16"):  # fits neither
+        tg.from_torch(module, (x,), weights=old, group_size=16, db=":memory:")
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int8-dynamic", "int4-weight"])
+def test_a_file_of_another_group_size(scheme, tmp_path, monkeypatch):
+    """Saved with groups of 16: its metadata says so (loads with no group_size, another is
+    refused); without metadata (another tool's file) the shapes decide where they allow one
+    meaning (int8-dynamic: K / rows; int8-weight: no groups), else refused with advice."""
+    torch.manual_seed(3)
+    module = _mlp().eval()
+    x = torch.randn(3, 40)
+    ref = tg.from_torch(module, (x,), quantize=scheme, group_size=16, db=":memory:")
+    path = tmp_path / "g16.safetensors"
+    ref.save_quantized(path)
+    assert relative_error(tg.from_torch(module, (x,), weights=path, db=":memory:")(x),
+                          ref(x)) <= 1e-6
+    bare = tmp_path / "bare.safetensors"
+    write_safetensors(bare, _file(path))  # no metadata at all
+
+    def load(**kw):
+        return tg.from_torch(module, (x,), weights=bare, quantize=scheme, prequantized=True,
+                             db=":memory:", **kw)
+
+    if scheme == "int4-weight":  # K = 40 in 3 groups, 64 in 4: groups of 16 to 19 alike
+        with monkeypatch.context() as m:
+            _no_compile(m)
+            with pytest.raises(ArgumentError, match=r"does not say its group size.*"
+                               r"\[16, 17, 18, 19\].*group_size=16"):
+                load()
+            with pytest.raises(ShapeError, match=r"'0.weight.scale' is \[64, 3\].*needs "
+                               r"\[64, 2\] \(K = 40, groups of 32 rows\).*group_size=16"):
+                load(group_size=32)
+        got = load(group_size=16)
+    else:
+        got = load()
+    assert relative_error(got(x), ref(x)) <= 1e-6
+    if scheme != "int8-weight":  # the arrays, with the default group of 32
+        misfit = (r"'0.weight.scale' is \[64, 3\].*reads \[64, 2\]" if scheme == "int4-weight"
+                  else r"'2.weight.scale' is \[24, 4\].*reads \[24, 2\]")  # K = 40: 1 row
+        with monkeypatch.context() as m:
+            _no_compile(m)
+            with pytest.raises(ShapeError, match=misfit + ".*group_size=16"):
+                tg.from_torch(module, (x,), weights=_file(path), quantize=scheme,
+                              prequantized=True, db=":memory:")
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int8-dynamic", "int4-weight"])
+def test_a_scale_of_the_right_size_but_another_shape(scheme, tmp_path, monkeypatch):
+    """Flattened or reshaped scales are refused by name, in a file or as arrays, before
+    compiling: which value belongs to which channel is not the file's to guess."""
+    torch.manual_seed(4)
+    module = _mlp().eval()
+    x = torch.randn(3, 40)
+    ref = tg.from_torch(module, (x,), quantize=scheme, db=":memory:")
+    path = tmp_path / "ok.safetensors"
+    ref.save_quantized(path)
+    good = _file(path)
+    s = good["2.weight.scale"]  # (24, rows)
+    _no_compile(monkeypatch)
+    flat = _write(tmp_path, {**good, "2.weight.scale": s.reshape(-1)}, scheme)
+    with pytest.raises(ShapeError, match=r"'2.weight.scale' is \[\d+\] for a \[24, 64\] "
+                       r"'2.weight.q'.*\(N, rows\).*tg.save_quantized"):
+        tg.from_torch(module, (x,), weights=flat, db=":memory:")
+    other = np.ascontiguousarray(s.reshape(s.shape[::-1]))
+    with pytest.raises(ShapeError, match=rf"'2.weight.scale' is \[{s.shape[1]}, 24\].*"
+                       rf"reads \[24, {s.shape[1]}\].*tg.save_quantized"):
+        tg.from_torch(module, (x,), weights={**good, "2.weight.scale": other}, quantize=scheme,
+                      prequantized=True, db=":memory:")

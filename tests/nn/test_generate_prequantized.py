@@ -177,3 +177,35 @@ def test_skip_without_a_scheme_is_refused():
     with pytest.raises(ArgumentError, match="skip=.*quantize="):
         Generator(tg.nn.GPT2(tg.nn.GPT2Config.from_hf(_config())), {}, vocab_size=VOCAB,
                   max_len=MAX_LEN, skip=["lm_head.weight"])
+
+
+def test_an_int8_dynamic_file_from_before_grouped_scales_is_refused_before_compiling(
+        saved, tmp_path, monkeypatch):
+    """int8-weight's file is what int8-dynamic wrote before its scales were grouped (one
+    scale per output channel, metadata group 32): as int8-dynamic it is refused, naming the
+    tensor, both shapes and the fixes, from the file or as a state dict, before either
+    program is compiled."""
+    scheme, _, path = saved
+    if scheme != "int8-weight":
+        pytest.skip("the per-channel layout is int8-weight's")
+    from tensor_graphs import compiler
+
+    def refuse(*a, **k):
+        raise AssertionError("compiled before the file was refused")
+    monkeypatch.setattr(compiler, "compile", refuse)
+    good = _file(path)
+    old = _rewrite(tmp_path, good, "int8-dynamic")
+    fix = r"per output channel.*tg.save_quantized.*group_size=256"  # mlp.c_proj's K = 256
+    with pytest.raises(ShapeError, match=rf"'{ATTN}.scale' is \[1, 192\] for a \[64, 192\] "
+                       rf"'{ATTN}.q', int8-dynamic needs \[2, 192\].*{fix}"):
+        _load(old)
+    with pytest.raises(ShapeError, match=rf"'{ATTN}.scale' is \[1, 192\].*reads \[2, 192\].*"
+                       rf"{fix}"):
+        Generator(tg.nn.GPT2(tg.nn.GPT2Config.from_hf(_config())), good, vocab_size=VOCAB,
+                  max_len=MAX_LEN, max_prompt=PROMPT, quantize="int8-dynamic",
+                  prequantized=True, db=":memory:")
+    bare = tmp_path / "bare.safetensors"
+    write_safetensors(bare, good)  # another tool's file: no metadata, per channel
+    with pytest.raises(ArgumentError, match=r"pass quantize=<scheme>"):
+        Generator(tg.nn.GPT2(tg.nn.GPT2Config.from_hf(_config())), bare, vocab_size=VOCAB,
+                  max_len=MAX_LEN, max_prompt=PROMPT, prequantized=True, db=":memory:")
