@@ -79,9 +79,11 @@ class Spec:
     "ties" (small integers, so comparisons see equal elements), "near_one" (magnitudes in
     [0.6, 1.4], for products), "index" (ints in [0, high)). Int dtypes draw small nonzero ints,
     bool dtypes random bools. The adversarial kinds "logits", "masked", "scaled", "offset",
-    "tiny", "nonfinite" and "cancel" (``kernels.adversarial``: large and shifted logits, -inf
-    masked positions, rows far from zero, rows far below eps, NaN/inf in reduced rows,
-    cancelling float16 sums) draw rows along ``axes`` (None: the whole tensor is one row).
+    "tiny", "nonfinite", "cancel" and "tail" (``kernels.adversarial``: large and shifted
+    logits, -inf masked positions, rows far from zero, rows far below eps, NaN/inf in reduced
+    rows, cancelling float16 sums, values in the normal CDF's far left tail, about -9 (float16
+    -4.5), where ``1 + erf(x / sqrt 2)`` cancels to 0 and an erfc-form gelu does not) draw rows
+    along ``axes`` (None: the whole tensor is one row).
     """
 
     shape: tuple[int, ...]
