@@ -96,6 +96,43 @@ KEEPS_POSITIVE = frozenset({ADD, MUL, DIV, MAXIMUM, MINIMUM, RECIPROCAL, SUM, ME
                             RESHAPE, PERMUTE, EXPAND, SLICE, CONCAT, CAST, COPY_TO})
 
 
+def _positive(values: np.ndarray) -> bool:
+    return bool(np.all(values > 0))
+
+
+def _nonnegative(values: np.ndarray) -> bool:
+    return bool(np.all(values >= 0))
+
+
+def _any(values: np.ndarray) -> bool:
+    return True
+
+
+# op -> the constant operands after which positive other operands still give a positive
+# result (each row: why a constant outside them leaves some lanes <= 0 whatever is drawn);
+# a ``KEEPS_POSITIVE`` op without a row reads no constants in practice and asks ``_positive``
+CONSTANT_KEEPS: dict[str, Callable[[np.ndarray], bool]] = {
+    ADD: _nonnegative,  # x + c with c < 0 is negative for 0 < x < -c
+    MUL: _positive,  # x * c with c <= 0 is <= 0 for every positive x
+    DIV: _positive,  # x / c and c / x with c <= 0 are <= 0 (inf, NaN at 0) for x > 0
+    MINIMUM: _positive,  # min(x, c) is c wherever x exceeds it
+    CONCAT: _positive,  # the constant's lanes are in the result as they are
+    MAXIMUM: _any,  # max(x, c) >= x: a positive x is enough
+}
+# single-operand ops a constant may sit under (``x * expand(c)``) that keep its values' signs
+_CONSTANT_WRAPPERS = frozenset({RESHAPE, PERMUTE, EXPAND, SLICE, CAST, COPY_TO})
+
+
+def _constant_values(node: Node, args: set[Node]) -> np.ndarray | None:
+    """The values of ``node`` where it is a constant (under reshapes, casts, ...), else None
+    (an argument is drawn, whatever it is made of)."""
+    while node.op.name in _CONSTANT_WRAPPERS and node.inputs and node not in args:
+        node = node.inputs[0]
+    if node.op.name != CONSTANT or node in args:
+        return None
+    return np.asarray(node.attrs["value"].array, dtype=np.float64)
+
+
 def input_domains(root: Node, arguments: Collection[Node]) -> dict[Node, str]:
     """The arguments of the computation ``root`` (read from ``arguments``) to draw in a
     domain other than normal values: each operand an op of ``DOMAINS`` reads is traced back
@@ -121,7 +158,8 @@ def input_domains(root: Node, arguments: Collection[Node]) -> dict[Node, str]:
 
 def _require(node: Node, values: str, args: set[Node], found: dict[Node, str]) -> None:
     """Mark the arguments ``node`` is made of as drawn in ``values`` where that puts it
-    there."""
+    there: the trace stops at an op whose constant operand keeps its result out of the
+    domain (``x * -2``, ``x + -3``), where a positive draw puts every lane, or most, outside."""
     stack, seen = [node], set()
     while stack:
         n = stack.pop()
@@ -133,7 +171,13 @@ def _require(node: Node, values: str, args: set[Node], found: dict[Node, str]) -
         elif n.op.name in NONNEGATIVE or (n.op.name == MUL and n.inputs[0] is n.inputs[1]):
             continue  # never negative already (x * x is a square)
         elif n.op.name in KEEPS_POSITIVE:
-            stack.extend(i for i in n.inputs if i.op.name != CONSTANT)
+            constants = [_constant_values(i, args) for i in n.inputs]
+            keeps = CONSTANT_KEEPS.get(n.op.name, _positive)
+            if all(c is None or keeps(c) for c in constants):
+                stack.extend(i for i, c in zip(n.inputs, constants, strict=True) if c is None)
+            # else: a constant puts lanes <= 0 whatever the draw (x * -2): normal values,
+            # which at least leave half the lanes in the domain
 
 
-__all__ = ["DOMAINS", "KEEPS_POSITIVE", "NONNEGATIVE", "POSITIVE", "Domain", "input_domains"]
+__all__ = ["CONSTANT_KEEPS", "DOMAINS", "KEEPS_POSITIVE", "NONNEGATIVE", "POSITIVE", "Domain",
+           "input_domains"]
