@@ -42,7 +42,8 @@ compare ratios within a run.
 ``--gpt2``: GPT-2 124M decode (random weights from transformers' default config, no network)
 against ONNX Runtime's: benchmarks/generate.py's ``OrtDecoder`` exports the prefill and the
 decode step with their KV cache, and the same two graphs go through ``quantize_dynamic``
-(int8 weights per tensor, activations quantized per tensor at run time). Runners, interleaved:
+(int8 weights per tensor, ``--per-channel`` per channel; activations quantized per tensor at
+run time). Runners, interleaved:
 ours float32 and each ``--schemes`` (``tg.nn.Generator(quantize=...)``, planned on estimates),
 onnxruntime float32 and int8, torch eager float32 and torch int8 (transformers' model driven a
 token at a time with its ``DynamicCache``). GPT-2's projections are transformers ``Conv1D``
@@ -256,7 +257,7 @@ def gpt2_decode(args) -> int:
     int8 = copy.copy(theirs["float32"])
     for name in ("prefill", "decode"):
         quantize_dynamic(str(folder / f"{name}.onnx"), str(folder / f"{name}_int8.onnx"),
-                         weight_type=QuantType.QInt8)
+                         weight_type=QuantType.QInt8, per_channel=args.per_channel)
         setattr(int8, name, ort.InferenceSession(str(folder / f"{name}_int8.onnx"), options,
                                                  providers=["CPUExecutionProvider"]))
     theirs["int8"] = int8
