@@ -220,6 +220,22 @@ static void tile_portable(const uint8_t *a, int64_t lda, int rows, const int8_t 
 }
 
 #if Q8D_X86
+/* c[r][p] += row r's k groups [G0, G1) (4 unsigned bytes each, from ar[r]) . panel p's (NP
+ * panels, b + p * pstride): one vpdpbusd a (row, panel, k group); the ungrouped tile runs
+ * it over all of K, the grouped one per block of K */
+#define VNNI512_GROUPS(NP, G0, G1)                                                            \
+    for (int64_t g = (G0); g < (G1); g++) {                                                   \
+        __m512i w[NP];                                                                        \
+        for (int p = 0; p < NP; p++)                                                          \
+            w[p] = _mm512_load_si512((const void *)(b + p * pstride + g * 64));               \
+        for (int r = 0; r < DMR; r++) {                                                       \
+            int32_t x4;                                                                       \
+            memcpy(&x4, ar[r] + 4 * g, 4);                                                    \
+            __m512i x = _mm512_set1_epi32(x4);                                                \
+            for (int p = 0; p < NP; p++) c[r][p] = _mm512_dpbusd_epi32(c[r][p], x, w[p]);     \
+        }                                                                                     \
+    }
+
 /* AVX-512 VNNI: NP panels (16 columns each) x 6 rows, unsigned rows, one vpdpbusd a
  * (row, panel, k group) */
 #define VNNI512_TILE(NP)                                                                      \
@@ -232,17 +248,7 @@ static void tile_portable(const uint8_t *a, int64_t lda, int rows, const int8_t 
             ar[r] = a + (r < rows ? r : rows - 1) * lda;                                      \
             for (int p = 0; p < NP; p++) c[r][p] = _mm512_setzero_si512();                    \
         }                                                                                     \
-        for (int64_t g = 0; g < groups; g++) {                                                \
-            __m512i w[NP];                                                                    \
-            for (int p = 0; p < NP; p++)                                                      \
-                w[p] = _mm512_load_si512((const void *)(b + p * pstride + g * 64));           \
-            for (int r = 0; r < DMR; r++) {                                                   \
-                int32_t x4;                                                                   \
-                memcpy(&x4, ar[r] + 4 * g, 4);                                                \
-                __m512i x = _mm512_set1_epi32(x4);                                            \
-                for (int p = 0; p < NP; p++) c[r][p] = _mm512_dpbusd_epi32(c[r][p], x, w[p]); \
-            }                                                                                 \
-        }                                                                                     \
+        VNNI512_GROUPS(NP, 0, groups);                                                        \
         for (int r = 0; r < DMR; r++)                                                         \
             for (int p = 0; p < NP; p++) _mm512_storeu_si512((void *)(t[r] + 16 * p), c[r][p]); \
     }
@@ -278,18 +284,7 @@ VNNI512_TILE(4)
             __m512i c[DMR][NP];                                                               \
             for (int r = 0; r < DMR; r++)                                                     \
                 for (int p = 0; p < NP; p++) c[r][p] = _mm512_setzero_si512();                \
-            for (int64_t g = k0 / 4; g < (k0 + blk) / 4; g++) {                               \
-                __m512i w[NP];                                                                \
-                for (int p = 0; p < NP; p++)                                                  \
-                    w[p] = _mm512_load_si512((const void *)(b + p * pstride + g * 64));       \
-                for (int r = 0; r < DMR; r++) {                                               \
-                    int32_t x4;                                                               \
-                    memcpy(&x4, ar[r] + 4 * g, 4);                                            \
-                    __m512i x = _mm512_set1_epi32(x4);                                        \
-                    for (int p = 0; p < NP; p++)                                              \
-                        c[r][p] = _mm512_dpbusd_epi32(c[r][p], x, w[p]);                      \
-                }                                                                             \
-            }                                                                                 \
+            VNNI512_GROUPS(NP, k0 / 4, (k0 + blk) / 4);                                       \
             __m512i corr[NP];                                                                 \
             __m512 sw[NP];                                                                    \
             for (int p = 0; p < NP; p++) {                                                    \
