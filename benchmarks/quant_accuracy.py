@@ -8,18 +8,18 @@ answers it in seconds. Weights are int8 per output channel in every int8 scheme 
 
     python benchmarks/quant_accuracy.py [--sentences 16]
 
-Sentences: the first plain sentence (40-160 characters, no code) of each of the standard
-library's ``pydoc_data.topics`` entries in sorted order, the first ``--sentences`` of them,
-plus the five of docs/benchmarks.md's ``tg run minilm`` example. Prints per scheme the
-largest |cosine(scheme) - cosine(float32)| over all pairs and the embeddings' error. The
-reference is the same forward in float64 (float32's own rounding is ~1e-7 of it).
+Sentences: ``jobs.minilm.pydoc_sentences`` (the first plain sentence, 40-160 characters, of
+each of the standard library's ``pydoc_data.topics`` entries in sorted order; the test reads
+the same), the first ``--sentences`` of them, plus the five of docs/benchmarks.md's
+``tg run minilm`` example. Prints per scheme the largest |cosine(scheme) - cosine(float32)|
+over all pairs and the embeddings' error. The reference is the same forward in float64
+(float32's own rounding is ~1e-7 of it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -31,22 +31,6 @@ from tensor_graphs.jobs import minilm  # noqa: E402
 
 EXAMPLE = ["A man is eating food.", "A man is eating a piece of bread.", "The sky is blue.",
            "A man is riding a horse.", "Someone is eating bread."]
-
-
-def pydoc_sentences(n: int) -> list[str]:
-    """The first plain sentence of each pydoc topic (sorted), the first ``n`` found."""
-    from pydoc_data.topics import topics
-
-    out = []
-    for key in sorted(topics):
-        text = " ".join(topics[key].split())
-        for s in re.split(r"(?<=[.])\s", text):
-            if 40 < len(s) < 160 and not any(c in s for c in "*=()"):
-                out.append(s)
-                break
-        if len(out) == n:
-            break
-    return out
 
 
 def load_weights() -> tuple[dict, dict]:
@@ -197,7 +181,7 @@ def main() -> int:
                     help="pydoc_data.topics sentences (default 16; the 5 examples added)")
     args = ap.parse_args()
     w, cfg = load_weights()
-    sets = {f"{args.sentences} pydoc sentences": pydoc_sentences(args.sentences),
+    sets = {f"{args.sentences} pydoc sentences": minilm.pydoc_sentences(args.sentences),
             "5 example sentences": EXAMPLE}
     stats: dict = {}
     encoded = {k: minilm.encode(v) for k, v in sets.items()}

@@ -5,6 +5,7 @@ the attention mask, normalise. Cosine similarity of two embeddings is then a dot
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -125,6 +126,25 @@ def bounds_for(ids: np.ndarray) -> tuple[int, int]:
         return min(max(least, 1 << max(n - 1, 0).bit_length()), most)
 
     return up(ids.shape[0], 2, MAX_BATCH), up(ids.shape[1], 16, MAX_SEQ)
+
+
+def pydoc_sentences(n: int) -> list[str]:
+    """``n`` real English sentences with no network and no data file: the first plain one
+    (40-160 characters, no code) of each of the standard library's ``pydoc_data.topics``
+    entries in sorted order. Random tokens are no sentences, so an accuracy check on cosine
+    similarities (int8-dynamic's groups, issue 23) reads these; the test and
+    benchmarks/quant_accuracy.py take the same set from here."""
+    from pydoc_data.topics import topics
+
+    out: list[str] = []
+    for key in sorted(topics):
+        for s in re.split(r"(?<=[.])\s", " ".join(topics[key].split())):
+            if 40 < len(s) < 160 and not any(c in s for c in "*=()"):
+                out.append(s)
+                break
+        if len(out) == n:
+            break
+    return out
 
 
 def similarity(embeddings: np.ndarray) -> np.ndarray:
