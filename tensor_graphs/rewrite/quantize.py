@@ -214,7 +214,7 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
     group_size = GROUP_SIZE if group_size is None else group_size
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ArgumentError(f"quantize: group_size must be a positive int (rows of K per "
-                            f"int4 scale), got {group_size!r}")
+                            f"scale of int4-weight and int8-dynamic), got {group_size!r}")
     scheme_make, act = SCHEMES[scheme]
     if prequantized and scheme not in LOADED:
         raise ArgumentError(f"quantize: prequantized weights exist for {sorted(LOADED)}, not "

@@ -268,7 +268,8 @@ def numpy_mean(x, axis, keepdims):
 
 @numpy_kernel("var")
 def numpy_var(x, axis, keepdims, correction):
-    """Variance with n - correction in the denominator (two-pass)."""
+    """Variance over max(n - correction, 0) (two-pass; numpy's ddof clamps the same way),
+    so n <= correction gives nan or inf as torch does, never a negative variance."""
     with np.errstate(all="ignore"):
         return out(np.var(up(x), axis=_axis(axis), keepdims=keepdims, ddof=correction),
                    x.dtype)
