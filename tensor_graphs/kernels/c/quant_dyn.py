@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from tensor_graphs.errors import ShapeError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.c import lib
 from tensor_graphs.kernels.c.isa import InstructionPaths
@@ -57,7 +58,17 @@ def packed_bytes(k: int, n: int) -> int:
 def pack(q: np.ndarray) -> np.ndarray:
     """The packed form of an int8 (K, N) weight (read through its strides): a 64-byte aligned
     int8 array with a header, the column sums and 16-column panels in 4-deep k groups."""
-    return pack_int8(q, LIB, "tg_q8d_pack", packed_bytes)
+    return pack_int8(q, LIB, "tg_q8d_pack", _c_packed_bytes)
+
+
+def _c_packed_bytes(k: int, n: int) -> int:
+    """The bytes tg_q8d_pack writes, as the C side computes them: the buffer is sized by the
+    library that fills it, so a layout change in quant_dyn.c that ``packed_bytes`` (memory
+    accounting) has not followed cannot overrun the heap (test_quant_dyn_bounds checks that the
+    two agree). Not through ``lib.func``: a recorder would refuse its int64 result."""
+    fn = lib.library(LIB).tg_q8d_packed_size
+    fn.argtypes, fn.restype = [I64, I64], I64
+    return int(fn(k, n))
 
 
 def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = None,
@@ -69,6 +80,10 @@ def gemm(a, q, s, bias=None, act=None, out=None, res=None, path: int | None = No
         q = pack(q)
     k = a.shape[-1]
     n = s.shape[-1]
+    if s.ndim == 2 and k % s.shape[0]:  # the C side, given k // ng, would read past s
+        raise ShapeError(f"C int8-dynamic gemm: weight scales {s.shape} for K = {k}: their "
+                         f"{s.shape[0]} rows must divide K (a scale per K / ng rows of the "
+                         f"weight), or be one row")
     gw = k // s.shape[0] if s.ndim == 2 and s.shape[0] > 1 else k
     out = lib.output(out, a.shape[:-1] + (n,), np.float32)
     fn = lib.func(LIB, "tg_q8d_gemm", P, I64, P, P, P, P, P, I64, I64, I64, I32, I32, I64, I64)
