@@ -28,6 +28,7 @@ in the process so its in-memory answers are reused.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import sys
@@ -174,7 +175,8 @@ class Pipeline:
             print(f"tg compile: {len(self.outputs)} output(s); {shown}"
                   + (" (bounds: symbolic dims kept)" if symbolic else ""), file=sys.stderr)
         graph = prepare(self.outputs, {} if symbolic else dims)  # specialize ... sink
-        plan = run_pass("plan", self._plan_forms, graph, dims if symbolic else None, stats)
+        with self.sharing():  # a profile's generated builds verified once per database
+            plan = run_pass("plan", self._plan_forms, graph, dims if symbolic else None, stats)
         at = plan.at(dims) if symbolic else plan  # concrete shapes, steps in the same order
         memory = run_pass("memory plan", plan_memory, at, symbolic=plan)  # static: on plan
         if fits:
@@ -182,6 +184,16 @@ class Pipeline:
         program = run_pass("lower", lower, plan, memory, at)
         stats["plans"] += 1
         return run_pass("program", Executable, program, {self.device.kind: self.device.name})
+
+    def sharing(self) -> contextlib.AbstractContextManager:
+        """With profile="missing", the profiling and the generated kernels this compile's
+        plan builds go through the verification outcomes its database's profilers share
+        (``profiler/shared_verify``); only for this compile, never a later one's."""
+        if self.profile != "missing":
+            return contextlib.nullcontext()
+        from tensor_graphs.profiler import shared_verify
+
+        return shared_verify.sharing(self.db, cost_model(self.db, self.kinds).hardware)
 
     def devices(self) -> dict[str, Device]:
         """The device each kind of the plan means: the target (with the capacity given), and

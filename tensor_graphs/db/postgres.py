@@ -330,10 +330,13 @@ class PostgresDatabase(Database):
     def _refused(self, exc: _RefusedError) -> None:
         """The server refused a write for a grant this role lacks (rolled back whole): read-only
         from now on; switched to memory if this process asked for it (``record_in_memory``),
-        else raises ``DatabaseError`` naming the grants."""
+        else raises ``DatabaseError`` naming the grants. The grants are asked for before the
+        lock is taken: that query may retry with backoff (``_attempt``), and the lock guards
+        what every other thread's record checks."""
+        reason = self._attempt(_missing_grants, "reading") or str(exc)
         with self._lock:
             self.readonly = True
-            self.readonly_reason = self._attempt(_missing_grants, "reading") or str(exc)
+            self.readonly_reason = reason
         if not self._fallback:
             raise DatabaseError(
                 f"the measurement database {self.path} is read-only ({self.readonly_reason}), "

@@ -26,9 +26,11 @@ its decomposition: an ``add`` after a ``gelu`` is one loop, not a hand kernel an
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from tensor_graphs.ir.node import Node
@@ -76,47 +78,84 @@ class Candidate:
         return f"<generated {self.name} ({self.backend}, {self.device}) {self.summary}>"
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the tables below, never held while a kernel is built
 _built: dict[str, object] = {}  # candidate name -> its verified Kernel
 refused: dict[str, str] = {}  # candidate name -> why it was refused (compile or verification)
-# how ``realize`` builds a candidate with a ``draft``: None, ``build()`` here; else
-# fn(candidate) -> the kernel, which may verify it once for several processes (``share``)
-_sharing: Callable[[Candidate], object] | None = None
+_building: dict[str, threading.Lock] = {}  # candidate name -> held while one thread builds it
+# how ``realize`` builds a candidate with a ``draft`` in this thread's context: None,
+# ``build()`` here; else fn(candidate) -> the kernel, which may verify it once for several
+# processes (``sharing``). A context variable, set only inside ``with sharing(fn)``: a
+# module-wide hook set by one compile's profiling sent every later compile of the process
+# (another database's, another test's) through the first database's outcomes.
+_sharing: ContextVar[Callable[[Candidate], object] | None] = ContextVar(
+    "tensor_graphs_generated_sharing", default=None)
 
 
-def share(fn: Callable[[Candidate], object] | None) -> None:
-    """Let ``fn(candidate)`` build the candidates ``realize`` builds from now on (None: each
-    built and verified here). A profiler sets it (``profiler/shared_verify.py``) so that the
-    profilers of one database verify a candidate once: the first builds it, the others read
-    its outcome and take its ``draft`` with the tolerance the checks declared."""
-    global _sharing
-    _sharing = fn
+@contextlib.contextmanager
+def sharing(fn: Callable[[Candidate], object] | None) -> Iterator[None]:
+    """Inside the block (this thread's context only), ``fn(candidate)`` builds the
+    candidates ``realize`` builds (None: each built and verified here). A profiling compile
+    wraps its profiling and its own kernel builds in it (``profiler/shared_verify.sharing``)
+    so that the profilers of one database verify a candidate once: the first builds it, the
+    others read its outcome and take its ``draft`` with the tolerance the checks declared.
+    On leaving, the hook before it is back."""
+    token = _sharing.set(fn)
+    try:
+        yield
+    finally:
+        _sharing.reset(token)
 
 
 def realize(kernel):
     """The runnable, verified kernel for a planner option's kernel: a Candidate is built once
     per process (compiled, verified); anything else is returned as it is. A candidate that
-    fails is remembered in ``refused`` and the error is raised again on every later call."""
+    fails is remembered in ``refused`` and the error is raised again on every later call.
+    The build runs under the candidate's own lock, not the module's: a sharing hook may wait
+    minutes for another process's verification (``shared_verify.PATIENCE``), and other
+    threads realizing other candidates go on meanwhile; one realizing the same one waits."""
     if not isinstance(kernel, Candidate):
         return kernel
-    with _lock:
-        found = _built.get(kernel.name)
-        if found is not None:
-            return found
-        if kernel.name in refused:
-            from tensor_graphs.errors import KernelVerificationError
+    while True:
+        with _lock:
+            found = _found(kernel)
+            if found is not None:
+                return found
+            mine = _building.setdefault(kernel.name, threading.Lock())
+        with mine:
+            with _lock:
+                if _building.get(kernel.name) is not mine:  # built (or refused) meanwhile
+                    continue
+                found = _found(kernel)
+                if found is not None:
+                    return found
+            hook = _sharing.get()
+            try:
+                built = kernel.build() if hook is None or kernel.draft is None \
+                    else hook(kernel)
+            except Exception as exc:
+                with _lock:
+                    refused[kernel.name] = f"{type(exc).__name__}: {exc}"
+                    del _building[kernel.name]
+                raise
+            with _lock:
+                _built[kernel.name] = built
+                del _building[kernel.name]
+            return built
 
-            raise KernelVerificationError(f"generated kernel {kernel.name} "
-                                          f"({kernel.summary}) was refused: "
-                                          f"{refused[kernel.name]}")
-        try:
-            built = kernel.build() if _sharing is None or kernel.draft is None \
-                else _sharing(kernel)
-        except Exception as exc:
-            refused[kernel.name] = f"{type(exc).__name__}: {exc}"
-            raise
-        _built[kernel.name] = built
-        return built
+
+def _found(kernel: Candidate):
+    """``kernel``'s built kernel, or None when not built yet; raises where it was refused.
+    Called under ``_lock``."""
+    found = _built.get(kernel.name)
+    if found is not None:
+        return found
+    if kernel.name in refused:
+        from tensor_graphs.errors import KernelVerificationError
+
+        raise KernelVerificationError(f"generated kernel {kernel.name} "
+                                      f"({kernel.summary}) was refused: "
+                                      f"{refused[kernel.name]}")
+    return None
 
 
 def candidates(root: Node, uses: Mapping[Node, int], expand: Expand,
@@ -375,4 +414,4 @@ def rebuilt_map(covers: tuple[Node, ...], through: Mapping[Node, Node],
 
 
 __all__ = ["Candidate", "candidates", "generators", "grow", "grow_stored", "realize", "rebuilt",
-           "rebuilt_map", "refused", "share"]
+           "rebuilt_map", "refused", "sharing"]

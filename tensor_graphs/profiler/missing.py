@@ -278,12 +278,13 @@ def replanned(planner: Planner, cost) -> Planner:
                    streams=planner.streams)
 
 
-def gated(o: Option, planner: Planner) -> bool:
+def gated(o: Option, planner: Planner, outputs: frozenset | None = None) -> bool:
     """Whether ``o`` is measured only where a plan on optimistic times picks it (``could_win``)
     rather than with the first round: a generated kernel, or a host-side option of a plan for
     a GPU (``generated_cost.gated``: a host kernel, a copy between host and GPU), except a
     copy the plan needs whatever runs on the host: a fed leaf's to the GPU, an output's to
-    the host when it is wanted there."""
+    the host when it is wanted there. ``outputs``: ``planner.output_slots`` (a property that
+    builds its list on each read), when the caller asks for many options."""
     if _generated(o):
         return not MEASURE_EVERY_GENERATED
     if MEASURE_EVERY_HOST or not generated_cost.gated(o.kernel, planner.target):
@@ -291,15 +292,16 @@ def gated(o: Option, planner: Planner) -> bool:
     if o.how == COPY:
         if o.slot.device == planner.target:
             return not o.slot.node.op.is_leaf
-        return o.slot not in planner.output_slots
+        return o.slot not in (frozenset(planner.output_slots) if outputs is None else outputs)
     return True
 
 
 def _open_keys(planner: Planner) -> set[tuple[str, str]]:
     """The (kernel, signature) of the planner's options that are not ``gated``: a call is
     measured with the first round if any option making it is."""
+    outputs = frozenset(planner.output_slots)  # once, not once per copy option
     return {_key(o) for options in planner._options.values() for o in options
-            if o.how in (KERNEL, COPY) and not gated(o, planner)}
+            if o.how in (KERNEL, COPY) and not gated(o, planner, outputs)}
 
 
 def could_win(planner: Planner, unmeasured: Mapping[tuple[str, str], Option]
@@ -334,9 +336,13 @@ def profile_missing(planner: Planner, db: Database, progress: bool = True,
     A host program whose weights exceed the
     cache (``Planner.streams``) also gets the memory's read bandwidth measured once per
     database and device (``bandwidth.ensure_read_rate``): its steps are costed at it."""
-    # generated candidates this process builds (measuring, or compiling the plan): verified
-    # once by the profilers of this database
-    shared_verify.share(db, planner.cost.hardware)
+    # generated candidates this process builds measuring: verified once by the profilers of
+    # this database (the compile's own builds are inside its ``sharing`` too: Pipeline.build)
+    with shared_verify.sharing(db, planner.cost.hardware):
+        return _profile(planner, db, progress, lease)
+
+
+def _profile(planner: Planner, db: Database, progress: bool, lease: float | None) -> int:
     if planner.streams and planner.target == "cpu" and "cpu" in planner.cost.hardware:
         ensure_read_rate(db, planner.cost.hardware["cpu"])
     todo = calls_to_measure(planner)

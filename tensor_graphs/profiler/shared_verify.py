@@ -11,26 +11,32 @@ profile on a fresh database verifies afresh. An outcome is filed under a digest 
 everything verification depends on: the kernel's name, backend, device, source hash (and what
 its function closes over), pattern, constraints (dtypes, ranks, contiguity, ``where``'s
 source), tolerance, in-place/view/out declarations, prepared arguments and verification cases,
-and the hardware key's device and libs layers (numpy, compiler versions). A kernel whose
+the hardware key's device and libs layers (numpy, compiler versions), and the verifier
+itself (``verifier_digest``: the source of the checks, the reference, the renderers'
+admission), so a check added since an outcome was filed verifies afresh. A kernel whose
 description names a Python object only this process knows (a repr with an address) is not
 shared. The folder is the private C library cache's (``files.private_dir``): an outcome
 decides whether a kernel is timed and then used, so no other user may plant one.
 
 Generated candidates (``kernels/generated``) are verified as they are built (``realize``:
 compiled, checked by their renderer, then ``tg.kernels.verify``), by whichever process first
-needs one: a profiler measuring it, or any profiler's compile whose plan picks it. ``share``
-makes ``realize`` of the profilers of one database go through here: the first builds and
+needs one: a profiler measuring it, or any profiler's compile whose plan picks it. Inside
+``with sharing(db, hardware)`` (a profiling compile's profiling and its own kernel builds;
+``profile_missing``'s measuring), ``realize`` of the profilers of one database goes through
+here, in that thread only; outside it a candidate is verified by its process (a later compile
+against another database must not read this one's outcomes). The first builds and
 verifies the candidate and files the outcome with the tolerance its checks declared; the
 others take its unchecked build (``Candidate.draft``, the compiled library shared on disk)
 with that tolerance, or refuse it with the first one's reason. A candidate's outcome is filed
 under its generator, name, source hash, backend and device, declared tolerance, prepared
 arguments, layout, the shapes and dtypes of the values it reads and writes (its checks run on
-them), and the hardware key's device and libs (the compiler's version among them). A compile
-error is no outcome (it may be this machine's): it is not filed.
+them), the hardware key's device and libs (the compiler's version among them) and the
+verifier's digest. A compile error is no outcome (it may be this machine's): it is not filed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -39,7 +45,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from tensor_graphs.db.cost import measured_on
@@ -53,6 +59,44 @@ from tensor_graphs.kernels import generated
 from tensor_graphs.kernels.registry import Kernel, source_hash
 
 PATIENCE = 600.0  # seconds to wait for another profiler's verification before doing it here
+
+
+# What a verdict depends on besides the kernel, as source files under the package (a folder:
+# its .py files): an outcome is keyed by their digest (``verifier_digest``), so a check added
+# or changed files outcomes afresh; a "passed" filed before it is never reused, which would
+# hand other processes the kernel's unchecked ``draft``
+VERIFIER_SOURCES = (
+    "kernels/verify.py",  # tg.kernels.verify: its cases (the gelu 'tail'), comparison, bounds
+    "kernels/adversarial.py",  # the adversarial inputs derived from a pattern's ops
+    "kernels/signatures.py",  # the cases' specs: shapes, dtypes, layouts drawn
+    "numerics.py",  # the one error measure, ||got - ref|| / ||ref||
+    "ir/evaluate.py",  # evaluates the float64 reference
+    "kernels/numpy",  # the reference's kernels (each op's float64 formula)
+    "kernels/c/codegen.py",  # the elementwise renderer's check and the admission (admitted)
+    "kernels/c/rowgen.py",  # the row renderer's check
+    "kernels/c/gemm_epilogue.py",  # the GEMM epilogue renderer's check
+    "kernels/triton/check.py",  # the Triton renderers' check
+    "kernels/triton/generate.py",  # the Triton admission around it
+)
+
+
+@functools.cache
+def verifier_digest() -> str:
+    """A digest of ``VERIFIER_SOURCES``' text, read once per process (a process runs the
+    checks it loaded: a file edited while it runs is the next process's)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.blake2b(digest_size=16)
+    for entry in VERIFIER_SOURCES:
+        path = root / entry
+        files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(f"{entry}/{f.name}".encode() + b"\0")
+            try:
+                h.update(f.read_bytes())
+            except OSError:  # not installed as files: the entry's name stands for it
+                h.update(b"unreadable")
+            h.update(b"\0")
+    return h.hexdigest()
 
 
 def kernel_key(kernel, hw: Hardware, scope: str) -> str | None:
@@ -70,7 +114,7 @@ def kernel_key(kernel, hw: Hardware, scope: str) -> str | None:
              repr(kernel.contiguous), repr(kernel.tolerance), repr(kernel.inplace),
              repr(kernel.view), repr(kernel.writes_out), repr(sorted(kernel.prepare)),
              repr(kernel.signatures), "" if where is None else source_hash(where),
-             extra, hw.device, hw.libs, scope]
+             extra, hw.device, hw.libs, scope, verifier_digest()]
     return _digest(parts)
 
 
@@ -84,7 +128,7 @@ def candidate_key(cand: generated.Candidate, hw: Hardware, scope: str) -> str | 
              cand.device, repr(cand.tolerance), repr(cand.prepared), repr(cand.contiguous),
              repr(cand.view),
              *(f"{[str(d) for d in n.shape]}:{getattr(n.dtype, 'name', n.dtype)}"
-               for n in values), hw.device, hw.libs, scope]
+               for n in values), hw.device, hw.libs, scope, verifier_digest()]
     return _digest(parts)
 
 
@@ -168,7 +212,7 @@ def shared(kernel, hw: Hardware, check: Callable[[], str | None],
     by the profilers of this machine sharing ``scope`` (``scope_of``; None: not shared):
     another profiler's outcome is read, and one verifying it now is waited for (up to
     ``PATIENCE`` seconds; then it is checked here too). A generated candidate is realized
-    instead (``generated.realize``, which verifies it, shared through ``share``)."""
+    instead (``generated.realize``, which verifies it, shared inside ``sharing``)."""
     if isinstance(kernel, generated.Candidate) and kernel.draft is not None:
         try:
             generated.realize(kernel)
@@ -205,13 +249,19 @@ def _filed(key: str, make: Callable[[], dict]) -> dict:
         os.close(fd)
 
 
-def share(db, hardware: Mapping[str, Hardware] | None = None) -> None:
-    """From now on, generated candidates this process realizes are verified once by the
-    profilers of ``db`` (``scope_of``; a private database shares nothing), each keyed by its
-    device kind's hardware key in ``hardware`` (the cost model's, as the profiler's rows)."""
+@contextlib.contextmanager
+def sharing(db, hardware: Mapping[str, Hardware] | None = None) -> Iterator[None]:
+    """Inside the block (this thread), generated candidates this process realizes are
+    verified once by the profilers of ``db`` (``scope_of``; a private database shares
+    nothing), each keyed by its device kind's hardware key in ``hardware`` (the cost model's,
+    as the profiler's rows). A profiling compile holds it around its profiling and its own
+    kernel builds (``compiler.Pipeline.build``), ``profile_missing`` around its measuring;
+    after the block a compile against another database verifies for itself again."""
     scope = scope_of(db)
-    generated.share(None if scope is None else
-                    functools.partial(_build, scope=scope, hardware=dict(hardware or {})))
+    with generated.sharing(None if scope is None else
+                           functools.partial(_build, scope=scope,
+                                             hardware=dict(hardware or {}))):
+        yield
 
 
 def _build(cand: generated.Candidate, scope: str, hardware: Mapping[str, Hardware]):

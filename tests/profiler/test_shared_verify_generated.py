@@ -1,5 +1,5 @@
 """Profilers of one database verify each generated candidate once (profiler/shared_verify.py
-``share``): the first to build one (measuring it, or compiling a plan that picks it) checks it
+``sharing``): the first to build one (measuring it, or compiling a plan that picks it) checks it
 and files the outcome; the others take its unchecked build with the tolerance it declared.
 Real processes on one SQLite file, every verification logged."""
 
@@ -97,7 +97,7 @@ def test_profilers_of_one_database_verify_each_generated_candidate_once(tmp_path
 
 def test_a_refusal_is_shared_and_a_private_database_shares_nothing(tmp_path, monkeypatch):
     """A candidate another profiler's checks refused is refused here too, with its reason,
-    without building it; ``share`` of an in-memory database turns sharing off."""
+    without building it; ``sharing`` of an in-memory database turns sharing off inside it."""
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))
     salt = 2.0 + secrets.randbelow(10**6) / 1e7
     x = tg.input("x", (8, 16))
@@ -113,15 +113,15 @@ def test_a_refusal_is_shared_and_a_private_database_shares_nothing(tmp_path, mon
     built = []
     real_build = cand.build
     object.__setattr__(cand, "build", lambda: built.append(1) or real_build())
-    monkeypatch.setattr(generated, "_sharing", None)
     try:
-        shared_verify.share(db, {"cpu": hw})
-        reason = shared_verify.shared(cand, hw, lambda: "unused", scope)
-        assert reason and "wrong on purpose" in reason and not built
-        assert cand.name in generated.refused
-        shared_verify.share(tg.db.Database(":memory:"))
-        assert generated._sharing is None
+        with shared_verify.sharing(db, {"cpu": hw}):
+            reason = shared_verify.shared(cand, hw, lambda: "unused", scope)
+            assert reason and "wrong on purpose" in reason and not built
+            assert cand.name in generated.refused
+            with shared_verify.sharing(tg.db.Database(":memory:")):
+                assert generated._sharing.get() is None
+            assert generated._sharing.get() is not None
+        assert generated._sharing.get() is None
     finally:
         generated.refused.pop(cand.name, None)
-        generated.share(None)
 
