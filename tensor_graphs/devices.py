@@ -120,6 +120,10 @@ SIMULATED = "TG_SIMULATED_CUDA"  # environment: a GPU simulated in host memory (
 SIMULATED_CAPACITY = 1 << 30  # the simulated GPU's memory when the variable is just "1"
 
 
+_UNREAD = object()  # simulated_cuda's memo before the environment is read
+_simulated: object = _UNREAD
+
+
 def simulated_cuda() -> int | None:
     """The capacity of the simulated GPU, or None when there is none.
 
@@ -130,7 +134,26 @@ def simulated_cuda() -> int | None:
     torch's CUDA kernels run as CPU ops and Triton kernels run in Triton's interpreter. The
     code paths are the GPU's; only the timings are not (profiling it files CPU times under a
     hardware key of its own, never a real GPU's). The variable wins over a real GPU, so a GPU
-    machine can run the simulation too."""
+    machine can run the simulation too.
+
+    The variable is read once per process (a decode token asked ~50 times, ~0.1 ms of host
+    time before each CUDA graph replay); ``reread_environment`` reads it again (tests that
+    set it)."""
+    global _simulated
+    if _simulated is _UNREAD:
+        _simulated = _read_simulated()
+    return _simulated
+
+
+def reread_environment() -> None:
+    """Forget what ``simulated_cuda`` read: the next call reads ``TG_SIMULATED_CUDA`` again
+    (and ``torch_device`` follows it)."""
+    global _simulated
+    _simulated = _UNREAD
+    _torch_devices.clear()
+
+
+def _read_simulated() -> int | None:
     value = os.environ.get(SIMULATED, "").strip()
     if value in ("", "0"):
         return None
@@ -153,14 +176,19 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+_torch_devices: dict[str, str] = {}  # device name -> torch_device's answer (per process)
+
+
 def torch_device(device: Device | str) -> str:
     """The torch device whose memory holds values of ``device`` ("cpu", "cuda", "cuda:N"):
     itself, except that the simulated GPU's memory is the host's ("cpu")."""
     name = str(device.name if isinstance(device, Device) else device)
-    kind, _, index = name.partition(":")
-    if kind == "cpu" or simulated_cuda() is not None:
-        return "cpu"
-    return f"cuda:{index or 0}"
+    found = _torch_devices.get(name)
+    if found is None:
+        kind, _, index = name.partition(":")
+        found = "cpu" if kind == "cpu" or simulated_cuda() is not None else f"cuda:{index or 0}"
+        _torch_devices[name] = found
+    return found
 
 
 def _detect_capacity(kind: str, index: int) -> int:

@@ -78,18 +78,28 @@ def test_simulated_gpu_is_cuda0_in_host_memory(monkeypatch):
     path runs in CI; a capacity may be given, anything else is refused by name."""
     from tensor_graphs import devices
 
-    monkeypatch.setenv("TG_SIMULATED_CUDA", "1")
+    def simulate(value: str | None) -> None:  # read once per process: read again here
+        if value is None:
+            monkeypatch.delenv("TG_SIMULATED_CUDA")
+        else:
+            monkeypatch.setenv("TG_SIMULATED_CUDA", value)
+        devices.reread_environment()
+
+    # (the process's own reading and answers come back after the test)
+    monkeypatch.setattr(devices, "_simulated", devices._simulated)
+    monkeypatch.setattr(devices, "_torch_devices", dict(devices._torch_devices))
+    simulate("1")
     d = tg.Device("cuda")
     assert (d.name, d.capacity) == ("cuda:0", devices.SIMULATED_CAPACITY)
     assert devices.torch_device(d) == "cpu" and devices.cuda_available()
     with pytest.raises(tg.DeviceError, match="simulated GPU is cuda:0"):
         tg.Device("cuda:1")
-    monkeypatch.setenv("TG_SIMULATED_CUDA", str(3 << 20))
+    simulate(str(3 << 20))
     assert tg.Device("cuda:0").capacity == 3 << 20
-    monkeypatch.setenv("TG_SIMULATED_CUDA", "lots")
+    simulate("lots")
     with pytest.raises(tg.DeviceError, match="TG_SIMULATED_CUDA='lots'"):
         tg.Device("cuda")
-    monkeypatch.delenv("TG_SIMULATED_CUDA")
+    simulate(None)
     assert devices.torch_device("cuda:1") == "cuda:1" and devices.torch_device("cpu") == "cpu"
 
 

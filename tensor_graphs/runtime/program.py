@@ -1005,8 +1005,7 @@ class CompiledGraph:
         for name, value in raw.items():
             if dv.is_tensor(value):
                 arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
-        for name, value in self._bound.items():
-            arrays.setdefault(name, value)
+        arrays = {**self._bound, **arrays}  # (a call's feeds win; no Python loop per weight)
         exe = self._executable(dims)
         self.stats["calls"] += 1
         fed_weights = any(self._by_name[n].op.name == WEIGHT for n in feeds)
@@ -1019,9 +1018,15 @@ class CompiledGraph:
         elif exe.native.last.startswith("cuda graph"):  # captured (warmed up) or replayed
             self.stats["graph_runs"] += 1
             self.stats["graph_captures"] += exe.native.last.startswith("cuda graph: captured")
-        fed = None if exe.shared_results else \
-            {id(a) for a in arrays.values()} | {id(a) for a in self._bound.values()} | \
-            {id(v) for _, v in exe._static_values or ()}  # kept for later calls
+        fed = None  # ids of what later calls keep: made only where a result may be one
+
+        def kept_later(r) -> bool:
+            nonlocal fed
+            if fed is None:
+                fed = {id(a) for a in arrays.values()} | \
+                    {id(v) for _, v in exe._static_values or ()}
+            return id(r) in fed
+
         out, seen = [], set()
         for i, r in enumerate(results):
             r = r if dv.is_tensor(r) else np.asarray(r)
@@ -1032,8 +1037,8 @@ class CompiledGraph:
                 continue
             # a result the program may write again (arena, weights, feeds) is copied, on the
             # device that holds it (outputs="device": no copy to the host)
-            own = fed is not None and dv.fresh(r) and id(r) not in fed and id(r) not in seen \
-                and not any(dv.inside(r, a) for a in exe.arenas.values())
+            own = not exe.shared_results and dv.fresh(r) and id(r) not in seen \
+                and not kept_later(r) and not any(dv.inside(r, a) for a in exe.arenas.values())
             seen.add(id(r))
             out.append(r if own else dv.copy(r))
         return out[0] if self._single else out

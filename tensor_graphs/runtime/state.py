@@ -10,6 +10,8 @@ the buffer doubles (a program without bounds).
 
 from __future__ import annotations
 
+import numpy as np
+
 from tensor_graphs.errors import StateError
 from tensor_graphs.ir.graph import root_state
 from tensor_graphs.ir.node import Node
@@ -28,20 +30,23 @@ class State:
         self.leaf = leaf
         self.axis = axis
         self.device = device
+        self.on_gpu = device != "cpu"
+        self.ndim = leaf.ndim
         self.buffer = None
         self.active = 0
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device != "cpu"
+        self._prefix = None  # on a GPU: (buffer, active, the prefix tensor), made once each
 
     @property
     def nbytes(self) -> int:
         return values.size_in_bytes(self.buffer) if self.buffer is not None else 0
 
     def prefix(self):
-        if self.on_gpu:
-            return self.buffer.narrow(self.axis, 0, self.active)
+        if self.on_gpu:  # read twice per decode token (the call's feed, the result's view)
+            made = self._prefix
+            if made is None or made[0] is not self.buffer or made[1] != self.active:
+                made = self._prefix = (self.buffer, self.active,
+                                       self.buffer.narrow(self.axis, 0, self.active))
+            return made[2]
         index = [slice(None)] * self.buffer.ndim
         index[self.axis] = slice(0, self.active)
         return self.buffer[tuple(index)]
@@ -70,18 +75,19 @@ class State:
         self.buffer = new
 
     def set(self, value, capacity: int = 0) -> None:
-        """Make ``value`` the active state (bind, or a version computed out of place)."""
-        if value.ndim != self.leaf.ndim:
+        """Make ``value`` the active state (bind, or a version computed out of place). A
+        decode token's new version is its buffer grown in place: only its length is read."""
+        if value.ndim != self.ndim:
             raise StateError(f"state '{self.leaf.name}' {format_shape(self.leaf.shape)} cannot "
                              f"hold an array of shape {format_shape(tuple(value.shape))}")
+        if self.buffer is not None and _inside(value, self.buffer):
+            self.active = value.shape[self.axis]  # grown in place (so on its device)
+            return
         if self.on_gpu and not values.is_on(value, self.device):
             value = values.on_device(value, self.device, self.leaf.dtype.np_dtype)
         elif not self.on_gpu and values.is_tensor(value):
             value = values.on_host(value, self.leaf.dtype.np_dtype)
         length = value.shape[self.axis]
-        if self.buffer is not None and _inside(value, self.buffer):
-            self.active = length  # grown in place
-            return
         self.active = 0
         self.reserve(value, max(length, capacity))
         self.active = length
@@ -102,8 +108,8 @@ def _inside(value, buffer) -> bool:
     if values.is_tensor(buffer):
         return values.is_tensor(value) and value.data_ptr() == buffer.data_ptr() and \
             value.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-    return value.base is buffer and (value.__array_interface__["data"][0]
-                                     == buffer.__array_interface__["data"][0])
+    return isinstance(value, np.ndarray) and value.base is buffer and \
+        value.__array_interface__["data"][0] == buffer.__array_interface__["data"][0]
 
 
 def kept_states(outputs: list[Node]) -> dict[int, tuple[str, int]]:

@@ -22,8 +22,17 @@ def _convert():
     return convert
 
 
+_tensor_types: dict[type, bool] = {}  # a type -> whether its values are torch tensors
+
+
 def is_tensor(value) -> bool:
-    return type(value).__module__ == "torch" and hasattr(value, "data_ptr")
+    """Asked several times per value per call (a decode token: ~170 times): answered once
+    per type."""
+    found = _tensor_types.get(type(value))
+    if found is None:
+        kind = type(value)
+        found = _tensor_types[kind] = kind.__module__ == "torch" and hasattr(kind, "data_ptr")
+    return found
 
 
 def is_dense(a) -> bool:
@@ -91,10 +100,20 @@ def shape_of(value) -> tuple:
     return tuple(value.shape)
 
 
+_torch_devices: dict[tuple[str, str], object] = {}  # (device, its torch name) -> torch.device
+
+
 def is_on(value, device: str) -> bool:
     """A tensor in the memory of ``device`` (a GPU name; the simulated GPU's is the host's,
-    so there a CPU tensor is on it)."""
-    return is_tensor(value) and value.device == _convert().torch.device(torch_device(device))
+    so there a CPU tensor is on it). Asked per kept state per decode token: the torch
+    device is made once per name."""
+    if not is_tensor(value):
+        return False
+    key = (device, torch_device(device))
+    found = _torch_devices.get(key)
+    if found is None:
+        found = _torch_devices[key] = _convert().torch.device(key[1])
+    return value.device == found
 
 
 def on_device(value, device: str, dtype: np.dtype | None = None):
@@ -119,10 +138,9 @@ def on_host(value, dtype: np.dtype | None = None) -> np.ndarray:
 
 def retyped(value, dtype: np.dtype):
     """A tensor in ``dtype`` (itself when it has it), keeping its device and layout."""
-    convert = _convert()
-    if convert.dtype_of(value).np_dtype == np.dtype(dtype):
+    if _numpy_dtype(value) == dtype:
         return value
-    return value.to(convert.torch_dtype(np.dtype(dtype)))
+    return value.to(_convert().torch_dtype(np.dtype(dtype)))
 
 
 def size_in_bytes(value) -> int:
@@ -131,9 +149,23 @@ def size_in_bytes(value) -> int:
     return value.nbytes
 
 
+_ZERO = bytes(16)  # the memory of every placeholder: one element of any dtype, read-only
+_numpy_dtypes: dict = {}  # torch dtype -> numpy dtype
+
+
 def placeholder(value):
-    """A numpy stand-in with ``value``'s shape and dtype and no memory (a broadcast zero), so
-    a tensor feed goes through the same checks as an array without leaving its device."""
+    """A numpy stand-in with ``value``'s shape and dtype and no memory (a zero at every
+    index, read-only), so a tensor feed goes through the same checks as an array without
+    leaving its device. Made per kept state per decode token: one numpy call."""
     if not is_tensor(value):
         return value
-    return np.broadcast_to(np.zeros((), _convert().numpy_dtype(value)), tuple(value.shape))
+    shape = tuple(value.shape)
+    return np.ndarray(shape, _numpy_dtype(value), buffer=_ZERO, strides=(0,) * len(shape))
+
+
+def _numpy_dtype(tensor) -> np.dtype:
+    """A tensor's numpy dtype, found once per torch dtype."""
+    found = _numpy_dtypes.get(tensor.dtype)
+    if found is None:
+        found = _numpy_dtypes[tensor.dtype] = _convert().numpy_dtype(tensor)
+    return found
