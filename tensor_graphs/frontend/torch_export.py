@@ -318,8 +318,10 @@ class TorchProgram:
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
         self._names = names  # the forward's parameter names, for messages
-        # (float graph, its weights, scheme, skip, group size) of a program quantized at bind
-        # time: what save_quantized writes from; None otherwise
+        # (float graph, scheme, skip, group size) of a program quantized at bind time: what
+        # save_quantized writes from, with the float weights read back from the program then
+        # (runtime/bound.py: no reference here keeps the module's or a mapping's float copy
+        # alive on a GPU build); None otherwise
         self._float = None
 
     def explain(self, limit: int | None = None) -> str:
@@ -334,17 +336,18 @@ class TorchProgram:
         module's float parameters), as the safetensors file ``tg.from_torch(module, args,
         weights=path)`` binds prequantized: ``<name>.q``/``<name>.scale`` per quantized
         weight, the others float. Returns the tensor names written."""
+        from tensor_graphs.runtime.bound import bound_weights
         from tensor_graphs.runtime.prequantized import save_quantized
 
         if self._float is None:
             raise ArgumentError("save_quantized needs a program built with quantize=<scheme> "
                                 "from float weights (this one is float, or loaded "
                                 "prequantized already)")
-        outputs, weights, scheme, skip, group_size = self._float
-        host = {n: w.detach().cpu().numpy() if hasattr(w, "detach") else w
-                for n, w in weights.items()}
-        return save_quantized(path, outputs, host, scheme, skip=skip,
-                                 group_size=group_size, metadata=metadata)
+        outputs, scheme, skip, group_size = self._float
+        # the program binds every float weight (its graph quantizes them at bind time)
+        names = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
+        return save_quantized(path, outputs, bound_weights(self.program, names), scheme,
+                              skip=skip, group_size=group_size, metadata=metadata)
 
     def _arg_name(self, i: int) -> str:
         return f"'{self._names[i]}'" if i < len(self._names) else f"#{i}"
@@ -488,7 +491,7 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         # module may change it later), one elsewhere moves through the copy kernel
         program.bind(**{n: _owned(w, program) for n, w in values.items() if n in present})
         if quantize is not None and not prequantized:  # what save_quantized writes from
-            saved = (float_nodes, values, quantize, tuple(skip), group_size)
+            saved = (float_nodes, quantize, tuple(skip), group_size)
     try:
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError, AttributeError):

@@ -138,8 +138,10 @@ class Generator:
         if prequantized and not from_file:  # (a file's values are checked as it is read)
             check_prequantized({n: weights[n] for n in wanted}, quantize, where="generate",
                                expected=wanted)
-        # save_quantized's inputs: the float graph and its weights (bind-time quantization)
-        self._float = (float_prefill, weights, quantize, skip, group_size) \
+        # save_quantized's inputs: the float graph and how it was quantized; the float
+        # weights are read back from the prefill program then (runtime/bound.py), so no
+        # reference here keeps a host copy of them alive on a GPU build
+        self._float = (float_prefill, quantize, skip, group_size) \
             if quantize is not None and not prequantized else None
         self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
                                      **options)
@@ -156,15 +158,18 @@ class Generator:
         (:meth:`from_safetensors`, or ``Generator(..., weights=path, prequantized=True)``):
         ``<name>.q``/``<name>.scale`` per quantized weight, the other weights float. Returns
         the tensor names written."""
+        from tensor_graphs.runtime.bound import bound_weights
         from tensor_graphs.runtime.prequantized import save_quantized
 
         if self._float is None:
             raise ArgumentError("generate: save_quantized needs a generator built with "
                                 "quantize=<scheme> from float weights (this one is float or "
                                 "loaded prequantized already)")
-        outputs, weights, scheme, skip, group_size = self._float
-        return save_quantized(path, outputs, weights, scheme, skip=skip,
-                                 group_size=group_size, metadata=metadata)
+        outputs, scheme, skip, group_size = self._float
+        # the prefill program binds every float weight (its graph quantizes them at bind time)
+        names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
+        return save_quantized(path, outputs, bound_weights(self.prefill, names), scheme,
+                              skip=skip, group_size=group_size, metadata=metadata)
 
     @classmethod
     def from_safetensors(cls, path, config, *, max_len: int, max_prompt: int | None = None,
