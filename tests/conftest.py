@@ -29,3 +29,23 @@ def child_env() -> dict[str, str]:
     PYTHONPATH the suite runs with kept after it (packages installed beside the checkout)."""
     paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+@pytest.fixture
+def simulate_gpu(monkeypatch):
+    """``simulate(value)`` sets ``TG_SIMULATED_CUDA`` (None: unset) and has tensor_graphs read
+    it again (``devices`` reads it once per process); the process's own reading and memoized
+    torch devices come back after the test."""
+    from tensor_graphs import devices
+
+    monkeypatch.setattr(devices, "_simulated", devices._simulated)
+    monkeypatch.setattr(devices, "_torch_devices", dict(devices._torch_devices))
+
+    def simulate(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv("TG_SIMULATED_CUDA", raising=False)
+        else:
+            monkeypatch.setenv("TG_SIMULATED_CUDA", value)
+        devices.reread_environment()
+
+    return simulate

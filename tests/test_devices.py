@@ -73,21 +73,12 @@ def test_cuda_unavailable_says_so():
         tg.Device("cuda")
 
 
-def test_simulated_gpu_is_cuda0_in_host_memory(monkeypatch):
+def test_simulated_gpu_is_cuda0_in_host_memory(simulate_gpu):
     """TG_SIMULATED_CUDA makes cuda:0 a device whose tensors live in host memory, so the GPU
     path runs in CI; a capacity may be given, anything else is refused by name."""
     from tensor_graphs import devices
 
-    def simulate(value: str | None) -> None:  # read once per process: read again here
-        if value is None:
-            monkeypatch.delenv("TG_SIMULATED_CUDA")
-        else:
-            monkeypatch.setenv("TG_SIMULATED_CUDA", value)
-        devices.reread_environment()
-
-    # (the process's own reading and answers come back after the test)
-    monkeypatch.setattr(devices, "_simulated", devices._simulated)
-    monkeypatch.setattr(devices, "_torch_devices", dict(devices._torch_devices))
+    simulate = simulate_gpu
     simulate("1")
     d = tg.Device("cuda")
     assert (d.name, d.capacity) == ("cuda:0", devices.SIMULATED_CAPACITY)

@@ -28,15 +28,15 @@ def test_current_does_not_import_torch():
     assert out[1] == out[0]
 
 
-def test_the_simulated_gpu_has_a_key_of_its_own(monkeypatch):
+def test_the_simulated_gpu_has_a_key_of_its_own(simulate_gpu):
     """Its kernels run on this CPU: its rows are CPU times, so they are filed apart from a
     real GPU's ("cuda|<name>|sm ...") and from this CPU's own, under a key that names the
     CPU (a simulation on another CPU times differently)."""
     from tensor_graphs.db import hardware
 
-    monkeypatch.setenv("TG_SIMULATED_CUDA", "1")
+    simulate_gpu("1")
     key = hardware._other_device("cuda")
     assert key == "cuda|simulated|" + current("cpu").device
     assert key != current("cpu").device
-    monkeypatch.setenv("TG_SIMULATED_CUDA", "0")  # off: a real GPU's key, or none here
+    simulate_gpu("0")  # off: a real GPU's key, or none here
     assert not hardware._other_device("cuda").startswith("cuda|simulated")

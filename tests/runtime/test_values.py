@@ -13,18 +13,11 @@ from tensor_graphs.runtime import values as dv
 torch = pytest.importorskip("torch")
 
 
-def test_a_host_tensor_is_on_the_gpu_only_when_the_gpu_is_simulated(monkeypatch):
-    from tensor_graphs import devices
-
+def test_a_host_tensor_is_on_the_gpu_only_when_the_gpu_is_simulated(simulate_gpu):
     t = torch.zeros(3)
-    # (the variable is read once per process: read again here, the process's reading back after)
-    monkeypatch.setattr(devices, "_simulated", devices._simulated)
-    monkeypatch.setattr(devices, "_torch_devices", dict(devices._torch_devices))
-    monkeypatch.delenv("TG_SIMULATED_CUDA", raising=False)
-    devices.reread_environment()
+    simulate_gpu(None)
     assert not dv.is_on(t, "cuda:0") and not dv.is_on(np.zeros(3), "cuda:0")
-    monkeypatch.setenv("TG_SIMULATED_CUDA", "1")
-    devices.reread_environment()
+    simulate_gpu("1")
     assert dv.is_on(t, "cuda:0")
 
 
