@@ -49,3 +49,12 @@ def simulate_gpu(monkeypatch):
         devices.reread_environment()
 
     return simulate
+
+
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """The Hugging Face hub offline for one test (weights come from packages' directories,
+    never the network): the variable, and huggingface_hub's copy of it read at import."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

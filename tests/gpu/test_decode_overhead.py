@@ -92,6 +92,19 @@ def _replayed_tokens(gen, prompt: np.ndarray, tokens: int, monkeypatch) -> list[
     return replayed
 
 
+def _tiny_gpt2(db: str):
+    """A 2-layer GPT-2 (random weights) generating on the GPU: 24 positions, prompts of 8."""
+    from tensor_graphs.nn import Generator
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=211,
+                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    return Generator.from_transformers(lm, max_len=24, max_prompt=8, db=db, device="cuda")
+
+
 def _median(works: list[Work], what: str) -> float:
     return statistics.median(getattr(w, what) for w in works)
 
@@ -103,16 +116,7 @@ def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypat
     exact graph holds), and the exact replay's host calls within 5% (2.4% here: the padded
     one finds its graph's key by bucket and its results' views by shape; 54% more before).
     Later generations' replays do no more than the first's."""
-    from tensor_graphs.nn import Generator
-
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
-    gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
-                                      device="cuda")
+    gen = _tiny_gpt2(slow_host)
     exe = gen.decode._symbolic
     prompt = np.random.default_rng(3).integers(0, 211, (1, 8))
     tokens = 7  # 6 decode steps, past 8..13: one bucket (16)
@@ -181,16 +185,8 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     before; a 12-layer one's: 1880, 4079 before). Its feeds are still checked: a token of the
     wrong shape or dtype is refused by name."""
     import tensor_graphs as tg
-    from tensor_graphs.nn import Generator
 
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
-    gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
-                                      device="cuda")
+    gen = _tiny_gpt2(slow_host)
     prompt = np.random.default_rng(3).integers(0, 211, (1, 8))
     _replayed_tokens(gen, prompt, 7, monkeypatch)  # the loop, the capture
     padded = _replayed_tokens(gen, prompt, 7, monkeypatch)

