@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 import tensor_graphs as tg
-from tensor_graphs.ir.graph import use_counts
 from tensor_graphs.kernels import generated
 from tensor_graphs.profiler import shared_verify
 
@@ -95,18 +94,10 @@ def test_profilers_of_one_database_verify_each_generated_candidate_once(tmp_path
     assert all(again[name] == 2 for name, _ in found[0][0]), again
 
 
-def test_a_refusal_is_shared_and_a_private_database_shares_nothing(tmp_path, monkeypatch):
+def test_a_refusal_is_shared_and_a_private_database_shares_nothing(elementwise_candidate):
     """A candidate another profiler's checks refused is refused here too, with its reason,
     without building it; ``sharing`` of an in-memory database turns sharing off inside it."""
-    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))
-    salt = 2.0 + secrets.randbelow(10**6) / 1e7
-    x = tg.input("x", (8, 16))
-    y = (x * salt + 0.3) * x
-    cand = next(c for c in generated.candidates(y, use_counts([y]), lambda n: None, "cpu")
-                if c.generator == "elementwise")
-    db = tg.db.Database(tmp_path / "db.sqlite")
-    scope = shared_verify.scope_of(db)
-    hw = tg.db.current()
+    cand, db, scope, hw = elementwise_candidate(2.0)
     key = shared_verify.candidate_key(cand, hw, scope)
     assert key is not None
     shared_verify._filed(key, lambda: {"reason": "wrong on purpose"})  # as another profiler

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import tensor_graphs as tg
-from tensor_graphs.ir.graph import use_counts
 from tensor_graphs.kernels import generated
 from tensor_graphs.numerics import relative_error
 from tensor_graphs.profiler import shared_verify
@@ -136,19 +135,11 @@ def test_sharing_is_this_blocks_and_threads_only():
 
 
 @needs_c
-def test_a_changed_verifier_files_outcomes_afresh(tmp_path, monkeypatch):
+def test_a_changed_verifier_files_outcomes_afresh(elementwise_candidate, monkeypatch):
     """An outcome is keyed by the verifier's digest: a "passed" filed before the checks
     changed is not read after, so the candidate is built and checked again (not handed out
     as its unchecked draft)."""
-    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))
-    salt = 3.0 + secrets.randbelow(10**6) / 1e7
-    x = tg.input("x", (8, 16))
-    y = (x * salt + 0.3) * x
-    cand = next(c for c in generated.candidates(y, use_counts([y]), lambda n: None, "cpu")
-                if c.generator == "elementwise")
-    db = tg.db.Database(tmp_path / "db.sqlite")
-    scope = shared_verify.scope_of(db)
-    hw = tg.db.current()
+    cand, db, scope, hw = elementwise_candidate(3.0)
     before = shared_verify.candidate_key(cand, hw, scope)
     kernel = next(k for k in tg.kernels.registry.all()
                   if shared_verify.kernel_key(k, hw, scope) is not None)

@@ -21,6 +21,21 @@ from tensor_graphs.profiler import missing, shared_verify
 CTX = multiprocessing.get_context("fork")
 
 
+def _together(target, args: list[tuple]) -> list:
+    """What ``target(*a, go, out)`` put on ``out``, a process per ``a``, all released at once
+    (``go``) so they contend; each process must exit cleanly."""
+    go, out = CTX.Event(), CTX.Queue()
+    procs = [CTX.Process(target=target, args=(*a, go, out)) for a in args]
+    for p in procs:
+        p.start()
+    go.set()
+    found = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return found
+
+
 def _build(source: str, go, out) -> None:
     before = build.stats["compiled"]
     go.wait()
@@ -35,15 +50,7 @@ def test_processes_needing_one_library_compile_it_once(tmp_path, monkeypatch):
     # a source nobody has compiled, slow enough to compile that unlocked builds overlap
     body = "".join(f"double f{i}(double x) {{ return x * {i}.5 + {i}; }}\n" for i in range(300))
     source = f"/* {secrets.token_hex(8)} */\n{body}int tg_shared(int x) {{ return x + 1; }}\n"
-    go, out = CTX.Event(), CTX.Queue()
-    procs = [CTX.Process(target=_build, args=(source, go, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    go.set()
-    compiled = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    compiled = _together(_build, [(source,)] * 3)
     assert sorted(compiled) == [0, 0, 1]  # one compiled, two waited and loaded its file
     assert not list((tmp_path / "cache" / "c").glob(".*.c"))  # no build left behind
 
@@ -75,16 +82,7 @@ def _verify_in_child(kernel, scope, go, out) -> None:
 
 def _verify_together(kernel, scopes: list[str]) -> list[tuple[str, str | None]]:
     """(scope, outcome) of a process per scope, all verifying at once, sorted."""
-    go, out = CTX.Event(), CTX.Queue()
-    procs = [CTX.Process(target=_verify_in_child, args=(kernel, s, go, out)) for s in scopes]
-    for p in procs:
-        p.start()
-    go.set()
-    found = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    return sorted(found, key=str)
+    return sorted(_together(_verify_in_child, [(kernel, s) for s in scopes]), key=str)
 
 
 def test_profilers_of_one_database_verify_a_kernel_once(logged_tanh, tmp_path):
