@@ -1287,6 +1287,13 @@ def _qscale_ref(a, axis=0):
     return np.where(m > 0, m / 127.0, 1.0)
 
 
+def _dynamic_quant_grouped_ref(x, group):
+    """Each run of ``group`` values along the last axis rounded to int8 on its own scale."""
+    v = x.astype(np.float64).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    s = _qscale_ref(v, -1)
+    return (np.clip(np.rint(v / s), -127, 127) * s).reshape(x.shape)
+
+
 def _quant_values(rng, spec, dtype):
     """Weights with an all-zero channel and their scales (max |w| / 127 per column): every
     value lands in [-127, 127] and a column's largest value on +-127 exactly."""
@@ -1531,11 +1538,19 @@ POINTWISE = [
        domain=_quant_values),
     _f("dequantize", "dequantize", tg.dequantize, lambda q, s: q.astype(np.float64) * s,
        [S((6, 5), (1, 5)), S((3, 4), (3, 1)), S((7,), ())], domain=_dequant_values),
+    _f("dequantize_grouped", "dequantize", tg.dequantize,  # (ng, N) scale: one per K/ng rows
+       lambda q, s: q.astype(np.float64) * np.repeat(s, q.shape[0] // s.shape[0], axis=0),
+       [S((6, 5), (3, 5)), S((64, 3), (2, 3))], domain=_dequant_values),
     _f("bf16_round", "bf16_round", tg.bf16_round, _bf16_round_ref, [S((6, 5)), S((33,))],
        domain=_float32_exact),
     _f("dynamic_quant", "dynamic_quant", tg.dynamic_quant,
        lambda x: np.clip(np.rint(x / _qscale_ref(x, -1)), -127, 127) * _qscale_ref(x, -1),
        [S((4, 6)), S((2, 3, 5)), S((7,))],
+       domain=lambda rng, spec, dtype: (rng.standard_normal(concrete(spec.shapes[0]))
+                                        .astype(NP[dtype]),)),
+    _f("dynamic_quant_grouped", "dynamic_quant",  # a scale per `group` values of a row
+       lambda x, group: tg.dynamic_quant(x, group=group), _dynamic_quant_grouped_ref,
+       [S((4, 64), group=32), S((2, 3, 8), group=4), S((5, 6), group=6)],
        domain=lambda rng, spec, dtype: (rng.standard_normal(concrete(spec.shapes[0]))
                                         .astype(NP[dtype]),)),
     _f("fp16_round", "fp16_round", tg.fp16_round,
