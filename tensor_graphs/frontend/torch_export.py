@@ -320,8 +320,8 @@ class TorchProgram:
         self._names = names  # the forward's parameter names, for messages
         # (float graph, scheme, skip, group size) of a program quantized at bind time: what
         # save_quantized writes from, with the float weights read back from the program then
-        # (runtime/bound.py: no reference here keeps the module's or a mapping's float copy
-        # alive on a GPU build); None otherwise
+        # (CompiledGraph.bound_weights: no reference here keeps the module's or a mapping's
+        # float copy alive on a GPU build); None otherwise
         self._float = None
 
     def explain(self, limit: int | None = None) -> str:
@@ -336,7 +336,6 @@ class TorchProgram:
         module's float parameters), as the safetensors file ``tg.from_torch(module, args,
         weights=path)`` binds prequantized: ``<name>.q``/``<name>.scale`` per quantized
         weight, the others float. Returns the tensor names written."""
-        from tensor_graphs.runtime.bound import bound_weights
         from tensor_graphs.runtime.prequantized import save_quantized
 
         if self._float is None:
@@ -346,7 +345,7 @@ class TorchProgram:
         outputs, scheme, skip, group_size = self._float
         # the program binds every float weight (its graph quantizes them at bind time)
         names = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
-        return save_quantized(path, outputs, bound_weights(self.program, names), scheme,
+        return save_quantized(path, outputs, self.program.bound_weights(names), scheme,
                               skip=skip, group_size=group_size, metadata=metadata)
 
     def _arg_name(self, i: int) -> str:

@@ -139,8 +139,8 @@ class Generator:
             check_prequantized({n: weights[n] for n in wanted}, quantize, where="generate",
                                expected=wanted)
         # save_quantized's inputs: the float graph and how it was quantized; the float
-        # weights are read back from the prefill program then (runtime/bound.py), so no
-        # reference here keeps a host copy of them alive on a GPU build
+        # weights are read back from the prefill program then (CompiledGraph.bound_weights),
+        # so no reference here keeps a host copy of them alive on a GPU build
         self._float = (float_prefill, quantize, skip, group_size) \
             if quantize is not None and not prequantized else None
         self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
@@ -158,7 +158,6 @@ class Generator:
         (:meth:`from_safetensors`, or ``Generator(..., weights=path, prequantized=True)``):
         ``<name>.q``/``<name>.scale`` per quantized weight, the other weights float. Returns
         the tensor names written."""
-        from tensor_graphs.runtime.bound import bound_weights
         from tensor_graphs.runtime.prequantized import save_quantized
 
         if self._float is None:
@@ -168,7 +167,7 @@ class Generator:
         outputs, scheme, skip, group_size = self._float
         # the prefill program binds every float weight (its graph quantizes them at bind time)
         names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
-        return save_quantized(path, outputs, bound_weights(self.prefill, names), scheme,
+        return save_quantized(path, outputs, self.prefill.bound_weights(names), scheme,
                               skip=skip, group_size=group_size, metadata=metadata)
 
     @classmethod

@@ -1,8 +1,9 @@
 """``save_quantized`` of a generator or an imported module quantized at bind time keeps no
 reference to the float weights it was given: it reads them back from the program when it
-is called (``runtime/bound.py``). Before, both objects held the caller's float arrays (or the
-module's tensors) for their lifetime for a save that may never come: on a GPU build, where
-the program keeps its own copies on the device, a second host copy of the float model."""
+is called (``CompiledGraph.bound_weights``). Before, both objects held the caller's float
+arrays (or the module's tensors) for their lifetime for a save that may never come: on a GPU
+build, where the program keeps its own copies on the device, a second host copy of the float
+model."""
 
 from __future__ import annotations
 
