@@ -11,8 +11,9 @@ and torch/C (> 1: C is faster). Each C result is checked against numpy first, so
 compares different computations. The matmul section compares the C matmul's throughput with
 OpenBLAS's own sgemm (the same library, called directly) and with numpy's and torch's matmul;
 the packed-GEMM section compares c_packed_matmul (weight packed once, outside the timing, as a
-compiled program does per binding) with c_matmul, numpy and torch on GPT-2's layer shapes, the
-LM head and one-row decode.
+compiled program does per binding) with c_matmul, numpy, torch and ONNX Runtime's MatMul (MLAS,
+where onnxruntime is installed; ORT/pk > 1: ours is faster) on GPT-2's layer shapes, the LM
+head and one-row decode.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def packed_gemm(repeats, quick: bool):
     print("\n# packed GEMM: weight packed once (GFLOP/s, median of interleaved samples; "
           "time of the packed kernel in ms)")
     print(f"{'shape (m, k, n)':24s} {'packed':>7s} {'c_matmul':>9s} {'numpy':>7s} "
-          f"{'torch':>7s} {'pk/c_mm':>7s} {'packed ms':>9s}")
+          f"{'torch':>7s} {'ORT':>7s} {'ORT/pk':>6s} {'pk/c_mm':>7s} {'packed ms':>9s}")
     shapes = [(SEQ, D, 3 * D), (SEQ, D, D), (SEQ, D, FF), (SEQ, FF, D), (SEQ, D, 50257),
               (1, D, 3 * D), (1, FF, D), (1, D, 50257),
               # all-MiniLM-L6-v2 on 8 x 128 tokens: Q/K/V/output projections, MLP up, down
@@ -332,6 +333,10 @@ def packed_gemm(repeats, quick: bool):
             ta, tb = torch.from_numpy(a), torch.from_numpy(b)
             tout = torch.from_numpy(out)
             fns.append(lambda ta=ta, tb=tb, tout=tout: torch.matmul(ta, tb, out=tout))
+        ort_mm = ort_matmul(b)
+        if ort_mm:
+            check(f"onnxruntime {(m, kk, nn)}", lambda a=a: ort_mm(a), lambda a=a, b=b: a @ b)
+            fns.append(lambda a=a: ort_mm(a))
         check(f"packed {(m, kk, nn)}", fns[0], lambda a=a, b=b: a @ b)
         inner = [calibrate(fn) for fn in fns]
         s = [[] for _ in fns]
@@ -344,8 +349,35 @@ def packed_gemm(repeats, quick: bool):
         med = [float(np.median(x)) for x in s]
         gf = [2 * m * kk * nn / t / 1e9 for t in med]
         tcol = f"{gf[3]:7.1f}" if torch else "      -"
-        print(f"{str((m, kk, nn)):24s} {gf[0]:7.1f} {gf[1]:9.1f} {gf[2]:7.1f} {tcol} "
+        ocol = f"{gf[-1]:7.1f} {med[-1] / med[0]:6.2f}" if ort_mm else "      -      -"
+        print(f"{str((m, kk, nn)):24s} {gf[0]:7.1f} {gf[1]:9.1f} {gf[2]:7.1f} {tcol} {ocol} "
               f"{med[1] / med[0]:7.2f} {med[0] * 1e3:9.3f}", flush=True)
+
+
+def ort_matmul(b):
+    """ONNX Runtime's MatMul on the constant weight b (MLAS, which packs it once at session
+    start, as we do at bind time), on this process's thread count; None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    kk, nn = b.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["c"])], "mm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", kk])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["m", nn])],
+        [numpy_helper.from_array(b, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads.get_num_threads()
+    # no spinning after a call: its workers would otherwise hold a core through the next
+    # runner's sample (this table's 1 ms pauses are shorter than ORT's spin; every OpenMP
+    # column halved); a wake costs it microseconds against these calls' 0.04-30 ms
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return lambda a: session.run(None, {"a": a})[0]
 
 
 def fused_codegen(repeats):

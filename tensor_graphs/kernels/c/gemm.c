@@ -5,11 +5,14 @@
  * B (the weight: K x N for a @ b, or N x K for torch's linear x @ W^T, read through any element
  * strides) is packed ONCE, at bind time (tg_gemm_pack_b), into the layout the micro-kernel
  * streams: a 64-byte header, then ceil(N / 16) panels of K rows x 16 columns (zero-padded
- * past N), each 64-byte aligned. A is packed per call into panels of 6 rows x KC (zero-padded
- * rows) where the threads share it, else read in place (below). The 6 x 16 micro-kernel
- * keeps 12 eight-lane accumulators in registers (GCC vector extensions: FMA under
- * -march=native, builds on any target), or 6 sixteen-lane ones where AVX-512 is on (Zen 4:
- * FMAs with an embedded broadcast of A, +1-2.5 % measured). K blocking: the whole of K when
+ * past N), each 64-byte aligned. A is packed per call into panels of MR rows x KC (zero-padded
+ * rows) where the threads share it, else read in place (below). The micro-kernel (GCC vector
+ * extensions: FMA under -march=native, builds on any target) is 6 x 16 in 12 eight-lane
+ * accumulators, or, where AVX-512 is on, 8 x 32 in 16 sixteen-lane ones: two adjacent panels
+ * per call, FMAs with an embedded broadcast of A. On Zen 5 (two 512-bit FMA pipes, 4-cycle
+ * latency) the earlier 6 x 16 AVX-512 form (6 chains) ran GPT-2's layers at 323-337 GFLOP/s
+ * and MiniLM's at 343-354; 8 x 32 at 437-469 and 470-487 (ONNX Runtime's MLAS: 400-470).
+ * The last panel of an odd count runs alone. K blocking: the whole of K when
  * K <= KSINGLE = 512 (each C tile stored once: BERT's K = 384 was two blocks, 256 + 128),
  * else equal blocks of at most KC = 256 rows (a 16 KiB B micro-panel stays in L1). Threads:
  *  - M < MSPLIT = 512 (GPT-2's 128-token prompt): the threads share each packed MC = 144-row
@@ -48,10 +51,14 @@
 typedef float v8 __attribute__((vector_size(32)));            /* 32-byte aligned */
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment */
 
-#define MR 6     /* rows per micro-kernel */
+#ifdef __AVX512F__
+#define MR 8     /* rows per micro-kernel: 8 x 32 with AVX-512 (16 accumulators, below) */
+#else
+#define MR 6     /* rows per micro-kernel: 6 x 16 in 8-lane halves (12 accumulators) */
+#endif
 #define NR 16    /* columns per panel (two 8-lane vectors) */
 #define KC 256   /* rows of K per block */
-#define MC 144   /* rows of A per block (a multiple of MR) */
+#define MC 144   /* rows of A per block (a multiple of MR: 6 and 8) */
 #define NCP 16   /* panels per thread chunk */
 #define KSINGLE 512 /* K up to this is one K block (C stored once) */
 #define KCM 512     /* rows of K per block at most where the threads split M */
@@ -251,29 +258,15 @@ TG_INLINE void store_cols(float t[MR][NR], int nr, int cols, float *c, int64_t l
 }
 
 #ifdef __AVX512F__
-/* AVX-512 (Zen 4): a 16-lane accumulator per row, 6 in all. One 512-bit FMA per row and K
- * step: half the instructions and loads of the two 8-lane halves (on Zen 4 a 512-bit FMA
- * issues as its two halves, so the peak is the same; six chains cover its latency). */
+/* AVX-512: a 16-lane accumulator per row. One 512-bit FMA per row and K step: half the
+ * instructions and loads of two 8-lane halves. */
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 
-TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
-                       const int64_t ra, const int64_t ka, const float *restrict bp,
-                       const float *pf, float *c, int64_t ldc, int cols, int accumulate,
-                       const tile_ep *ep) {
-    v16 x[MR];
-    for (int r = 0; r < nr; r++) x[r] = (v16){0};
-    for (int r = 0; r < nr; r++) { /* the C tile, for writing: hides the store misses */
-        __builtin_prefetch(c + r * ldc, 1, 3);
-        __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
-    }
-    #pragma GCC unroll 4
-    for (int64_t kk = 0; kk < kc; kk++) {
-        if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
-        v16 b = *(const v16 *)(bp + kk * NR);
-        const float *ak = ap + kk * ka;
-        for (int r = 0; r < nr; r++) x[r] += ak[r * ra] * b;
-    }
+/* the tile's nr accumulators x into C (cols of NR valid): + the C already there
+ * (accumulate), then the epilogue when ep->on, then one store per row */
+TG_INLINE void store_tile(const v16 *x, const int nr, float *c, int64_t ldc, int cols,
+                          int accumulate, const tile_ep *ep) {
     if (cols == NR) {
         if (ep->on) {
             float t[NR] __attribute__((aligned(64)));
@@ -296,6 +289,63 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
     float t[MR][NR] __attribute__((aligned(64)));
     for (int r = 0; r < nr; r++) *(v16 *)(t[r]) = x[r];
     store_cols(t, nr, cols, c, ldc, accumulate, ep);
+}
+
+/* the C tile's rows, for writing: hides the store misses */
+TG_INLINE void prefetch_tile(const int nr, float *c, int64_t ldc, int cols) {
+    for (int r = 0; r < nr; r++) {
+        __builtin_prefetch(c + r * ldc, 1, 3);
+        __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
+    }
+}
+
+TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
+                       const int64_t ra, const int64_t ka, const float *restrict bp,
+                       const float *pf, float *c, int64_t ldc, int cols, int accumulate,
+                       const tile_ep *ep) {
+    v16 x[MR];
+    for (int r = 0; r < nr; r++) x[r] = (v16){0};
+    prefetch_tile(nr, c, ldc, cols);
+    #pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kc; kk++) {
+        if (prefetch) __builtin_prefetch(pf + kk * NR, 0, 2);
+        v16 b = *(const v16 *)(bp + kk * NR);
+        const float *ak = ap + kk * ka;
+        for (int r = 0; r < nr; r++) x[r] += ak[r * ra] * b;
+    }
+    store_tile(x, nr, c, ldc, cols, accumulate, ep);
+}
+
+/* Two adjacent panels at once (bp and bp + ldb, the second's columns from c + NR): 2 x MR
+ * accumulators. A 512-bit FMA has two pipes and a 4-cycle latency on Zen 5: one panel's
+ * chains keep at most MR of the 8 in flight ((128 x 768) @ (768 x 3072): 334 GFLOP/s with
+ * 6 rows on one panel, 427 on two, ~440 with 8 rows on two). Each broadcast of A feeds two
+ * FMAs. */
+#define HAVE_MICRO2 1
+TG_INLINE void micro2_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
+                        const int64_t ra, const int64_t ka, const float *restrict bp,
+                        const int64_t ldb, const float *pf, float *c, int64_t ldc, int cols1,
+                        int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+    v16 x0[MR], x1[MR];
+    for (int r = 0; r < nr; r++) x0[r] = x1[r] = (v16){0};
+    prefetch_tile(nr, c, ldc, NR + cols1);
+    const float *bq = bp + ldb;
+    #pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kc; kk++) {
+        if (prefetch) {
+            __builtin_prefetch(pf + kk * NR, 0, 2);
+            __builtin_prefetch(pf + ldb + kk * NR, 0, 2);
+        }
+        v16 b0 = *(const v16 *)(bp + kk * NR), b1 = *(const v16 *)(bq + kk * NR);
+        const float *ak = ap + kk * ka;
+        for (int r = 0; r < nr; r++) {
+            float x = ak[r * ra];
+            x0[r] += x * b0;
+            x1[r] += x * b1;
+        }
+    }
+    store_tile(x0, nr, c, ldc, NR, accumulate, ep0);
+    store_tile(x1, nr, c + NR, ldc, cols1, accumulate, ep1);
 }
 #else
 TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
@@ -356,6 +406,8 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
  * ap[r * RA + kk * KA] */
 #define MICRO_ROWS(PF, PFP, RA, KA)                                                          \
     switch (rows) {                                                                          \
+    case 8: micro_k(PF, 8, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
+    case 7: micro_k(PF, 7, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
     case 6: micro_k(PF, 6, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
     case 5: micro_k(PF, 5, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
     case 4: micro_k(PF, 4, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
@@ -385,6 +437,71 @@ static void micro_in_place(int64_t kc, const float *ap, int64_t lda, const float
         MICRO_ROWS(0, NULL, lda, 1)
     }
 }
+
+#if HAVE_MICRO2
+/* the two-panel micro-kernel for `rows` rows, as MICRO_ROWS */
+#define MICRO2_ROWS(PF, PFP, RA, KA)                                                          \
+    switch (rows) {                                                                           \
+    case 8: micro2_k(PF, 8, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 7: micro2_k(PF, 7, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 6: micro2_k(PF, 6, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 5: micro2_k(PF, 5, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 4: micro2_k(PF, 4, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 3: micro2_k(PF, 3, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    case 2: micro2_k(PF, 2, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
+                     ep1); break;                                                             \
+    default: micro2_k(PF, 1, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,   \
+                      ep1); break;                                                            \
+    }
+
+/* two panels (ldb apart) on a packed A panel; `pf`: the next pair to prefetch, or NULL */
+static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, const float *pf,
+                   float *c, int64_t ldc, int rows, int cols1, int accumulate,
+                   const tile_ep *ep0, const tile_ep *ep1) {
+    if (pf) {
+        MICRO2_ROWS(1, pf, 1, MR)
+    } else {
+        MICRO2_ROWS(0, NULL, 1, MR)
+    }
+}
+
+/* two panels on A in place (rows lda apart) */
+static void micro2_in_place(int64_t kc, const float *ap, int64_t lda, const float *bp,
+                            int64_t ldb, const float *pf, float *c, int64_t ldc, int rows,
+                            int cols1, int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+    if (pf) {
+        MICRO2_ROWS(1, pf, lda, 1)
+    } else {
+        MICRO2_ROWS(0, NULL, lda, 1)
+    }
+}
+#else
+/* without AVX-512 the 12 eight-lane chains of one panel already fill the FMA pipes: the
+ * pair is two single-panel calls (never taken: HAVE_MICRO2 is 0; defined so both builds
+ * compile the same loops) */
+#define HAVE_MICRO2 0
+static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, const float *pf,
+                   float *c, int64_t ldc, int rows, int cols1, int accumulate,
+                   const tile_ep *ep0, const tile_ep *ep1) {
+    (void)pf;
+    micro(kc, ap, bp, c, ldc, rows, NR, accumulate, ep0);
+    micro(kc, ap, bp + ldb, c + NR, ldc, rows, cols1, accumulate, ep1);
+}
+
+static void micro2_in_place(int64_t kc, const float *ap, int64_t lda, const float *bp,
+                            int64_t ldb, const float *pf, float *c, int64_t ldc, int rows,
+                            int cols1, int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+    (void)pf;
+    micro_in_place(kc, ap, lda, bp, NULL, c, ldc, rows, NR, accumulate, ep0);
+    micro_in_place(kc, ap, lda, bp + ldb, NULL, c + NR, ldc, rows, cols1, accumulate, ep1);
+}
+#endif
 
 /* One row (decoding a token): c[0:n] = a[0:k] @ B, memory-bound, so no packing of A, no K
  * blocking (a stays in L1) and four interleaved partial sums per 8-lane half to hide the FMA
@@ -441,13 +558,27 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
     for (int64_t pc = 0; pc < k; pc += kcb) {
         int64_t kc = imin(kcb, k - pc);
         int last = pc + kc >= k;
+        int on = last && (bias || act || res || gen);
         for (int64_t j = 0; j < panels; j++) {
             int64_t col = j * NR;
             int cols = (int)imin(NR, n - col);
             const float *bj = bp + j * k * NR + pc * NR;
+            tile_ep ep = {bias ? bias + col : NULL, act, on, res, c, gen};
+            if (HAVE_MICRO2 && j + 1 < panels) { /* two panels at once */
+                int cols1 = (int)imin(NR, n - col - NR);
+                const float *next = j + 2 < panels ? bj + 2 * k * NR : NULL;
+                tile_ep ep1 = {bias ? bias + col + NR : NULL, act, on, res, c, gen};
+                for (int64_t r = 0; r < mpanels; r++) {
+                    int rows = (int)imin(MR, mc - r * MR);
+                    float *ct = c + (i0 + r * MR) * n + col;
+                    micro2_in_place(kc, a + (i0 + r * MR) * lda + pc, lda, bj, k * NR,
+                                    r == 0 ? next : NULL, ct, n, rows, cols1, pc > 0, &ep,
+                                    &ep1);
+                }
+                j++;
+                continue;
+            }
             const float *next = j + 1 < panels ? bj + k * NR : NULL;
-            tile_ep ep = {bias ? bias + col : NULL, act, last && (bias || act || res || gen), res,
-                          c, gen};
             for (int64_t r = 0; r < mpanels; r++) {
                 int rows = (int)imin(MR, mc - r * MR);
                 float *ct = c + (i0 + r * MR) * n + col;
@@ -528,9 +659,10 @@ static int gemm_packed(const float *a, int64_t lda, const float *packed, const f
          * multiple of the thread count (9 chunks on 2 threads would idle one for 1/9) */
         int64_t per = (panels + NCP * tcount - 1) / (NCP * tcount);
         per = per < 4 ? 4 : per;
-        int64_t cp = (panels + per * tcount - 1) / (per * tcount);
-        cp = cp < 1 ? 1 : cp;
-        int64_t chunks = (panels + cp - 1) / cp;
+        /* chunks hold whole units (the panels one micro-kernel call takes), as even as
+         * units allow: 144 panels in 10 chunks of 7 or 8 pairs, not 9 chunks of 16 */
+        int64_t unit = HAVE_MICRO2 ? 2 : 1, units = (panels + unit - 1) / unit;
+        int64_t chunks = imin(per * tcount, units);
         for (int64_t ic = 0; ic < m; ic += MC) {
             int64_t mc = imin(MC, m - ic);
             int64_t mpanels = (mc + MR - 1) / MR, mcp = mpanels * MR;
@@ -544,21 +676,36 @@ static int gemm_packed(const float *a, int64_t lda, const float *packed, const f
             }  /* implicit barrier: the block is packed */
             #pragma omp for schedule(dynamic, 1)
             for (int64_t q = 0; q < chunks; q++) {
-                int64_t j0 = q * cp, j1 = imin(panels, j0 + cp);
+                int64_t j0 = imin(panels, q * units / chunks * unit);
+                int64_t j1 = imin(panels, (q + 1) * units / chunks * unit);
                 for (int64_t pc = 0; pc < k; pc += kcb) {
                     int64_t kc = imin(kcb, k - pc);
                     int last = pc + kc >= k;
+                    int on = last && (bias || act || res || gen);
                     for (int64_t j = j0; j < j1; j++) {
                         int64_t col = j * NR;
                         int cols = (int)imin(NR, n - col);
                         const float *bj = bp + j * k * NR + pc * NR;
-                        /* the B micro-panel after this one: the next panel, or the chunk's
+                        int pair = HAVE_MICRO2 && j + 1 < j1, w = pair ? 2 : 1;
+                        /* the B micro-panels after these: the next ones, or the chunk's
                          * first at the next K block */
-                        const float *next = j + 1 < j1 ? bj + k * NR
+                        const float *next = j + w < j1 ? bj + w * k * NR
                                             : bp + j0 * k * NR + (pc + kcb) * NR;
-                        int64_t nkc = j + 1 < j1 ? kc : imin(kcb, k - pc - kcb);
-                        tile_ep ep = {bias ? bias + col : NULL, act,
-                                      last && (bias || act || res || gen), res, c, gen};
+                        int64_t nkc = j + w < j1 ? kc : imin(kcb, k - pc - kcb);
+                        tile_ep ep = {bias ? bias + col : NULL, act, on, res, c, gen};
+                        if (pair) { /* two panels at once */
+                            int cols1 = (int)imin(NR, n - col - NR);
+                            tile_ep ep1 = {bias ? bias + col + NR : NULL, act, on, res, c, gen};
+                            for (int64_t r = 0; r < mpanels; r++) {
+                                int rows = (int)imin(MR, mc - r * MR);
+                                float *ct = c + (ic + r * MR) * n + col;
+                                micro2(kc, ap + pc * mcp + r * MR * kc, bj, k * NR,
+                                       r == 0 && nkc == kc ? next : NULL, ct, n, rows, cols1,
+                                       pc > 0, &ep, &ep1);
+                            }
+                            j++;
+                            continue;
+                        }
                         for (int64_t r = 0; r < mpanels; r++) {
                             int rows = (int)imin(MR, mc - r * MR);
                             float *ct = c + (ic + r * MR) * n + col;

@@ -11,9 +11,9 @@ cost more than the product saves. The kernel function still accepts an unpacked 
 2-D array): it packs it for that call, correct but slow, so a direct call,
 ``Kernel.__call__`` and the verifier need nothing special.
 
-A is packed per call in 6-row panels (all of K when K <= 512, else blocks of up to 256
-K-rows); a 6 x 16 register-blocked micro-kernel; OpenMP over N panels, or over blocks of rows
-when M >= 512. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
+A is packed per call in panels of 8 rows with AVX-512, else 6 (all of K when K <= 512, else
+blocks of up to 256 K-rows); an 8 x 32 register-blocked micro-kernel over two panels with
+AVX-512, else 6 x 16; OpenMP over N panels, or over blocks of rows when M >= 512. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
 (x @ w.T + b), ``_nobias``, ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
 (bias and activation applied to each C tile as its last K block is stored), and ``_add``
 variants of the four plain ones (+ an operand of the result's shape: the residual add of a
@@ -107,8 +107,8 @@ def gemm(a, w, bias=None, act=None, linear=False, out=None, res=None):
 
 def _register(name: str, linear: bool, has_bias: bool, act: str | None, residual=False):
     pattern, run = epilogue_kernel(gemm, linear, has_bias, act,
-                                   ", the weight packed once at bind time (6x16 AVX "
-                                   "micro-kernel).", residual)
+                                   ", the weight packed once at bind time (8x32 "
+                                   "AVX-512 micro-kernel, 6x16 on AVX2).", residual)
     run.source_text = SOURCE + f"\n/* {name} */"
     weight = "weight" if linear else "b"
     prep = Preparation(lambda w: pack(w, linear), nbytes=_packed_nbytes(linear),
