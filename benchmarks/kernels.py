@@ -312,7 +312,10 @@ def packed_gemm(repeats, quick: bool):
     rng = np.random.default_rng(3)
     print("\n# packed GEMM: weight packed once (GFLOP/s, median of interleaved samples; "
           "time of the packed kernel in ms)")
-    print(f"{'shape (m, k, n)':24s} {'packed':>7s} {'c_matmul':>9s} {'numpy':>7s} "
+    peak = fma_peak_gflops()
+    print(f"# the cores' float32 FMA peak, measured: {peak:.1f} GFLOP/s "
+          f"({threads.get_num_threads()} threads); 'pk %' is the packed GEMM's share of it")
+    print(f"{'shape (m, k, n)':24s} {'packed':>7s} {'pk %':>5s} {'c_matmul':>9s} {'numpy':>7s} "
           f"{'torch':>7s} {'ORT':>7s} {'ORT/pk':>6s} {'pk/c_mm':>7s} {'packed ms':>9s}")
     shapes = [(SEQ, D, 3 * D), (SEQ, D, D), (SEQ, D, FF), (SEQ, FF, D), (SEQ, D, 50257),
               (1, D, 3 * D), (1, FF, D), (1, D, 50257),
@@ -335,8 +338,8 @@ def packed_gemm(repeats, quick: bool):
             fns.append(lambda ta=ta, tb=tb, tout=tout: torch.matmul(ta, tb, out=tout))
         ort_mm = ort_matmul(b)
         if ort_mm:
-            check(f"onnxruntime {(m, kk, nn)}", lambda a=a: ort_mm(a), lambda a=a, b=b: a @ b)
-            fns.append(lambda a=a: ort_mm(a))
+            check(f"onnxruntime {(m, kk, nn)}", lambda a=a, f=ort_mm: f(a), lambda a=a, b=b: a @ b)
+            fns.append(lambda a=a, f=ort_mm: f(a))
         check(f"packed {(m, kk, nn)}", fns[0], lambda a=a, b=b: a @ b)
         inner = [calibrate(fn) for fn in fns]
         s = [[] for _ in fns]
@@ -350,8 +353,67 @@ def packed_gemm(repeats, quick: bool):
         gf = [2 * m * kk * nn / t / 1e9 for t in med]
         tcol = f"{gf[3]:7.1f}" if torch else "      -"
         ocol = f"{gf[-1]:7.1f} {med[-1] / med[0]:6.2f}" if ort_mm else "      -      -"
-        print(f"{str((m, kk, nn)):24s} {gf[0]:7.1f} {gf[1]:9.1f} {gf[2]:7.1f} {tcol} {ocol} "
-              f"{med[1] / med[0]:7.2f} {med[0] * 1e3:9.3f}", flush=True)
+        print(f"{str((m, kk, nn)):24s} {gf[0]:7.1f} {100 * gf[0] / peak:5.0f} {gf[1]:9.1f} "
+              f"{gf[2]:7.1f} {tcol} {ocol} {med[1] / med[0]:7.2f} {med[0] * 1e3:9.3f}",
+              flush=True)
+
+
+PEAK_C = r"""
+#include <stdint.h>
+#ifdef __AVX512F__
+typedef float vec __attribute__((vector_size(64)));
+#else
+typedef float vec __attribute__((vector_size(32)));
+#endif
+/* 12 independent FMA chains per thread, all in registers: the cores' float32 FMA peak */
+double tg_fma_peak(int64_t iters, int threads) {
+    double total = 0.0;
+    #pragma omp parallel num_threads(threads) reduction(+:total)
+    {
+        vec b = (vec){0} + 1.0000001f, c = (vec){0} + 1e-9f, a[12];
+        for (int i = 0; i < 12; i++) a[i] = (vec){0} + (float)i;
+        for (int64_t it = 0; it < iters; it++) {
+            #pragma GCC unroll 12
+            for (int i = 0; i < 12; i++) a[i] = a[i] * b + c;
+        }
+        vec s = (vec){0};
+        for (int i = 0; i < 12; i++) s += a[i];
+        total += s[0];
+    }
+    return total;
+}
+"""
+
+
+def fma_peak_gflops() -> float:
+    """The cores' float32 FMA peak, measured: twelve register-resident FMA chains per
+    thread (enough to cover the latency of two FMA pipes) on this process's thread count,
+    best of five runs. A GEMM's GFLOP/s over this is the share of the peak it reaches."""
+    import ctypes
+
+    from tensor_graphs.kernels.c import build
+
+    lib = build.load_library("tg_fma_peak", PEAK_C)
+    fn = lib.tg_fma_peak
+    fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_int], ctypes.c_double
+    n, lanes = threads.get_num_threads(), (16 if "avx512f" in _cpu_flags() else 8)
+    iters, best = 20_000_000, math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        fn(iters, n)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 12 * lanes * iters * n / best / 1e9
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def ort_matmul(b):

@@ -13,11 +13,12 @@ cost more than the product saves. The kernel function still accepts an unpacked 
 
 A is packed per call in panels of 8 rows with AVX-512, else 6 (all of K when K <= 512, else
 blocks of up to 256 K-rows); an 8 x 32 register-blocked micro-kernel over two panels with
-AVX-512, else 6 x 16; OpenMP over N panels, or over blocks of rows when M >= 512. ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear``
-(x @ w.T + b), ``_nobias``, ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones
-(bias and activation applied to each C tile as its last K block is stored), and ``_add``
-variants of the four plain ones (+ an operand of the result's shape: the residual add of a
-transformer block, read as each tile is stored). ``writes_out``.
+AVX-512, else 6 x 16; OpenMP over N panels, or over blocks of rows when M >= 512.
+``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear`` (x @ w.T + b),
+``_nobias``, ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones (bias and
+activation applied to each C tile as its last K block is stored), and ``_add`` variants of
+the four plain ones (+ an operand of the result's shape: the residual add of a transformer
+block, read as each tile is stored). ``writes_out``.
 """
 
 from __future__ import annotations
