@@ -726,7 +726,12 @@ static int attention_few_rows(const attn_t *a) {
     const int64_t rows = a->b * a->hq * a->sq, group = a->hq / a->hkv;
     const int64_t work = rows * a->sk * a->d;
     int failed = 0;
-    _Pragma("omp parallel num_threads(tg_team()) if(work > 8 * TG_PAR_MIN)")
+    /* both threads from TG_PAR_MIN: a decode step's attention comes right after a GEMV, its K
+     * and V from memory (the weights streamed through the caches since the last token), and
+     * the team is still spinning: GPT-2's (1, 12, 1, 64) against 144 keys after a GEMV took
+     * 85-98 us on one thread, 45-55 on two (from 8 x TG_PAR_MIN it stayed on one below 341
+     * keys) */
+    _Pragma("omp parallel num_threads(tg_team()) if(work > TG_PAR_MIN)")
     {
         float *s = malloc(sizeof(float) * (size_t)(a->sk > 0 ? a->sk : 1));
         if (!s) {
