@@ -159,6 +159,7 @@ def _array(out) -> np.ndarray:
 
 
 def bench(name, make, runners, repeats, profile, pause=0.25):
+    print(f"\n## {name}", flush=True)  # first: what a runner prints while it builds is this block's
     module, args = make()
     calls, notes = {}, {}
     ref = _array(eager(module, args, profile)())
@@ -185,7 +186,6 @@ def bench(name, make, runners, repeats, profile, pause=0.25):
             t = time.perf_counter()
             calls[label]()
             samples[label].append((time.perf_counter() - t) * 1e3)
-    print(f"\n## {name}")
     for label in runners:
         if label in samples:
             s = samples[label]
