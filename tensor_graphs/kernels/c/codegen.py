@@ -5,12 +5,12 @@
     y = k(*arrays)                         # one array per region.inputs, numpy broadcasting
 
 A *region* is the largest set of elementwise atomic ops (neg exp log sqrt reciprocal sin erf
-erfc add mul maximum pow equal less where cast) reachable from the root through inputs, stopping at
-leaves, at non-elementwise ops (matmul, reductions, movement) and at nodes of a dtype the
-generator has no C type for (float16, bfloat16: not generated). What it stops at becomes a
-kernel input, except 0-d constants (Python scalars in the graph), which are inlined as C
-literals. Nodes used outside the region are recomputed inside it (pass ``uses=`` to make shared
-nodes inputs instead). A composite root is decomposed first.
+erfc log1p expm1 add mul maximum pow equal less where cast: ``RENDERED``) reachable from the
+root through inputs, stopping at leaves, at non-elementwise ops (matmul, reductions, movement)
+and at nodes of a dtype the generator has no C type for (float16, bfloat16: not generated).
+What it stops at becomes a kernel input, except 0-d constants (Python scalars in the graph),
+which are inlined as C literals. Nodes used outside the region are recomputed inside it (pass
+``uses=`` to make shared nodes inputs instead). A composite root is decomposed first.
 
 The emitted C is shape-generic: one function per region *structure* and dtypes, called with
 the output shape and per-input strides in elements (0 on broadcast axes) that Python derives
@@ -20,9 +20,12 @@ every operand. The loop runs over tiles of at most TILE elements of the innermos
 setting, or the calling thread alone while the cores are oversubscribed); an input whose
 innermost stride is not 1 (broadcast or strided) is first gathered into a per-tile buffer, so
 the loop body reads unit-stride arrays and vectorises. Each op is one C statement on locals;
-the output is written once, contiguous. On x86-64 with GCC and glibc, exp/log/sin/erf/erfc/pow are
-declared ``simd`` so the loop calls libmvec's vector versions (what math.h does only under
--ffast-math; NaN and inf stay IEEE, accuracy a few ULP, measured by the checks).
+the output is written once, contiguous. On x86-64 with GCC and glibc, exp/log/sin/erf/erfc/pow/
+log1p/expm1 are declared ``simd`` so the loop calls libmvec's vector versions (what math.h does
+only under -ffast-math; NaN and inf stay IEEE, accuracy a few ULP, measured by the checks). A
+transcendental the loop cannot call as a vector function keeps the whole loop scalar, and one op
+the renderer lacks cuts the region in two with a step between (softplus's log1p did both: Mish
+ran as four steps, no faster than the unfused plan).
 
 Semantics follow numpy (the reference) exactly where it matters:
 - ``maximum`` propagates NaN (``a > b || a != a ? a : b``, numpy's own choice of operand on
@@ -38,7 +41,7 @@ Semantics follow numpy (the reference) exactly where it matters:
   bits are kept — and of the 64-bit conversion for int64), on every platform, never C's
   undefined behaviour. int -> int narrows modulo 2**bits; anything -> bool is ``x != 0`` (NaN is
   true); bool -> anything is 0/1.
-- float32 ops use the float32 C functions (expf, logf, sqrtf, sinf, erff, powf); float32
+- float32 ops use the float32 C functions (expf, logf, sqrtf, sinf, erff, powf, log1pf); float32
   constants are rounded to float32 once, as ``tg.evaluate`` does without ``dtype="float64"``.
 - never -ffast-math; ``-ffp-contract=off`` (no fused multiply-add may change a rounding, an
   overflow to inf or a NaN), and ``-ftrapping-math`` for regions with a float -> int cast (see
@@ -91,8 +94,10 @@ from tensor_graphs.ir.ops.names import (
     ERF,
     ERFC,
     EXP,
+    EXPM1,
     LESS,
     LOG,
+    LOG1P,
     MAXIMUM,
     MUL,
     NEG,
@@ -107,7 +112,11 @@ from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.c import lib as _clib
 from tensor_graphs.rewrite import pattern as pat
 
-TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, ERFC, POW})  # glibc may differ by ULPs
+TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, ERFC, POW, LOG1P, EXPM1})  # glibc: ULPs off
+# what this renderer computes: the elementwise atomic ops, and of the special functions those
+# glibc computes as vector functions too (softplus, log_sigmoid and asinh decompose to log1p;
+# without it a Mish region stopped there and ran as four steps)
+RENDERED = ELEMENTWISE | {LOG1P, EXPM1}
 
 # dtype -> (C type, unsigned C type of the same width for wrap-around arithmetic)
 C_TYPES: dict[str, tuple[str, str]] = {
@@ -164,7 +173,7 @@ class Region:
 
 def fusable(node: Node) -> bool:
     """An elementwise atomic op whose dtype and operand dtypes have a C type here."""
-    return (node.op.name in ELEMENTWISE and node.dtype in SUPPORTED_DTYPES
+    return (node.op.name in RENDERED and node.dtype in SUPPORTED_DTYPES
             and all(i.dtype in SUPPORTED_DTYPES for i in node.inputs))
 
 
@@ -210,11 +219,11 @@ def elementwise_region(root: Node, inputs: Sequence[Node] | None = None, *,
     if decompose_composites and not (root.op.is_atomic or root.op.is_leaf):
         root = decompose(root)
     if not fusable(root):
-        why = (f"its dtype {root.dtype.name} has no C type here" if root.op.name in ELEMENTWISE
+        why = (f"its dtype {root.dtype.name} has no C type here" if root.op.name in RENDERED
                else "it is not an elementwise atomic op")
         raise ArgumentError(f"elementwise_region: cannot fuse at {root.op.name} "
                             f"{tuple(root.shape)} {root.dtype.name}: {why} (elementwise ops: "
-                            f"{', '.join(sorted(ELEMENTWISE))})")
+                            f"{', '.join(sorted(RENDERED))})")
     stop = set(inputs or ())
 
     def inside(n: Node) -> bool:
@@ -279,11 +288,13 @@ def c_literal(value, d: DType) -> str:
     return f"(({ct}){v}{'LL' if d.name == 'int64' else ''})"
 
 
-_UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf", ERFC: "erfc"}
+_UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf", ERFC: "erfc",
+            LOG1P: "log1p", EXPM1: "expm1"}
 
 # ---------------------------------------------------------------------------- vector math
 VECTOR_MATH = True  # use glibc's libmvec (SIMD exp/log/sin/erf/pow) where it links and loads
-_VECTOR_BASES = ("exp", "log", "sin", "erf", "erfc", "pow")
+_VECTOR_BASES = ("exp", "log", "sin", "erf", "erfc", "pow", "log1p", "expm1")  # log1p, expm1:
+# glibc >= 2.35; where the probe finds none, those loops stay scalar (and correct)
 _VECTOR_CANDIDATES = {  # C name: (base function, C type, arity)
     **{b + "f": (b, "float", 1 + (b == "pow")) for b in _VECTOR_BASES},
     **{b: (b, "double", 1 + (b == "pow")) for b in _VECTOR_BASES}}
@@ -343,6 +354,7 @@ def _probe_vector(fn: str) -> bool:
     wide = a.astype(np.float64)
     with np.errstate(all="ignore"):
         ref = {"exp": np.exp, "log": np.log, "sin": np.sin, "pow": lambda v: np.power(v, v),
+               "log1p": np.log1p, "expm1": np.expm1,
                "erf": np.vectorize(math.erf, otypes=[np.float64]),
                "erfc": np.vectorize(math.erfc, otypes=[np.float64])}[base](wide)
         close = np.isclose(o.astype(np.float64), ref, rtol=1e-5, equal_nan=True)
@@ -389,7 +401,7 @@ def _expr(n: Node, args: list[str], helpers: set[str],
             return f"{'powf' if t.name == 'float32' else 'pow'}({a}, {b})"
         helpers.add("ipow")
         return f"(({ct})({ut})tg_ipow((uint64_t)(int64_t){a}, {b} < 0 ? 0u : (uint64_t){b}))"
-    raise ArgumentError(f"codegen: no C for op {name}")  # pragma: no cover - ELEMENTWISE guards
+    raise ArgumentError(f"codegen: no C for op {name}")  # pragma: no cover - RENDERED guards
 
 
 # numpy computes power with a scalar exponent of 0.5, 2 or -1 as sqrt, square, reciprocal:
@@ -894,6 +906,9 @@ _MOVED = {  # op: (node, operand values, their error bounds, exact result) -> th
     NEG: lambda n, v, e, r: e[0],
     EXP: lambda n, v, e, r: np.abs(r) * np.expm1(e[0]),  # exp(a + e) - exp(a), the larger
     LOG: lambda n, v, e, r: np.where(v[0] > e[0], -np.log1p(-e[0] / v[0]), np.inf),
+    LOG1P: lambda n, v, e, r: np.where(  # log's rule at 1 + a (the lower side, the larger)
+        v[0] + 1.0 > e[0], -np.log1p(-e[0] / (v[0] + 1.0)), np.inf),
+    EXPM1: lambda n, v, e, r: np.abs(r + 1.0) * np.expm1(e[0]),  # exp's: e**a (e**e - 1)
     SQRT: lambda n, v, e, r: r - np.sqrt(np.maximum(v[0] - e[0], 0.0)),  # the lower side
     RECIPROCAL: lambda n, v, e, r: np.where(  # |1/a' - 1/a| = |a' - a| / |a a'|
         np.abs(v[0]) > e[0], e[0] / (np.abs(v[0]) * (np.abs(v[0]) - e[0])), np.inf),
@@ -1472,8 +1487,9 @@ def clear_cache() -> None:
         _verified.clear()
 
 
-__all__ = ["ELEMENTWISE", "SUPPORTED_DTYPES", "Region", "Emitted", "CheckReport", "fusable",
-           "uniform_value", "elementwise_region", "emit_c", "c_literal", "region_pattern",
+__all__ = ["ELEMENTWISE", "RENDERED", "SUPPORTED_DTYPES", "Region", "Emitted", "CheckReport",
+           "fusable", "uniform_value", "elementwise_region", "emit_c", "c_literal",
+           "region_pattern",
            "region_digest", "check_kernel", "evaluate_rounded", "rounding_bound", "error_bound",
            "fuse_elementwise", "make_function", "admitted", "near_tolerance", "TOLERANCE_MARGIN",
            "flags_for", "float_to_int_flags",
