@@ -161,3 +161,34 @@ def test_rounding_bound_holds_for_log1p_and_expm1(name, dtype):
         assert (np.abs(got - ref) <= bound).all(), name
     off = k(x).astype(np.float64) * (1 + 1e-5)
     assert (np.abs(off - ref) > bound).mean() > 0.5
+
+
+def _vector_calls(root, tmp_path, fn: str) -> int:
+    """How many calls of libmvec's vector ``fn`` the region's library makes, in GCC's
+    assembly of its C as built (every loop copy: serial, parallel, their narrower tails)."""
+    import subprocess
+
+    emitted = cg.emit_c(cg.elementwise_region(tg.decompose(root)))
+    src = tmp_path / f"{emitted.symbol}.c"
+    src.write_text(emitted.source)
+    flags = [f for f in build.flags_for(emitted.flags) if not f.startswith("-l")]
+    asm = subprocess.run([build.compiler(), *flags, "-S", "-o", "-", str(src)],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in asm.splitlines()
+               if "call" in line and "_ZGV" in line and f"v_{fn}@" in line)
+
+
+def test_a_select_on_one_condition_twice_does_not_double_the_transcendentals(tmp_path):
+    """tanh tests x < 0 twice (|x| first, the sign of the result last). GCC's jump threading
+    copied what lay between the two tests into both arms, and the vectoriser ran both copies:
+    two vector expf calls (and divisions) per element where the region has one. The loop of
+    tanh calls expf as often as a loop with one exp and no select."""
+    if not cg._is_gcc() or "expf" not in cg.vector_math_functions():
+        pytest.skip("GCC with libmvec only")
+    x = tg.input("xj", (33, 1025))
+    plain = _vector_calls(tg.exp(tg.mul(x, -2.0)), tmp_path, "expf")
+    assert plain > 0
+    assert _vector_calls(tg.tanh(x), tmp_path, "expf") == plain
+    mish = tg.mul(x, tg.tanh(tg.softplus(x)))  # two exp, one log1p in the region
+    assert _vector_calls(mish, tmp_path, "expf") == 2 * plain
+    assert _vector_calls(mish, tmp_path, "log1pf") == plain
