@@ -189,6 +189,67 @@ def test_a_select_on_one_condition_twice_does_not_double_the_transcendentals(tmp
     plain = _vector_calls(tg.exp(tg.mul(x, -2.0)), tmp_path, "expf")
     assert plain > 0
     assert _vector_calls(tg.tanh(x), tmp_path, "expf") == plain
-    mish = tg.mul(x, tg.tanh(tg.softplus(x)))  # two exp, one log1p in the region
-    assert _vector_calls(mish, tmp_path, "expf") == 2 * plain
-    assert _vector_calls(mish, tmp_path, "log1pf") == plain
+
+
+ELEMENT_LOOP = "        for (int64_t j = 0; j < len; j++) {"
+
+
+def test_a_chain_of_vector_calls_runs_as_one_loop_per_call(monkeypatch):
+    """Mish's region is one dependent chain through exp, log1p and exp: in one loop every
+    vector waits out each call in turn. The tile runs as a loop per call instead (values the
+    later loops read kept in per-tile buffers): the same bits as the single loop on whole
+    vectors; a tile's tail (under one vector) may take another libm variant in one stage."""
+    vector = sorted(cg.vector_math_functions())
+    if not {"expf", "log1pf"} <= set(vector):
+        pytest.skip("no libmvec expf/log1pf here: the loop makes no vector calls")
+    x = tg.input("xm", (3, 4096))
+    region = cg.elementwise_region(tg.decompose(tg.mul(x, tg.tanh(tg.softplus(x)))))
+    calls = cg.calls_at(region, vector)
+    assert [region.nodes[i].op.name for i in calls] == ["exp", "log1p", "exp"]
+    split = cg.stages(region, calls)
+    assert len(split) == 4 and [r[-1] for r in split[:3]] == calls
+    source = cg.emit_c(region).source
+    assert source.count(ELEMENT_LOOP + "\n") == 2 * 4  # the serial and the parallel copy
+    staged = cg.fuse_elementwise(region, register=False)
+    cg.clear_cache()
+    monkeypatch.setattr(cg, "stages", lambda region, calls: [range(len(region.nodes))])
+    single = cg.fuse_elementwise(region, register=False)
+    assert single.fn.source_text.count(ELEMENT_LOOP + "\n") == 2
+    X = (np.random.default_rng(9).standard_normal((3, 4096)) * 8).astype(np.float32)
+    X[0, :7] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 25.0, -90.0]
+    assert np.array_equal(staged(X), single(X), equal_nan=True)  # whole tiles
+    tail = np.ascontiguousarray(X[:, :4093])  # 3 tiles of 1024 and one of 1021 a row
+    got, want = staged(tail), single(tail)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert relative_error(got[finite], want[finite]) < 1e-6
+    for gap in (1, 3, 8):  # as the single loop: the bits do not depend on where the output is
+        block = np.empty(tail.size + 16, np.float32)
+        near = staged(tail, out=block[gap:gap + tail.size].reshape(tail.shape))
+        assert np.array_equal(near, got, equal_nan=True)
+
+
+def test_one_call_or_too_many_buffers_keep_one_loop(monkeypatch):
+    """A region with one vector call gains nothing from stages (its source stays as it was),
+    and one whose stages would keep more than MAX_STAGE_BUFFERS values per tile is one loop."""
+    vector = sorted(cg.vector_math_functions())
+    if "expf" not in vector:
+        pytest.skip("no libmvec expf here")
+    x = tg.input("xo", (7, 33))
+    one = cg.elementwise_region(tg.decompose(tg.tanh(x)))
+    assert len(cg.stages(one, cg.calls_at(one, vector))) == 1
+    wide = [tg.mul(x, float(k + 2)) for k in range(6)]
+    y = tg.exp(wide[0])
+    for w in wide[1:]:
+        y = tg.add(y, w)
+    y = tg.exp(y)
+    for w in wide:
+        y = tg.add(y, w)
+    region = cg.elementwise_region(y)
+    calls = cg.calls_at(region, vector)
+    split = cg.stages(region, calls)
+    assert len(split) == 3
+    crossing = len(cg._crossing(region, split))
+    assert crossing >= 6  # the six products the last stage adds
+    monkeypatch.setattr(cg, "MAX_STAGE_BUFFERS", crossing - 1)
+    assert len(cg.stages(region, calls)) == 1
