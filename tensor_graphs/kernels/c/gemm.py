@@ -11,7 +11,7 @@ cost more than the product saves. The kernel function still accepts an unpacked 
 2-D array): it packs it for that call, correct but slow, so a direct call,
 ``Kernel.__call__`` and the verifier need nothing special.
 
-A is packed per call in panels of 8 rows with AVX-512, else 6 (all of K when K <= 512, else
+A is packed per call in panels of 8 rows with AVX-512, else 6 (all of K when K <= 768, else
 blocks of up to 256 K-rows); an 8 x 32 register-blocked micro-kernel over two panels with
 AVX-512, else 6 x 16; OpenMP over N panels, or over blocks of rows when M >= 512.
 ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear`` (x @ w.T + b),
