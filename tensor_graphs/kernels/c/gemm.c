@@ -267,9 +267,14 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 
 /* the tile's nr accumulators x into C (cols of NR valid): + the C already there
- * (accumulate), then the epilogue when ep->on, then one store per row */
-TG_INLINE void store_tile(const v16 *x, const int nr, float *c, int64_t ldc, int cols,
-                          int accumulate, const tile_ep *ep) {
+ * (accumulate), then the epilogue when ep->on, then one store per row. Not inlined: it runs
+ * once per tile, after the K loop, and inlined into every micro-kernel instance (8 row counts,
+ * two panels, packed or in-place A, with and without prefetch) with the activations and a
+ * generated epilogue it made gemm.c take 5.9 s to compile instead of 1.9 (each generated GEMM
+ * epilogue compiles gemm.c's text again) */
+static __attribute__((noinline)) void store_tile(const v16 *x, const int nr, float *c,
+                                                 int64_t ldc, int cols, int accumulate,
+                                                 const tile_ep *ep) {
     if (cols == NR) {
         if (ep->on) {
             float t[NR] __attribute__((aligned(64)));
