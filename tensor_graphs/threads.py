@@ -24,8 +24,8 @@ the count torch reads). The count is resolved once, when first needed.
 
 The C kernels' parallel regions use at most that count: while the cores are oversubscribed
 (the calling thread waits for a core an eighth or more of the time it wants one, as
-``/proc/thread-self/schedstat`` counts it), they run on the calling thread alone and try the
-whole team again half a second after the last such look (``tg_team`` in
+``/proc/thread-self/schedstat`` counts it, in two decisions in a row), they run on the calling
+thread alone and try the whole team again half a second after the last such look (``tg_team`` in
 ``kernels/c/tg_common.h``: a region waits for its slowest thread, and one that lost its core
 to another process held every region up for a scheduler slice; ``team()`` says which now).
 numpy's own OpenBLAS follows the team inside ``numpy_matmul`` (``blas_follows_team``: one
@@ -88,7 +88,7 @@ _source: str | None = None
 _libraries: list = []  # C-backend libraries exporting tg_set_threads(int)
 # The C kernels' team state, one for the process (tg_common.h's TG_T_* slots; each library
 # gets its address through tg_share_team): [0] the setting, [1] the team regions use now.
-_team = (ctypes.c_int64 * 9)(1, 1)
+_team = (ctypes.c_int64 * 10)(1, 1)  # TG_T_N slots
 _PINNED = 8  # TG_T_PINNED
 # sources whose count torch follows too: the user asked tensor_graphs for it
 _SETS_TORCH = ("set_num_threads", "TG_NUM_THREADS")

@@ -83,10 +83,10 @@ def test_a_bad_omp_num_threads_is_a_clear_error(value, child_env):
 
 
 def test_team_rule(child_env):
-    """tg_team_look, fed a thread's counters (ns on a core, ns waiting for one): a look where it
-    waited >= 1/8 of the time it wanted a core (over >= 5 ms of wanting) makes the team 1 until
-    0.5 s after the last such look; a look from another thread only takes its counters; a new
-    setting starts over; full_team reads the setting."""
+    """tg_team_look, fed a thread's counters (ns on a core, ns waiting for one): two decisions
+    in a row where it waited >= 1/8 of the time it wanted a core (over >= 5 ms of wanting) make
+    the team 1 until 0.5 s after the last such look (one alone does not); a look from another
+    thread only takes its counters; a new setting starts over; full_team reads the setting."""
     res = child("""
         import ctypes
         from tensor_graphs import threads
@@ -99,22 +99,26 @@ def test_team_rule(child_env):
         seen = [look(1000 * ms, 0, 0, 7),               # the first look: counters only
                 look(1010 * ms, 10 * ms, 1 * ms, 7),     # waited 1/11: quiet
                 look(1020 * ms, 11 * ms, 2 * ms, 7),     # 1/2, but wanted 2 ms: no decision
-                look(1030 * ms, 14 * ms, 6 * ms, 7),     # 5/9 since 1010: contended
+                look(1030 * ms, 14 * ms, 6 * ms, 7),     # 5/9 since 1010: contended, once
+                look(1040 * ms, 16 * ms, 12 * ms, 7),    # 6/8: contended twice in a row
                 threads.team()]
         with threads.full_team():
             seen.append(threads.team())
-        seen += [look(1400 * ms, 25 * ms, 6 * ms, 7),    # quiet, held
-                 look(1520 * ms, 35 * ms, 6 * ms, 7),    # quiet, held (until 1530)
-                 look(1540 * ms, 45 * ms, 6 * ms, 7),    # quiet, 0.5 s after: the team again
-                 look(1550 * ms, 46 * ms, 10 * ms, 8),   # another thread: its counters only
-                 look(1560 * ms, 56 * ms, 10 * ms, 8)]   # waited 0: quiet
-        look(1570 * ms, 57 * ms, 20 * ms, 8)             # contended
+        seen += [look(1400 * ms, 25 * ms, 12 * ms, 7),   # quiet, held
+                 look(1520 * ms, 35 * ms, 12 * ms, 7),   # quiet, held (until 1540)
+                 look(1545 * ms, 45 * ms, 12 * ms, 7),   # quiet, 0.5 s after: the team again
+                 look(1550 * ms, 46 * ms, 16 * ms, 8),   # another thread: its counters only
+                 look(1560 * ms, 56 * ms, 16 * ms, 8),   # waited 0: quiet
+                 look(1570 * ms, 57 * ms, 26 * ms, 8),   # contended once: still the team
+                 look(1580 * ms, 67 * ms, 26 * ms, 8),   # quiet: the count starts over
+                 look(1590 * ms, 68 * ms, 36 * ms, 8)]   # contended once again: the team
+        look(1600 * ms, 69 * ms, 46 * ms, 8)             # twice in a row: 1
         threads.set_num_threads(2)
         seen.append(threads.team())
         print(*seen)
     """, child_env, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == "2 2 2 1 1 2 1 1 2 2 2 2".split()
+    assert res.stdout.split() == "2 2 2 2 1 1 2 1 1 2 2 2 2 2 2 2".split()
 
 
 def _busy(n: int, seconds: float) -> list[subprocess.Popen]:
@@ -233,7 +237,8 @@ def test_numpys_blas_follows_the_team_inside_numpy_matmul_only(child_env):
         look.restype = ctypes.c_int
         ms = 10**6
         look(1000 * ms, 0, 0, 7)
-        look(1030 * ms, 14 * ms, 6 * ms, 7)              # contended: the team is 1 for 0.5 s
+        look(1030 * ms, 14 * ms, 6 * ms, 7)              # contended
+        look(1040 * ms, 16 * ms, 12 * ms, 7)             # again: the team is 1 for 0.5 s
         matmul(a, b)                                     # numpy's pool on the team
         after = pool()                                   # the setting again
         with threadpool_limits(limits=1, user_api="blas"):

@@ -32,6 +32,12 @@
 #define TG_TEAM_WANTED_NS 5000000LL  /* decide once it wanted a core 5 ms since the last */
 #define TG_TEAM_WAITED 8             /* contended: waited >= 1/8 of the time it wanted a core */
 #define TG_TEAM_HOLD_NS 500000000LL  /* then alone until 0.5 s after the last contended look */
+/* contended decisions in a row before the team shrinks: one alone was often a wake-up after an
+ * idle spell (both of our threads woken onto one vCPU until the balancer moved one), and it
+ * held the team at one thread for the next 0.5 s: in models.py's loop (a 0.25 s pause, an
+ * untimed call, the timed one), 3 of 12 GPT-2 prefills ran on one thread (140-147 ms against
+ * 75), on a quiet machine. Real contention persists: the second decision follows ~10 ms later */
+#define TG_TEAM_STRIKES 2
 enum {
     TG_T_THREADS, /* the setting */
     TG_T_TEAM,    /* what regions use now: the setting, or 1 */
@@ -42,6 +48,7 @@ enum {
     TG_T_HOLD,    /* alone until this ns */
     TG_T_BUSY,    /* a look in progress (one thread looks; the others go on) */
     TG_T_PINNED,  /* > 0: the team is the setting, no looks (the profiler measuring) */
+    TG_T_STRIKES, /* contended decisions in a row (the looking thread's) */
     TG_T_N
 };
 static int64_t tg_team_own[TG_T_N] = {1, 1};
@@ -54,6 +61,7 @@ void tg_set_threads(int n) {
     TG_STORE(TG_T_THREADS, n > 0 ? n : 1);
     TG_STORE(TG_T_TEAM, n > 0 ? n : 1);
     TG_STORE(TG_T_HOLD, 0);
+    TG_STORE(TG_T_STRIKES, 0);
 }
 int tg_get_threads(void) { return (int)TG_LOAD(TG_T_THREADS); }
 int tg_get_team(void) { return (int)TG_LOAD(TG_T_TEAM); }
@@ -62,7 +70,8 @@ int tg_get_team(void) { return (int)TG_LOAD(TG_T_TEAM); }
  * (cumulative, as schedstat gives them), `now` the time. The counters of the last decision
  * are kept until the thread has wanted a core TG_TEAM_WANTED_NS since (a thread mostly asleep
  * waits a little at each wake-up, a large share of a short window); a look from another
- * thread only takes its counters. Returns the team. */
+ * thread only takes its counters. TG_TEAM_STRIKES contended decisions in a row shrink the
+ * team; a quiet one resets the count. Returns the team. */
 int tg_team_look(int64_t now, int64_t run, int64_t wait, int64_t who) {
     int64_t team = TG_LOAD(TG_T_TEAM);
     int64_t ran = run - TG_LOAD(TG_T_RUN), waited = wait - TG_LOAD(TG_T_WAIT);
@@ -70,10 +79,15 @@ int tg_team_look(int64_t now, int64_t run, int64_t wait, int64_t who) {
     TG_STORE(TG_T_AT, now);
     if (same && ran + waited < TG_TEAM_WANTED_NS) return (int)team;
     if (same && waited * TG_TEAM_WAITED >= ran + waited) {
-        team = 1;
-        TG_STORE(TG_T_HOLD, now + TG_TEAM_HOLD_NS);
-    } else if (same && now >= TG_LOAD(TG_T_HOLD)) {
-        team = TG_LOAD(TG_T_THREADS);
+        int64_t strikes = TG_LOAD(TG_T_STRIKES) + 1;
+        TG_STORE(TG_T_STRIKES, strikes);
+        if (strikes >= TG_TEAM_STRIKES || team == 1) { /* (alone already: the hold extends) */
+            team = 1;
+            TG_STORE(TG_T_HOLD, now + TG_TEAM_HOLD_NS);
+        }
+    } else if (same) {
+        TG_STORE(TG_T_STRIKES, 0);
+        if (now >= TG_LOAD(TG_T_HOLD)) team = TG_LOAD(TG_T_THREADS);
     }
     TG_STORE(TG_T_RUN, run);
     TG_STORE(TG_T_WAIT, wait);
