@@ -309,6 +309,13 @@ def main(argv=None) -> int:
     if ort is not None:
         print(f"  ratio ours/ORT decode: {med(ours) / med(ort_steps):.2f}; "
               f"ORT/floor {med(ort_steps) / floor:.2f}")
+        # each round's ratio: ours and ORT ran a second or two apart, in the same spell of the
+        # host's memory bandwidth (it swung 44-74 GB/s within minutes here), where the
+        # medians above may each land in a different one; and each one's best round
+        paired = [a / b for a, b in zip(ours, ort_steps)]
+        print(f"  ratio ours/ORT decode per round: {med(paired):.2f} "
+              f"({min(paired):.2f}-{max(paired):.2f}); best rounds {min(ours):.2f} vs "
+              f"{min(ort_steps):.2f} ms/token: {min(ours) / min(ort_steps):.2f}")
     print(f"  ratio ours/floor decode: {med(ours) / floor:.2f}" + (
         "  (under 1: no sample saw the machine's bandwidth; the machine is busy)"
         if med(ours) < floor else ""))
