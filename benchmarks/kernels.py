@@ -382,6 +382,8 @@ double tg_fma_peak(int64_t iters, int threads) {
     }
     return total;
 }
+/* float lanes a vec holds in this build (-march=native decides) */
+int tg_fma_lanes(void) { return (int)(sizeof(vec) / sizeof(float)); }
 """
 
 
@@ -396,24 +398,13 @@ def fma_peak_gflops() -> float:
     lib = build.load_library("tg_fma_peak", PEAK_C)
     fn = lib.tg_fma_peak
     fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_int], ctypes.c_double
-    n, lanes = threads.get_num_threads(), (16 if "avx512f" in _cpu_flags() else 8)
+    n, lanes = threads.get_num_threads(), lib.tg_fma_lanes()
     iters, best = 20_000_000, math.inf
     for _ in range(5):
         t = time.perf_counter()
         fn(iters, n)
         best = min(best, time.perf_counter() - t)
     return 2 * 12 * lanes * iters * n / best / 1e9
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def ort_matmul(b):

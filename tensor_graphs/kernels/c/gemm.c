@@ -409,20 +409,29 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
 }
 #endif
 
-/* the micro-kernel for `rows` (1..MR) rows, each compiled with a constant row count (an edge
- * panel of 2 rows does 2 rows of work, not 6); A's element (row r, step kk) at
- * ap[r * RA + kk * KA] */
-#define MICRO_ROWS(PF, PFP, RA, KA)                                                          \
+/* FN(PF, rows, ...) for `rows` (1..MR) rows, each instance compiled with a constant row count
+ * (an edge panel of 2 rows does 2 rows of work, not MR): one switch for every micro-kernel */
+#if MR == 8
+#define TG_ROWS_ABOVE_6(FN, PF, ...)                                                         \
+    case 8: FN(PF, 8, __VA_ARGS__); break;                                                   \
+    case 7: FN(PF, 7, __VA_ARGS__); break;
+#else
+#define TG_ROWS_ABOVE_6(FN, PF, ...)
+#endif
+#define BY_ROWS(FN, PF, ...)                                                                 \
     switch (rows) {                                                                          \
-    case 8: micro_k(PF, 8, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 7: micro_k(PF, 7, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 6: micro_k(PF, 6, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 5: micro_k(PF, 5, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 4: micro_k(PF, 4, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 3: micro_k(PF, 3, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    case 2: micro_k(PF, 2, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;    \
-    default: micro_k(PF, 1, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep); break;   \
+    TG_ROWS_ABOVE_6(FN, PF, __VA_ARGS__)                                                     \
+    case 6: FN(PF, 6, __VA_ARGS__); break;                                                   \
+    case 5: FN(PF, 5, __VA_ARGS__); break;                                                   \
+    case 4: FN(PF, 4, __VA_ARGS__); break;                                                   \
+    case 3: FN(PF, 3, __VA_ARGS__); break;                                                   \
+    case 2: FN(PF, 2, __VA_ARGS__); break;                                                   \
+    default: FN(PF, 1, __VA_ARGS__); break;                                                  \
     }
+
+/* the one-panel micro-kernel; A's element (row r, step kk) at ap[r * RA + kk * KA] */
+#define MICRO_ROWS(PF, PFP, RA, KA)                                                          \
+    BY_ROWS(micro_k, PF, kc, ap, RA, KA, bp, PFP, c, ldc, cols, accumulate, ep)
 
 /* on a packed A panel (kc x MR) */
 static void micro(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
@@ -447,26 +456,9 @@ static void micro_in_place(int64_t kc, const float *ap, int64_t lda, const float
 }
 
 #if HAVE_MICRO2
-/* the two-panel micro-kernel for `rows` rows, as MICRO_ROWS */
-#define MICRO2_ROWS(PF, PFP, RA, KA)                                                          \
-    switch (rows) {                                                                           \
-    case 8: micro2_k(PF, 8, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 7: micro2_k(PF, 7, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 6: micro2_k(PF, 6, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 5: micro2_k(PF, 5, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 4: micro2_k(PF, 4, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 3: micro2_k(PF, 3, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    case 2: micro2_k(PF, 2, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,    \
-                     ep1); break;                                                             \
-    default: micro2_k(PF, 1, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0,   \
-                      ep1); break;                                                            \
-    }
+/* the two-panel micro-kernel, as MICRO_ROWS */
+#define MICRO2_ROWS(PF, PFP, RA, KA)                                                         \
+    BY_ROWS(micro2_k, PF, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0, ep1)
 
 /* two panels (ldb apart) on a packed A panel; `pf`: the next pair to prefetch, or NULL */
 static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, const float *pf,
