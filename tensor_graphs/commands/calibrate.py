@@ -4,8 +4,9 @@ compiled program, so calibration sits above the compiler, with ``tg profile`` th
 
 A GPU (``calibrate_gpu``, when one is usable) gets its own rates under its own hardware key:
 a float32 matrix product's flop rate, a device-to-device copy's bandwidth, the host<->GPU
-link's bandwidth and latency, and a torch launch's cost; each timed with the device
-synchronized before and after, since a launch returns before its work is done. The simulated
+link's bandwidth and latency, and a kernel's cost in a CUDA graph (a tiny one, replayed as a
+program's graph replays its steps); each timed with the device synchronized before and after,
+since a launch returns before its work is done. The simulated
 GPU is calibrated the same way on small sizes: its rates are the CPU's (under its own key).
 """
 
@@ -21,6 +22,7 @@ from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.ir import builder
 from tensor_graphs.kernels.registry import get
 from tensor_graphs.profiler.bandwidth import read_bandwidth
+from tensor_graphs.profiler.device import graphed
 
 
 def dispatch_overhead(steps: int = 64, repeats: int = 7) -> float:
@@ -123,7 +125,9 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
         "to_gpu": (lambda: gpu_out.copy_(host), float(over_link)),
         "to_host": (lambda: host_out.copy_(on_gpu), float(over_link)),
         "link_latency": (many(lambda: one_gpu.copy_(one)), None),
-        "launch": (many(lambda: tiny.add_(1.0)), None),
+        # a kernel in a CUDA graph, as a GPU program's graph replays its steps (the profiler
+        # times GPU kernels so: ``profiler/device.graphed``)
+        "launch": (graphed(lambda: tiny.add_(1.0), repeat), None),
     }
     for fn, _ in cases.values():  # warm-up: cuBLAS handles, the caching allocator
         timed(fn)

@@ -82,14 +82,18 @@ OVERHEAD = {
     ("torch", "cpu"): 6e-6,  # torch's dispatcher over numpy views
     ("triton", "cpu"): 20e-6,  # Triton's launcher (the simulated GPU runs it on the host)
     ("copy", "cpu"): 1e-6,  # a move within host memory (a view: costed free anyway)
-    ("torch", "cuda"): 8e-6,  # one CUDA launch from Python through torch (~5-10 us)
-    ("triton", "cuda"): 25e-6,  # Triton's launcher binds and checks (H200 host: 20-40 us)
+    # a GPU kernel as a program's CUDA graph replays it (the profiler times them so): the gap
+    # to the next kernel and a tiny kernel's ramp, a few us, not the launch from Python (torch
+    # 5-10 us, Triton's launcher 20-60 us on an H100's or H200's host), which a graph skips
+    ("torch", "cuda"): 3e-6,
+    ("triton", "cuda"): 3e-6,
     ("copy", "cuda"): 15e-6,  # a host<->GPU transfer's latency (H200: 13-17 us, tiny copies)
 }
 DEFAULT_OVERHEAD = 5e-6  # a backend the table does not know
 # Calibrated rates that replace an overhead above (``commands/calibrate.calibrate_gpu``)
 CALIBRATED_OVERHEAD = {
-    ("torch", "cuda"): "launch",  # seconds per launch of a tiny torch op, back to back
+    ("torch", "cuda"): "launch",  # seconds per tiny kernel in a CUDA graph, back to back
+    ("triton", "cuda"): "launch",
     ("copy", "cuda"): "link_latency",  # seconds of a one-element host->GPU copy
 }
 EXACT_SLOWDOWN = 20.0  # numpy_exact_*: float64 through the reference interpreter

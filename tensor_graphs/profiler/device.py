@@ -11,8 +11,20 @@ timing (``to_device``), its result is brought back for the check against the ref
 (``copies.placement``): a host array for ``copy_host_to_cuda``, a GPU tensor for
 ``copy_cuda_to_host``, so each is timed as the real move it makes.
 
+A kernel that reads and writes GPU memory is timed as a program runs it: inside a CUDA graph
+(``replay``). A GPU program is replayed as one graph after its first calls
+(``runtime/graphs.py``), where a kernel costs its GPU time and the gap to the next one, not
+its launch from Python: timed launch by launch, a small Triton kernel read its launcher (27-60
+us on an H100's host, against a torch op's 7), and the planner kept unfused torch ops that
+the graph replays at a few microseconds each over one fused kernel. A kernel whose launches
+cannot be captured (one that waits for the GPU) is timed launch by launch: such a step also
+keeps its program out of a graph, so its launch is what a call pays. Copies between the host
+and a GPU are never captured (a program's graph holds none; its feeds and results move
+outside it).
+
 The simulated GPU (``devices.simulated_cuda``) keeps its tensors in host memory and runs torch
-ops synchronously: the same path with nothing to wait for (its times are CPU times).
+ops synchronously: the same path with nothing to wait for (its times are CPU times), and its
+"graph" calls the launches one after the other.
 """
 
 from __future__ import annotations
@@ -31,11 +43,14 @@ from tensor_graphs.kernels import copy as copies
 class DeviceIO:
     """How to call one kernel: ``to_device`` moves a host input to where it reads it,
     ``to_host`` brings a result back as a numpy array, ``sync`` (or None) waits for the work
-    queued so far."""
+    queued so far, ``replay`` (or None: timed launch by launch) captures ``n`` back-to-back
+    calls of a function as a graph and returns what replays them (it raises where they
+    cannot be captured)."""
 
     to_device: Callable
     to_host: Callable
     sync: Callable[[], None] | None
+    replay: Callable[[Callable[[], object], int], Callable[[], None]] | None = None
 
 
 HOST = DeviceIO(lambda a: a, np.asarray, None)
@@ -65,10 +80,52 @@ def device_io(kernel) -> DeviceIO:
         return convert.to_cuda(a, where) if source == "cuda" else a
 
     sync = None if simulated_cuda() is not None else _synchronize
-    return DeviceIO(to_device, convert.to_host, sync)
+    replay = graphed if copies.placement(kernel) == ("cuda", "cuda") else None
+    return DeviceIO(to_device, convert.to_host, sync, replay)
 
 
 def _synchronize() -> None:
     import torch
 
     torch.cuda.synchronize()
+
+
+def graphed(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    """What replays ``n`` back-to-back calls of ``fn`` (GPU work) as one CUDA graph: captured
+    on a real GPU, called in turn on the simulated one. Raises where the calls cannot be
+    captured."""
+    return (_in_turn if simulated_cuda() is not None else _cuda_graph)(fn, n)
+
+
+def _cuda_graph(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    """``n`` calls of ``fn`` captured in one CUDA graph; returns its ``replay``. First one
+    call on a side stream with torch's sync debug mode raising, as the runtime warms a
+    region before it captures (``runtime/graphs.warming``): a call that waits for the GPU
+    raises here instead of breaking the capture."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def _in_turn(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    """The simulated GPU's stand-in for ``_cuda_graph``: the ``n`` calls one after another
+    (its kernels run on the host as they are called)."""
+    def replay() -> None:
+        for _ in range(n):
+            fn()
+    return replay

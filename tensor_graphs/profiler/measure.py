@@ -18,7 +18,9 @@ A GPU kernel's call (and a copy to or from a GPU) is measured the same way throu
 the result brought back for the check; every sample (and the warm-up and calibration) taken
 with the device synchronized before and after, so an asynchronous launch is not timed as free;
 a kernel that writes into a given buffer (``writes_out``: torch CUDA kernels, copies) timed
-writing into one made once, as the runtime calls it.
+writing into one made once, as the runtime calls it. A kernel on the GPU's memory is timed as
+a CUDA graph of ``GRAPH_LAUNCHES`` of its calls, replayed: the GPU's time, which is what a
+program's graph pays for it, not its launch from Python (``device`` says why).
 A call's row carries its ``hardware`` (the GPU's key for a GPU call), never the CPU's by
 default.
 """
@@ -156,6 +158,7 @@ class _Timer:
         # (``CostModel.accuracy``) rather than building and verifying the kernel to learn it
         self.admitted = float(k.tolerance) if getattr(k, "generated", False) else math.nan
         self.sync = None
+        self.launches = 1  # kernel calls per call of ``fn`` (a CUDA graph holds several)
         try:
             io = device_io(k)
             self.sync = io.sync
@@ -184,13 +187,28 @@ class _Timer:
                 self.fn = lambda: k.fn(*arrays, out=made, **call.attrs)
             else:
                 self.fn = lambda: k.fn(*arrays, **call.attrs)
+            if io.replay is not None:
+                self._graphed(io.replay, got.nbytes)
             start = time.perf_counter()
             self.calls, first = _calls_per_sample(self.fn, min_sample, max_seconds, self.sync)
             self.budget = max_seconds - (time.perf_counter() - start)
             if not self.calls:  # one call took half the budget: it is the only sample
-                self.samples.append(first)
+                self.samples.append(first / self.launches)
         except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
             self.failure = f"{type(exc).__name__}: {exc}"[:500]
+
+    def _graphed(self, replay, result_bytes: int) -> None:
+        """``fn`` replaced by a CUDA graph of ``GRAPH_LAUNCHES`` of its calls (fewer where
+        each result is large: a graph keeps what its launches allocate), so a sample times
+        the GPU's work as a program's graph replays it; where the launches cannot be captured
+        (``device.DeviceIO.replay`` raised) the kernel stays timed launch by launch, as the
+        Python loop that must then run its program calls it."""
+        launches = max(1, min(GRAPH_LAUNCHES, GRAPH_BYTES // max(result_bytes, 1)))
+        try:
+            self.fn = replay(self.fn, launches)
+        except Exception:  # noqa: BLE001 - not capturable: timed launch by launch
+            return
+        self.launches = launches
 
     def active(self, repeats: int) -> bool:
         return (self.failure is None and len(self.samples) < repeats and self.calls > 0
@@ -202,7 +220,7 @@ class _Timer:
             # the kept take, so retakes do not cost a kernel its samples (they stop when its
             # budget is out, and after RETAKES)
             seconds, _ = _uncontended_sample(self.fn, self.calls, self.sync, self.budget)
-            self.samples.append(seconds)
+            self.samples.append(seconds / self.launches)
             self.budget -= seconds * self.calls
         except Exception as exc:  # noqa: BLE001
             self.failure = f"{type(exc).__name__}: {exc}"[:500]
@@ -257,6 +275,12 @@ def sample_times(fn, repeats: int, min_sample: float, max_seconds: float,
         samples.append(_sample(fn, calls, sync))
     return samples
 
+
+# A GPU kernel is timed inside a CUDA graph of this many of its calls (``_Timer._graphed``):
+# a replay costs the host one launch, so the samples time the GPU's work; at most GRAPH_BYTES
+# of results a graph (each launch that allocates keeps its result in the graph's pool)
+GRAPH_LAUNCHES = 16
+GRAPH_BYTES = 256 << 20
 
 # A sample during which this process's threads waited for a core (runnable, another process
 # on it: /proc/self/task/*/schedstat's run delay) for this share of its time or more measured

@@ -173,3 +173,66 @@ def test_calibrating_the_gpu_stores_its_rates_under_its_key(tmp_path):
     assert model.overhead(registry.get("torch_cuda_tanh")) == rates["launch"]
     assert model.overhead(registry.get("copy_cuda_to_host")) == rates["link_latency"]
     assert model.rates("cuda")["flops"] == rates["flops"]
+
+
+@pytest.fixture
+def slow_host_tanh():
+    """A GPU tanh whose Python side sleeps 2 ms per launch: host work a CUDA graph skips."""
+    import time
+
+    name = "test_slow_host_cuda_tanh"
+
+    def run(x):
+        time.sleep(2e-3)
+        return x.tanh()
+
+    tg.kernel("tanh", backend="torch", device="cuda", name=name)(run)
+    try:
+        yield registry.get(name)
+    finally:
+        registry.unregister(name)
+        missing._verified.pop(name, None)
+
+
+def _tanh_call(k) -> Call:
+    x = tg.input("x", (64, 64))
+    y = tg.tanh(x)
+    return Call(k, y, (x,), {}, signature([x], y.attrs), hardware=GPU)
+
+
+def test_a_gpu_kernel_is_timed_as_a_cuda_graph_replays_it(slow_host_tanh):
+    """A GPU program runs as one CUDA graph, where a kernel costs its GPU time, not its launch
+    from Python: the profiler times GPU kernels inside a graph of GRAPH_LAUNCHES calls. On a
+    real GPU the 2 ms the kernel's Python side sleeps is captured once and never replayed; on
+    the simulated one the "graph" calls the launches in turn, so the row is the call's own
+    time (not GRAPH_LAUNCHES of them). Copies to and from the host are never captured."""
+    from tensor_graphs.profiler import device
+    from tensor_graphs.profiler import measure as measuring
+
+    assert device_io(registry.get("torch_cuda_add")).replay is device.graphed
+    assert all(device_io(registry.get(name)).replay is None for name in COPIES)
+    assert device_io(registry.get("numpy_tanh")).replay is None
+    row = measure(_tanh_call(slow_host_tanh), repeats=3, min_sample=4e-3)
+    assert row.failure is None and row.runs == 3 and row.error < 1e-6, row
+    if SIMULATED:
+        assert 2e-3 <= row.min < 2 * 2e-3, row
+    else:
+        assert row.max < 0.5e-3, row  # a 64x64 tanh: microseconds
+    assert measuring.GRAPH_LAUNCHES > 1
+
+
+def test_a_gpu_kernel_that_cannot_be_captured_is_timed_launch_by_launch(
+        slow_host_tanh, monkeypatch):
+    """Where the launches cannot be captured (a kernel that waits for the GPU: capture
+    raises), the kernel is timed call by call, as the Python loop that then runs its program
+    calls it: the host's 2 ms are in the row, once per call. (The simulated GPU cannot
+    refuse a capture: the refusal is made here.)"""
+    from tensor_graphs.profiler import device
+
+    def refuse(fn, n):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(device, "graphed", refuse)
+    row = measure(_tanh_call(slow_host_tanh), repeats=3, min_sample=4e-3)
+    assert row.failure is None and row.runs == 3, row
+    assert 2e-3 <= row.min < 2 * 2e-3, row

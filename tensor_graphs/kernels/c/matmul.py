@@ -42,6 +42,12 @@ def blas_flags() -> tuple[str, ...]:
 lib._EXTRA_FLAGS[LIB] = blas_flags
 
 
+def _past_int32(*dims) -> bool:
+    """Whether a concrete dim is past the 32-bit BLAS's range. A symbolic one (constraints
+    are also asked at a graph's symbolic shapes) is not decided: the call's shapes are."""
+    return any(isinstance(d, int) and d > _INT_MAX for d in dims)
+
+
 def plan_matmul(a_shape, b_shape):
     """(batch, m, n, k, sa, sb, sc, out_shape) for a @ b, or a reason string."""
     a_shape, b_shape = tuple(a_shape), tuple(b_shape)
@@ -59,7 +65,7 @@ def plan_matmul(a_shape, b_shape):
     else:
         return (f"batch dims must be equal (or b 2-D); no broadcasting of batch dims: "
                 f"{a_shape} @ {b_shape}")
-    if max(plan[1], n, k) > _INT_MAX:
+    if _past_int32(plan[1], n, k):
         return "a dimension exceeds the 32-bit BLAS's range"
     return plan
 
@@ -72,7 +78,7 @@ def plan_linear(x_shape, w_shape):
     if x_shape[-1] != k:
         return f"x's last axis must equal the weight's in_features: {x_shape}, {w_shape}"
     m = math.prod(x_shape[:-1])
-    if max(m, n, k) > _INT_MAX:
+    if _past_int32(m, n, k):
         return "a dimension exceeds the 32-bit BLAS's range"
     return (1, m, n, k, 0, 0, 0, x_shape[:-1] + (n,))
 
