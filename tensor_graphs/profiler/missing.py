@@ -105,8 +105,29 @@ def calls_to_measure(planner: Planner) -> list[Option]:
 def hardware_of(o: Option, hardware: Mapping[str, Hardware] | None) -> Hardware:
     """The key ``o``'s row is filed under: the cost model's for the kernel's device kind (so
     the planner finds it), else this process's."""
-    kind = measured_on(o.kernel)
+    return _hardware_for(o.kernel, hardware)
+
+
+def _hardware_for(kernel, hardware: Mapping[str, Hardware] | None) -> Hardware:
+    kind = measured_on(kernel)
     return (hardware or {}).get(kind) or current(kind)
+
+
+def _verify_gpu_kernels_at_once(options: Sequence[Option],
+                                hardware: Mapping[str, Hardware] | None, scope: str | None,
+                                progress: bool) -> None:
+    """The registered GPU kernels of the first round verified in worker processes at once
+    (``shared_verify.verify_at_once``: where the cores allow, for a database profilers
+    share), before anything is timed: a Triton kernel's checks compile it once per
+    specialization they meet, seconds each, which the measuring would otherwise wait for
+    kernel by kernel. Copies and host kernels verify in milliseconds: not worth a process."""
+    kernels = {o.kernel.name: o.kernel for o in options
+               if o.how == KERNEL and not _generated(o) and o.kernel.name not in _verified
+               and measured_on(o.kernel) != "cpu"}
+    if kernels:
+        shared_verify.verify_at_once(list(kernels.values()),
+                                     lambda k: _hardware_for(k, hardware), scope,
+                                     progress=progress)
 
 
 def verified(kernel, hw: Hardware | None = None, scope: str | None = None) -> str | None:
@@ -118,18 +139,9 @@ def verified(kernel, hw: Hardware | None = None, scope: str | None = None) -> st
     checked against the float64 reference); one that fails is never timed."""
     if kernel.name not in _verified:
         _verified[kernel.name] = shared_verify.shared(
-            kernel, hw or current(measured_on(kernel)), lambda: _verify(kernel), scope)
+            kernel, hw or current(measured_on(kernel)), lambda: shared_verify.check(kernel),
+            scope)
     return _verified[kernel.name]
-
-
-def _verify(kernel) -> str | None:
-    from tensor_graphs.kernels.verify import verify
-
-    try:
-        report = verify(generated.realize(kernel))
-        return None if report.ok else report.summary()
-    except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
-        return f"{type(exc).__name__}: {exc}"
 
 
 def call_of(o: Option, hardware: Mapping[str, Hardware] | None = None) -> Call:
@@ -355,6 +367,8 @@ def _profile(planner: Planner, db: Database, progress: bool, lease: float | None
     first = {k: o for k, o in left.items() if _generated(o)}  # host-side: after the target's
     picks = could_win(planner, first) if first else set()
     batch = [o for o in todo if _key(o) not in left or _key(o) in picks]
+    _verify_gpu_kernels_at_once(batch, planner.cost.hardware, shared_verify.scope_of(db),
+                                progress)
     added = 0
     while batch:
         for window in Work(db, batch, lease, hardware=planner.cost.hardware):

@@ -225,6 +225,99 @@ def shared(kernel, hw: Hardware, check: Callable[[], str | None],
     return _filed(key, lambda: {"reason": check()})["reason"]
 
 
+def check(kernel) -> str | None:
+    """``tg.kernels.verify`` on ``kernel`` (a generated one built first): None when it
+    passes, else why not (an exception is a reason, not an error: a broken kernel is
+    recorded)."""
+    from tensor_graphs.kernels.verify import verify
+
+    try:
+        report = verify(generated.realize(kernel))
+        return None if report.ok else report.summary()
+    except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
+        return f"{type(exc).__name__}: {exc}"
+
+
+# Verification at once, before a profile times anything: on a GPU each Triton kernel's checks
+# compile it once per specialization they meet (~10 for a GEMM template config: shapes,
+# dtypes, layouts), so GPT-2 124M's first profile on an H100 spent ~220 of its 266 s verifying
+# fifteen fp32 GEMM configs one after another while 15 of the host's 16 cores idled. Worker
+# processes (spawned: a forked CUDA context is unusable) each verify kernels and file the
+# outcomes as ``shared`` does; the profile reads them, and verifies itself whatever they did
+# not file. One worker per PARALLEL_CORES cores, at most PARALLEL_WORKERS; none on a machine
+# with fewer than two to give (the kernels' own thread teams use those cores).
+PARALLEL_CORES = 2
+PARALLEL_WORKERS = 8
+
+
+def workers_for(kernels: int) -> int:
+    """How many worker processes verify ``kernels`` kernels at once here (0: none)."""
+    from tensor_graphs.threads import cores
+
+    n = min(kernels, cores() // PARALLEL_CORES, PARALLEL_WORKERS)
+    return n if n >= 2 else 0
+
+
+def verify_at_once(kernels, hardware_of: Callable[[object], Hardware], scope: str | None,
+                   workers: int | None = None, progress: bool = False) -> int:
+    """File the outcomes of ``kernels`` (registered kernels, each verified as ``shared``
+    does for the profilers of ``scope``) from ``workers`` processes at once (default
+    ``workers_for``); returns how many outcomes they filed. Nothing happens without a shared
+    scope (an in-memory database shares nothing), with fewer than two workers, or for a
+    kernel another process cannot find by name (registered by this program alone) or whose
+    description is this process's alone (no key). A worker that dies loses only its own
+    kernels' outcomes: the profile verifies those itself."""
+    if scope is None:
+        return 0
+    todo = []
+    for k in kernels:
+        hw = hardware_of(k)
+        if isinstance(k, Kernel) and not getattr(k, "generated", False) \
+                and kernel_key(k, hw, scope) is not None:
+            todo.append((k.name, k.source_hash, hw))
+    n = workers_for(len(todo)) if workers is None else min(workers, len(todo))
+    if n < 2:
+        return 0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tensor_graphs.profiler.progress import Progress
+
+    filed = 0
+    bar = Progress(len(todo), f"verifying in {n} processes") if progress else None
+    try:
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            jobs = [pool.submit(_verify_named, name, digest, hw, scope)
+                    for name, digest, hw in todo]
+            for job in as_completed(jobs):
+                try:
+                    filed += bool(job.result())
+                except BrokenProcessPool:
+                    pass  # (the profile verifies what the dead worker held)
+                if bar is not None:
+                    bar.step()
+    finally:
+        if bar is not None:
+            bar.close()
+    return filed
+
+
+def _verify_named(name: str, digest: str, hw: Hardware, scope: str) -> bool:
+    """In a worker: the registered kernel ``name`` verified and its outcome filed; False
+    where this process has no such kernel (or another source: a different version of it)."""
+    from tensor_graphs.kernels import registry
+
+    try:
+        kernel = registry.get(name)
+    except Exception:  # noqa: BLE001 - registered by the parent's program alone
+        return False
+    if kernel.source_hash != digest:
+        return False
+    shared(kernel, hw, lambda: check(kernel), scope)
+    return True
+
+
 def _filed(key: str, make: Callable[[], dict]) -> dict:
     """The outcome filed under ``key``, else ``make()``'s, filed: under the key's lock, so
     one process makes it and the others wait for it (``PATIENCE``). Not shared (made here)

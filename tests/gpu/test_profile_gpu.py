@@ -236,3 +236,55 @@ def test_a_gpu_kernel_that_cannot_be_captured_is_timed_launch_by_launch(
     row = measure(_tanh_call(slow_host_tanh), repeats=3, min_sample=4e-3)
     assert row.failure is None and row.runs == 3, row
     assert 2e-3 <= row.min < 2 * 2e-3, row
+
+
+def test_gpu_kernels_are_verified_in_worker_processes_at_once(tmp_path, slow_host_tanh):
+    """Before a profile times anything, its registered GPU kernels are verified by spawned
+    worker processes together (a Triton kernel's checks compile it, seconds each on a GPU's
+    host): each outcome is filed for the profilers of the database, which read it instead of
+    verifying again. A kernel only this program registered is left to the profile."""
+    from tensor_graphs.profiler import shared_verify
+
+    db = open_db(tmp_path / "gpu.sqlite")
+    scope = shared_verify.scope_of(db)
+    names = ["torch_cuda_tanh", "torch_cuda_exp", "torch_cuda_add"]
+    kernels = [registry.get(n) for n in names] + [slow_host_tanh]
+    filed = shared_verify.verify_at_once(kernels, lambda k: GPU, scope, workers=2)
+    assert filed == len(names)  # (the test's own kernel: not in the workers' registry)
+
+    def again():
+        raise AssertionError("verified again: the worker's outcome was not read")
+
+    for k in kernels[:-1]:
+        assert shared_verify.shared(k, GPU, again, scope) is None
+    assert shared_verify.shared(slow_host_tanh, GPU, lambda: "checked here", scope) == \
+        "checked here"
+    assert shared_verify.verify_at_once(kernels, lambda k: GPU, None, workers=2) == 0
+    # one worker is no parallelism: nothing is spawned (the profile verifies as it goes)
+    assert shared_verify.verify_at_once(kernels[:1], lambda k: GPU, scope, workers=2) == 0
+
+
+def test_a_profile_verifies_its_gpu_kernels_at_once_then_measures(tmp_path, wrong_gpu_tanh,
+                                                                   monkeypatch):
+    """The first round's registered GPU kernels go to the workers (here two, as a machine
+    with four cores would give), the profile then measures them on their filed outcomes,
+    and a kernel the workers cannot see (registered by this program) is verified by the
+    profile itself: the wrong one still gets its failure row."""
+    from tensor_graphs.profiler import shared_verify
+
+    monkeypatch.setattr(shared_verify, "PARALLEL_CORES", 1)
+    monkeypatch.setattr(missing, "_verified", {})  # (earlier tests verified torch's tanh)
+    filed = []
+    at_once = shared_verify.verify_at_once
+    monkeypatch.setattr(shared_verify, "verify_at_once",
+                        lambda *a, **kw: filed.append(at_once(*a, **kw)) or filed[-1])
+    db = open_db(tmp_path / "gpu.sqlite")
+    x = tg.input("x", (8, 16))
+    y = tg.tanh(x)
+    planner = planner_for(db, [y])
+    missing.profile_missing(planner, db, progress=False)
+    assert filed and filed[0] >= 1, filed  # torch_cuda_tanh at least
+    (row,) = db.rows(wrong_gpu_tanh.name)
+    assert row.failure.startswith("verification failed") and row.runs == 0
+    good = db.rows("torch_cuda_tanh")
+    assert good and all(r.failure is None and r.runs > 0 for r in good)
