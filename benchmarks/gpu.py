@@ -23,7 +23,8 @@ HBM floor (the decode program's weights read once per token at the device-to-dev
 measured here). ``--only split`` times log-softmax over a 50257-wide row: the Triton row
 kernels (one program a row) and the split ones against torch. The table is appended to
 ``DIR/gpu_table.md`` as each row finishes, so a run
-cut short keeps what it measured; the database is ``DIR/gpu.sqlite``.
+cut short keeps what it measured; the database is ``DIR/gpu.sqlite``, and each of our plans
+(``explain()``) goes to ``DIR/gpu_plans.txt``.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ def bench(name, make, dtype, runners, repeats, db, table) -> None:
             lines.append(f"  {label:10s}    -       {notes.get(label, '')}")
     if "ours" in calls:
         lines.append(f"  ours: {calls['ours'].program.loop}")
+        plans(table, f"{name}, {dtype}", calls["ours"].program)
     if "ours" in samples:
         mine = statistics.median(samples["ours"])
         lines.append("  " + ", ".join(f"ours/{label} {mine / statistics.median(s):.2f}"
@@ -334,6 +336,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
              f"{statistics.median(mine) / statistics.median(theirs):.2f}",
              f"  ours decode: {gen.decode.loop}"]
     report(table, "\n".join(lines))
+    plans(table, "gpt2-124m decode step", gen.decode)
 
 
 def split_rows(table, rows: int = 4, width: int = 50257) -> None:
@@ -369,6 +372,18 @@ def split_rows(table, rows: int = 4, width: int = 50257) -> None:
         lines += [f"  {dt} {name:48s} {t:8.4f} ms  {t / base:5.2f}x torch"
                   for name, t in times.items()]
     report(table, "\n".join(lines))
+
+
+def plans(table: Path, heading: str, program) -> None:
+    """The plan ``program`` ran (``explain()``: each step's kernel, time and whether it was
+    measured), appended to ``gpu_plans.txt`` beside the table: what a lease's next run looks
+    at first."""
+    try:
+        text = program.explain()
+    except Exception as exc:  # noqa: BLE001 - the figures matter more than the plan's text
+        text = f"(explain failed: {type(exc).__name__}: {exc})"
+    with open(table.with_name("gpu_plans.txt"), "a") as f:
+        f.write(f"## {heading}\n{text}\n\n")
 
 
 def report(table: Path, text: str) -> None:
