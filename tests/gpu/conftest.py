@@ -23,14 +23,21 @@ def _needs_a_gpu():
 @pytest.fixture
 def copies(monkeypatch):
     """Counts the copy kernels' moves: "to_gpu" (host -> GPU and GPU -> GPU, the program's
-    copy steps and ``bind`` alike) and "to_host" (GPU -> host)."""
+    copy steps and ``bind`` alike) and "to_host" (GPU -> host). "where" keeps, per move to
+    the GPU, its shape and the runtime's functions that asked for it (a count that differs
+    on a real GPU says which path moved more)."""
+    import traceback
+
     from tensor_graphs.kernels import copy as copy_kernels
 
-    counts = {"to_gpu": 0, "to_host": 0}
+    counts = {"to_gpu": 0, "to_host": 0, "where": []}
     moved, to_host = copy_kernels._moved, copy_kernels._to_host
 
     def counted_moved(*args, **kwargs):
         counts["to_gpu"] += 1
+        callers = [f.name for f in traceback.extract_stack(limit=9)[:-2]
+                   if "tensor_graphs" in f.filename]
+        counts["where"].append((tuple(getattr(args[0], "shape", ())), " < ".join(callers[::-1])))
         return moved(*args, **kwargs)
 
     def counted_to_host(*args, **kwargs):

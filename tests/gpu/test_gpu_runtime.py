@@ -92,7 +92,8 @@ def test_weights_move_to_the_gpu_once_per_binding(copies):
     assert copies["to_gpu"] == 2 + constants + 3 * inputs
     prog.bind(w=weights["w"])
     got = prog(x=X)
-    assert copies["to_gpu"] == 2 + constants + 3 * inputs + 1 + constants + inputs
+    assert copies["to_gpu"] == 2 + constants + 3 * inputs + 1 + constants + inputs, \
+        (prog._last.native.last, copies["where"])
     assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
 
 
