@@ -277,7 +277,7 @@ class CostModel:
                 return fitted
         if stale is not None:
             return Estimate(stale.seconds, "stale", UNCERTAINTY["stale"])
-        rough = self.roofline(kernel, feats)
+        rough = self.roofline(kernel, feats, signature)
         found = self.calibration(kernel)
         if found is None:
             return rough
@@ -312,12 +312,16 @@ class CostModel:
             self._calibrations[key] = generated_cost.generator_calibration(self, kernel)
         return self._calibrations[key]
 
-    def roofline(self, kernel, feats: Features) -> Estimate:
-        """The estimate from peak rates alone: overhead plus roofline work."""
+    def roofline(self, kernel, feats: Features, signature: str | None = None) -> Estimate:
+        """The estimate from peak rates alone: overhead plus roofline work, the flops at the
+        share of the peak the kernel declares for the signature's dtype (``efficiency``)."""
         seconds = self.overhead(kernel)
         if not kernel.view:  # a view moves no data
             passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \
                 _is_composite(kernel) else 1.0
+            share = _efficiency(kernel, signature)
+            if share != 1.0:
+                feats = Features(feats.flops / share, feats.bytes, feats.elements)
             seconds += passes * self.kernel_work(kernel, feats)
         if is_exact_kernel(kernel):
             seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
@@ -439,6 +443,16 @@ def _is_composite(kernel) -> bool:
 
     op = OPS.get(kernel.op) if kernel.op else None
     return op is not None and not op.is_atomic
+
+
+def _efficiency(kernel, signature: str | None) -> float:
+    """The share of the peak flop rate ``kernel`` declares for its first input's dtype in
+    ``signature`` (1 where it declares none)."""
+    shares = getattr(kernel, "efficiency", None)
+    if not shares or not signature:
+        return 1.0
+    inputs = json.loads(signature).get("inputs", [])
+    return shares.get(inputs[0][1], 1.0) if inputs else 1.0
 
 
 def _shape_class(signature: str) -> tuple:

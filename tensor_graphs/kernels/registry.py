@@ -152,6 +152,9 @@ class Kernel:
     source_hash: str = field(default="", compare=False)
     signatures: object = None  # verification cases for fused patterns (see kernels.verify)
     prepare: dict = field(default_factory=dict)  # argument name -> Preparation (bind time)
+    # input dtype name -> the share of the device's peak flop rate its arithmetic reaches,
+    # for the planner's estimate until the kernel is measured (absent: 1)
+    efficiency: dict = field(default_factory=dict)
 
     @property
     def op(self) -> str | None:
@@ -378,9 +381,12 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
            dtypes: Iterable | None = None, ranks: Iterable[int] | None = None,
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,
            inplace: int | None = None, view: bool = False, replace: bool = False,
-           signatures=None, writes_out: bool = False, prepare: dict | None = None):
+           signatures=None, writes_out: bool = False, prepare: dict | None = None,
+           efficiency: dict | None = None):
     """Register the decorated function as a kernel for ``pattern`` (see the module docstring;
-    ``writes_out=True``: the function takes ``out=`` and writes its result there)."""
+    ``writes_out=True``: the function takes ``out=`` and writes its result there;
+    ``efficiency``: {input dtype: the share of the device's peak flop rate the kernel's
+    arithmetic reaches}, what its estimate assumes until it is measured)."""
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}; use one of {BACKENDS}")
     if device not in DEVICE_KINDS:
@@ -397,6 +403,9 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
     if writes_out and view:
         raise ArgumentError("a view kernel (view=True) returns a view of its input; it cannot "
                             "also write into a given buffer (writes_out=True)")
+    shares = {_dtypes.as_dtype(d).name: f for d, f in (efficiency or {}).items()}
+    if not builtins.all(isinstance(f, (int, float)) and 0 < f <= 1 for f in shares.values()):
+        raise ArgumentError(f"efficiency must map dtypes to shares in (0, 1], got {efficiency!r}")
 
     def decorate(fn: Callable) -> Kernel:
         every = list(inspect.signature(fn).parameters.values())
@@ -437,7 +446,8 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
             ranks=None if ranks is None else tuple(ranks), contiguous=contiguous, where=where,
             tolerance=float(tolerance), inplace=inplace, view=view,
             writes_out=bool(writes_out), doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
-            source_hash=source_hash(fn), signatures=signatures, prepare=preps)
+            source_hash=source_hash(fn), signatures=signatures, prepare=preps,
+            efficiency={d: float(f) for d, f in shares.items()})
         unknown = sorted(set(preps) - set(var_names))
         if unknown or (preps and variadic in preps):
             raise ArgumentError(f"kernel {label}: prepare names {unknown or [variadic]}, not "

@@ -453,3 +453,29 @@ def test_gpu_rows_and_copies_are_read_under_the_gpus_key_only(db, gpu_kernels):
     model = CostModel(db, {"cpu": HW, "cuda": simulated})
     for name, (sig, f) in calls.items():
         assert model.estimate(gpu_kernels[name], sig, f).seconds == 2 * MS
+
+
+def test_a_kernel_declaring_a_share_of_the_peak_is_estimated_at_it(db):
+    """``efficiency`` (per input dtype): an fp32 Triton GEMM on the FMA units reaches a share
+    of the GPU's fp32 peak that cuBLAS does not (an H100: 6-22 TFLOP/s against 42), so its
+    unmeasured estimate divides the flops by it, in that dtype only; a bad share is refused."""
+    name = "test_cost_share_matmul"
+    tg.kernel("matmul", backend="numpy", name=name, dtypes=("float32", "float16"),
+              efficiency={"float32": 0.25})(lambda a, b: a @ b)
+    try:
+        k = registry.get(name)
+        assert k.efficiency == {"float32": 0.25}
+        model = CostModel(db, {"cpu": HW})
+        for dtype, share in (("float32", 0.25), ("float16", 1.0)):
+            a, b = tg.input("a", (512, 512), dtype), tg.input("b", (512, 512), dtype)
+            y = a @ b
+            f = features([y], [a, b], y)
+            got = model.estimate(k, sig_of(y), f).seconds - OVERHEAD[("numpy", "cpu")]
+            assert got == pytest.approx(
+                max(f.flops / share / RATES["flops"], f.bytes / RATES["bytes"]), rel=1e-9)
+    finally:
+        registry.unregister(name)
+    for bad in ({"float32": 0.0}, {"float32": 1.5}):
+        with pytest.raises(tg.errors.ArgumentError, match="efficiency"):
+            tg.kernel("matmul", backend="numpy", name=name + "_bad", efficiency=bad)(
+                lambda a, b: a @ b)
