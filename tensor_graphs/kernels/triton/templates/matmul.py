@@ -71,8 +71,7 @@ class Config:
 # model assumes for a GPU's fp32 (``fp32_share``), so that an unmeasured plan does not take
 # them over cuBLAS for a fused bias (measured rows replace it)
 CONFIGS = (
-    Config(16, 64, 128, 4, 4, fp32_share=0.125),  # a few rows (decode): many programs along
-    # N, long K steps
+    Config(16, 64, 128, 4, 4, fp32_share=0.125),  # a few rows (decode): long K steps
     Config(64, 128, 64, 4, 4, fp32_share=0.3),  # mid-sized M
     Config(128, 128, 64, 8, 3, fp32_share=0.45),  # prefill: large tiles, 8 warps
     Config(64, 128, 32, 4, 4, "tf32"),  # fp32 on the tensor cores, mid-sized M
