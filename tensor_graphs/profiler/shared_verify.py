@@ -242,10 +242,10 @@ def check(kernel) -> str | None:
 # compile it once per specialization they meet (~10 for a GEMM template config: shapes,
 # dtypes, layouts), so GPT-2 124M's first profile on an H100 spent ~220 of its 266 s verifying
 # fifteen fp32 GEMM configs one after another while 15 of the host's 16 cores idled. Worker
-# processes (spawned: a forked CUDA context is unusable) each verify kernels and file the
-# outcomes as ``shared`` does; the profile reads them, and verifies itself whatever they did
-# not file. One worker per PARALLEL_CORES cores, at most PARALLEL_WORKERS; none on a machine
-# with fewer than two to give (the kernels' own thread teams use those cores).
+# processes (fresh interpreters: a forked CUDA context is unusable) each verify kernels and
+# file the outcomes as ``shared`` does; the profile reads them, and verifies itself whatever
+# they did not file. One worker per PARALLEL_CORES cores, at most PARALLEL_WORKERS; none on a
+# machine with fewer than two to give (the kernels' own thread teams use those cores).
 PARALLEL_CORES = 2
 PARALLEL_WORKERS = 8
 
@@ -278,44 +278,67 @@ def verify_at_once(kernels, hardware_of: Callable[[object], Hardware], scope: st
     n = workers_for(len(todo)) if workers is None else min(workers, len(todo))
     if n < 2:
         return 0
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
     from tensor_graphs.profiler.progress import Progress
 
+    procs = [_start_worker([job for j, job in enumerate(todo) if j % n == w], scope)
+             for w in range(n)]
     filed = 0
-    bar = Progress(len(todo), f"verifying in {n} processes") if progress else None
+    bar = Progress(n, f"verifying {len(todo)} GPU kernels in {n} processes") \
+        if progress else None
     try:
-        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-            jobs = [pool.submit(_verify_named, name, digest, hw, scope)
-                    for name, digest, hw in todo]
-            for job in as_completed(jobs):
-                try:
-                    filed += bool(job.result())
-                except BrokenProcessPool:
-                    pass  # (the profile verifies what the dead worker held)
-                if bar is not None:
-                    bar.step()
+        for proc in procs:
+            out, _ = proc.communicate()
+            filed += sum(line == "filed" for line in out.splitlines())
+            if bar is not None:
+                bar.step()
     finally:
+        for proc in procs:  # (an interrupt: no worker outlives the profile)
+            if proc.poll() is None:
+                proc.kill()
         if bar is not None:
             bar.close()
     return filed
 
 
-def _verify_named(name: str, digest: str, hw: Hardware, scope: str) -> bool:
-    """In a worker: the registered kernel ``name`` verified and its outcome filed; False
-    where this process has no such kernel (or another source: a different version of it)."""
+def _start_worker(jobs: list[tuple[str, str, Hardware]], scope: str):
+    """A worker process verifying ``jobs`` (name, source hash, hardware key): a fresh
+    interpreter running ``worker``, the jobs as JSON in its argument. Not
+    multiprocessing's spawn, which imports the caller's ``__main__`` again in each worker: a
+    user's script without a ``__name__`` guard would run whole, eight times over, before its
+    workers verified anything."""
+    import subprocess
+    import sys
+
+    package = str(Path(__file__).resolve().parents[2])  # the folder holding tensor_graphs
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
+    task = json.dumps({"scope": scope, "jobs": [[name, digest, dataclasses.astuple(hw)]
+                                                for name, digest, hw in jobs]})
+    return subprocess.Popen(
+        [sys.executable, "-c", "from tensor_graphs.profiler.shared_verify import worker; "
+                               "worker()", task],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=env)
+
+
+def worker() -> None:
+    """A verification worker's body (``_start_worker``): each job's registered kernel
+    verified and its outcome filed, "filed" printed for each; a kernel this process does not
+    have (registered by the parent's program alone, or another version of it) is skipped."""
+    import sys
+
     from tensor_graphs.kernels import registry
 
-    try:
-        kernel = registry.get(name)
-    except Exception:  # noqa: BLE001 - registered by the parent's program alone
-        return False
-    if kernel.source_hash != digest:
-        return False
-    shared(kernel, hw, lambda: check(kernel), scope)
-    return True
+    task = json.loads(sys.argv[1])
+    for name, digest, hw in task["jobs"]:
+        try:
+            kernel = registry.get(name)
+        except Exception:  # noqa: BLE001 - registered by the parent's program alone
+            continue
+        if kernel.source_hash != digest:
+            continue
+        shared(kernel, Hardware(*hw), lambda k=kernel: check(k), task["scope"])
+        print("filed", flush=True)
 
 
 def _filed(key: str, make: Callable[[], dict]) -> dict:

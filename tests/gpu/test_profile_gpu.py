@@ -288,3 +288,33 @@ def test_a_profile_verifies_its_gpu_kernels_at_once_then_measures(tmp_path, wron
     assert row.failure.startswith("verification failed") and row.runs == 0
     good = db.rows("torch_cuda_tanh")
     assert good and all(r.failure is None and r.runs > 0 for r in good)
+
+
+def test_a_script_without_a_main_guard_runs_once_when_workers_verify(tmp_path):
+    """The workers are fresh interpreters given their kernels' names, not multiprocessing's
+    spawn, which imports the caller's ``__main__`` again in each: a user's script without an
+    ``if __name__ == "__main__"`` guard (most notebooks turned scripts) would run whole in
+    every worker."""
+    import os
+    import subprocess
+    import sys
+
+    marker, script = tmp_path / "ran.txt", tmp_path / "user_script.py"
+    script.write_text(f"""
+with open({str(marker)!r}, "a") as f:
+    f.write("ran\\n")
+from tensor_graphs.db.hardware import current
+from tensor_graphs.db.store import open_db
+from tensor_graphs.kernels import registry
+from tensor_graphs.profiler import shared_verify
+db = open_db({str(tmp_path / "gpu.sqlite")!r})
+kernels = [registry.get(n) for n in ("torch_cuda_tanh", "torch_cuda_exp")]
+print(shared_verify.verify_at_once(kernels, lambda k: current("cuda"),
+                                   shared_verify.scope_of(db), workers=2))
+""")
+    env = {**os.environ, "TG_SIMULATED_CUDA": os.environ.get("TG_SIMULATED_CUDA", "1")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "2", done.stdout
+    assert marker.read_text() == "ran\n"
