@@ -4,7 +4,9 @@ Each profiler verifies a kernel before it first times it, and its cache is its o
 (``missing.verified``): four profilers splitting one graph met almost every kernel, so each
 verified almost all of them (the block graph: 35 s of verification together for 4 s alone,
 timed beside the window another profiler was timing). Here the first profiler to need a kernel
-verifies it under a lock and files the outcome; the others wait for it and read it.
+verifies it under a lock and files the outcome; the others wait for it and read it. Before a
+profile times anything, ``verify_at_once`` files its GPU kernels' outcomes from worker
+processes together, where the cores allow (see the note above it).
 
 Outcomes are shared by the profilers of one database (its file or URL: ``scope_of``), so a
 profile on a fresh database verifies afresh. An outcome is filed under a digest of that and of
@@ -309,16 +311,16 @@ def _start_worker(jobs: list[tuple[str, str, Hardware]], scope: str):
     import subprocess
     import sys
 
-    package = str(Path(__file__).resolve().parents[2])  # the folder holding tensor_graphs
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
+    # this copy of the package, found first only where the worker's own path lacks its
+    # folder (a source checkout): an installed one's folder, site-packages, put ahead of the
+    # standard library through PYTHONPATH could shadow it
+    package = str(Path(__file__).resolve().parents[2])
+    code = (f"import sys\nif {package!r} not in sys.path: sys.path.insert(0, {package!r})\n"
+            "from tensor_graphs.profiler.shared_verify import worker\nworker()")
     task = json.dumps({"scope": scope, "jobs": [[name, digest, dataclasses.astuple(hw)]
                                                 for name, digest, hw in jobs]})
-    return subprocess.Popen(
-        [sys.executable, "-c", "from tensor_graphs.profiler.shared_verify import worker; "
-                               "worker()", task],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env)
+    return subprocess.Popen([sys.executable, "-c", code, task], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
 def worker() -> None:
