@@ -32,9 +32,14 @@
  *    and both threads busy when N has few panels (N = 384 is 24). Measured on the 2-core EPYC
  *    VM: (1024 x 384) @ (384 x 384) 200 -> 211 GFLOP/s, 161 -> 166 with cold caches;
  *    (1024 x 1536) @ (1536 x 384), cold, 156 -> 189.
- * OpenMP, num_threads(tg_team()). Prefetches: the next B micro-panel into L2 during the
- * first row panel, and each C tile (for writing) before its micro-kernel runs (the LM head's
- * 26 MB output misses on every first store: 207 -> 213-217 GFLOP/s measured). Bias and
+ * OpenMP, num_threads(tg_team()). Prefetches: the next B micro-panels into L2, and each C
+ * tile (for writing) before its micro-kernel runs (the LM head's 26 MB output misses on every
+ * first store: 207 -> 213-217 GFLOP/s measured). Where the threads split N, each row panel's
+ * call fetches its share of the next pair, so the weight streams from memory at a steady
+ * rate over the pair's 16 calls: the first call fetching all 96 KiB asked 64 GB/s of each
+ * thread, and GPT-2's products, weights cold as in a model, ran 4-6 % slower (LM head 478 ->
+ * 500 GFLOP/s). Where they split M, the first row panel's call fetches it (the weight is
+ * re-read by every block of rows, so it is warm; spreading changed nothing there). Bias and
  * activation run on each C tile as its last K block is stored. No -ffast-math: NaN and inf
  * propagate (zero padding only meets padded rows and columns, which are never stored). */
 #include "tg_common.h"
@@ -167,9 +172,6 @@ static void epilogue(float *c, int64_t ldc, int rows, int cols, const float *bia
     }
 }
 
-/* C[0:nr, 0:cols] (ldc) (+)= Ap (kc x MR, first nr rows) @ Bp (kc x NR); `accumulate`: add.
- * `pf` (when `prefetch`): the next B micro-panel (kc x NR), fetched into L2 meanwhile, a
- * 64-byte line per step (the weight streams from memory once per call). */
 /* The epilogue on a tile's row held in registers as `lanes` floats (t, 64-byte aligned):
  * + bias, then the activation. In registers, before the one store of the tile, not as a pass
  * over the stored tile afterwards: that pass (a runtime-length loop per row and tile) cost
@@ -307,6 +309,9 @@ TG_INLINE void prefetch_tile(const int nr, float *c, int64_t ldc, int cols) {
     }
 }
 
+/* C[0:nr, 0:cols] (ldc) (+)= Ap (kc x MR, first nr rows) @ Bp (kc x NR); `accumulate`: add.
+ * `pf` (when `prefetch`): the next B micro-panel (kc x NR), fetched into L2 meanwhile, a
+ * 64-byte line per step (the weight streams from memory once per call). */
 TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
                        const int64_t ra, const int64_t ka, const float *restrict bp,
                        const float *pf, float *c, int64_t ldc, int cols, int accumulate,
@@ -332,24 +337,35 @@ TG_INLINE void micro_k(const int prefetch, const int nr, int64_t kc, const float
 #define HAVE_MICRO2 1
 TG_INLINE void micro2_k(const int prefetch, const int nr, int64_t kc, const float *restrict ap,
                         const int64_t ra, const int64_t ka, const float *restrict bp,
-                        const int64_t ldb, const float *pf, float *c, int64_t ldc, int cols1,
-                        int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+                        const int64_t ldb, const float *pf, int64_t pfn, float *c,
+                        int64_t ldc, int cols1, int accumulate, const tile_ep *ep0,
+                        const tile_ep *ep1) {
     v16 x0[MR], x1[MR];
     for (int r = 0; r < nr; r++) x0[r] = x1[r] = (v16){0};
     prefetch_tile(nr, c, ldc, NR + cols1);
     const float *bq = bp + ldb;
-    #pragma GCC unroll 4
-    for (int64_t kk = 0; kk < kc; kk++) {
-        if (prefetch) {
-            __builtin_prefetch(pf + kk * NR, 0, 2);
-            __builtin_prefetch(pf + ldb + kk * NR, 0, 2);
+    /* pfn lines of each next panel, spread over the K loop: `per` lines every `step` K
+     * steps (at least 4: the unrolled body) */
+    int64_t step = kc, per = 0, line = 0;
+    if (prefetch && pfn > 0) {
+        step = kc / pfn >= 4 ? kc / pfn : 4;
+        per = (pfn * step + kc - 1) / kc;
+    }
+    for (int64_t k0 = 0; k0 < kc; k0 += step) {
+        for (int64_t i = 0; i < per && line < pfn; i++, line++) {
+            __builtin_prefetch(pf + line * NR, 0, 2);
+            __builtin_prefetch(pf + ldb + line * NR, 0, 2);
         }
-        v16 b0 = *(const v16 *)(bp + kk * NR), b1 = *(const v16 *)(bq + kk * NR);
-        const float *ak = ap + kk * ka;
-        for (int r = 0; r < nr; r++) {
-            float x = ak[r * ra];
-            x0[r] += x * b0;
-            x1[r] += x * b1;
+        const int64_t k1 = imin(kc, k0 + step);
+        #pragma GCC unroll 4
+        for (int64_t kk = k0; kk < k1; kk++) {
+            v16 b0 = *(const v16 *)(bp + kk * NR), b1 = *(const v16 *)(bq + kk * NR);
+            const float *ak = ap + kk * ka;
+            for (int r = 0; r < nr; r++) {
+                float x = ak[r * ra];
+                x0[r] += x * b0;
+                x1[r] += x * b1;
+            }
         }
     }
     store_tile(x0, nr, c, ldc, NR, accumulate, ep0);
@@ -458,11 +474,12 @@ static void micro_in_place(int64_t kc, const float *ap, int64_t lda, const float
 #if HAVE_MICRO2
 /* the two-panel micro-kernel, as MICRO_ROWS */
 #define MICRO2_ROWS(PF, PFP, RA, KA)                                                         \
-    BY_ROWS(micro2_k, PF, kc, ap, RA, KA, bp, ldb, PFP, c, ldc, cols1, accumulate, ep0, ep1)
+    BY_ROWS(micro2_k, PF, kc, ap, RA, KA, bp, ldb, PFP, pfn, c, ldc, cols1, accumulate, ep0,    \
+            ep1)
 
 /* two panels (ldb apart) on a packed A panel; `pf`: the next pair to prefetch, or NULL */
 static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, const float *pf,
-                   float *c, int64_t ldc, int rows, int cols1, int accumulate,
+                   int64_t pfn, float *c, int64_t ldc, int rows, int cols1, int accumulate,
                    const tile_ep *ep0, const tile_ep *ep1) {
     if (pf) {
         MICRO2_ROWS(1, pf, 1, MR)
@@ -473,8 +490,9 @@ static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, co
 
 /* two panels on A in place (rows lda apart) */
 static void micro2_in_place(int64_t kc, const float *ap, int64_t lda, const float *bp,
-                            int64_t ldb, const float *pf, float *c, int64_t ldc, int rows,
-                            int cols1, int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+                            int64_t ldb, const float *pf, int64_t pfn, float *c, int64_t ldc,
+                            int rows, int cols1, int accumulate, const tile_ep *ep0,
+                            const tile_ep *ep1) {
     if (pf) {
         MICRO2_ROWS(1, pf, lda, 1)
     } else {
@@ -487,17 +505,20 @@ static void micro2_in_place(int64_t kc, const float *ap, int64_t lda, const floa
  * compile the same loops) */
 #define HAVE_MICRO2 0
 static void micro2(int64_t kc, const float *ap, const float *bp, int64_t ldb, const float *pf,
-                   float *c, int64_t ldc, int rows, int cols1, int accumulate,
+                   int64_t pfn, float *c, int64_t ldc, int rows, int cols1, int accumulate,
                    const tile_ep *ep0, const tile_ep *ep1) {
     (void)pf;
+    (void)pfn;
     micro(kc, ap, bp, c, ldc, rows, NR, accumulate, ep0);
     micro(kc, ap, bp + ldb, c + NR, ldc, rows, cols1, accumulate, ep1);
 }
 
 static void micro2_in_place(int64_t kc, const float *ap, int64_t lda, const float *bp,
-                            int64_t ldb, const float *pf, float *c, int64_t ldc, int rows,
-                            int cols1, int accumulate, const tile_ep *ep0, const tile_ep *ep1) {
+                            int64_t ldb, const float *pf, int64_t pfn, float *c, int64_t ldc,
+                            int rows, int cols1, int accumulate, const tile_ep *ep0,
+                            const tile_ep *ep1) {
     (void)pf;
+    (void)pfn;
     micro_in_place(kc, ap, lda, bp, NULL, c, ldc, rows, NR, accumulate, ep0);
     micro_in_place(kc, ap, lda, bp + ldb, NULL, c + NR, ldc, rows, cols1, accumulate, ep1);
 }
@@ -586,7 +607,7 @@ static void rows_block(const float *a, int64_t lda, const float *bp, const float
                     int rows = (int)imin(MR, mc - r * MR);
                     float *ct = c + (i0 + r * MR) * n + col;
                     micro2_in_place(kc, a + (i0 + r * MR) * lda + pc, lda, bj, k * NR,
-                                    r == 0 ? next : NULL, ct, n, rows, cols1, pc > 0, &ep,
+                                    r == 0 ? next : NULL, kc, ct, n, rows, cols1, pc > 0, &ep,
                                     &ep1);
                 }
                 j++;
@@ -710,12 +731,18 @@ static int gemm_packed(const float *a, int64_t lda, const float *packed, const f
                         if (pair) { /* two panels at once */
                             int cols1 = (int)imin(NR, n - col - NR);
                             tile_ep ep1 = {bias ? bias + col + NR : NULL, act, on, res, c, gen};
+                            /* each row panel's call prefetches its share of the next
+                             * pair's nkc lines: spread over the pair's calls, the weight
+                             * streams from memory at a steady rate, where the first call
+                             * fetching all of it asked for 64 GB/s a thread */
+                            int64_t share = nkc > 0 ? (nkc + mpanels - 1) / mpanels : 0;
                             for (int64_t r = 0; r < mpanels; r++) {
                                 int rows = (int)imin(MR, mc - r * MR);
                                 float *ct = c + (ic + r * MR) * n + col;
+                                int64_t pfn = imin(share, nkc - r * share);
                                 micro2(kc, ap + pc * mcp + r * MR * kc, bj, k * NR,
-                                       r == 0 && nkc == kc ? next : NULL, ct, n, rows, cols1,
-                                       pc > 0, &ep, &ep1);
+                                       pfn > 0 ? next + r * share * NR : NULL, pfn, ct, n, rows,
+                                       cols1, pc > 0, &ep, &ep1);
                             }
                             j++;
                             continue;
