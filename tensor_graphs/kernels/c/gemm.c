@@ -16,10 +16,12 @@
  * K <= KSINGLE = 768 (each C tile stored once: BERT's K = 384 was two blocks, 256 + 128;
  * GPT-2's K = 768 as one block instead of three ran its K = 768 products 2-5 % faster with
  * the 8 x 32 kernel, the two panels' 96 KiB of B then streaming from L2),
- * else equal blocks of at most KC = 256 rows (the B micro-panels, 16 KiB a panel, stay in
- * L1). Threads:
+ * else equal blocks of at most KC = 768 rows where the threads split N (B streaming from L2
+ * likewise: 2-4 % faster than blocks of 256, whose micro-panels stayed in L1, on (128, 3072,
+ * 768), (128, 4096, 1024), (128, 2048, 2048), (256, 1536, 1536), (384, 8192, 512)), of at
+ * most KCM = 512 where they split M (below). Threads:
  *  - M < MSPLIT = 512 (GPT-2's 128-token prompt): the threads share each packed MC = 144-row
- *    block of A (144 x 256, 144 KiB, stays in L2) and split N in chunks of up to 16 panels
+ *    block of A (144 x 768, 432 KiB, in L2) and split N in chunks of up to 16 panels
  *    (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), scheduled dynamically
  *    so a thread sharing its core with other work takes fewer;
  *  - M >= 512 (BERT on 8 x 128 tokens): the threads take blocks of about MCP = 24 row panels
@@ -65,7 +67,7 @@ typedef float v8u __attribute__((vector_size(32), aligned(4))); /* any alignment
 #define MR 6     /* rows per micro-kernel: 6 x 16 in 8-lane halves (12 accumulators) */
 #endif
 #define NR 16    /* columns per panel (two 8-lane vectors) */
-#define KC 256   /* rows of K per block */
+#define KC 768   /* rows of K per block at most where the threads split N */
 #define MC 144   /* rows of A per block (a multiple of MR: 6 and 8) */
 #define NCP 16   /* panels per thread chunk */
 #define KSINGLE 768 /* K up to this is one K block (C stored once) */

@@ -12,7 +12,7 @@ cost more than the product saves. The kernel function still accepts an unpacked 
 ``Kernel.__call__`` and the verifier need nothing special.
 
 A is packed per call in panels of 8 rows with AVX-512, else 6 (all of K when K <= 768, else
-blocks of up to 256 K-rows); an 8 x 32 register-blocked micro-kernel over two panels with
+blocks of up to 768 K-rows); an 8 x 32 register-blocked micro-kernel over two panels with
 AVX-512, else 6 x 16; OpenMP over N panels, or over blocks of rows when M >= 512.
 ``c_packed_matmul`` (a @ b), ``_bias`` (+ bias), ``c_packed_linear`` (x @ w.T + b),
 ``_nobias``, ``_relu``/``_gelu``/``_gelu_tanh`` variants of the bias ones (bias and
