@@ -66,17 +66,24 @@ def test_additive_mask_row_of_finfo_min_is_uniform_and_bool_row_is_zero():
         assert relative_error(got, _reference(q, k, v, bool_mask)) <= 1e-6
 
 
-def test_nan_in_a_masked_out_key_still_propagates():
-    """NaN + (-inf) is NaN in the reference: a NaN score under a False of a bool mask makes
-    its row NaN, as for a float mask."""
+def test_a_nan_score_under_a_false_of_a_bool_mask_is_masked_out():
+    """The reference applies a bool mask with where(mask, s, -inf): a NaN score under a False
+    is -inf like any other there, so the rows stay finite (a float mask adds: NaN + x is NaN,
+    and every row is NaN). Every path: plain, flash, few query rows."""
     rng = np.random.default_rng(7)
     q, k, v = (np.ascontiguousarray(x) for x in _heads(rng, 1, 48, 1, 32))
     k[0, 0, 40, 0] = np.nan
     mask = np.ones((1, 1, 48, 48), bool)
     mask[..., 40] = False
-    for flash in (False, True):
-        got = c_attention.attention(q, k, v, mask, False, flash)
-        assert np.isnan(got).all()
+    float_mask = np.where(mask, 0.0, -1e4).astype(np.float32)
+    for rows in (48, 1):
+        qr = np.ascontiguousarray(q[:, :, :rows])
+        for flash in (False, True):
+            got = c_attention.attention(qr, k, v, mask[..., :rows, :], False, flash)
+            assert np.isfinite(got).all()
+            assert relative_error(got, _reference(qr, k, v, mask[..., :rows, :])) <= 1e-6
+            got = c_attention.attention(qr, k, v, float_mask[..., :rows, :], False, flash)
+            assert np.isnan(got).all()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -132,3 +139,64 @@ def _reference_nomask(q, k, v, causal):
     leaves = [tg.input(n, a.shape, str(a.dtype)) for n, a in zip("qkv", (q, k, v))]
     y = tg.scaled_dot_product_attention(*leaves, is_causal=causal)
     return tg.evaluate(y, dict(zip("qkv", (q, k, v))), dtype="float64")
+
+
+def _tails(rng, b, h, sq, sk):
+    """Bool masks whose rows end in runs of False of every kind: causal (tril, and tril over
+    a longer cache), right padding per sentence, rows with nothing to attend to, a row whose
+    limit is below the rows before it, and True keys after False ones."""
+    causal = np.tril(np.ones((sq, sk), bool), sk - sq)
+    per_head = rng.random((b, h, sq, sk)) < 0.7
+    for i in range(sq):
+        per_head[:, :, i, rng.integers(1, sk + 1):] = False
+    per_head[0, 0, 5] = False  # nothing to attend to
+    per_head[-1, -1, 7, : sk // 2] = True
+    per_head[-1, -1, 7, sk // 2:] = False
+    keep = np.ones((b, 1, 1, sk), bool)
+    keep[-1, ..., sk - 9:] = False
+    return {"causal": causal, "causal and padding": causal & keep, "per head": per_head,
+            "padding": keep}
+
+
+@pytest.mark.parametrize("sizes", [(1, 12, 128, 128), (3, 4, 77, 77), (2, 2, 40, 100)])
+def test_bool_masks_ending_in_false_keys_skip_them(sizes):
+    """The plain kernel skips the keys past a row's last True (mask_limits): GPT-2's causal
+    mask as a bool tensor then costs what is_causal does. Every kind of tail, against the
+    reference, on one and two threads."""
+    b, h, sq, sk = sizes
+    rng = np.random.default_rng(10)
+    q = rng.standard_normal((b, h, sq, 64)).astype(np.float32)
+    k, v = (rng.standard_normal((b, h, sk, 64)).astype(np.float32) for _ in range(2))
+    before = threads.get_num_threads()
+    try:
+        for name, mask in _tails(rng, b, h, sq, sk).items():
+            ref = _reference(q, k, v, mask)
+            for n in (1, 2):
+                threads.set_num_threads(n)
+                got = c_attention.attention(q, k, v, mask, False, False)
+                assert relative_error(got, ref) <= 1e-6, (name, n)
+    finally:
+        threads.set_num_threads(before)
+
+
+def test_skipped_keys_keep_the_references_non_finite_semantics():
+    """A NaN in a skipped key's K changes nothing (the reference's where() gives -inf there
+    whatever the score); an inf in a skipped key's V makes its column NaN (0 x inf), so a V
+    with any non-finite value among the skipped keys is not skipped."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 2, 48, 32)).astype(np.float32) for _ in range(3))
+    mask = np.tril(np.ones((48, 48), bool))
+    k_nan = k.copy()
+    k_nan[0, 1, 45, 3] = np.nan
+    got = c_attention.attention(q, k_nan, v, mask, False, False)
+    ref = _reference(q, k_nan, v, mask)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))  # rows 45-47 see it
+    assert np.isfinite(got[0, 1, :45]).all() and np.isfinite(got[0, 0]).all()
+    assert relative_error(got[0, :, :45], ref[0, :, :45]) <= 1e-6
+    v_inf = v.copy()
+    v_inf[0, 1, 45, 3] = np.inf
+    got = c_attention.attention(q, k, v_inf, mask, False, False)
+    ref = _reference(q, k, v_inf, mask)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    assert np.isnan(got[0, 1, :45, 3]).all() and np.isinf(got[0, 1, 45:, 3]).all()
+    assert np.isfinite(got[0, 0]).all()
