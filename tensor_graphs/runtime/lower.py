@@ -70,6 +70,9 @@ class Instruction:
     # later step reads the old version): the values to check at run time for memory shared
     # with the state (made before it, read after it); None: never in place (see _overwrites)
     overwrite: tuple[int, ...] | None = None
+    # a program output the kernel makes in an array of its own each call, returned without
+    # a copy (``Executable.own_outputs``), though the memory plan gave it arena bytes
+    own_output: bool = False
 
 
 class LeafValue(NamedTuple):

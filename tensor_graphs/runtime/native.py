@@ -139,8 +139,14 @@ class Recorder:
     ``("static", value)``, ``("state", name)``, ``("leaf", value)``, ``("alloc", step)``),
     ``("feed", k, offset)`` or ``("block", b, offset)``."""
 
-    def __init__(self):
+    def __init__(self, own_outputs: bool = True):
+        """``own_outputs``: the results of instructions marked ``own_output`` (program outputs
+        made in arrays of their own, ``Executable.own_outputs``) become per-call buffers the
+        recording relocates like inputs (False: kept and reused like any kernel-allocated
+        result, as a recording fitted over dims keeps them)."""
         self.thread = threading.get_ident()
+        self.own_outputs = own_outputs
+        self.owned: list[tuple[int, tuple, np.dtype]] = []  # (input index, shape, dtype)
         self.records: list[tuple[int, tuple, list[int]]] = []  # (fn, signature, args)
         self.descs: list[list[tuple]] = []  # per record, per argument: its descriptor
         self.owners: list[str] = []  # per record: the instruction that made the call
@@ -383,8 +389,14 @@ class Recorder:
                 if not calls and out.size:
                     raise NotNativeError("the C kernel made no C call")
                 if out.size and not (self._fixed_at(_data(out)) or self._input_at(_data(out))):
-                    # allocated by the kernel: kept and reused by every run
-                    self.fixed(out, ("alloc", self._index))
+                    if self.own_outputs and getattr(ins, "own_output", False) \
+                            and out.base is None \
+                            and out.flags.c_contiguous:
+                        # a program output: a new array each run, relocated like an input
+                        self.input(out)
+                        self.owned.append((len(self.inputs) - 1, out.shape, out.dtype))
+                    else:  # allocated by the kernel: kept and reused by every run
+                        self.fixed(out, ("alloc", self._index))
             else:
                 backend = getattr(k, "backend", "?")
                 raise NotNativeError(f"a {backend} kernel runs in Python")
@@ -428,8 +440,14 @@ class Recorder:
     def _check_outputs(self, outputs: list) -> None:
         if self.failure is not None:
             raise NotNativeError(self.failure)
+        owned = {k for k, _, _ in self.owned}
         for o in outputs:
-            if o.size and self._input_at(_data(o)) is not None:
+            found = self._input_at(_data(o)) if o.size else None
+            if found is not None and found[0] in owned:
+                if found[1] or o.base is not None:
+                    raise NotNativeError("an output is a view of another output")
+                continue
+            if found is not None:
                 raise NotNativeError("an output is a view of an input")
             if o.size and not self._fixed_at(_data(o)):
                 raise NotNativeError("an output lies outside the program's memory")
@@ -501,14 +519,33 @@ class Recording:
         self.blocks = rec.blocks
         self.keep = rec.keep
         self.outputs = outputs
+        # the outputs made anew each run: their arrays follow the inputs (relocated alike)
+        self.made = [(shape, dtype) for _, shape, dtype in rec.owned]
+        slot_of = {k: j for j, (k, _, _) in enumerate(rec.owned)}
+        self.slots: list[int | None] = []  # per output: its array in ``made``, or None
+        for o in outputs:
+            found = rec._input_at(_data(o)) if o.size else None  # noqa: SLF001
+            self.slots.append(None if found is None else slot_of[found[0]])
+        self.owned = frozenset(p for p, j in enumerate(self.slots) if j is not None)
         self.signatures = sigs
         self.owner_steps = tuple(rec.owner_steps)  # (runtime/trace.py runs it step by step)
         self.run_fn = runner(tuple(sigs))
         self._args = (_data(self.table), self.count, self.stride, _data(self.patches),
                       self.npatches, 3, _data(self.bases), 0)
 
+    def fresh(self) -> list[np.ndarray]:
+        """New arrays for the outputs this recording makes anew each run (after the feeds in
+        ``run``'s inputs)."""
+        return [np.empty(shape, dtype) for shape, dtype in self.made]
+
+    def results(self, made: list[np.ndarray]) -> list:
+        """The outputs of a run given ``made`` (``fresh``): those arrays where an output is
+        one, the recorded buffers (reused by every run) elsewhere."""
+        return [o if j is None else made[j] for o, j in zip(self.outputs, self.slots)]
+
     def run(self, inputs: list[np.ndarray]) -> int:
-        """Run the table with these input arrays; 0, or 1 + the index of a failed call."""
+        """Run the table with these input arrays (the feeds, then ``fresh``'s); 0, or 1 + the
+        index of a failed call."""
         bases = self.bases
         for k, a in enumerate(inputs):
             bases[k + 1] = _data(a)

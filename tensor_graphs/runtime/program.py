@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -100,8 +100,32 @@ class Executable:
         self.native = _native.NativeLoop()
         self._fit: tuple | None = None  # (dims the native loop fits over, Domain, DIM leaves)
         self.shared_results = False  # the last run's results live in memory runs reuse
+        self.owned_results: frozenset[int] = frozenset()  # ... except these (own_outputs)
         self.graphs = _graphs.Graphs()  # CUDA graphs by dims (a GPU program's, runtime/graphs.py)
         self.bounds: dict | None = None  # a program planned for bounds: they (padded graphs)
+
+    def own_outputs(self, kept: Collection[int] = ()) -> None:
+        """Outputs a host kernel would write into the arena are made by the kernel in an array
+        of their own each call instead, and handed to the caller as they are: an arena
+        result is copied out (GPT-2's 25.7 MB of prefill logits: 0.6 ms of its ~70). The
+        native loop relocates their pointers to new arrays per call, as it does an input's
+        (``runtime/native.py``). Not for ``kept`` output positions (the kept states, which
+        live in buffers of their own), values stored beside a result, a GPU's, or one whose
+        shape follows the dims (a recording fitted over dims sizes no per-call buffer,
+        ``native_dims``). Before the first call (bindings and resolvers are made from the
+        instructions)."""
+        kept_values = {self.outputs[p] for p in kept}
+        made = {ins.out: j for j, ins in enumerate(self.instructions)}
+        for v in set(self.outputs) - kept_values:
+            j = made.get(v)
+            ins = self.instructions[j] if j is not None else None
+            if ins is None or ins.place is None or ins.device != "cpu" or ins.also \
+                    or ins.overwrite is not None or not all(isinstance(d, int) for d in ins.shape):
+                continue  # (a shape of the dims: the native loop's fit needs arena bytes)
+            self.instructions[j] = dataclasses.replace(ins, place=None, fresh=True,
+                                                       own_output=True)
+        self._bindings.clear()
+        self._resolvers = self._checks = None
 
     def _named(self, ins: Instruction) -> Instruction:
         """A copy's target device kind ("cuda") as the device it means ("cuda:0")."""
@@ -192,9 +216,9 @@ class Executable:
         native loop may run it (``runtime/native.py``, at dims never seen before through
         ``runtime/native_dims.py``); ``graphs``: a GPU program may run as a CUDA graph
         (``runtime/graphs.py``). After the call ``native.last`` says which loop ran and why,
-        and ``shared_results`` whether the results must be copied."""
+        and ``shared_results`` whether the results must be copied (but ``owned_results``)."""
         loop, recorder, sample = self.native, None, None
-        self.shared_results = False
+        self.shared_results, self.owned_results = False, frozenset()
         if self.gpu:
             if graphs and cache_static:
                 got = self._graph_run(arrays, dims)
@@ -210,10 +234,12 @@ class Executable:
             key = dims_key(dims)
             recording = loop.lookup(key, self._generation, arrays)
             if recording is not None:
-                if recording.run(self._feeds(arrays)) == 0:
+                made = recording.fresh()  # the outputs' arrays of this call (own_outputs)
+                if recording.run(self._feeds(arrays) + made) == 0:
                     loop.last = (f"native loop: {recording.count} C calls in one foreign call")
                     self.shared_results = True
-                    return list(recording.outputs)
+                    self.owned_results = recording.owned
+                    return recording.results(made)
                 # a C function reported an error: the Python loop runs it again and raises
             else:
                 point = self._fit_values(dims)
@@ -231,7 +257,9 @@ class Executable:
                         sample = point
                 if (sample is not None or loop.wants(key)) \
                         and _native.RECORD_LOCK.acquire(blocking=False):
-                    recorder = _native.Recorder()  # (another thread recording: not this call)
+                    # (another thread recording: not this call); a recording fitted over dims
+                    # keeps its outputs in its own buffers
+                    recorder = _native.Recorder(own_outputs=sample is None)
                 else:
                     sample = None
                     found = loop.recordings.get(key)
@@ -505,7 +533,8 @@ class Executable:
             return results
         loop.store(key, (recording, self._generation, states))
         loop.last = f"python loop: recorded {recording.count} C calls for the native loop"
-        self.shared_results = True  # kernel-allocated results are reused by later runs
+        self.shared_results = True  # kernel-allocated results are reused by later runs,
+        self.owned_results = recording.owned  # but for the outputs replays make anew
         if sample is not None:
             symbols, _, leaves = self._fit
             try:
@@ -775,6 +804,7 @@ class CompiledGraph:
     def adopt(self, exe: Executable, dims: Mapping | None = None) -> Executable:
         """Hold ``exe`` as the program for ``dims``; None: the program planned for the bounds,
         which runs every call with dims up to them (``Executable.bound``)."""
+        exe.own_outputs(self._kept)
         if dims is not None:
             self._executables[dims_key(dims)] = exe
         else:
@@ -1037,7 +1067,8 @@ class CompiledGraph:
                 continue
             # a result the program may write again (arena, weights, feeds) is copied, on the
             # device that holds it (outputs="device": no copy to the host)
-            own = not exe.shared_results and dv.fresh(r) and id(r) not in seen \
+            own = (not exe.shared_results or i in exe.owned_results) and dv.fresh(r) \
+                and id(r) not in seen \
                 and not kept_later(r) and not any(dv.inside(r, a) for a in exe.arenas.values())
             seen.add(id(r))
             out.append(r if own else dv.copy(r))

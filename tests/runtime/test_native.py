@@ -236,3 +236,33 @@ def test_recorder_relocates_inputs_and_refuses_temporaries():
     assert "outside the program's memory" in rec.failure
     with pytest.raises(native.NotNativeError):
         rec.finish([out])
+
+
+def test_an_output_a_c_kernel_makes_is_a_new_array_each_call_not_a_copy(monkeypatch):
+    """Executable.own_outputs: a program output is made by its kernel in an array of its own
+    (the native loop relocates it like an input), so a call hands it over without copying it
+    out of the arena, and a later call writes a new one. Here a later step reads the first
+    output too (through the relocated pointer)."""
+    from tensor_graphs.runtime import values
+
+    x, w = tg.input("x", (64, 32)), tg.weight("w", (32, 48))
+    h = x @ w
+    prog = tg.compile([h, tg.exp(h) * 0.5], db=":memory:")
+    weight = RNG.standard_normal((32, 48)).astype(np.float32)
+    prog.bind(w=weight)
+    copies = []
+    real_copy = values.copy
+    monkeypatch.setattr(values, "copy", lambda v: copies.append(v.shape) or real_copy(v))
+    feeds = [RNG.standard_normal((64, 32)).astype(np.float32) for _ in range(4)]
+    got = [prog(x=f) for f in feeds]
+    assert prog.loop.startswith("native loop"), prog.loop
+    assert all(g[0].flags.owndata and g[0].base is None for g in got)
+    for f, (hh, e) in zip(feeds, got):  # each call's result intact after the later ones
+        ref = f.astype(np.float64) @ weight
+        assert relative_error(hh, ref) <= 1e-5
+        assert relative_error(e, np.exp(ref) * 0.5) <= 1e-5
+    copies.clear()
+    last = prog(x=feeds[0])
+    assert prog.loop.startswith("native loop"), prog.loop
+    assert prog._last.owned_results == {0, 1}  # noqa: SLF001
+    assert copies == [] and last[0] is not got[0][0]
