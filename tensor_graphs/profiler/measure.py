@@ -93,11 +93,15 @@ def random_inputs(call: Call, rng: np.random.Generator) -> dict[Node, np.ndarray
         if a in out:
             continue
         shape = tuple(int(d) for d in a.shape)
-        if a.dtype.is_float:
-            values = rng.standard_normal(shape)
+        if a.dtype.is_float:  # drawn in float32 (or float64) directly: drawing float64 and
+            # casting took 4x as long, 10 s of GPT-2's 39 s first profile (230 calls, each with
+            # its weights: the LM head's 38.6M values 1.0-1.2 s against 0.3 s)
+            np_dtype = np.dtype(a.dtype.np_dtype)
+            drawn = np_dtype if np_dtype in (np.float32, np.float64) else np.float32
+            values = rng.standard_normal(shape, dtype=drawn)
             if domains.get(a) == POSITIVE:
-                values = np.abs(values)
-            out[a] = values.astype(a.dtype.np_dtype)
+                np.abs(values, out=values)
+            out[a] = values if drawn == np_dtype else values.astype(np_dtype)
         elif a.dtype.name == "bool":
             out[a] = rng.random(shape) < 0.5
         else:
@@ -124,7 +128,8 @@ def measure_together(calls: list[Call], *, repeats: int = 5, min_sample: float =
     does numpy's own OpenBLAS inside ``numpy_matmul`` (threads.blas_follows_team): in a plan
     both shrink to one thread under load alike, so the rows compare them as a plan runs them."""
     with threads.full_team():
-        timers = [_Timer(c, min_sample, max_seconds, seed) for c in calls]
+        drawn: dict = {}  # alternatives for one region share its inputs and reference
+        timers = [_Timer(c, min_sample, max_seconds, seed, drawn) for c in calls]
         repeats = max(repeats, 1)  # every row has a sample
         for r in range(repeats):
             live = [t for t in timers if t.active(repeats)]
@@ -146,7 +151,13 @@ class _Timer:
     time: counted from creation, it ran out for the timers created before a window's LM head
     (whose float64 check takes seconds), and GEMMs planned on a single sample."""
 
-    def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int):
+    def __init__(self, call: Call, min_sample: float, max_seconds: float, seed: int,
+                 drawn: dict | None = None):
+        """``drawn``: inputs and float64 references already made for a region (the same node
+        and arguments: a kernel's alternatives for it), shared by the timers of one
+        ``measure_together``; each timer gets its own copy of the inputs (a kernel may write
+        into one). Drawing and evaluating them once per timer was 14 s of GPT-2's 37 s first
+        profile."""
         k = call.kernel
         self.base = dict(kernel=k.name, source_hash=k.source_hash, signature=call.signature,
                          flops=call.flops, bytes=call.bytes, hardware=call.hardware)
@@ -162,17 +173,25 @@ class _Timer:
         try:
             io = device_io(k)
             self.sync = io.sync
-            rng = np.random.default_rng(seed)
-            graph, names = region_graph(call)
-            values = random_inputs(call, rng)
+            key = (call.node, tuple(call.arguments))
+            found = None if drawn is None else drawn.get(key)
+            if found is None:
+                graph, names = region_graph(call)
+                values = random_inputs(call, np.random.default_rng(seed))
+                with np.errstate(all="ignore"):
+                    ref = evaluate(graph, {names[a]: v for a, v in values.items()},
+                                   dtype="float64")
+                if drawn is not None:
+                    drawn[key] = ({a: v.copy() for a, v in values.items()}, ref)
+            else:
+                values = {a: v.copy() for a, v in found[0].items()}
+                ref = found[1]
             # inputs go to the kernel's device once, and arguments prepared at bind time (a
             # packed weight) are prepared once, outside the timing, as the runtime does per
             # binding (registry: ``prepare=``)
             placed = {a: io.to_device(v) for a, v in values.items()}
             arrays = k.prepare_arguments([placed[a] for a in call.arguments])
             with np.errstate(all="ignore"):
-                ref = evaluate(graph, {names[a]: v for a, v in values.items()},
-                               dtype="float64")
                 made = k.fn(*arrays, **call.attrs)
                 got = io.to_host(made)
             if got.shape != ref.shape:
