@@ -27,14 +27,15 @@
  * L1); with AVX-512, 6 x 64 for the scores (four K panels a call) and 6 x 32 for P @ V.
  *  - tg_attention_f32: the task's scores against all the keys it needs (TG_BQ x Sk per
  *    thread), an exact softmax per row, then P @ V and one scaling by 1 / sum per row. With
- *    AVX-512 the mask add and the row max are done on the score tiles in registers, the exp
+ *    AVX-512 the mask and the row max are applied on the score tiles in registers, the exp
  *    is exp_row, and P @ V stores the scaled rows straight to the output: MiniLM's attention
  *    (8 x 12 heads, 128 x 128 x 32, bool mask, 2 threads, Zen 4) 1.55-1.61 -> 1.39-1.44 ms,
  *    GPT-2's (12 heads, 128 x 128 x 64, bool causal mask) 0.33-0.34 -> 0.30 ms.
  *  - tg_flash_attention_f32: the keys in blocks of `bk` with an online softmax (running max,
  *    sum, rescaled accumulator): never more than TG_BQ x bk scores per thread, for long
  *    sequences; seq x seq is never materialised.
- * Causal rows skip the panels past their last key (per group of TG_R rows). The softmax's exp
+ * Causal rows skip the panels past their last key (per group of TG_R rows), and so, in the
+ * plain kernel, do rows whose bool mask ends in False keys (mask_limits). The softmax's exp
  * is tg_exp_nonpos (tg_common.h): ~1 ulp, vectorised, for arguments <= 0 (exp_row, 1.7e-7,
  * in the plain kernel with AVX-512).
  *
@@ -868,7 +869,7 @@ static int64_t *mask_limits(attn_t *a) {
     return t;
 }
 
-static int attention_rows(attn_t *ap);
+static int attention_rows(const attn_t *ap);
 
 int tg_attention_f32(const float *q, const float *k, const float *v, const void *mask,
                      const int64_t *mask_strides, const int64_t *qkv_strides, float *out,
@@ -895,8 +896,10 @@ int tg_attention_f32(const float *q, const float *k, const float *v, const void 
     return rc;
 }
 
-/* the plain kernel's rows (more than TG_FEW_ROWS): 0, or -1 when out of memory */
-static int attention_rows(attn_t *ap) {
+/* the plain kernel's rows (more than TG_FEW_ROWS): 0, or -1 when out of memory. A function
+ * of its own because TG_ATTENTION_DRIVER returns from where it runs, and the caller frees the
+ * mask limits after it; the driver fills in a copy of the kernel's description. */
+static int attention_rows(const attn_t *ap) {
     attn_t a = *ap;
     const void *mask = a.mask;
     const int64_t dv = a.dv;

@@ -22,8 +22,10 @@
  * most KCM = 512 where they split M (below). Threads:
  *  - M < MSPLIT = 512 (GPT-2's 128-token prompt): the threads share each packed MC = 144-row
  *    block of A (144 x 768, 432 KiB, in L2) and split N in chunks of up to 16 panels
- *    (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), scheduled dynamically
- *    so a thread sharing its core with other work takes fewer;
+ *    (the C chunk, 144 x 256 floats, stays in L2 across the K blocks), handed out
+ *    dynamically so a thread sharing its core with other work takes fewer: guided (the last
+ *    chunks a unit each) and taken one ahead, so a chunk's last unit prefetches the next
+ *    chunk's first (in gemm_packed);
  *  - M >= 512 (BERT on 8 x 128 tokens): the threads take blocks of about MCP = 24 row panels
  *    (144 rows; as many blocks as a multiple of the thread count, equal to a panel),
  *    dynamically, each reading its rows of A in place (the micro-kernel broadcasts from six
