@@ -67,3 +67,25 @@ def test_fully_masked_row_gives_zero_and_nan_propagates():
     k[0, 0, 3, 5] = np.nan
     got = c_attention.attention(q, k, v, m)
     assert np.isnan(got[0, 0]).all() and not np.isnan(got[0, 1]).any()
+
+
+@pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "d", "dv"), [
+    (7, 7, 1, 301, 64, 64),  # rows a thread takes in threes leave a remainder of one
+    (5, 1, 2, 3, 12, 20),  # fewer than four keys; dims that are not vector multiples
+    (3, 3, 1, 70, 12, 20),  # four keys at a time with dims that are not vector multiples
+    (4, 2, 3, 6, 8, 24),  # causal rows whose key limits differ within a group of three
+    (9, 3, 1, 130, 40, 8),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_few_rows_in_groups_of_rows(hq, hkv, sq, sk, d, dv, causal):
+    """attention_few_rows takes a thread's rows three at a time, their keys in turn: every
+    remainder of rows, keys and dims against the reference."""
+    rng = np.random.default_rng(hq * sk + d)
+    q = rng.standard_normal((1, hq, sq, d)).astype(np.float32)
+    k = _cache(rng, 1, hkv, sk, d, capacity=sk + 5)
+    v = _cache(rng, 1, hkv, sk, dv, capacity=sk + 5)
+    m = rng.random((1, hq, sq, sk)) < 0.7
+    m[..., 0] = True
+    for mask in (None, m):
+        got = c_attention.attention(q, k, v, mask, causal)
+        assert relative_error(got, _reference(q, k, v, mask, causal)) < 1e-6

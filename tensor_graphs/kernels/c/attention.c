@@ -696,15 +696,6 @@ static inline void task_sub(const attn_t *a, const sched_t *sc, int64_t t, int64
         return 0;                                                                              \
     } while (0)
 
-/* Few query rows (decoding: one token against a KV cache): K and V read in place, row by row,
- * no packing. Packing K and V per call (O(Sk * D) per kv head) is all of the work when one query
- * row uses them: (1, 12, 1, 64) against 136 cached keys took 68 us packed, numpy's 41 us. Same
- * arithmetic as the packed path's non-AVX-512 branch: scaled dots, mask added, max, exp, 1/sum
- * (safe softmax with a mask), then P @ V, four keys at a time. Both the plain and the flash
- * kernel take it for Sq <= TG_FEW_ROWS. Returns 0, or -1 when out of memory. */
-/* s[0:lim] (scaled scores) -> exp(s - max) with the mask row mr (or NULL) added first;
- * returns 1 / sum, or 1 when a mask left nothing to attend to (the reference's safe softmax:
- * the row comes out 0). NaN stays NaN. */
 /* s[0:n] -> exp(s - shift) (arguments <= 0); returns their sum */
 static inline float exp_sum(float *restrict s, int64_t n, float shift) {
     float sum = 0.0f;
@@ -717,6 +708,9 @@ static inline float exp_sum(float *restrict s, int64_t n, float shift) {
     return sum;
 }
 
+/* s[0:lim] (scaled scores) -> exp(s - max) with the mask row mr (or NULL) added first;
+ * returns 1 / sum, or 1 when a mask left nothing to attend to (the reference's safe softmax:
+ * the row comes out 0). NaN stays NaN. */
 static inline float softmax_row(const attn_t *a, float *restrict s, const void *mr,
                                 int64_t lim) {
     if (mr)
@@ -732,8 +726,95 @@ TG_INLINE float hsum8(v8 x) {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+/* rows a thread interleaves: each row's K and V are a stream of their own (the memory
+ * prefetchers follow a few at once), and one after another they came too slowly from memory
+ * after a GEMV. GPT-2's decode attention (12 heads of 64, 145 keys) after a GEMV, 2 threads,
+ * interleaved in one process: row by row 78 us, three rows at a time 62 (two 73, four 72, six
+ * 91 against the rows' 89 in a busier run) */
+#define TG_FEW_GROUP 3
+
+/* one query row of attention_few_rows: its q, K, V, output, key limit and mask row */
+typedef struct {
+    const float *q, *k, *v;
+    float *o, *s; /* s: the row's scores, then its probabilities */
+    const void *mr;
+    int64_t lim;
+} few_row_t;
+
+static inline few_row_t few_row(const attn_t *a, int64_t t, float *s) {
+    const int64_t i = t % a->sq, h = (t / a->sq) % a->hq, bi = t / (a->sq * a->hq);
+    const int64_t kvh = h / (a->hq / a->hkv);
+    few_row_t r = {a->q + bi * a->qs[0] + h * a->qs[1] + i * a->qs[2],
+                   a->k + bi * a->ks[0] + kvh * a->ks[1],
+                   a->v + bi * a->vs[0] + kvh * a->vs[1],
+                   a->out + bi * a->os[0] + h * a->os[1] + i * a->os[2], s,
+                   mask_row(a, bi, h, i), key_limit(a, NULL, i)};
+    return r;
+}
+
+/* r->s[j0:j0+n] = scaled dots of q with keys j0.. (four keys: four vector sums where the
+ * head dim is a multiple of 8) */
+static inline void few_dots(const attn_t *a, const few_row_t *r, int64_t j0, int64_t n) {
+    const int64_t d = a->d, ks = a->ks[2];
+    if (n == 4 && d % 8 == 0) {
+        const float *k0 = r->k + j0 * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
+        v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int64_t x = 0; x < d; x += 8) {
+            v8 qv = *(const v8u *)(r->q + x);
+            s0 += qv * *(const v8u *)(k0 + x);
+            s1 += qv * *(const v8u *)(k1 + x);
+            s2 += qv * *(const v8u *)(k2 + x);
+            s3 += qv * *(const v8u *)(k3 + x);
+        }
+        r->s[j0] = hsum8(s0) * a->scale;
+        r->s[j0 + 1] = hsum8(s1) * a->scale;
+        r->s[j0 + 2] = hsum8(s2) * a->scale;
+        r->s[j0 + 3] = hsum8(s3) * a->scale;
+        return;
+    }
+    for (int64_t j = j0; j < j0 + n; j++) {
+        const float *kj = r->k + j * ks;
+        float dot = 0.0f;
+        _Pragma("omp simd reduction(+:dot)")
+        for (int64_t x = 0; x < d; x++) dot += r->q[x] * kj[x];
+        r->s[j] = dot * a->scale;
+    }
+}
+
+/* r->o += P[j0:j0+n] @ V[j0:j0+n] (four keys in one pass where the value dim is a multiple
+ * of 8) */
+static inline void few_pv(const attn_t *a, const few_row_t *r, int64_t j0, int64_t n) {
+    const int64_t dv = a->dv, vs = a->vs[2];
+    float *o = r->o;
+    if (n == 4 && dv % 8 == 0) {
+        const float *v0 = r->v + j0 * vs, *v1 = v0 + vs, *v2 = v1 + vs, *v3 = v2 + vs;
+        const float p0 = r->s[j0], p1 = r->s[j0 + 1], p2 = r->s[j0 + 2], p3 = r->s[j0 + 3];
+        for (int64_t x = 0; x < dv; x += 8)
+            *(v8u *)(o + x) += (p0 * *(const v8u *)(v0 + x) + p1 * *(const v8u *)(v1 + x))
+                             + (p2 * *(const v8u *)(v2 + x) + p3 * *(const v8u *)(v3 + x));
+        return;
+    }
+    for (int64_t j = j0; j < j0 + n; j++) {
+        const float *vj = r->v + j * vs;
+        const float p = r->s[j];
+        _Pragma("omp simd")
+        for (int64_t x = 0; x < dv; x++) o[x] += p * vj[x];
+    }
+}
+
+/* how many of the keys [j, j + 4) the row sees */
+static inline int64_t few_step(const few_row_t *r, int64_t j) {
+    return imax(0, imin(4, r->lim - j));
+}
+
+/* Few query rows (decoding: one token against a KV cache): K and V read in place, no
+ * packing, TG_FEW_GROUP rows at a time. Packing K and V per call (O(Sk * D) per kv head) is all of the work when one query
+ * row uses them: (1, 12, 1, 64) against 136 cached keys took 68 us packed, numpy's 41 us. Same
+ * arithmetic as the packed path's non-AVX-512 branch: scaled dots, mask added, max, exp, 1/sum
+ * (safe softmax with a mask), then P @ V, four keys at a time. Both the plain and the flash
+ * kernel take it for Sq <= TG_FEW_ROWS. Returns 0, or -1 when out of memory. */
 static int attention_few_rows(const attn_t *a) {
-    const int64_t rows = a->b * a->hq * a->sq, group = a->hq / a->hkv;
+    const int64_t rows = a->b * a->hq * a->sq;
     const int64_t work = rows * a->sk * a->d;
     int failed = 0;
     /* both threads from TG_PAR_MIN: a decode step's attention comes right after a GEMV, its K
@@ -743,62 +824,39 @@ static int attention_few_rows(const attn_t *a) {
      * keys) */
     _Pragma("omp parallel num_threads(tg_team()) if(work > TG_PAR_MIN)")
     {
-        float *s = malloc(sizeof(float) * (size_t)(a->sk > 0 ? a->sk : 1));
-        if (!s) {
+        /* each thread a run of consecutive rows (a kv head's query heads stay together) */
+        const int64_t nt = omp_get_num_threads(), per = (rows + nt - 1) / nt;
+        const int64_t t0 = imin(rows, omp_get_thread_num() * per), t1 = imin(rows, t0 + per);
+        const int64_t sk = a->sk > 0 ? a->sk : 1;
+        float *s = t1 > t0 ? malloc(sizeof(float) * TG_FEW_GROUP * (size_t)sk) : NULL;
+        if (t1 > t0 && !s) {
             _Pragma("omp atomic write")
             failed = 1;
         }
-        _Pragma("omp for schedule(static)")
-        for (int64_t t = 0; t < rows; t++) {
-            if (!s) continue;
-            const int64_t i = t % a->sq, h = (t / a->sq) % a->hq, bi = t / (a->sq * a->hq);
-            const float *qi = a->q + bi * a->qs[0] + h * a->qs[1] + i * a->qs[2];
-            const float *kh = a->k + bi * a->ks[0] + (h / group) * a->ks[1];
-            const float *vh = a->v + bi * a->vs[0] + (h / group) * a->vs[1];
-            float *o = a->out + bi * a->os[0] + h * a->os[1] + i * a->os[2];
-            const int64_t lim = key_limit(a, NULL, i), d = a->d, ks = a->ks[2];
-            int64_t j = 0;
-            for (; d % 8 == 0 && j + 4 <= lim; j += 4) { /* four keys: four vector sums */
-                const float *k0 = kh + j * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
-                v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-                for (int64_t x = 0; x < d; x += 8) {
-                    v8 qv = *(const v8u *)(qi + x);
-                    s0 += qv * *(const v8u *)(k0 + x);
-                    s1 += qv * *(const v8u *)(k1 + x);
-                    s2 += qv * *(const v8u *)(k2 + x);
-                    s3 += qv * *(const v8u *)(k3 + x);
-                }
-                s[j] = hsum8(s0) * a->scale;
-                s[j + 1] = hsum8(s1) * a->scale;
-                s[j + 2] = hsum8(s2) * a->scale;
-                s[j + 3] = hsum8(s3) * a->scale;
+        for (int64_t t = t0; s && t < t1; t += TG_FEW_GROUP) {
+            const int nr = (int)imin(TG_FEW_GROUP, t1 - t);
+            few_row_t r[TG_FEW_GROUP];
+            float inv[TG_FEW_GROUP];
+            int64_t lim = 0;
+            for (int u = 0; u < nr; u++) {
+                r[u] = few_row(a, t + u, s + u * sk);
+                lim = imax(lim, r[u].lim);
             }
-            for (; j < lim; j++) {
-                const float *kj = kh + j * ks;
-                float dot = 0.0f;
-                _Pragma("omp simd reduction(+:dot)")
-                for (int64_t x = 0; x < d; x++) dot += qi[x] * kj[x];
-                s[j] = dot * a->scale;
+            for (int64_t j = 0; j < lim; j += 4) /* the rows' keys in turn, 4 at a time */
+                for (int u = 0; u < nr; u++)
+                    few_dots(a, &r[u], j, few_step(&r[u], j));
+            for (int u = 0; u < nr; u++) {
+                inv[u] = softmax_row(a, r[u].s, r[u].mr, r[u].lim);
+                for (int64_t x = 0; x < a->dv; x++) r[u].o[x] = 0.0f;
             }
-            const void *mr = mask_row(a, bi, h, i);
-            const float inv = softmax_row(a, s, mr, lim);
-            const int64_t dv = a->dv, vs = a->vs[2];
-            for (int64_t x = 0; x < dv; x++) o[x] = 0.0f;
-            for (j = 0; dv % 8 == 0 && j + 4 <= lim; j += 4) { /* four keys a pass */
-                const float *v0 = vh + j * vs, *v1 = v0 + vs, *v2 = v1 + vs, *v3 = v2 + vs;
-                const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
-                for (int64_t x = 0; x < dv; x += 8)
-                    *(v8u *)(o + x) += (p0 * *(const v8u *)(v0 + x) + p1 * *(const v8u *)(v1 + x))
-                                     + (p2 * *(const v8u *)(v2 + x) + p3 * *(const v8u *)(v3 + x));
-            }
-            for (; j < lim; j++) {
-                const float *vj = vh + j * vs;
-                const float p = s[j];
+            for (int64_t j = 0; j < lim; j += 4) /* their values in turn */
+                for (int u = 0; u < nr; u++)
+                    few_pv(a, &r[u], j, few_step(&r[u], j));
+            for (int u = 0; u < nr; u++) {
+                float *o = r[u].o;
                 _Pragma("omp simd")
-                for (int64_t x = 0; x < dv; x++) o[x] += p * vj[x];
+                for (int64_t x = 0; x < a->dv; x++) o[x] *= inv[u];
             }
-            _Pragma("omp simd")
-            for (int64_t x = 0; x < dv; x++) o[x] *= inv;
         }
         free(s);
     }
