@@ -48,7 +48,7 @@ from tensor_graphs.planner.lint import lint_graph, lint_plan
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
 from tensor_graphs.planner.realize import realize_plan
-from tensor_graphs.planner.search import Planner
+from tensor_graphs.planner.search import LOW_PRECISION_ROUNDING, Planner
 from tensor_graphs.rewrite.recompose import recompose
 from tensor_graphs.rewrite.siblings import fuse_siblings, sibling_groups, side_by_side
 from tensor_graphs.rewrite.simplify import simplify
@@ -58,7 +58,7 @@ from tensor_graphs.runtime.program import CompiledGraph, Executable
 
 PROFILE_MODES = ("never", "missing")
 OUTPUTS = ("host", "device")  # where a program's results come back (tg.compile's outputs=)
-DEFAULT_TOLERANCE = 1e-5
+DEFAULT_TOLERANCE = 1e-5  # a float32 graph's (see resolve_tolerance)
 # which counter of ``prog.stats`` a planner search adds to, per form of the graph searched
 # (``_plan``'s ``form``): each counts searches that ran, never corrected after the fact
 SEARCHES: dict[Callable | None, str] = {
@@ -151,7 +151,7 @@ class Pipeline:
         # the device kind the planner delivers outputs on: the host's numpy arrays, or the
         # target device's memory (torch tensors on a GPU, no copy to the host)
         self.output_kind = self.device.kind if results == "device" else "cpu"
-        self.tolerance = _check_tolerance(tolerance)
+        self.tolerance = resolve_tolerance(tolerance, outputs)
         if profile not in PROFILE_MODES:
             raise ArgumentError(f"profile must be one of {PROFILE_MODES}, got {profile!r}")
         self.profile = profile
@@ -340,7 +340,18 @@ def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
     return list(run_pass("sink", sink_reshapes, graph))
 
 
-def _check_tolerance(tolerance) -> float:
+def resolve_tolerance(tolerance, outputs: Sequence[Node]) -> float:
+    """``tolerance`` checked, or where it is None the default for the precision of the
+    graph's results: ``DEFAULT_TOLERANCE``, or where every float result is float16 or bfloat16
+    (a half-precision model) that dtype's rounding (``LOW_PRECISION_ROUNDING``), as torch's own
+    test tolerances grow with the dtype. A half-precision step cannot come closer to the
+    float64 reference than its result's rounding, so at 1e-5 a float16 model had no path at
+    all. A float32 result keeps 1e-5 for the whole graph: half-precision arithmetic inside a
+    float32 model is refused, naming the op and the tolerance it needs."""
+    if tolerance is None:
+        floats = [o.dtype.name for o in outputs if o.dtype.is_float]
+        return min((max(DEFAULT_TOLERANCE, LOW_PRECISION_ROUNDING.get(d, 0.0)) for d in floats),
+                   default=DEFAULT_TOLERANCE)
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) \
             or not tolerance > 0:
         raise ArgumentError(f"tolerance must be a positive number (a norm-wise relative error "
@@ -355,7 +366,7 @@ def _outputs(graph) -> tuple[list[Node], bool]:
     return outs, isinstance(graph, Node)
 
 
-def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: A001
+def compile(graph, device="cpu", tolerance: float | None = None,  # noqa: A001
             db: Database | str | None = None, profile: str = "never",
             bounds: Mapping[str, int] | None = None, plan: str | None = None,
             backends: Sequence[str] | None = None, generate: bool = True,
@@ -369,6 +380,8 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     numpy arrays or torch tensors already on the GPU (never sent through the host).
 
     - ``tolerance``: the largest norm-wise relative error any step may add (see planner/plan);
+      None: 1e-5, or where every float result is float16 or bfloat16, that dtype's
+      rounding (2**-10, 2**-7);
     - ``db``: the measurement database (default ``$TG_DB`` or the user cache file);
     - ``profile``: "never" plans from what the database knows; "missing" first measures every
       kernel call the plan considers that has no row (split with other processes profiling
@@ -399,7 +412,7 @@ def compile(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE,  # noqa: 
     if plan is not None:
         from tensor_graphs.planner.lockfile import load
 
-        decisions = load(plan, outs, device, _check_tolerance(tolerance))
+        decisions = load(plan, outs, device, resolve_tolerance(tolerance, outs))
     pipeline = Pipeline(outs, device, tolerance, db, profile, backends, decisions, bounds,
                         plan_file=plan, generate=generate, results=outputs)
     prog = CompiledGraph(outs, single, pipeline)
@@ -429,7 +442,7 @@ def _planner_for(graph, device, tolerance, db, dims, backends, generate) -> Plan
     return pipeline.planner(prepare(outs, values), blocks=False)
 
 
-def estimate_memory(graph, device="cpu", tolerance: float = DEFAULT_TOLERANCE, db=None,
+def estimate_memory(graph, device="cpu", tolerance: float | None = None, db=None,
                     backends: Sequence[str] | None = None, **dims) -> dict[str, int]:
     """Bytes per device name (arena + weights + state) the graph's plan needs for these dims,
     from the plan alone: nothing runs and nothing is allocated ({"cpu": ..., "cuda:0": ...}

@@ -34,6 +34,7 @@ from tensor_graphs.frontend.torch_export import _shape_carriers, import_exported
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
+from tensor_graphs.kernels.torch.convert import to_host
 
 # option: default                   what it does
 OPTIONS: dict[str, object] = {
@@ -237,7 +238,7 @@ class DynamoProgram:
         for name, tensor in tensors.items():
             self._versions[name] = (tensor, _version(tensor))
             if arrays is None or name not in arrays:
-                self._weight_arrays[name] = tensor.detach().cpu().numpy().copy()
+                self._weight_arrays[name] = to_host(tensor).copy()
         self._program.bind(**{n: self._weight_arrays[n] for n in tensors if n in self._present})
 
     @property
@@ -271,7 +272,7 @@ class DynamoProgram:
                    or _version(args[i]) != self._versions[name][1]}
         if changed:
             self._bind(changed)
-        arrays = [args[i].detach().numpy() for i in self._user]
+        arrays = [to_host(args[i]) for i in self._user]
         dims = self._dims_of(arrays)
         over = {k: v for k, v in dims.items() if k in self.bounds and v > self.bounds[k]}
         if over:

@@ -32,6 +32,7 @@ from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
 from tensor_graphs.ir.shapes import dim_symbol
+from tensor_graphs.kernels.torch.convert import to_host
 
 # torch.export's refusal of a forward that returns a non-tensor object (a transformers
 # DynamicCache inside the model output): "Found <class '...'> in output, which is not a known type"
@@ -165,7 +166,7 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
         val = node.meta.get("val")
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             found = state[spec.target].detach()
-            weights[spec.target] = found if tensors else found.cpu().numpy().copy()
+            weights[spec.target] = found if tensors else to_host(found).copy()
             env[node] = tg.weight(spec.target, tuple(found.shape), dtype_name(val.dtype))
             continue
         if spec.kind != InputKind.USER_INPUT:
@@ -370,7 +371,7 @@ class TorchProgram:
             if isinstance(arg, torch.Tensor):
                 arg = arg.detach()
                 if not self._on_gpu:
-                    arg = arg.cpu().numpy()
+                    arg = to_host(arg)
             else:
                 arg = np.asarray(arg)
             shape = tuple(arg.shape)
@@ -535,8 +536,7 @@ def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme:
             values = read_safetensors(weights, {n: (tuple(lf.shape), lf.dtype)
                                                 for n, lf in wanted.items()})
     else:
-        values = {n: (w.detach().cpu().numpy() if hasattr(w, "detach") else np.asarray(w))
-                  for n, w in weights.items() if n in present}
+        values = {n: to_host(w) for n, w in weights.items() if n in present}
         missing = sorted(n for n in present if n not in values and n not in constants)
         if missing:
             hint = (" (prequantized weights are <name>.q and <name>.scale: "
@@ -547,7 +547,7 @@ def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme:
             check_prequantized(values, scheme, where="from_torch(weights=)", expected=present)
     for n in constants:
         if n not in values:
-            values[n] = own[n] if on_gpu else own[n].cpu().numpy().copy()
+            values[n] = own[n] if on_gpu else to_host(own[n]).copy()
     return values
 
 

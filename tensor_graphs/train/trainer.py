@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tensor_graphs.compiler import DEFAULT_TOLERANCE
 from tensor_graphs.compiler import compile as compile_graph
 from tensor_graphs.compiler import estimate_memory as estimate
 from tensor_graphs.errors import (
@@ -69,7 +68,7 @@ class Trainer:
     """
 
     def __init__(self, loss: Node, params: Sequence[Node | str] | None = None, *,
-                 optimizer: Optimizer, device="cpu", tolerance: float = DEFAULT_TOLERANCE,
+                 optimizer: Optimizer, device="cpu", tolerance: float | None = None,
                  extra: Sequence[Node] = (), seed: int = 0, **compile_options):
         _check_loss(loss)
         if not isinstance(optimizer, Optimizer):
