@@ -4,14 +4,18 @@
     python -m tensor_graphs.tools.kerneldocs --check    # exit 1 when docs/kernels.md is stale
     python -m tensor_graphs.tools.kerneldocs --print    # print the rendered page
 
-The page is a pure function of the kernels the package registers at import on a machine
+The tables are a pure function of the kernels the package registers at import on a machine
 without a GPU: kernels of user files, tests and the generated-C code generator (registered on
 demand) are left out, and so are kernels that read or write GPU memory (registered only where
-a GPU is usable; they mirror the torch CPU kernels, and the copies to and from a GPU).
+a GPU is usable). Those get a section of their own, read from the code that would register
+them (the templates' config tuples, the generated kernels' launch configs, the torch and copy
+modules' sources), never from the registry: the page is the same on any machine, GPU,
+simulated GPU or none, and rendering it imports neither torch nor triton.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -45,7 +49,7 @@ test suite (`tests/kernels/test_verify_all.py`) and by `tg kernels verify`.
 - `numpy_exact_<op>`: every op, computed by the reference interpreter in float64 and rounded
   once (tolerance 1e-7): any tolerance >= 1e-7 on float32 outputs always has a path.
 - `c_*`: C kernels (compiled on first use, BLAS from `scipy-openblas32`); `torch_*`: torch on
-  the CPU (`torch_cuda_*` mirror them on a GPU and are registered only there);
+  the CPU (`torch_cuda_*` mirror them on a GPU, registered only there: *GPU kernels*);
   `copy_*`: moves between devices (`copy_to`).
 - An op with optional tensors has one kernel per combination given (`_no_bias` ...): a
   pattern fixes which inputs are present. A variadic pattern (`pat.many`) covers any number
@@ -186,7 +190,253 @@ def render() -> str:
                          f"{k.tolerance:g} |")
     else:
         lines.append("None registered.")
+    lines += ["", gpu_section()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------- GPU kernels
+# Registered only where a GPU is usable, so read from the code that would register them: the
+# templates' and launches' config tuples, and the torch and copy modules' decorators (their
+# sources, parsed: registering them needs a GPU). Nothing here imports torch or triton
+# (``test_docs_kernels`` checks); ``register()`` of each template names its kernels as below.
+def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def _codes(names) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _calls(node, name: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == name)
+
+
+def _constant(node, what: str):
+    if not isinstance(node, ast.Constant):
+        raise ValueError(f"kerneldocs reads {what} from the source and needs a literal there, "
+                         f"got `{ast.unparse(node)}`")
+    return node.value
+
+
+def _decorated(path: Path, decorator: str) -> list[tuple[str, ast.Call]]:
+    """(function name, decorator call) of each ``@decorator(...)`` in a module's source."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [(node.name, d) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            for d in node.decorator_list if _calls(d, decorator)]
+
+
+def torch_cuda_kernels() -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
+    """(the torch CUDA kernel names a GPU registers, and each ``torch_kernel`` label with the
+    CUDA keywords it was given), from the sources of ``kernels/torch/``: ``torch_kernel``
+    registers ``torch_cuda_<label>`` beside ``torch_<label>`` unless told ``cuda=False``, and
+    ``kernel(..., name="torch_cuda_...")`` registers a CUDA kernel outright."""
+    from tensor_graphs.kernels import torch as package  # imports no torch
+
+    names, labels = [], []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        for fn, call in _decorated(path, "torch_kernel"):
+            keywords = {k.arg: k.value for k in call.keywords}
+            label = (call.args[1] if len(call.args) > 1 else keywords.get("label"))
+            label = fn if label is None else _constant(label, "a torch kernel's label")
+            cuda = {k[5:] or "function": ast.unparse(v) for k, v in keywords.items()
+                    if k.startswith("cuda")}
+            labels.append((label, cuda))
+            if cuda.get("function") != "False":
+                names.append(f"torch_cuda_{label}")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = next((k.value for k in getattr(node, "keywords", ())
+                         if _calls(node, "kernel") and k.arg == "name"), None)
+            if isinstance(name, ast.Constant) and str(name.value).startswith("torch_cuda_"):
+                names.append(name.value)
+    return sorted(set(names)), labels
+
+
+def gpu_copies() -> list[tuple[str, str, str, bool]]:
+    """(name, source kind, target kind, moves nothing) of each copy kernel to, from or within
+    a GPU, from ``kernels/copy.py``'s ``@copy_kernel`` decorators."""
+    from tensor_graphs.kernels import copy
+
+    out = []
+    for _, call in _decorated(Path(copy.__file__), "copy_kernel"):
+        name, source, target = (_constant(a, "a copy kernel's route") for a in call.args[:3])
+        same = any(k.arg == "same_memory" and _constant(k.value, "same_memory")
+                   for k in call.keywords)
+        if "cuda" in (source, target):
+            out.append((name, source, target, bool(same)))
+    return out
+
+
+def _generated_prefixes() -> dict[str, str]:
+    """kind -> the kernel name prefix ``generate._candidate`` hashes a config under."""
+    from tensor_graphs.kernels.triton import generate
+
+    tree = ast.parse(Path(generate.__file__).read_text(encoding="utf-8"))
+    return {_constant(n.args[0], "a candidate kind"): _constant(n.args[1], "a kernel prefix")
+            for n in ast.walk(tree) if _calls(n, "_candidate") and len(n.args) > 1
+            and isinstance(n.args[0], ast.Constant)}
+
+
+def matmul_kernels() -> list[tuple[object, object, str]]:
+    """(epilogue, config, name) of every GEMM template kernel, as ``matmul.register`` names them."""
+    from tensor_graphs.kernels.triton.templates import matmul
+
+    return [(e, c, f"triton_{e.label}_{c.label}") for e in matmul.EPILOGUES
+            for c in matmul.CONFIGS]
+
+
+def attention_kernels() -> list[tuple[str, object, str]]:
+    """(kind, config, name) of every attention template kernel, as ``attention.register``
+    names them (no mask, then ``_mask``)."""
+    from tensor_graphs.kernels.triton.templates import attention as at
+
+    return [(kind, c, f"triton_{kind}_attention{suffix}_{c.label}")
+            for kind, configs in (("flash", at.FLASH_CONFIGS), ("decode", at.DECODE_CONFIGS))
+            for c in configs for suffix in ("", "_mask")]
+
+
+def rope_kernels() -> list[tuple[object, str]]:
+    from tensor_graphs.kernels.triton.templates import rope
+
+    return [(c, f"triton_rotary_embedding_{c.label}") for c in rope.CONFIGS]
+
+
+def gather_kernels() -> list[tuple[object, str]]:
+    from tensor_graphs.kernels.triton.templates import gather
+
+    return [(c, f"triton_embedding_{c.label}") for c in gather.CONFIGS]
+
+
+def _epilogue(e) -> str:
+    """What a GEMM epilogue computes (the pattern's variables)."""
+    y = ("x @ weight.T" if e.linear else "a @ b") + (" + bias" if e.bias else "")
+    return (f"{e.act}({y})" if e.act else y) + (" + res" if e.residual else "")
+
+
+def gpu_section() -> str:
+    from tensor_graphs.devices import SIMULATED, SIMULATED_CAPACITY
+    from tensor_graphs.kernels import triton as tr
+    from tensor_graphs.kernels.triton import generate
+    from tensor_graphs.kernels.triton.templates import attention as at
+    from tensor_graphs.kernels.triton.templates import gather, matmul, rope
+
+    run = [d for d in tr.FLOAT_DTYPES if d not in tr.WRONG_IN_INTERPRETER]
+    lines = ["## GPU kernels", "",
+             "Registered only where a GPU, real or simulated, is usable (the generated ones: "
+             "offered), so the tables above leave them out. This section is read from the code "
+             "that registers them: the same on any machine.", "",
+             '**The device.** `tg.compile(graph, device="cuda")` (or `"cuda:N"`, or a '
+             '`tg.Device("cuda:0")`, whose capacity bounds the program) runs each step where '
+             "the planner finds it fastest, host or GPU. A program keeps one arena per device; "
+             "weights and kept states (a KV cache) live on the GPU, moved there once per "
+             "binding. Values cross devices only through `copy_to` steps, which the planner "
+             "costs from measurements "
+             "like any kernel:", ""]
+    lines += _table(("copy kernel", "from", "to", "cost"),
+                    [(f"`{n}`", s, t, "0: moves nothing" if same else "measured")
+                     for n, s, t, same in gpu_copies()])
+    lines += ["", f"**The simulated GPU.** With `{SIMULATED}=1` (a "
+              f"{SIMULATED_CAPACITY >> 30} GiB GPU; or its capacity in bytes) set before "
+              "tensor_graphs is imported, `cuda:0` is a device in host memory: its tensors are "
+              "torch CPU tensors, the torch CUDA kernels run as CPU ops and the Triton kernels "
+              f"in Triton's interpreter (`{tr.INTERPRET}=1`). CI runs the GPU's code paths "
+              "this way; its timings are CPU times, filed under a hardware key of their own. The "
+              f"interpreter computes {_codes(sorted(tr.WRONG_IN_INTERPRETER))} wrong, so no "
+              "Triton kernel takes it there.", ""]
+
+    prefixes = _generated_prefixes()
+    rows = []
+    for option, fn in generate.generator_rows():
+        cfg = fn.keywords["config"]
+        kind = option[len("triton_"):-len(cfg.label) - 1]
+        rows.append((kind.replace("_", " "), f"`{prefixes[kind]}_<hash>`", f"`{option}`",
+                     cfg.block, cfg.warps, cfg.persist or "—"))
+    lines += ["### Generated Triton kernels", "",
+              "The regions the generator fuses on the host (elementwise chains; rows of "
+              "reductions with their prologue and epilogue) are rendered as Triton for the GPU "
+              "(`kernels/triton/`): `render.py` a pointwise region, `rows.py` a row region "
+              "(whole rows in one block up to the config's limit, longer rows looped), "
+              f"`splitrows.py` static rows of at least {generate.SPLIT_MIN_WIDTH} elements "
+              "across several programs, then a combine. Each launch config is its own planner "
+              "option and kernel, named by a hash of source and config, so the profiler times "
+              "each and the planner picks by cost. Each is checked against the float64 "
+              "reference before it is timed or run (`check.py`, then "
+              "`tg.kernels.verify(strict=True)`). CI runs them on the simulated GPU. "
+              "`tg kernels compile --arch sm_90` compiles a gallery of regions under every "
+              "config, and every template x config, for an H100 without one, shared memory "
+              "checked.", ""]
+    lines += _table(("region", "kernel", "planner option", "BLOCK", "warps",
+                     "rows whole up to"), rows)
+
+    lines += ["", "### Triton templates", "",
+              "Hand-written kernels (`kernels/triton/templates/`) on the patterns models spend "
+              "their time in, beside the torch CUDA kernels on the same patterns. Each "
+              '(template, config) is its own kernel (backend "triton", device "cuda", writes '
+              "`out=`), so the profiler times every config. CI verifies each in the interpreter "
+              f"in {_codes(run)}. A template's jit module is imported on its first call.", "",
+              "**GEMM** (`matmul_jit.py`): the epilogue runs on the fp32 accumulator and the "
+              "result is rounded once; `linear` reads torch's (out, in) weight through swapped "
+              "strides, never a transposed copy. Kernels `triton_<epilogue>_<config>`:", ""]
+    names: dict[str, list[str]] = {}
+    for e, _, name in matmul_kernels():
+        names.setdefault(e.label, []).append(f"`{name}`")
+    lines += _table(("epilogue", "computes", "kernels"),
+                    [(f"`{e.label}`", f"`{_epilogue(e)}`", "<br>".join(names[e.label]))
+                     for e in matmul.EPILOGUES])
+    lines += ["", '"ieee" multiplies fp32 in full fp32; "tf32" on the tensor cores (10-bit '
+              "mantissas), fp32 operands only. The fp32 share is the config's assumed share of "
+              "the GPU's fp32 peak, for plans made before anything is measured.", ""]
+    # Config.dtypes asks the running triton (bfloat16 is left out in the interpreter): the
+    # page gives the GPU's
+    lines += _table(("config", "BLOCK_M x N x K", "warps", "stages", "precision", "operands",
+                     "tolerance", "fp32 share"),
+                    [(f"`{c.label}`", f"{c.block_m} x {c.block_n} x {c.block_k}", c.warps,
+                      c.stages, c.precision,
+                      ", ".join(("float32",) if c.precision == "tf32" else tr.FLOAT_DTYPES),
+                      f"{c.tolerance:g}", f"{c.fp32_share:g}") for c in matmul.CONFIGS])
+    lines += ["", "**Attention** (`attention_jit.py`): `scaled_dot_product_attention` without a "
+              "mask and with one (`_mask`: bool or float), causal or not, grouped-query heads, "
+              f"head dims up to {at.MAX_HEAD_DIM}; online softmax in fp32, fp32 products in "
+              f'"{at.PRECISION}", tolerance {at.REDUCTION:g}. Flash attention runs a program '
+              "per block of query rows; decode attention takes one query row, splits the keys "
+              f"across programs (aiming at {at.PROGRAMS} in all) and combines the splits in a "
+              "second kernel.", ""]
+    att: dict[tuple, list[str]] = {}
+    for kind, c, name in attention_kernels():
+        att.setdefault((kind, c), []).append(f"`{name}`")
+    lines += _table(("kernels", "query rows a program", "keys a block", "splits up to", "warps",
+                     "stages"),
+                    [("<br>".join(ns), c.block_m if kind == "flash" else 1, c.block_n,
+                      "—" if kind == "flash" else c.max_splits, c.warps, c.stages)
+                     for (kind, c), ns in att.items()])
+    lines += ["", "**RoPE** (`rope_jit.py`: `rotary_embedding`, rotate_half layout, cos and sin "
+              "broadcast) and **embedding** (`gather_jit.py`: rows of a table by integer ids; an "
+              "out-of-range id gives a NaN row, where the reference raises):", ""]
+    lines += _table(("kernel", "rows a program", "columns a block", "warps", "tolerance"),
+                    [(f"`{n}`", c.block_r, "all", c.warps, f"{rope.ELEMENTWISE:g}")
+                     for c, n in rope_kernels()]
+                    + [(f"`{n}`", c.block_r, c.block_d, c.warps, f"{gather.EXACT:g}")
+                       for c, n in gather_kernels()])
+
+    cuda, labels = torch_cuda_kernels()
+    without = [f"`torch_{lb}`" for lb, kw in labels if kw.get("function") == "False"]
+    own = [f"`torch_cuda_{lb}` (`{kw['function']}`)" for lb, kw in labels
+           if kw.get("function") not in (None, "False")]
+    other = [f"`torch_cuda_{lb}` (" + ", ".join(f"`cuda_{k}={v}`" for k, v in sorted(kw.items())
+                                               if k != "function") + ")"
+             for lb, kw in labels if set(kw) - {"function"}]
+    lines += ["", "### torch CUDA kernels", "",
+              "`torch_kernel` (`kernels/torch/base.py`) registers each torch function twice: "
+              "`torch_<label>` on the CPU (the torch column above) and, where a GPU is usable, "
+              '`torch_cuda_<label>` on "cuda", CUDA tensors in and out, so a chain of them '
+              "stays on the GPU. No CUDA twin (`cuda=False`): "
+              f"{', '.join(without) or 'none'}. A function of its own on CUDA: "
+              f"{', '.join(own) or 'none'}. Declared otherwise on CUDA: "
+              f"{', '.join(other) or 'nothing'}. `torch_cuda_state_update` "
+              "(`kernels/torch/state.py`) appends to a kept state's GPU buffer in place.", "",
+              f"{len(cuda)} kernels: {_codes(cuda)}."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
