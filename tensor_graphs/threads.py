@@ -69,6 +69,24 @@ SPIN_SETTINGS = {"OPENBLAS_THREAD_TIMEOUT": "4", "GOMP_SPINCOUNT": "10000"}
 # pools already loaded without these settings: (module that loaded it, its pool, the variable)
 _LATE = (("numpy", "numpy's OpenBLAS", "OPENBLAS_THREAD_TIMEOUT"),
          ("torch", "torch's OpenMP", "GOMP_SPINCOUNT"))
+
+
+def _importer_level() -> int:
+    """The ``stacklevel`` of the user's ``import`` line: this module runs inside the
+    package's own imports, and a warning pointing at those says nothing about where to move
+    the import (``warnings`` itself skips importlib's frames, so they are not counted)."""
+    frame, level = sys._getframe(1), 1
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<frozen "):
+            if not os.path.abspath(name).startswith(package):
+                return level
+            level += 1
+        frame = frame.f_back
+    return 1
+
+
 late_pools = [pool for module, pool, var in _LATE
               if module in sys.modules and var not in os.environ
               and not (var == "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY" in os.environ)]
@@ -80,7 +98,7 @@ if late_pools and (os.cpu_count() or 1) > 1:
         "threads of those pools keep spinning after each call and slow plans that mix "
         "backends (up to 2x on 2 cores). Import tensor_graphs before numpy and torch, or set "
         + " ".join(f"{k}={v}" for k, v in SPIN_SETTINGS.items()) + " in the environment.",
-        RuntimeWarning, stacklevel=2)
+        RuntimeWarning, stacklevel=_importer_level())
 
 _lock = threading.RLock()
 _count: int | None = None

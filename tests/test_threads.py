@@ -250,3 +250,16 @@ def test_numpys_blas_follows_the_team_inside_numpy_matmul_only(child_env):
     """, child_env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == "2 1 1 2 2 1 1".split()
+
+
+@pytest.mark.parametrize("line", ["import tensor_graphs", "from tensor_graphs import threads"])
+def test_the_late_import_warning_points_at_the_users_import(line, tmp_path, child_env):
+    """Imported after numpy, tensor_graphs warns; the warning names the user's import line
+    (where to move it), not the package's own import of its threads module."""
+    script = tmp_path / "user.py"
+    script.write_text(f"import numpy\n{line}\n", encoding="utf-8")
+    env = {k: v for k, v in child_env.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-W", "always", str(script)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert f"{script}:2: RuntimeWarning: tensor_graphs was imported after numpy" \
+        in done.stderr, done.stderr
