@@ -8,6 +8,7 @@ pick fused kernels; nothing here knows any model.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import re
@@ -92,22 +93,24 @@ def _op_name(target) -> str:
 
 
 # ---------------------------------------------------------------------------- import
-def _dim_names(module, example_args, dynamic_shapes, user_inputs) -> dict[tuple[int, int], str]:
-    """(user input position, axis) -> the name of its torch.export.Dim, where one is given."""
+def _dim_names(module, example_args, dynamic_shapes, user_inputs, example_kwargs=None,
+               in_spec=None) -> dict[tuple[int, int], str]:
+    """(user input position, axis) -> the name of its torch.export.Dim, where one is given.
+    Positions count the flat leaves torch.export made placeholders of, in its own order: the
+    positional arguments', then the keyword arguments' in ``in_spec``'s key order (the order
+    given), each argument's leaves as pytree flattens it; ``dynamic_shapes`` is matched to the
+    arguments as torch matches it (by name, or in the forward's order)."""
     if dynamic_shapes is None:
         return {}
-    specs: list = []
-    if isinstance(dynamic_shapes, Mapping):
-        try:
-            bound = inspect.signature(module.forward).bind(*example_args)
-            names = list(bound.arguments)
-        except (TypeError, ValueError, AttributeError):
-            names = []
-        specs = [dynamic_shapes.get(n) for n in names]
-    else:
-        specs = list(dynamic_shapes)
+    kwargs = dict(example_kwargs or {})
+    keys = list(_children(in_spec)[1].context or ()) if in_spec is not None else list(kwargs)
+    slots = [*example_args, *(kwargs[k] for k in keys if k in kwargs)]
+    leaves = []
+    for value, spec in zip(slots, _slot_specs(module, example_args, kwargs, keys,
+                                              dynamic_shapes)):
+        leaves.extend(_leaf_specs(value, spec))
     out = {}
-    for pos, spec in enumerate(specs[:len(user_inputs)]):
+    for pos, spec in enumerate(leaves[:len(user_inputs)]):
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
         for axis, dim in items:
             # a derived dim (``10 * Dim("frames")``) names its root: the symbol it solves for
@@ -115,6 +118,58 @@ def _dim_names(module, example_args, dynamic_shapes, user_inputs) -> dict[tuple[
             if isinstance(name, str) and name.isidentifier():
                 out[(pos, axis)] = name
     return out
+
+
+def _slot_specs(module, args, kwargs, keys, dynamic_shapes) -> list:
+    """The ``dynamic_shapes`` entry of each positional argument, then of each keyword one in
+    ``keys``' order. torch matches a mapping by the forward's parameter names and a sequence
+    to the arguments in the forward's order (not the order the keywords were given in)."""
+    signature = _signature(module)
+    bound = None
+    if signature is not None:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            bound = None
+    if bound is None:  # no signature: positions, then keywords as given
+        if isinstance(dynamic_shapes, Mapping):
+            return [None] * len(args) + [dynamic_shapes.get(k) for k in keys]
+        specs = list(dynamic_shapes)
+        by_key = dict(zip(kwargs, specs[len(args):]))
+        return specs[:len(args)] + [by_key.get(k) for k in keys]
+    by_name = dynamic_shapes if isinstance(dynamic_shapes, Mapping) \
+        else dict(zip(bound, dynamic_shapes))
+    positional, keyword = [], {}
+    for name, value in bound.items():
+        spec = by_name.get(name)
+        kind = signature.parameters[name].kind
+        if kind == inspect.Parameter.VAR_POSITIONAL:
+            spec = list(spec) if isinstance(spec, (list, tuple)) else [None] * len(value)
+            positional.extend(spec)
+        elif kind == inspect.Parameter.VAR_KEYWORD:
+            keyword.update({k: spec.get(k) if isinstance(spec, Mapping) else None
+                            for k in value})
+        elif name in kwargs:
+            keyword[name] = spec
+        else:
+            positional.append(spec)
+    return positional[:len(args)] + [keyword.get(k) for k in keys]
+
+
+def _leaf_specs(value, spec) -> list:
+    """``spec`` (a dynamic_shapes entry) for each leaf pytree flattens ``value`` into: a
+    tensor's is its {axis: Dim}; a list, tuple or dict holds one per item."""
+    torch = torch_module()
+    import torch.utils._pytree as pytree
+
+    if isinstance(value, torch.Tensor):
+        return [spec]
+    if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)) \
+            and len(spec) == len(value):
+        return [s for v, sp in zip(value, spec) for s in _leaf_specs(v, sp)]
+    if isinstance(value, dict) and isinstance(spec, Mapping):
+        return [s for k, v in value.items() for s in _leaf_specs(v, spec.get(k))]
+    return [None] * len(pytree.tree_leaves(value))
 
 
 def _symbol_bound(exported, sym, expr, hint) -> int:
@@ -306,10 +361,17 @@ class TorchProgram:
     """A compiled torch module: call it like the module (torch tensors or numpy arrays in,
     numpy out, in the module's output structure; compiled with ``outputs="device"`` on a GPU,
     tensors there). ``.program`` is the CompiledGraph. On a GPU, tensor arguments are fed as
-    they are (one already on the GPU is not copied)."""
+    they are (one already on the GPU is not copied).
 
-    def __init__(self, program, inputs, outputs, out_spec, names, on_gpu: bool = False,
-                 read: frozenset = frozenset()):
+    Arguments bind to the forward's parameters as Python binds them, by position or by name,
+    however the example gave them: ``prog(input_ids=ids, attention_mask=m)`` runs a
+    program exported on ``(ids, m)``, and ``prog(ids, m)`` one exported on ``(ids,)`` with
+    ``kwargs={"attention_mask": m}``. A keyword exported as a constant (``use_cache=False``)
+    may be left out: the program computes with that value only."""
+
+    def __init__(self, program, inputs, outputs, out_spec, in_spec=None, signature=None,
+                 on_gpu: bool = False, read: frozenset = frozenset(),
+                 owner: str = "the module"):
         self.program = program
         self._on_gpu = on_gpu
         self._inputs = inputs  # Node leaves (or Python values export specialised)
@@ -318,7 +380,35 @@ class TorchProgram:
         self._read = read
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
-        self._names = names  # the forward's parameter names, for messages
+        self._owner = owner  # "GPT2LMHeadModel.forward", for messages
+        self._signature = signature  # the forward's inspect.Signature, None where unknown
+        # the exported arguments ("slots"): the positional ones, then the keyword ones in
+        # the order export flattened them; each one's pytree spec and first leaf in inputs
+        positional, keyword = _children(in_spec) if in_spec is not None else \
+            (None, None)
+        if positional is None:  # one positional argument per leaf
+            leaf = _leaf_spec()
+            self._specs, self._npos, keys = [leaf] * len(inputs), len(inputs), []
+        else:
+            keys = list(keyword.context or ())
+            self._specs = [*_children(positional), *_children(keyword)]
+            self._npos = len(self._specs) - len(keys)
+        self._starts = np.cumsum([0] + [s.num_leaves for s in self._specs]).tolist()
+        params = list(signature.parameters.values()) if signature is not None else []
+        by_position = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                       inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        self._varkw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+        # the forward's parameter at each position a call may give (beyond the exported
+        # positional ones, a positional argument fills the keyword slot of its parameter)
+        self._positions = [p.name for p in by_position]
+        self._slot_names = [self._positions[j] if j < len(self._positions) else None
+                            for j in range(self._npos)] + keys
+        self._by_name = {name: j for j, name in enumerate(self._slot_names)
+                         if name is not None and (j >= self._npos or by_position[j].kind
+                                                  == inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+        self._parameters = {p.name for p in params
+                            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                          inspect.Parameter.KEYWORD_ONLY)}
         # (float graph, scheme, skip, group size) of a program quantized at bind time: what
         # save_quantized writes from, with the float weights read back from the program then
         # (CompiledGraph.bound_weights: no reference here keeps the module's or a mapping's
@@ -349,57 +439,142 @@ class TorchProgram:
         return save_quantized(path, outputs, self.program.bound_weights(names), scheme,
                               skip=skip, group_size=group_size, metadata=metadata)
 
-    def _arg_name(self, i: int) -> str:
-        return f"'{self._names[i]}'" if i < len(self._names) else f"#{i}"
+    def _slot_label(self, j: int) -> str:
+        name = self._slot_names[j]
+        return f"'{name}'" if name is not None else f"#{j}"
 
-    def __call__(self, *args):
+    def _leaf_label(self, j: int, k: int) -> str:
+        many = self._specs[j].num_leaves > 1
+        return self._slot_label(j) + (f" (leaf {k} of its {self._specs[j].num_leaves})"
+                                      if many else "")
+
+    def _takes(self) -> str:
+        """The program's arguments as a call spells them: ``input_ids, *, use_cache=False``."""
+        parts = [self._slot_label(j).strip("'") for j in range(self._npos)]
+        keywords = range(self._npos, len(self._specs))
+        if keywords:
+            parts.append("*")
+            parts += [self._slot_names[j] + (f"={self._exported(j)!r}" if self._constant(j)
+                                             else "") for j in keywords]
+        return f"({', '.join(parts)})"
+
+    def _constant(self, j: int) -> bool:
+        """A slot export specialised whole (``use_cache=False``, None): no tensor in it."""
+        return not any(isinstance(v, Node)
+                       for v in self._inputs[self._starts[j]:self._starts[j + 1]])
+
+    def _exported(self, j: int):
+        import torch.utils._pytree as pytree
+
+        return pytree.tree_unflatten(list(self._inputs[self._starts[j]:self._starts[j + 1]]),
+                                     self._specs[j])
+
+    def _bind(self, args: tuple, kwargs: Mapping) -> list:
+        """The call's value of each exported argument, bound as Python binds the forward's:
+        positions first, then names; ArgumentError for one too many, unknown, given twice
+        or missing, naming what the program takes."""
+        given: dict[int, object] = {}
+        for i, arg in enumerate(args):
+            name = self._positions[i] if i < len(self._positions) else None
+            j = i if i < self._npos else self._by_name.get(name)
+            if j is None:
+                if name is not None:
+                    raise ArgumentError(self._not_exported(
+                        name, f"positional argument #{i} ('{name}')"))
+                raise ArgumentError(f"expected {len(self._specs)} argument(s) {self._takes()}"
+                                    f", got {len(args)} positional")
+            given[j] = arg
+        for name, arg in kwargs.items():
+            j = self._by_name.get(name)
+            if j is None:
+                raise ArgumentError(self._not_exported(name, f"keyword argument '{name}'"))
+            if j in given:
+                raise ArgumentError(f"{self._owner} got multiple values for argument '{name}' "
+                                    f"(by position and by name); the program takes "
+                                    f"{self._takes()}")
+            given[j] = arg
+        missing = []
+        for j in range(len(self._specs)):
+            if j not in given:
+                if j >= self._npos and self._constant(j):
+                    given[j] = self._exported(j)  # what the program computes with
+                else:
+                    missing.append(self._slot_label(j))
+        if missing:
+            raise ArgumentError(f"missing argument(s) {', '.join(missing)}: the program takes "
+                                f"{self._takes()}")
+        return [given[j] for j in range(len(self._specs))]
+
+    def _not_exported(self, name: str | None, what: str) -> str:
+        if name in self._parameters or (self._varkw and name not in self._positions):
+            return (f"{what} was not given when {self._owner} was exported, so the "
+                    f"program has no input for it: it takes {self._takes()}; to pass it, "
+                    f"export with it (tg.from_torch(module, args, kwargs={{'{name}': "
+                    "...}))")
+        if name in self._positions:
+            return f"{what}: '{name}' is positional-only in {self._owner}; give it by position"
+        known = "" if self._signature is None else f"{self._owner} has no parameter " \
+            f"'{name}'; "
+        return f"{what}: {known}the program takes {self._takes()}"
+
+    def __call__(self, *args, **kwargs):
         torch = torch_module()
         import torch.utils._pytree as pytree
 
-        flat, _ = pytree.tree_flatten(args)
-        if len(flat) != len(self._inputs):
-            raise ArgumentError(f"expected {len(self._inputs)} argument(s) "
-                                f"({', '.join(map(self._arg_name, range(len(self._inputs))))})"
-                                f", got {len(flat)}")
+        values = self._bind(args, kwargs)
         feeds = {}
-        for i, (leaf, arg) in enumerate(zip(self._inputs, flat)):
-            if not isinstance(leaf, Node):
-                if arg != leaf:
-                    raise ArgumentError(f"argument {self._arg_name(i)} was {leaf!r} when the "
-                                        f"module was exported; got {arg!r}")
-                continue
-            if isinstance(arg, torch.Tensor):
-                arg = arg.detach()
-                if not self._on_gpu:
-                    arg = to_host(arg)
-            else:
-                arg = np.asarray(arg)
-            shape = tuple(arg.shape)
-            if arg.ndim != leaf.ndim or any(isinstance(d, int) and d != s
-                                            for d, s in zip(leaf.shape, shape)):
-                raise ShapeError(f"argument {self._arg_name(i)} has shape {shape}; the "
-                                 f"exported module takes {tuple(map(str, leaf.shape))}")
-            dtype = dtype_name(arg.dtype) if isinstance(arg, torch.Tensor) else arg.dtype
-            if dtype != leaf.dtype.np_dtype and dtype != leaf.dtype.name:
-                raise DTypeError(f"argument {self._arg_name(i)} has dtype {arg.dtype}; the "
-                                 f"exported module takes {leaf.dtype.name} (convert it, e.g. "
-                                 f"x.astype('{leaf.dtype.name}'))")
-            if leaf.name in self._read:
-                feeds[leaf.name] = arg
+        for j, value in enumerate(values):
+            flat = pytree.tree_leaves(value)
+            want = self._specs[j].num_leaves
+            if len(flat) != want:
+                raise ArgumentError(f"argument {self._slot_label(j)} holds {len(flat)} "
+                                    f"value(s) (tensors, numbers, None); the module was "
+                                    f"exported with {want} there")
+            leaves = self._inputs[self._starts[j]:self._starts[j + 1]]
+            for k, (leaf, arg) in enumerate(zip(leaves, flat)):
+                label = self._leaf_label(j, k)
+                if not isinstance(leaf, Node):
+                    if isinstance(arg, (torch.Tensor, np.ndarray)) or arg != leaf:
+                        raise ArgumentError(f"argument {label} was {leaf!r} when the module "
+                                            f"was exported; got {_short(arg)}")
+                    continue
+                if isinstance(arg, torch.Tensor):
+                    arg = arg.detach()
+                    if not self._on_gpu:
+                        arg = to_host(arg)
+                else:
+                    arg = np.asarray(arg)
+                shape = tuple(arg.shape)
+                if arg.ndim != leaf.ndim or any(isinstance(d, int) and d != s
+                                                for d, s in zip(leaf.shape, shape)):
+                    raise ShapeError(f"argument {label} has shape {shape}; the exported "
+                                     f"module takes {tuple(map(str, leaf.shape))}")
+                dtype = dtype_name(arg.dtype) if isinstance(arg, torch.Tensor) else arg.dtype
+                if dtype != leaf.dtype.np_dtype and dtype != leaf.dtype.name:
+                    raise DTypeError(f"argument {label} has dtype {arg.dtype}; the exported "
+                                     f"module takes {leaf.dtype.name} (convert it, e.g. "
+                                     f"x.astype('{leaf.dtype.name}'))")
+                if leaf.name in self._read:
+                    feeds[leaf.name] = arg
         results = self.program(**feeds) if self.program is not None else []
         outs = [results[o] if isinstance(o, int) else o for o in self._outputs]
         return pytree.tree_unflatten(outs, self._out_spec)
 
 
-def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
+def from_torch(module, example_args, dynamic_shapes=None, *,
+               kwargs: Mapping[str, object] | None = None, device="cpu",
                tolerance: float | None = None, bounds: Mapping[str, int] | None = None,
                quantize: str | None = None, skip: Sequence[str] = (),
                group_size: int | None = None, weights=None, prequantized: bool | None = None,
                **compile_options) -> TorchProgram:
-    """``torch.export`` ``module`` on ``example_args``, import its ATen graph, compile it and
-    bind its parameters and buffers. Dims export marks dynamic (``dynamic_shapes`` with
-    ``torch.export.Dim("batch")``) become symbolic dims of that name, bounded by the Dim's
-    ``max`` when given, else by the example's size (``bounds=`` overrides). ``device="cuda"``
+    """``torch.export`` ``module`` on ``example_args`` (and the keyword inputs ``kwargs``,
+    as torch.export's: ``kwargs={"attention_mask": m, "use_cache": False}``), import its ATen
+    graph, compile it and bind its parameters and buffers. Dims export marks dynamic
+    (``dynamic_shapes`` with ``torch.export.Dim("batch")``; a dict names the forward's
+    parameters, keyword inputs' too, those it leaves out static) become symbolic dims of that
+    name, bounded by the Dim's ``max`` when given, else by the example's size (``bounds=``
+    overrides). The program is called like the module, by position or by name (see
+    :class:`TorchProgram`). ``device="cuda"``
     plans for the GPU and keeps the parameters there (copied from the module once, with no
     numpy stage); the other options go to ``tg.compile`` (``outputs="device"``...). An
     ``ExportedProgram`` in place of ``module`` is imported as it is (no second export).
@@ -416,14 +591,20 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
     meta device (``with torch.device("meta"): module = ...``): nothing of its parameters is
     read. Every value is checked before the program binds any.
 
-    Raises UnsupportedOpError listing every ATen op without a mapping, with its source line.
+    Raises ArgumentError for an option neither from_torch nor ``tg.compile`` takes before
+    anything is exported, and UnsupportedOpError listing every ATen op without a mapping,
+    with its source line.
     """
     torch = torch_module()
+    import torch.utils._pytree as pytree
+
     from tensor_graphs.runtime.prequantized import SCHEME_KEY, file_settings, is_path
 
+    _check_options(module, compile_options)
     if not isinstance(example_args, tuple):
         example_args = (example_args,) if isinstance(example_args, torch.Tensor) \
             else tuple(example_args)
+    kwargs = _example_kwargs(module, example_args, kwargs)
     if prequantized is None:
         prequantized = is_path(weights) and SCHEME_KEY in (
             _header_metadata(weights) or {})
@@ -441,14 +622,16 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
             raise ArgumentError(f"from_torch: {type(module).__name__}'s parameters are on the "
                                 "meta device (no values): pass weights=<safetensors file>")
         # shapes only: export traces the module on meta example arguments too
-        example_args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a
-                             for a in example_args)
+        example_args, kwargs = pytree.tree_map(
+            lambda a: a.to("meta") if isinstance(a, torch.Tensor) else a, (example_args, kwargs))
     if isinstance(module, torch.export.ExportedProgram):
         exported = module  # exported already (by the caller, once for several imports)
     else:
-        exported = _export(module, example_args, dynamic_shapes)
+        dynamic_shapes = _all_named(module, example_args, kwargs, dynamic_shapes)
+        exported = _export(module, example_args, dynamic_shapes, kwargs)
     user = [s for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    names = _dim_names(module, example_args, dynamic_shapes, user)
+    in_spec = exported.call_spec.in_spec
+    names = _dim_names(module, example_args, dynamic_shapes, user, kwargs, in_spec)
     on_gpu = as_device(device).kind != "cpu"
     # with weights= the module's tensors are kept as torch tensors (no copy): only the
     # constants the file need not hold are ever read from them
@@ -492,14 +675,126 @@ def from_torch(module, example_args, dynamic_shapes=None, *, device="cpu",
         program.bind(**{n: _owned(w, program) for n, w in values.items() if n in present})
         if quantize is not None and not prequantized:  # what save_quantized writes from
             saved = (float_nodes, quantize, tuple(skip), group_size)
-    try:
-        params = list(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError, AttributeError):
-        params = []
-    prog = TorchProgram(program, inputs, positions, exported.call_spec.out_spec, params,
-                        on_gpu, read)
+    prog = TorchProgram(program, inputs, positions, exported.call_spec.out_spec, in_spec,
+                        _signature(module), on_gpu, read, _owner(module))
     prog._float = saved
     return prog
+
+
+# from_torch's own options (``tg.compile``'s others are passed on): what an unknown one lists
+_OWN_OPTIONS = ("dynamic_shapes", "kwargs", "device", "tolerance", "bounds", "quantize", "skip",
+                "group_size", "weights", "prequantized", "train")
+
+
+def _compile_options() -> list[str] | None:
+    """The options from_torch passes on to ``tg.compile`` (its own set the rest); None where
+    ``compiler.compile`` takes any keyword (a stand-in a test put there)."""
+    params = inspect.signature(compiler.compile).parameters.values()
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name not in ("graph", *_OWN_OPTIONS)]
+
+
+def _check_options(module, options: Mapping) -> None:
+    """Refuse an option neither from_torch nor ``tg.compile`` takes before the export and
+    import run (minutes on a large model, then compile's raw TypeError). A name of one of
+    the forward's parameters (``attention_mask=m``) is an input given in the wrong place:
+    the message says to give it in ``kwargs=``."""
+    known = _compile_options()
+    unknown = [name for name in options if known is not None and name not in known]
+    if not unknown:
+        return
+    signature = _signature(module)
+    inputs = [name for name in unknown if signature is not None and name in signature.parameters]
+    hints = []
+    if inputs:
+        example = ", ".join(f"{name!r}: ..." for name in inputs)
+        hints.append(f"{', '.join(inputs)}: {'a parameter' if len(inputs) == 1 else 'parameters'}"
+                     f" of {_owner(module)}; give the module's keyword inputs as "
+                     f"kwargs={{{example}}}")
+    for name in unknown:
+        close = difflib.get_close_matches(name, [*_OWN_OPTIONS, *known], n=1)
+        if close and name not in inputs:
+            hints.append(f"{name}: did you mean {close[0]}=?")
+    training = [name for name in unknown if name in ("loss_fn", "optimizer", "targets")]
+    if training:
+        hints.append(f"{', '.join(training)}: options of tg.from_torch(..., train=True)")
+    raise ArgumentError(
+        f"from_torch: unknown option(s) {', '.join(unknown)}"
+        + "".join(f"\n  {h}" for h in hints)
+        + f"\nfrom_torch takes {', '.join(_OWN_OPTIONS)}; and passes on to tg.compile "
+        f"{', '.join(known)}")
+
+
+def _example_kwargs(module, example_args: tuple, kwargs) -> dict:
+    """``kwargs`` checked against the forward before anything is exported: a dict of
+    parameter name -> example value that binds with ``example_args``."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise ArgumentError(f"from_torch: kwargs={_short(kwargs)}: give the module's keyword "
+                            "inputs as a dict of parameter name -> example value, e.g. "
+                            "kwargs={'attention_mask': mask, 'use_cache': False}")
+    kwargs = dict(kwargs)
+    torch = torch_module()
+    if kwargs and isinstance(module, torch.export.ExportedProgram):
+        raise ArgumentError("from_torch: kwargs= gives example inputs to export with; an "
+                            "ExportedProgram was exported already, with its own inputs (give "
+                            "kwargs to torch.export.export)")
+    signature = _signature(module)
+    if signature is not None:
+        try:
+            signature.bind(*example_args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(f"from_torch: example_args and kwargs do not fit "
+                                f"{_owner(module)}{signature}: {exc}") from exc
+    return kwargs
+
+
+def _all_named(module, args: tuple, kwargs: Mapping, dynamic_shapes):
+    """A ``dynamic_shapes`` dict with the arguments it leaves out added as static: torch
+    wants every argument named, ``use_cache: None`` included."""
+    signature = _signature(module)
+    if not isinstance(dynamic_shapes, Mapping) or signature is None:
+        return dynamic_shapes
+    try:
+        bound = signature.bind(*args, **kwargs).arguments
+    except TypeError:
+        return dynamic_shapes
+    return {**{name: dynamic_shapes.get(name) for name in bound}, **dynamic_shapes}
+
+
+def _signature(module) -> inspect.Signature | None:
+    """The forward's signature (without ``self``); None for an ExportedProgram or a forward
+    inspect cannot read."""
+    try:
+        return inspect.signature(module.forward)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _owner(module) -> str:
+    return f"{type(module).__name__}.forward"
+
+
+def _children(spec) -> list:
+    """A pytree spec's children (torch 2.13 deprecates ``children_specs``)."""
+    return list(spec.children()) if hasattr(spec, "child") else list(spec.children_specs)
+
+
+def _leaf_spec():
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_flatten(0)[1]
+
+
+def _short(value) -> str:
+    """A value for a message: a tensor or array as its type, shape and dtype."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        return f"a {type(value).__name__} of shape {tuple(shape)} {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _header_metadata(path) -> dict | None:
@@ -575,22 +870,51 @@ def _shape_carriers(nodes, inputs, used) -> list:
     return carriers
 
 
-def _export(module, example_args, dynamic_shapes):
+def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None):
     torch = torch_module()
     if hasattr(module, "eval"):
         module.eval()
     with torch.no_grad():
         try:
-            return torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+            return torch.export.export(module, example_args, kwargs=kwargs or None,
+                                       dynamic_shapes=dynamic_shapes)
         except RuntimeError as exc:
             found = _UNKNOWN_OUTPUT.search(str(exc))
             if found is None:
+                _note_binding(exc, module, example_args)
                 raise
+            signature = _signature(module)
+            if signature is not None and "use_cache" in signature.parameters:
+                given = [f"{k!r}: ..., " for k in kwargs or () if k != "use_cache"]
+                fix = ("or export without the cache: tg.from_torch(module, args, "
+                       f"kwargs={{{''.join(given)}'use_cache': False}})")
+            else:
+                fix = "or, in a forward that calls a transformers model, pass it use_cache=False"
             raise ArgumentError(
-                f"from_torch: {type(module).__name__}.forward returns a {found.group(1)}, which "
-                "torch.export cannot carry out of the graph; return tensors only (e.g. "
-                "`return self.lm(input_ids=ids).logits`, or pass use_cache=False so no cache "
-                "object is returned)") from exc
+                f"from_torch: {_owner(module)} returns a {found.group(1)}, which torch.export "
+                "cannot carry out of the graph; return tensors only (e.g. `return "
+                f"self.lm(input_ids=ids).logits`), {fix}, so no cache object is "
+                "returned") from exc
+        except Exception as exc:
+            _note_binding(exc, module, example_args)
+            raise
+
+
+def _note_binding(exc: BaseException, module, args: tuple) -> None:
+    """Say which parameter each positional example went to, when several did: a tensor meant
+    for ``attention_mask`` that binds to GPT-2's second parameter (the cache) fails deep in
+    the model ("'FakeTensor' object has no attribute 'get_seq_length'")."""
+    signature = _signature(module)
+    if signature is None or len(args) < 2:
+        return
+    try:
+        bound = signature.bind_partial(*args).arguments
+    except TypeError:
+        return
+    given = ", ".join(f"{name}={_short(value)}" for name, value in bound.items())
+    exc.add_note(f"from_torch: example_args bound to {_owner(module)} as {given}; give an "
+                 "input meant for another parameter by name: "
+                 "tg.from_torch(module, args, kwargs={'attention_mask': mask})")
 
 
 def _owned(weight, program):

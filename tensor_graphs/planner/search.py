@@ -852,7 +852,15 @@ class Planner:
 
     # ------------------------------------------------------------------------ errors
     def no_path_error(self) -> NoPathError:
+        """The first node (inputs first) with no path whose inputs all have one: the op to
+        name, with the tolerance it needs where only accuracy rules its kernels out. A
+        repeated block's sub-planner skips the block's input placeholders: they are fed moved
+        (``_all_options``), so their unmoved slot has no option and would be named instead
+        of the op inside the block ("no kernel computes input() -> ..." for a float16 Llama
+        at tolerance 1e-5)."""
         for n in nodes(self.outputs):
+            if self.block_inputs is not None and n in self.block_inputs:
+                continue
             slot = Slot(n, self.target if not n.op.is_leaf else self.home(n) or "cpu", False)
             if self.best(slot)[0] < INF:
                 continue
