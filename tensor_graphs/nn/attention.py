@@ -120,6 +120,10 @@ class MultiHeadAttention:
     - ``rope_theta``: rotary positions on q and k (None: none, e.g. GPT-2's learned positions).
     - ``qk_norm_eps``: RMSNorm of each head's q and k before RoPE (Qwen3's q_norm, k_norm).
     - ``bias`` for the q/k/v projections; ``out_bias`` (default: ``bias``) for the output.
+    - ``scale``: of the scores (None: 1/sqrt(head_dim)); GPT-2 may leave them unscaled or
+      divide by the layer number.
+    - ``window``: sliding-window attention (Mistral, Qwen2/3's sliding layers): a query sees
+      itself and the ``window - 1`` tokens before it, as transformers' sliding mask.
     """
 
     def __init__(self, dim: int, heads: int, *, name: str, kv_heads: int | None = None,
@@ -127,14 +131,19 @@ class MultiHeadAttention:
                  fused_qkv: bool = False, transposed: bool = False,
                  rope_theta: float | None = None, qk_norm_eps: float | None = None,
                  causal: bool = True, names: tuple[str, ...] | None = None,
+                 scale: float | None = None, window: int | None = None,
                  dtype: str = "float32"):
         kv_heads = heads if kv_heads is None else kv_heads
+        if window is not None and (not isinstance(window, int) or window < 1 or not causal):
+            raise ArgumentError(f"MultiHeadAttention: window={window!r} must be a positive int "
+                                "on causal attention (or None: no sliding window)")
         if heads % kv_heads:
             raise ShapeError(f"MultiHeadAttention: heads ({heads}) must be a multiple of "
                              f"kv_heads ({kv_heads})")
         head_dim = dim // heads if head_dim is None else head_dim
         self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
         self.name, self.causal, self.fused_qkv = name, causal, fused_qkv
+        self.scale, self.window = scale, window
         out_bias = bias if out_bias is None else out_bias
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
         names = names or (("c_attn", "c_proj") if fused_qkv
@@ -192,29 +201,39 @@ class MultiHeadAttention:
         if self.rope is not None:
             pos = positions(seq, past)
             q, k = self.rope(q, pos), self.rope(k, pos)
-        if cache is None:
-            o = tg.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if cache is None and self.window is None:
+            o = tg.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale)
         else:
-            k, v = cache.append(self.name, k, v)
-            mask = _offset_causal_mask(seq, past) if self.causal else None
-            o = tg.scaled_dot_product_attention(q, k, v, mask)
+            # a window no shorter than the cache hides nothing (Mistral's 4096 under a shorter
+            # cache): the decode program keeps the plain causal mask
+            window = self.window if cache is None or (self.window or 0) < cache.max_len \
+                else None
+            if cache is not None:
+                k, v = cache.append(self.name, k, v)
+            mask = _offset_causal_mask(seq, past, window) if self.causal else None
+            o = tg.scaled_dot_product_attention(q, k, v, mask, scale=self.scale)
         o = tg.reshape(tg.permute(o, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
         return self.out(o)
 
     def __repr__(self) -> str:
         return (f"MultiHeadAttention({self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
                 f"head_dim={self.head_dim}, name={self.name!r}, "
-                f"rope={self.rope is not None}, qk_norm={self.q_norm is not None})")
+                f"rope={self.rope is not None}, qk_norm={self.q_norm is not None}"
+                + (f", window={self.window}" if self.window is not None else "") + ")")
 
 
-def _offset_causal_mask(seq, past) -> Node:
-    """Additive (seq, past + seq) mask: query i (at position past + i) sees keys j <= past + i.
+def _offset_causal_mask(seq, past, window: int | None = None) -> Node:
+    """Additive (seq, past + seq) mask: query i (at position past + i) sees keys j <= past + i,
+    and with a ``window`` only those with j > past + i - window.
 
     Additive float (0 / -inf) rather than bool because that is the form the fused C attention
-    kernels take; every row keeps at least key 0, so no row is fully masked.
+    kernels take; every row keeps at least its own key, so no row is fully masked.
     """
     total = as_dim(past) + as_dim(seq)
     row = tg.reshape(positions(seq, past), (seq, 1))
     col = tg.reshape(tg.iota(total), (1, total))
-    return tg.where(tg.less(row, col), tg.constant(-math.inf, "float32"),
+    hidden = tg.less(row, col)
+    if window is not None:
+        hidden = tg.logical_or(hidden, tg.less_equal(col + window, row))
+    return tg.where(hidden, tg.constant(-math.inf, "float32"),
                     tg.constant(0.0, "float32"))

@@ -13,7 +13,12 @@ for keys and one for values):
 
 After prefill its cache is bound into the decode program once (one copy of the prompt's keys
 and values); every decode step then appends in place. Everything is checked before any work:
-token ids against the vocabulary, the prompt and ``max_new_tokens`` against the cache.
+token ids against the vocabulary, the prompt and ``max_new_tokens`` against the cache, the
+options, and the generation settings (the model's ``generation_config`` under the call's). The
+tokens are those of transformers' ``generate(do_sample=False)``: ``repetition_penalty`` is
+applied as transformers applies it, and a setting under which transformers would choose other
+tokens that is not applied here (beam search, n-gram bans, forced tokens...) is refused, never
+ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError
+from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, StateError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.ops.names import WEIGHT
@@ -38,6 +43,102 @@ ARCHITECTURES: dict[str, tuple[Callable, type]] = {
     "qwen2": (LlamaConfig.from_hf, Llama),
     "qwen3": (LlamaConfig.from_hf, Llama),
 }
+
+
+def _given(value, settings) -> bool:
+    return value is not None and not (isinstance(value, list | tuple | dict) and not value)
+
+
+def _other_than(inactive):
+    return lambda value, settings: value is not None and value != inactive
+
+
+def _above_zero(value, settings) -> bool:
+    return value is not None and value > 0
+
+
+def _holds_back_eos(value, settings) -> bool:  # transformers applies it only with an eos
+    return _above_zero(value, settings) and settings.get("eos_token_id") is not None
+
+
+def _contrastive(value, settings) -> bool:  # transformers' top_k defaults to 50
+    top_k = settings.get("top_k")
+    return _above_zero(value, settings) and (top_k is None or top_k > 1)
+
+
+# Generation settings under which transformers' generate(do_sample=False) chooses other tokens
+# than argmax decoding, none of them applied here: each with when it is active (at any other
+# value transformers applies nothing) and what it does. Sampling settings (temperature, top_p,
+# ...) are not listed: greedy decoding ignores them, and so does the model's do_sample (a
+# default that do_sample=False replaces); do_sample=True in the call asks for sampling.
+_REFUSED: dict[str, tuple[Callable[[object, Mapping], bool], str]] = {
+    "do_sample": (lambda value, settings: value is True, "sampling"),
+    "num_beams": (_other_than(1), "beam search"),
+    "num_return_sequences": (_other_than(1), "several sequences per prompt"),
+    "constraints": (_given, "constrained beam search"),
+    "force_words_ids": (_given, "constrained beam search"),
+    "penalty_alpha": (_contrastive, "contrastive search"),
+    "dola_layers": (_given, "DoLa decoding"),
+    "guidance_scale": (_other_than(1), "classifier-free guidance"),
+    "sequence_bias": (_given, "biases the scores of token sequences"),
+    "encoder_repetition_penalty": (_other_than(1), "rewards the prompt's tokens"),
+    "no_repeat_ngram_size": (_above_zero, "bans repeated n-grams"),
+    "encoder_no_repeat_ngram_size": (_above_zero, "bans the prompt's n-grams"),
+    "bad_words_ids": (_given, "bans token sequences"),
+    "min_length": (_holds_back_eos, "holds eos back up to a length"),
+    "min_new_tokens": (_holds_back_eos, "holds eos back for a number of new tokens"),
+    "forced_bos_token_id": (_given, "forces the first new token"),
+    "forced_eos_token_id": (_given, "forces eos at max_length"),
+    "exponential_decay_length_penalty": (_given, "raises eos's score with the length"),
+    "suppress_tokens": (_given, "bans tokens"),
+    "begin_suppress_tokens": (_given, "bans tokens at the first step"),
+    "remove_invalid_values": (lambda value, settings: value is True,
+                              "replaces nan and inf scores"),
+    "watermarking_config": (_given, "watermarks the scores"),
+    "token_healing": (lambda value, settings: bool(value), "rewrites the prompt's last token"),
+    "stop_strings": (_given, "stops at strings"),
+    "max_time": (_given, "stops after a time limit"),
+}
+# the generation settings applied here (eos and pad tokens, the repetition penalty)
+_APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty")
+# Generator's own options that from_transformers / tg.generate pass through
+_BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized")
+
+
+# tg.compile's keywords a Generator takes (a test keeps the list in step with compile's): not
+# ``bounds`` (each program's are set here) nor ``plan`` (a lock file is one program's; a
+# Generator compiles two)
+COMPILE_OPTIONS = ("device", "tolerance", "db", "profile", "backends", "generate", "outputs",
+                   "cuda_graphs")
+
+
+def _unknown(where: str, unknown: Sequence[str], groups: Mapping[str, Sequence[str]]) -> None:
+    if unknown:
+        accepted = "; ".join(f"{what}: {', '.join(names)}" for what, names in groups.items())
+        raise ArgumentError(f"{where}: unknown option(s) {', '.join(sorted(unknown))}; "
+                            f"accepted: {accepted}")
+
+
+def _generation_settings(generation_config, call: Mapping[str, object]) -> dict:
+    """The settings transformers' generate would use (the model's generation_config, the
+    call's on top), refusing every one that would change the tokens and is not applied here."""
+    names = (*_APPLIED, *_REFUSED, "top_k")
+    settings = {n: getattr(generation_config, n, None) for n in names}
+    settings["do_sample"] = None
+    settings.update(call)
+    for name, (active, what) in _REFUSED.items():
+        value = settings[name]
+        if active(value, settings):
+            if name in call:
+                where, fix = "this call", f"leave {name} out"
+            else:
+                where, fix = ("the model's generation_config",
+                              f"set causal_lm.generation_config.{name} = None")
+            raise ArgumentError(f"generate: {where} sets {name}={value!r} ({what}); tg.generate "
+                                "does not apply it, and its tokens would differ from "
+                                f"transformers' generate(do_sample=False): {fix} to decode "
+                                "greedily without it")
+    return settings
 
 
 def _positions_limit(config) -> int | None:
@@ -67,15 +168,21 @@ class Generator:
     def __init__(self, model, weights: Mapping[str, np.ndarray] | str | os.PathLike, *,
                  vocab_size: int, max_len: int, max_prompt: int | None = None, batch: int = 1,
                  eos_token_id=None, pad_token_id: int | None = None,
+                 repetition_penalty: float | None = None,
                  quantize: str | None = None, group_size: int | None = None,
                  skip: Sequence[str] = (), prequantized: bool = False, **compile_options):
         """``weights``: the state dict (name -> array) or a safetensors file's path, read
-        once for both programs. ``quantize``: a ``tg.quantize`` scheme for every matmul/linear
-        weight (``skip`` patterns left float, ``group_size`` for int4). ``prequantized``: the
-        weights hold that scheme's ``<name>.q``/``<name>.scale`` (``tg.save_quantized``,
-        :meth:`save_quantized`) in place of the float ones, so no float copy of a quantized
-        weight is read; from a file, ``quantize`` may be left out (the file's metadata names
-        it). Every weight is checked before either program binds any."""
+        once for both programs. ``eos_token_id`` (an id or a list) ends a row, which is then
+        filled with ``pad_token_id`` (default: the first eos, as transformers).
+        ``repetition_penalty``: transformers' (each token already in a row has its score
+        divided by it, or multiplied where negative), so that its tokens stay transformers'
+        under a generation_config that sets one. ``quantize``: a ``tg.quantize`` scheme for
+        every matmul/linear weight (``skip`` patterns left float, ``group_size`` for int4).
+        ``prequantized``: the weights hold that scheme's ``<name>.q``/``<name>.scale``
+        (``tg.save_quantized``, :meth:`save_quantized`) in place of the float ones, so no
+        float copy of a quantized weight is read; from a file, ``quantize`` may be left out
+        (the file's metadata names it). Every weight is checked before either program binds
+        any."""
         from tensor_graphs.compiler import compile as compile_graph
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
         from tensor_graphs.runtime.prequantized import (
@@ -86,8 +193,15 @@ class Generator:
         )
         from tensor_graphs.runtime.weights import read_safetensors
 
+        _unknown("generate", [k for k in compile_options if k not in COMPILE_OPTIONS],
+                 {"tg.compile's options": COMPILE_OPTIONS})
         if not isinstance(max_len, int) or max_len < 1:
             raise ArgumentError(f"generate: max_len must be a positive int, got {max_len!r}")
+        if repetition_penalty is not None and (isinstance(repetition_penalty, bool) or not
+                                               isinstance(repetition_penalty, int | float)
+                                               or not repetition_penalty > 0):
+            raise ArgumentError(f"generate: repetition_penalty must be a positive number (1.0 "
+                                f"or None: none), got {repetition_penalty!r}")
         max_prompt = max_len if max_prompt is None else max_prompt
         if not 1 <= max_prompt <= max_len:
             raise ArgumentError(f"generate: max_prompt={max_prompt} must be in 1..{max_len} "
@@ -102,9 +216,11 @@ class Generator:
                                 "under quantize=, which is not given (quantize='int8-weight'...)")
         self.vocab_size, self.max_len, self.max_prompt, self.batch = (vocab_size, max_len,
                                                                       max_prompt, batch)
-        self.eos = {int(e) for e in np.atleast_1d(eos_token_id)} if eos_token_id is not None \
-            else set()
-        self.pad = pad_token_id if pad_token_id is not None else min(self.eos, default=0)
+        eos = [int(e) for e in np.atleast_1d(eos_token_id)] if eos_token_id is not None else []
+        self.eos = set(eos)
+        self.pad = int(pad_token_id) if pad_token_id is not None else (eos + [0])[0]
+        self.repetition_penalty = None if repetition_penalty in (None, 1) \
+            else float(repetition_penalty)
         options = {"db": None, **compile_options}
 
         def quantized(outputs: list) -> list:
@@ -175,6 +291,7 @@ class Generator:
                          batch: int = 1, quantize: str | None = None,
                          group_size: int | None = None, skip: Sequence[str] = (),
                          eos_token_id=None, pad_token_id: int | None = None,
+                         repetition_penalty: float | None = None,
                          **compile_options) -> Generator:
         """The generator of a transformers ``config`` (``ARCHITECTURES``) with its weights
         read from the safetensors file at ``path``, no torch model built: a file written by
@@ -187,27 +304,39 @@ class Generator:
         prequantized = SCHEME_KEY in (read_safetensors_header(path).metadata or {})
         return cls(build(read(config)), path, vocab_size=config.vocab_size, max_len=max_len,
                    max_prompt=max_prompt, batch=batch, eos_token_id=eos_token_id,
-                   pad_token_id=pad_token_id, quantize=quantize, group_size=group_size,
+                   pad_token_id=pad_token_id, repetition_penalty=repetition_penalty,
+                   quantize=quantize, group_size=group_size,
                    skip=skip, prequantized=prequantized, **compile_options)
 
     @classmethod
     def from_transformers(cls, causal_lm, *, max_len: int, max_prompt: int | None = None,
-                          batch: int = 1, **compile_options) -> Generator:
+                          batch: int = 1, **options) -> Generator:
         """The generator of a transformers causal LM (``ARCHITECTURES`` lists the model
-        types), its weights taken from the module's state dict."""
+        types), its weights taken from the module's state dict. ``options``: generation
+        settings that replace the model's ``generation_config``'s, as in transformers'
+        ``generate`` (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``; one this
+        generator does not apply only at its inactive value), :class:`Generator`'s
+        ``quantize``, ``group_size``, ``skip``, and ``tg.compile``'s options."""
+        generation = {k: v for k, v in options.items() if k in (*_APPLIED, *_REFUSED)}
+        compile_options = {k: v for k, v in options.items() if k not in generation}
+        _unknown("generate", [k for k in compile_options
+                              if k not in (*_BUILD_OPTIONS, *COMPILE_OPTIONS)],
+                 {"generation settings": [*_APPLIED, *_REFUSED],
+                  "Generator's": _BUILD_OPTIONS, "tg.compile's": COMPILE_OPTIONS})
         config = causal_lm.config
         read, build = _architecture(config, max_len)
+        settings = _generation_settings(getattr(causal_lm, "generation_config", None),
+                                        generation)
         weights = {}
         for name, tensor in causal_lm.state_dict().items():
             if tensor.is_floating_point() and str(tensor.dtype) != "torch.float32":
                 raise DTypeError(f"generate: weight '{name}' is {tensor.dtype}; tg.nn models "
                                  "run in float32: call causal_lm.float() first")
             weights[name] = tensor.detach().cpu().numpy()
-        gen = getattr(causal_lm, "generation_config", None)
         return cls(build(read(config)), weights, vocab_size=config.vocab_size, max_len=max_len,
-                   max_prompt=max_prompt, batch=batch,
-                   eos_token_id=getattr(gen, "eos_token_id", None),
-                   pad_token_id=getattr(gen, "pad_token_id", None), **compile_options)
+                   max_prompt=max_prompt, batch=batch, eos_token_id=settings["eos_token_id"],
+                   pad_token_id=settings["pad_token_id"],
+                   repetition_penalty=settings["repetition_penalty"], **compile_options)
 
     def _check(self, input_ids, max_new_tokens: int) -> np.ndarray:
         if hasattr(input_ids, "detach"):
@@ -247,19 +376,43 @@ class Generator:
         ids = self._check(input_ids, max_new_tokens)
         return self._tokens(ids, max_new_tokens)
 
+    def _runs(self) -> tuple[int, int]:
+        return self.prefill.stats["calls"], self.decode.stats["calls"]
+
     def _tokens(self, ids: np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
         self.prefill.bind(**self._empty)
         logits = self.prefill(input_ids=ids)[0]
         self.decode.bind(**{n: self.prefill.state(n) for n in self.cache_names})
+        runs = self._runs()
         done = np.zeros(self.batch, dtype=bool)
+        penalty = self.repetition_penalty
+        if penalty is not None:  # the tokens each row holds: the prompt's, then each new one
+            seen = np.zeros((self.batch, self.vocab_size), dtype=bool)
+            np.put_along_axis(seen, ids, True, axis=1)
         for step in range(max_new_tokens):
-            token = logits[:, -1].argmax(axis=-1).astype(np.int64)
+            scores = logits[:, -1]
+            if penalty is not None:  # transformers' RepetitionPenaltyLogitsProcessor
+                scores = np.asarray(scores)
+                scores = np.where(seen, np.where(scores < 0, scores * penalty,
+                                                 scores / penalty), scores)
+            token = scores.argmax(axis=-1).astype(np.int64)
             token[done] = self.pad
             yield token
             done |= np.isin(token, list(self.eos))
             if done.all() or step == max_new_tokens - 1:
                 return
+            if penalty is not None:
+                seen[np.arange(self.batch), token] = True
+            if self._runs() != runs:
+                # another call's prefill or decode ran since this stream's last step: the
+                # caches hold its tokens now, and decoding on would give wrong ones silently
+                raise StateError("generate: this stream's KV cache was overwritten by a later "
+                                 "call on the same Generator (another stream or generation "
+                                 "ran since this stream's last token); a Generator holds one "
+                                 "cache: finish (or drop) a stream before starting the next, "
+                                 "or build one Generator per concurrent stream")
             logits = self.decode(input_ids=token[:, None])[0]
+            runs = self._runs()
 
     def __call__(self, input_ids, max_new_tokens: int) -> np.ndarray:
         """The prompt followed by the greedy tokens, (batch, prompt + new), as transformers'
@@ -269,14 +422,34 @@ class Generator:
         return np.concatenate([ids, np.stack(new, axis=1)], axis=1)
 
 
+def _check_attention_mask(mask, shape: tuple[int, ...]) -> None:
+    """Only a mask of ones (every token real) is taken: a padded batch needs per-row positions
+    and a key mask that these programs do not build, and without them its rows' tokens would
+    be wrong."""
+    if hasattr(mask, "detach"):
+        mask = mask.detach().cpu().numpy()
+    mask = np.asarray(mask)
+    mask = mask[None, :] if mask.ndim == 1 else mask
+    if mask.shape != shape:
+        raise ShapeError(f"generate: attention_mask has shape {mask.shape}; input_ids {shape}")
+    rows = sorted({int(r) for r in np.argwhere(mask == 0)[:, 0]})
+    if rows:
+        raise ArgumentError(f"generate: attention_mask pads rows {rows} (zeros); padded batches "
+                            "are not supported: generate prompts of different lengths in "
+                            "separate calls (an attention_mask of ones, or none, is taken)")
+
+
 def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, *,
-             max_len: int | None = None, **compile_options):
+             max_len: int | None = None, attention_mask=None, **options):
     """Greedy decoding of a transformers causal LM with a KV cache held in ``tg.state``.
 
     Returns the prompt and new tokens, (batch, prompt + new), like transformers' ``generate``;
     ``stream=True`` returns an iterator of each step's tokens (batch,) instead. ``max_len``
-    (default: exactly prompt + max_new_tokens) sizes the cache. Builds a :class:`Generator`
-    each call; keep one (``Generator.from_transformers``) to reuse its compiled programs.
+    (default: exactly prompt + max_new_tokens) sizes the cache. ``options``: generation
+    settings over the model's generation_config (``eos_token_id``, ``pad_token_id``,
+    ``repetition_penalty``), the build and compile options (``Generator.from_transformers``).
+    Builds a :class:`Generator` each call; keep one (``Generator.from_transformers``) to reuse
+    its compiled programs.
     """
     if hasattr(input_ids, "detach"):
         input_ids = input_ids.detach().cpu().numpy()
@@ -287,8 +460,10 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ArgumentError(f"generate: max_new_tokens must be a positive int, got "
                             f"{max_new_tokens!r}")
+    if attention_mask is not None:
+        _check_attention_mask(attention_mask, ids.shape)
     needed = ids.shape[1] + max_new_tokens - 1
     gen = Generator.from_transformers(causal_lm, max_len=max_len or max(needed, 1),
                                       max_prompt=max(ids.shape[1], 1), batch=ids.shape[0],
-                                      **compile_options)
+                                      **options)
     return gen.stream(ids, max_new_tokens) if stream else gen(ids, max_new_tokens)

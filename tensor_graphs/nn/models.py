@@ -73,15 +73,29 @@ class GPT2Config:
     layer_norm_epsilon: float = 1e-5
     activation: str = "gelu_new"  # tanh-approximated GELU
     tie_word_embeddings: bool = True
+    scale_attn_weights: bool = True  # scores by 1/sqrt(head_dim); False: unscaled
+    scale_attn_by_inverse_layer_idx: bool = False  # and by 1/(layer + 1) (Stanford CRFM's)
 
     @classmethod
     def from_hf(cls, config) -> GPT2Config:
-        """From a transformers ``GPT2Config``."""
+        """From a transformers ``GPT2Config`` (``reorder_and_upcast_attn`` only changes the
+        rounding of the scores, so it is not read)."""
         return cls(vocab_size=config.vocab_size, n_positions=config.n_positions,
                    n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
                    n_inner=config.n_inner, layer_norm_epsilon=config.layer_norm_epsilon,
                    activation=config.activation_function,
-                   tie_word_embeddings=getattr(config, "tie_word_embeddings", True))
+                   tie_word_embeddings=getattr(config, "tie_word_embeddings", True),
+                   scale_attn_weights=bool(getattr(config, "scale_attn_weights", True)),
+                   scale_attn_by_inverse_layer_idx=bool(
+                       getattr(config, "scale_attn_by_inverse_layer_idx", False)))
+
+    def attention_scale(self, layer: int) -> float | None:
+        """The scale of layer ``layer``'s scores as transformers computes it; None where it is
+        attention's own default (1/sqrt(head_dim)), which keeps the usual graph."""
+        if self.scale_attn_weights and not self.scale_attn_by_inverse_layer_idx:
+            return None
+        scale = (self.n_embd // self.n_head) ** -0.5 if self.scale_attn_weights else 1.0
+        return scale / float(layer + 1) if self.scale_attn_by_inverse_layer_idx else scale
 
 
 class GPT2:
@@ -97,7 +111,8 @@ class GPT2:
         for i in range(c.n_layer):
             h = _join(prefix, f"h.{i}")
             attn = MultiHeadAttention(c.n_embd, c.n_head, name=f"{h}.attn", bias=True,
-                                      fused_qkv=True, transposed=True)
+                                      fused_qkv=True, transposed=True,
+                                      scale=c.attention_scale(i))
             mlp = MLP(c.n_embd, c.n_inner or 4 * c.n_embd, name=f"{h}.mlp",
                       activation=c.activation, transposed=True)
             self.blocks.append(TransformerBlock(attn, mlp, LayerNorm(c.n_embd, name=f"{h}.ln_1",
@@ -127,7 +142,7 @@ class GPT2:
 # --------------------------------------------------------------------------------- Llama
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Llama-family sizes (also Mistral without sliding window, Qwen2, Qwen3)."""
+    """Llama-family sizes (also Mistral, Qwen2, Qwen3)."""
 
     vocab_size: int
     hidden_size: int
@@ -144,21 +159,42 @@ class LlamaConfig:
     attention_out_bias: bool = False  # bias on o_proj (Llama's attention_bias sets both)
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm per head on q and k before RoPE
+    sliding_window: int | None = None  # a query sees itself and window - 1 earlier tokens
+    # per layer "full_attention" or "sliding_attention"; None: every layer slides (Mistral)
+    layer_types: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        window, types, n = self.sliding_window, self.layer_types, self.num_hidden_layers
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ArgumentError(f"LlamaConfig: sliding_window={window!r} must be a positive int "
+                                "(or None)")
+        if types is not None:
+            odd = sorted(set(types) - {"full_attention", "sliding_attention"})
+            if len(types) != n or odd:
+                raise ArgumentError(f"LlamaConfig: layer_types must name one of "
+                                    f"'full_attention', 'sliding_attention' for each of the {n} "
+                                    f"layers; got {list(types)} (other attention kinds are not "
+                                    "built)")
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window, None where it attends to every earlier token."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @classmethod
     def from_hf(cls, config) -> LlamaConfig:
         """From a transformers Llama, Mistral, Qwen2 or Qwen3 config; raises for features these
-        layers do not build (scaled RoPE, sliding windows)."""
+        layers do not build (scaled RoPE, attention kinds other than full and sliding)."""
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) \
             or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
             raise ArgumentError(f"LlamaConfig.from_hf: RoPE type {kind!r} is not supported "
                                 "(only the default, unscaled RoPE)")
-        if getattr(config, "use_sliding_window", False):
-            raise ArgumentError("LlamaConfig.from_hf: sliding-window attention is not supported")
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         model_type = getattr(config, "model_type", "llama")
+        window, layer_types = _sliding_layers(config, model_type)
         qwen2 = model_type == "qwen2"  # q/k/v biases, none on o_proj
         bias = qwen2 or bool(getattr(config, "attention_bias", False))
         return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
@@ -171,7 +207,29 @@ class LlamaConfig:
                    tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
                    attention_bias=bias, attention_out_bias=bias and not qwen2,
                    mlp_bias=bool(getattr(config, "mlp_bias", False)),
-                   qk_norm=model_type.startswith("qwen3"))
+                   qk_norm=model_type.startswith("qwen3"), sliding_window=window,
+                   layer_types=layer_types)
+
+
+def _sliding_layers(config, model_type: str) -> tuple[int | None, tuple[str, ...] | None]:
+    """(sliding_window, layer_types) as transformers' modeling code reads them: Mistral slides
+    every layer by ``sliding_window`` (its ``layer_types`` are ignored there), Qwen2/3 the
+    layers ``layer_types`` (or ``max_window_layers``) mark, and only under
+    ``use_sliding_window``; Llama never. Read rather than ignored: a sequence longer than the
+    window has other logits with it."""
+    n = config.num_hidden_layers
+    if model_type == "llama":
+        return None, None
+    window = getattr(config, "sliding_window", None)
+    if model_type != "mistral" and not getattr(config, "use_sliding_window", False):
+        window = None
+    if window is None or model_type == "mistral":
+        return window, None
+    types = getattr(config, "layer_types", None)
+    if types is None:  # transformers before layer_types: the layers from max_window_layers on
+        first = getattr(config, "max_window_layers", 0) or 0
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    return window, tuple(types)
 
 
 class Llama:
@@ -190,7 +248,8 @@ class Llama:
                                       kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                                       bias=c.attention_bias, out_bias=c.attention_out_bias,
                                       rope_theta=c.rope_theta,
-                                      qk_norm_eps=eps if c.qk_norm else None)
+                                      qk_norm_eps=eps if c.qk_norm else None,
+                                      window=c.window(i))
             mlp = MLP(d, c.intermediate_size, name=f"{layer}.mlp", activation=c.hidden_act,
                       gated=True, bias=c.mlp_bias)
             self.blocks.append(TransformerBlock(

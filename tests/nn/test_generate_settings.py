@@ -1,0 +1,247 @@
+"""tg.generate's generation settings, options and streams: the tokens stay transformers'
+generate(do_sample=False)'s under the model's generation_config (repetition_penalty applied,
+eos/pad from the call over the config's), and whatever would make them differ is refused
+before any compile work: a setting not applied here, an unknown option, a padded
+attention_mask, a stream whose cache a later call overwrote."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import tensor_graphs as tg  # noqa: E402
+from tensor_graphs.nn import Generator  # noqa: E402
+from tensor_graphs.nn import generate as generate_module  # noqa: E402
+
+VOCAB = 211
+
+
+def _qwen2():
+    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=VOCAB, initializer_range=0.3, bos_token_id=None,
+                                   eos_token_id=None)
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB,
+                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+@pytest.fixture
+def lm():
+    torch.manual_seed(0)
+    return _qwen2().eval()
+
+
+def _expected(lm, prompt, new, **settings):
+    settings.setdefault("pad_token_id", 0)
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        return lm.generate(ids, max_new_tokens=new, do_sample=False,
+                           attention_mask=torch.ones_like(ids), **settings).numpy()
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Makes any compile fail the test: a refusal must come before that work."""
+    from tensor_graphs import compiler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before the call was refused")
+
+    monkeypatch.setattr(compiler, "compile", refuse)
+
+
+# ------------------------------------------------------------------ repetition_penalty
+@pytest.mark.parametrize("penalty", [1.05, 1.5, 0.8])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_repetition_penalty_of_the_generation_config_is_applied_as_transformers(lm, penalty,
+                                                                                batch):
+    """1.05 is what Qwen2.5-Instruct ships; 0.8 rewards repeats (both branches, score < 0
+    multiplied and score > 0 divided, are taken either way)."""
+    prompt = np.random.default_rng(1).integers(0, VOCAB, (batch, 8))
+    plain = tg.generate(lm, prompt, 24, db=":memory:")
+    lm.generation_config.repetition_penalty = penalty
+    got = tg.generate(lm, prompt, 24, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 24))
+    assert not np.array_equal(got, plain), "the penalty changes no token here: test too weak"
+
+
+def test_settings_of_the_call_replace_the_generation_config(lm):
+    prompt = np.random.default_rng(2).integers(0, VOCAB, (1, 6))
+    free = _expected(lm, prompt, 12)[0, 6:]
+    lm.generation_config.repetition_penalty = 1.3
+    lm.generation_config.eos_token_id = int(free[2])
+    lm.generation_config.pad_token_id = 7
+    # the call's None for eos means none, as in transformers
+    call = {"repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": 0}
+    got = tg.generate(lm, prompt, 12, db=":memory:", **call)
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 12, **call))
+    np.testing.assert_array_equal(got[0, 6:], free)
+    eos = int(free[4])  # the call's eos ends the row at the 5th token
+    got = tg.generate(lm, prompt, 12, eos_token_id=eos, repetition_penalty=1.0, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 12, eos_token_id=eos,
+                                                 repetition_penalty=1.0))
+    assert got.shape == (1, 11) and got[0, -1] == eos
+
+
+def test_a_finished_row_is_padded_with_the_first_eos_when_no_pad_is_set(lm):
+    """transformers pads with eos_token_id[0], not the smallest eos id."""
+    prompt = np.random.default_rng(3).integers(0, VOCAB, (2, 6))
+    free = _expected(lm, prompt, 10)
+    eos = int(free[0, 8])  # ends row 0 early, not row 1
+    assert eos not in free[1, 6:].tolist()
+    unused = min(set(range(VOCAB)) - set(free[:, 6:].ravel().tolist()))
+    assert unused < eos
+    lm.generation_config.eos_token_id = [eos, unused]
+    lm.generation_config.pad_token_id = None
+    got = tg.generate(lm, prompt, 10, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 10, pad_token_id=None))
+    assert got[0, -1] == eos
+
+
+# ------------------------------------------------------------------ refused settings
+ACTIVE = {
+    "num_beams": 2, "num_return_sequences": 2, "constraints": ["phrase"],
+    "force_words_ids": [[5]], "penalty_alpha": 0.6, "dola_layers": "high",
+    "guidance_scale": 1.5, "sequence_bias": {(5,): -1.0}, "encoder_repetition_penalty": 1.1,
+    "no_repeat_ngram_size": 3, "encoder_no_repeat_ngram_size": 2, "bad_words_ids": [[5]],
+    "min_length": 12, "min_new_tokens": 2, "forced_bos_token_id": 1,
+    "forced_eos_token_id": 2, "exponential_decay_length_penalty": (5, 1.5),
+    "suppress_tokens": [3], "begin_suppress_tokens": [3], "remove_invalid_values": True,
+    "watermarking_config": {"greenlist_ratio": 0.25}, "token_healing": True,
+    "stop_strings": ["x"], "max_time": 10.0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVE))
+def test_a_setting_not_applied_here_is_refused_before_compiling(lm, no_compile, name):
+    lm.generation_config.eos_token_id = 5  # min_length/min_new_tokens act only with an eos
+    setattr(lm.generation_config, name, ACTIVE[name])
+    with pytest.raises(tg.ArgumentError,
+                       match=rf"generation_config sets {name}=.*generation_config\.{name} = "):
+        tg.generate(lm, np.zeros((1, 4), np.int64), 4)
+    setattr(lm.generation_config, name, None)
+    with pytest.raises(tg.ArgumentError, match=rf"this call sets {name}=.*leave {name} out"):
+        tg.generate(lm, np.zeros((1, 4), np.int64), 4, **{name: ACTIVE[name]})
+
+
+def test_inactive_values_and_sampling_settings_are_accepted(lm):
+    """At these values transformers' greedy generate applies nothing, so neither refuses:
+    sampling settings (Qwen2.5-Instruct ships do_sample=True, temperature 0.7, top_p 0.8,
+    top_k 20) are for do_sample=True, which tg.generate's greedy decoding replaces."""
+    inactive = {"num_beams": 1, "num_return_sequences": 1, "no_repeat_ngram_size": 0,
+                "encoder_no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
+                "guidance_scale": 1.0, "repetition_penalty": 1.0, "min_length": 30,
+                "min_new_tokens": 3, "suppress_tokens": [], "remove_invalid_values": False,
+                "penalty_alpha": 0.6, "top_k": 1, "do_sample": True, "temperature": 0.7,
+                "top_p": 0.8, "renormalize_logits": True}  # min_length: no eos, no effect
+    for name, value in inactive.items():
+        setattr(lm.generation_config, name, value)
+    prompt = np.random.default_rng(4).integers(0, VOCAB, (1, 6))
+    got = tg.generate(lm, prompt, 10, do_sample=False, no_repeat_ngram_size=0, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 10))
+
+
+def test_every_generation_config_setting_is_applied_refused_or_inert_under_greedy():
+    """A transformers release that adds a setting fails here until it is sorted into one of
+    the three: applied, refused (_REFUSED), or one that changes no greedy token."""
+    inert = {
+        # sampling only (do_sample=False), lengths (max_new_tokens is the call's), beams only
+        "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+        "top_h", "max_length", "max_new_tokens", "early_stopping", "length_penalty",
+        "num_beam_groups", "diversity_penalty", "low_memory",
+        # what generate returns, caching and compiling, token ids for encoder-decoders
+        "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+        "return_dict_in_generate", "use_cache", "cache_implementation", "cache_config",
+        "compile_config", "disable_compile", "max_cache_len", "prefill_chunk_size",
+        "continuous_batching_config", "bos_token_id", "decoder_start_token_id",
+        "transformers_version", "renormalize_logits",  # log_softmax keeps the argmax
+        # assisted decoding: greedy assistance verifies every drafted token (same tokens)
+        "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind",
+        "target_lookbehind", "num_assistant_tokens", "num_assistant_tokens_schedule",
+        "is_assistant", "prompt_lookup_num_tokens", "max_matching_ngram_size", "use_mtp",
+        "speculation_type", "assistant_ensemble_weight",
+    }
+    known = {*generate_module._APPLIED, *generate_module._REFUSED, *inert}
+    fields = {n for n in vars(transformers.GenerationConfig()) if not n.startswith("_")}
+    assert fields - known == set()
+
+
+# ------------------------------------------------------------------ options
+def test_unknown_options_are_refused_with_the_accepted_ones(lm, no_compile):
+    prompt = np.zeros((1, 4), np.int64)
+    with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) no_such.*"
+                       r"repetition_penalty.*quantize.*tolerance"):
+        tg.generate(lm, prompt, 4, no_such=1)
+    with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) bounds"):
+        Generator.from_transformers(lm, max_len=8, bounds={"seq": 4})
+    with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) no_repeat_ngram_size"):
+        Generator(None, {}, vocab_size=VOCAB, max_len=8, no_repeat_ngram_size=3)
+    with pytest.raises(tg.ArgumentError, match="repetition_penalty must be a positive number"):
+        Generator(None, {}, vocab_size=VOCAB, max_len=8, repetition_penalty=0)
+    with pytest.raises(tg.ArgumentError, match=r"this call sets do_sample=True \(sampling\)"):
+        tg.generate(lm, prompt, 4, do_sample=True)
+
+
+def test_the_compile_options_are_tg_compiles():
+    import inspect
+
+    from tensor_graphs.compiler import compile as compile_graph
+
+    names = list(inspect.signature(compile_graph).parameters)[1:]
+    assert set(generate_module.COMPILE_OPTIONS) == set(names) - {"bounds", "plan"}
+
+
+def test_an_attention_mask_of_ones_is_taken_and_padding_refused(lm, no_compile):
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (2, 6))
+    mask = np.ones_like(prompt)
+    mask[1, :2] = 0
+    with pytest.raises(tg.ArgumentError, match=r"attention_mask pads rows \[1\]"):
+        tg.generate(lm, prompt, 4, attention_mask=torch.from_numpy(mask))
+    with pytest.raises(tg.ShapeError, match="attention_mask has shape"):
+        tg.generate(lm, prompt, 4, attention_mask=mask[:, 1:])
+
+
+def test_an_attention_mask_of_ones_gives_transformers_tokens(lm):
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (2, 6))
+    got = tg.generate(lm, torch.from_numpy(prompt), 8,
+                      attention_mask=torch.ones(2, 6, dtype=torch.long), db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 8))
+
+
+# ------------------------------------------------------------------ streams
+def test_a_stream_whose_cache_a_later_call_overwrote_raises_on_its_next_step():
+    torch.manual_seed(0)
+    lm = _gpt2().eval()
+    gen = Generator.from_transformers(lm, max_len=32, max_prompt=16, db=":memory:")
+    a = np.random.default_rng(6).integers(0, VOCAB, (1, 8))
+    b = np.random.default_rng(7).integers(0, VOCAB, (1, 5))
+    first = gen.stream(a, 10)
+    assert int(next(first)[0]) == _expected(lm, a, 1)[0, 8]
+    second = gen.stream(b, 10)  # not started: a's cache is intact yet
+    assert int(next(first)[0]) == _expected(lm, a, 2)[0, 9]
+    tokens = [int(t[0]) for t in second]  # its prefill replaces a's cache
+    assert tokens == _expected(lm, b, 10)[0, 5:].tolist()
+    with pytest.raises(tg.StateError, match="overwritten by a later call"):
+        next(first)
+    third = gen.stream(a, 10)
+    next(third)
+    np.testing.assert_array_equal(gen(b, 4), _expected(lm, b, 4))
+    with pytest.raises(tg.StateError, match="one cache"):
+        next(third)
+    # a refused call does no work, so a stream it interrupts goes on
+    fourth = gen.stream(a, 10)
+    tokens = [int(next(fourth)[0])]
+    with pytest.raises(tg.ShapeError):
+        gen(np.zeros((1, 17), np.int64), 2)
+    tokens += [int(t[0]) for t in fourth]
+    assert tokens == _expected(lm, a, 10)[0, 8:].tolist()
