@@ -1,7 +1,9 @@
 """``tg profile``, ``tg paths`` and ``tg explain``: planning from the command line.
 
-Each takes a graph: a file written by ``tg.save`` or a built-in graph name (``GRAPHS``), with
-``--dim NAME=VALUE`` for its symbolic dims (default: batch=1, seq=128 where the graph has them).
+Each takes a graph: a file written by ``tg.save``, an ONNX model file (imported as
+``tg.from_onnx`` imports it, its symbolic dims named by the model) or a built-in graph name
+(``GRAPHS``), with ``--dim NAME=VALUE`` for its symbolic dims (default: batch=1, seq=128 where
+the graph has them).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ DEFAULT_DIMS = {"batch": 1, "seq": 128}
 
 
 def load_graph(source: str):
-    """A graph from a ``tg.save`` file or a built-in name."""
+    """A graph from a ``tg.save`` file, an ONNX model file or a built-in name."""
     from tensor_graphs.errors import ArgumentError
 
     if source in GRAPHS:
@@ -33,12 +35,47 @@ def load_graph(source: str):
     if os.path.exists(source):
         from tensor_graphs.ir.serialize import load
 
-        return load(source)
+        if is_onnx(source):
+            return _load_onnx(source)
+        try:
+            return load(source)
+        except Exception:
+            if _looks_like_onnx(source):  # an ONNX model named otherwise: read as one
+                try:
+                    return _load_onnx(source)
+                except Exception:  # noqa: BLE001 - not ONNX either: the graph file's error
+                    pass
+            raise
     raise ArgumentError(_not_a_graph(source))
 
 
+def is_onnx(path: str) -> bool:
+    """An ONNX model file, by its name (``*.onnx``)."""
+    return os.path.splitext(path)[1].lower() == ".onnx"
+
+
+def _looks_like_onnx(path: str) -> bool:
+    """A protobuf whose first field is ModelProto's ir_version (tag byte 0x08, what
+    ``onnx.save`` writes first) rather than a tg.save file's JSON text."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x08"
+    except OSError:
+        return False
+
+
+def _load_onnx(path: str) -> list:
+    """The graph of an ONNX model as ``tg.from_onnx`` imports it (outputs in the model's
+    order; initializers become weights, left unbound: planning needs their shapes only)."""
+    from tensor_graphs.frontend.onnx_import import import_onnx, load_model
+
+    label = f"'{path}'"
+    outputs, _, _, _ = import_onnx(load_model(path), label=label)
+    return list(outputs)
+
+
 def _not_a_graph(source: str) -> str:
-    return (f"{source!r} is neither a graph file (tg.save) nor a built-in graph "
+    return (f"{source!r} is neither a graph file (tg.save or .onnx) nor a built-in graph "
             f"({', '.join(GRAPHS)})")
 
 
@@ -95,10 +132,12 @@ def _profile(args) -> int:
         print(report.table())
         return 0
     rows = [{"path": p.label, "steps": len(p.plan), "predicted_s": p.predicted,
-             "measured_s": p.measured, "failure": p.failure,
+             "measured_s": p.measured, "spread": p.spread, "failure": p.failure,
              "kernels": ", ".join(dict.fromkeys(p.plan.kernels))} for p in report.paths]
     output.info(report.table().split("\n")[0])  # how many calls were measured
     output.emit(rows, args.output_format, PROFILE_COLUMNS, shown=_shown_seconds)
+    if report.verdict():
+        output.info(report.verdict())
     return 0
 
 
@@ -151,10 +190,7 @@ def _profile_on_ray(args, graph, dims) -> int:
         raise ArgumentError("--budget does not apply with --ray: each machine measures all it "
                             "lacks (stop the run with Ctrl-C; what was recorded stays)")
     target = str(args.db if args.db is not None else default_target())
-    text = None
-    if args.graph not in GRAPHS:
-        with open(args.graph, encoding="utf-8") as f:
-            text = f.read()
+    text = None if args.graph in GRAPHS else graph_text(args.graph, graph)
     source = GraphPlanner(args.graph, text, tuple(sorted(dims.items())), args.device,
                           args.tolerance)
     # the device kinds a plan for --device uses (the device need not be on this machine)
@@ -173,6 +209,23 @@ def _profile_on_ray(args, graph, dims) -> int:
     else:
         output.emit(report.rows(), args.output_format, RAY_COLUMNS)
     return 0 if all(not r.left and not r.errors for r in report.keys.values()) else 1
+
+
+def graph_text(source: str, graph) -> str:
+    """The JSON of the graph file ``source`` (as ``tg.save`` writes it), for a node that may
+    not have the file: the file's own text, or an ONNX model's imported ``graph`` saved."""
+    if is_onnx(source) or _looks_like_onnx(source):
+        import tempfile
+
+        from tensor_graphs.ir.serialize import save
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "graph.json")
+            save(graph, path)
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+    with open(source, encoding="utf-8") as f:
+        return f.read()
 
 
 RAY_COLUMNS = ("hardware", "device", "nodes", "calls", "measured", "failures", "by_others",
@@ -204,7 +257,8 @@ def _ray_node(args) -> int:
     return subprocess.run(command, check=False).returncode
 
 
-PROFILE_COLUMNS = ("path", "steps", "predicted_s", "measured_s", "failure", "kernels")
+PROFILE_COLUMNS = ("path", "steps", "predicted_s", "measured_s", "spread", "failure",
+                   "kernels")  # spread: half the samples' interquartile range / their median
 
 
 def _shown_seconds(row: output.Row) -> output.Row:
@@ -216,18 +270,23 @@ def _shown_seconds(row: output.Row) -> output.Row:
 
 
 def _paths(args) -> int:
+    from tensor_graphs.commands.walk import RANKED_PATHS, cheapest_paths
     from tensor_graphs.compiler import prepare
 
     graph = load_graph(args.graph)
     dims = parse_dims(graph, args.dim)
     settings = _settings(args, graph)
     planner = settings.planner(prepare(settings.outputs, dims), blocks=False)
-    output.note(f"{planner.count()} paths; the {args.limit} cheapest-first:", args.output_format)
-    rows = []
-    for i, plan in enumerate(planner.paths()):
-        if i >= args.limit:
-            break
-        rows.append({"rank": i + 1, "cost_s": plan.cost, "kernels": ", ".join(plan.kernels)})
+    total = planner.count()
+    plans, everyone = cheapest_paths(planner, args.limit)
+    shown = min(args.limit, total)
+    output.note(f"{total} paths; the {shown} cheapest-first"
+                + ("" if everyone or not shown else
+                   f" of the first {max(args.limit, RANKED_PATHS)} enumerated (each "
+                   f"decision's cheapest option first; the others are not ranked)") + ":",
+                args.output_format)
+    rows = [{"rank": i + 1, "cost_s": plan.cost, "kernels": ", ".join(plan.kernels)}
+            for i, plan in enumerate(plans)]
     if args.output_format == "table":  # one line per path, as it always was
         for r in rows:
             print(f"{r['rank']:4d}  {r['cost_s'] * 1e6:10.1f} us  {r['kernels'][:110]}")
@@ -275,7 +334,8 @@ def _explain(args) -> int:
 
 def _common(p: argparse.ArgumentParser, tolerance: float) -> None:
     p.add_argument("graph", type=graph_source,
-                   help=f"a graph file written by tg.save, or one of: "
+                   help=f"a graph file written by tg.save, an ONNX model file (.onnx; its "
+                        f"symbolic dims by the model's names, bound with --dim), or one of: "
                         f"{', '.join(f'{k} ({v[0]})' for k, v in GRAPHS.items())}")
     p.add_argument("--dim", action="append", type=cli_args.dim_binding, metavar="NAME=VALUE",
                    help="a value for a symbolic dim (repeatable; default batch=1, seq=128)")
@@ -294,7 +354,10 @@ def add_plan_commands(sub) -> None:
                     "kernel x signature the planner considers that has no row yet (each "
                     "checked against the float64 reference first; failures are recorded and "
                     "skipped; an interrupted run resumes), re-plans, runs the cheapest paths "
-                    "end to end and prints predicted vs measured times.")
+                    "end to end and prints predicted vs measured times: every path warmed "
+                    "first, then timed in turns, the median of 9 samples of 5 ms or more; a "
+                    "path counts as faster than the default plan only beyond the samples' "
+                    "spread, and one with the default plan's kernels is the default plan.")
     _common(p, 1e-5)
     p.add_argument("--budget", type=cli_args.non_negative_float, default=None, metavar="SECONDS",
                    help="stop measuring after this many seconds (default: no limit)")
@@ -334,7 +397,9 @@ def add_plan_commands(sub) -> None:
     p = sub.add_parser("paths", help="count a graph's paths and list the cheapest",
                        description="Counts every valid path (kernel choices, decompositions, "
                                    "rewrites, copies) without enumerating them, then lists "
-                                   "the first ones cheapest-first with predicted times.")
+                                   "the cheapest by predicted total, cheapest first: of all "
+                                   "paths where there are at most 2000, else of the first "
+                                   "2000 enumerated (each decision's cheapest option first).")
     _common(p, 1.0)
     p.add_argument("--limit", type=cli_args.count, default=10, help="paths to list (default 10)")
     p.set_defaults(run=_paths)

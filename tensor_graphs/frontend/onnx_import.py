@@ -293,8 +293,12 @@ class OnnxProgram:
     a list of numpy arrays out in the graph's output order (what ONNX Runtime's
     ``session.run(None, feeds)`` returns). ``.program`` is the CompiledGraph."""
 
-    def __init__(self, program, inputs: dict, outputs: list, output_names: list):
+    def __init__(self, program, inputs: dict, outputs: list, output_names: list,
+                 bounds: Mapping[str, int] | None = None):
         self.program = program
+        # dim -> the largest value ``dynamic_dims`` gave (those the program was compiled for):
+        # a call above one is refused here, naming from_onnx's parameter
+        self.bounds = dict(bounds or {})
         self._inputs = inputs  # ONNX input name -> its tg.input leaf
         self.input_names = list(inputs)
         self.output_names = output_names
@@ -337,9 +341,28 @@ class OnnxProgram:
                                  f"x.astype('{leaf.dtype.name}'))")
             if name in self._read:
                 run[name] = arr
+        self._check_bounds(given)
         results = self.program(**run)
         results = results if isinstance(results, (list, tuple)) else [results]
         return [np.asarray(r) for r in results[:len(self.output_names)]]
+
+    def _check_bounds(self, given: Mapping) -> None:
+        """A call whose inputs make a dim larger than ``dynamic_dims`` gave is a ShapeError
+        that says how to import for it (the compiled program's own check names ``tg.compile``'s
+        ``bounds=``, which an ONNX program's caller never passed)."""
+        over: dict[str, int] = {}
+        for name, arr in given.items():
+            for dim, size in zip(self._inputs[name].shape, np.shape(arr)):
+                bound = self.bounds.get(str(dim))
+                if bound is not None and size > bound:
+                    over[str(dim)] = max(size, over.get(str(dim), 0))
+        if over:
+            shown = ", ".join(f"{d}={s} (dynamic_dims gave {self.bounds[d]})"
+                              for d, s in over.items())
+            larger = {**self.bounds, **over}
+            raise ShapeError(f"{shown}: above the dynamic_dims this model was imported with; "
+                             f"import it again with larger dynamic_dims= (tg.from_onnx(model, "
+                             f"dynamic_dims={larger}))")
 
 
 def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="cpu",
@@ -369,14 +392,14 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     used = {str(s) for n in ir_graph.nodes(outputs)
             for d in (*n.shape, *n.attrs.values()) for s in getattr(d, "free_symbols", ())}
     carriers = _shape_carriers(outputs, inputs, used)
+    compiled_for = {k: v for k, v in given.items() if k in used}
     program = compiler.compile(list(outputs) + carriers, device=device,
-                               bounds={k: v for k, v in given.items() if k in used} or None,
-                               **options)
+                               bounds=compiled_for or None, **options)
     present = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
     if present:
         program.bind(**{n: w for n, w in weights.items() if n in present})
     return OnnxProgram(program, inputs, outputs + carriers,
-                       [vi.name for vi in proto.graph.output])
+                       [vi.name for vi in proto.graph.output], bounds=compiled_for)
 
 
 def _shape_carriers(outputs, inputs: dict, used: set) -> list:
