@@ -46,7 +46,7 @@ from tensor_graphs.memory import MemoryPlan, check_fits, lint_memory, plan_memor
 from tensor_graphs.planner import cache
 from tensor_graphs.planner.lint import lint_graph, lint_plan
 from tensor_graphs.planner.plan import Plan
-from tensor_graphs.planner.prepare import as_symbols, specialize, symbols
+from tensor_graphs.planner.prepare import as_symbols, check_dims, specialize, symbols
 from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.planner.search import LOW_PRECISION_ROUNDING, Planner
 from tensor_graphs.rewrite.recompose import recompose
@@ -407,6 +407,7 @@ def compile(graph, device="cpu", tolerance: float | None = None,  # noqa: A001
     if not isinstance(cuda_graphs, bool):
         raise ArgumentError(f"tg.compile(cuda_graphs={cuda_graphs!r}): pass True (capture a "
                             "GPU program's steps as CUDA graphs) or False (the Python loop)")
+    bounds = check_dims(bounds, "tg.compile(bounds=...)") or None
     outs, single = _outputs(graph)
     decisions = None
     if plan is not None:
@@ -430,11 +431,12 @@ def compile(graph, device="cpu", tolerance: float | None = None,  # noqa: A001
     return prog  # symbolic dims without bounds: built on each first call with new dims
 
 
-def _planner_for(graph, device, tolerance, db, dims, backends, generate) -> Planner:
+def _planner_for(graph, device, tolerance, db, dims, backends, generate,
+                 where: str) -> Planner:
     outs, _ = _outputs(graph)
     pipeline = Pipeline(outs, device, tolerance, db, "never", backends, generate=generate)
     free = symbols(outs)
-    values = as_symbols(dims)
+    values = as_symbols(check_dims(dims, where, "its size"))
     missing = sorted(str(s) for s in free - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
@@ -449,7 +451,7 @@ def estimate_memory(graph, device="cpu", tolerance: float | None = None, db=None
     for a GPU plan, as ``prog.memory()``)."""
     outs, _ = _outputs(graph)
     pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
-    values = as_symbols(dims)
+    values = as_symbols(check_dims(dims, "tg.estimate_memory", "its size"))
     missing = sorted(str(s) for s in symbols(outs) - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
@@ -469,10 +471,12 @@ def paths(graph, device="cpu", tolerance: float = 1.0, db=None,
     ``.steps``), the cheapest option first at every decision. ``tolerance`` defaults to 1:
     every kernel counts. Paths through generated kernels (``generate``) name them before they
     are built: ``step.kernel`` is a ``kernels.generated.Candidate`` there."""
-    return _planner_for(graph, device, tolerance, db, dims, backends, generate).paths()
+    return _planner_for(graph, device, tolerance, db, dims, backends, generate,
+                        "tg.paths").paths()
 
 
 def count_paths(graph, device="cpu", tolerance: float = 1.0, db=None,
                 backends: Sequence[str] | None = None, generate: bool = True, **dims) -> int:
     """How many paths ``tg.paths`` yields, counted without enumerating them."""
-    return _planner_for(graph, device, tolerance, db, dims, backends, generate).count()
+    return _planner_for(graph, device, tolerance, db, dims, backends, generate,
+                        "tg.count_paths").count()

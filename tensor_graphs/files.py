@@ -1,14 +1,15 @@
 """The one owner of how tensor_graphs touches files: writing so that a reader never sees half of
-one (``atomic_write``), reading a file it will parse (``open_regular``, ``read_regular``,
-``parse_json``: only regular files, every failure one error naming the file and the fix), and
-who may have written what it loads code or plans from (``untrusted_reason`` and its users)."""
+one, with the mode open() would give or the replaced file's (``atomic_write``), reading a file
+it will parse (``open_regular``, ``read_regular``, ``parse_json``: only regular files, every
+failure one error naming the file and the fix), and who may have written what it loads code or
+plans from (``untrusted_reason`` and its users)."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,25 +26,105 @@ from tensor_graphs.errors import (
 Refusal = Callable[[str], Exception]
 
 
-@contextmanager
-def atomic_write(path, mode: str = "w") -> Iterator[IO]:
-    """Write to a temporary file next to ``path``, then rename it over ``path`` (readers see the
-    old file or the whole new one; a failure leaves no temporary file behind)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
+def _umask() -> int:
+    """This process's umask. Linux shows it in /proc (since 4.7); elsewhere it can only be
+    read by setting it, which another thread creating a file in that instant would see."""
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def replacement_mode(path, only_owner_writes: bool = False, new: int | None = None) -> int:
+    """The permission bits a file written at ``path`` should get: those of the file it
+    replaces, so a shared checkpoint stays readable to whoever could read it, else ``new`` (by
+    default what a plain ``open()`` gives: 0666 less the umask). ``only_owner_writes`` clears
+    group and others' write bits, for a file that is later refused unless only this user can
+    have written it (``check_trusted_file``: plans, generated code)."""
+    try:
+        st = os.stat(path)
+        mode = stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
+    except OSError:
+        mode = None
+    if mode is None:
+        mode = 0o666 & ~_umask() if new is None else new
+    return mode & ~0o022 if only_owner_writes else mode
+
+
+def _write_refusal(path: str, what: str, exc: OSError, error: Refusal) -> Exception:
+    """``exc``, met writing ``path``, as ``error`` naming the path and the fix."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        why = f"it is a directory; give the path of a {what} (a new name inside it, say)"
+    elif not os.path.isdir(folder):
+        why = (f"its folder {folder} does not exist" if not os.path.exists(folder)
+               else f"{folder} is not a folder")
+        why += "; create the folder first (mkdir -p) or give a path in an existing one"
+    else:
+        why = (f"{exc.strerror or exc}; check that you may write into {folder} and that the "
+               "disk is not full")
+    return error(f"cannot write {what} {path}: {why}")
+
+
+@contextmanager
+def atomic_write(path, mode: str = "w", *, what: str = "file",
+                 only_owner_writes: bool = False,
+                 error: Refusal = SerializationError) -> Iterator[IO]:
+    """Write to a temporary file next to ``path``, then rename it over ``path`` (readers see the
+    old file or the whole new one; a failure leaves no temporary file behind).
+
+    The file gets ``replacement_mode``: the temporary file is created 0666 and narrowed by the
+    kernel (umask, a folder's default ACL) as ``open()`` would be, since ``mkstemp``'s 0600 made
+    every shared checkpoint or report unreadable to others. A path that cannot be written (a
+    directory, a missing folder, no permission) raises ``error`` naming ``what`` and the fix;
+    what the ``with`` body raises passes through."""
+    path = path_of(path, what)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):  # before the caller renders what would be thrown away
+        raise _write_refusal(path, what, IsADirectoryError(21, "Is a directory"), error)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_BINARY", 0))
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _write_refusal(path, what, exc, error) from None
+    else:
+        raise error(f"cannot write {what} {path}: no free temporary name in {folder}")
+    body_done = False
+    try:
+        try:
+            made = stat.S_IMODE(os.fstat(fd).st_mode)
+            wanted = replacement_mode(path, only_owner_writes, new=made)
+            if wanted != made and hasattr(os, "fchmod"):
+                os.fchmod(fd, wanted)
+            f = os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             yield f
+            body_done = True
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if body_done and isinstance(exc, OSError):  # ours: flush, fsync, rename
+            raise _write_refusal(path, what, exc, error) from None
         raise
 
 

@@ -144,7 +144,7 @@ def plot_kernel(db, name: str, path: str, feature: str = "work") -> dict:
     fig.tight_layout()
     from tensor_graphs.files import atomic_write
 
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", what="PNG image") as f:
         fig.savefig(f, format="png")
     plt.close(fig)
     return drawn

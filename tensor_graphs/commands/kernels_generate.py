@@ -393,7 +393,8 @@ def admit(out: Path, source: str, row: Row, gen, builts, graph: str) -> Path:
         f'# Load it with tg.kernels.load("{path}").',
         "",
     ]
-    with atomic_write(path) as f:
+    # tg.kernels.load refuses a kernel file others could have written
+    with atomic_write(path, what="kernel file", only_owner_writes=True) as f:
         f.write("\n".join(header) + source.rstrip("\n") + "\n")
     return path
 

@@ -301,11 +301,14 @@ EXPLAIN_COLUMNS = ("step", "kernel", "backend", "device", "computes", "shape", "
 
 
 def explain_rows(plan, limit: int | None = None) -> list[dict]:
-    """The plan's steps as rows for ``-o``: what ``explain``'s table shows, raw values."""
+    """The plan's steps as rows for ``-o``: what ``explain``'s table shows, raw values
+    ("computes" as the table words it: a generated kernel's ops, what is fused...)."""
     from tensor_graphs.ir.shapes import format_shape
+    from tensor_graphs.planner.plan import check_limit, step_computes
 
+    limit = check_limit(limit, "explain_rows")
     return [{"step": i, "kernel": s.kernel.name, "backend": s.kernel.backend,
-             "device": s.device, "computes": f"copy to {s.device}" if s.is_copy else s.computes,
+             "device": s.device, "computes": step_computes(s),
              "shape": format_shape(s.node.shape), "time_s": s.cost, "source": s.source,
              "error": s.error}
             for i, s in enumerate(plan.steps) if limit is None or i < limit]

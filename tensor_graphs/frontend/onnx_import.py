@@ -38,6 +38,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
+from tensor_graphs.planner.prepare import check_dims
 
 _FIX = "export the model again (onnx.save), or check the path"
 _DOMAINS = ("", "ai.onnx")  # the default domain's two spellings
@@ -121,13 +122,20 @@ def _external(model, folder: str | None, label: str) -> None:
         except ValueError as e:
             raise SerializationError(f"{label}: tensor '{tensor.name}' has a bad external "
                                      f"offset or length {info}") from e
+        for what, value in (("offset", offset), ("length", length)):
+            if value is not None and value < 0:  # no file is short of a negative range
+                raise SerializationError(
+                    f"{label}: tensor '{tensor.name}' has a negative external data {what} "
+                    f"({value}) for '{where}': the model's entry for it is corrupt; {_FIX}")
         with open_regular(full, "ONNX external data", _FIX) as f:
             size = os.fstat(f.fileno()).st_size
-            if offset < 0 or offset > size or (length is not None and
-                                               (length < 0 or offset + length > size)):
+            if offset > size or (length is not None and offset + length > size):
+                span = f"from byte {offset}" if length is None else \
+                    f"bytes {offset}..{offset + length} ({length} bytes)"
                 raise SerializationError(
-                    f"{label}: tensor '{tensor.name}' reads bytes {offset}..{length} of "
-                    f"'{where}', which holds {size} bytes (truncated?)")
+                    f"{label}: tensor '{tensor.name}' reads {span} of '{where}', past its end "
+                    f"({size} bytes): the file is truncated, or the model's offsets are not "
+                    f"this file's; {_FIX}")
             f.seek(offset)
             tensor.raw_data = f.read(size - offset if length is None else length)
         del tensor.external_data[:]
@@ -209,7 +217,7 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
         # a dim's name must read back as one symbol: not a keyword, not "batch size"
         name = d.dim_param if _symbol(d.dim_param) else f"{vi.name}_dim{axis}"
         name = name if _symbol(name) else f"input{len(bounds)}_dim{axis}"
-        if name in dynamic_dims and isinstance(dynamic_dims[name], int):
+        if name in dynamic_dims:
             bounds[name] = dynamic_dims[name]
         else:
             bounds.setdefault(name, None)
@@ -228,7 +236,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
     graph = model.graph
     opset = _opsets(model).get("", 1)
     _refuse_unmapped(model, label)
-    dynamic_dims = dict(dynamic_dims or {})
+    dynamic_dims = check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")
     constants = dict(constants or {})
     env: dict = {}
     arrays: dict[str, np.ndarray] = {}
@@ -379,6 +387,7 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     and the opset; SerializationError naming the file for one that is not an ONNX model.
     """
     label = f"'{model}'" if isinstance(model, (str, os.PathLike)) else "the model"
+    check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")  # before reading the model
     proto = load_model(model)
     outputs, inputs, weights, bounds = import_onnx(proto, dynamic_dims, constants, label)
     unknown = set(dynamic_dims or {}) - set(bounds)

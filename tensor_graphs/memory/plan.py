@@ -284,10 +284,13 @@ def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:
         if memory_plan.state.get(kind):
             parts.append(f"state {format_bytes(memory_plan.state[kind])}")
         tensors = "; ".join(str(t) for t in largest) or "none"
+        needs, free = format_apart(required, max(available, 0))
+        capacity = format_bytes(device.capacity) if needs == format_bytes(required) \
+            else f"{device.capacity:,} B"  # in the unit the two figures are shown in
         raise OutOfMemory(
-            f"out of memory on {device.name}: the program needs {format_bytes(required)} "
-            f"({' + '.join(parts)}) but {format_bytes(max(available, 0))} are available "
-            f"(capacity {format_bytes(device.capacity)}{held}). Largest tensors: {tensors}. "
+            f"out of memory on {device.name}: the program needs {needs} "
+            f"({' + '.join(parts)}) but {free} are available "
+            f"(capacity {capacity}{held}). Largest tensors: {tensors}. "
             f"Use a smaller batch or sequence length (or smaller bounds=...), or a device "
             f"with a larger capacity (tg.Device({device.name!r}, capacity=...)).",
             device=device.name, required=required, available=available, largest=largest)
@@ -300,6 +303,13 @@ def format_bytes(n: int) -> str:
         if n < scale * 1000 or unit == "TB":
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"  # pragma: no cover
+
+
+def format_apart(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` as ``format_bytes`` writes them, or both exactly in bytes where those
+    would read the same: "needs 1.8 MB but 1.8 MB are available" (1 byte short) told nothing."""
+    shown = format_bytes(a), format_bytes(b)
+    return (f"{a:,} B", f"{b:,} B") if a != b and shown[0] == shown[1] else shown
 
 
 def arena_buffers(memory_plan: MemoryPlan, device: str | None = None) -> list[Buffer]:

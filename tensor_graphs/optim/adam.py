@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
-from tensor_graphs.optim.base import Optimizer, _Scalars
+from tensor_graphs.optim.base import Optimizer, _Scalars, check_flag, check_number
 
 __all__ = ["Adam", "AdamW"]
 
@@ -25,19 +27,15 @@ class Adam(Optimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
                  maximize: bool = False, prefix: str = "optim."):
         super().__init__(lr, prefix=prefix)
-        b1, b2 = betas
-        for i, beta in enumerate((b1, b2)):
-            if not 0.0 <= beta < 1.0:
-                raise ArgumentError(f"{self.name}: invalid beta at index {i}: {beta!r}; betas "
-                                    "must lie in [0, 1)")
-        if not eps >= 0.0:
-            raise ArgumentError(f"{self.name}: invalid eps {eps!r}; give a float >= 0")
-        if not weight_decay >= 0.0:
-            raise ArgumentError(f"{self.name}: invalid weight_decay {weight_decay!r}; give a "
-                                "float >= 0")
-        self.betas = (float(b1), float(b2))
-        self.eps, self.weight_decay, self.maximize = float(eps), float(weight_decay), maximize
-        self.amsgrad = amsgrad
+        if not isinstance(betas, (tuple, list, np.ndarray)) or np.shape(betas)[:1] != (2,):
+            raise ArgumentError(f"{self.name}: betas must be a pair (beta1, beta2) of floats "
+                                f"in [0, 1), e.g. (0.9, 0.999); got {betas!r}")
+        self.betas = (check_number(self.name, "beta at index 0:", betas[0], below_one=True),
+                      check_number(self.name, "beta at index 1:", betas[1], below_one=True))
+        self.eps = check_number(self.name, "eps", eps)
+        self.weight_decay = check_number(self.name, "weight_decay", weight_decay)
+        self.amsgrad = check_flag(self.name, "amsgrad", amsgrad)
+        self.maximize = check_flag(self.name, "maximize", maximize)
 
     def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
         b1, b2 = self.betas

@@ -63,8 +63,31 @@ class Updates:
 
 
 def _check_lr(lr: float) -> None:
-    if not isinstance(lr, (int, float, np.floating)) or not lr >= 0.0:
+    if not _real(lr) or not lr >= 0.0:
         raise ArgumentError(f"optimizer: invalid learning rate {lr!r}; give a float >= 0")
+
+
+def _real(value) -> bool:
+    """A plain number (numpy's too), not a bool: True as a momentum or an eps is a mistake."""
+    return isinstance(value, (int, float, np.integer, np.floating)) \
+        and not isinstance(value, (bool, np.bool_))
+
+
+def check_number(owner: str, what: str, value, below_one: bool = False) -> float:
+    """``value`` as a float: a real number >= 0 (and < 1 with ``below_one``: a decay rate).
+    Anything else (a str, None, nan, a bool) is an ``ArgumentError`` naming ``owner``'s
+    argument, not a TypeError from a comparison."""
+    if not _real(value) or not (0.0 <= value < 1.0 if below_one else value >= 0.0):
+        raise ArgumentError(f"{owner}: invalid {what} {value!r}; give a float "
+                            + ("in [0, 1)" if below_one else ">= 0"))
+    return float(value)
+
+
+def check_flag(owner: str, what: str, value) -> bool:
+    """``value``, a bool: "no" or 0.9 passed for ``nesterov=`` would be taken as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{owner}: {what} must be True or False, got {value!r}")
+    return bool(value)
 
 
 class Optimizer:
@@ -80,6 +103,9 @@ class Optimizer:
 
     def __init__(self, lr: float, *, prefix: str = "optim."):
         _check_lr(lr)
+        if not isinstance(prefix, str):
+            raise ArgumentError(f"{self.name}: prefix must be a str (the start of the "
+                                f"optimizer's state names, e.g. 'optim.'), got {prefix!r}")
         self.lr = float(lr)
         self.prefix = prefix
 

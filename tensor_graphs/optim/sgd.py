@@ -5,7 +5,7 @@ from __future__ import annotations
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
-from tensor_graphs.optim.base import Optimizer, _Scalars
+from tensor_graphs.optim.base import Optimizer, _real, _Scalars, check_flag, check_number
 
 __all__ = ["SGD"]
 
@@ -22,14 +22,17 @@ class SGD(Optimizer):
                  dampening: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  prefix: str = "optim."):
         super().__init__(lr, prefix=prefix)
-        for what, value in (("momentum", momentum), ("weight_decay", weight_decay)):
-            if not value >= 0.0:
-                raise ArgumentError(f"SGD: invalid {what} {value!r}; give a float >= 0")
+        self.momentum = check_number("SGD", "momentum", momentum)
+        self.weight_decay = check_number("SGD", "weight_decay", weight_decay)
+        if not _real(dampening) or dampening != dampening:  # any value, as torch takes it
+            raise ArgumentError(f"SGD: invalid dampening {dampening!r}; give a float (the "
+                                "share of the gradient the buffer leaves out, usually 0)")
+        self.dampening = float(dampening)
+        self.nesterov = check_flag("SGD", "nesterov", nesterov)
+        self.maximize = check_flag("SGD", "maximize", maximize)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ArgumentError(f"SGD: nesterov needs momentum > 0 and dampening 0 (got "
                                 f"momentum={momentum}, dampening={dampening}), as in torch")
-        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
-        self.dampening, self.nesterov, self.maximize = float(dampening), nesterov, maximize
 
     def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
         if self.maximize:

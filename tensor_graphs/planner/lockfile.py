@@ -85,7 +85,9 @@ def save(plan: Plan, path, settings) -> None:
         "kernels": {s.kernel.name: s.kernel.source_hash for s in plan.steps},
         "decisions": list(plan.decisions),
     }
-    with atomic_write(path) as f:  # never a half-written lock file
+    # never half-written; never writable by others, or loading it would refuse it
+    with atomic_write(path, what="plan file", only_owner_writes=True,
+                      error=PlanFileError) as f:
         json.dump(data, f, indent=1)
 
 
@@ -105,6 +107,10 @@ def load(path, outputs, device, tolerance) -> list[str]:
     if data["tolerance"] > tolerance:
         raise PlanFileError(f"plan file {path} was planned at tolerance {data['tolerance']:g}, "
                             f"looser than the {tolerance:g} asked for; {FIX}")
+    if not data["decisions"] and data["kernels"]:  # save_plan writes a decision per choice
+        raise PlanFileError(f"plan file {path} has an empty \"decisions\" list, yet its "
+                            f"\"kernels\" table lists {len(data['kernels'])} kernels: the "
+                            f"file was emptied or edited by hand; {FIX}")
     _check_kernels(path, data["kernels"], data["decisions"])
     return list(data["decisions"])
 
@@ -161,6 +167,14 @@ def _check_kernels(path, table: dict[str, str], decisions: list[str]) -> None:
     known.update((name, table[name]) for label in decisions
                  for name in generated_names(label) if name in table)
     missing = sorted(k for k in table if k not in known)
+    # a kernel no decision names (decisions emptied or cut by hand) is no registration
+    # problem: a generated one is only known through the decision that names it
+    named = {n for label in decisions for n in (*kernel_names(label), *generated_names(label))}
+    unused = [k for k in missing if k not in named]
+    if unused:
+        held = f"its {len(decisions)} decisions" if decisions else "its decisions list is empty"
+        raise PlanFileError(f"plan file {path} lists kernels {unused} that no decision uses "
+                            f"({held}): the file was edited by hand or cut short; {FIX}")
     if missing:
         raise PlanFileError(f"plan file {path} uses kernels that are not registered: "
                             f"{missing}; register them (tg.kernels.load) or {FIX}")

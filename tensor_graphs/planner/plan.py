@@ -25,9 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import sympy
 
 from tensor_graphs.db.cost import Estimate, format_seconds
+from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import PERMUTE
 from tensor_graphs.ir.ops.quant import scheme_of
@@ -234,27 +236,46 @@ class Plan:
         return f"<Plan {len(self.steps)} steps, predicted {format_seconds(self.cost)}>"
 
 
+def check_limit(limit, where: str = "explain") -> int | None:
+    """``limit`` (how many steps a report shows) checked: None (all) or an int >= 0. A str
+    failed deep in a comparison, and a negative one showed no step yet counted "3 more" of 2."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
+        raise ArgumentError(f"{where}(limit={limit!r}): give how many steps to show as an int "
+                            f">= 0, or None for all of them")
+    return int(limit)
+
+
+def step_computes(s: Step) -> str:
+    """What ``s`` computes as the table's "computes" column (and ``tg explain -o json``'s)
+    shows it: a copy's destination, a generated kernel's ops, the fused nodes, the scheme of a
+    quantized product, and whether it runs once per binding."""
+    if s.is_copy:
+        computes = f"copy to {s.device}"
+    elif getattr(s.kernel, "generated", False):
+        computes = f"generated: {ops_inside(s.nodes)}"
+        if any(a is not None for a in s.also):
+            computes += f" (stores {sum(a is not None for a in s.also)} more)"
+    else:
+        fused = len(s.nodes) - 1
+        computes = s.computes + (f" (+{fused} fused)" if fused else "")
+    if not s.is_copy and (scheme := scheme_of(s.nodes, [i.node for i in s.inputs])):
+        computes += f" [{scheme}]"  # tg.quantize's scheme (ir/ops/quant.py)
+    if s.static:
+        computes += " (once per binding)"
+    return computes
+
+
 def explain(plan: Plan, limit: int | None = None) -> str:
     """The plan as a table: one row per step (copies included), then totals by backend and by
     cost source, and which parts rest on estimates rather than measurements."""
+    limit = check_limit(limit)
     rows = [("#", "kernel", "backend", "computes", "shape", "time", "source", "error")]
     for i, s in enumerate(plan.steps):
         if limit is not None and i >= limit:
             break
-        if s.is_copy:
-            computes = f"copy to {s.device}"
-        elif getattr(s.kernel, "generated", False):
-            computes = f"generated: {ops_inside(s.nodes)}"
-            if any(a is not None for a in s.also):
-                computes += f" (stores {sum(a is not None for a in s.also)} more)"
-        else:
-            fused = len(s.nodes) - 1
-            computes = s.computes + (f" (+{fused} fused)" if fused else "")
-        if not s.is_copy and (scheme := scheme_of(s.nodes, [i.node for i in s.inputs])):
-            computes += f" [{scheme}]"  # tg.quantize's scheme (ir/ops/quant.py)
-        if s.static:
-            computes += " (once per binding)"
-        rows.append((str(i), s.kernel.name, s.kernel.backend, computes,
+        rows.append((str(i), s.kernel.name, s.kernel.backend, step_computes(s),
                      format_shape(s.node.shape), format_seconds(s.cost), s.source,
                      f"{s.error:.0e}"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import sympy
 
+from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.shapes import dim_symbol, free_symbols, resolve
+from tensor_graphs.ir.shapes import (
+    MAX_DIM_INT,
+    MAX_DIM_INT_TEXT,
+    dim_symbol,
+    free_symbols,
+    resolve,
+)
 
 
 def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
@@ -26,6 +34,28 @@ def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
             if isinstance(v, (sympy.Basic, tuple)):
                 found |= free_symbols(v)
     return found
+
+
+def check_dims(dims, where: str, meaning: str = "its largest size") -> dict:
+    """``dims`` as the user gave them (dim name -> value), checked: a mapping whose every value
+    is an int of 1 to ``MAX_DIM_INT`` (numpy's too). ``as_symbols``'s ``int()`` took "8" and
+    8.5 and left -3 to numpy's bare ValueError deep in planning; each is refused here as an
+    ``ArgumentError`` naming ``where`` (the call and parameter), the dim and its value, and
+    what is expected (``meaning``: what the value stands for)."""
+    if dims is None:
+        return {}
+    if not isinstance(dims, Mapping):
+        raise ArgumentError(f"{where}: expected a dict of dim name -> {meaning} (e.g. "
+                            f"{{'batch': 8}}), got {type(dims).__name__} {dims!r}")
+    checked = {}
+    for name, value in dims.items():
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                or not 1 <= value <= MAX_DIM_INT:
+            raise ArgumentError(
+                f"{where}: dim {str(name)!r} is {value!r} ({type(value).__name__}); give "
+                f"{meaning} as an int of 1 to {MAX_DIM_INT_TEXT} (e.g. {{{str(name)!r}: 8}})")
+        checked[name] = int(value)
+    return checked
 
 
 def as_symbols(dims: Mapping) -> dict[sympy.Symbol, int]:

@@ -230,13 +230,16 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
         keys, outs = list(outputs), list(outputs.values())
     elif isinstance(outputs, Node):
         keys, outs = None, [outputs]
-    else:
+    elif isinstance(outputs, (list, tuple)):
         keys, outs = None, list(outputs)
+    else:  # a compiled program, None...: not iterated, which raised a bare TypeError
+        keys, outs = None, [outputs]
     for o in outs:
         if not isinstance(o, Node):
-            raise ArgumentError(f"quantize: needs graph nodes (a tg.compile'd program is "
-                                f"quantized by quantizing its graph first), got "
-                                f"{type(o).__name__}")
+            raise ArgumentError(f"quantize: needs graph nodes (a node, or a list/tuple/dict of "
+                                f"them), got {type(o).__name__}; a tg.compile'd program is "
+                                f"quantized by quantizing its graph and compiling that: "
+                                f"tg.compile(tg.quantize(y, {scheme!r}), ...)")
     mapped: dict[Node, Node] = {}  # old node -> its rewritten graph, inputs first
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)

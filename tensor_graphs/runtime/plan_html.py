@@ -367,7 +367,7 @@ def write_html(plan: Plan, path, **options) -> str:
     from tensor_graphs.files import atomic_write
 
     page = render(plan, **options)
-    with atomic_write(path) as f:
+    with atomic_write(path, what="HTML report") as f:
         f.write(page)
     return page
 

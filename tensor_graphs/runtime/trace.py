@@ -282,6 +282,6 @@ def write_trace(prog, path, feeds: Mapping | None = None, runs: int = 3) -> dict
     program = _program(prog)
     timing = timed_runs(program, feeds, runs)
     trace = trace_events(timing, program.device_name)
-    with atomic_write(path) as f:
+    with atomic_write(path, what="trace file") as f:
         json.dump(trace, f)
     return trace

@@ -44,7 +44,7 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
-from tensor_graphs.files import open_regular, parse_json, path_of
+from tensor_graphs.files import open_regular, parse_json, path_of, replacement_mode
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -507,6 +507,9 @@ def write_safetensors(path, arrays: Mapping[str, np.ndarray],
             os.fsync(fd)
         finally:
             os.close(fd)
+        # the package writes 0600 whatever the umask: give the mode a plain open() would, or
+        # the replaced file's, so a shared checkpoint stays readable to others
+        os.chmod(tmp, replacement_mode(path))
         os.replace(tmp, path)
     except Exception as exc:  # noqa: BLE001 - OSError, the package's SafetensorError
         raise SerializationError(f"cannot write safetensors file {path}: "

@@ -90,7 +90,7 @@ def import_module(rendered: Rendered, interpret: bool | None = None) -> ModuleTy
             return found
         path = module_path(rendered)
         if not path.exists() or path.read_text(encoding="utf-8") != rendered.source:
-            with atomic_write(path) as f:
+            with atomic_write(path, only_owner_writes=True) as f:  # checked below
                 f.write(rendered.source)
         check_trusted_file(path, "generated Triton module")
         package.load()
