@@ -15,6 +15,7 @@ shape (batch, seq), both symbolic by default. The configs are plain dataclasses;
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from tensor_graphs.errors import ArgumentError, ShapeError
@@ -59,6 +60,18 @@ def _check_ids(ids: Node) -> None:
                          f"{format_shape(ids.shape)}")
 
 
+def _check_heads(config: str, width_name: str, width, heads_name: str, heads,
+                 fix: str = "") -> None:
+    """Refuse heads that do not split the model's width: each head's size is then
+    width // heads, and the projections would silently drop the remainder's features."""
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+               for v in (width, heads)) or heads < 1 or width % heads:
+        raise ArgumentError(f"{config}: {width_name}={width!r} is not a multiple of "
+                            f"{heads_name}={heads!r} (each head gets {width_name} / "
+                            f"{heads_name} features); pick a number of heads that divides "
+                            f"{width_name}{fix}")
+
+
 # --------------------------------------------------------------------------------- GPT-2
 @dataclass(frozen=True)
 class GPT2Config:
@@ -75,6 +88,12 @@ class GPT2Config:
     tie_word_embeddings: bool = True
     scale_attn_weights: bool = True  # scores by 1/sqrt(head_dim); False: unscaled
     scale_attn_by_inverse_layer_idx: bool = False  # and by 1/(layer + 1) (Stanford CRFM's)
+
+    def __post_init__(self):
+        # GPT-2's heads split n_embd, with no head_dim of their own: a remainder would build a
+        # fused qkv of 3 * n_head * (n_embd // n_head) columns, no GPT-2's (transformers
+        # refuses the config), and bind no checkpoint
+        _check_heads("GPT2Config", "n_embd", self.n_embd, "n_head", self.n_head)
 
     @classmethod
     def from_hf(cls, config) -> GPT2Config:
@@ -164,6 +183,9 @@ class LlamaConfig:
     layer_types: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        if self.head_dim is None:  # an explicit head_dim (Qwen3, Gemma) need not divide it
+            _check_heads("LlamaConfig", "hidden_size", self.hidden_size, "num_attention_heads",
+                         self.num_attention_heads, " (or give head_dim)")
         window, types, n = self.sliding_window, self.layer_types, self.num_hidden_layers
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ArgumentError(f"LlamaConfig: sliding_window={window!r} must be a positive int "

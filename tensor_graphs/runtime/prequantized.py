@@ -35,6 +35,7 @@ from tensor_graphs.errors import ArgumentError, SerializationError, ShapeError
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import WEIGHT
+from tensor_graphs.ir.shapes import dims_equal, format_shape
 from tensor_graphs.rewrite.quantize import GROUP_SIZE, LOADED, prequantized_weights
 from tensor_graphs.rewrite.quantize import quantize as quantize_graph
 from tensor_graphs.runtime.weights import (
@@ -84,7 +85,13 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
     """Write the safetensors file that ``outputs`` (the float graph) quantized with
     ``scheme`` and ``prequantized=True`` binds, from its float ``weights``; returns the
     tensor names written. ``skip``/``group_size`` as ``tg.quantize``; loading must use the
-    same ones (the group size and scheme are kept in the file's metadata)."""
+    same ones (the group size and scheme are kept in the file's metadata).
+
+    Refused before anything is computed or written (:func:`_check_float_weights`): a weight
+    whose shape is not the graph's, and a weight to quantize holding NaN or +-inf. Why at
+    saving: the first would be quantized along the wrong axis and refused only at load, and
+    the second gives scales the load refuses (inf), or that no float model's values explain
+    (NaN), from a file that was written as if healthy."""
     if scheme not in LOADED:
         raise ArgumentError(f"save_quantized: {scheme!r} has no prequantized form; known: "
                             f"{sorted(LOADED)} (bf16/fp16 weights are saved as float16/"
@@ -94,6 +101,9 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
                             prequantized=True)
     float_weights = {n: (w if isinstance(w, np.ndarray) else np.asarray(w))
                      for n, w in weights.items()}
+    graph, read = _weight_leaves(outputs), _weight_leaves(loaded)
+    _check_float_weights(graph, float_weights, scheme,
+                         {n for n in graph if f"{n}.q" in read and f"{n}.scale" in read})
     stored = prequantized_weights(_outs(outputs), float_weights, scheme, skip=skip,
                                   group_size=group)
     arrays: dict[str, np.ndarray] = {}
@@ -111,6 +121,41 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
             SKIP_KEY: json.dumps(list(skip))}
     write_safetensors(path, arrays, meta)
     return sorted(arrays)
+
+
+def _check_float_weights(graph: Mapping[str, Node], weights: Mapping[str, np.ndarray],
+                         scheme: str, quantized: set[str]) -> None:
+    """Refuse, naming the weight, a value whose shape is not its leaf's in the float graph
+    (a linear's (N, K) weight passed as (K, N): its scales would be per input channel), and
+    a weight of ``quantized`` holding a value that is not finite: a channel's max |w| is then
+    NaN or inf, and so its scale; the load refuses such a file, and the float model's output
+    is not finite where that weight is read (a corrupted checkpoint, a diverged run)."""
+    for name in sorted(weights):
+        leaf = graph.get(name)
+        if leaf is None:
+            continue
+        w = weights[name]
+        got, want = tuple(np.shape(w)), tuple(leaf.shape)
+        if len(got) != len(want) or not all(dims_equal(g, d) for g, d in zip(got, want)):
+            hint = (" (its transpose: a linear's weight is torch's (out, in), a matmul's "
+                    "right operand (in, out))" if len(got) == 2 and got[::-1] == want else "")
+            raise ShapeError(f"save_quantized: weight {name!r} has shape {format_shape(got)}, "
+                             f"the graph declares {format_shape(leaf.shape)}{hint}; pass the "
+                             "value the float graph binds (its tg.compile(graph).bind takes "
+                             "the same)")
+    for name in sorted(quantized & set(weights)):
+        w = np.asarray(weights[name])
+        if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+            continue  # integers are finite
+        finite = np.isfinite(w)
+        if finite.all():
+            continue
+        at = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ArgumentError(f"save_quantized: weight {name!r} {format_shape(w.shape)} holds "
+                            f"{float(w[at])} at {at} ({int((~finite).sum())} of {w.size} values "
+                            f"not finite), which {scheme} cannot store: its scale would be "
+                            "NaN or inf; repair the float weights (a corrupted checkpoint or "
+                            "a diverged training run) and save again")
 
 
 def file_settings(path, scheme: str | None, group_size: int | None,

@@ -1284,7 +1284,7 @@ TORCH_ROUND = lambda torch, x, decimals=0: torch.round(x, decimals=decimals)  # 
 # quant.py: symmetric int8 with per-channel scales (tg.quantize's ops)
 def _qscale_ref(a, axis=0):
     m = np.abs(a.astype(np.float64)).max(axis=axis, keepdims=True)
-    return np.where(m > 0, m / 127.0, 1.0)
+    return np.where(m == 0, 1.0, m / 127.0)
 
 
 def _dynamic_quant_grouped_ref(x, group):
@@ -1335,7 +1335,7 @@ def _i4_scale_ref(a, group_size=32):
     ng = -(-k // group_size)
     rows = _i4_rows(k, ng)
     m = np.stack([np.abs(a[rows == g].astype(np.float64)).max(axis=0) for g in range(ng)])
-    return np.where(m > 0, m / 7.0, 1.0)
+    return np.where(m == 0, 1.0, m / 7.0)
 
 
 def _i4_values(rng, spec, dtype):

@@ -5,7 +5,11 @@ exactly what a quantized kernel must compute (the int8 values and the scales are
 graph, not a kernel's private detail):
 
 - ``quant_scale(w, axis=a)``: max |w| over axis ``a`` (kept, size 1) / 127, and 1 where that
-  max is 0 (an all-zero channel quantizes to zeros, not to 0 / 0).
+  max is 0 (an all-zero channel quantizes to zeros, not to 0 / 0). A channel holding NaN
+  gets a NaN scale and one holding +-inf an infinite one, so its dequantized values are NaN
+  (x / inf is 0 but for the inf, 0 * inf NaN) wherever the float weight's product is not
+  finite: a corrupted weight stays visible through quantization rather than taking the
+  all-zero channel's scale of 1 and turning into zeros or finite noise.
 - ``quantize(x, scale)``: round half to even of x / scale, clamped to [-127, 127], as int8
   (symmetric: -128 is never used, so negating a channel stays exact).
 - ``dequantize(q, scale)``: q as the scale's dtype times the scale (broadcast); a (K, N)
@@ -23,7 +27,8 @@ graph, not a kernel's private detail):
 - ``int4_scale(w, group_size=G)``, ``quantize_int4(w, s)``, ``dequantize_int4(q, s)``:
   group-wise symmetric int4 of a (K, N) weight: a scale per (group of rows along K, output
   channel), shape (ng, N), ng = ceil(K / G); the values in [-7, 7], held in the graph as
-  uint8 v + 8 (the nibble a kernel packs two a byte; a checkpoint's -8 is 0). The groups
+  uint8 v + 8 (the nibble a kernel packs two a byte; a checkpoint's -8 is 0); a group holding
+  NaN or +-inf gets a NaN or infinite scale, as ``quant_scale``'s channel. The groups
   are ceil(K / ng) rows each, the last shorter, so the scale's shape alone says where a
   group starts (G when G divides K, the case of every model's hidden sizes): a kernel
   matching ``dequantize_int4`` needs no attribute.
@@ -58,6 +63,7 @@ QMAX = 127  # symmetric int8: [-127, 127]
 QMAX4 = 7  # symmetric int4: [-7, 7] (-8 unused, as -128 for int8)
 INT4_OFFSET = 8  # int4 values are held as uint8 v + 8: the nibble a kernel packs
 F16_MAX_ROUND = 65520.0  # |w| from here rounds to inf in float16 (65504 + half its ulp)
+BF16_MAX_ROUND = (2.0 - 2.0 ** -8) * 2.0 ** 127  # the same for bfloat16 (its max + half an ulp)
 
 
 def _wq():
@@ -68,15 +74,24 @@ def _ws():
     return (tg.input("w", (5, 3)), tg.input("scale", (1, 3)))
 
 
+def _scale(m, qmax: int):
+    """m / qmax, 1 where m is 0. Why ``m == 0`` and not ``0 < m``: NaN fails every comparison,
+    so the test for the all-zero channel must be the one a NaN max fails, or the NaN would
+    take the scale of 1 and quantize to finite values."""
+    return tg.where(tg.equal(m, 0.0), 1.0, div(m, float(qmax)))
+
+
 @composite(example=lambda: (tg.input("w", (5, 3)),))
 def quant_scale(w, *, axis=0):
     """The symmetric int8 scale of each channel: max |w| over ``axis`` / 127 (1 for an
-    all-zero channel), ``axis`` kept with size 1 so it broadcasts against ``w``."""
+    all-zero channel only: a NaN max stays NaN and an infinite one inf, so a non-finite
+    weight makes its channel's product non-finite, as in the float model), ``axis`` kept with
+    size 1 so it broadcasts against ``w``."""
     if not w.dtype.is_float:
         raise DTypeError(f"quant_scale: needs a float tensor, got {w.dtype.name} "
                          f"{format_shape(w.shape)} (quantize float weights)")
     m = tg.max(_abs(w), axis, keepdims=True)
-    return tg.where(tg.less(0.0, m), div(m, float(QMAX)), 1.0)
+    return _scale(m, QMAX)
 
 
 @composite(example=_ws)
@@ -124,9 +139,10 @@ def dequantize(q, scale):
 def dynamic_quant(x, *, group=0):
     """x with each row (the last axis) quantized to symmetric int8 with its own scale and
     back: dequantize(quantize(x, s), s), s = quant_scale(x, axis=-1) (an all-zero row: scale
-    1). int8-dynamic's activations, quantized at run time. ``group`` G > 0: a scale per G
-    consecutive values of a row instead (G dividing the row): one outlier channel then
-    coarsens the steps of its G - 1 neighbours only, not of the whole row (0: the row)."""
+    1; a row holding NaN or +-inf: NaN, as its float product). int8-dynamic's activations,
+    quantized at run time. ``group`` G > 0: a scale per G consecutive values of a row instead
+    (G dividing the row): one outlier channel then coarsens the steps of its G - 1
+    neighbours only, not of the whole row (0: the row)."""
     if not x.dtype.is_float or x.ndim < 1:
         raise DTypeError(f"dynamic_quant: needs a float tensor with a last axis, got "
                          f"{x.dtype.name} {format_shape(x.shape)}")
@@ -141,6 +157,12 @@ def dynamic_quant(x, *, group=0):
         return tg.reshape(dequantize(quantize(v, s), s), *x.shape)
     s = quant_scale(x, axis=x.ndim - 1)
     return dequantize(quantize(x, s), s)
+
+
+def _overflow(w, rounded, limit: float):
+    """``rounded`` where |w| < limit, else w * inf: +-inf past the format's range and for
+    +-inf, NaN for NaN (which fails the comparison)."""
+    return tg.where(tg.less(_abs(w), limit), rounded, tg.mul(w, float("inf")))
 
 
 def _round_bits(w, bits: int, emin: float | None = None):
@@ -166,12 +188,13 @@ def bf16_round(w):
     stored as bfloat16. Written in exact arithmetic, not as casts, so the float64 reference
     rounds too (it lifts a cast to bfloat16 to float64, which would not round): with
     ulp = 2**(floor(log2|w|) - 7) (the exponent corrected by exact comparisons, whatever
-    log2 rounds to near a power of two), round_half_even(w / ulp) * ulp; 0 stays 0. Finite
-    normal weights; a value past bfloat16's range is not rounded to inf."""
+    log2 rounds to near a power of two), round_half_even(w / ulp) * ulp; 0 stays 0. Past
+    bfloat16's range (|w| >= its max + half an ulp) inf, and +-inf and NaN stay themselves, as
+    the cast a kernel stores gives (``_round_bits`` alone turns inf into inf / inf = NaN)."""
     if not w.dtype.is_float:
         raise DTypeError(f"bf16_round: needs a float tensor, got {w.dtype.name} "
                          f"{format_shape(w.shape)}")
-    return _round_bits(w, 7)
+    return _overflow(w, _round_bits(w, 7), BF16_MAX_ROUND)
 
 
 @composite(example=lambda: (tg.input("w", (5, 3)),))
@@ -184,8 +207,7 @@ def fp16_round(w):
     if not w.dtype.is_float:
         raise DTypeError(f"fp16_round: needs a float tensor, got {w.dtype.name} "
                          f"{format_shape(w.shape)}")
-    r = _round_bits(w, 10, emin=-14.0)
-    return tg.where(tg.less(_abs(w), F16_MAX_ROUND), r, tg.mul(w, float("inf")))
+    return _overflow(w, _round_bits(w, 10, emin=-14.0), F16_MAX_ROUND)
 
 
 def _groups(k: int, ng: int) -> int:
@@ -224,7 +246,8 @@ def _w2():
 @composite(example=lambda: (tg.input("w", (8, 3)),))
 def int4_scale(w, *, group_size=32):
     """The symmetric int4 scale of each (group of rows, column) of a (K, N) weight: max |w|
-    over the group / 7 (1 for an all-zero group), shape (ng, N), ng = ceil(K / group_size)
+    over the group / 7 (1 for an all-zero group; NaN or inf for a group holding NaN or +-inf,
+    as ``quant_scale``), shape (ng, N), ng = ceil(K / group_size)
     groups of ceil(K / ng) rows (the last shorter)."""
     if not w.dtype.is_float or w.ndim != 2:
         raise DTypeError(f"int4_scale: needs a float (K, N) weight, got {w.dtype.name} "
@@ -236,7 +259,7 @@ def int4_scale(w, *, group_size=32):
     g = _groups(k, ng)
     padded = tg.pad(_abs(w), (0, 0, 0, ng * g - k))
     m = tg.max(tg.reshape(padded, ng, g, n), 1)
-    return tg.where(tg.less(0.0, m), div(m, float(QMAX4)), 1.0)
+    return _scale(m, QMAX4)
 
 
 @composite(example=_w2)

@@ -10,8 +10,9 @@
  * The row quantization reproduces the graph's float64 reference exactly: max|a| is exact, the
  * scale is m / 127 in double and each q = round_half_even(a / s) in double (multiplied by
  * 1 / s, divided only where that lands within 1e-9 of a tie, where the two could differ),
- * clamped to [-127, 127]; a row holding NaN gets scale 1 and NaN values 0, a row holding inf
- * scale inf (its outputs NaN), as the reference's where/clamp/cast give. So the only error is
+ * clamped to [-127, 127]; a row holding NaN gets a NaN scale (its values 0) and a row holding
+ * inf scale inf, so both rows' outputs are NaN, as the reference's scale (1 only where the max
+ * is 0) gives: a NaN activation is not hidden by the quantization. So the only error is
  * the int32 sum's conversion and the scales' products in float32.
  *
  * The instructions are chosen at run time (`isa`, from the CPU or TG_INT8_ISA):
@@ -128,7 +129,7 @@ static void quant_row_exact(const float *a, int64_t k, int64_t kp, uint8_t *q, f
         if (v != v) nan = 1;
         else if (v > m) m = v;
     }
-    double s = nan || !(m > 0.0) ? 1.0 : m / 127.0;
+    double s = nan ? (double)NAN : m > 0.0 ? m / 127.0 : 1.0;
     double inv = 1.0 / s;
     for (int64_t i = 0; i < k; i++) {
         double t = (double)a[i] * inv, r = nearbyint(t);
