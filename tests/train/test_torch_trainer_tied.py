@@ -37,6 +37,17 @@ def _ids(step: int):
     return torch.from_numpy(rng.integers(0, 20, 16)), torch.from_numpy(rng.integers(0, 20, 16))
 
 
+def _train_alike(trainer, reference, topt, batches) -> None:
+    """A step of ours and of torch's optimizer on ``reference`` per batch: equal losses."""
+    for step, (ids, y) in enumerate(batches):
+        ours = trainer.step(ids, y)
+        topt.zero_grad()
+        theirs = F.cross_entropy(reference(ids), y)
+        theirs.backward()
+        topt.step()
+        assert abs(ours - theirs.item()) <= 1e-5 * theirs.item(), step
+
+
 def test_a_tied_weight_trains_once_with_both_uses_gradients():
     module = Tied()
     reference = copy.deepcopy(module)
@@ -44,15 +55,8 @@ def test_a_tied_weight_trains_once_with_both_uses_gradients():
                             optimizer=tg.optim.SGD(0.5))
     assert sorted(trainer.params) == ["emb.weight", "mid.bias", "mid.weight"]
     assert trainer.frozen == {}
-    topt = torch.optim.SGD(reference.parameters(), 0.5)
-    for step in range(6):
-        ids, y = _ids(step)
-        ours = trainer.step(ids, y)
-        topt.zero_grad()
-        theirs = F.cross_entropy(reference(ids), y)
-        theirs.backward()
-        topt.step()
-        assert abs(ours - theirs.item()) <= 1e-5 * theirs.item(), step
+    _train_alike(trainer, reference, torch.optim.SGD(reference.parameters(), 0.5),
+                 [_ids(step) for step in range(6)])
     before = module.emb.weight.detach().clone()
     trainer.load_into(module)
     assert module.head.weight is module.emb.weight  # still one tensor, under both names
@@ -113,14 +117,8 @@ def test_gpt2s_tied_table_trains_as_transformers_and_torch_train_it():
     table = "lm.transformer.wte.weight"
     assert table in trainer.params and "lm.lm_head.weight" not in trainer.params
     assert trainer.frozen.keys() <= {n for n, _ in module.named_buffers()}
-    topt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    for step, (ids, y) in enumerate(batches):
-        ours = trainer.step(ids, y)
-        topt.zero_grad()
-        theirs = F.cross_entropy(reference(ids), y)
-        theirs.backward()
-        topt.step()
-        assert abs(ours - theirs.item()) <= 1e-5 * theirs.item(), step
+    _train_alike(trainer, reference, torch.optim.AdamW(reference.parameters(), lr=1e-2),
+                 batches)
     trainer.load_into(module)
     assert module.lm.lm_head.weight is module.lm.transformer.wte.weight
     for name, p in reference.named_parameters():
