@@ -3,8 +3,6 @@ picks fused kernels for them)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import sympy
 
@@ -17,8 +15,7 @@ from tensor_graphs.frontend.aten.common import (
 )
 from tensor_graphs.frontend.aten.random_ops import _generator
 from tensor_graphs.ir import api as tg
-from tensor_graphs.ir.ops.nn import _safe_softmax
-from tensor_graphs.ir.shapes import dims_equal
+from tensor_graphs.ir.ops.nn import attention_with
 
 
 def _norm_shape(x, normalized_shape, params, fn):
@@ -61,44 +58,14 @@ def _sdpa(a, kw):
 
 def _attention_dropout(q, k, v, mask, is_causal, scale, p):
     """Attention whose weights are dropped, as torch's math path does it (transformers'
-    default attention in training mode passes the attention dropout as ``dropout_p``):
-    softmax(q @ k^T * scale + mask), dropout, @ v. Written out because the dropout falls
-    between the softmax and the product with v, inside the fused op. The dropped weights are
-    drawn from the training generator, as ``nn.Dropout``'s are (without one, outside
-    ``from_torch(..., train=True)``, it is refused: inference would drop at random). The rest
-    follows the fused op: grouped-query k and v serve ``Hq // Hkv`` query heads each, a bool
-    mask is where to attend and a float one is added, causal is top-left, a fully masked row
-    gives 0."""
+    default attention in training mode passes the attention dropout as ``dropout_p``): the
+    op's own decomposition with a dropout of its weights, which fall inside the fused op. The
+    dropped weights are drawn from the training generator, as ``nn.Dropout``'s are (without
+    one, outside ``from_torch(..., train=True)``, it is refused: inference would drop at
+    random)."""
     gen = _generator("scaled_dot_product_attention with dropout_p > 0")
-    q, k, v = tg.promote(q, k, v)
-    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    if q.ndim >= 3 and k.ndim >= 3 and not dims_equal(q.shape[-3], k.shape[-3]):
-        groups = q.shape[-3] // k.shape[-3]  # the fused op has checked they divide
-
-        def repeat(t):  # (..., Hkv, S, D) -> (..., Hkv * G, S, D): head h reads h // G
-            wide = tg.expand(tg.unsqueeze(t, -3), t.shape[:-2] + (groups,) + t.shape[-2:])
-            return tg.reshape(wide, t.shape[:-3] + (q.shape[-3],) + t.shape[-2:])
-        k, v = repeat(k), repeat(v)
-    if scale is not None:
-        factor = float(scale)
-    elif isinstance(d, int):
-        factor = 1.0 / math.sqrt(d)
-    else:
-        factor = tg.rsqrt(tg.size(d, q.dtype))
-    scores = tg.mul(tg.matmul(q, tg.transpose(k, -1, -2)), factor)
-    allowed = None
-    if mask is not None and mask.dtype.is_bool:
-        allowed = mask
-    elif mask is not None:
-        scores = tg.add(scores, tg.cast(mask, scores.dtype))
-    if is_causal:  # key j <= query i
-        causal = tg.logical_not(tg.less(tg.reshape(tg.iota(sq), (sq, 1)),
-                                        tg.reshape(tg.iota(sk), (1, sk))))
-        allowed = causal if allowed is None else tg.logical_and(allowed, causal)
-    if allowed is not None:
-        scores = tg.where(allowed, scores, float("-inf"))
-    probs = tg.softmax(scores, axis=-1) if mask is None else _safe_softmax(scores)
-    return tg.matmul(tg.dropout(probs, p, gen), v)
+    return attention_with(q, k, v, mask, is_causal=is_causal, scale=scale,
+                          weights=lambda w: tg.dropout(w, p, gen))
 
 
 def _embedding_renorm(a, kw):

@@ -8,11 +8,13 @@ last axis and take optional weight/bias instead of a ``normalized_shape``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from tensor_graphs.errors import DTypeError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir import dtypes
 from tensor_graphs.ir.composite import composite
+from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.elementwise import div, logical_and, logical_not, rsqrt, sub
 from tensor_graphs.ir.ops.reductions import mean, softmax
 from tensor_graphs.ir.shapes import broadcast_shapes, dims_equal, format_shape
@@ -150,19 +152,12 @@ def _attention_example():
             tg.input("mask", (3, 5), "bool"))
 
 
-@composite(example=_attention_example)
-def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, scale=None):
-    """softmax(q @ k^T * scale + mask) @ v over (batch..., heads, seq, dim) tensors.
-
-    - ``scale`` defaults to 1/sqrt(q.shape[-1]).
-    - Grouped-query attention: when k/v have fewer heads than q (Hq a multiple of Hkv), query
-      head h uses kv head h // (Hq // Hkv), as torch's ``enable_gqa=True``. q is viewed as
-      (..., Hkv, G, Sq, D) so k/v are broadcast, never copied.
-    - ``attn_mask`` broadcasts to (..., Hq, Sq, Sk): bool True = attend, float = added to the
-      scores. A row with nothing to attend to gives 0 (torch's safe softmax), not nan.
-    - ``is_causal``: query i attends keys j <= i (torch's top-left tril, also when Sq != Sk);
-      unlike torch it may be combined with ``attn_mask`` (both must allow a position).
-    """
+def attention_with(q, k, v, attn_mask=None, *, is_causal=False, scale=None,
+                   weights: Callable[[Node], Node] | None = None) -> Node:
+    """``scaled_dot_product_attention``'s decomposition, the one definition of its semantics,
+    with ``weights`` applied to the attention weights (..., Hq, Sq, Sk) between the softmax
+    and the product with v: training's attention dropout (``dropout_p``) falls there, inside
+    the fused op, so the frontend writes the attention out through this."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim < 2:
             raise ShapeError(f"scaled_dot_product_attention: {name} must be (..., seq, dim), got "
@@ -235,12 +230,30 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, sc
         probs = softmax(scores, axis=-1)  # a causal row always keeps key 0
     else:
         probs = _safe_softmax(scores)
+    if weights is not None:
+        probs = weights(probs)
     if groups > 1:
         probs = tg.reshape(probs, probs.shape[:-3] + (hkv, groups, sq, sk))
     out = tg.matmul(probs, v)
     if groups > 1:
         out = tg.reshape(out, out.shape[:-4] + (hq, sq, out.shape[-1]))
     return out
+
+
+@composite(example=_attention_example)
+def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, scale=None):
+    """softmax(q @ k^T * scale + mask) @ v over (batch..., heads, seq, dim) tensors.
+
+    - ``scale`` defaults to 1/sqrt(q.shape[-1]).
+    - Grouped-query attention: when k/v have fewer heads than q (Hq a multiple of Hkv), query
+      head h uses kv head h // (Hq // Hkv), as torch's ``enable_gqa=True``. q is viewed as
+      (..., Hkv, G, Sq, D) so k/v are broadcast, never copied.
+    - ``attn_mask`` broadcasts to (..., Hq, Sq, Sk): bool True = attend, float = added to the
+      scores. A row with nothing to attend to gives 0 (torch's safe softmax), not nan.
+    - ``is_causal``: query i attends keys j <= i (torch's top-left tril, also when Sq != Sk);
+      unlike torch it may be combined with ``attn_mask`` (both must allow a position).
+    """
+    return attention_with(q, k, v, attn_mask, is_causal=is_causal, scale=scale)
 
 
 def _rope_example():
