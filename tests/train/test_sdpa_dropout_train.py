@@ -128,7 +128,7 @@ def test_without_a_training_generator_it_is_refused_with_the_fix():
 def _gpt2(impl: str):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=32,
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50, n_positions=32,
                                   attn_pdrop=0.2, resid_pdrop=0.1, embd_pdrop=0.1,
                                   attn_implementation=impl)
     return transformers.GPT2LMHeadModel(cfg).train()
@@ -167,7 +167,7 @@ def test_gpt2_trains_the_same_with_its_default_sdpa_attention_as_with_eager():
 def test_bert_with_attention_dropout_trains_on_its_default_attention():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2,
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1,
                                   num_attention_heads=4, intermediate_size=64,
                                   max_position_embeddings=32, attention_probs_dropout_prob=0.2,
                                   hidden_dropout_prob=0.1)
