@@ -127,7 +127,7 @@ def test_paths_are_warmed_and_timed_in_turns(monkeypatch):
     monkeypatch.setattr(walk, "lower", lambda plan: plan)
     monkeypatch.setattr(walk, "realize_plan", lambda plan: (plan, {}))
     monkeypatch.setattr(walk, "Executable", Slowing)
-    monkeypatch.setattr(walk, "_take", take)
+    monkeypatch.setattr(walk, "_uncontended_sample", take)
     planner, _ = _planner(_gelu_mlp(), {"batch": 3})
     first, other = itertools.islice(planner.paths(), 2)
     results = [PathResult("default", first, first.cost), PathResult("path 2", other, 1.0)]

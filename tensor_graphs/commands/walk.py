@@ -202,13 +202,6 @@ def _per_call(run, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _take(run, calls: int) -> tuple[float, float]:
-    """(seconds per call, seconds spent): one sample of ``calls`` calls, taken again while
-    another process held this one's threads off the cores (as kernels are measured: on a
-    loaded machine a 70 us path read 200 us in the samples a burst of other work fell on)."""
-    return _uncontended_sample(run, calls)
-
-
 def _calls_per_sample(run, sample_seconds: float, path_seconds: float) -> tuple[int, float]:
     """(calls per sample, seconds spent): ``run`` warmed, then as many calls a sample as
     last ``sample_seconds`` at the pace of WARM_CALLS calls timed once warm. The first calls
@@ -272,7 +265,9 @@ def time_paths(results: list[PathResult], feeds, dims, *, deadline: float | None
         for entry in turn[k % len(turn):] + turn[:k % len(turn)]:
             r, run, _ = entry
             try:
-                seconds, spent = _take(run, r.calls)
+                # taken again while another process held our threads off the cores, as
+                # kernels are measured (a 70 us path read 200 us in a burst of other work)
+                seconds, spent = _uncontended_sample(run, r.calls)
             except Exception as exc:  # noqa: BLE001
                 r.failure = f"{type(exc).__name__}: {exc}"[:80]
                 continue
