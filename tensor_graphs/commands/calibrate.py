@@ -79,8 +79,8 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     """Measure the GPU's rates (see the module doc) and store them in the database for
     ``hardware`` (its key: ``db.hardware.current("cuda")``); returns them: "flops", "bytes"
     (read plus written per second), "link" (host<->GPU bytes per second over a round trip),
-    "link_latency" and "launch" (seconds). Needs torch with a usable GPU, or the simulated
-    one."""
+    "link_latency" and "launch" (seconds), and on a real GPU "units" (its SMs). Needs torch
+    with a usable GPU, or the simulated one."""
     import torch
 
     from tensor_graphs.kernels.torch import convert
@@ -143,6 +143,8 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
              # a round trip's rate: the cost model has one link rate for both ways
              "link": 2.0 * over_link / (best["to_gpu"] + best["to_host"]),
              "link_latency": best["link_latency"] / repeat, "launch": best["launch"] / repeat}
+    if not simulated:  # the SMs a grid can keep busy (the simulated GPU keeps a real one's)
+        rates["units"] = torch.cuda.get_device_properties(device).multi_processor_count
     if db is not None and not db.readonly:
         db.set_calibration(hardware, rates)
     return rates

@@ -64,8 +64,13 @@ DEFAULT_RATES = {
     # copies from pageable host memory (no pinned staging yet) at ~12 GB/s over PCIe (an
     # H200 measured 12.7 GB/s host -> GPU and 13.7 back on 4 MB, 9.6 host -> GPU on 64 MB)
     "cuda": {"flops": 50e12, "bytes": 2e12, "dispatch": 3e-6, "link": 12e9,
-             "cache": 50e6},  # an H100's L2
+             "cache": 50e6,  # an H100's L2
+             "units": 132},  # an H100's SMs: a grid of fewer leaves the rest idle
 }
+# A GPU unit (SM) busy while others idle streams more than its even share of the bandwidth:
+# its loads in flight, not the memory, limit it. About 3x (an H100's 3.35 TB/s over 132 SMs
+# is 25 GB/s an SM, where one streams ~75), an assumption until the kernel is measured.
+UNIT_STREAM = 3.0
 # Rates a device's calibration may lack, derived from what it has (``CostModel.rates``):
 # "read": bytes per second the runtime's threads read from memory (static values streamed once
 # per call, ``from_memory``): measured by ``profiler/bandwidth.py`` (``tg profile``'s
@@ -195,6 +200,22 @@ class CostModel:
             return max(feats.bytes / 2 / self.rates(kind)["link"], 1e-12)
         return self.work(feats, kind)
 
+    def as_run(self, kernel, feats: Features, signature: str | None) -> Features:
+        """``feats`` as the kernel's roofline sees them at ``signature``: its flops at the
+        share of the peak it declares (``efficiency``), and on a device of several units (a
+        GPU's SMs) its work over the share of them its grid keeps busy (``occupancy``). A
+        unit busy alone streams up to ``UNIT_STREAM`` times its even share of the bandwidth,
+        so bytes are slowed less than arithmetic."""
+        flops, moved = feats.flops / _efficiency(kernel, signature), feats.bytes
+        occupancy = _occupancy(kernel, signature)
+        units = self.rates(measured_on(kernel)).get("units") if occupancy else None
+        if units and occupancy.programs > 0:
+            waves = -(-occupancy.programs // units)
+            busy = occupancy.programs / (waves * units)
+            flops /= busy * occupancy.useful
+            moved /= min(1.0, UNIT_STREAM * busy)
+        return Features(flops, moved, feats.elements)
+
     def overhead(self, kernel) -> float:
         """Seconds one call of ``kernel`` costs beyond its work (``OVERHEAD``), or the
         calibrated figure that replaces it (``CALIBRATED_OVERHEAD``)."""
@@ -319,10 +340,7 @@ class CostModel:
         if not kernel.view:  # a view moves no data
             passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \
                 _is_composite(kernel) else 1.0
-            share = _efficiency(kernel, signature)
-            if share != 1.0:
-                feats = Features(feats.flops / share, feats.bytes, feats.elements)
-            seconds += passes * self.kernel_work(kernel, feats)
+            seconds += passes * self.kernel_work(kernel, self.as_run(kernel, feats, signature))
         if is_exact_kernel(kernel):
             seconds = EXACT_OVERHEAD + EXACT_SLOWDOWN * seconds
         return Estimate(seconds, "estimated", UNCERTAINTY["estimated"])
@@ -340,8 +358,8 @@ class CostModel:
                         or flops is None or moved is None or not r.seconds > 0
                         or _shape_class(r.signature) != want):
                     continue
-                found.append((self.kernel_work(kernel, Features(flops, moved, 0.0)),
-                              r.seconds))
+                found.append((self.kernel_work(kernel, self.as_run(
+                    kernel, Features(flops, moved, 0.0), r.signature)), r.seconds))
             self._rows[key] = found
         return found
 
@@ -349,7 +367,7 @@ class CostModel:
         rows = self._measured_rows(kernel, signature)
         if not rows:
             return None
-        w = self.kernel_work(kernel, feats)
+        w = self.kernel_work(kernel, self.as_run(kernel, feats, signature))
         by_work: dict[float, list[float]] = {}
         for rw, seconds in rows:
             by_work.setdefault(rw, []).append(seconds)
@@ -453,6 +471,18 @@ def _efficiency(kernel, signature: str | None) -> float:
         return 1.0
     inputs = json.loads(signature).get("inputs", [])
     return shares.get(inputs[0][1], 1.0) if inputs else 1.0
+
+
+def _occupancy(kernel, signature: str | None):
+    """The ``Occupancy`` ``kernel`` declares for the input shapes of ``signature``, or None
+    (none declared, no signature, or a dim not concrete)."""
+    occupancy = getattr(kernel, "occupancy", None)
+    if occupancy is None or not signature:
+        return None
+    shapes = [tuple(shape) for shape, _ in json.loads(signature).get("inputs", [])]
+    if not all(isinstance(d, int) for s in shapes for d in s):
+        return None
+    return occupancy(shapes)
 
 
 def _shape_class(signature: str) -> tuple:

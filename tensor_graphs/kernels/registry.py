@@ -129,6 +129,18 @@ class Preparation:
         return self.fn(array)
 
 
+@dataclass(frozen=True)
+class Occupancy:
+    """How much of a GPU one call keeps busy, for the kernel's estimate until it is measured.
+    A grid of fewer programs than the device has SMs leaves the others idle (a decode GEMV's
+    12 column blocks on an H100's 132), and a tile wider than the data computes padding (a
+    16-row ``tl.dot`` tile on one row does 16 rows' arithmetic): a roofline at the device's
+    peaks would call both as fast as a kernel that fills the GPU."""
+
+    programs: int  # the grid's programs (of the call's widest launch)
+    useful: float = 1.0  # the share of the arithmetic done that the result needs
+
+
 @dataclass(frozen=True, eq=False)
 class Kernel:
     """One implementation of a pattern on a backend; call it like its function."""
@@ -155,6 +167,9 @@ class Kernel:
     # input dtype name -> the share of the device's peak flop rate its arithmetic reaches,
     # for the planner's estimate until the kernel is measured (absent: 1)
     efficiency: dict = field(default_factory=dict)
+    # occupancy(shapes) -> Occupancy of one call at these input shapes (all concrete), for
+    # a GPU kernel's estimate (absent: it fills the device)
+    occupancy: Callable | None = None
 
     @property
     def op(self) -> str | None:
@@ -382,11 +397,13 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
            contiguous: bool = False, where: Callable | None = None, tolerance: float = 1e-6,
            inplace: int | None = None, view: bool = False, replace: bool = False,
            signatures=None, writes_out: bool = False, prepare: dict | None = None,
-           efficiency: dict | None = None):
+           efficiency: dict | None = None, occupancy: Callable | None = None):
     """Register the decorated function as a kernel for ``pattern`` (see the module docstring;
     ``writes_out=True``: the function takes ``out=`` and writes its result there;
     ``efficiency``: {input dtype: the share of the device's peak flop rate the kernel's
-    arithmetic reaches}, what its estimate assumes until it is measured)."""
+    arithmetic reaches}, what its estimate assumes until it is measured; ``occupancy``:
+    ``occupancy(shapes) -> Occupancy``, how much of a GPU a call at those input shapes keeps
+    busy, which the estimate also takes until measured)."""
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}; use one of {BACKENDS}")
     if device not in DEVICE_KINDS:
@@ -447,7 +464,7 @@ def kernel(pattern, *, backend: str, name: str | None = None, device: str = "cpu
             tolerance=float(tolerance), inplace=inplace, view=view,
             writes_out=bool(writes_out), doc=inspect.cleandoc(fn.__doc__ or "").split("\n")[0],
             source_hash=source_hash(fn), signatures=signatures, prepare=preps,
-            efficiency={d: float(f) for d, f in shares.items()})
+            efficiency={d: float(f) for d, f in shares.items()}, occupancy=occupancy)
         unknown = sorted(set(preps) - set(var_names))
         if unknown or (preps and variadic in preps):
             raise ArgumentError(f"kernel {label}: prepare names {unknown or [variadic]}, not "

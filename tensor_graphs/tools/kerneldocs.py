@@ -283,7 +283,7 @@ def matmul_kernels() -> list[tuple[object, object, str]]:
     from tensor_graphs.kernels.triton.templates import matmul
 
     return [(e, c, f"triton_{e.label}_{c.label}") for e in matmul.EPILOGUES
-            for c in matmul.CONFIGS]
+            for c in matmul.CONFIGS + matmul.GEMV_CONFIGS]
 
 
 def attention_kernels() -> list[tuple[str, object, str]]:
@@ -395,6 +395,20 @@ def gpu_section() -> str:
                       c.stages, c.precision,
                       ", ".join(("float32",) if c.precision == "tf32" else tr.FLOAT_DTYPES),
                       f"{c.tolerance:g}", f"{c.fp32_share:g}") for c in matmul.CONFIGS])
+    lines += ["", f"The `gemv_` configs take at most {matmul.GEMV_ROWS} rows (a decode step): "
+              "`tl.dot`'s 16-row tile would do 16 rows' arithmetic on one, in as few programs "
+              "as the columns give. A program sums one row's products over a split of K with "
+              "fp32 FMAs; the splits aim at "
+              f"{matmul.PROGRAMS} programs in all, and a second kernel adds them and applies "
+              "the epilogue (one split: the epilogue in the first). Every operand dtype, "
+              f"tolerance {matmul.REDUCTION:g}.", ""]
+    lines += _table(("config", "columns a program", "K a step", "splits up to", "warps",
+                     "stages"),
+                    [(f"`{c.label}`", c.block_n, c.block_k, c.max_splits, c.warps, c.stages)
+                     for c in matmul.GEMV_CONFIGS])
+    lines += ["", "Each template declares the grid a call launches and the share of its "
+              "arithmetic that is real (`Occupancy`): until measured, its estimate is at the "
+              "share of the GPU's SMs the grid keeps busy (`db/cost.py`)."]
     lines += ["", "**Attention** (`attention_jit.py`): `scaled_dot_product_attention` without a "
               "mask and with one (`_mask`: bool or float), causal or not, grouped-query heads, "
               f"head dims up to {at.MAX_HEAD_DIM}; online softmax in fp32, fp32 products in "

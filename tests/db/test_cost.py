@@ -479,3 +479,73 @@ def test_a_kernel_declaring_a_share_of_the_peak_is_estimated_at_it(db):
         with pytest.raises(tg.errors.ArgumentError, match="efficiency"):
             tg.kernel("matmul", backend="numpy", name=name + "_bad", efficiency=bad)(
                 lambda a, b: a @ b)
+
+
+@pytest.fixture
+def grid_matmul():
+    """A GPU matmul declaring its grid as a 64-row x 64-column tiled kernel would: a program
+    per tile, the tile's padding wasted."""
+    from tensor_graphs.kernels.registry import Occupancy
+
+    def occupancy(shapes):
+        (m, _), (_, n) = shapes
+        tiles = -(-m // 64) * -(-n // 64)
+        return Occupancy(tiles, m * n / (tiles * 64 * 64))
+
+    name = "test_cost_grid_matmul"
+    tg.kernel("matmul", backend="triton", device="cuda", name=name,
+              occupancy=occupancy)(lambda a, b: a @ b)
+    try:
+        yield registry.get(name)
+    finally:
+        registry.unregister(name)
+
+
+def gpu_matmul(m: int, n: int, k: int):
+    a, b = tg.input("a", (m, k)), tg.input("b", (k, n))
+    y = a @ b
+    return sig_of(y), features([y], [a, b], y)
+
+
+def test_a_grid_that_leaves_sms_idle_is_estimated_slower(db, grid_matmul):
+    """An unmeasured GPU kernel's roofline is at the share of the SMs its grid keeps busy
+    (a GPU's 132 until calibrated) and of its arithmetic that is real: 12 programs are 12/132
+    of the flops rate, and of the bandwidth 3 times that (one SM alone streams more than its
+    even share); a grid of whole waves, and a CPU kernel, pay nothing."""
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    sig, f = gpu_matmul(1, 768, 3072)  # 1 x 12 tiles, each 1 row of 64 real
+    busy = 12 / 132
+    assert_estimate(model.estimate(grid_matmul, sig, f),
+                    3 * US + max(f.flops / (busy / 64) / 50e12, f.bytes / (3 * busy) / 2e12),
+                    "estimated", UNCERTAINTY["estimated"])
+    sig, f = gpu_matmul(64 * 12, 64 * 22, 256)  # 264 tiles: two whole waves, all real
+    assert_estimate(model.estimate(grid_matmul, sig, f),
+                    3 * US + max(f.flops / 50e12, f.bytes / 2e12), "estimated",
+                    UNCERTAINTY["estimated"])
+    sig, f = gpu_matmul(64 * 12, 64 * 12, 256)  # 144 tiles: a second wave of 12
+    assert model.estimate(grid_matmul, sig, f).seconds == pytest.approx(
+        3 * US + max(f.flops / (144 / 264) / 50e12, f.bytes / 2e12), rel=1e-12)
+    # the calibration's SM count replaces the default: 12 tiles fill a 12-SM GPU
+    db.set_calibration(GPU, {"flops": 50e12, "bytes": 2e12, "units": 12, "launch": 3 * US})
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    sig, f = gpu_matmul(64, 768, 3072)
+    assert model.estimate(grid_matmul, sig, f).seconds == pytest.approx(
+        3 * US + max(f.flops / 50e12, f.bytes / 2e12), rel=1e-12)
+
+
+def test_interpolation_counts_the_grid_of_each_shape(db, grid_matmul):
+    """A row measured where the grid filled the GPU predicts a shape that leaves SMs idle as
+    that grid's work, not as its flops alone: 1 row of 3072 -> 768 is 12 programs doing 64
+    rows' arithmetic, the 768-row one it is fitted from 144 doing only real work."""
+    full_sig, full = gpu_matmul(768, 768, 3072)
+    db.record(Measurement(grid_matmul.name, grid_matmul.source_hash, full_sig, 5, 1e-3, 1e-3,
+                          2e-3, 0.0, hardware=GPU, flops=full.flops, bytes=full.bytes))
+    model = CostModel(db, {"cpu": HW, "cuda": GPU})
+    sig, f = gpu_matmul(1, 768, 3072)
+    got = model.estimate(grid_matmul, sig, f)
+    assert got.source == "interpolated"
+    w_full = max(full.flops / (144 / 264) / 50e12, full.bytes / 2e12)
+    w_one = max(f.flops / (12 / 132 / 64) / 50e12, f.bytes / (3 * 12 / 132) / 2e12)
+    overhead = min(3 * US, 0.5 * 1e-3)
+    assert got.seconds == pytest.approx(overhead + (1e-3 - overhead) * w_one / w_full, rel=1e-9)
+    assert got.seconds > 0.1e-3  # a flops-only scaling would say 1/768 of the row: 1.3 us

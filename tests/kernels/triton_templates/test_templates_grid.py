@@ -7,6 +7,8 @@ kernel, the shape and that torch's kernel covers it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tensor_graphs.ir import dtypes
@@ -124,3 +126,83 @@ def test_embedding_where_counts_blocks():
     assert isinstance(why, str) and "triton_embedding_x" in why and "torch" in why
     assert fits([(5,), (10, 300)], [dtypes.int64, dtypes.float16], {}) is True
     assert runtime.grid_fits("k", AXIS_0, ()) is True
+
+
+# ---------------------------------------------------------------------------- occupancy
+# The cost model's estimate of an unmeasured template divides its work by the share of the
+# GPU's SMs its grid keeps busy (``Occupancy``): the programs each declares must be the ones
+# its launcher launches, or the estimate costs a grid that never runs.
+LINEAR = next(e for e in matmul.EPILOGUES if e.label == "linear_add")
+CONV1D = next(e for e in matmul.EPILOGUES if e.label == "matmul_bias_gelu_tanh")
+
+
+def _gemm_args(e, m_shape, n, k):
+    a = meta(*m_shape, k)
+    b = meta(n, k) if e.linear else meta(k, n)
+    args = [a, b] + ([meta(n)] if e.bias else []) + ([meta(*m_shape, n)] if e.residual else [])
+    return args
+
+
+@pytest.mark.parametrize("cfg", matmul.CONFIGS + matmul.GEMV_CONFIGS, ids=lambda c: c.label)
+@pytest.mark.parametrize("e", (LINEAR, CONV1D), ids=lambda e: e.label)
+@pytest.mark.parametrize("dims", [((1, 1), 768, 3072), ((1, 1), 2304, 768), ((2, 3), 70, 520),
+                                  ((1,), 1, 1), ((1, 128), 768, 768)], ids=str)
+def test_matmul_occupancy_is_the_grid_launched(recorder, cfg, e, dims):
+    m_shape, n, k = dims
+    m = math.prod(m_shape)
+    gemv = isinstance(cfg, matmul.Gemv)
+    if gemv and m > matmul.GEMV_ROWS:
+        return  # the GEMV's where refuses it (test_gemv_where_takes_a_few_known_rows)
+    args = _gemm_args(e, m_shape, n, k)
+    (matmul.gemv if gemv else matmul.gemm)(cfg, e, *args)
+    _fits_cuda(recorder.grids)
+    first = recorder.grids[0][1]
+    declared = matmul.occupancy(cfg, e)([tuple(a.shape) for a in args])
+    assert declared.programs == math.prod(first)
+    if gemv:  # plain FMAs, no padded rows; the combine kernel when K was split
+        assert declared.useful == 1.0
+        combine = [m * -(-n // matmul.COMBINE_BLOCK)] if first[1] > 1 else []
+        assert [g[0] for _, g in recorder.grids[1:]] == combine
+    else:  # a 16-row tile on one row does 16 rows' arithmetic
+        rows, cols = -(-m // cfg.block_m) * cfg.block_m, -(-n // cfg.block_n) * cfg.block_n
+        assert declared.useful == pytest.approx(m * n / (rows * cols))
+
+
+def test_gemv_splits_cover_k_once_and_fill_the_gpu():
+    """Every split holds a whole number of K blocks and none is empty; a column-poor product
+    (GPT-2's 3072 -> 768 on one row) is split until it has ~two waves of programs."""
+    for cfg in matmul.GEMV_CONFIGS:
+        for m, n, k in ((1, 768, 3072), (1, 2304, 768), (3, 17, 520), (1, 1, 1), (8, 50257, 768)):
+            splits, chunk = matmul.gemv_splits(cfg, m, n, k)
+            assert chunk % cfg.block_k == 0 and 1 <= splits <= cfg.max_splits
+            assert (splits - 1) * chunk < k <= splits * chunk  # the last split is not empty
+        splits, _ = matmul.gemv_splits(cfg, 1, 768, 3072)
+        assert splits > 1 and -(-768 // cfg.block_n) * splits >= 132
+        assert matmul.gemv_splits(cfg, 8, 50257, 768)[0] == 1  # columns enough: one kernel
+
+
+def test_gemv_where_takes_a_few_known_rows():
+    fits = matmul.constraint(LINEAR, few_rows=True)
+    f32 = [dtypes.float32] * 4
+    assert fits([(1, 1, 64), (32, 64), (32,), (1, 1, 32)], f32, {}) is True
+    many = (1, matmul.GEMV_ROWS + 1, 64)
+    why = fits([many, (32, 64), (32,), many[:-1] + (32,)], f32, {})
+    assert isinstance(why, str) and str(many[:-1]) in why and "GEMM" in why
+    assert matmul.constraint(LINEAR)([many, (32, 64), (32,), many[:-1] + (32,)], f32, {}) \
+        is True  # the GEMM configs take them
+
+
+@pytest.mark.parametrize("cfg", attention.FLASH_CONFIGS + attention.DECODE_CONFIGS,
+                         ids=lambda c: c.label)
+def test_attention_occupancy_is_the_grid_launched(recorder, cfg):
+    flash = isinstance(cfg, attention.Flash)
+    q = meta(2, 12, 1 if not flash else 70, 64)
+    kv = meta(2, 4, 300, 64)
+    (attention.flash if flash else attention.decode)(cfg, q, kv, kv, None, is_causal=False,
+                                                     scale=None)
+    first = recorder.grids[0][1]
+    declared = attention.occupancy(cfg)([tuple(q.shape), tuple(kv.shape), tuple(kv.shape)])
+    assert declared.programs == math.prod(first)
+    # flash: 70 query rows in blocks of block_m; decode: 3 query heads a kv head in 16 rows
+    assert declared.useful == pytest.approx(70 / (-(-70 // cfg.block_m) * cfg.block_m)
+                                            if flash else 3 / 16)

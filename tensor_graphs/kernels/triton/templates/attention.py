@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensor_graphs.kernels.registry import kernel
+from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.triton.templates.runtime import (
     REDUCTION,
     deliver,
@@ -178,6 +178,23 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
     return deliver(o, out)
 
 
+def occupancy(cfg: Flash | Decode):
+    """The ``Occupancy`` of a config's call: its programs, and the share of its ``tl.dot``
+    rows that are real (flash: query rows in blocks of ``block_m``; decode: the query heads of
+    a kv head, in a block of at least 16)."""
+    def of(shapes) -> Occupancy:
+        q, k = tuple(shapes[0]), tuple(shapes[1])
+        heads, sq, hkv, sk = math.prod(q[:-2]), q[-2], math.prod(k[:-2]), k[-2]
+        if isinstance(cfg, Flash):
+            blocks = -(-sq // cfg.block_m)
+            return Occupancy(max(1, heads * blocks), sq / (blocks * cfg.block_m) if sq else 1.0)
+        group = heads // max(1, hkv)
+        splits, _ = splits_for(cfg, sk, hkv)
+        return Occupancy(max(1, hkv * splits), group / max(16, next_power_of_2(group)))
+
+    return of
+
+
 # ---------------------------------------------------------------------------- constraints
 def constraint(decode_only: bool, dtypes: tuple[str, ...], name: str = "", cfg=None):
     """The ``where`` of the attention kernels (torch's, plus what the templates hold); with a
@@ -268,7 +285,7 @@ def register() -> None:
                 kernel(pattern, backend="triton", name=name, device="cuda", dtypes=None,
                        where=_typed(dtypes, constraint(decode_only, dtypes, name, cfg)),
                        tolerance=REDUCTION, signatures=signatures(decode_only, masked, dtypes),
-                       writes_out=True)(fn)
+                       writes_out=True, occupancy=occupancy(cfg))(fn)
 
 
 def _typed(dtypes: tuple[str, ...], where):

@@ -11,6 +11,13 @@ accumulator; the result is rounded once.
 fp32 operands: the "ieee" configs multiply in full fp32 (FMA on the GPU, tolerance 1e-5, what
 cuBLAS gives by default); the "tf32" configs use the tensor cores (10-bit mantissas, declared
 2e-3), so the planner takes them only where the tolerance asked for allows that.
+
+A few rows (a decode step's GEMV, up to ``GEMV_ROWS``) also have ``gemv`` configs,
+``triton_<pattern>_gemv_<config>``: ``tl.dot``'s smallest tile has 16 rows, so on one row the
+GEMM configs do 16 rows' arithmetic in as few programs as the columns give (GPT-2's
+3072 -> 768 projection: 12 of an H100's 132 SMs). A GEMV program sums one row's products with
+plain FMAs over a split of K; the splits aim at two waves of the SMs, and a second kernel adds
+them and applies the epilogue (one split: the epilogue in the first).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from tensor_graphs.ir import api as tg
-from tensor_graphs.kernels.registry import kernel
+from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.signatures import Spec
 from tensor_graphs.kernels.triton.templates.runtime import (
     REDUCTION,
@@ -31,6 +38,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     jit,
     source_text,
     target,
+    torch,
 )
 
 JIT = "matmul_jit"
@@ -76,6 +84,38 @@ CONFIGS = (
     Config(128, 128, 64, 8, 3, fp32_share=0.45),  # prefill: large tiles, 8 warps
     Config(64, 128, 32, 4, 4, "tf32"),  # fp32 on the tensor cores, mid-sized M
     Config(128, 128, 32, 8, 3, "tf32"),  # fp32 on the tensor cores, prefill
+)
+
+
+@dataclass(frozen=True)
+class Gemv:
+    """A GEMV config: columns and K steps per program, at most ``max_splits`` splits of K."""
+
+    block_n: int
+    block_k: int
+    max_splits: int
+    warps: int
+    stages: int
+
+    @property
+    def label(self) -> str:
+        return f"gemv_n{self.block_n}k{self.block_k}"
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return float_dtypes()
+
+    @property
+    def tolerance(self) -> float:
+        return REDUCTION
+
+
+GEMV_ROWS = 8  # a decode step's rows (batch x new tokens): more take the GEMM configs
+PROGRAMS = 2 * 132  # GEMV splits aim at two waves of an H100's SMs, as decode attention's
+COMBINE_BLOCK = 256  # the combine kernel's columns per program
+GEMV_CONFIGS = (
+    Gemv(64, 128, 32, 4, 3),  # a @ b's (K, N) weight: 256-byte row segments per load
+    Gemv(16, 256, 32, 4, 3),  # linear's (N, K) weight: 1 KiB runs along each column's K
 )
 
 
@@ -132,6 +172,69 @@ def gemm(cfg: Config, e: Epilogue, a, b, bias=None, res=None, out=None):
     return deliver(c, out)
 
 
+def gemv_splits(cfg: Gemv, rows: int, n: int, k: int) -> tuple[int, int]:
+    """(splits, K per split): enough splits of K for ``PROGRAMS`` programs in all, at most
+    the config's, each a whole number of K blocks and none empty."""
+    blocks = max(1, -(-k // cfg.block_k))
+    columns = rows * -(-n // cfg.block_n)
+    want = max(1, min(cfg.max_splits, blocks, -(-PROGRAMS // max(1, columns))))
+    chunk = -(-blocks // want) * cfg.block_k
+    return max(1, -(-k // chunk)), chunk
+
+
+def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
+    """act(a @ op(b) + bias) + res for a few rows of a: split-K FMAs, then the epilogue."""
+    k = a.shape[-1]
+    n = b.shape[0] if e.linear else b.shape[1]
+    shape = tuple(a.shape[:-1]) + (n,)
+    m = math.prod(a.shape[:-1])
+    c = target(shape, a, out)
+    if m and n:
+        a2 = a.reshape(m, k)
+        c2 = c.view(m, n)
+        r2 = c2 if res is None else res.reshape(m, n)
+        bias_t = c2 if bias is None else bias
+        s_bk, s_bn = (b.stride(1), b.stride(0)) if e.linear else (b.stride(0), b.stride(1))
+        splits, chunk = gemv_splits(cfg, m, n, k)
+        part = c2 if splits == 1 else torch.empty(splits * m * n, dtype=torch.float32,
+                                                  device=a.device)
+        epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=res is not None, ACT=ACTS[e.act])
+        tail = (0 if bias is None else bias.stride(0), r2.stride(0), r2.stride(1),
+                c2.stride(0), c2.stride(1))
+        mod = jit(JIT)
+        mod.gemv_split[(m * -(-n // cfg.block_n), splits)](
+            a2, b, bias_t, r2, c2, part, m, n, k, chunk, a2.stride(0), a2.stride(1), s_bk, s_bn,
+            *tail, **epilogue, FINISH=splits == 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.warps, num_stages=cfg.stages)
+        if splits > 1:
+            mod.gemv_combine[(m * -(-n // COMBINE_BLOCK),)](
+                bias_t, r2, c2, part, m, n, splits, *tail, **epilogue,
+                BLOCK_N=COMBINE_BLOCK, num_warps=4)
+    return deliver(c, out)
+
+
+def _dims(e: Epilogue, shapes) -> tuple[int, int, int]:
+    """(rows, columns, K) of a call at ``shapes`` (the pattern's inputs, a first)."""
+    a, b = tuple(shapes[0]), tuple(shapes[1])
+    n, k = b if e.linear else b[::-1]
+    return math.prod(a[:-1]), n, k
+
+
+def occupancy(cfg: Config | Gemv, e: Epilogue):
+    """The ``Occupancy`` of a config's call: its programs, and for a GEMM tile the rows and
+    columns it computes beyond the result's (``tl.dot`` pads a 1-row product to 16 rows)."""
+    def of(shapes) -> Occupancy:
+        m, n, k = _dims(e, shapes)
+        if isinstance(cfg, Gemv):
+            splits, _ = gemv_splits(cfg, m, n, k)
+            return Occupancy(max(1, m * -(-n // cfg.block_n) * splits))
+        tiles_m, tiles_n = -(-m // cfg.block_m), -(-n // cfg.block_n)
+        padded = tiles_m * cfg.block_m * tiles_n * cfg.block_n
+        return Occupancy(max(1, tiles_m * tiles_n), m * n / padded if padded else 1.0)
+
+    return of
+
+
 def pattern(e: Epilogue):
     """The pattern of an epilogue: variables (x, weight[, bias][, res]) or (a, b[, ...])."""
     def act(y):
@@ -155,43 +258,56 @@ def pattern(e: Epilogue):
             else (lambda a, b, res: core(a, b) + res))
 
 
-def function(cfg: Config, e: Epilogue):
+def function(cfg: Config | Gemv, e: Epilogue):
     """The kernel function, its parameters named as the pattern's variables."""
+    body = gemv if isinstance(cfg, Gemv) else gemm
     if e.linear and e.bias and e.residual:
         def run(x, weight, bias, res, *, out=None):
-            return gemm(cfg, e, x, weight, bias, res, out)
+            return body(cfg, e, x, weight, bias, res, out)
     elif e.linear and e.bias:
         def run(x, weight, bias, *, out=None):
-            return gemm(cfg, e, x, weight, bias, None, out)
+            return body(cfg, e, x, weight, bias, None, out)
     elif e.linear and e.residual:
         def run(x, weight, res, *, out=None):
-            return gemm(cfg, e, x, weight, None, res, out)
+            return body(cfg, e, x, weight, None, res, out)
     elif e.linear:
         def run(x, weight, *, out=None):
-            return gemm(cfg, e, x, weight, None, None, out)
+            return body(cfg, e, x, weight, None, None, out)
     elif e.bias and e.residual:
         def run(a, b, bias, res, *, out=None):
-            return gemm(cfg, e, a, b, bias, res, out)
+            return body(cfg, e, a, b, bias, res, out)
     elif e.bias:
         def run(a, b, bias, *, out=None):
-            return gemm(cfg, e, a, b, bias, None, out)
+            return body(cfg, e, a, b, bias, None, out)
     elif e.residual:
         def run(a, b, res, *, out=None):
-            return gemm(cfg, e, a, b, None, res, out)
+            return body(cfg, e, a, b, None, res, out)
     else:
         def run(a, b, *, out=None):
-            return gemm(cfg, e, a, b, None, None, out)
+            return body(cfg, e, a, b, None, None, out)
     what = "x @ weight.T" if e.linear else "a @ b"
+    how = ("split-K Triton GEMV (a few rows)" if body is gemv else "one Triton GEMM")
     run.__doc__ = (f"{e.act + '(' if e.act else ''}{what}{' + bias' if e.bias else ''}"
-                   f"{')' if e.act else ''}{' + res' if e.residual else ''} in one Triton GEMM "
+                   f"{')' if e.act else ''}{' + res' if e.residual else ''} in {how} "
                    f"({cfg.label}, {cfg.warps} warps, {cfg.stages} stages).")
     return run
 
 
-def constraint(e: Epilogue):
+def constraint(e: Epilogue, few_rows: bool = False):
     """The ``where`` of an epilogue's kernels: one dtype, a 2-D weight, the bias and the added
-    operand of the shapes the epilogue reads (no broadcasting)."""
+    operand of the shapes the epilogue reads (no broadcasting); a GEMV's (``few_rows``) also
+    at most ``GEMV_ROWS`` rows, known."""
     def fits(shapes, dtypes, attrs):
+        found = _fits(shapes, dtypes, attrs)
+        if found is not True or not few_rows:
+            return found
+        rows = tuple(shapes[0])[:-1]
+        if not ints(rows) or math.prod(rows) > GEMV_ROWS:
+            return (f"a GEMV takes at most {GEMV_ROWS} rows, known, got {rows} (the GEMM "
+                    "configs take the rest)")
+        return True
+
+    def _fits(shapes, dtypes, attrs):
         if len(set(dtypes)) > 1:
             return "every operand must have one dtype (cast first)"
         a, b = tuple(shapes[0]), tuple(shapes[1])
@@ -212,7 +328,7 @@ def constraint(e: Epilogue):
     return fits
 
 
-def signatures(e: Epilogue, dtypes: tuple[str, ...]):
+def signatures(e: Epilogue, dtypes: tuple[str, ...], few_rows: bool = False):
     """Verification cases: tiny in the interpreter (it runs each program in Python), sizes
     up to 1025 and a transformer's on a GPU. Values are "biased" (normal / 2 + 1), as the
     linear generator draws them: TF32's error is relative to |x| |w|, so where x @ w + bias
@@ -220,9 +336,13 @@ def signatures(e: Epilogue, dtypes: tuple[str, ...]):
     the error would measure the data's conditioning, not the kernel."""
     def cases():
         table = [(1, 1, 1, ()), (7, 33, 9, ()), (5, 40, 17, (2,))]  # (m, k, n, leading)
+        if few_rows:  # one row, split K (a remainder block), several splits and columns
+            table = [(1, 1, 1, ()), (1, 300, 70, ()), (3, 33, 9, (2,)), (1, 520, 17, (1,))]
         if not interpreted():
-            table += [(5, 1025, 33, ()), (33, 7, 1025, (2,)), (1, 1025, 7, ()),
-                      (128, 768, 768, ())]
+            table += ([(1, 3072, 768, ()), (1, 768, 2304, ()), (2, 1025, 33, (4,)),
+                       (1, 7, 1025, ())] if few_rows else
+                      [(5, 1025, 33, ()), (33, 7, 1025, (2,)), (1, 1025, 7, ()),
+                       (128, 768, 768, ())])
         out = []
         for dt in dtypes:
             for m, k, n, lead in (table if dt == dtypes[0] else table[1:3]):
@@ -242,11 +362,13 @@ def signatures(e: Epilogue, dtypes: tuple[str, ...]):
 def register() -> None:
     text = source_text(JIT)
     for e in EPILOGUES:
-        for cfg in CONFIGS:
+        for cfg in CONFIGS + GEMV_CONFIGS:
             name = f"triton_{e.label}_{cfg.label}"
+            few = isinstance(cfg, Gemv)
             fn = function(cfg, e)
             fn.source_text = f"{text}\n# {name}: {cfg}"
             kernel(pattern(e), backend="triton", name=name, device="cuda", dtypes=cfg.dtypes,
-                   where=constraint(e), tolerance=cfg.tolerance,
-                   signatures=signatures(e, cfg.dtypes), writes_out=True,
-                   efficiency={"float32": cfg.fp32_share})(fn)
+                   where=constraint(e, few), tolerance=cfg.tolerance,
+                   signatures=signatures(e, cfg.dtypes, few), writes_out=True,
+                   efficiency=None if few else {"float32": cfg.fp32_share},
+                   occupancy=occupancy(cfg, e))(fn)

@@ -73,3 +73,75 @@ def gemm(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
         acc += res.to(tl.float32)
     c_ptrs = c_ptr + rm64[:, None] * stride_cm + rn64[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
+              stride_rn, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+              ACT: tl.constexpr):
+    """A GEMV's finished row block: + bias, activation, + res, one rounding to c's dtype."""
+    inside = rn < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn64 * stride_bias, mask=inside, other=0.0).to(tl.float32)
+    acc = _activation(acc, ACT)
+    if HAS_RES:
+        acc += tl.load(res_ptr + rm64 * stride_rm + rn64 * stride_rn, mask=inside,
+                       other=0.0).to(tl.float32)
+    tl.store(c_ptr + rm64 * stride_cm + rn64 * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=inside)
+
+
+@triton.jit
+def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, M, N, K, CHUNK,
+               stride_am, stride_ak, stride_bk, stride_bn, stride_bias, stride_rm, stride_rn,
+               stride_cm, stride_cn,
+               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+               FINISH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A few rows (decode): grid (M x column blocks, splits of K). A program sums its split's
+    products of one row of a and BLOCK_N columns of b as fp32 FMAs (no tl.dot, whose 16-row
+    minimum tile would do 16 times the work of one row), keeping a (BLOCK_K, BLOCK_N)
+    accumulator and reducing it once at the end. FINISH (one split): the epilogue here;
+    else the partial sum goes to part[split, row, :] for ``gemv_combine``."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    row = (pid // grid_n).to(tl.int64)
+    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    rk = split * CHUNK + tl.arange(0, BLOCK_K)
+    end = tl.minimum(K, split * CHUNK + CHUNK)
+    a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, CHUNK, BLOCK_K):
+        inside = (rk + k0) < end
+        a = tl.load(a_ptrs, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs, mask=inside[:, None] & (rn[None, :] < N), other=0.0)
+        acc += a[:, None] * b.to(tl.float32)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    total = tl.sum(acc, 0)
+    if FINISH:
+        _epilogue(total, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias,
+                  stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)
+    else:
+        tl.store(part_ptr + (split * M + row) * N + rn64, total, mask=rn < N)
+
+
+@triton.jit
+def gemv_combine(bias_ptr, res_ptr, c_ptr, part_ptr, M, N, SPLITS,
+                 stride_bias, stride_rm, stride_rn, stride_cm, stride_cn,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Grid (M x column blocks,): the splits' partial sums added in split order, then the
+    epilogue."""
+    pid = tl.program_id(0)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    row = (pid // grid_n).to(tl.int64)
+    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(part_ptr + (s * M + row) * N + rn64, mask=rn < N, other=0.0)
+    _epilogue(acc, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
+              stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)

@@ -70,6 +70,19 @@ def compile_targets() -> Iterator[Target]:
             yield _target(f"gemm_{cfg.label}", f"_{dt}", mm.gemm, ptrs, (), gemm_units, consts,
                           cfg.warps, cfg.stages)
 
+    gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn")
+    epilogue = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"])
+    for cfg in matmul.GEMV_CONFIGS:  # the split alone in fp32; with the epilogue in both
+        for dt, finish in (("float16", True), ("float32", True), ("float32", False)):
+            ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr"), dt)
+            ptrs["part_ptr"] = "float32"
+            consts = dict(epilogue, FINISH=finish, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+            yield _target(f"gemv_split_{cfg.label}", f"_{dt}{'_finish' * finish}",
+                          mm.gemv_split, ptrs, (), gemv_units, consts, cfg.warps, cfg.stages)
+    ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
+    yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:],
+                  dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)
+
     at = _module(attention.JIT)
     flash_units = ("s_qd", "s_kd", "s_vd", "s_mn", "s_od")
     for cfg in attention.FLASH_CONFIGS:
