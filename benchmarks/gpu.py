@@ -24,7 +24,8 @@ measured here). ``--only split`` times log-softmax over a 50257-wide row: the Tr
 kernels (one program a row) and the split ones against torch. The table is appended to
 ``DIR/gpu_table.md`` as each row finishes, so a run
 cut short keeps what it measured; the database is ``DIR/gpu.sqlite``, and each of our plans
-(``explain()``) goes to ``DIR/gpu_plans.txt``.
+(``explain()``) goes to ``DIR/gpu_plans.txt``, and the GPU's time per kernel over one decode
+generation (torch.profiler) to ``DIR/gpu_kernels.txt``.
 """
 
 from __future__ import annotations
@@ -337,6 +338,33 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
              f"  ours decode: {gen.decode.loop}"]
     report(table, "\n".join(lines))
     plans(table, "gpt2-124m decode step", gen.decode)
+    kernel_times(table, f"gpt2-124m decode, GPU time per kernel over {tokens} tokens",
+                 ours_steps)
+
+
+def kernel_times(table: Path, heading: str, run, rows: int = 25) -> None:
+    """The GPU's own time per kernel while ``run`` replays our graphs (torch.profiler's CUDA
+    activity sees the kernels a graph launches), largest first, to ``gpu_kernels.txt`` beside
+    the table: where a decode token's GPU time goes, kernel by kernel, which the per-step
+    timer (``runtime/steps.py``: graphs off, each step synchronized) cannot show."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        averages = prof.key_averages()
+        for key in ("self_device_time_total", "self_cuda_time_total"):  # newer, older torch
+            try:
+                text = averages.table(sort_by=key, row_limit=rows)
+                break
+            except (AttributeError, KeyError, ValueError):
+                text = None
+        text = text or "(no sort key this torch knows)"
+    except Exception as exc:  # noqa: BLE001 - the timings above matter more
+        text = f"(profile failed: {type(exc).__name__}: {exc})"
+    with open(table.with_name("gpu_kernels.txt"), "a") as f:
+        f.write(f"## {heading}\n{text}\n\n")
 
 
 def split_rows(table, rows: int = 4, width: int = 50257) -> None:
