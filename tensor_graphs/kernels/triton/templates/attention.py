@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.triton.templates.runtime import (
+    PROGRAMS,
     REDUCTION,
     deliver,
     float_dtypes,
@@ -44,7 +45,6 @@ JIT = "attention_jit"
 SDPA = "scaled_dot_product_attention"
 MAX_HEAD_DIM = 128
 PRECISION = "ieee"
-PROGRAMS = 2 * 132  # decode: programs to aim for (two waves of an H100's SMs)
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2  # attention_jit's MASK codes
 COMBINE_WARPS = 4
 

@@ -29,6 +29,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.signatures import Spec
 from tensor_graphs.kernels.triton.templates.runtime import (
+    PROGRAMS,
     REDUCTION,
     TF32,
     deliver,
@@ -111,7 +112,6 @@ class Gemv:
 
 
 GEMV_ROWS = 8  # a decode step's rows (batch x new tokens): more take the GEMM configs
-PROGRAMS = 2 * 132  # GEMV splits aim at two waves of an H100's SMs, as decode attention's
 COMBINE_BLOCK = 256  # the combine kernel's columns per program
 GEMV_CONFIGS = (
     Gemv(64, 128, 32, 4, 3),  # a @ b's (K, N) weight: 256-byte row segments per load

@@ -83,6 +83,10 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+# Split kernels (decode attention's keys, the GEMV's K) split until their grid has this many
+# programs: two waves of an H100's 132 SMs, so no SM idles for want of work
+PROGRAMS = 2 * 132
+
 # CUDA launches at most 2**31 - 1 blocks on grid axis 0 and 65535 on axes 1 and 2: every
 # template puts its programs on axis 0 (or a bounded count, such as decode's splits, on axis 1)
 MAX_PROGRAMS = 2**31 - 1
@@ -102,6 +106,6 @@ def ints(*shapes) -> bool:
     return all(isinstance(d, int) for s in shapes for d in s)
 
 
-__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "REDUCTION", "TF32", "deliver", "float_dtypes",
-           "grid_fits", "interpreted", "ints", "jit", "next_power_of_2", "source_text", "target",
-           "torch"]
+__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PROGRAMS", "REDUCTION", "TF32", "deliver",
+           "float_dtypes", "grid_fits", "interpreted", "ints", "jit", "next_power_of_2",
+           "source_text", "target", "torch"]
