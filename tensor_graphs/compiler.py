@@ -29,6 +29,7 @@ in the process so its in-memory answers are reused.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 import os
 import sys
@@ -429,6 +430,19 @@ def compile(graph, device="cpu", tolerance: float | None = None,  # noqa: A001
     elif not free:
         prog.adopt(pipeline.build({}, prog.stats), {})
     return prog  # symbolic dims without bounds: built on each first call with new dims
+
+
+# tg.compile's keyword options, read once from its signature (so a stand-in a test puts in
+# ``compiler.compile`` changes nothing): the one list of them (``compile_options``)
+_OPTIONS = tuple(list(inspect.signature(compile).parameters)[1:])
+
+
+def compile_options(*own: str) -> tuple[str, ...]:
+    """The options of ``tg.compile`` a caller passes on to it, less ``own``: those the caller
+    sets itself (``tg.generate``'s bounds, ``from_torch``'s device). What a caller that takes
+    ``**compile_options`` checks them against, so an option compile gains is taken at once
+    and an unknown one is refused before any work, naming those accepted."""
+    return tuple(name for name in _OPTIONS if name not in own)
 
 
 def _planner_for(graph, device, tolerance, db, dims, backends, generate,

@@ -686,22 +686,13 @@ _OWN_OPTIONS = ("dynamic_shapes", "kwargs", "device", "tolerance", "bounds", "qu
                 "group_size", "weights", "prequantized", "train")
 
 
-def _compile_options() -> list[str] | None:
-    """The options from_torch passes on to ``tg.compile`` (its own set the rest); None where
-    ``compiler.compile`` takes any keyword (a stand-in a test put there)."""
-    params = inspect.signature(compiler.compile).parameters.values()
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.name not in ("graph", *_OWN_OPTIONS)]
-
-
 def _check_options(module, options: Mapping) -> None:
     """Refuse an option neither from_torch nor ``tg.compile`` takes before the export and
     import run (minutes on a large model, then compile's raw TypeError). A name of one of
     the forward's parameters (``attention_mask=m``) is an input given in the wrong place:
     the message says to give it in ``kwargs=``."""
-    known = _compile_options()
-    unknown = [name for name in options if known is not None and name not in known]
+    known = compiler.compile_options(*_OWN_OPTIONS)  # what from_torch passes on
+    unknown = [name for name in options if name not in known]
     if not unknown:
         return
     signature = _signature(module)

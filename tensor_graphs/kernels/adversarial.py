@@ -23,7 +23,8 @@ Value kinds (``Spec.values``; drawn by ``draw``; rows are the reduced axes of th
   and the variance far below eps, so a kernel that forgets eps is off by orders of magnitude
   (or 0 / 0), and a kernel that normalises over the wrong axes mixes scales.
 - ``nonfinite``: normal values with one NaN, +inf or -inf in three rows of four, for every
-  reduction: they propagate as the reference says (no nanmax, no fmax, no clamping).
+  reduction, also one that reads its input through views (int4_scale's max over padded,
+  reshaped groups): they propagate as the reference says (no nanmax, no fmax, no clamping).
 - ``cancel``: float16/bfloat16 rows of normal / 2 + 1 with an eighth of the positions in pairs
   +-L, L in 8192..16384: a float32 accumulator keeps the small terms (to ~1e-5), a float16
   one overflows or loses them.
@@ -50,6 +51,7 @@ values (a max-subtracted softmax of shifted rows subtracts exactly).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -58,7 +60,23 @@ import numpy as np
 from tensor_graphs.ir.algebra import ELEMENTWISE
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import CAST, CONSTANT, ERFC, EXP, MATMUL, MAX, MUL, NEG, SQRT, SUM
+from tensor_graphs.ir.ops.names import (
+    CAST,
+    CONSTANT,
+    ERFC,
+    EXP,
+    EXPAND,
+    MATMUL,
+    MAX,
+    MUL,
+    NEG,
+    PAD,
+    PERMUTE,
+    RESHAPE,
+    SLICE,
+    SQRT,
+    SUM,
+)
 from tensor_graphs.kernels.signatures import FLOATS, Case, Spec
 
 LOW = ("float16", "bfloat16")
@@ -180,14 +198,74 @@ def _sqrt_of_sum(graph: Node) -> list[tuple[Node, tuple | None]]:
 
 
 def _reduced(graph: Node) -> list[tuple[Node, tuple | None]]:
-    """sum or max over axes of an elementwise function of an input (every reduction)."""
+    """sum or max over axes of an elementwise function of an input, or of views of one
+    (every reduction; int4_scale's max over a padded, reshaped |w|, a grouped dynamic_quant's
+    over its reshaped rows): a NaN-hiding scale stays visible behind a view too."""
     out = []
     for r in nodes(graph):
         if r.op.name in (SUM, MAX):
-            out += [(f, _row_axes(r, f)) for f in _frontier(r) if _named(f)]
-            if _named(r.inputs[0]):
-                out.append((r.inputs[0], _row_axes(r, r.inputs[0])))
+            out += _behind(r.inputs[0], tuple(a % max(r.inputs[0].ndim, 1)
+                                              for a in r.attrs["axes"]))
     return out
+
+
+def _behind(node: Node, axes: tuple | None) -> list[tuple[Node, tuple | None]]:
+    """The named leaves whose values reach ``node`` through elementwise ops and the views of
+    ``VIEW_AXES``, each with ``axes`` (of ``node``) in its own coordinates (None: unknown,
+    the whole tensor)."""
+    out, seen, stack = [], set(), [(node, axes)]
+    while stack:
+        n, ax = stack.pop()
+        if (id(n), ax) in seen:
+            continue
+        seen.add((id(n), ax))
+        step = VIEW_AXES.get(n.op.name, _aligned if n.op.name in ELEMENTWISE else None)
+        if _named(n):
+            out.append((n, ax))
+        elif step is not None:
+            stack += [(x, None if ax is None else step(n, x, ax)) for x in n.inputs]
+    return out
+
+
+def _aligned(n: Node, x: Node, axes: tuple) -> tuple:
+    """``n``'s axes in the coordinates of an input it broadcasts (right-aligned)."""
+    shift = n.ndim - x.ndim
+    return tuple(a - shift for a in axes if a - shift >= 0)
+
+
+def _reshaped(n: Node, x: Node, axes: tuple) -> tuple | None:
+    """The input axes a reshape's ``axes`` hold: reshape merges and splits runs of axes whose
+    sizes have equal products, and an axis of a run maps to the whole run (a split K -> (K / G,
+    G) reduced over G: rows along K). None for symbolic sizes."""
+    src, dst = tuple(x.shape), tuple(n.shape)
+    if not all(isinstance(d, int) for d in src + dst):
+        return None
+    before, after = _prefix(src), _prefix(dst)
+    ends = sorted(set(before) & set(after))  # the products where both shapes end a run
+
+    def run(prefix: list[int], i: int) -> int:
+        return bisect_left(ends, prefix[i + 1])
+
+    runs = {run(after, a) for a in axes}
+    return tuple(i for i in range(len(src)) if run(before, i) in runs)
+
+
+def _prefix(shape: tuple) -> list[int]:
+    return [math.prod(shape[:i]) for i in range(len(shape) + 1)]
+
+
+# views whose axes map onto their input's: how a reduction's rows read in the input's axes
+VIEW_AXES: dict[str, Callable[[Node, Node, tuple], tuple | None]] = {
+    # a run of axes merged or split: the whole run (int4_scale, grouped dynamic_quant)
+    RESHAPE: _reshaped,
+    # output axis i is input axis perm[i]
+    PERMUTE: lambda n, x, axes: tuple(n.attrs["perm"][a] for a in axes),
+    # pad and slice keep every axis (int4_scale pads its last group's rows)
+    PAD: lambda n, x, axes: axes,
+    SLICE: lambda n, x, axes: axes,
+    # broadcast: right-aligned, as elementwise ops
+    EXPAND: _aligned,
+}
 
 
 def _summed(graph: Node) -> list[tuple[Node, tuple | None]]:

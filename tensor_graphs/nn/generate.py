@@ -105,11 +105,17 @@ _APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty")
 _BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized")
 
 
-# tg.compile's keywords a Generator takes (a test keeps the list in step with compile's): not
-# ``bounds`` (each program's are set here) nor ``plan`` (a lock file is one program's; a
+# tg.compile's options a Generator does not take (``compiler.compile_options`` less these):
+# ``bounds`` (each program's are set here) and ``plan`` (a lock file is one program's; a
 # Generator compiles two)
-COMPILE_OPTIONS = ("device", "tolerance", "db", "profile", "backends", "generate", "outputs",
-                   "cuda_graphs")
+_SET_HERE = ("bounds", "plan")
+
+
+def _compile_keywords() -> tuple[str, ...]:
+    """tg.compile's options a Generator takes and passes on (imported late, as compile is)."""
+    from tensor_graphs.compiler import compile_options
+
+    return compile_options(*_SET_HERE)
 
 
 def _unknown(where: str, unknown: Sequence[str], groups: Mapping[str, Sequence[str]]) -> None:
@@ -193,8 +199,9 @@ class Generator:
         )
         from tensor_graphs.runtime.weights import read_safetensors
 
-        _unknown("generate", [k for k in compile_options if k not in COMPILE_OPTIONS],
-                 {"tg.compile's options": COMPILE_OPTIONS})
+        taken = _compile_keywords()
+        _unknown("generate", [k for k in compile_options if k not in taken],
+                 {"tg.compile's options": taken})
         if not isinstance(max_len, int) or max_len < 1:
             raise ArgumentError(f"generate: max_len must be a positive int, got {max_len!r}")
         if repetition_penalty is not None and (isinstance(repetition_penalty, bool) or not
@@ -319,10 +326,10 @@ class Generator:
         ``quantize``, ``group_size``, ``skip``, and ``tg.compile``'s options."""
         generation = {k: v for k, v in options.items() if k in (*_APPLIED, *_REFUSED)}
         compile_options = {k: v for k, v in options.items() if k not in generation}
-        _unknown("generate", [k for k in compile_options
-                              if k not in (*_BUILD_OPTIONS, *COMPILE_OPTIONS)],
+        taken = _compile_keywords()
+        _unknown("generate", [k for k in compile_options if k not in (*_BUILD_OPTIONS, *taken)],
                  {"generation settings": [*_APPLIED, *_REFUSED],
-                  "Generator's": _BUILD_OPTIONS, "tg.compile's": COMPILE_OPTIONS})
+                  "Generator's": _BUILD_OPTIONS, "tg.compile's": taken})
         config = causal_lm.config
         read, build = _architecture(config, max_len)
         settings = _generation_settings(getattr(causal_lm, "generation_config", None),

@@ -29,13 +29,14 @@ EXPECTED = {
     "cross_entropy": {"logits", "masked", "nonfinite"},
     "scaled_dot_product_attention": {"logits", "masked", "scaled", "nonfinite"},
     "layer_norm": {"offset", "tiny", "nonfinite"},
-    "group_norm": {"offset", "tiny"},  # its rows are reshaped groups: offset as a whole
+    "group_norm": {"offset", "tiny", "nonfinite"},  # its rows are reshaped groups
     "var": {"offset", "nonfinite", "cancel"},
     "rms_norm": {"tiny", "nonfinite"},
     "sum": {"cancel", "nonfinite"},
     "mean": {"cancel", "nonfinite"},
     "max": {"nonfinite"},
     "min": {"nonfinite"},
+    "int4_scale": {"nonfinite"},  # a max over groups of a padded, reshaped |w|
     "gelu": {"tail"},  # erfc(x * -1/sqrt 2): Phi's far tail, where 1 + erf is 0
 }
 
@@ -200,3 +201,57 @@ def test_a_floored_case_is_reported_apart_from_the_tolerance():
     report = tg.kernels.verify("numpy_layer_norm", seed=0)
     assert report.ok and report.floored > report.tolerance >= report.max_rel_error
     assert "on rows far from zero" in report.summary()
+
+
+GROUP = 4  # the int4 group and the dynamic_quant group of the scale kernels below
+
+
+def _int4_scale(hide_nan: bool):
+    """int4_scale(w, group_size=GROUP) in numpy; ``hide_nan``: the scale of the old form,
+    ``m > 0`` (a NaN max fails it and takes the all-zero group's scale of 1)."""
+
+    def int4_scale(w):
+        k, n = w.shape
+        ng = -(-k // GROUP)
+        g = -(-k // ng)
+        padded = np.zeros((ng * g, n), w.dtype)
+        padded[:k] = np.abs(w)
+        m = padded.reshape(ng, g, n).max(1)
+        s = np.where(m > 0, m / 7, 1) if hide_nan else np.where(m == 0, 1, m / 7)
+        return s.astype(w.dtype)
+
+    return make(lambda w: tg.int4_scale(w, group_size=GROUP), int4_scale,
+                signatures=[{"w": (10, 6)}])  # 3 groups of 4 rows, the last padded
+
+
+def _grouped_dynamic_quant(hide_nan: bool):
+    """dynamic_quant(x, group=GROUP) in numpy; ``hide_nan``: the group max by ``np.nanmax``."""
+
+    def dynamic_quant(x):
+        v = x.reshape(*x.shape[:-1], -1, GROUP)
+        m = (np.nanmax if hide_nan else np.max)(np.abs(v), axis=-1, keepdims=True)
+        s = np.where(m == 0, 1, m / 127).astype(x.dtype)
+        return (np.clip(np.round(v / s), -127, 127) * s).reshape(x.shape).astype(x.dtype)
+
+    return make(lambda x: tg.dynamic_quant(x, group=GROUP), dynamic_quant,
+                signatures=[{"x": (4, 32)}])
+
+
+@pytest.mark.parametrize("kernel", [_int4_scale, _grouped_dynamic_quant])
+def test_a_nan_hiding_scale_behind_a_reshape_is_refused(kernel):
+    """int4_scale and a grouped dynamic_quant take their max over a reshaped (and padded)
+    input: the NaN of a ``nonfinite`` case reaches it there too, so a scale that turns a NaN
+    group into a finite one fails, and the same kernel with the reference's scale passes."""
+    assert tg.kernels.verify(kernel(False), seed=0).ok
+    report = tg.kernels.verify(kernel(True), seed=0)
+    assert not report.ok and all("nonfinite" in f for f in report.failures), report.failures
+
+
+@pytest.mark.parametrize("name", ["numpy_exact_int4_scale", "numpy_exact_dynamic_quant",
+                                  "c_q8d_g32_matmul"])
+def test_the_quantizing_kernels_pass_the_nonfinite_cases(name):
+    report = tg.kernels.verify(name, seed=0)
+    if report.skipped:
+        pytest.skip(report.skipped)
+    assert report.ok, report
+    assert any("nonfinite" in r.case for r in report.results), report.shapes

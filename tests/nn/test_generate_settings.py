@@ -192,15 +192,6 @@ def test_unknown_options_are_refused_with_the_accepted_ones(lm, no_compile):
         tg.generate(lm, prompt, 4, do_sample=True)
 
 
-def test_the_compile_options_are_tg_compiles():
-    import inspect
-
-    from tensor_graphs.compiler import compile as compile_graph
-
-    names = list(inspect.signature(compile_graph).parameters)[1:]
-    assert set(generate_module.COMPILE_OPTIONS) == set(names) - {"bounds", "plan"}
-
-
 def test_an_attention_mask_of_ones_is_taken_and_padding_refused(lm, no_compile):
     prompt = np.random.default_rng(5).integers(0, VOCAB, (2, 6))
     mask = np.ones_like(prompt)

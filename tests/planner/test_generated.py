@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import tensor_graphs as tg
+from tensor_graphs.ir.graph import use_counts
+from tensor_graphs.ir.node import Node
 from tensor_graphs.kernels import generated
 from tensor_graphs.kernels.c import codegen
 from tensor_graphs.numerics import relative_error
@@ -127,6 +129,29 @@ def test_profiled_generated_kernels_are_measured_and_replayed_from_a_lock_file(t
     assert replayed.stats["replayed"] == 1
     assert [s.kernel.name for s in replayed.plan.steps] == [step.kernel.name]
     check(replayed, y, {"x": np.random.default_rng(5).standard_normal((32, 64), np.float32)})
+
+
+def test_a_candidate_builds_its_own_source_not_a_twins_built_earlier(tmp_path):
+    """x * 1.37 + 0.29 and 0.29 + x * 1.37 share a structural digest (the add commutes) but
+    not their C source, nor so their names. Built after its twin (an earlier compile of the
+    process), the candidate is the kernel of its own source: the rows a profiler files for it
+    are found again. It was the twin, its rows filed under the twin's name: the plan went on
+    an estimate, and every later ``tg profile`` of the graph in that process measured it
+    again (a resume measured 1 call, not 0)."""
+    x = tg.input("x", (8, 24))
+    y = x * 1.37 + 0.29
+    twin = Node.make(y.op, y.inputs[::-1], y.attrs)
+
+    def candidate(root):
+        return next(c for c in generated.candidates(root, use_counts([root]), lambda n: None,
+                                                    "cpu") if c.generator == "elementwise")
+
+    first, cand = generated.realize(candidate(twin)), candidate(y)
+    assert first.name != cand.name  # twins: one digest, two sources
+    built = generated.realize(cand)
+    assert (built.name, built.source_hash) == (cand.name, cand.source_hash)
+    prog = tg.compile(y, db=str(tmp_path / "m.sqlite"), profile="missing")
+    assert [s.source for s in generated_steps(prog)] == ["measured"]  # its row, found
 
 
 def test_symbolic_dims():

@@ -1334,7 +1334,7 @@ def region_digest(region: Region) -> bytes:
 
 def fuse_elementwise(root: Node | Region, inputs: Sequence[Node] | None = None, *,
                      uses: Mapping[Node, int] | None = None, register: bool = True,
-                     verify: bool = True) -> FusedKernel:
+                     verify: bool = True, emitted: Emitted | None = None) -> FusedKernel:
     """A C kernel ("c_fused_<hash>") computing the elementwise region rooted at ``root``.
 
     Emits one C loop, compiles it (``kernels.c.build``, cached on disk), checks it (with
@@ -1344,17 +1344,21 @@ def fuse_elementwise(root: Node | Region, inputs: Sequence[Node] | None = None, 
     subgraph occurs. The kernel takes the region's inputs (``elementwise_region(root).inputs``)
     positionally, in that order. Kernels are cached per structural digest of the region and
     per generated source: asking again returns the same Kernel without compiling (or checking
-    again). Raises ``CCompileError`` when the C compiler fails or is missing.
+    again). ``emitted``: the region's source, already emitted (``emit_c``) by a caller that
+    named something after it (a planner candidate): the kernel of that source, never the
+    digest's, whose source may differ (``a + b`` and ``b + a`` share a digest), or the
+    profiler files the candidate's rows under the twin's name and never finds them. Raises
+    ``CCompileError`` when the C compiler fails or is missing.
     """
     region = root if isinstance(root, Region) else elementwise_region(root, inputs, uses=uses)
     digest = region_digest(region)
     with _lock:
-        kernel = _by_digest.get(digest)
+        kernel = _by_digest.get(digest) if emitted is None else None
         if kernel is not None:
             stats["digest_hits"] += 1
             key = _key_of[kernel.name]
         else:
-            emitted = emit_c(region)
+            emitted = emitted or emit_c(region)
             key = emitted.key
             kernel = _by_source.get(key)
             if kernel is not None:
@@ -1542,13 +1546,14 @@ def elementwise_candidate(root: Node, uses: Mapping[Node, int],
                                 decompose_composites=False)
     emitted = emit_c(region)
 
-    def build() -> FusedKernel:
-        return fuse_elementwise(region, register=False)
+    def build() -> FusedKernel:  # the kernel of this source: the candidate's name and rows
+        return fuse_elementwise(region, register=False, emitted=emitted)
 
     return generated.Candidate(
         "elementwise", root, covers, region.inputs, f"c_fused_{emitted.key}",
         source_hash(emitted), _floor(region), f"generated C: {_summary(region)}", build,
-        computes=top, draft=lambda: fuse_elementwise(region, register=False, verify=False))
+        computes=top, draft=lambda: fuse_elementwise(region, register=False, verify=False,
+                                                     emitted=emitted))
 
 
 def cached_kernels() -> list[registry.Kernel]:
