@@ -83,8 +83,6 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     with a usable GPU, or the simulated one."""
     import torch
 
-    from tensor_graphs.kernels.torch import convert
-
     device = torch_device("cuda")
     simulated = simulated_cuda() is not None
     sync = (lambda: None) if simulated else torch.cuda.synchronize
@@ -95,13 +93,14 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     b = torch.randn(n, n, device=device)
     src = torch.ones(moved // 4, device=device)
     dst = torch.empty_like(src)
-    # host <-> GPU into buffers made once, as the copy kernels run in a program (out=: an
-    # arena place); pageable host memory, as they use it
-    host = convert.to_torch(np.ones(over_link // 4, np.float32))
-    host_out = convert.to_torch(np.zeros(over_link // 4, np.float32))
+    # host <-> GPU through the copy kernels (their staging buffer: kernels/staging.py) into
+    # buffers made once, as a program runs them (out=: an arena place)
+    to_gpu, to_host = get("copy_host_to_cuda").fn, get("copy_cuda_to_host").fn
+    host = np.ones(over_link // 4, np.float32)
+    host_out = np.zeros(over_link // 4, np.float32)
     on_gpu = torch.ones(over_link // 4, device=device)
     gpu_out = torch.empty_like(on_gpu)
-    one = convert.to_torch(np.ones(1, np.float32))
+    one = np.ones(1, np.float32)
     one_gpu = torch.zeros(1, device=device)
     tiny = torch.zeros(1, device=device)
     repeat = 50  # back-to-back calls per sample of a latency: what a program's steps pay
@@ -122,9 +121,9 @@ def calibrate_gpu(db, hardware, seconds: float = 0.5) -> dict:
     cases = {  # rate -> (the call, its work in flops or bytes; None: seconds per call)
         "flops": (lambda: torch.mm(a, b), 2.0 * n ** 3),
         "bytes": (lambda: dst.copy_(src), 2.0 * src.numel() * 4),
-        "to_gpu": (lambda: gpu_out.copy_(host), float(over_link)),
-        "to_host": (lambda: host_out.copy_(on_gpu), float(over_link)),
-        "link_latency": (many(lambda: one_gpu.copy_(one)), None),
+        "to_gpu": (lambda: to_gpu(host, "cuda", out=gpu_out), float(over_link)),
+        "to_host": (lambda: to_host(on_gpu, out=host_out), float(over_link)),
+        "link_latency": (many(lambda: to_gpu(one, "cuda", out=one_gpu)), None),
         # a kernel in a CUDA graph, as a GPU program's graph replays its steps (the profiler
         # times GPU kernels so: ``profiler/device.graphed``)
         "launch": (graphed(lambda: tiny.add_(1.0), repeat), None),

@@ -61,8 +61,9 @@ from tensor_graphs.kernels.copy import placement
 DEFAULT_RATES = {
     "cpu": {"flops": 50e9, "bytes": 10e9, "dispatch": 3e-6},  # a modest two-core CPU
     # a datacenter GPU at ~3/4 of an H100's peaks (67 TFLOP/s fp32 without TF32, 3.35 TB/s);
-    # copies from pageable host memory (no pinned staging yet) at ~12 GB/s over PCIe (an
-    # H200 measured 12.7 GB/s host -> GPU and 13.7 back on 4 MB, 9.6 host -> GPU on 64 MB)
+    # the link at ~12 GB/s, as an H200 measured it from pageable host memory (12.7 GB/s host
+    # -> GPU and 13.7 back on 4 MB, 9.6 host -> GPU on 64 MB) before copies were staged in
+    # pinned memory (kernels/staging.py): a floor until calibrate_gpu measures the staged path
     "cuda": {"flops": 50e12, "bytes": 2e12, "dispatch": 3e-6, "link": 12e9,
              "cache": 50e6,  # an H100's L2
              "units": 132},  # an H100's SMs: a grid of fewer leaves the rest idle

@@ -19,7 +19,10 @@ returns its input (a view, zero cost). With a usable GPU (torch with CUDA):
 ``copy_host_to_cuda`` (numpy array -> torch CUDA tensor), ``copy_cuda_to_host`` (-> numpy),
 ``copy_cuda_to_cuda`` (between two GPUs) and ``copy_same_memory_cuda``. The cross-device
 copies write into ``out=`` (their place in the target's arena) when given, and their results
-are C-contiguous. The copies are synchronous; the values are the same bits (``EXACT``).
+are C-contiguous; the values are the same bits (``EXACT``).
+
+Host<->GPU copies go through the GPU's staging buffer (``kernels/staging.py``: page-locked
+on a real GPU, so a move to the GPU need not wait for it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tensor_graphs.devices import as_device, torch_device
 from tensor_graphs.errors import ArgumentError, DeviceError
 from tensor_graphs.kernels import registry
 from tensor_graphs.kernels.registry import Kernel, kernel
+from tensor_graphs.kernels.staging import SMALL_TO_HOST, staging
 
 EXACT = 1e-12
 
@@ -109,7 +113,20 @@ def _register_cuda() -> None:
 
 def _moved(x, device, out=None):
     """x on ``device`` (a GPU), always a new C-contiguous tensor, or ``out`` filled
-    (``Tensor.to`` returns x itself when it is already there, and keeps a permuted layout)."""
+    (``Tensor.to`` returns x itself when it is already there, and keeps a permuted layout).
+    A host array crosses through the GPU's staging buffer; a tensor (another GPU's) directly."""
+    from tensor_graphs.kernels.torch import convert
+
+    if not convert.is_tensor(x):
+        x = np.asarray(x)
+        stage = staging(device)
+        if stage.takes(x.dtype):
+            return stage.to_gpu(x, device, out)
+    return _direct(x, device, out)
+
+
+def _direct(x, device, out=None):
+    """The move without staging (``Tensor.copy_``: synchronous from pageable memory)."""
     from tensor_graphs.kernels.torch import convert
 
     t = convert.to_torch(x)
@@ -122,6 +139,15 @@ def _moved(x, device, out=None):
 
 def _to_host(x, out=None) -> np.ndarray:
     """x (a GPU tensor) in host memory: ``out`` filled, or a new array numpy owns."""
+    if hasattr(x, "element_size") and x.numel() * x.element_size() >= SMALL_TO_HOST:
+        stage = staging(str(x.device))
+        if stage.takes(x.dtype):
+            return stage.to_host(x, out)
+    return _direct_to_host(x, out)
+
+
+def _direct_to_host(x, out=None) -> np.ndarray:
+    """The move back without staging (the driver stages it through its own buffers)."""
     from tensor_graphs.kernels.torch import convert
 
     if out is None:

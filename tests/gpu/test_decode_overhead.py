@@ -182,7 +182,8 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     a kept state's device, prefix view and checks are made once per length, a feed's
     stand-in for its checks is one numpy call, and only what later calls keep is looked up
     by id. A replayed token of this 2-layer GPT-2 (4 kept states): 515 host calls (896
-    before; a 12-layer one's: 1880, 4079 before). Its feeds are still checked: a token of the
+    before; a 12-layer one's: 1880, 4079 before), 540 since its copies go through the staging
+    ring (``kernels/staging.py``). Its feeds are still checked: a token of the
     wrong shape or dtype is refused by name."""
     import tensor_graphs as tg
 
