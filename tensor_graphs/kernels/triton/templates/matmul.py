@@ -148,28 +148,38 @@ EPILOGUES = (
 )
 
 
+class Operands:
+    """A product's 2-D views: a (m, k), b's strides along K and N (``linear`` reads torch's
+    (out, in) weight transposed by its strides), c and res (m, n), and c itself to return."""
+
+    def __init__(self, e: Epilogue, a, b, res, out):
+        self.k = a.shape[-1]
+        self.n = b.shape[0] if e.linear else b.shape[1]
+        self.m = math.prod(a.shape[:-1])
+        self.c = target(tuple(a.shape[:-1]) + (self.n,), a, out)
+        if self.m and self.n:
+            self.a = a.reshape(self.m, self.k)
+            self.c2 = self.c.view(self.m, self.n)
+            self.res = self.c2 if res is None else res.reshape(self.m, self.n)
+            self.b_k, self.b_n = ((b.stride(1), b.stride(0)) if e.linear
+                                  else (b.stride(0), b.stride(1)))
+
+
 def gemm(cfg: Config, e: Epilogue, a, b, bias=None, res=None, out=None):
     """act(a @ op(b) + bias) + res through the template (op: transpose for ``linear``)."""
-    k = a.shape[-1]
-    n = b.shape[0] if e.linear else b.shape[1]
-    shape = tuple(a.shape[:-1]) + (n,)
-    m = math.prod(a.shape[:-1])
-    c = target(shape, a, out)
-    if m and n:
-        a2 = a.reshape(m, k)
-        c2 = c.view(m, n)
-        r2 = c2 if res is None else res.reshape(m, n)
-        s_bk, s_bn = (b.stride(1), b.stride(0)) if e.linear else (b.stride(0), b.stride(1))
-        grid = (-(-m // cfg.block_m) * -(-n // cfg.block_n),)
+    o = Operands(e, a, b, res, out)
+    if o.m and o.n:
+        a2, c2, r2 = o.a, o.c2, o.res
+        grid = (-(-o.m // cfg.block_m) * -(-o.n // cfg.block_n),)
         jit(JIT).gemm[grid](
-            a2, b, c2 if bias is None else bias, r2, c2, m, n, k,
-            a2.stride(0), a2.stride(1), s_bk, s_bn, 0 if bias is None else bias.stride(0),
+            a2, b, c2 if bias is None else bias, r2, c2, o.m, o.n, o.k,
+            a2.stride(0), a2.stride(1), o.b_k, o.b_n, 0 if bias is None else bias.stride(0),
             r2.stride(0), r2.stride(1), c2.stride(0), c2.stride(1),
             HAS_BIAS=bias is not None, HAS_RES=res is not None, ACT=ACTS[e.act],
             PRECISION=cfg.precision, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=GROUP_M, num_warps=cfg.warps,
             num_stages=cfg.stages)
-    return deliver(c, out)
+    return deliver(o.c, out)
 
 
 def gemv_splits(cfg: Gemv, rows: int, n: int, k: int) -> tuple[int, int]:
@@ -184,18 +194,11 @@ def gemv_splits(cfg: Gemv, rows: int, n: int, k: int) -> tuple[int, int]:
 
 def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
     """act(a @ op(b) + bias) + res for a few rows of a: split-K FMAs, then the epilogue."""
-    k = a.shape[-1]
-    n = b.shape[0] if e.linear else b.shape[1]
-    shape = tuple(a.shape[:-1]) + (n,)
-    m = math.prod(a.shape[:-1])
-    c = target(shape, a, out)
-    if m and n:
-        a2 = a.reshape(m, k)
-        c2 = c.view(m, n)
-        r2 = c2 if res is None else res.reshape(m, n)
+    o = Operands(e, a, b, res, out)
+    if o.m and o.n:
+        m, n, c2, r2 = o.m, o.n, o.c2, o.res
         bias_t = c2 if bias is None else bias
-        s_bk, s_bn = (b.stride(1), b.stride(0)) if e.linear else (b.stride(0), b.stride(1))
-        splits, chunk = gemv_splits(cfg, m, n, k)
+        splits, chunk = gemv_splits(cfg, m, n, o.k)
         part = c2 if splits == 1 else torch.empty(splits * m * n, dtype=torch.float32,
                                                   device=a.device)
         epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=res is not None, ACT=ACTS[e.act])
@@ -203,14 +206,14 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
                 c2.stride(0), c2.stride(1))
         mod = jit(JIT)
         mod.gemv_split[(m * -(-n // cfg.block_n), splits)](
-            a2, b, bias_t, r2, c2, part, m, n, k, chunk, a2.stride(0), a2.stride(1), s_bk, s_bn,
-            *tail, **epilogue, FINISH=splits == 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.warps, num_stages=cfg.stages)
+            o.a, b, bias_t, r2, c2, part, m, n, o.k, chunk, o.a.stride(0), o.a.stride(1),
+            o.b_k, o.b_n, *tail, **epilogue, FINISH=splits == 1, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
         if splits > 1:
             mod.gemv_combine[(m * -(-n // COMBINE_BLOCK),)](
                 bias_t, r2, c2, part, m, n, splits, *tail, **epilogue,
                 BLOCK_N=COMBINE_BLOCK, num_warps=4)
-    return deliver(c, out)
+    return deliver(o.c, out)
 
 
 def _dims(e: Epilogue, shapes) -> tuple[int, int, int]:
