@@ -95,6 +95,16 @@ def output_file(text: str) -> str:
     folder exists and it is not a directory."""
     if text == "-":
         return text
+    return new_file(text)
+
+
+def new_file(text: str) -> str:
+    """An argparse type: a path that can be created or replaced (its folder exists and it is
+    not a directory), not '-': for a file written after long work (trained weights), so a
+    typo in the path is refused before the work, not after it."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("'-' is standard output, which takes no binary "
+                                         "file; give a file path")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path in it")
     folder = os.path.dirname(text) or "."

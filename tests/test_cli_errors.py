@@ -79,9 +79,16 @@ MORE_CASES = [
     (["db", "export", "{dir}"], "is a directory", 2),
     (["db", "export", "{missing}/rows.jsonl"], "no folder", 2),
     (["db", "stats", "--db", "{dir}"], "is a directory", 1),
+    # checked before training, not after (it was a write error naming a temporary file)
+    (["quality", "train-char", "--quantize", "int8-weight", "--steps", "1", "--db", ":memory:",
+      "--save", "{missing}/w.safetensors"], "argument --save: cannot write", 2),
+    (["quality", "train-char", "--quantize", "int8-weight", "--steps", "1", "--db", ":memory:",
+      "--save", "{dir}"], "argument --save: '{dir}' is a directory", 2),
+    (["quality", "train-char", "--quantize", "int8-weight", "--steps", "1", "--db", ":memory:",
+      "--save", "-"], "argument --save: '-' is standard output", 2),
 ]
 _COMMANDS = {"profile", "paths", "explain", "demo", "run", "gpt2", "minilm", "kernels", "list",
-             "verify", "prompt", "db", "stats", "show", "import", "export", "prune"}
+             "verify", "prompt", "db", "stats", "show", "import", "export", "prune", "quality"}
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +155,7 @@ def test_every_option_refuses_bad_values(args, says, status, files, tmp_path, mo
                                          capsys):
     monkeypatch.setenv("TG_DB", str(tmp_path / "m.sqlite"))
     monkeypatch.delenv("TG_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)  # a relative path a command writes by mistake lands here
     args = [a.format(**files) for a in args]
     try:
         code = main(args)
@@ -226,7 +234,8 @@ def test_the_types_refuse_what_no_option_means(tmp_path):
                          (cli_args.non_negative_float, ["-0.5", "nan", "-inf"]),
                          (cli_args.dim_binding, ["seq", "seq=", "=3", "seq=-1", "1x=3", "s=1.0"]),
                          (cli_args.existing_file, [str(tmp_path), str(tmp_path / "none")]),
-                         (cli_args.output_file, [str(tmp_path), str(tmp_path / "no" / "f")])):
+                         (cli_args.output_file, [str(tmp_path), str(tmp_path / "no" / "f")]),
+                         (cli_args.new_file, ["-", str(tmp_path), str(tmp_path / "no" / "f")])):
         for text in bad:
             with pytest.raises(argparse.ArgumentTypeError):
                 convert(text)

@@ -207,7 +207,8 @@ def add_quality_command(sub) -> None:
     c.add_argument("--weights", type=cli_args.existing_file, default=None,
                    help="a safetensors file of trained weights (--save wrote it); without "
                         "it the model is trained first")
-    c.add_argument("--save", default=None, help="write the weights trained here to this file")
+    c.add_argument("--save", type=cli_args.new_file, default=None, metavar="FILE",
+                   help="write the weights trained here to this file (a safetensors file)")
     c.add_argument("--steps", type=cli_args.positive_int, default=600,
                    help="training steps without --weights (default 600, tg run train-char's)")
     c.add_argument("--batch", type=cli_args.positive_int, default=16,

@@ -34,7 +34,7 @@ from tensor_graphs.frontend.torch_export import _shape_carriers, import_exported
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
-from tensor_graphs.kernels.torch.convert import to_host
+from tensor_graphs.kernels.torch.convert import to_host, to_torch
 
 # option: default                   what it does
 OPTIONS: dict[str, object] = {
@@ -164,18 +164,26 @@ class DynamoProgram:
             spec = dynamic_shapes(found.values, duck=True)
             outputs, leaves, weights, _ = _import(export(found.module, args, spec), spec)
         self._leaves = leaves  # the user tensors' leaves, in self._user's order
-        # per graph output: (True, index into the program's outputs) or (False, a value)
-        self._outputs: list[tuple[bool, object]] = []
+        # per graph output: ("ours", index into the program's outputs), ("size", a symbolic
+        # size, evaluated on each call's input shapes) or ("value", a constant)
+        self._outputs: list[tuple[str, object]] = []
         nodes = []
+        read = {str(d) for leaf in leaves for d in leaf.shape if getattr(d, "is_Symbol", False)}
         for out in outputs:
             if isinstance(out, Node):
-                self._outputs.append((True, len(nodes)))
+                self._outputs.append(("ours", len(nodes)))
                 nodes.append(out)
             elif getattr(out, "free_symbols", None):
-                raise RefusedGraphError(f"the graph returns the symbolic size {out}, which a "
-                                        "tensor_graphs program cannot return")
+                # a size the code after a graph break reads (print(x.shape), a view's
+                # shape): known from the inputs' shapes, as Dynamo's own graph knows it
+                unknown = sorted(str(s) for s in out.free_symbols if str(s) not in read)
+                if unknown:
+                    raise RefusedGraphError(f"the graph returns the symbolic size {out}, "
+                                            f"whose {', '.join(unknown)} no input's shape "
+                                            "gives")
+                self._outputs.append(("size", out))
             else:
-                self._outputs.append((False, out))
+                self._outputs.append(("value", out))
         self._nodes = nodes
         self._program = None
         self._options = {"profile": profile}
@@ -262,34 +270,39 @@ class DynamoProgram:
             return self.gm(*args)
 
     def _run(self, args):
-        torch = torch_module()
         if any(args[i].item() != v for i, v in self._scalars.items()):
             raise _OutsidePlanError("a number the program took as a constant changed")
-        if self._program is None:
-            return tuple(value for _, value in self._outputs)
+        arrays = [to_host(args[i]) for i in self._user]
+        dims = self._dims_of(arrays)
+        results: list = []
+        if self._program is not None:
+            results = self._execute(args, arrays, dims)
+            self.calls += 1
+        out = []
+        for kind, o in self._outputs:
+            if kind == "value":
+                out.append(o)
+            elif kind == "size":
+                out.append(int(o.subs({s: dims[str(s)] for s in o.free_symbols})))
+            else:
+                r = np.asarray(results[o])  # a copy where the program keeps it read-only
+                out.append(to_torch(r if r.flags.writeable else r.copy()))
+        return tuple(out)
+
+    def _execute(self, args, arrays: list, dims: dict) -> list:
+        """The program's outputs on this call's arrays: weights changed in place are bound
+        again, a size past its bound compiles first."""
         changed = {name: args[i] for i, name in self._weights.items()
                    if args[i] is not self._versions[name][0]
                    or _version(args[i]) != self._versions[name][1]}
         if changed:
             self._bind(changed)
-        arrays = [to_host(args[i]) for i in self._user]
-        dims = self._dims_of(arrays)
         over = {k: v for k, v in dims.items() if k in self.bounds and v > self.bounds[k]}
         if over:
             self._compile({**self.bounds, **{k: _pow2(2 * v) for k, v in over.items()}})
         feeds = {leaf.name: a for leaf, a in zip(self._leaves, arrays) if leaf.name in self._read}
         results = self._program(**feeds)
-        if isinstance(results, np.ndarray):
-            results = [results]
-        self.calls += 1
-        out = []
-        for ours, o in self._outputs:
-            if not ours:
-                out.append(o)
-                continue
-            r = np.asarray(results[o])
-            out.append(torch.from_numpy(r if r.flags.writeable else r.copy()))
-        return tuple(out)
+        return [results] if isinstance(results, np.ndarray) else results
 
 
 def _import(exported, spec: list):

@@ -85,6 +85,9 @@ def _parse(data: bytes, label: str):
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise SerializationError(f"{label} holds no ONNX graph (truncated, or another "
                                  f"format); {_FIX}")
+    if not model.graph.output:  # nodes but nothing asked of them: no program to compile
+        raise SerializationError(f"{label}: its graph names no outputs, so there is nothing "
+                                 "to compute; export it with its outputs (output_names=)")
     return model
 
 
@@ -205,7 +208,10 @@ def _symbol(name: str) -> bool:
     return name.isidentifier() and not keyword.iskeyword(name) and len(name) <= 64
 
 
-def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
+def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict,
+                 renamed: dict) -> tuple:
+    """``renamed``: each dim_param that is no symbol -> the name its first input gave it, so
+    the inputs sharing it ("batch size", "past_sequence_length + 1") stay one dim."""
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         raise ShapeError(f"{label}: graph input '{vi.name}' has no shape; export it with one")
@@ -215,8 +221,12 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict) -> tuple:
             shape.append(int(d.dim_value))
             continue
         # a dim's name must read back as one symbol: not a keyword, not "batch size"
-        name = d.dim_param if _symbol(d.dim_param) else f"{vi.name}_dim{axis}"
-        name = name if _symbol(name) else f"input{len(bounds)}_dim{axis}"
+        name = d.dim_param if _symbol(d.dim_param) else renamed.get(d.dim_param)
+        if name is None:
+            name = f"{vi.name}_dim{axis}"
+            name = name if _symbol(name) else f"input{len(bounds)}_dim{axis}"
+            if d.dim_param:  # an empty one is an unknown size, tied to nothing
+                renamed[d.dim_param] = name
         if name in dynamic_dims:
             bounds[name] = dynamic_dims[name]
         else:
@@ -246,6 +256,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
     inputs: dict[str, Node] = {}
     sources: dict = {}
     bounds: dict = {}
+    renamed: dict = {}
     for vi in graph.input:
         if vi.name in env:
             continue  # an initializer listed as an input (IR < 4): a weight
@@ -253,7 +264,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
             env[vi.name] = Static(np.asarray(constants[vi.name]))
             continue
         dtype = dtype_of(vi.type.tensor_type.elem_type, f"{label}: graph input '{vi.name}'")
-        leaf = tg.input(vi.name, _input_shape(vi, label, dynamic_dims, bounds), dtype)
+        leaf = tg.input(vi.name, _input_shape(vi, label, dynamic_dims, bounds, renamed), dtype)
         inputs[vi.name] = env[vi.name] = leaf
         sources[leaf] = vi.name
     weights_made: dict = {}

@@ -103,6 +103,23 @@ def test_backend_by_name_matches_eager():
     assert _err(got, ref) <= TOL
 
 
+def test_a_bfloat16_model_returns_bfloat16_tensors():
+    """Outputs go back to torch through the one numpy -> torch conversion, which carries
+    bfloat16 (ml_dtypes in numpy). Before, torch.from_numpy raised TypeError on every call of
+    a bfloat16 model: the user's torch.compile failed because of us."""
+    torch.manual_seed(0)
+    m = Block().to(torch.bfloat16).eval()
+    x = torch.randn(2, 7, 32, dtype=torch.bfloat16)
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        got = compiled(x)
+        ref = m(x)
+    assert spy.ours and spy.ours[0].calls == 1  # our program ran, not eager torch
+    assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+    assert _err(got, ref) <= 2e-2  # bfloat16's 8 bits of mantissa, rounded differently
+
+
 # ---------------------------------------------------------------------------- graph breaks
 class Broken(nn.Module):
     """Two regions with a graph break between (the print runs in Python, between them)."""
@@ -131,6 +148,36 @@ def test_graph_break_runs_each_piece_as_our_program(capsys):
     assert len(spy.made) == 2 and len(spy.ours) == 2  # one program per piece
     assert all(p.calls == 2 for p in spy.ours)
     assert _err(got, ref) <= TOL and _err(again, ref_again) <= TOL
+
+
+class PrintsShape(nn.Module):
+    """A graph break that reads a shape: Dynamo's first graph returns the size too."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Block(), Block()
+
+    def forward(self, x):
+        h = self.a(x)
+        print("length", h.shape[1])
+        return self.b(h)
+
+
+def test_a_graph_returning_a_symbolic_size_runs_as_our_program(capsys):
+    """At a second length Dynamo makes the size symbolic, and the graph before the break
+    returns it for the Python after. Before, such a graph ran in eager torch with a warning
+    ("the graph returns the symbolic size s77"): any shape read after a break did that."""
+    torch.manual_seed(0)
+    m = PrintsShape().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    with _no_fallback(), torch.no_grad():
+        for n in (5, 9, 12):
+            x = torch.randn(2, n, 32)
+            assert _err(compiled(x), m(x)) <= TOL, n
+    assert "length 9" in capsys.readouterr().out
+    assert spy.made and len(spy.ours) == len(spy.made)
+    assert sum(p.calls for p in spy.ours) == 2 * 3
 
 
 # ---------------------------------------------------------------------------- dynamic shapes

@@ -363,3 +363,56 @@ def test_a_file_larger_than_protobuf_parses_is_refused_unread(tmp_path, monkeypa
     big.write_bytes(small_model()[0].SerializeToString() + b"\0" * 200)
     with pytest.raises(tg.SerializationError, match="big.onnx is larger.*external data"):
         tg.from_onnx(big)
+
+
+@pytest.mark.parametrize("form", ["scales", "sizes"])
+def test_resize_keeps_a_symbolic_batch(form):
+    """An upsample with a dynamic batch (what torch.onnx.export writes for nn.Upsample or
+    F.interpolate(size=...) with a batch Dim) resizes only the static spatial axes. Before,
+    any symbolic dim of the input refused the Resize, so no such vision model imported."""
+    inits = [numpy_helper.from_array(np.zeros(0, np.float32), "roi")]
+    if form == "scales":
+        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 1.5], np.float32), "scales"))
+        nodes = [helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="linear")]
+    else:  # the sizes' batch and channels read back from the input's shape
+        inits += [ints("lo", [0]), ints("hi", [2]), ints("hw", [6, 5])]
+        nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+                 helper.make_node("Slice", ["shape", "lo", "hi"], ["nc"]),
+                 helper.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+                 helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="cubic")]
+    m = model(nodes, [vi("x", ["n", 2, 3, 4])], [vi("y", ["n", 2, 6, None])], 19, inits)
+    for n in (1, 3):
+        against_ort(m, {"x": RNG.standard_normal((n, 2, 3, 4)).astype(np.float32)}, {"n": 4})
+
+
+def test_resize_of_a_symbolic_axis_is_refused_by_name():
+    scales = numpy_helper.from_array(np.array([1, 2], np.float32), "scales")
+    m = model([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up")],
+              [vi("x", [2, "w"])], [vi("y", [2, None])], 19, [scales])
+    with pytest.raises(UnsupportedOpError, match="Resize node 'up'.*symbolic axis.*\\[1\\].*"
+                                                 "export the model with static sizes"):
+        tg.from_onnx(m)
+
+
+@pytest.mark.parametrize("dim", ["batch size", "past_sequence_length + 1"])
+def test_inputs_sharing_a_dim_that_is_no_symbol_stay_tied(dim):
+    """Two inputs with the same dim_param that is no symbol (ONNX Runtime's shape inference
+    writes "past_sequence_length + 1") are one dim under the first input's name. Before,
+    each input got its own name, and adding them was a ShapeError (x_dim0 vs z_dim0)."""
+    m = model([helper.make_node("Add", ["x", "z"], ["y"])],
+              [vi("x", [dim, 3]), vi("z", [dim, 3])], [vi("y", [dim, 3])], 13)
+    prog = tg.from_onnx(m, {"x_dim0": 4})
+    x, z = X[0, :2, :3], X[1, :2, :3]
+    np.testing.assert_array_equal(prog(x=x, z=z)[0], x + z)
+    with pytest.raises(tg.ShapeError, match="x_dim0"):
+        prog(x=x, z=X[1, :1, :3])
+
+
+def test_a_graph_without_outputs_is_refused_naming_the_model(tmp_path):
+    """Before, it reached tg.compile, whose ArgumentError ("compile: give a node or a list of
+    nodes") named neither the model nor what was wrong with it."""
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [], 13, check=False)
+    path = tmp_path / "no_outputs.onnx"
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(tg.SerializationError, match="no_outputs.onnx.*names no outputs"):
+        tg.from_onnx(path)

@@ -2,7 +2,8 @@
 linear, cubic, with antialias), coordinate transformation and option is linear in the data
 along an axis, so its weights are computed once here with numpy, as ONNX's reference
 computes each output position (its formulas, edge padding, exclude_outside), and applied as
-a constant (out, in) matrix: static sizes only."""
+a constant (out, in) matrix: the resized axes' sizes must be static; an axis kept at its
+size (a dynamic batch) may be symbolic."""
 
 from __future__ import annotations
 
@@ -107,6 +108,16 @@ def weights(size_in: int, size_out: int, scale: float, coeffs, coordinate: str,
     return m, outside
 
 
+def _concrete(c: Ctx, x, axes) -> None:
+    """Refuse, naming the axes, a resize of symbolic ones: its (out, in) weights are built
+    from the sizes. Axes kept at their size (a dynamic batch or channel) may be symbolic."""
+    named = [a for a in axes if not isinstance(x.shape[a], int)]
+    if named:
+        raise c.refuse(
+            f"it resizes the symbolic axis(es) {named} of {x.shape} (the weights are built "
+            "per size); export the model with static sizes for those axes")
+
+
 def _resize(c: Ctx):
     if c.opset < 11:
         raise c.refuse("Resize before opset 11 (scales only, no coordinate modes)")
@@ -114,8 +125,6 @@ def _resize(c: Ctx):
     if not x.dtype.is_float:
         raise c.refuse(f"a {x.dtype.name} input (float inputs are mapped)")
     rank = x.ndim
-    if not all(isinstance(d, int) for d in x.shape):
-        raise c.refuse(f"symbolic input dims {x.shape} (the weights are built per size)")
     axes = [a % rank for a in c.a("axes", list(range(rank)))]
     roi = c.s(1, "roi").astype(np.float64).reshape(-1) if c.has(1) else np.zeros(0)
     scales = c.s(2, "scales").astype(np.float64).reshape(-1) if c.has(2) and \
@@ -124,18 +133,30 @@ def _resize(c: Ctx):
     full_scale = [1.0] * rank
     out_size = list(x.shape)
     if sizes is not None:
-        ratio = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+        # an axis whose size is kept (a symbolic batch, Shape -> Concat'ed back) is not
+        # resized; the weights of the others are built from their concrete sizes
+        kept = {a for i, a in enumerate(axes) if sizes[i] == x.shape[a]}
+        _concrete(c, x, [a for a in axes if a not in kept])
+        if any(not isinstance(sizes[i], int) for i, a in enumerate(axes) if a not in kept):
+            raise c.refuse(f"sizes {sizes} computed from symbolic dims for the static axes "
+                           f"of {x.shape}; export the model with static sizes")
         policy = c.a("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
+            _concrete(c, x, axes)  # one ratio over every listed axis
+            ratio = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
             one = min(ratio) if policy == "not_larger" else max(ratio)
             ratio = [one] * len(axes)
             sizes = [int(one * x.shape[a] + 0.5) for a in axes]
+        else:
+            ratio = [1.0 if a in kept else sizes[i] / x.shape[a] for i, a in enumerate(axes)]
         for i, a in enumerate(axes):
             full_scale[a], out_size[a] = ratio[i], sizes[i]
     elif scales is not None:
+        _concrete(c, x, [a for i, a in enumerate(axes) if not math.isclose(scales[i], 1.0)])
         for i, a in enumerate(axes):
             full_scale[a] = float(scales[i])
-            out_size[a] = int(full_scale[a] * x.shape[a])
+            if not math.isclose(full_scale[a], 1.0):
+                out_size[a] = int(full_scale[a] * x.shape[a])
     else:
         raise c.refuse("neither scales nor sizes")
     mode = c.a("mode", "nearest")
@@ -155,6 +176,7 @@ def _resize(c: Ctx):
         if math.isclose(full_scale[ax], 1.0) and out_size[ax] == x.shape[ax] and \
                 (coordinate != "tf_crop_and_resize" or axis_roi == (0.0, 1.0)):
             continue
+        _concrete(c, x, [ax])  # a crop of a symbolic axis
         m, outside = weights(x.shape[ax], out_size[ax], full_scale[ax], coeffs, coordinate,
                              bool(c.a("exclude_outside", 0)), axis_roi)
         moved = tg.transpose(out, ax, -1) if ax != rank - 1 else out
