@@ -33,6 +33,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes, substitute
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import WEIGHT
+from tensor_graphs.kernels.torch.convert import to_host, to_torch
 from tensor_graphs.train.trainer import Trainer
 
 __all__ = ["TorchTrainer", "trainer_from_torch"]
@@ -54,7 +55,7 @@ class TorchTrainer(Trainer):
                 raise FeedError(f"Trainer.step: {len(args)} positional values, the exported "
                                 f"call takes {len(self.arg_names)} ({', '.join(self.arg_names)}:"
                                 " the module's inputs, then the loss's targets)")
-            batch.update((n, _numpy(a)) for n, a in zip(self.arg_names, args)
+            batch.update((n, to_host(a)) for n, a in zip(self.arg_names, args)
                          if n in self.inputs)
         return super().step(**batch)
 
@@ -63,8 +64,7 @@ class TorchTrainer(Trainer):
         buffers and frozen parameters are the module's own). A tied parameter is written under
         each of its names: one copy into the shared tensor, or each copy where a module unties
         them."""
-        torch = _torch()
-        trained = {n: torch.from_numpy(v) for n, v in self.weights().items()}
+        trained = {n: to_torch(v) for n, v in self.weights().items()}  # bfloat16 too
         state = {**trained, **{n: trained[first] for n, first in self.aliases.items()
                                if first in trained}}
         missing = sorted(set(state) - set(module.state_dict()))
@@ -252,12 +252,6 @@ def _bound_names(fn, values: tuple, owner: str) -> list[tuple[str, int | None]]:
                             "of example_args instead") from None
     return [(n, len(v) if signature.parameters[n].kind == inspect.Parameter.VAR_POSITIONAL
              else None) for n, v in bound.items()]
-
-
-def _numpy(value):
-    if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
 
 
 def _torch():

@@ -26,6 +26,7 @@ import numpy as np
 
 from tensor_graphs.compiler import compile as compile_graph
 from tensor_graphs.compiler import estimate_memory as estimate
+from tensor_graphs.compiler import resolve_tolerance
 from tensor_graphs.errors import (
     ArgumentError,
     FeedError,
@@ -57,7 +58,8 @@ class Trainer:
     ``bind`` like any weight). ``extra``: more nodes the step returns (an accuracy, the
     logits), read with ``last``. ``seed``: where the generators of the loss's dropouts
     (``tg.rng``) start; the step advances them in place, so each step draws new masks and
-    the same seed draws the same ones again. ``device``, ``tolerance`` and
+    the same seed draws the same ones again. ``device``, ``tolerance`` (None: the default
+    for the loss's and parameters' precision, as ``tg.compile``'s for its results) and
     ``compile_options`` go to ``tg.compile`` (``bounds=`` for a batch with symbolic dims,
     ``db=``, ``profile=``).
 
@@ -100,6 +102,9 @@ class Trainer:
         generators = rng_states(self.outputs)
         self.rngs = {s.name: initial(seed) for s in generators}
         self.outputs += [advance(s) for s in generators]  # one step further per call
+        # by default the precision of what trains (the loss and the parameters), not of the
+        # step's every output: a bfloat16 model's optimizer still counts its steps in float32
+        tolerance = resolve_tolerance(tolerance, [loss, *self.params.values()])
         self.program = compile_graph(self.outputs, device=device, tolerance=tolerance,
                                      **compile_options)
         self.program.bind(**self.updates.state_init(), **self.rngs)

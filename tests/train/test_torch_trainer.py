@@ -61,6 +61,37 @@ def test_module_trains_as_torch_trains_it(loss_fn, target):
         assert relative_error(got, before[name].numpy()) > 1e-3  # it moved
 
 
+def test_a_bfloat16_module_trains_with_nothing_to_set():
+    """A bfloat16 module's batches and weights cross as bfloat16 (numpy has no bfloat16: torch's
+    ``.numpy()`` raised), and its default tolerance is its precision's: the step's float32
+    outputs (its optimizer's counters) do not hold it to float32's 1e-5, at which no bfloat16
+    kernel has a path. It trains as torch does in bfloat16, and ``load_into`` writes bfloat16."""
+    module = _mlp().to(torch.bfloat16)
+    reference = copy.deepcopy(module).train()
+    x0, y0 = _batch(0)
+    as_bf16 = lambda a: torch.from_numpy(a).to(torch.bfloat16)  # noqa: E731
+    target = lambda y: np.eye(4, dtype=np.float32)[y]  # noqa: E731
+    trainer = tg.from_torch(module, (as_bf16(x0), as_bf16(target(y0))), train=True,
+                            loss_fn=F.mse_loss, optimizer=tg.optim.SGD(0.1))
+    topt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses = []
+    for step in range(10):
+        x, y = _batch(step)
+        ours = trainer.step(as_bf16(x), as_bf16(target(y)))
+        topt.zero_grad()
+        theirs = F.mse_loss(reference(as_bf16(x)), as_bf16(target(y)))
+        theirs.backward()
+        topt.step()
+        assert abs(ours - theirs.item()) <= 0.05 * abs(theirs.item()), step
+        losses.append(ours)
+    assert losses[-1] < losses[0]
+    trainer.load_into(module)
+    for name, p in reference.named_parameters():
+        got = dict(module.named_parameters())[name]
+        assert got.dtype == torch.bfloat16
+        assert relative_error(got.float().detach().numpy(), p.float().detach().numpy()) < 0.05
+
+
 def test_frozen_parameters_and_errors():
     module = _mlp()
     for p in module[0].parameters():
