@@ -23,6 +23,7 @@ ignored.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -177,8 +178,10 @@ class Generator:
                  repetition_penalty: float | None = None,
                  quantize: str | None = None, group_size: int | None = None,
                  skip: Sequence[str] = (), prequantized: bool = False, **compile_options):
-        """``weights``: the state dict (name -> array) or a safetensors file's path, read
-        once for both programs. ``eos_token_id`` (an id or a list) ends a row, which is then
+        """``weights``: the state dict (name -> array) or a checkpoint's path, read once for
+        both programs: a safetensors file, or a model's folder as ``save_pretrained`` writes
+        it (its ``model.safetensors``, or the shards its ``model.safetensors.index.json``
+        names). ``eos_token_id`` (an id or a list) ends a row, which is then
         filled with ``pad_token_id`` (default: the first eos, as transformers).
         ``repetition_penalty``: transformers' (each token already in a row has its score
         divided by it, or multiplied where negative), so that its tokens stay transformers'
@@ -197,22 +200,31 @@ class Generator:
             is_path,
             read_prequantized,
         )
-        from tensor_graphs.runtime.weights import read_safetensors
+        from tensor_graphs.runtime.weights import (
+            checkpoint_path,
+            is_shard_index,
+            read_checkpoint,
+        )
 
         taken = _compile_keywords()
         _unknown("generate", [k for k in compile_options if k not in taken],
                  {"tg.compile's options": taken})
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ArgumentError(f"generate: max_len must be a positive int, got {max_len!r}")
+        max_len = _positive_int("max_len", max_len)
         if repetition_penalty is not None and (isinstance(repetition_penalty, bool) or not
                                                isinstance(repetition_penalty, int | float)
                                                or not repetition_penalty > 0):
             raise ArgumentError(f"generate: repetition_penalty must be a positive number (1.0 "
                                 f"or None: none), got {repetition_penalty!r}")
-        max_prompt = max_len if max_prompt is None else max_prompt
+        max_prompt = max_len if max_prompt is None else _positive_int("max_prompt", max_prompt)
         if not 1 <= max_prompt <= max_len:
             raise ArgumentError(f"generate: max_prompt={max_prompt} must be in 1..{max_len} "
                                 "(max_len)")
+        if is_path(weights):
+            weights = checkpoint_path(weights)
+            if prequantized and is_shard_index(weights):
+                raise ArgumentError(f"generate: prequantized=True reads one file "
+                                    f"(tg.save_quantized writes one); {weights} is a sharded "
+                                    "checkpoint's index")
         if prequantized and is_path(weights):
             quantize, group_size, skip = file_settings(weights, quantize, group_size, skip)
         elif prequantized and quantize is None:
@@ -226,6 +238,7 @@ class Generator:
         eos = [int(e) for e in np.atleast_1d(eos_token_id)] if eos_token_id is not None else []
         self.eos = set(eos)
         self.pad = int(pad_token_id) if pad_token_id is not None else (eos + [0])[0]
+        self._padding_id = _padding_id(eos_token_id, pad_token_id)
         self.repetition_penalty = None if repetition_penalty in (None, 1) \
             else float(repetition_penalty)
         options = {"db": None, **compile_options}
@@ -250,8 +263,8 @@ class Generator:
         from_file = is_path(weights)
         if from_file:
             weights = read_prequantized(weights, wanted, quantize) if prequantized else \
-                read_safetensors(weights, {n: (tuple(lf.shape), lf.dtype)
-                                           for n, lf in wanted.items()})
+                read_checkpoint(weights, {n: (tuple(lf.shape), lf.dtype)
+                                          for n, lf in wanted.items()})
         missing = sorted(set(wanted) - set(weights))
         if missing:
             hint = (" (a prequantized state dict holds <name>.q and <name>.scale for each "
@@ -301,14 +314,22 @@ class Generator:
                          repetition_penalty: float | None = None,
                          **compile_options) -> Generator:
         """The generator of a transformers ``config`` (``ARCHITECTURES``) with its weights
-        read from the safetensors file at ``path``, no torch model built: a file written by
+        read from the checkpoint at ``path``, no torch model built. ``path``: a safetensors
+        file, a sharded checkpoint's ``model.safetensors.index.json``, or the folder
+        ``save_pretrained`` wrote (either inside). A file written by
         :meth:`save_quantized` / ``tg.save_quantized`` (its metadata names the scheme) loads
         prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``)."""
         from tensor_graphs.runtime.prequantized import SCHEME_KEY
-        from tensor_graphs.runtime.weights import read_safetensors_header
+        from tensor_graphs.runtime.weights import (
+            checkpoint_path,
+            is_shard_index,
+            read_safetensors_header,
+        )
 
         read, build = _architecture(config, max_len)
-        prequantized = SCHEME_KEY in (read_safetensors_header(path).metadata or {})
+        path = checkpoint_path(path)
+        prequantized = not is_shard_index(path) and \
+            SCHEME_KEY in (read_safetensors_header(path).metadata or {})
         return cls(build(read(config)), path, vocab_size=config.vocab_size, max_len=max_len,
                    max_prompt=max_prompt, batch=batch, eos_token_id=eos_token_id,
                    pad_token_id=pad_token_id, repetition_penalty=repetition_penalty,
@@ -345,7 +366,7 @@ class Generator:
                    pad_token_id=settings["pad_token_id"],
                    repetition_penalty=settings["repetition_penalty"], **compile_options)
 
-    def _check(self, input_ids, max_new_tokens: int) -> np.ndarray:
+    def _check(self, input_ids, max_new_tokens: int, attention_mask=None) -> np.ndarray:
         if hasattr(input_ids, "detach"):
             input_ids = input_ids.detach().cpu().numpy()
         ids = np.asarray(input_ids)
@@ -364,12 +385,13 @@ class Generator:
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ArgumentError(f"generate: token id {int(ids[where])} at {where} is outside "
                                 f"the vocabulary 0..{self.vocab_size - 1}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ArgumentError(f"generate: max_new_tokens must be a positive int, got "
-                                f"{max_new_tokens!r}")
+        _check_padding(ids, attention_mask, self._padding_id)
+        max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         if ids.shape[1] > self.max_prompt:
             raise ShapeError(f"generate: the prompt has {ids.shape[1]} tokens, more than the "
-                             f"{self.max_prompt} this generator takes (max_prompt)")
+                             f"{self.max_prompt} this generator takes (max_prompt); build the "
+                             f"generator with max_prompt={ids.shape[1]} or more (and max_len "
+                             f">= prompt + max_new_tokens - 1), or shorten the prompt")
         cached = ids.shape[1] + max_new_tokens - 1  # the last new token is never fed back
         if cached > self.max_len:
             raise ShapeError(f"generate: {ids.shape[1]} prompt tokens + {max_new_tokens} new "
@@ -377,10 +399,13 @@ class Generator:
                              "(build the generator with a larger max_len)")
         return ids.astype(np.int64, copy=False)
 
-    def stream(self, input_ids, max_new_tokens: int) -> Iterator[np.ndarray]:
+    def stream(self, input_ids, max_new_tokens: int, *,
+               attention_mask=None) -> Iterator[np.ndarray]:
         """Yield each step's tokens, shape (batch,), as soon as they are chosen. Checks the
-        input before any work, so a bad call leaves the caches as they were."""
-        ids = self._check(input_ids, max_new_tokens)
+        input before any work, so a bad call leaves the caches as they were.
+        ``attention_mask``: as a tokenizer gives it; only ones are taken (see ``__call__``)."""
+        ids = self._check(input_ids, max_new_tokens, attention_mask)
+        max_new_tokens = int(max_new_tokens)  # (checked: an integer of any type)
         return self._tokens(ids, max_new_tokens)
 
     def _runs(self) -> tuple[int, int]:
@@ -421,12 +446,26 @@ class Generator:
             logits = self.decode(input_ids=token[:, None])[0]
             runs = self._runs()
 
-    def __call__(self, input_ids, max_new_tokens: int) -> np.ndarray:
+    def __call__(self, input_ids, max_new_tokens: int, *, attention_mask=None) -> np.ndarray:
         """The prompt followed by the greedy tokens, (batch, prompt + new), as transformers'
-        ``generate(do_sample=False)`` returns it (it stops early when every row ended)."""
-        ids = self._check(input_ids, max_new_tokens)
+        ``generate(do_sample=False)`` returns it (it stops early when every row ended).
+        ``attention_mask`` (as a tokenizer gives it with the ids) must be all ones: padded
+        rows are refused. Without one, a prompt holding ``pad_token_id`` (given, and no eos)
+        is refused too, since transformers would take those tokens for padding."""
+        ids = self._check(input_ids, max_new_tokens, attention_mask)
+        max_new_tokens = int(max_new_tokens)  # (checked: an integer of any type)
         new = list(self._tokens(ids, max_new_tokens))
         return np.concatenate([ids, np.stack(new, axis=1)], axis=1)
+
+
+def _positive_int(name: str, value) -> int:
+    """``value`` as an int, any integer type (a NumPy or torch count as readily as Python's),
+    else an ArgumentError naming ``name``: a float or bool count is a slip, not a size."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ArgumentError(f"generate: {name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def _check_attention_mask(mask, shape: tuple[int, ...]) -> None:
@@ -444,6 +483,36 @@ def _check_attention_mask(mask, shape: tuple[int, ...]) -> None:
         raise ArgumentError(f"generate: attention_mask pads rows {rows} (zeros); padded batches "
                             "are not supported: generate prompts of different lengths in "
                             "separate calls (an attention_mask of ones, or none, is taken)")
+
+
+def _padding_id(eos_token_id, pad_token_id) -> int | None:
+    """The id by which transformers' generate, given no attention_mask, takes prompt tokens
+    for padding: a pad_token_id that is no eos (a pad left out defaults to the first eos,
+    and a pad equal to an eos infers nothing); None where it infers no padding."""
+    if pad_token_id is None:
+        return None
+    eos = [] if eos_token_id is None else [int(e) for e in np.atleast_1d(eos_token_id)]
+    return None if int(pad_token_id) in eos else int(pad_token_id)
+
+
+def _check_padding(ids: np.ndarray, mask, padding_id: int | None) -> None:
+    """Refuse a padded batch, whether ``mask`` (an attention_mask) says so or, with no mask,
+    transformers' generate would infer it: given a ``pad_token_id`` that is no eos, it takes
+    every prompt token equal to it for padding (``attention_mask = input_ids != pad``) and
+    decodes other tokens than these programs, which attend to every token."""
+    if mask is not None:
+        _check_attention_mask(mask, ids.shape)
+        return
+    if padding_id is None:
+        return
+    rows = sorted({int(r) for r in np.argwhere(ids == padding_id)[:, 0]})
+    if rows:
+        raise ArgumentError(
+            f"generate: input_ids rows {rows} hold pad_token_id={padding_id} and no "
+            "attention_mask is given: transformers' generate takes those tokens for padding "
+            "(it infers attention_mask = input_ids != pad_token_id) and padded batches are not "
+            "supported here; pass attention_mask=np.ones_like(input_ids) if they are real "
+            "tokens, or generate prompts of different lengths unpadded in separate calls")
 
 
 def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, *,
@@ -464,13 +533,25 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
     ids = ids[None, :] if ids.ndim == 1 else ids
     if ids.ndim != 2:
         raise ShapeError(f"generate: input_ids must have shape (batch, seq), got {ids.shape}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ArgumentError(f"generate: max_new_tokens must be a positive int, got "
-                            f"{max_new_tokens!r}")
-    if attention_mask is not None:
-        _check_attention_mask(attention_mask, ids.shape)
-    needed = ids.shape[1] + max_new_tokens - 1
-    gen = Generator.from_transformers(causal_lm, max_len=max_len or max(needed, 1),
-                                      max_prompt=max(ids.shape[1], 1), batch=ids.shape[0],
-                                      **options)
-    return gen.stream(ids, max_new_tokens) if stream else gen(ids, max_new_tokens)
+    if ids.shape[1] < 1:
+        raise ShapeError("generate: the prompt is empty")
+    max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+    needed = ids.shape[1] + max_new_tokens - 1  # the last new token is never fed back
+    if max_len is None:
+        max_len = needed
+    elif _positive_int("max_len", max_len) < needed:
+        raise ShapeError(f"generate: {ids.shape[1]} prompt tokens + {max_new_tokens} new ones "
+                         f"need a cache of {needed} tokens; max_len={max_len} holds fewer "
+                         "(raise max_len, or leave it out to size the cache exactly)")
+    _architecture(causal_lm.config, max_len)  # a model not built here, named first
+    # the padding check of the generator's call, made before it compiles anything
+    settings = _generation_settings(getattr(causal_lm, "generation_config", None),
+                                    {k: v for k, v in options.items()
+                                     if k in (*_APPLIED, *_REFUSED)})
+    if ids.dtype.kind in "iu":
+        _check_padding(ids, attention_mask, _padding_id(settings["eos_token_id"],
+                                                        settings["pad_token_id"]))
+    gen = Generator.from_transformers(causal_lm, max_len=max_len, max_prompt=ids.shape[1],
+                                      batch=ids.shape[0], **options)
+    return gen.stream(ids, max_new_tokens, attention_mask=attention_mask) if stream \
+        else gen(ids, max_new_tokens, attention_mask=attention_mask)

@@ -219,8 +219,9 @@ def _generators(a, b, inputs, tokens: int, text, tokenizer) -> Quality:
     errors, shapes = _errors([first_a], [first_b])
     report = Quality(errors, shapes)
     if tokens:
-        mine = [int(t[0]) for t in a.stream(prompt, tokens)]
-        theirs = [int(t[0]) for t in b.stream(prompt, tokens)]
+        real = np.ones(prompt.shape, np.int64)  # see _first_logits
+        mine = [int(t[0]) for t in a.stream(prompt, tokens, attention_mask=real)]
+        theirs = [int(t[0]) for t in b.stream(prompt, tokens, attention_mask=real)]
         _greedy(report, mine, theirs)
     if text is not None:
         ids = _ids(text, tokenizer, a.vocab_size)
@@ -234,8 +235,10 @@ def _generators(a, b, inputs, tokens: int, text, tokenizer) -> Quality:
 
 
 def _first_logits(gen, prompt: np.ndarray) -> np.ndarray:
-    """The prefill's logits for the prompt (the last position's)."""
-    ids = gen._check(prompt, 1)  # noqa: SLF001 - the generator's own input checks
+    """The prefill's logits for the prompt (the last position's). Every token is real (a
+    mask of ones): two generators compared attend alike to a token equal to their pad id,
+    which a generation compared with transformers' would refuse."""
+    ids = gen._check(prompt, 1, np.ones(np.shape(prompt), np.int64))  # noqa: SLF001
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
     return np.array(gen.prefill(input_ids=ids)[0])
 

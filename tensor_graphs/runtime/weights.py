@@ -44,7 +44,7 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
-from tensor_graphs.files import open_regular, parse_json, path_of, replacement_mode
+from tensor_graphs.files import open_regular, parse_json, path_of, read_regular, replacement_mode
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -53,6 +53,10 @@ __all__ = [
     "SafetensorsHeader",
     "read_safetensors_header",
     "read_safetensors",
+    "SAFETENSORS_INDEX",
+    "checkpoint_path",
+    "shard_map",
+    "read_checkpoint",
     "write_safetensors",
 ]
 
@@ -274,6 +278,90 @@ def read_safetensors(
         header = _parse_header(f, path)
         found = _match(header, wanted, strict, rename, set(optional))
         return _copy_all(f, header, found, allocate)
+
+
+#: the index transformers' ``save_pretrained`` writes beside a sharded checkpoint's files
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+_MAX_INDEX = 64 * 1024 * 1024  # an index of a million tensors is well under this
+
+
+def checkpoint_path(path) -> str:
+    """The checkpoint file ``path`` names: itself, or in a model's folder (as transformers'
+    ``save_pretrained`` writes it) its ``model.safetensors`` or, sharded,
+    ``model.safetensors.index.json``. Why: a folder is what a user has, and a large
+    checkpoint is only ever sharded."""
+    path = path_of(path, "safetensors file")
+    if not os.path.isdir(path):
+        return path
+    for name in (_SINGLE, SAFETENSORS_INDEX):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise SerializationError(f"{path} is a folder holding neither {_SINGLE} nor "
+                             f"{SAFETENSORS_INDEX} (a save_pretrained folder holds one); "
+                             f"{_name_the_file(path)}")
+
+
+def is_shard_index(path) -> bool:
+    """Whether ``path`` (after :func:`checkpoint_path`) is a sharded checkpoint's index."""
+    return os.fspath(path).endswith(".index.json")
+
+
+def shard_map(index) -> dict[str, str]:
+    """Tensor name -> the path of the shard holding it, from a sharded checkpoint's index
+    (``{"weight_map": {name: file}}``). A shard must be a file beside the index: a name with
+    a folder in it could make the index read any file."""
+    index = path_of(index, "safetensors index")
+    fix = f"write the checkpoint again (save_pretrained) or {_REFETCH}"
+    data = parse_json(read_regular(index, "safetensors index", fix, most=_MAX_INDEX), index,
+                      "safetensors index", fix)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise SerializationError(f"{index} is not a safetensors index: it has no "
+                                 '"weight_map" of tensor names to shard files; ' + fix)
+    odd = sorted({v for v in weight_map.values()
+                  if os.path.basename(v) != v or v in ("", ".", "..")})
+    if odd:
+        raise SerializationError(f"{index}: shard names {odd[:3]} are not files beside the "
+                                 "index; " + fix)
+    folder = os.path.dirname(index)
+    return {name: os.path.join(folder, shard) for name, shard in weight_map.items()}
+
+
+def read_checkpoint(path, wanted: Mapping[str, tuple[tuple, DType]], *,
+                    allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
+                    | None = None) -> dict[str, np.ndarray]:
+    """:func:`read_safetensors` of a checkpoint: a file, a model's folder or a sharded
+    checkpoint's index (:func:`checkpoint_path`). Sharded, each shard is read for the wanted
+    tensors the index puts there, after every check: names the index lacks
+    (:class:`FeedError`), shards missing, truncated or damaged (:class:`SerializationError`,
+    naming the shard), then each shard's names, shapes and dtypes; on any error nothing is
+    returned."""
+    path = checkpoint_path(path)
+    if not is_shard_index(path):
+        return read_safetensors(path, wanted, allocate=allocate)
+    where = shard_map(path)
+    missing = [n for n in wanted if n not in where]
+    if missing:
+        raise FeedError(f"{path} maps no shard to {len(missing)} weight(s): "
+                        f"{', '.join(map(repr, missing[:20]))}"
+                        f"{' and more' if len(missing) > 20 else ''} (is it this model's "
+                        f"checkpoint?); it maps {len(where)} tensors")
+    shards: dict[str, dict] = {}
+    for name, spec in wanted.items():
+        shards.setdefault(where[name], {})[name] = spec
+    absent = sorted(os.path.basename(s) for s in shards if not os.path.exists(s))
+    if absent:
+        raise SerializationError(f"{path} names shard(s) {', '.join(absent)} that "
+                                 f"{os.path.dirname(path) or '.'} lacks (an interrupted "
+                                 f"download or copy?): {_REFETCH}")
+    for shard, names in shards.items():  # every shard's header and names before any copy
+        _match(read_safetensors_header(shard), names, False, None, set())
+    out: dict[str, np.ndarray] = {}
+    for shard, names in shards.items():
+        out.update(read_safetensors(shard, names, allocate=allocate))
+    return out
 
 
 def read_safetensors_to_device(

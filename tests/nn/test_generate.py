@@ -157,6 +157,37 @@ def test_bad_input_is_refused_before_any_work(lm):
     np.testing.assert_array_equal(gen.decode.state(name), before)
 
 
+def test_counts_of_any_integer_type_are_taken_and_limits_name_the_fix(lm, monkeypatch):
+    gen = Generator.from_transformers(lm, max_len=np.int64(12), max_prompt=np.int32(6),
+                                      db=":memory:")
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (1, 6))
+    expected = _expected(lm, prompt, 4)
+    # a count from NumPy or torch arithmetic, not only a Python int
+    np.testing.assert_array_equal(gen(prompt, np.int64(4)), expected)
+    np.testing.assert_array_equal(gen(prompt, torch.tensor(4)), expected)
+    assert len(list(gen.stream(prompt, np.int64(4)))) == 4
+    for slip in (True, 2.0, np.float64(2), torch.tensor([2])):
+        with pytest.raises(tg.ArgumentError, match="max_new_tokens must be a positive int"):
+            gen(prompt, slip)
+    with pytest.raises(tg.ShapeError, match=r"more than the 6 this generator takes "
+                       r"\(max_prompt\); build the generator with max_prompt=7 or more"):
+        gen(np.zeros((1, 7), np.int64), 1)
+    from tensor_graphs import compiler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before the call was refused")
+
+    monkeypatch.setattr(compiler, "compile", refuse)
+    # tg.generate's own max_len: named with what the call needs, before compiling
+    with pytest.raises(tg.ShapeError, match=r"6 prompt tokens \+ 5 new ones need a cache of "
+                       r"10 tokens; max_len=8 holds fewer \(raise max_len"):
+        tg.generate(lm, prompt, 5, max_len=8)
+    with pytest.raises(tg.ArgumentError, match="max_len must be a positive int, got 0"):
+        tg.generate(lm, prompt, 5, max_len=0)
+    with pytest.raises(tg.ShapeError, match="the prompt is empty"):
+        tg.generate(lm, np.zeros((1, 0), np.int64), 5)
+
+
 def test_unsupported_models_and_dtypes_are_named():
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=64, vocab_size=50, is_decoder=True)

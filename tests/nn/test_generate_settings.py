@@ -209,6 +209,61 @@ def test_an_attention_mask_of_ones_gives_transformers_tokens(lm):
     np.testing.assert_array_equal(got, _expected(lm, prompt, 8))
 
 
+def _left_padded(pad):
+    """Two prompts, the first left-padded with ``pad`` (as tokenizer(..., padding=True,
+    padding_side="left") gives them, mask dropped)."""
+    prompt = np.random.default_rng(8).integers(1, VOCAB, (2, 6))
+    prompt[0, :2] = pad
+    return prompt
+
+
+def test_a_prompt_holding_the_pad_id_without_a_mask_is_refused_before_compiling(lm):
+    """transformers infers attention_mask = input_ids != pad_token_id when no mask is given
+    (and the pad is no eos): its tokens then differ from ours, which attend to every token."""
+    prompt = _left_padded(0)
+    with torch.no_grad():
+        inferred = lm.generate(torch.from_numpy(prompt), max_new_tokens=6, do_sample=False,
+                               pad_token_id=0).numpy()
+    assert not np.array_equal(inferred, _expected(lm, prompt, 6)), "padding changed nothing"
+    from tensor_graphs import compiler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before the call was refused")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiler, "compile", refuse)
+        with pytest.raises(tg.ArgumentError, match=r"rows \[0\] hold pad_token_id=0 and no "
+                           r"attention_mask.*attention_mask=np.ones_like\(input_ids\)"):
+            tg.generate(lm, prompt, 6, pad_token_id=0)
+        lm.generation_config.pad_token_id = 0  # the model's own pad: the same inference
+        with pytest.raises(tg.ArgumentError, match="hold pad_token_id=0"):
+            tg.generate(lm, prompt, 6, stream=True)
+    # a mask of ones says they are real tokens; a pad that is an eos infers nothing
+    got = tg.generate(lm, prompt, 6, attention_mask=np.ones_like(prompt), db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 6))
+    got = tg.generate(lm, prompt, 6, eos_token_id=0, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, prompt, 6, eos_token_id=0))
+
+
+def test_a_generator_takes_an_attention_mask_and_infers_padding_as_transformers(lm):
+    prompt = _left_padded(5)
+    gen = Generator.from_transformers(lm, max_len=16, batch=2, pad_token_id=5, db=":memory:")
+    with pytest.raises(tg.ArgumentError, match=r"rows \[0\] hold pad_token_id=5"):
+        gen(prompt, 4)
+    with pytest.raises(tg.ArgumentError, match=r"hold pad_token_id=5"):
+        gen.stream(prompt, 4)
+    mask = np.ones_like(prompt)
+    mask[0, :2] = 0
+    with pytest.raises(tg.ArgumentError, match=r"attention_mask pads rows \[0\]"):
+        gen(prompt, 4, attention_mask=torch.from_numpy(mask))
+    expected = _expected(lm, prompt, 4, pad_token_id=5)
+    np.testing.assert_array_equal(gen(prompt, 4, attention_mask=np.ones_like(prompt)), expected)
+    tokens = gen.stream(prompt, 4, attention_mask=np.ones_like(prompt))
+    np.testing.assert_array_equal(np.stack(list(tokens), axis=1), expected[:, 6:])
+    unpadded = prompt[1:].repeat(2, axis=0)  # no pad id in it: nothing to infer
+    np.testing.assert_array_equal(gen(unpadded, 4), _expected(lm, unpadded, 4))
+
+
 # ------------------------------------------------------------------ streams
 def test_a_stream_whose_cache_a_later_call_overwrote_raises_on_its_next_step():
     torch.manual_seed(0)

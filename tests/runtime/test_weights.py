@@ -23,6 +23,7 @@ from tensor_graphs.errors import (
 from tensor_graphs.ir import dtypes as dt
 from tensor_graphs.runtime import weights as weights_mod
 from tensor_graphs.runtime.weights import (
+    read_checkpoint,
     read_safetensors,
     read_safetensors_header,
     write_safetensors,
@@ -522,6 +523,59 @@ def test_paths_that_are_not_files(tmp_path):
         read_safetensors(fifo, {})
     with pytest.raises(ArgumentError, match="str or os.PathLike"):
         read_safetensors(None, {})
+
+
+def _sharded(folder, shards):
+    """A checkpoint in shards as save_pretrained writes one: {file: {name: array}}."""
+    weight_map = {}
+    for file, arrays in shards.items():
+        write_safetensors(folder / file, arrays)
+        weight_map.update(dict.fromkeys(arrays, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def test_a_sharded_checkpoint_reads_each_tensor_from_its_shard(tmp_path):
+    a, b = np.arange(4, dtype=np.float32), np.full((2, 2), 7, BF16)
+    _sharded(tmp_path, {"m-1.safetensors": {"a": a, "unwanted": a}, "m-2.safetensors": {"b": b}})
+    want = {"a": ((4,), dt.float32), "b": ((2, 2), dt.float32)}
+    for path in (tmp_path, tmp_path / "model.safetensors.index.json"):
+        got = read_checkpoint(path, want)
+        assert sorted(got) == ["a", "b"]
+        np.testing.assert_array_equal(got["a"], a)
+        np.testing.assert_array_equal(got["b"], b.astype(np.float32))
+    # a single file, itself or in its folder, reads as read_safetensors does
+    single = tmp_path / "single"
+    single.mkdir()
+    write_safetensors(single / "model.safetensors", {"a": a})
+    np.testing.assert_array_equal(read_checkpoint(single, {"a": ((4,), dt.float32)})["a"], a)
+
+
+def test_a_bad_shard_is_refused_naming_it_before_anything_is_copied(tmp_path, monkeypatch):
+    a = np.arange(4, dtype=np.float32)
+    _sharded(tmp_path, {"m-1.safetensors": {"a": a}, "m-2.safetensors": {"b": a}})
+    copied = []
+    monkeypatch.setattr(weights_mod, "_copy_all", lambda *args: copied.append(args))
+    with pytest.raises(ShapeError, match=r"m-2.safetensors: shapes disagree.*'b' is \[4\]"):
+        read_checkpoint(tmp_path, {"a": ((4,), dt.float32), "b": ((5,), dt.float32)})
+    (tmp_path / "m-2.safetensors").write_bytes((tmp_path / "m-2.safetensors").read_bytes()[:-4])
+    with pytest.raises(SerializationError, match="m-2.safetensors: its tensors cover|m-2"
+                       ".safetensors is not a safetensors file"):
+        read_checkpoint(tmp_path, {"a": ((4,), dt.float32), "b": ((4,), dt.float32)})
+    (tmp_path / "m-2.safetensors").unlink()
+    with pytest.raises(SerializationError, match=r"names shard\(s\) m-2.safetensors that"):
+        read_checkpoint(tmp_path, {"a": ((4,), dt.float32), "b": ((4,), dt.float32)})
+    with pytest.raises(FeedError, match=r"maps no shard to 1 weight\(s\): 'c'"):
+        read_checkpoint(tmp_path, {"a": ((4,), dt.float32), "c": ((4,), dt.float32)})
+    assert copied == []
+    # a shard name that is not a file beside the index could read any file
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "../elsewhere.safetensors"}}))
+    with pytest.raises(SerializationError, match="not files beside the index"):
+        read_checkpoint(index, {"a": ((4,), dt.float32)})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SerializationError, match="holding neither model.safetensors nor"):
+        read_checkpoint(empty, {})
 
 
 def test_writer_is_atomic_and_leaves_nothing_behind(tmp_path, monkeypatch):
