@@ -126,9 +126,11 @@ def _unknown(where: str, unknown: Sequence[str], groups: Mapping[str, Sequence[s
                             f"accepted: {accepted}")
 
 
-def _generation_settings(generation_config, call: Mapping[str, object]) -> dict:
+def _generation_settings(generation_config, call: Mapping[str, object],
+                         fix: str = "set causal_lm.generation_config.{name} = None") -> dict:
     """The settings transformers' generate would use (the model's generation_config, the
-    call's on top), refusing every one that would change the tokens and is not applied here."""
+    call's on top), refusing every one that would change the tokens and is not applied here.
+    ``fix``: what a refusal of one of the model's settings says to do (``{name}``: its name)."""
     names = (*_APPLIED, *_REFUSED, "top_k")
     settings = {n: getattr(generation_config, n, None) for n in names}
     settings["do_sample"] = None
@@ -137,15 +139,30 @@ def _generation_settings(generation_config, call: Mapping[str, object]) -> dict:
         value = settings[name]
         if active(value, settings):
             if name in call:
-                where, fix = "this call", f"leave {name} out"
+                where, todo = "this call", f"leave {name} out"
             else:
-                where, fix = ("the model's generation_config",
-                              f"set causal_lm.generation_config.{name} = None")
+                where, todo = "the model's generation_config", fix.format(name=name)
             raise ArgumentError(f"generate: {where} sets {name}={value!r} ({what}); tg.generate "
                                 "does not apply it, and its tokens would differ from "
-                                f"transformers' generate(do_sample=False): {fix} to decode "
+                                f"transformers' generate(do_sample=False): {todo} to decode "
                                 "greedily without it")
     return settings
+
+
+def _saved_generation_config(path: str, config):
+    """The generation settings transformers' ``from_pretrained`` would give a model loaded from
+    the checkpoint at ``path``: the ``generation_config.json`` beside it (``save_pretrained``
+    writes one), else those its ``config`` implies (its eos and pad tokens). Why: a model
+    saved with an eos stops there in transformers' ``generate``; read without it, ours ran
+    on past the eos."""
+    import os
+
+    from transformers import GenerationConfig
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isfile(os.path.join(folder, "generation_config.json")):
+        return GenerationConfig.from_pretrained(folder)
+    return GenerationConfig.from_model_config(config)
 
 
 def _positions_limit(config) -> int | None:
@@ -318,7 +335,9 @@ class Generator:
         file, a sharded checkpoint's ``model.safetensors.index.json``, or the folder
         ``save_pretrained`` wrote (either inside). A file written by
         :meth:`save_quantized` / ``tg.save_quantized`` (its metadata names the scheme) loads
-        prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``)."""
+        prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``).
+        The generation settings are transformers': the ``generation_config.json`` beside the
+        checkpoint, else the config's eos and pad tokens, under the ones given here."""
         from tensor_graphs.runtime.prequantized import SCHEME_KEY
         from tensor_graphs.runtime.weights import (
             checkpoint_path,
@@ -330,9 +349,14 @@ class Generator:
         path = checkpoint_path(path)
         prequantized = not is_shard_index(path) and \
             SCHEME_KEY in (read_safetensors_header(path).metadata or {})
+        call = {k: v for k, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id),
+                                  ("repetition_penalty", repetition_penalty)) if v is not None}
+        settings = _generation_settings(_saved_generation_config(path, config), call,
+                                        fix='set "{name}" to null in generation_config.json')
         return cls(build(read(config)), path, vocab_size=config.vocab_size, max_len=max_len,
-                   max_prompt=max_prompt, batch=batch, eos_token_id=eos_token_id,
-                   pad_token_id=pad_token_id, repetition_penalty=repetition_penalty,
+                   max_prompt=max_prompt, batch=batch, eos_token_id=settings["eos_token_id"],
+                   pad_token_id=settings["pad_token_id"],
+                   repetition_penalty=settings["repetition_penalty"],
                    quantize=quantize, group_size=group_size,
                    skip=skip, prequantized=prequantized, **compile_options)
 

@@ -125,3 +125,34 @@ def test_a_missing_or_truncated_shard_is_refused_naming_it(sharded, tmp_path, no
     with pytest.raises(tg.SerializationError, match=f"holding neither model.safetensors nor "
                        f"{INDEX}"):
         Generator.from_safetensors(empty, lm.config, max_len=16)
+
+
+def test_the_saved_generation_config_stops_at_its_eos_as_transformers(tmp_path):
+    """A model saved with an eos token (its generation_config.json, or only its config) stops
+    there in transformers' generate, padding the finished row; read from the checkpoint with
+    no eos given, ours ran on past it. A call's eos still replaces the saved one."""
+    lm = _llama()
+    prompt = np.random.default_rng(4).integers(0, VOCAB, (2, PROMPT))
+    free = _expected(lm, prompt)[:, PROMPT:]
+    eos = int(free[0, 2])  # the first row's third new token: it stops there
+    lm.config.eos_token_id = lm.generation_config.eos_token_id = eos
+    lm.config.pad_token_id = lm.generation_config.pad_token_id = 0
+    lm.save_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        want = lm.generate(ids, max_new_tokens=NEW, do_sample=False,
+                           attention_mask=torch.ones_like(ids)).numpy()
+    assert want.shape[1] < PROMPT + NEW or (want[0, PROMPT + 3:] == 0).all()  # it stopped
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "saved")
+    got = _generate(tmp_path / "saved", config, prompt)
+    np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+    assert (got[0, want.shape[1]:] == 0).all()  # past transformers' end: only padding
+    # without generation_config.json the config's tokens are transformers' defaults too
+    (tmp_path / "saved" / "generation_config.json").unlink()
+    got = _generate(tmp_path / "saved", config, prompt)
+    np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+    # the call's own eos (none of the new tokens) replaces the saved one: no row stops
+    other = next(t for t in range(VOCAB) if t not in free)
+    gen = Generator.from_safetensors(tmp_path / "saved", config, max_len=PROMPT + NEW, batch=2,
+                                     db=":memory:", eos_token_id=other)
+    np.testing.assert_array_equal(gen(prompt, NEW)[:, PROMPT:], free)
