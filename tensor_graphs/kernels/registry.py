@@ -132,8 +132,8 @@ class Preparation:
 @dataclass(frozen=True)
 class Occupancy:
     """How much of a GPU one call keeps busy, for the kernel's estimate until it is measured.
-    A grid of fewer programs than the device has SMs leaves the others idle (a decode GEMV's
-    12 column blocks on an H100's 132), and a tile wider than the data computes padding (a
+    A grid of fewer programs than the device has SMs leaves the others idle (a one-row
+    product's 12 column tiles on an H100's 132), and a tile wider than the data computes padding (a
     16-row ``tl.dot`` tile on one row does 16 rows' arithmetic): a roofline at the device's
     peaks would call both as fast as a kernel that fills the GPU."""
 
