@@ -12,6 +12,7 @@ import argparse
 import difflib
 import math
 import os
+import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -29,6 +30,7 @@ class Parser(argparse.ArgumentParser):
     one takes ``--quiet`` too, so it may come before or after the subcommand."""
 
     def __init__(self, *args, **kwargs):
+        self._apart: list[tuple[str, str, str]] = []  # refuse_together's (first, second, why)
         super().__init__(*args, **kwargs)
         # SUPPRESS: a subcommand's unset flag must not hide `tg --traceback COMMAND`
         self.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
@@ -36,11 +38,34 @@ class Parser(argparse.ArgumentParser):
         self.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
                           help="no progress bars and no notes on stderr (errors still are)")
 
+    def add_argument(self, *names, **kwargs):
+        """An option every command means alike (SHARED, below) gets its one type wherever it
+        is added, unless the command gives its own: ``--db`` is checked as ``database``."""
+        for name in names:
+            if name in SHARED and "type" not in kwargs:
+                kwargs["type"] = SHARED[name]
+        return super().add_argument(*names, **kwargs)
+
+    def refuse_together(self, first: str, second: str, why: str) -> None:
+        """Refuse options ``first`` and ``second`` (each defaulting to None) on one command
+        line, as a usage error naming both and ``why``: argparse's mutually exclusive groups
+        say only that they are, not why the second would do nothing."""
+        known = {o for a in self._actions for o in a.option_strings}
+        for option in (first, second):
+            if option not in known:  # a typo here would fail at parse time, as a tg bug
+                raise ValueError(f"refuse_together: {self.prog} has no option {option}; "
+                                 "add it first")
+        self._apart.append((first, second, why))
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
+        dests = {o: a.dest for a in self._actions for o in a.option_strings}
+        for first, second, why in self._apart:
+            if all(getattr(namespace, dests[o], None) is not None for o in (first, second)):
+                self.error(f"argument {second}: not allowed with {first}: {why}")
         if getattr(namespace, "prog_name", None) is None:  # a subcommand's parser ran first
             namespace.prog_name = self.prog
         return namespace, extras
@@ -111,6 +136,29 @@ def new_file(text: str) -> str:
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: no folder {folder!r}")
     return text
+
+
+def database(text: str) -> str:
+    """An argparse type: ``--db``'s measurement database, a file whose folder exists (as the
+    other paths a command writes), ':memory:', or a PostgreSQL URL. A missing folder is refused
+    rather than made: the database opens a file path as given and would make every folder on
+    the way, so a typo became a new tree and an empty database. The default cache file passes
+    (its folder is made private when it is opened, as the Python API's db= does)."""
+    from tensor_graphs.db.store import is_cache_default, is_url
+
+    if text == ":memory:" or is_url(text) or is_cache_default(text):
+        return text
+    path = os.path.expanduser(text)
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(
+            f"cannot open the database {text!r}: no folder {folder!r}; make it first (mkdir "
+            f"-p {shlex.quote(folder)}) or give a file in an existing folder")
+    return text
+
+
+# options every command means alike, each with its one type (Parser.add_argument gives it)
+SHARED: dict[str, Callable[[str], Any]] = {"--db": database}
 
 
 def dim_binding(text: str) -> tuple[str, int]:

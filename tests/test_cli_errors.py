@@ -86,6 +86,11 @@ MORE_CASES = [
       "--save", "{dir}"], "argument --save: '{dir}' is a directory", 2),
     (["quality", "train-char", "--quantize", "int8-weight", "--steps", "1", "--db", ":memory:",
       "--save", "-"], "argument --save: '-' is standard output", 2),
+    # --weights loads trained weights: --save had nothing trained to write and was ignored
+    (["quality", "train-char", "--quantize", "int8-weight", "--weights", "{graph}", "--save",
+      "{dir}/w.safetensors"], "argument --save: not allowed with --weights", 2),
+    (["quality", "train-char", "--quantize", "int8-weight", "--save", "{dir}/w.safetensors",
+      "--weights", "{graph}"], "nothing is trained here to save", 2),
 ]
 _COMMANDS = {"profile", "paths", "explain", "demo", "run", "gpt2", "minilm", "kernels", "list",
              "verify", "prompt", "db", "stats", "show", "import", "export", "prune", "quality"}
@@ -270,3 +275,44 @@ def test_ctrl_c_swallowed_by_a_library_is_still_reported(monkeypatch, capsys):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _db_commands():
+    return [words for words, parser in _commands(build_parser())
+            if any("--db" in a.option_strings for a in parser._actions)]
+
+
+@pytest.mark.parametrize("words", _db_commands(), ids=" ".join)
+def test_db_in_a_missing_folder_is_refused_as_the_other_paths_are(words, tmp_path, capsys,
+                                                                  monkeypatch):
+    """--db made every missing folder of its path (a typo became a new tree of folders and an
+    empty database), where --html, --save and the other paths refuse a missing folder."""
+    monkeypatch.delenv("TG_DEBUG", raising=False)
+    missing = tmp_path / "no" / "such"
+    args = [*words, "--db", str(missing / "m.sqlite")]
+    try:
+        code = main(args)
+    except SystemExit as stop:  # refused by the parser, before the command runs
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"tg {' '.join(words)}: error: argument --db: "), err
+    assert f"no folder '{missing}'" in err and "mkdir -p" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_db_takes_what_the_database_opens(tmp_path, monkeypatch):
+    """An existing folder, ':memory:', a PostgreSQL URL, '~', and the default cache file
+    (whose folder tg makes private when it opens it, as the Python API does) pass as given."""
+    import argparse
+
+    from tensor_graphs import cli_args
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = str(tmp_path / "cache" / "tensor_graphs" / "measurements.sqlite")
+    for text in (str(tmp_path / "m.sqlite"), ":memory:", "postgresql://db.example/tg",
+                 "~/m.sqlite", default, "m.sqlite"):
+        assert cli_args.database(text) == text
+    with pytest.raises(argparse.ArgumentTypeError, match="no folder"):
+        cli_args.database("~/none/m.sqlite")

@@ -208,7 +208,13 @@ def add_quality_command(sub) -> None:
                    help="a safetensors file of trained weights (--save wrote it); without "
                         "it the model is trained first")
     c.add_argument("--save", type=cli_args.new_file, default=None, metavar="FILE",
-                   help="write the weights trained here to this file (a safetensors file)")
+                   help="write the weights trained here to this file (a safetensors file; "
+                        "not with --weights, which trains nothing)")
+    # --weights skips the training, so --save would have nothing to write: refused, where it
+    # was ignored (a copy of the file --weights names is what it would have written)
+    p.refuse_together("--weights", "--save", "--weights loads weights trained before, so "
+                      "nothing is trained here to save; drop --save (the weights are already "
+                      "in the --weights file), or drop --weights to train and save")
     c.add_argument("--steps", type=cli_args.positive_int, default=600,
                    help="training steps without --weights (default 600, tg run train-char's)")
     c.add_argument("--batch", type=cli_args.positive_int, default=16,

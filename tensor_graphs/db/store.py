@@ -162,7 +162,7 @@ class Database:
 
     # ------------------------------------------------------------------ opening
     def _open_file(self, p: Path) -> None:
-        if _is_default(p):
+        if is_cache_default(p):
             _check_default_folder(p.parent)
         _check_header(p)
         reason = _not_writable(p)
@@ -795,8 +795,10 @@ def _cache_default() -> Path:
     return Path(cache) / "tensor_graphs" / "measurements.sqlite"
 
 
-def _is_default(p: Path) -> bool:
-    return os.path.abspath(p) == os.path.abspath(_cache_default())
+def is_cache_default(p: str | os.PathLike) -> bool:
+    """True for the default file in the user cache directory (``~`` expanded), whose folder
+    opening it makes private: tg's --db takes it where it refuses other missing folders."""
+    return os.path.abspath(os.path.expanduser(p)) == os.path.abspath(_cache_default())
 
 
 def _check_default_folder(folder: Path) -> None:
@@ -832,4 +834,4 @@ def open_db(db: Database | str | os.PathLike | None = None) -> Database:
 
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "Database", "Measurement", "default_path",
-           "default_target", "is_url", "open_db", "signature_text"]
+           "default_target", "is_cache_default", "is_url", "open_db", "signature_text"]

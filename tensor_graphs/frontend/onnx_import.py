@@ -42,6 +42,12 @@ from tensor_graphs.planner.prepare import check_dims
 
 _FIX = "export the model again (onnx.save), or check the path"
 _DOMAINS = ("", "ai.onnx")  # the default domain's two spellings
+# The newest default-domain opset whose ops the mappings read: ONNX's own node tests pass up
+# to it (tests/frontend/test_onnx_node.py, onnx 1.23: opsets 1 to 28). Not the onnx package's
+# newest (onnx.defs.onnx_opset_version()): a later package may move an op's attribute to an
+# input, or change what it computes, and a mapping would read the old form silently. Raise it
+# once test_onnx_node passes at the new opset and the mappings read what moved.
+NEWEST_OPSET = 28
 _PROTOBUF_LIMIT = 2 ** 31  # protobuf parses no message larger: refused before reading it all
 
 
@@ -179,6 +185,42 @@ def _opsets(model) -> dict:
     return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
 
 
+def _check_opset(model, label: str) -> int:
+    """The default domain's opset, refused past NEWEST_OPSET: an op of a newer opset may read
+    its inputs or compute differently, and the mappings know only the forms up to it."""
+    opset = _opsets(model).get("", 1)
+    if opset > NEWEST_OPSET:
+        raise UnsupportedOpError(
+            f"from_onnx: {label} uses opset {opset} of the default ONNX domain; tensor_graphs "
+            f"maps ops up to opset {NEWEST_OPSET} (an op of a newer opset may compute "
+            f"something else). Export the model again with opset {NEWEST_OPSET} or lower, "
+            f"e.g. torch.onnx.export(..., opset_version={NEWEST_OPSET})")
+    return opset
+
+
+def _check_single_assignment(graph, label: str) -> None:
+    """Refuse a value written twice: an ONNX graph assigns each name once (SSA; the checker
+    refuses it), and a second node writing a name, or a node writing a graph input's or an
+    initializer's, would silently replace that value for every node after it."""
+    made: dict[str, str] = {}  # value name -> what already makes it, as the error says it
+    for init in graph.initializer:
+        made[init.name] = f"the initializer '{init.name}'"
+    for vi in graph.input:
+        made.setdefault(vi.name, f"the graph input '{vi.name}'")
+    for i, node in enumerate(graph.node):
+        writer = f"node '{node.name or f'#{i}'}' ({node.op_type})"
+        for out in node.output:
+            if not out:  # an omitted optional output
+                continue
+            if out in made:
+                raise SerializationError(
+                    f"{label}: {writer} writes '{out}', which {made[out]} already makes: an "
+                    "ONNX graph assigns each value once, so which one later nodes read is "
+                    "undefined (invalid ONNX: onnx.checker.check_model refuses it); rename "
+                    "one of them where the model is made, and export it again")
+            made[out] = writer
+
+
 def _refuse_unmapped(model, label: str) -> None:
     """One UnsupportedOpError naming each op type without a mapping once, with its nodes."""
     opsets = _opsets(model)
@@ -244,7 +286,8 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
     as tensors; ``bounds``: dim name -> largest value (None where not given).
     """
     graph = model.graph
-    opset = _opsets(model).get("", 1)
+    opset = _check_opset(model, label)
+    _check_single_assignment(graph, label)
     _refuse_unmapped(model, label)
     dynamic_dims = check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")
     constants = dict(constants or {})
@@ -395,7 +438,8 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     depend on (a Reshape's shape fed as an input). The other options go to ``tg.compile``.
 
     Raises UnsupportedOpError naming every op type without a mapping once, with its nodes
-    and the opset; SerializationError naming the file for one that is not an ONNX model.
+    and the opset, or the model's opset when it is past NEWEST_OPSET; SerializationError
+    naming the file for one that is not an ONNX model, or a graph that writes a value twice.
     """
     label = f"'{model}'" if isinstance(model, (str, os.PathLike)) else "the model"
     check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")  # before reading the model
@@ -437,6 +481,6 @@ def _shape_carriers(outputs, inputs: dict, used: set) -> list:
     return carriers
 
 
-__all__ = ["OnnxProgram", "StaticInputError", "UnsupportedOpError", "from_onnx",
+__all__ = ["NEWEST_OPSET", "OnnxProgram", "StaticInputError", "UnsupportedOpError", "from_onnx",
            "import_onnx", "load_model"]
 

@@ -416,3 +416,97 @@ def test_a_graph_without_outputs_is_refused_naming_the_model(tmp_path):
     path.write_bytes(m.SerializeToString())
     with pytest.raises(tg.SerializationError, match="no_outputs.onnx.*names no outputs"):
         tg.from_onnx(path)
+
+
+def relu_model(opset: int):
+    return model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", [2, 3])],
+                 [vi("y", [2, 3])], opset, check=False)
+
+
+def test_an_opset_newer_than_the_mappings_is_refused_naming_the_fix(tmp_path):
+    """An op may change meaning in a newer opset (as Softmax did at 13): a model past the
+    newest opset the mappings read was imported silently before, its ops taken at the
+    meaning they last had."""
+    path = tmp_path / "future.onnx"
+    path.write_bytes(relu_model(99).SerializeToString())
+    with pytest.raises(UnsupportedOpError) as info:
+        tg.from_onnx(path)
+    text = str(info.value)
+    from tensor_graphs.frontend import onnx_import
+
+    newest = onnx_import.NEWEST_OPSET
+    assert "future.onnx" in text and "opset 99" in text and f"up to opset {newest}" in text
+    assert f"opset_version={newest}" in text
+    with pytest.raises(UnsupportedOpError, match="opset 99"):  # the interpreter's entry too
+        import_onnx(relu_model(99))
+
+
+def test_the_newest_opset_the_mappings_read_imports():
+    """The newest opset is a number checked against ONNX's own node tests (test_onnx_node,
+    opsets 1 to it), not the onnx package's newest: a later package may move an op again."""
+    from tensor_graphs.frontend import onnx_import
+
+    newest = onnx_import.NEWEST_OPSET
+    assert newest <= onnx.defs.onnx_opset_version()
+    for opset in (6, newest):
+        x = X[0, :2, :3]
+        np.testing.assert_array_equal(tg.from_onnx(relu_model(opset))(x=x)[0], np.maximum(x, 0))
+    # "ai.onnx" is the default domain's other spelling: its opset is checked alike
+    m = relu_model(13)
+    m.opset_import[0].domain = "ai.onnx"
+    m.opset_import[0].version = newest + 1
+    with pytest.raises(UnsupportedOpError, match=f"opset {newest + 1}"):
+        tg.from_onnx(m)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_torch_exports_at_their_default_opset_import(tmp_path, dynamo):
+    """torch.onnx.export's two exporters, at the opset this torch writes by default: the
+    opset check must let real exports through."""
+    torch = pytest.importorskip("torch")
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs it")
+    import warnings
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8),
+                              torch.nn.Linear(8, 3), torch.nn.Softmax(-1)).eval()
+    x = torch.randn(2, 4)
+    path = tmp_path / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(net, (x,), str(path), dynamo=dynamo, input_names=["x"],
+                          output_names=["y"], **({"verbose": False} if dynamo else {}))
+    from tensor_graphs.frontend import onnx_import
+
+    opset = onnx_import._opsets(onnx.load(str(path)))[""]
+    assert opset <= onnx_import.NEWEST_OPSET, f"torch writes opset {opset} by default"
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = tg.from_onnx(path)(x=x.numpy())[0]
+    assert relative_error(got.astype(np.float64), ref.astype(np.float64)) <= 1e-5
+
+
+def test_a_value_written_twice_is_refused_naming_both_nodes():
+    """ONNX graphs assign each value once (SSA); a second writer replaced the first's value
+    for every later reader, silently."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="first"),
+             helper.make_node("Neg", ["x"], ["y"], name="second")]
+    m = model(nodes, [vi("x", [2, 3])], [vi("y", [2, 3])], 13, check=False)
+    with pytest.raises(tg.SerializationError) as info:
+        tg.from_onnx(m)
+    text = str(info.value)
+    assert "'y'" in text and "node 'second' (Neg)" in text and "node 'first' (Relu)" in text
+    assert "check_model" in text
+
+
+@pytest.mark.parametrize("shadowed", ["x", "w"], ids=["graph-input", "initializer"])
+def test_a_node_output_shadowing_an_input_or_initializer_is_refused(shadowed):
+    w = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    nodes = [helper.make_node("Relu", ["x"], [shadowed], name="relu"),
+             helper.make_node("Add", ["x", "w"], ["y"], name="add")]
+    m = model(nodes, [vi("x", [2, 3])], [vi("y", [2, 3])], 13, [w], check=False)
+    what = "graph input" if shadowed == "x" else "initializer"
+    with pytest.raises(tg.SerializationError,
+                       match=f"node 'relu' \\(Relu\\) writes '{shadowed}'.*{what}"):
+        tg.from_onnx(m)
