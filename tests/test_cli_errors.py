@@ -91,6 +91,9 @@ MORE_CASES = [
       "{dir}/w.safetensors"], "argument --save: not allowed with --weights", 2),
     (["quality", "train-char", "--quantize", "int8-weight", "--save", "{dir}/w.safetensors",
       "--weights", "{graph}"], "nothing is trained here to save", 2),
+    # weights that are no safetensors file: named, not an internal SafetensorError
+    (["quality", "train-char", "--quantize", "int8-weight", "--weights", "{garbage}", "--quiet"],
+     "garbage.bin is not a safetensors file", 1),
 ]
 _COMMANDS = {"profile", "paths", "explain", "demo", "run", "gpt2", "minilm", "kernels", "list",
              "verify", "prompt", "db", "stats", "show", "import", "export", "prune", "quality"}

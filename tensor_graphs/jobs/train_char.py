@@ -198,17 +198,23 @@ def load_weights(path) -> tuple[Corpus, Options, dict[str, np.ndarray]]:
     ``save_weights`` wrote."""
     import json
 
-    from safetensors import safe_open
-
     from tensor_graphs.errors import ArgumentError
+    from tensor_graphs.ir.dtypes import as_dtype
+    from tensor_graphs.runtime.weights import (
+        SAFETENSORS_DTYPES,
+        read_safetensors,
+        read_safetensors_header,
+    )
 
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
-        weights = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open's API
+    # the project's reader: a file that is no safetensors is a SerializationError naming it
+    header = read_safetensors_header(path)
+    meta = header.metadata or {}
     missing = [k for k in ("chars", *WEIGHTS_METADATA) if k not in meta]
     if missing:
         raise ArgumentError(f"{path}: not a train-char weights file (its metadata lacks "
                             f"{missing}); write one with tg quality train-char --save FILE")
+    weights = read_safetensors(path, {n: (t.shape, as_dtype(SAFETENSORS_DTYPES[t.dtype]))
+                                      for n, t in header.tensors.items()})
     chars = json.loads(meta["chars"])
     o = Options(**{k: int(meta[k]) for k in WEIGHTS_METADATA})
     lookup = {c: i for i, c in enumerate(chars)}
