@@ -8,7 +8,8 @@ after warm-up, the first call's compile excluded) and torch doing the same compu
 (``F.linear`` then the activation and the add; ``F.scaled_dot_product_attention``; the RoPE
 formula; ``F.embedding``), both on the same tensors, and checks the template's result against
 torch's in float64 (norm-wise relative error). fp32 GEMM rows time the "ieee" configs against
-cuBLAS in full fp32 and the TF32 configs against cuBLAS with TF32 allowed. The table goes to
+cuBLAS in full fp32 and the TF32 configs against cuBLAS with TF32 allowed; the few-row
+(decode) shapes also time the GEMV configs. The table goes to
 ``DIR/triton_templates.md`` as each row finishes. Run where a GPU is usable (the ``device``
 tool's machine: ``--out $OUT``); the simulated GPU is refused (the interpreter's timings mean
 nothing).
@@ -40,6 +41,8 @@ GEMMS = [  # (label, epilogue, M, K, N)
     ("GPT-2 c_proj + residual", "linear_add", 128, 3072, 768),
     ("4096 square, no bias", "linear_nobias", 2048, 4096, 4096),
     ("Qwen3 down + residual decode", "linear_nobias_add", 1, 3072, 1024),
+    ("GPT-2 c_proj + residual decode", "linear_add", 1, 3072, 768),
+    ("GPT-2 LM head decode", "linear_nobias", 1, 768, 50257),
 ]
 ATTENTION = [  # (label, B, Hq, Hkv, Sq, Sk, D, causal, mask)
     ("GPT-2 prefill", 1, 12, 12, 128, 128, 64, True, None),
@@ -123,15 +126,16 @@ def gemm_rows(table: Table, only: str):
                 return compute(x, w, b, r)
 
             want = compute(x.double(), w.double(), b.double(), r.double())
-            for cfg in matmul.CONFIGS:
+            gemv = matmul.GEMV_CONFIGS if m <= matmul.GEMV_ROWS else ()  # a few rows only
+            for cfg in matmul.CONFIGS + gemv:
                 name = f"triton_{epi}_{cfg.label}"
                 if only and only not in name and only not in label:
                     continue
-                if dname != "fp32" and cfg.precision == "tf32":
+                if dname != "fp32" and getattr(cfg, "precision", "") == "tf32":
                     continue
                 fn = registry.get(name).fn
                 got = fn(*args)
-                torch.backends.cuda.matmul.allow_tf32 = cfg.precision == "tf32"
+                torch.backends.cuda.matmul.allow_tf32 = getattr(cfg, "precision", "") == "tf32"
                 ours, theirs = bench(fn, *args), bench(eager)
                 torch.backends.cuda.matmul.allow_tf32 = False
                 table.row(name, f"{label} ({m}x{k}x{n})", dname, ours, theirs, rel(got, want))
