@@ -9,11 +9,18 @@ A layer holds its sizes and the name prefix of its weights; calling it on nodes 
     prog.bind_safetensors("gpt2.safetensors")   # transformers' state-dict names
 
 Modules: ``layers`` (Linear, Embedding, LayerNorm, RMSNorm, MLP), ``attention``
-(MultiHeadAttention, RotaryEmbedding, KVCache), ``models`` (TransformerBlock, GPT2, Llama),
+(MultiHeadAttention, RotaryEmbedding and its RopeScaling, KVCache), ``models``
+(TransformerBlock, GPT2, Llama),
 ``generate`` (Generator: prefill and decode programs over one KV cache; ``tg.generate``).
 """
 
-from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, RotaryEmbedding, positions
+from tensor_graphs.nn.attention import (
+    KVCache,
+    MultiHeadAttention,
+    RopeScaling,
+    RotaryEmbedding,
+    positions,
+)
 from tensor_graphs.nn.generate import ARCHITECTURES, Generator
 from tensor_graphs.nn.layers import ACTIVATIONS, MLP, Embedding, LayerNorm, Linear, RMSNorm
 from tensor_graphs.nn.models import (
@@ -27,6 +34,6 @@ from tensor_graphs.nn.models import (
 
 __all__ = [
     "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "ACTIVATIONS", "MultiHeadAttention",
-    "RotaryEmbedding", "KVCache", "positions", "TransformerBlock", "GPT2", "GPT2Config",
-    "Llama", "LlamaConfig", "input_ids", "Generator", "ARCHITECTURES",
+    "RotaryEmbedding", "RopeScaling", "KVCache", "positions", "TransformerBlock", "GPT2",
+    "GPT2Config", "Llama", "LlamaConfig", "input_ids", "Generator", "ARCHITECTURES",
 ]

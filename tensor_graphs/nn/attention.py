@@ -11,6 +11,7 @@ returns its new version, which is why :class:`KVCache` collects them (``cache.up
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import as_dim, format_shape
 from tensor_graphs.nn.layers import Linear, RMSNorm, _join
 
-__all__ = ["positions", "RotaryEmbedding", "KVCache", "MultiHeadAttention"]
+__all__ = ["positions", "RopeScaling", "RotaryEmbedding", "KVCache", "MultiHeadAttention"]
 
 
 def positions(seq, past=0) -> Node:
@@ -30,26 +31,162 @@ def positions(seq, past=0) -> Node:
     return ids if past == 0 else ids + tg.size(past)
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scaled RoPE, as transformers' ``rope_parameters`` (``rope_scaling``) name it: the
+    types whose frequencies are fixed when the model is built, so one compiled program serves
+    every length (``dynamic`` and ``longrope`` pick theirs from the sequence length at run
+    time, and are not built).
+
+    - ``linear`` (position interpolation): every inverse frequency divided by ``factor``.
+    - ``llama3`` (Llama 3.1 and later): wavelengths shorter than
+      ``original_max_position_embeddings / high_freq_factor`` kept, longer than
+      ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, and those
+      between interpolated smoothly.
+    - ``yarn``: a per-dimension ramp between the interpolated and the original frequencies
+      (``beta_fast``, ``beta_slow``, ``truncate``), and cos/sin multiplied by
+      ``attention_factor`` (resolved from ``factor``/``mscale`` by :meth:`from_hf` when the
+      config leaves it out).
+
+    The arithmetic is transformers' ``modeling_rope_utils`` step for step in float32 (the
+    same operations in the same order), so the frequencies are torch's but for the ulp its
+    power may differ by (see :class:`RotaryEmbedding`): a reimplementation of the formula in
+    another order or precision would drift further, where long positions magnify it.
+    """
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int | None = None  # llama3, yarn
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: whole dimensions at the ramp's ends
+    attention_factor: float = 1.0  # multiplies cos and sin (yarn's; 1 for linear, llama3)
+
+    TYPES = ("linear", "llama3", "yarn")  # the scaled types built (besides the default)
+    _NEEDS = {"linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"),
+              "yarn": ("factor", "original_max_position_embeddings")}
+
+    def __post_init__(self):
+        if self.rope_type not in self.TYPES:
+            raise ArgumentError(f"RopeScaling: rope_type {self.rope_type!r} is not built; "
+                                f"supported: {', '.join(self.TYPES)} (or no scaling: None)")
+        for key in self._NEEDS[self.rope_type]:
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ArgumentError(f"RopeScaling: {self.rope_type} RoPE needs {key} > 0, "
+                                    f"got {value!r}")
+
+    @classmethod
+    def from_hf(cls, rope: dict, config, where: str = "RopeScaling.from_hf") -> RopeScaling:
+        """From a transformers RoPE dict of a built type (``rope_type`` or the older
+        ``type``), with transformers' defaults: ``original_max_position_embeddings`` from the
+        config's own field, else the dict, else ``max_position_embeddings`` (as
+        ``standardize_rope_params``); yarn's ``factor`` (if None) and ``attention_factor``
+        (if absent) derived as ``_compute_yarn_parameters`` derives them."""
+        kind = rope.get("rope_type", rope.get("type"))
+        original = getattr(config, "original_max_position_embeddings", None) or \
+            rope.get("original_max_position_embeddings") or \
+            getattr(config, "max_position_embeddings", None)
+        missing = [k for k in cls._NEEDS.get(kind, ())
+                   if k != "original_max_position_embeddings" and k not in rope]
+        if missing:
+            raise ArgumentError(f"{where}: {kind} RoPE parameters lack {', '.join(missing)} "
+                                f"(got {dict(rope)})")
+        if kind == "linear":
+            return cls(kind, rope["factor"])
+        if kind == "llama3":
+            return cls(kind, rope["factor"], original, low_freq_factor=rope["low_freq_factor"],
+                       high_freq_factor=rope["high_freq_factor"])
+        if kind != "yarn":
+            return cls(kind, rope.get("factor"))  # refused by __post_init__
+        factor = rope.get("factor")
+        if factor is None and original:  # DeepSeek-V3's: the ratio of the two lengths
+            factor = getattr(config, "max_position_embeddings", original) / original
+        attention = rope.get("attention_factor")
+        if attention is None and factor is not None:
+            mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) \
+                if mscale and mscale_all else _yarn_mscale(factor)
+        return cls(kind, factor, original, beta_fast=rope.get("beta_fast") or 32,
+                   beta_slow=rope.get("beta_slow") or 1, truncate=rope.get("truncate", True),
+                   attention_factor=1.0 if attention is None else float(attention))
+
+    def inv_freq(self, pos_freqs: np.ndarray, theta: float) -> np.ndarray:
+        """The scaled inverse frequencies from the default ones' ``theta ** (2i / d)``
+        (float32, ``pos_freqs``)."""
+        inv = np.float32(1.0) / pos_freqs
+        factor = self.factor
+        if self.rope_type == "linear":
+            return inv / factor
+        if self.rope_type == "llama3":
+            old, low, high = (self.original_max_position_embeddings, self.low_freq_factor,
+                              self.high_freq_factor)
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > old / low, inv / factor, inv)
+            with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no medium band
+                smooth = (old / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+            return np.where(medium, smoothed, scaled).astype(np.float32)
+        dim = 2 * len(pos_freqs)  # yarn
+        interpolation = np.float32(1.0) / (factor * pos_freqs)
+        low, high = (_yarn_correction_dim(beta, dim, theta,
+                                          self.original_max_position_embeddings)
+                     for beta in (self.beta_fast, self.beta_slow))
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # transformers' guard against a zero-width ramp
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        return (interpolation * (1 - extrapolation) + inv * extrapolation).astype(np.float32)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_correction_dim(rotations: float, dim: int, base: float, length: int) -> float:
+    """The dimension whose wavelength turns ``rotations`` times over ``length`` tokens."""
+    return (dim * math.log(length / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
 class RotaryEmbedding:
     """Rotary position embedding tables in transformers' layout (``rotate_half`` pairs).
 
-    ``inv_freq`` is computed as transformers does (float32 ``theta ** (2i / d)``), so the
-    angles match bit for bit; cos/sin are built in the graph from the positions, for any
-    (symbolic) length.
+    ``inv_freq`` is computed as transformers does (float32 ``theta ** (2i / d)``, then the
+    ``scaling``'s change, see :class:`RopeScaling`), so the frequencies match torch's but for an
+    ulp in a few (torch's float32 power is not always correctly rounded); cos/sin are built in
+    the graph from the positions, for any (symbolic) length, and multiplied by the scaling's
+    ``attention_factor`` where it is not 1 (as transformers scales its tables).
     """
 
-    def __init__(self, head_dim: int, theta: float = 10000.0):
+    def __init__(self, head_dim: int, theta: float = 10000.0,
+                 scaling: RopeScaling | None = None):
         if head_dim % 2:
             raise ShapeError(f"RotaryEmbedding: head_dim must be even, got {head_dim}")
-        self.head_dim, self.theta = head_dim, float(theta)
+        self.head_dim, self.theta, self.scaling = head_dim, float(theta), scaling
         exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
-        self.inv_freq = (1.0 / np.power(np.float32(theta), exponent)).astype(np.float32)
+        # the power in float64, rounded once: torch's float32 ``theta ** exponent`` (within an
+        # ulp of it) agrees with that on ~99% of frequencies, numpy's float32 power on ~80%
+        pos_freqs = np.power(self.theta, exponent.astype(np.float64)).astype(np.float32)
+        self.inv_freq = (1.0 / pos_freqs).astype(np.float32) if scaling is None \
+            else scaling.inv_freq(pos_freqs, self.theta)
+        self.attention_factor = 1.0 if scaling is None else scaling.attention_factor
 
     def cos_sin(self, pos: Node) -> tuple[Node, Node]:
         """(seq, head_dim) cos and sin tables for int positions of shape (seq,)."""
         angles = tg.reshape(tg.cast(pos, "float32"), (pos.shape[0], 1)) * self.inv_freq
         emb = tg.concat([angles, angles], axis=-1)
-        return tg.cos(emb), tg.sin(emb)
+        cos, sin = tg.cos(emb), tg.sin(emb)
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
 
     def __call__(self, x: Node, pos: Node) -> Node:
         """Rotate x (..., seq, head_dim) by the angles of ``pos`` (seq,)."""
@@ -117,7 +254,8 @@ class MultiHeadAttention:
     - ``fused_qkv``: one projection producing [q | k | v] (GPT-2), sublayers ``c_attn`` and
       ``c_proj``; otherwise ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (Llama). ``names``
       overrides them (same order). ``transposed``: Conv1D weights (see :class:`Linear`).
-    - ``rope_theta``: rotary positions on q and k (None: none, e.g. GPT-2's learned positions).
+    - ``rope_theta``: rotary positions on q and k (None: none, e.g. GPT-2's learned positions);
+      ``rope_scaling``: their :class:`RopeScaling` (Llama 3's, linear, yarn), None: unscaled.
     - ``qk_norm_eps``: RMSNorm of each head's q and k before RoPE (Qwen3's q_norm, k_norm).
     - ``bias`` for the q/k/v projections; ``out_bias`` (default: ``bias``) for the output.
     - ``scale``: of the scores (None: 1/sqrt(head_dim)); GPT-2 may leave them unscaled or
@@ -129,8 +267,9 @@ class MultiHeadAttention:
     def __init__(self, dim: int, heads: int, *, name: str, kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = False, out_bias: bool | None = None,
                  fused_qkv: bool = False, transposed: bool = False,
-                 rope_theta: float | None = None, qk_norm_eps: float | None = None,
-                 causal: bool = True, names: tuple[str, ...] | None = None,
+                 rope_theta: float | None = None, rope_scaling: RopeScaling | None = None,
+                 qk_norm_eps: float | None = None, causal: bool = True,
+                 names: tuple[str, ...] | None = None,
                  scale: float | None = None, window: int | None = None,
                  dtype: str = "float32"):
         kv_heads = heads if kv_heads is None else kv_heads
@@ -162,7 +301,8 @@ class MultiHeadAttention:
             self.q, self.k, self.v = (proj(names[i], dim, n, bias)
                                       for i, n in enumerate((q_out, kv_out, kv_out)))
         self.out = proj(names[-1], q_out, dim, out_bias)
-        self.rope = RotaryEmbedding(head_dim, rope_theta) if rope_theta is not None else None
+        self.rope = RotaryEmbedding(head_dim, rope_theta, rope_scaling) \
+            if rope_theta is not None else None
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, name=_join(name, "q_norm"), eps=qk_norm_eps,

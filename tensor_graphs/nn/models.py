@@ -22,7 +22,7 @@ from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape
-from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, positions
+from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, RopeScaling, positions
 from tensor_graphs.nn.layers import MLP, Embedding, LayerNorm, Linear, RMSNorm, _join
 
 __all__ = ["TransformerBlock", "GPT2Config", "GPT2", "LlamaConfig", "Llama", "input_ids"]
@@ -181,6 +181,7 @@ class LlamaConfig:
     sliding_window: int | None = None  # a query sees itself and window - 1 earlier tokens
     # per layer "full_attention" or "sliding_attention"; None: every layer slides (Mistral)
     layer_types: tuple[str, ...] | None = None
+    rope_scaling: RopeScaling | None = None  # Llama 3's, linear or yarn; None: unscaled RoPE
 
     def __post_init__(self):
         if self.head_dim is None:  # an explicit head_dim (Qwen3, Gemma) need not divide it
@@ -207,14 +208,9 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, config) -> LlamaConfig:
         """From a transformers Llama, Mistral, Qwen2 or Qwen3 config; raises for features these
-        layers do not build (scaled RoPE, attention kinds other than full and sliding)."""
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) \
-            or {}
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise ArgumentError(f"LlamaConfig.from_hf: RoPE type {kind!r} is not supported "
-                                "(only the default, unscaled RoPE)")
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        layers do not build (RoPE types other than the default, linear, llama3 and yarn, RoPE
+        per layer type, attention kinds other than full and sliding)."""
+        theta, scaling = _rope_from_hf(config)
         model_type = getattr(config, "model_type", "llama")
         window, layer_types = _sliding_layers(config, model_type)
         qwen2 = model_type == "qwen2"  # q/k/v biases, none on o_proj
@@ -230,7 +226,49 @@ class LlamaConfig:
                    attention_bias=bias, attention_out_bias=bias and not qwen2,
                    mlp_bias=bool(getattr(config, "mlp_bias", False)),
                    qk_norm=model_type.startswith("qwen3"), sliding_window=window,
-                   layer_types=layer_types)
+                   layer_types=layer_types, rope_scaling=scaling)
+
+
+_ROPE_BUILT = "default (unscaled), " + ", ".join(RopeScaling.TYPES)
+
+
+def _rope_from_hf(config) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of a transformers config's RoPE: ``rope_parameters`` (transformers 5)
+    or ``rope_scaling`` beside ``rope_theta`` (4.x, and config.json files). Types not built are
+    refused, each with what is built and what to do instead; ``dynamic`` and ``longrope``
+    because their frequencies depend on the sequence length at run time: one compiled program
+    serves every length, so it cannot switch frequencies partway through a generation as
+    transformers does."""
+    where = "LlamaConfig.from_hf"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) \
+        or {}
+    if any(isinstance(v, dict) for v in rope.values()):
+        raise ArgumentError(f"{where}: RoPE parameters per layer type ({sorted(rope)}) are not "
+                            "supported (one RoPE for every layer); tg.from_torch(model, ...) "
+                            "may import this model for single forward passes")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    if kind in RopeScaling.TYPES:
+        return theta, RopeScaling.from_hf(rope, config, where)
+    refused = f"{where}: RoPE type {kind!r} is not supported (supported: {_ROPE_BUILT})"
+    if kind == "dynamic":
+        n = getattr(config, "max_position_embeddings", None)
+        raise ArgumentError(
+            f"{refused}: dynamic NTK scaling recomputes the frequencies once a sequence "
+            f"outgrows max_position_embeddings ({n}), which one compiled program cannot "
+            "follow, and tg.from_torch cannot import it either (torch.export stops at that "
+            f"length test). Up to {n} tokens it is the default RoPE exactly: for a max_len of "
+            f"at most {n}, set config.rope_parameters = {{'rope_type': 'default', "
+            f"'rope_theta': {theta}}} before building the generator")
+    if kind == "longrope":
+        raise ArgumentError(
+            f"{refused}: LongRoPE switches between its short and long frequency factors by the "
+            "sequence length at run time, and tg.from_torch cannot import it either (it writes "
+            "its frequency buffer in place); run this model in transformers")
+    raise ArgumentError(f"{refused}; tg.from_torch(model, ...) may import this model for "
+                        "single forward passes")
 
 
 def _sliding_layers(config, model_type: str) -> tuple[int | None, tuple[str, ...] | None]:
@@ -269,7 +307,7 @@ class Llama:
             attn = MultiHeadAttention(d, c.num_attention_heads, name=f"{layer}.self_attn",
                                       kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                                       bias=c.attention_bias, out_bias=c.attention_out_bias,
-                                      rope_theta=c.rope_theta,
+                                      rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
                                       qk_norm_eps=eps if c.qk_norm else None,
                                       window=c.window(i))
             mlp = MLP(d, c.intermediate_size, name=f"{layer}.mlp", activation=c.hidden_act,

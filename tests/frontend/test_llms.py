@@ -160,3 +160,25 @@ def test_gemma3_270m_shapes_with_sliding_window():
     _lands(by_root, "rotary_embedding", "rotary", 2 * layers)
     _lands(by_root, "gelu", "gelu_tanh", layers)  # gelu_pytorch_tanh in the gated MLP
     _no_spelled_out(prog)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8},
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+], ids=lambda rope: rope["rope_type"])
+def test_llama_scaled_rope(rope):
+    """A Llama with scaled RoPE (Llama 3's, linear, YaRN with its attention factor): export
+    takes the scaled frequencies, so the logits match torch's at both lengths (past
+    original_max_position_embeddings = 8). The types tg.nn refuses ('dynamic', 'longrope')
+    do not import: they branch on, or write a buffer by, the run-time length."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, vocab_size=1000, hidden_size=64,
+                                   intermediate_size=96, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=32,
+                                   rope_parameters={**rope, "rope_theta": 500.0})
+    # a fresh database: the three graphs are one structure (the frequencies are a buffer
+    # input), and _compile counts this one's planner run
+    prog = _compile(transformers.LlamaForCausalLM(cfg), 1000, db=":memory:")
+    _lands(_kernels_by_root(prog), "rotary_embedding", "rotary", 4)  # q and k, two layers

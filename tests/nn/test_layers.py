@@ -100,10 +100,10 @@ def test_bad_configurations_are_refused():
         nn.GPT2(nn.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10, n_positions=16))(
             cache=nn.KVCache(32))
 
-    class Scaled:  # a transformers-like config with a scaled RoPE
-        model_type, rope_parameters = "llama", {"rope_type": "llama3", "rope_theta": 5e5}
+    class Scaled:  # a transformers-like config with a RoPE scaled by the run-time length
+        model_type, rope_parameters = "llama", {"rope_type": "dynamic", "rope_theta": 5e5}
 
-    with pytest.raises(tg.ArgumentError, match="llama3"):
+    with pytest.raises(tg.ArgumentError, match="'dynamic' is not supported"):
         nn.LlamaConfig.from_hf(Scaled())
 
 
