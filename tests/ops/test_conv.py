@@ -123,6 +123,9 @@ def test_pool_bad_input(fn, kwargs, match):
 def test_pool_bad_rank_and_symbolic_spatial():
     with pytest.raises(tg.ShapeError, match="concrete"):
         tg.max_pool2d(tg.input("x", (1, 2, "h", 5)), kernel_size=2)
+    # the refusal says what to do: a diffusion UNet exported with a named height stops here
+    with pytest.raises(tg.ShapeError, match=r"conv2d: .*keep the height and width static"):
+        tg.conv2d(tg.input("x", ("b", 2, "h", "w")), tg.weight("w", (3, 2, 3, 3)))
     with pytest.raises(tg.ShapeError, match=r"\(N, C, H, W\)"):
         tg.avg_pool2d(tg.input("x", (5, 5)), kernel_size=2)
     with pytest.raises(TypeError):

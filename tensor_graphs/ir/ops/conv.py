@@ -72,7 +72,9 @@ def _spatial(x, op: str, count: int = 2) -> tuple[int, ...]:
     if not all(isinstance(d, int) for d in dims):
         raise ShapeError(f"{op}: the spatial dims of {format_shape(x.shape)} must be concrete "
                          "ints (window positions and resampling constants are computed from "
-                         "them); only the batch and channel dims may be named")
+                         "them); only the batch and channel dims may be named: keep the "
+                         "height and width static (import once per resolution, e.g. "
+                         "dynamic_shapes naming the batch only)")
     return dims
 
 
