@@ -87,22 +87,22 @@ class RopeScaling:
         config's own field, else the dict, else ``max_position_embeddings`` (as
         ``standardize_rope_params``); yarn's ``factor`` (if None) and ``attention_factor``
         (if absent) derived as ``_compute_yarn_parameters`` derives them."""
-        kind = rope.get("rope_type", rope.get("type"))
+        rope_type = rope.get("rope_type", rope.get("type"))
         original = getattr(config, "original_max_position_embeddings", None) or \
             rope.get("original_max_position_embeddings") or \
             getattr(config, "max_position_embeddings", None)
-        missing = [k for k in cls._NEEDS.get(kind, ())
+        missing = [k for k in cls._NEEDS.get(rope_type, ())
                    if k != "original_max_position_embeddings" and k not in rope]
         if missing:
-            raise ArgumentError(f"{where}: {kind} RoPE parameters lack {', '.join(missing)} "
+            raise ArgumentError(f"{where}: {rope_type} RoPE parameters lack {', '.join(missing)} "
                                 f"(got {dict(rope)})")
-        if kind == "linear":
-            return cls(kind, rope["factor"])
-        if kind == "llama3":
-            return cls(kind, rope["factor"], original, low_freq_factor=rope["low_freq_factor"],
+        if rope_type == "linear":
+            return cls(rope_type, rope["factor"])
+        if rope_type == "llama3":
+            return cls(rope_type, rope["factor"], original, low_freq_factor=rope["low_freq_factor"],
                        high_freq_factor=rope["high_freq_factor"])
-        if kind != "yarn":
-            return cls(kind, rope.get("factor"))  # refused by __post_init__
+        if rope_type != "yarn":
+            return cls(rope_type, rope.get("factor"))  # refused by __post_init__
         factor = rope.get("factor")
         if factor is None and original:  # DeepSeek-V3's: the ratio of the two lengths
             factor = getattr(config, "max_position_embeddings", original) / original
@@ -111,7 +111,7 @@ class RopeScaling:
             mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
             attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) \
                 if mscale and mscale_all else _yarn_mscale(factor)
-        return cls(kind, factor, original, beta_fast=rope.get("beta_fast") or 32,
+        return cls(rope_type, factor, original, beta_fast=rope.get("beta_fast") or 32,
                    beta_slow=rope.get("beta_slow") or 1, truncate=rope.get("truncate", True),
                    attention_factor=1.0 if attention is None else float(attention))
 
