@@ -155,8 +155,6 @@ def _saved_generation_config(path: str, config):
     writes one), else those its ``config`` implies (its eos and pad tokens). Why: a model
     saved with an eos stops there in transformers' ``generate``; read without it, ours ran
     on past the eos."""
-    import os
-
     from transformers import GenerationConfig
 
     folder = os.path.dirname(os.path.abspath(path))
