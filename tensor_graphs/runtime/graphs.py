@@ -469,7 +469,7 @@ class Graphs:
 
     def split(self, instructions: Sequence, analyzed: Callable[[], Split]) -> Split | str:
         if self._for is not instructions:
-            self.entries.clear()
+            self.clear()
             self.seen.clear()
             self._for = instructions
             self._padding = None
@@ -506,8 +506,11 @@ class Graphs:
             self.entries.popitem(last=False)
 
     def clear(self) -> None:
-        """Weights rebound: every graph read the old ones."""
+        """Weights rebound (every graph read the old ones), or a new instruction list. The
+        pool goes with the graphs: torch refuses to capture into a pool whose graphs are all
+        gone ("use_count > 0"), which sent every call after a ``bind`` to the Python loop."""
         self.entries.clear()
+        self._pool = None
 
     def new_graph(self, device: str):
         """A CUDA graph on a real GPU, the stand-in on the simulated one. A program's graphs
