@@ -159,13 +159,22 @@ def test_matmul_occupancy_is_the_grid_launched(recorder, cfg, e, dims):
     first = recorder.grids[0][1]
     declared = matmul.occupancy(cfg, e)([tuple(a.shape) for a in args])
     assert declared.programs == math.prod(first)
-    if gemv:  # plain FMAs, no padded rows; the combine kernel when K was split
+    if gemv:  # plain FMAs, no padded rows; the last split to arrive adds the parts
         assert declared.useful == 1.0
-        combine = [m * -(-n // matmul.COMBINE_BLOCK)] if first[1] > 1 else []
-        assert [g[0] for _, g in recorder.grids[1:]] == combine
+        assert recorder.grids[1:] == []
     else:  # a 16-row tile on one row does 16 rows' arithmetic
         rows, cols = -(-m // cfg.block_m) * cfg.block_m, -(-n // cfg.block_n) * cfg.block_n
         assert declared.useful == pytest.approx(m * n / (rows * cols))
+
+
+def test_a_gemv_without_arrival_counters_finishes_in_a_second_kernel(recorder, monkeypatch):
+    """Inside a CUDA graph's capture no counters can be made (the memory would be the
+    graph's): the parts are then added by ``gemv_combine``, one program per 256 columns."""
+    monkeypatch.setattr(matmul, "arrival_counters", lambda device, count: None)
+    cfg = matmul.GEMV_CONFIGS[0]
+    matmul.gemv(cfg, LINEAR, *_gemm_args(LINEAR, (1, 1), 768, 3072))
+    assert recorder.grids[0][1][1] > 1  # K was split
+    assert [g for _, g in recorder.grids[1:]] == [(-(-768 // matmul.COMBINE_BLOCK),)]
 
 
 def test_gemv_splits_cover_k_once_and_fill_the_gpu():

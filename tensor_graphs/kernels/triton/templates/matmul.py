@@ -16,8 +16,9 @@ A few rows (a decode step's GEMV, up to ``GEMV_ROWS``) also have ``gemv`` config
 ``triton_<pattern>_gemv_<config>``: ``tl.dot``'s smallest tile has 16 rows, so on one row the
 GEMM configs do 16 rows' arithmetic in as few programs as the columns give (GPT-2's
 3072 -> 768 projection: 12 of an H100's 132 SMs). A GEMV program sums one row's products with
-plain FMAs over a split of K; the splits aim at two waves of the SMs, and a second kernel adds
-them and applies the epilogue (one split: the epilogue in the first).
+plain FMAs over a split of K; the splits aim at two waves of the SMs, and the last split of a
+column block to finish adds them and applies the epilogue (counted in ``arrival_counters``;
+a second kernel does it where no counters can be made, inside a CUDA graph's capture).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     PROGRAMS,
     REDUCTION,
     TF32,
+    arrival_counters,
     deliver,
     float_dtypes,
     interpreted,
     ints,
     jit,
+    next_power_of_2,
     source_text,
     target,
     torch,
@@ -205,11 +208,15 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
         tail = (0 if bias is None else bias.stride(0), r2.stride(0), r2.stride(1),
                 c2.stride(0), c2.stride(1))
         mod = jit(JIT)
-        mod.gemv_split[(m * -(-n // cfg.block_n), splits)](
-            o.a, b, bias_t, r2, c2, part, m, n, o.k, chunk, o.a.stride(0), o.a.stride(1),
-            o.b_k, o.b_n, *tail, **epilogue, FINISH=splits == 1, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
-        if splits > 1:
+        blocks = m * -(-n // cfg.block_n)
+        counters = None if splits == 1 else arrival_counters(a.device, blocks)
+        mod.gemv_split[(blocks, splits)](
+            o.a, b, bias_t, r2, c2, part, part if counters is None else counters, m, n, o.k,
+            chunk, o.a.stride(0), o.a.stride(1), o.b_k, o.b_n, *tail, **epilogue,
+            FINISH=splits == 1, LAST_ADDS=counters is not None, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits),
+            num_warps=cfg.warps, num_stages=cfg.stages)
+        if splits > 1 and counters is None:
             mod.gemv_combine[(m * -(-n // COMBINE_BLOCK),)](
                 bias_t, r2, c2, part, m, n, splits, *tail, **epilogue,
                 BLOCK_N=COMBINE_BLOCK, num_warps=4)

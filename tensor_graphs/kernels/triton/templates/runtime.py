@@ -101,11 +101,35 @@ def grid_fits(name: str, programs: int, shape: tuple) -> bool | str:
             f"{MAX_PROGRAMS} blocks; torch's CUDA kernel on the same pattern covers it")
 
 
+# Arrival counters of the kernels whose last program finishes a split reduction (the GEMV's
+# split-K): int32 zeros per device, each call setting back to 0 what it counted. Buffers are
+# never freed (a graph captured with one keeps its address); a larger one is made only outside
+# a capture, where memory is the graph's own.
+_COUNTERS: dict = {}
+MIN_COUNTERS = 1 << 14
+
+
+def arrival_counters(device, count: int):
+    """At least ``count`` zeroed int32 counters on ``device``, or None during a CUDA graph's
+    capture when the ones made so far are too few (the caller then launches a second kernel
+    to finish, as before). Kernels on a device run in its stream's order (the runtime
+    launches on the current stream), so calls never share a counter at the same time."""
+    made = _COUNTERS.setdefault(str(device), [])
+    if made and made[-1].numel() >= count:
+        return made[-1]
+    if getattr(device, "type", "cpu") == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    made.append(torch.zeros(max(MIN_COUNTERS, next_power_of_2(count)), dtype=torch.int32,
+                            device=device))
+    return made[-1]
+
+
 def ints(*shapes) -> bool:
     """Every dim concrete (constraints are also asked at symbolic shapes)."""
     return all(isinstance(d, int) for s in shapes for d in s)
 
 
-__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PROGRAMS", "REDUCTION", "TF32", "deliver",
+__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PROGRAMS", "REDUCTION", "TF32",
+           "arrival_counters", "deliver",
            "float_dtypes", "grid_fits", "interpreted", "ints", "jit", "next_power_of_2",
            "source_text", "target", "torch"]

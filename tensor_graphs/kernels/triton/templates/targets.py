@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from tensor_graphs.kernels.triton import require_compiler
 from tensor_graphs.kernels.triton.aot import Target
 from tensor_graphs.kernels.triton.templates import attention, gather, matmul, rope
-from tensor_graphs.kernels.triton.templates.runtime import jit
+from tensor_graphs.kernels.triton.templates.runtime import jit, next_power_of_2
 
 HEAD_DIMS = (64, 128)  # GPT-2's, Llama's and Qwen3's
 
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
-           "uint8": "*u8", "int64": "*i64"}
+           "uint8": "*u8", "int32": "*i32", "int64": "*i64"}
 
 
 def _module(name: str):
@@ -72,13 +72,20 @@ def compile_targets() -> Iterator[Target]:
 
     gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn")
     epilogue = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"])
-    for cfg in matmul.GEMV_CONFIGS:  # the split alone in fp32; with the epilogue in both
-        for dt, finish in (("float16", True), ("float32", True), ("float32", False)):
+    # per GEMV config (dtype, FINISH, LAST_ADDS): one split with the epilogue in fp16 and fp32;
+    # K split in fp32, its last split adding the parts, or leaving that to gemv_combine (in a
+    # capture that found too few arrival counters)
+    variants = (("float16", True, False), ("float32", True, False), ("float32", False, True),
+                ("float32", False, False))
+    for cfg in matmul.GEMV_CONFIGS:
+        for dt, finish, last in variants:
             ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr"), dt)
-            ptrs["part_ptr"] = "float32"
-            consts = dict(epilogue, FINISH=finish, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
-            yield _target(f"gemv_split_{cfg.label}", f"_{dt}{'_finish' * finish}",
-                          mm.gemv_split, ptrs, (), gemv_units, consts, cfg.warps, cfg.stages)
+            ptrs.update(part_ptr="float32", lock_ptr="int32")
+            consts = dict(epilogue, FINISH=finish, LAST_ADDS=last, BLOCK_N=cfg.block_n,
+                          BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits))
+            variant = "_finish" if finish else "_last_adds" if last else ""
+            yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
+                          (), gemv_units, consts, cfg.warps, cfg.stages)
     ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
     yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:],
                   dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)
