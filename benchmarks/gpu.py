@@ -25,7 +25,8 @@ kernels (one program a row) and the split ones against torch. The table is appen
 ``DIR/gpu_table.md`` as each row finishes, so a run
 cut short keeps what it measured; the database is ``DIR/gpu.sqlite``, and each of our plans
 (``explain()``) goes to ``DIR/gpu_plans.txt``, and the GPU's time per kernel over one decode
-generation (torch.profiler) to ``DIR/gpu_kernels.txt``.
+generation and over three calls of each of our prefills (torch.profiler) to
+``DIR/gpu_kernels.txt``.
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ def bench(name, make, dtype, runners, repeats, db, table) -> None:
     if "ours" in calls:
         lines.append(f"  ours: {calls['ours'].program.loop}")
         plans(table, f"{name}, {dtype}", calls["ours"].program)
+        kernel_times(table, f"{name}, {dtype}: GPU time per kernel over 3 calls of ours",
+                     lambda: [calls["ours"]() for _ in range(3)])
     if "ours" in samples:
         mine = statistics.median(samples["ours"])
         lines.append("  " + ", ".join(f"ours/{label} {mine / statistics.median(s):.2f}"
