@@ -174,6 +174,21 @@ def test_rebinding_weights_drops_the_graphs(slow_host):
     assert relative_error(got, _reference(y, {"x": X, **new})) < 1e-5
 
 
+def test_dropped_graphs_take_their_pool_with_them():
+    """torch refuses to capture into a graph pool whose graphs were all freed ("use_count >
+    0", seen on an H200): a program that kept the pool's handle when ``bind`` dropped its
+    graphs ran every later call in the Python loop. The simulated GPU has no pools, so
+    this checks the handle itself; tests/gpu/test_gpu_runtime.py's rebinding test is the
+    real GPU's check."""
+    kept = graphs.Graphs()
+    kept._pool = object()  # a handle, as new_graph takes it on a real GPU
+    kept.clear()
+    assert kept._pool is None
+    kept._pool = object()
+    kept.split([], lambda: "no region")  # a new instruction list drops the graphs too
+    assert kept._pool is None
+
+
 def test_a_host_step_between_gpu_steps_keeps_the_python_loop(slow_host):
     x = tg.input("x", (64, 128))
     w = tg.weight("w", (128, 128))
