@@ -795,6 +795,7 @@ class Planner:
         leaves: list[Slot] = []
         decisions: list[str] = []
         emitted: set[int] = set()  # block instances whose steps are in
+        made: set[Slot] = set()  # the slots the steps so far fill
         stored: set[Slot] = set()  # ALSO slots a kernel's step fills
         stack: list[tuple[Slot, bool]] = [(s, False) for s in reversed(self.output_slots)]
         while stack:
@@ -804,7 +805,7 @@ class Planner:
                 if opt.how == BLOCK:
                     if id(opt.kernel) not in emitted:
                         emitted.add(id(opt.kernel))
-                        opt.kernel.emit(steps, aliases)
+                        opt.kernel.emit(steps, aliases, made)
                 elif opt.how == ALSO:
                     pass  # filled by the step of the kernel that stores it
                 elif opt.runs:
@@ -815,10 +816,12 @@ class Planner:
                         also.append(n if mine else None)
                         if mine:
                             stored.add(s)
-                    steps.append(Step(opt.kernel, slot.node, slot.device, opt.needs,
-                                      opt.covers, opt.attrs, opt.estimate, opt.error,
-                                      opt.signature, opt.features, opt.densify, opt.static,
-                                      tuple(also)))
+                    step = Step(opt.kernel, slot.node, slot.device, opt.needs, opt.covers,
+                                opt.attrs, opt.estimate, opt.error, opt.signature,
+                                opt.features, opt.densify, opt.static, tuple(also))
+                    if step.slot not in made or any(also):  # (a block's step made it)
+                        made.add(step.slot)
+                        steps.append(step)
                 elif opt.how == LEAF:
                     leaves.append(slot)
                 else:
@@ -1229,16 +1232,21 @@ class BlockInstancePlan:
     def _slot(self, s: Slot) -> Slot:
         return Slot(self.concrete(s.node), s.device, s.moved)
 
-    def emit(self, steps: list[Step], aliases: dict[Slot, Slot]) -> None:
-        """Append the instance's steps (the sub-plan's, mapped) and aliases."""
+    def emit(self, steps: list[Step], aliases: dict[Slot, Slot], made: set[Slot]) -> None:
+        """Append the instance's steps (the sub-plan's, mapped) and aliases, but not a step
+        whose slot ``made`` holds: a value that reads nothing from the block's inputs (the
+        causal mask's iota and reshapes, from the dims) is the same node in every instance
+        and outside, and was made once per layer."""
         plan = self.plan
         for st in plan.steps:
-            steps.append(Step(st.kernel, self.concrete(st.node), st.device,
-                              tuple(self._slot(i) for i in st.inputs),
-                              tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
-                              st.error, st.signature, st.features, st.densify, st.static,
-                              tuple(None if n is None else self.concrete(n)
-                                    for n in st.also)))
+            step = Step(st.kernel, self.concrete(st.node), st.device,
+                        tuple(self._slot(i) for i in st.inputs),
+                        tuple(self.concrete(n) for n in st.nodes), st.attrs, st.estimate,
+                        st.error, st.signature, st.features, st.densify, st.static,
+                        tuple(None if n is None else self.concrete(n) for n in st.also))
+            if step.slot not in made:
+                made.add(step.slot)
+                steps.append(step)
         for a, b in plan.aliases.items():
             aliases[self._slot(a)] = self._slot(b)
 
