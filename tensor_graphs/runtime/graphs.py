@@ -59,6 +59,7 @@ import numpy as np
 from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops.names import INPUT, STATE, STATE_UPDATE
+from tensor_graphs.ir.shapes import dim_name
 
 LIMIT = 64  # graphs kept per program: decode keeps its last 64 cache lengths
 SEEN = 4096  # dims keys remembered as met (a key is captured on its second sighting)
@@ -946,7 +947,7 @@ def run_padded(exe, arrays: Mapping, dims: Mapping):
     pad = graphs._padding
     if isinstance(pad, str):
         return NOT_PADDED
-    named = {str(k): int(v) for k, v in dims.items()}
+    named = {dim_name(k): int(v) for k, v in dims.items()}
     key = pad.key(named, bounds, graphs.padding)
     gdims = None  # the padded dims with the call's keys, made where no graph replays
     entry = graphs.get(key)
@@ -1020,7 +1021,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
             noise(room if room is not None else values[i], axes[0], real[axes[0]])
     # the padded warm-up, reading the dims it needs on the GPU from one buffer
     _, region, _ = exe._parts(split, gdims)
-    named = {str(k): int(v) for k, v in dims.items()}
+    named = {dim_name(k): int(v) for k, v in dims.items()}
     feed = DimsFeed(device)
     dim_slots = {i: feed.add(_evaluator(nodes[i].attrs["expr"]), nodes[i].dtype.np_dtype,
                              tuple(values[i].shape))

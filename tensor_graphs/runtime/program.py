@@ -35,7 +35,7 @@ from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, WEIGHT
-from tensor_graphs.ir.shapes import format_shape, free_symbols, is_static, resolve
+from tensor_graphs.ir.shapes import dim_name, format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.runtime import graphs as _graphs
@@ -711,7 +711,7 @@ def _stored(ins: Instruction, shape: tuple, arenas: Mapping) -> list:
 
 
 def dims_key(dims: Mapping) -> tuple:
-    return tuple(sorted((str(k), int(v)) for k, v in dims.items()))
+    return tuple(sorted((dim_name(k), int(v)) for k, v in dims.items()))
 
 
 def dense(a, dtype=None):
