@@ -24,13 +24,13 @@ from tensor_graphs.kernels import staging as staged
 GPU = torch.device(torch_device("cuda:0"))
 
 
-def TO_GPU(*args, **kwargs):  # noqa: N802 - the kernel's function, looked up when called:
-    return tg.kernels.get("copy_host_to_cuda").fn(*args, **kwargs)  # (without a GPU, the
-    # main suite imports this file to skip it, and no copy kernel is registered)
+def _copy(name: str):
+    """The copy kernel's function, looked up when called: without a GPU the main suite
+    imports this file to skip it, and no copy kernel is registered."""
+    return lambda *args, **kwargs: tg.kernels.get(name).fn(*args, **kwargs)
 
 
-def TO_HOST(*args, **kwargs):  # noqa: N802
-    return tg.kernels.get("copy_cuda_to_host").fn(*args, **kwargs)
+TO_GPU, TO_HOST = _copy("copy_host_to_cuda"), _copy("copy_cuda_to_host")
 
 DTYPES = (np.float32, ml_dtypes.bfloat16, np.int64, np.bool_, np.int8)
 

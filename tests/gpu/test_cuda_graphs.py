@@ -440,7 +440,7 @@ def _randn(dtype, *shape):
 def test_the_torch_kernels_of_a_decode_step_write_into_out():
     """A graph captures only steps that write into their place: embedding, the positions'
     iota, layer norm, GELU and the LM head (linear without bias) on the GPU do, in every float
-    dtype (layer norm's out variant checks its statistics' dtype, which differs by device)."""
+    dtype."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         x = _randn(dtype, 1, 3, 16)
         cases = {

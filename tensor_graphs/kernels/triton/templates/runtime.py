@@ -117,7 +117,7 @@ def arrival_counters(device, count: int):
     made = _COUNTERS.setdefault(str(device), [])
     if made and made[-1].numel() >= count:
         return made[-1]
-    if getattr(device, "type", "cpu") == "cuda" and torch.cuda.is_current_stream_capturing():
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     made.append(torch.zeros(max(MIN_COUNTERS, next_power_of_2(count)), dtype=torch.int32,
                             device=device))
