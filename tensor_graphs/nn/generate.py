@@ -29,12 +29,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tensor_graphs.devices import as_device
 from tensor_graphs.errors import ArgumentError, DTypeError, ShapeError, StateError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.ops.names import WEIGHT
 from tensor_graphs.nn.attention import KVCache
 from tensor_graphs.nn.models import GPT2, GPT2Config, Llama, LlamaConfig
+from tensor_graphs.runtime.values import HostReader, on_host
 
 # transformers model_type -> (reads its config, builds our model): what tg.generate accepts
 ARCHITECTURES: dict[str, tuple[Callable, type]] = {
@@ -107,9 +109,9 @@ _BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized")
 
 
 # tg.compile's options a Generator does not take (``compiler.compile_options`` less these):
-# ``bounds`` (each program's are set here) and ``plan`` (a lock file is one program's; a
-# Generator compiles two)
-_SET_HERE = ("bounds", "plan")
+# ``bounds`` (each program's are set here), ``plan`` (a lock file is one program's; a
+# Generator compiles two) and ``outputs`` (results stay on the device the programs run on)
+_SET_HERE = ("bounds", "plan", "outputs")
 
 
 def _compile_keywords() -> tuple[str, ...]:
@@ -264,14 +266,27 @@ class Generator:
             return quantize_graph(outputs, quantize, skip=skip, group_size=group_size,
                                   prequantized=prequantized)
 
+        # On a GPU each program also chooses the next token there (argmax, the last output),
+        # so a step is queued before the previous token reaches the host (``_ahead``); the
+        # repetition penalty is applied to the logits on the host
+        on_gpu = as_device(options.get("device", "cpu")).kind != "cpu"
+        self._ahead = on_gpu and self.repetition_penalty is None
+        self._reader = HostReader()
+        options["outputs"] = "device"
+
+        def chosen(logits) -> list:
+            return [tg.argmax(logits, axis=-1)] if self._ahead else []
+
         ids = tg.input("input_ids", (batch, "seq"), "int64")
         prefill_cache = KVCache(max_len)
-        float_prefill = [model(ids, cache=prefill_cache, last_only=True),
-                         *prefill_cache.updates]
-        prefill_outputs = quantized(float_prefill)
+        prefill_logits = model(ids, cache=prefill_cache, last_only=True)
+        float_prefill = [prefill_logits, *prefill_cache.updates]
+        prefill_outputs = quantized(float_prefill + chosen(prefill_logits))
         token = tg.input("input_ids", (batch, 1), "int64")
         decode_cache = KVCache(max_len)
-        decode_outputs = quantized([model(token, cache=decode_cache), *decode_cache.updates])
+        decode_logits = model(token, cache=decode_cache)
+        decode_outputs = quantized([decode_logits, *decode_cache.updates,
+                                    *chosen(decode_logits)])
         # the weights, read once for both programs and all checked before compiling either
         wanted = {leaf.name: leaf for outputs in (prefill_outputs, decode_outputs)
                   for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
@@ -435,8 +450,12 @@ class Generator:
 
     def _tokens(self, ids: np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
         self.prefill.bind(**self._empty)
-        logits = self.prefill(input_ids=ids)[0]
+        results = self.prefill(input_ids=ids)
         self.decode.bind(**{n: self.prefill.state(n) for n in self.cache_names})
+        if self._ahead:
+            yield from self._tokens_ahead(results[-1], max_new_tokens)
+            return
+        logits = on_host(results[0])
         runs = self._runs()
         done = np.zeros(self.batch, dtype=bool)
         penalty = self.repetition_penalty
@@ -457,16 +476,46 @@ class Generator:
                 return
             if penalty is not None:
                 seen[np.arange(self.batch), token] = True
-            if self._runs() != runs:
-                # another call's prefill or decode ran since this stream's last step: the
-                # caches hold its tokens now, and decoding on would give wrong ones silently
-                raise StateError("generate: this stream's KV cache was overwritten by a later "
-                                 "call on the same Generator (another stream or generation "
-                                 "ran since this stream's last token); a Generator holds one "
-                                 "cache: finish (or drop) a stream before starting the next, "
-                                 "or build one Generator per concurrent stream")
-            logits = self.decode(input_ids=token[:, None])[0]
+            self._check_runs(runs)
+            logits = on_host(self.decode(input_ids=token[:, None])[0])
             runs = self._runs()
+
+    def _tokens_ahead(self, chosen, max_new_tokens: int) -> Iterator[np.ndarray]:
+        """The tokens of a GPU generator, each step queued before the previous step's token
+        is read on the host: ``chosen`` (batch, 1) stays on the GPU and is the next step's
+        input, and its copy to the host is waited for only after that step is queued, so the
+        host's work per step overlaps the GPU's. A row that ended is fed its argmax rather
+        than the pad token (rows are independent: the others' tokens are the same, and the
+        ended row's tokens are replaced by the pad token); a stop at an eos leaves one step
+        computed and unread."""
+        reader = self._reader
+        done = np.zeros(self.batch, dtype=bool)
+        pending = reader.start(chosen)
+        runs = self._runs()
+        for step in range(max_new_tokens):
+            ahead = None
+            if step < max_new_tokens - 1:
+                self._check_runs(runs)
+                chosen = self.decode(input_ids=chosen)[-1]
+                runs = self._runs()
+                ahead = reader.start(chosen)
+            token = pending()[:, 0].astype(np.int64)
+            token[done] = self.pad
+            yield token
+            done |= np.isin(token, list(self.eos))
+            if done.all():
+                return
+            pending = ahead
+
+    def _check_runs(self, runs: tuple[int, int]) -> None:
+        if self._runs() != runs:
+            # another call's prefill or decode ran since this stream's last step: the caches
+            # hold its tokens now, and decoding on would give wrong ones silently
+            raise StateError("generate: this stream's KV cache was overwritten by a later "
+                             "call on the same Generator (another stream or generation "
+                             "ran since this stream's last token); a Generator holds one "
+                             "cache: finish (or drop) a stream before starting the next, "
+                             "or build one Generator per concurrent stream")
 
     def __call__(self, input_ids, max_new_tokens: int, *, attention_mask=None) -> np.ndarray:
         """The prompt followed by the greedy tokens, (batch, prompt + new), as transformers'

@@ -30,6 +30,7 @@ import numpy as np
 
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.numerics import relative_error
+from tensor_graphs.runtime.values import on_host
 
 TOKEN_INPUT = "input_ids"  # the feed a causal-LM program takes its token ids in
 
@@ -240,7 +241,7 @@ def _first_logits(gen, prompt: np.ndarray) -> np.ndarray:
     which a generation compared with transformers' would refuse."""
     ids = gen._check(prompt, 1, np.ones(np.shape(prompt), np.int64))  # noqa: SLF001
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
-    return np.array(gen.prefill(input_ids=ids)[0])
+    return on_host(gen.prefill(input_ids=ids)[0])  # (a GPU generator's stay there)
 
 
 def _teacher_forced(gen, ids: np.ndarray) -> np.ndarray:
@@ -250,10 +251,10 @@ def _teacher_forced(gen, ids: np.ndarray) -> np.ndarray:
         raise ShapeError(f"quality: scoring a text needs a generator of batch 1, got "
                          f"{gen.batch}")
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
-    rows = [np.array(gen.prefill(input_ids=ids[None, :1])[0])[0, -1]]
+    rows = [on_host(gen.prefill(input_ids=ids[None, :1])[0])[0, -1]]
     gen.decode.bind(**{n: gen.prefill.state(n) for n in gen.cache_names})
     for t in ids[1:-1]:
-        rows.append(np.array(gen.decode(input_ids=np.array([[t]], np.int64))[0])[0, -1])
+        rows.append(on_host(gen.decode(input_ids=np.array([[t]], np.int64))[0])[0, -1])
     return np.stack(rows)
 
 

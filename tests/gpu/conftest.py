@@ -21,6 +21,18 @@ def _needs_a_gpu():
 
 
 @pytest.fixture
+def slow_host(tmp_path) -> str:
+    """A database whose host computes at 1 Mflop/s and 1 MB/s: every step the GPU can run is
+    planned there (as GPT-2's decode step is on a real one)."""
+    from tensor_graphs.db import Database
+
+    path = tmp_path / "slow-host.sqlite"
+    with Database(path) as db:
+        db.set_calibration(None, {"flops": 1e6, "bytes": 1e6})
+    return str(path)
+
+
+@pytest.fixture
 def copies(monkeypatch):
     """Counts the copy kernels' moves: "to_gpu" (host -> GPU and GPU -> GPU, the program's
     copy steps and ``bind`` alike) and "to_host" (GPU -> host). "where" keeps, per move to

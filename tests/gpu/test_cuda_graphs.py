@@ -30,16 +30,6 @@ GPU = torch.device(torch_device("cuda"))
 SIMULATED = simulated_cuda() is not None
 
 
-@pytest.fixture
-def slow_host(tmp_path) -> str:
-    """A database whose host computes at 1 Mflop/s and 1 MB/s: every step the GPU can run
-    is planned there."""
-    path = tmp_path / "slow-host.sqlite"
-    with Database(path) as db:
-        db.set_calibration(None, {"flops": 1e6, "bytes": 1e6})
-    return str(path)
-
-
 def _rng(seed: int):
     return np.random.default_rng(seed)
 

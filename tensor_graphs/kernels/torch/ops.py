@@ -167,24 +167,25 @@ def min_(x, axis, keepdims):
     return torch.amin(x, dim=_axes(x, axis), keepdim=keepdims)
 
 
-def _arg_extreme(x, axis, keepdims, fn):
+def _arg_extreme(x, axis, keepdims, fn, out):
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
     if axis is None:  # our reference flattens: keepdims gives shape (1,)
-        return fn(x.reshape(-1), dim=0, keepdim=keepdims)
-    return fn(x, dim=axis, keepdim=keepdims)
+        return fn(x.reshape(-1), dim=0, keepdim=keepdims, out=out)
+    return fn(x, dim=axis, keepdim=keepdims, out=out)
 
 
-@torch_kernel("argmax", dtypes=ALL, tolerance=EXACT)
-def argmax(x, axis, keepdims):
+# (out=: a GPU decode step chooses its token inside the CUDA graph, nn/generate.py)
+@torch_kernel("argmax", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def argmax(x, axis, keepdims, *, out=None):
     """Index of the first maximum; the first nan counts as the maximum (as in numpy)."""
-    return _arg_extreme(x, axis, keepdims, torch.argmax)
+    return _arg_extreme(x, axis, keepdims, torch.argmax, out)
 
 
-@torch_kernel("argmin", dtypes=ALL, tolerance=EXACT)
-def argmin(x, axis, keepdims):
+@torch_kernel("argmin", dtypes=ALL, tolerance=EXACT, writes_out=True)
+def argmin(x, axis, keepdims, *, out=None):
     """Index of the first minimum; the first nan counts as the minimum (as in numpy)."""
-    return _arg_extreme(x, axis, keepdims, torch.argmin)
+    return _arg_extreme(x, axis, keepdims, torch.argmin, out)
 
 
 @torch_kernel("cumsum", dtypes=INTS + FLOATS, tolerance=REDUCTION)
