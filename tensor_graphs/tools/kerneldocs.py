@@ -283,7 +283,7 @@ def matmul_kernels() -> list[tuple[object, object, str]]:
     from tensor_graphs.kernels.triton.templates import matmul
 
     return [(e, c, f"triton_{e.label}_{c.label}") for e in matmul.EPILOGUES
-            for c in matmul.CONFIGS + matmul.GEMV_CONFIGS]
+            for c in matmul.configs(e)]
 
 
 def attention_kernels() -> list[tuple[str, object, str]]:
@@ -310,7 +310,9 @@ def gather_kernels() -> list[tuple[object, str]]:
 
 def _epilogue(e) -> str:
     """What a GEMM epilogue computes (the pattern's variables)."""
-    y = ("x @ weight.T" if e.linear else "a @ b") + (" + bias" if e.bias else "")
+    a = "layer_norm(x)" if e.norm and e.linear else "layer_norm(a)" if e.norm else \
+        "x" if e.linear else "a"
+    y = (f"{a} @ weight.T" if e.linear else f"{a} @ b") + (" + bias" if e.bias else "")
     return (f"{e.act}({y})" if e.act else y) + (" + res" if e.residual else "")
 
 
@@ -399,8 +401,14 @@ def gpu_section() -> str:
               "`tl.dot`'s 16-row tile would do 16 rows' arithmetic on one, in as few programs "
               "as the columns give. A program sums one row's products over a split of K with "
               "fp32 FMAs; the splits aim at "
-              f"{matmul.PROGRAMS} programs in all, and a second kernel adds them and applies "
-              "the epilogue (one split: the epilogue in the first). Every operand dtype, "
+              f"{matmul.PROGRAMS} programs in all, and the last split of a column block to "
+              "finish adds the parts and applies the epilogue (an arrival counter per block; "
+              "a second kernel, `gemv_combine`, where a CUDA graph's capture finds no "
+              "counters; one split: the epilogue in the first). The `ln_` epilogues (GEMV "
+              "configs only) take LayerNorm's input: each program computes its row's mean and "
+              "variance and normalizes its split as it loads it, so a pre-norm block's norm "
+              f"is no kernel of its own (the norm's eps is {matmul.LN_EPS:g}, fixed in the "
+              "pattern). Every operand dtype, "
               f"tolerance {matmul.REDUCTION:g}.", ""]
     lines += _table(("config", "columns a program", "K a step", "splits up to", "warps",
                      "stages"),

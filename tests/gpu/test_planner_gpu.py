@@ -101,3 +101,33 @@ def test_the_seeds_tanh_with_the_gpus_own_kernels(winner):
     else:
         assert len(names) > 3 and "torch_cuda_tanh" not in names
         assert all(s.device == "cuda" and s.kernel.backend == "torch" for s in plan.steps)
+
+
+@pytest.mark.slow  # ~20 s on the simulated GPU: its first steps run the Triton interpreter
+def test_a_pre_norm_decode_step_normalizes_inside_its_gemvs(slow_host):
+    """GPT-2's decode step: each layer's two LayerNorms are the prologues of the GEMVs that
+    read them (``ln_`` epilogues: c_attn, and c_fc with its gelu), so the only norm launched
+    on its own is the final one, before the LM head; the tokens stay transformers'."""
+    import numpy as np
+    import torch
+    transformers = pytest.importorskip("transformers")
+    from tensor_graphs.nn import Generator
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=211,
+                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
+                                  eos_token_id=None)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    gen = Generator.from_transformers(lm, max_len=16, max_prompt=8, db=slow_host,
+                                      device="cuda")
+    names = [s.kernel.name for s in gen.decode.plan.steps if not s.is_copy]
+    fused = [n for n in names if n.startswith("triton_ln_")]
+    assert len(fused) == 2 * cfg.n_layer, names
+    assert sum("gelu_tanh" in n for n in fused) == cfg.n_layer, names
+    assert [n for n in names if "layer_norm" in n] == ["torch_cuda_layer_norm"], names
+    prompt = np.random.default_rng(3).integers(0, 211, (1, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    np.testing.assert_array_equal(gen(prompt, 6), expected)

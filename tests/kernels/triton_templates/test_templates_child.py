@@ -22,7 +22,7 @@ from tensor_graphs.kernels.triton.templates import attention, gather, matmul, ro
 
 FOLDER = Path(__file__).resolve().parent
 ROOT = FOLDER.parents[2]
-KERNELS = (len(matmul.EPILOGUES) * (len(matmul.CONFIGS) + len(matmul.GEMV_CONFIGS))
+KERNELS = (sum(len(matmul.configs(e)) for e in matmul.EPILOGUES)
            + 2 * (len(attention.FLASH_CONFIGS) + len(attention.DECODE_CONFIGS))
            + len(rope.CONFIGS) + len(gather.CONFIGS))
 

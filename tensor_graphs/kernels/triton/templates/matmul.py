@@ -131,6 +131,7 @@ class Epilogue:
     bias: bool
     act: str | None
     residual: bool  # + an operand of the result's shape, after the activation
+    norm: bool = False  # a is LayerNorm's input (eps=LN_EPS): a GEMV normalizes it as it loads
 
 
 EPILOGUES = (
@@ -148,7 +149,18 @@ EPILOGUES = (
     Epilogue("matmul_bias_gelu_tanh", False, True, "gelu_tanh", False),
     Epilogue("matmul_add", False, False, None, True),
     Epilogue("matmul_bias_add", False, True, None, True),
+    # a pre-norm block's projections of LayerNorm's output (GEMV configs only: a decode step)
+    Epilogue("ln_linear", True, True, None, False, norm=True),  # q/k/v or an MLP's up
+    Epilogue("ln_matmul_bias", False, True, None, False, norm=True),  # GPT-2's c_attn
+    Epilogue("ln_matmul_bias_gelu_tanh", False, True, "gelu_tanh", False, norm=True),  # c_fc
 )
+LN_EPS = 1e-5  # the eps a norm epilogue computes with (torch's default, GPT-2's): a kernel
+#                takes only its pattern's root's attributes, so the norm's is the pattern's
+
+
+def _ln_eps(eps) -> bool:
+    """The norm's eps is LN_EPS, also as float32 rounds it (a float32 graph's attribute)."""
+    return abs(float(eps) - LN_EPS) <= 1e-6 * LN_EPS
 
 
 class Operands:
@@ -195,8 +207,9 @@ def gemv_splits(cfg: Gemv, rows: int, n: int, k: int) -> tuple[int, int]:
     return max(1, -(-k // chunk)), chunk
 
 
-def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
-    """act(a @ op(b) + bias) + res for a few rows of a: split-K FMAs, then the epilogue."""
+def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
+    """act(a @ op(b) + bias) + res for a few rows of a: split-K FMAs, then the epilogue.
+    ``norm``: (weight, bias) of the LayerNorm a is normalized by first (``e.norm``)."""
     o = Operands(e, a, b, res, out)
     if o.m and o.n:
         m, n, c2, r2 = o.m, o.n, o.c2, o.res
@@ -210,9 +223,11 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
         mod = jit(JIT)
         blocks = m * -(-n // cfg.block_n)
         counters = None if splits == 1 else arrival_counters(a.device, blocks)
+        ln_w, ln_b = norm or (c2, c2)
         mod.gemv_split[(blocks, splits)](
-            o.a, b, bias_t, r2, c2, part, part if counters is None else counters, m, n, o.k,
-            chunk, o.a.stride(0), o.a.stride(1), o.b_k, o.b_n, *tail, **epilogue,
+            o.a, b, bias_t, r2, c2, part, part if counters is None else counters, ln_w, ln_b,
+            m, n, o.k, chunk, LN_EPS, o.a.stride(0), o.a.stride(1), o.b_k, o.b_n, *tail,
+            ln_w.stride(0), ln_b.stride(0), **epilogue, NORM=bool(norm),
             FINISH=splits == 1, LAST_ADDS=counters is not None, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits),
             num_warps=cfg.warps, num_stages=cfg.stages)
@@ -223,8 +238,16 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None):
     return deliver(o.c, out)
 
 
+def _product(e: Epilogue, shapes) -> list:
+    """The shapes of a call's product operands (a, b[, bias][, res]): a norm's weight and
+    bias, after a, left out."""
+    shapes = list(shapes)
+    return shapes[:1] + shapes[3:] if e.norm else shapes
+
+
 def _dims(e: Epilogue, shapes) -> tuple[int, int, int]:
     """(rows, columns, K) of a call at ``shapes`` (the pattern's inputs, a first)."""
+    shapes = _product(e, shapes)
     a, b = tuple(shapes[0]), tuple(shapes[1])
     n, k = b if e.linear else b[::-1]
     return math.prod(a[:-1]), n, k
@@ -259,6 +282,12 @@ def pattern(e: Epilogue):
                 else (lambda x, weight: act(tg.linear(x, weight))))
     else:
         core = ((lambda a, b, bias: act(a @ b + bias)) if e.bias else (lambda a, b: act(a @ b)))
+    if e.norm:
+        if e.linear:
+            return lambda x, ln_weight, ln_bias, weight, bias: core(
+                tg.layer_norm(x, ln_weight, ln_bias, eps=_ln_eps), weight, bias)
+        return lambda a, ln_weight, ln_bias, b, bias: core(
+            tg.layer_norm(a, ln_weight, ln_bias, eps=_ln_eps), b, bias)
     if not e.residual:
         return core
     if e.linear:
@@ -271,7 +300,13 @@ def pattern(e: Epilogue):
 def function(cfg: Config | Gemv, e: Epilogue):
     """The kernel function, its parameters named as the pattern's variables."""
     body = gemv if isinstance(cfg, Gemv) else gemm
-    if e.linear and e.bias and e.residual:
+    if e.norm and e.linear:  # (a norm epilogue has a bias and no residual: EPILOGUES)
+        def run(x, ln_weight, ln_bias, weight, bias, *, out=None):
+            return gemv(cfg, e, x, weight, bias, None, out, (ln_weight, ln_bias))
+    elif e.norm:
+        def run(a, ln_weight, ln_bias, b, bias, *, out=None):
+            return gemv(cfg, e, a, b, bias, None, out, (ln_weight, ln_bias))
+    elif e.linear and e.bias and e.residual:
         def run(x, weight, bias, res, *, out=None):
             return body(cfg, e, x, weight, bias, res, out)
     elif e.linear and e.bias:
@@ -296,6 +331,7 @@ def function(cfg: Config | Gemv, e: Epilogue):
         def run(a, b, *, out=None):
             return body(cfg, e, a, b, None, None, out)
     what = "x @ weight.T" if e.linear else "a @ b"
+    what = f"layer_norm({what[0]}) {what[2:]}" if e.norm else what
     how = ("split-K Triton GEMV (a few rows)" if body is gemv else "one Triton GEMM")
     run.__doc__ = (f"{e.act + '(' if e.act else ''}{what}{' + bias' if e.bias else ''}"
                    f"{')' if e.act else ''}{' + res' if e.residual else ''} in {how} "
@@ -308,7 +344,12 @@ def constraint(e: Epilogue, few_rows: bool = False):
     operand of the shapes the epilogue reads (no broadcasting); a GEMV's (``few_rows``) also
     at most ``GEMV_ROWS`` rows, known."""
     def fits(shapes, dtypes, attrs):
-        found = _fits(shapes, dtypes, attrs)
+        if e.norm:
+            k = tuple(shapes[0])[-1:]
+            for what, shape in (("weight", shapes[1]), ("bias", shapes[2])):
+                if tuple(shape) != k:
+                    return f"the norm's {what} must have shape {k}, got {tuple(shape)}"
+        found = _fits(_product(e, shapes), dtypes, attrs)
         if found is not True or not few_rows:
             return found
         rows = tuple(shapes[0])[:-1]
@@ -359,6 +400,8 @@ def signatures(e: Epilogue, dtypes: tuple[str, ...], few_rows: bool = False):
                 a = Spec(lead + (m, k), dt, BIASED)
                 b = Spec((n, k) if e.linear else (k, n), dt, BIASED)
                 sig = {"x": a, "weight": b} if e.linear else {"a": a, "b": b}
+                if e.norm:
+                    sig.update(ln_weight=Spec((k,), dt, BIASED), ln_bias=Spec((k,), dt, BIASED))
                 if e.bias:
                     sig["bias"] = Spec((n,), dt, BIASED)
                 if e.residual:
@@ -369,10 +412,15 @@ def signatures(e: Epilogue, dtypes: tuple[str, ...], few_rows: bool = False):
     return cases
 
 
+def configs(e: Epilogue) -> tuple:
+    """The configs an epilogue's kernels are registered in: a norm epilogue's are GEMVs'."""
+    return GEMV_CONFIGS if e.norm else CONFIGS + GEMV_CONFIGS
+
+
 def register() -> None:
     text = source_text(JIT)
     for e in EPILOGUES:
-        for cfg in CONFIGS + GEMV_CONFIGS:
+        for cfg in configs(e):
             name = f"triton_{e.label}_{cfg.label}"
             few = isinstance(cfg, Gemv)
             fn = function(cfg, e)

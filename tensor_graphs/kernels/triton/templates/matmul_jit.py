@@ -92,12 +92,33 @@ def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, 
 
 
 @triton.jit
-def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, M, N, K, CHUNK,
+def _row_stats(row_ptr, K, stride_k, eps, BLOCK_K: tl.constexpr):
+    """LayerNorm's mean and 1 / sqrt(var + eps) of one row of K values, two passes in fp32
+    (the row is a few KiB: both passes read it from L2)."""
+    rk = tl.arange(0, BLOCK_K)
+    total = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        total += tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K,
+                         other=0.0).to(tl.float32)
+    mean = tl.sum(total, 0) / K
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        v = tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K, other=0.0)
+        d = tl.where(kk < K, v.to(tl.float32) - mean, 0.0)
+        squares += d * d
+    return mean, 1.0 / tl.sqrt(tl.sum(squares, 0) / K + eps)
+
+
+@triton.jit
+def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_ptr, ln_b_ptr,
+               M, N, K, CHUNK, eps,
                stride_am, stride_ak, stride_bk, stride_bn, stride_bias, stride_rm, stride_rn,
-               stride_cm, stride_cn,
+               stride_cm, stride_cn, stride_lnw, stride_lnb,
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-               FINISH: tl.constexpr, LAST_ADDS: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, MAX_SPLITS: tl.constexpr):
+               NORM: tl.constexpr, FINISH: tl.constexpr, LAST_ADDS: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAX_SPLITS: tl.constexpr):
     """A few rows (decode): grid (M x column blocks, splits of K). A program sums its split's
     products of one row of a and BLOCK_N columns of b as fp32 FMAs (no tl.dot, whose 16-row
     minimum tile would do 16 times the work of one row), keeping a (BLOCK_K, BLOCK_N)
@@ -107,7 +128,11 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, M, N,
     one (MAX_SPLITS, BLOCK_N) tile, adds them and applies the epilogue, so no second kernel
     is launched (a GPU launch costs about what a decode step's GEMV does); else
     ``gemv_combine`` does that. On an H200, adding the parts one split after another in the
-    last program cost 2.4 us a call, more than the second kernel it saved."""
+    last program cost 2.4 us a call, more than the second kernel it saved.
+    NORM: a is LayerNorm's input (a pre-norm block's): each program computes its row's
+    statistics and normalizes its split of a as it loads it (ln_w, ln_b: the norm's weight
+    and bias), so the normalized row is never written out and the norm is no launch of its
+    own (on an H200 the LayerNorm kernel took 3.7 us a call, as long as the GEMV after it)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -118,10 +143,17 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, M, N,
     end = tl.minimum(K, split * CHUNK + CHUNK)
     a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
     b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
+    if NORM:
+        mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, BLOCK_K)
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, CHUNK, BLOCK_K):
         inside = (rk + k0) < end
         a = tl.load(a_ptrs, mask=inside, other=0.0).to(tl.float32)
+        if NORM:
+            kk = (rk + k0).to(tl.int64)
+            w = tl.load(ln_w_ptr + kk * stride_lnw, mask=inside, other=0.0).to(tl.float32)
+            bn = tl.load(ln_b_ptr + kk * stride_lnb, mask=inside, other=0.0).to(tl.float32)
+            a = tl.where(inside, (a - mean) * rstd * w + bn, 0.0)
         b = tl.load(b_ptrs, mask=inside[:, None] & (rn[None, :] < N), other=0.0)
         acc += a[:, None] * b.to(tl.float32)
         a_ptrs += BLOCK_K * stride_ak

@@ -70,24 +70,29 @@ def compile_targets() -> Iterator[Target]:
             yield _target(f"gemm_{cfg.label}", f"_{dt}", mm.gemm, ptrs, (), gemm_units, consts,
                           cfg.warps, cfg.stages)
 
-    gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn")
+    gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn",
+                  "stride_lnw", "stride_lnb")
     epilogue = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"])
-    # per GEMV config (dtype, FINISH, LAST_ADDS): one split with the epilogue in fp16 and fp32;
-    # K split in fp32, its last split adding the parts, or leaving that to gemv_combine (in a
-    # capture that found too few arrival counters)
-    variants = (("float16", True, False), ("float32", True, False), ("float32", False, True),
-                ("float32", False, False))
+    # per GEMV config (dtype, FINISH, LAST_ADDS, NORM): one split with the epilogue in fp16
+    # and fp32; K split in fp32, its last split adding the parts, or leaving that to
+    # gemv_combine (in a capture that found too few arrival counters); a LayerNorm prologue
+    variants = (("float16", True, False, False), ("float32", True, False, False),
+                ("float32", False, True, False), ("float32", False, False, False),
+                ("float32", False, True, True))
     for cfg in matmul.GEMV_CONFIGS:
-        for dt, finish, last in variants:
-            ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr"), dt)
+        for dt, finish, last, norm in variants:
+            ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr", "ln_w_ptr",
+                                  "ln_b_ptr"), dt)
             ptrs.update(part_ptr="float32", lock_ptr="int32")
-            consts = dict(epilogue, FINISH=finish, LAST_ADDS=last, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits))
-            variant = "_finish" if finish else "_last_adds" if last else ""
+            consts = dict(epilogue, NORM=norm, FINISH=finish, LAST_ADDS=last,
+                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                          MAX_SPLITS=next_power_of_2(cfg.max_splits))
+            variant = ("_finish" if finish else "_last_adds" if last else "") + \
+                ("_norm" if norm else "")
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
-                          (), gemv_units, consts, cfg.warps, cfg.stages)
+                          ("eps",), gemv_units, consts, cfg.warps, cfg.stages)
     ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
-    yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:],
+    yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:5],
                   dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)
 
     at = _module(attention.JIT)
