@@ -56,6 +56,34 @@ PIECE = 4 << 20  # larger copies go in pieces of this size (LIMIT holds four: th
 SMALL_TO_HOST = 64 << 10
 
 
+_streams: dict = {}  # torch's raw current-stream ids -> Stream
+_lookup = None  # torch's raw current-stream lookup (False: a torch without it)
+
+
+def current_stream(index: int | None):
+    """GPU ``index``'s current stream, where a copy just went and an event is recorded after
+    it. ``torch.cuda.current_stream`` makes a new Stream through a dozen Python calls and
+    asks ``torch.cuda.is_available`` on the way, which reads the environment (three reads a
+    decode token on an H200, where none is the rule: tests/gpu/test_decode_overhead.py); the
+    raw lookup is one call, and each stream is made once. Staging, the CUDA graphs' dims feed
+    (``runtime/graphs.DimsFeed``) and the host reader (``runtime/values.HostReader``) use it."""
+    import torch
+
+    global _lookup
+    if _lookup is None:
+        _lookup = getattr(torch._C, "_cuda_getCurrentStream", False)
+    if not _lookup:
+        return torch.cuda.current_stream(index)
+    ids = _lookup(torch.cuda.current_device() if index is None else index)
+    stream = _streams.get(ids)
+    if stream is None:
+        if len(_streams) > 64:
+            _streams.clear()
+        stream = _streams[ids] = torch.cuda.Stream(stream_id=ids[0], device_index=ids[1],
+                                                   device_type=ids[2])
+    return stream
+
+
 class Staging:
     """One GPU's host staging buffer: a ring of regions, each guarded by the event recorded
     after the move that uses it (see the module doc). ``pinned``: page-locked memory, and
@@ -74,8 +102,6 @@ class Staging:
         self.pending: deque[list] = deque()
         self.lock = threading.Lock()
         self._events: list = []  # events of retired regions, recorded again later
-        self._streams: dict = {}  # torch's current-stream ids -> Stream
-        self._lookup = None  # torch's raw current-stream lookup (False: this torch lacks it)
         self._dtypes: dict = {}  # numpy or torch dtype -> (numpy dtype, torch dtype)
 
     def takes(self, dtype) -> bool:
@@ -253,25 +279,8 @@ class Staging:
         import torch
 
         event = self._events.pop() if self._events else torch.cuda.Event()
-        event.record(self._stream(torch, index))
+        event.record(current_stream(index))
         return event
-
-    def _stream(self, torch, index):
-        """GPU ``index``'s current stream (the copy went there). ``torch.cuda.current_stream``
-        makes a new Stream through a dozen Python calls; the raw lookup is one (as
-        ``runtime/graphs.DimsFeed`` does for its per-replay copy)."""
-        if self._lookup is None:
-            self._lookup = getattr(torch._C, "_cuda_getCurrentStream", False)
-        if not self._lookup:
-            return torch.cuda.current_stream(index)
-        ids = self._lookup(index)
-        stream = self._streams.get(ids)
-        if stream is None:
-            if len(self._streams) > 64:
-                self._streams.clear()
-            stream = self._streams[ids] = torch.cuda.Stream(
-                stream_id=ids[0], device_index=ids[1], device_type=ids[2])
-        return stream
 
     def _types(self, dtype):
         """(native numpy dtype, torch dtype) for a numpy or torch dtype; None for one that

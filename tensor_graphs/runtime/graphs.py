@@ -60,6 +60,7 @@ from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops.names import INPUT, STATE, STATE_UPDATE
 from tensor_graphs.ir.shapes import dim_name
+from tensor_graphs.kernels.staging import current_stream
 
 LIMIT = 64  # graphs kept per program: decode keeps its last 64 cache lengths
 SEEN = 4096  # dims keys remembered as met (a key is captured on its second sighting)
@@ -728,8 +729,6 @@ class DimsFeed:
         self.size = 0
         self.host = self.gpu = self.done = None
         self.real = False  # a real GPU: pinned host copy, asynchronous move
-        self._ids = self._current = None  # the last current stream's ids, and its Stream
-        self._lookup = None  # torch's raw current-stream lookup (False: this torch lacks it)
         self._fill: list[tuple[np.ndarray, Callable]] = []
 
     def add(self, fn: Callable[[Mapping[str, int]], object], dtype, shape: tuple) -> int:
@@ -777,23 +776,7 @@ class DimsFeed:
         self.gpu.copy_(self.host, non_blocking=True)
         if self.done is None:
             self.done = torch.cuda.Event()
-        self.done.record(self._stream(torch))
-
-    def _stream(self, torch):
-        """The GPU's current stream, the one the copy went to. ``torch.cuda.current_stream``
-        makes a new Stream each time, through a dozen or more Python calls: on an H100 a padded
-        replay did 8% more host calls than an exact one (the bound is 5%). The raw lookup is
-        one call; the Stream is made again only when the caller switched streams."""
-        if self._lookup is None:
-            self._lookup = getattr(torch._C, "_cuda_getCurrentStream", False)
-        if not self._lookup:  # (a torch without the lookup)
-            return torch.cuda.current_stream(self.gpu.device)
-        ids = self._lookup(self.gpu.device.index)
-        if ids != self._ids:
-            self._ids = ids
-            self._current = torch.cuda.Stream(stream_id=ids[0], device_index=ids[1],
-                                              device_type=ids[2])
-        return self._current
+        self.done.record(current_stream(self.gpu.device.index))
 
 
 def widen(value, shape: tuple):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tensor_graphs.devices import torch_device
+from tensor_graphs.kernels.staging import current_stream
 
 
 def _convert():
@@ -205,7 +206,7 @@ class HostReader:
             return lambda: got
         buffer, event = slot
         buffer.copy_(value, non_blocking=True)
-        event.record()
+        event.record(current_stream(value.device.index))
         ticket = self._tickets[i] = _Ticket(buffer, event)
         return ticket
 
