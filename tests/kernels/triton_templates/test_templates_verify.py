@@ -55,3 +55,12 @@ def test_template_matches_reference(kernel):
         assert {"float16"} <= tested, f"{kernel.name}: no float16 case ran ({tested})"
     if "bfloat16" in floats and not templates.runtime.interpreted():
         assert "bfloat16" in tested
+
+
+def test_a_norm_prologue_longer_than_its_tile_loops_over_the_row(monkeypatch):
+    """Rows longer than ``NORM_TILE`` take the looped statistics (two passes from memory):
+    with the tile made 64 wide, the cases' rows of 300 and 520 take that path."""
+    monkeypatch.setattr(matmul, "NORM_TILE", 64)
+    kernel = next(k for k in KERNELS if k.name == "triton_ln_matmul_bias_gemv_n16k256")
+    report = tg.kernels.verify(kernel, seed=1)
+    assert report.ok, str(report)

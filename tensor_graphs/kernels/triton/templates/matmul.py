@@ -115,6 +115,7 @@ class Gemv:
 
 
 GEMV_ROWS = 8  # a decode step's rows (batch x new tokens): more take the GEMM configs
+NORM_TILE = 4096  # a norm prologue loads a row up to this long at once (32 fp32 a thread)
 COMBINE_BLOCK = 256  # the combine kernel's columns per program
 GEMV_CONFIGS = (
     Gemv(64, 128, 32, 4, 3),  # a @ b's (K, N) weight: 256-byte row segments per load
@@ -224,10 +225,12 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
         blocks = m * -(-n // cfg.block_n)
         counters = None if splits == 1 else arrival_counters(a.device, blocks)
         ln_w, ln_b = norm or (c2, c2)
+        norm_block = min(next_power_of_2(o.k), NORM_TILE) if norm else 16
         mod.gemv_split[(blocks, splits)](
             o.a, b, bias_t, r2, c2, part, part if counters is None else counters, ln_w, ln_b,
             m, n, o.k, chunk, LN_EPS, o.a.stride(0), o.a.stride(1), o.b_k, o.b_n, *tail,
             ln_w.stride(0), ln_b.stride(0), **epilogue, NORM=bool(norm),
+            NORM_BLOCK=norm_block, ONE_TILE=o.k <= norm_block,
             FINISH=splits == 1, LAST_ADDS=counters is not None, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits),
             num_warps=cfg.warps, num_stages=cfg.stages)

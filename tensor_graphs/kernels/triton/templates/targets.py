@@ -86,7 +86,8 @@ def compile_targets() -> Iterator[Target]:
             ptrs.update(part_ptr="float32", lock_ptr="int32")
             consts = dict(epilogue, NORM=norm, FINISH=finish, LAST_ADDS=last,
                           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                          MAX_SPLITS=next_power_of_2(cfg.max_splits))
+                          MAX_SPLITS=next_power_of_2(cfg.max_splits),
+                          NORM_BLOCK=matmul.NORM_TILE if norm else 16, ONE_TILE=True)
             variant = ("_finish" if finish else "_last_adds" if last else "") + \
                 ("_norm" if norm else "")
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
