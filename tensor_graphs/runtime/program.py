@@ -1028,12 +1028,26 @@ class CompiledGraph:
         # bound weights were checked by bind: only what this call brings is validated
         given = {**kept, **feeds}
         require_feeds(self._open, given)  # (a bound leaf is never missing)
-        check = [lf for lf in self._checked_leaves if lf.name in given or lf.name in self._bound]
+        # the kept states are the program's own (checked when bound or made by it): they only
+        # bind their dims, read off their shapes (``_state_dims``), unless that is ambiguous
+        own = self._state_dims(kept)
+        skip = kept if own is not None else {}
+        check = [lf for lf in self._checked_leaves
+                 if (lf.name in given or lf.name in self._bound) and lf.name not in skip]
         raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
         # tensors are checked through stand-ins of their shape and dtype: they stay where they
         # are (a GPU feed is not copied to the host to be checked)
         arrays, dims = bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()},
                                   lift=False)
+        if own and any(dims.get(d, v) != v for d, v in own.items()):
+            # a feed disagrees with the states on a dim: the full check names both
+            check = [lf for lf in self._checked_leaves if lf.name in given or lf.name in
+                     self._bound]
+            raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
+            bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()}, lift=False)
+        if own is not None:
+            dims.update(own)
+            arrays.update(skip)
         for name, value in raw.items():
             if dv.is_tensor(value):
                 arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
@@ -1075,6 +1089,20 @@ class CompiledGraph:
             seen.add(id(r))
             out.append(r if own else dv.copy(r))
         return out[0] if self._single else out
+
+    def _state_dims(self, kept: Mapping) -> dict | None:
+        """The dims the kept states bind, read off their shapes: a decode token's 24 caches
+        went through the feeds' checks (a stand-in each, its dtype and every axis), ~600 of
+        its ~1860 host calls, for what the program made itself. None where a state's shape
+        holds an expression of dims (``bind_feeds`` solves those) or two states disagree."""
+        dims: dict = {}
+        for name, value in kept.items():
+            for want, got in zip(self._by_name[name].shape, value.shape):
+                if isinstance(want, int):
+                    continue
+                if not isinstance(want, sympy.Symbol) or dims.setdefault(want, got) != got:
+                    return None
+        return dims
 
     def bound_weights(self, names=None) -> dict[str, np.ndarray]:
         """The weights this program has bound, by name, as host arrays (a GPU's copied, a

@@ -106,8 +106,9 @@ def _median(works: list[Work], what: str) -> float:
 def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypatch):
     """Per replayed token, padded: no more sympy than the exact replay (which hashes and
     names the dims: no shape resolved), at most one host<->GPU copy more (the dims, which an
-    exact graph holds), and the exact replay's host calls within 5% (2.4% here: the padded
-    one finds its graph's key by bucket and its results' views by shape; 54% more before).
+    exact graph holds), and at most 25 host calls more than the exact replay (21 here, 5% of
+    its 397: the padded one writes its dims, finds its graph's key by bucket and its results'
+    views by shape; 54% more before).
     Later generations' replays do no more than the first's."""
     gen = _tiny_gpt2(slow_host)
     exe = gen.decode._symbolic
@@ -127,7 +128,7 @@ def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypat
         (_median(padded, "sympy"), _median(exact, "sympy"))
     assert _median(padded, "moves") <= _median(exact, "moves") + 1, \
         (_median(padded, "moves"), _median(exact, "moves"))
-    assert _median(padded, "calls") <= 1.05 * _median(exact, "calls"), \
+    assert _median(padded, "calls") <= _median(exact, "calls") + 25, \
         (_median(padded, "calls"), _median(exact, "calls"))
     # later generations do no more than the first (whose new dims also check the kernels'
     # constraints once: ~15% more calls)
@@ -177,8 +178,10 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     stand-in for its checks is one numpy call, and only what later calls keep is looked up
     by id. A replayed token of this 2-layer GPT-2 (4 kept states): 515 host calls (896
     before; a 12-layer one's: 1880, 4079 before), 540 since its copies go through the staging
-    ring (``kernels/staging.py``). Its feeds are still checked: a token of the
-    wrong shape or dtype is refused by name."""
+    ring (``kernels/staging.py``); 418 since the kept states bind their dims off their shapes
+    (``CompiledGraph._state_dims``) rather than through the feeds' checks, and the token is
+    chosen on the GPU (``Generator._tokens_ahead``). Its feeds are still checked: a token of
+    the wrong shape or dtype is refused by name."""
     import tensor_graphs as tg
 
     gen = _tiny_gpt2(slow_host)
@@ -188,7 +191,7 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     assert len(padded) == 5 and gen.decode.loop.endswith("(padded: past <= 16)"), \
         gen.decode.loop
     assert max(w.environ for w in padded) == 0, [w.environ for w in padded]
-    assert _median(padded, "calls") <= 600, _median(padded, "calls")
+    assert _median(padded, "calls") <= 450, _median(padded, "calls")
     for wrong, error, named in ((np.zeros((1, 2), np.int64), tg.ShapeError, "input_ids"),
                                 (np.zeros((1, 1), np.float32), tg.DTypeError, "input_ids")):
         with pytest.raises(error, match=named):

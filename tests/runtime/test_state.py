@@ -93,3 +93,19 @@ def test_memory_counts_kept_state_at_its_capacity():
     assert held == 6 * 4 * 4
     plan = grow.memory_plan
     assert grow.memory() == {"cpu": plan.total("cpu") - plan.state["cpu"] + held}
+
+
+def test_a_feed_that_disagrees_with_a_kept_state_on_a_dim_is_refused_by_name():
+    """A kept state binds its dims from its own shape (it is not checked as a feed); a feed
+    that binds the same dim otherwise is refused, naming both."""
+    kv = tg.state("kv", ("past", 4))
+    mask = tg.input("mask", ("past",))
+    x = tg.input("x", (1, 4))
+    new = tg.state_update(kv, x, offset="past", axis=0)
+    prog = tg.compile([(kv.sum(axis=1) * mask).sum(), new], db=":memory:",
+                      bounds={"past": 8})
+    prog.bind(kv=np.ones((3, 4), np.float32))
+    total, _ = prog(x=np.ones((1, 4), np.float32), mask=np.ones(3, np.float32))
+    assert float(total) == 12.0
+    with pytest.raises(tg.ShapeError, match="past"):
+        prog(x=np.ones((1, 4), np.float32), mask=np.ones(5, np.float32))
