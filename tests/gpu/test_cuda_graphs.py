@@ -25,6 +25,7 @@ from tensor_graphs.devices import simulated_cuda, torch_device
 from tensor_graphs.numerics import relative_error
 from tensor_graphs.runtime import graphs
 from tensor_graphs.runtime import values as dv
+from tests.gpu import tiny
 
 GPU = torch.device(torch_device("cuda"))
 SIMULATED = simulated_cuda() is not None
@@ -494,15 +495,6 @@ def test_masked_attention_reads_nothing_on_the_host():
         assert (out[:, :, 1] == 0).all() and out[:, :, 0].abs().sum() > 0
 
 
-def _gpt2():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    return transformers.GPT2LMHeadModel(cfg).eval()
-
-
 @pytest.mark.slow  # 8-10 s: the Triton interpreter runs the attention and GEMM templates
 def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
     """Graphs per dims value (padding off): one generation meets each cache length once: the
@@ -510,7 +502,7 @@ def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
     The next one meets them again and captures one graph per length; the third replays."""
     from tensor_graphs.nn import Generator
 
-    lm = _gpt2()
+    lm = tiny.gpt2()
     gen = Generator.from_transformers(lm, max_len=48, max_prompt=8, db=slow_host,
                                       device="cuda")
     decode = gen.decode
@@ -616,12 +608,7 @@ def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow
     the caches grow in place."""
     from tensor_graphs.nn import Generator
 
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=211,
-                                  n_positions=128, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    lm = tiny.gpt2(n_positions=128)
     gen = Generator.from_transformers(lm, max_len=107, max_prompt=8, db=slow_host,
                                       device="cuda")
     decode = gen.decode

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tensor_graphs.runtime import graphs
+from tests.gpu import tiny
 
 # C functions that move memory between the host and the GPU, or wait for the GPU: a replay
 # may do the exact graph's (the token in, the logits out) and, padded, one copy of the dims
@@ -89,13 +90,8 @@ def _tiny_gpt2(db: str):
     """A 2-layer GPT-2 (random weights) generating on the GPU: 24 positions, prompts of 8."""
     from tensor_graphs.nn import Generator
 
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
-    return Generator.from_transformers(lm, max_len=24, max_prompt=8, db=db, device="cuda")
+    return Generator.from_transformers(tiny.gpt2(n_layer=2), max_len=24, max_prompt=8, db=db,
+                                       device="cuda")
 
 
 def _median(works: list[Work], what: str) -> float:

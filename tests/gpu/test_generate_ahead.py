@@ -12,15 +12,7 @@ import pytest
 import torch
 
 from tensor_graphs.runtime import values
-
-
-def _gpt2():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    return transformers.GPT2LMHeadModel(cfg).eval()
+from tests.gpu import tiny
 
 
 class _Logged:
@@ -41,7 +33,7 @@ class _Logged:
 def test_each_step_is_queued_before_the_previous_token_is_read(slow_host, monkeypatch):
     from tensor_graphs.nn import Generator
 
-    gen = Generator.from_transformers(_gpt2(), max_len=16, max_prompt=8, db=slow_host,
+    gen = Generator.from_transformers(tiny.gpt2(), max_len=16, max_prompt=8, db=slow_host,
                                       device="cuda")
     log: list = []
     gen.decode = _Logged(gen.decode, log)
@@ -63,7 +55,7 @@ def test_each_step_is_queued_before_the_previous_token_is_read(slow_host, monkey
     assert log == ["step", "read"] * 4 + ["read"], log
     with torch.no_grad():
         ids = torch.from_numpy(prompt)
-        expected = _gpt2().generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0,
+        expected = tiny.gpt2().generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0,
                                     attention_mask=torch.ones_like(ids)).numpy()
     np.testing.assert_array_equal(tokens, expected)
 
@@ -75,7 +67,7 @@ def test_an_eos_ends_a_row_and_the_others_go_on_as_transformers(slow_host):
     row's tokens are transformers'; the generation stops early when both have ended."""
     from tensor_graphs.nn import Generator
 
-    lm = _gpt2()
+    lm = tiny.gpt2()
     prompt = np.random.default_rng(5).integers(0, 211, (2, 6))
     ids = torch.from_numpy(prompt)
     with torch.no_grad():

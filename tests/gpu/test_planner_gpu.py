@@ -110,20 +110,18 @@ def test_a_pre_norm_decode_step_normalizes_inside_its_gemvs(slow_host):
     on its own is the final one, before the LM head; the tokens stay transformers'."""
     import numpy as np
     import torch
-    transformers = pytest.importorskip("transformers")
-    from tensor_graphs.nn import Generator
 
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=211,
-                                  n_positions=64, initializer_range=0.3, bos_token_id=None,
-                                  eos_token_id=None)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    from tensor_graphs.nn import Generator
+    from tests.gpu import tiny
+
+    lm = tiny.gpt2(n_layer=2, n_embd=64)
+    layers = lm.config.n_layer
     gen = Generator.from_transformers(lm, max_len=16, max_prompt=8, db=slow_host,
                                       device="cuda")
     names = [s.kernel.name for s in gen.decode.plan.steps if not s.is_copy]
     fused = [n for n in names if n.startswith("triton_ln_")]
-    assert len(fused) == 2 * cfg.n_layer, names
-    assert sum("gelu_tanh" in n for n in fused) == cfg.n_layer, names
+    assert len(fused) == 2 * layers, names
+    assert sum("gelu_tanh" in n for n in fused) == layers, names
     assert [n for n in names if "layer_norm" in n] == ["torch_cuda_layer_norm"], names
     prompt = np.random.default_rng(3).integers(0, 211, (1, 8))
     with torch.no_grad():

@@ -1,0 +1,19 @@
+"""The tiny GPT-2 the GPU tests generate with: transformers' own module, random weights drawn
+under one seed, so a test compares its tokens with transformers' ``generate`` of the same
+model. Not a test module (pytest collects ``test_*.py`` only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def gpt2(n_layer: int = 1, n_embd: int = 32, n_positions: int = 64):
+    """A GPT-2 of 211 tokens and 2 heads, no bos or eos (transformers' generate stops at
+    neither), weights wide enough (initializer_range 0.3) that greedy tokens vary."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=2, vocab_size=211,
+                                  n_positions=n_positions, initializer_range=0.3,
+                                  bos_token_id=None, eos_token_id=None)
+    return transformers.GPT2LMHeadModel(cfg).eval()
