@@ -2,7 +2,11 @@
 
 Every float32 CPU sample of each op in ``OPS`` is wrapped in a module (its tensors are the
 forward's arguments, everything else is baked in), imported with ``tg.from_torch`` and
-compared with torch on the same inputs (at most ``SAMPLES`` per op, spread over them). A
+compared with torch on the same inputs (at most ``SAMPLES`` per op, spread over them). An
+op's samples are compiled together, as one module returning each sample's result (one
+export, decomposition retrace and compile instead of one per sample: those are most of a
+sample's cost), and each result is compared with its own sample's; a sample that fails there,
+or differs, is imported alone too, so its category below is the one it has on its own. A
 sample is
 
 - ``pass``: every output matches (shape, dtype kind, nan/inf positions, exact for ints and
@@ -117,6 +121,8 @@ SHARE = 0.95
 # samples per op, at most: a few ops have hundreds (max_pool2d 1440, cdist 256) of one kind,
 # and an import that needs torch's decompositions costs ~0.3 s; ``--all`` runs every one
 SAMPLES = 32
+# samples compiled as one program, at most (``--all``: the hundreds of an op in such chunks)
+BATCH = 32
 
 
 # ---------------------------------------------------------------------------- the harness
@@ -228,19 +234,40 @@ def _fallback_ok(module, tensors, got) -> bool:
     return True
 
 
-def run_sample(op, sample, values: bool = True) -> tuple[str, str]:
-    """(category, message) of one sample; ``values=False``: torch leaves them unspecified."""
-    module, tensors = _wrap(op, sample)
+def _reference(module, tensors):
+    """torch's result of the sample, or the ("torch", message) of a sample torch cannot run
+    or whose result holds something other than tensors (not counted)."""
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ref = module(*tensors)
+    except Exception as e:  # noqa: BLE001 - torch refuses the sample: not ours to count
+        return None, ("torch", f"{type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}")
+    if not pytree.tree_leaves(ref) or not all(
+            isinstance(r, torch.Tensor) for r in pytree.tree_leaves(ref)):
+        return None, ("torch", "the op returns no tensors")
+    return ref, None
+
+
+def _verdict(module, tensors, ref, got, values: bool) -> tuple[str, str]:
+    """("pass", "") or ("wrong", why) of our output ``got`` against torch's ``ref``."""
+    why = _same(got, ref, values)
+    if why is None or (why.startswith(("error", "output")) and "error" in why
+                       and _fallback_ok(module, tensors, got)):
+        return "pass", ""
+    return "wrong", why
+
+
+def _check(module, tensors, ref, values: bool = True) -> tuple[str, str]:
+    """(category, message) of one sample torch ran (``ref``): exported, imported, compiled
+    and run on its own."""
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             exported = torch.export.export(module, tensors)
     except Exception as e:  # noqa: BLE001 - torch refuses the sample: not ours to count
         return "torch", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    if not pytree.tree_leaves(ref) or not all(
-            isinstance(r, torch.Tensor) for r in pytree.tree_leaves(ref)):
-        return "torch", "the op returns no tensors"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -252,11 +279,63 @@ def run_sample(op, sample, values: bool = True) -> tuple[str, str]:
             " ".join(ops) if ops else str(e).splitlines()[0])
     except Exception as e:  # noqa: BLE001 - what the suite is here to find
         return "crash", f"{type(e).__name__}: {e}"
-    why = _same(got, ref, values)
-    if why is None or (why.startswith(("error", "output")) and "error" in why
-                       and _fallback_ok(module, tensors, got)):
-        return "pass", ""
-    return "wrong", why
+    return _verdict(module, tensors, ref, got, values)
+
+
+class _Samples(torch.nn.Module):
+    """Several samples of one op as one module: each sample's tensors in turn are the
+    forward's arguments, the outputs are each sample's result in turn."""
+
+    def __init__(self, modules, counts):
+        super().__init__()
+        self.samples, self.counts = modules, counts  # a plain list: no submodules
+
+    def forward(self, *tensors):
+        outs, k = [], 0
+        for module, n in zip(self.samples, self.counts):
+            outs.append(module(*tensors[k:k + n]))
+            k += n
+        return tuple(outs)
+
+
+def _together(items):
+    """Each sample's output, the samples of ``items`` (module, tensors, ref) exported,
+    imported, compiled and run as one program; None where any of that fails (or it gives
+    other than one output per sample)."""
+    module = _Samples([m for m, _, _ in items], [len(t) for _, t, _ in items])
+    tensors = tuple(t for _, ts, _ in items for t in ts)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(module, tensors)
+            prog = from_torch(exported, tensors)
+            got = prog(*tensors)
+    except Exception:  # noqa: BLE001 - the samples alone say which fails and how
+        return None
+    return got if isinstance(got, tuple) and len(got) == len(items) else None
+
+
+def _check_together(items, values: bool) -> list[tuple[str, str]]:
+    """``_check`` of each (module, tensors, ref) in ``items``, the samples compiled as one
+    program: one export, one decomposition retrace and one compile for all of them (most of
+    a sample's cost is fixed per program), each sample's output compared with its own
+    reference. Where that program fails (torch cannot export a sample, a refusal, a crash)
+    each sample is checked alone, so a failing sample's category and message are those it
+    has on its own (an op with such samples is one the importer refuses, mostly whole:
+    narrowing them down by halves costs more than it saves). A sample whose output differs
+    is checked alone too: wrong either way."""
+    got = _together(items) if len(items) > 1 else None
+    if got is None:
+        return [_check(*item, values) for item in items]
+    results = []
+    for (module, tensors, ref), out in zip(items, got, strict=True):
+        result = _verdict(module, tensors, ref, out, values)
+        if result[0] != "pass":
+            alone = _check(module, tensors, ref, values)
+            result = alone if alone[0] != "pass" else (
+                "wrong", f"passes alone; with the op's other samples: {result[1]}")
+        results.append(result)
+    return results
 
 
 def run_op(info, limit: int | None = SAMPLES) -> list[tuple[str, str]]:
@@ -266,7 +345,19 @@ def run_op(info, limit: int | None = SAMPLES) -> list[tuple[str, str]]:
         return [("torch", f"no samples: {type(e).__name__}: {e}")]
     if limit is not None and len(samples) > limit:  # spread over all of them
         samples = [samples[i * len(samples) // limit] for i in range(limit)]
-    return [run_sample(info.op, s, info.name not in UNSPECIFIED_VALUES) for s in samples]
+    values = info.name not in UNSPECIFIED_VALUES
+    results, ran = [None] * len(samples), []
+    for i, sample in enumerate(samples):
+        module, tensors = _wrap(info.op, sample)
+        ref, results[i] = _reference(module, tensors)
+        if results[i] is None:
+            ran.append((i, (module, tensors, ref)))
+    for k in range(0, len(ran), BATCH):
+        chunk = ran[k:k + BATCH]
+        for (i, _), result in zip(chunk, _check_together([x for _, x in chunk], values),
+                                  strict=True):
+            results[i] = result
+    return results
 
 
 def run(names, limit: int | None = SAMPLES) -> dict[str, list[tuple[str, str]]]:
