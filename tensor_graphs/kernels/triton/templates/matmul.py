@@ -19,6 +19,9 @@ GEMM configs do 16 rows' arithmetic in as few programs as the columns give (GPT-
 plain FMAs over a split of K; the splits aim at two waves of the SMs, and the last split of a
 column block to finish adds them and applies the epilogue (counted in ``arrival_counters``;
 a second kernel does it where no counters can be made, inside a CUDA graph's capture).
+Three GEMV-only patterns (``ln_*``) take LayerNorm's input instead of its output: each
+program computes its row's statistics and normalizes its split of the row as it loads it,
+so a pre-norm block's norm is no launch of its own in a decode step.
 """
 
 from __future__ import annotations
