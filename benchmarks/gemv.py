@@ -84,7 +84,7 @@ def rows_for(label, k, n, dtype, calls, repeats):
         runners[cfg.label + f"w{cfg.warps}"] = (
             lambda cfg=cfg: matmul.gemv(cfg, PLAIN, x, w, bias, None, out))
         checks[cfg.label + f"w{cfg.warps}"] = ref
-    best = {}
+    timed = {}  # name -> what times one replay of its graph (checked runners only)
     for name, fn in runners.items():  # checked before timed
         fn()
         torch.cuda.synchronize()
@@ -92,12 +92,12 @@ def rows_for(label, k, n, dtype, calls, repeats):
         if err > (1e-4 if dtype == torch.float32 else 2e-2):
             print(f"  {label} {name}: error {err:.1e}, not timed")
             continue
-        best[name] = in_graph(fn, calls)
-    times = {name: [] for name in best}
-    order = list(best)
+        timed[name] = in_graph(fn, calls)
+    times = {name: [] for name in timed}
+    order = list(timed)
     for r in range(repeats):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            times[name].append(best[name]())
+            times[name].append(timed[name]())
     med = {name: statistics.median(t) for name, t in times.items()}
     cublas = med.pop("cublas addmm")
     ranked = sorted(med.items(), key=lambda kv: kv[1])

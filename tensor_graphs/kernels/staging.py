@@ -60,7 +60,7 @@ _streams: dict = {}  # torch's raw current-stream ids -> Stream
 _lookup = None  # torch's raw current-stream lookup (False: a torch without it)
 
 
-def current_stream(index: int | None):
+def current_stream(index: int):
     """GPU ``index``'s current stream, where a copy just went and an event is recorded after
     it. ``torch.cuda.current_stream`` makes a new Stream through a dozen Python calls and
     asks ``torch.cuda.is_available`` on the way, which reads the environment (three reads a
@@ -74,7 +74,7 @@ def current_stream(index: int | None):
         _lookup = getattr(torch._C, "_cuda_getCurrentStream", False)
     if not _lookup:
         return torch.cuda.current_stream(index)
-    ids = _lookup(torch.cuda.current_device() if index is None else index)
+    ids = _lookup(index)
     stream = _streams.get(ids)
     if stream is None:
         if len(_streams) > 64:

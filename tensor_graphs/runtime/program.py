@@ -1030,23 +1030,13 @@ class CompiledGraph:
         require_feeds(self._open, given)  # (a bound leaf is never missing)
         # the kept states are the program's own (checked when bound or made by it): they only
         # bind their dims, read off their shapes (``_state_dims``), unless that is ambiguous
-        own = self._state_dims(kept)
-        skip = kept if own is not None else {}
-        check = [lf for lf in self._checked_leaves
-                 if (lf.name in given or lf.name in self._bound) and lf.name not in skip]
-        raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
-        # tensors are checked through stand-ins of their shape and dtype: they stay where they
-        # are (a GPU feed is not copied to the host to be checked)
-        arrays, dims = bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()},
-                                  lift=False)
-        if own and any(dims.get(d, v) != v for d, v in own.items()):
-            # a feed disagrees with the states on a dim: the full check names both
-            check = [lf for lf in self._checked_leaves if lf.name in given or lf.name in
-                     self._bound]
-            raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
-            bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()}, lift=False)
-        if own is not None:
-            dims.update(own)
+        state_dims = self._state_dims(kept)
+        skip = kept if state_dims is not None else {}
+        raw, arrays, dims = self._checked(given, skip)
+        if state_dims and any(dims.get(d, v) != v for d, v in state_dims.items()):
+            self._checked(given, {})  # a feed disagrees with a state on a dim: this names both
+        if state_dims is not None:
+            dims.update(state_dims)
             arrays.update(skip)
         for name, value in raw.items():
             if dv.is_tensor(value):
@@ -1089,6 +1079,18 @@ class CompiledGraph:
             seen.add(id(r))
             out.append(r if own else dv.copy(r))
         return out[0] if self._single else out
+
+    def _checked(self, given: Mapping, skip: Mapping) -> tuple[dict, dict, dict]:
+        """(the values checked, their arrays, the dims they bind): what the call brings and
+        the bound leaves whose shapes bind dims, but those in ``skip``. Tensors are checked
+        through stand-ins of their shape and dtype: they stay where they are (a GPU feed is
+        not copied to the host to be checked)."""
+        check = [lf for lf in self._checked_leaves
+                 if (lf.name in given or lf.name in self._bound) and lf.name not in skip]
+        raw = {lf.name: given.get(lf.name, self._bound.get(lf.name)) for lf in check}
+        arrays, dims = bind_feeds(check, {n: dv.placeholder(v) for n, v in raw.items()},
+                                  lift=False)
+        return raw, arrays, dims
 
     def _state_dims(self, kept: Mapping) -> dict | None:
         """The dims the kept states bind, read off their shapes: a decode token's 24 caches
