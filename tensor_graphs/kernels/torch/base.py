@@ -43,7 +43,7 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
                  ranks=None, contiguous: bool = False, where=None,
                  tolerance: float = ELEMENTWISE, view: bool = False,
                  cuda_tolerance: float | None = None, cuda=None, cuda_dtypes=None,
-                 signatures=None, writes_out: bool = False):
+                 signatures=None, writes_out: bool = False, cuda_occupancy=None):
     """Register ``fn`` (torch tensors in, torch tensor out) as torch_<label> on the CPU and as
     torch_cuda_<label> when CUDA is usable.
 
@@ -53,8 +53,10 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
     replaces ``fn`` on CUDA (a kernel without tensor inputs must say where its result goes),
     or is False to register no CUDA kernel. ``cuda_dtypes`` and ``cuda_tolerance`` replace
     ``dtypes`` and ``tolerance`` on CUDA, where torch implements fewer dtypes for some ops and
-    computes some functions less exactly. Returns ``fn`` itself, so the functions stay plain
-    torch functions."""
+    computes some functions less exactly. ``cuda_occupancy``: the CUDA kernel's
+    ``Occupancy`` at given shapes (``kernels.registry.kernel``), where torch's launch keeps
+    few of a GPU's SMs busy. Returns ``fn`` itself, so the functions stay plain torch
+    functions."""
 
     def decorate(fn):
         name = label or fn.__name__
@@ -68,6 +70,7 @@ def torch_kernel(pattern, label: str | None = None, *, dtypes=FLOATS, typed: int
             kernel(pattern, name=f"torch_cuda_{name}", device="cuda",
                    tolerance=cuda_tolerance or tolerance,
                    writes_out=writes_out and (on_cuda is fn or _takes_out(on_cuda)),
+                   occupancy=cuda_occupancy,
                    **_dtype_constraints(cuda_dtypes or dtypes, typed, where), **common)(on_cuda)
         return fn
 

@@ -15,6 +15,7 @@ from tensor_graphs.ir.dtypes import ALL, FLOATS, INTS
 # NUMBERS keeps the name NUMERIC here: the decorators below spell it, and a kernel's decorator
 # text is part of its source hash (a new spelling would make every stored measurement stale)
 from tensor_graphs.ir.dtypes import NUMBERS as NUMERIC
+from tensor_graphs.kernels.registry import Occupancy
 from tensor_graphs.kernels.torch.base import EXACT, REDUCTION, given, torch_kernel
 from tensor_graphs.kernels.torch.convert import Lazy, torch_dtype
 
@@ -175,14 +176,24 @@ def _arg_extreme(x, axis, keepdims, fn, out):
     return fn(x, dim=axis, keepdim=keepdims, out=out)
 
 
+def _one_block_per_result(shapes) -> Occupancy:
+    """torch's CUDA argmax/argmin reduce each result in one block: on an H200 GPT-2's 50257
+    logits took 16.7 us (``kernels/triton/templates/argmax.py`` splits the row). Counted as
+    results over the last axis (the shapes alone do not say the axis)."""
+    x = shapes[0]
+    return Occupancy(max(1, math.prod(x[:-1]) if x else 1))
+
+
 # (out=: a GPU decode step chooses its token inside the CUDA graph, nn/generate.py)
-@torch_kernel("argmax", dtypes=ALL, tolerance=EXACT, writes_out=True)
+@torch_kernel("argmax", dtypes=ALL, tolerance=EXACT, writes_out=True,
+              cuda_occupancy=_one_block_per_result)
 def argmax(x, axis, keepdims, *, out=None):
     """Index of the first maximum; the first nan counts as the maximum (as in numpy)."""
     return _arg_extreme(x, axis, keepdims, torch.argmax, out)
 
 
-@torch_kernel("argmin", dtypes=ALL, tolerance=EXACT, writes_out=True)
+@torch_kernel("argmin", dtypes=ALL, tolerance=EXACT, writes_out=True,
+              cuda_occupancy=_one_block_per_result)
 def argmin(x, axis, keepdims, *, out=None):
     """Index of the first minimum; the first nan counts as the minimum (as in numpy)."""
     return _arg_extreme(x, axis, keepdims, torch.argmin, out)

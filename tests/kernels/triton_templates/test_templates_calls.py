@@ -125,20 +125,29 @@ def test_rows_with_nothing_to_attend_give_zero(kind):
     assert rel(got, reference_attention(q, k, v, mask)) < 1e-5
 
 
+@pytest.mark.parametrize("combine", ["last split", "second kernel"])
 @pytest.mark.parametrize("label", [c.label for c in attention.DECODE_CONFIGS]
                          if templates.REGISTERED else [])
-def test_decode_combines_many_splits(label):
+def test_decode_combines_many_splits(label, combine, monkeypatch):
     """A long cache splits into up to the config's number of chunks, whose partial softmaxes
-    combine to the one-pass result; grouped heads (G = 4) share each K/V block."""
+    combine to the one-pass result; grouped heads (G = 4) share each K/V block. The last
+    split of a kv head to arrive combines its heads and sets its counter back to 0 for the
+    next call; without counters (a capture that found too few) ``decode_combine`` does it."""
     cfg = next(c for c in attention.DECODE_CONFIGS if c.label == label)
     sk = 16 * cfg.block_n - 5
     splits, chunk = attention.splits_for(cfg, sk, 2)
     assert splits == min(cfg.max_splits, 16) and (splits - 1) * chunk < sk <= splits * chunk
     q, k, v = rand(1, 8, 1, 32), rand(1, 2, sk, 32, seed=1), rand(1, 2, sk, 32, seed=2)
     mask = rand(1, 1, 1, sk, seed=3) * 3  # a float mask, broadcast over heads
-    got = registry.get(f"triton_decode_attention_mask_{label}").fn(
-        q, k, v, mask, is_causal=False, scale=None)
-    assert rel(got, reference_attention(q, k, v, mask)) < 1e-5
+    counters = runtime.arrival_counters(torch.device(DEVICE), 2)
+    if combine == "second kernel":
+        monkeypatch.setattr(attention, "arrival_counters", lambda device, count: None)
+    kernel = registry.get(f"triton_decode_attention_mask_{label}")
+    want = reference_attention(q, k, v, mask)
+    for _ in range(2):  # the second call finds the counters as the first left them
+        got = kernel.fn(q, k, v, mask, is_causal=False, scale=None)
+        assert rel(got, want) < 1e-5
+        assert not counters.any()
 
 
 def test_causal_decode_attends_key_zero_only():
@@ -173,6 +182,46 @@ def test_out_of_range_ids_give_nan_rows():
     got = registry.get("triton_embedding_r16d128").fn(ids, table)
     assert torch.isnan(got[1:3]).all()
     assert torch.equal(got[[0, 3]], table[[0, 4]])
+
+
+# ---------------------------------------------------------------------------- argmax
+@pytest.mark.parametrize("pick", ["last chunk", "second kernel", "one chunk"])
+@pytest.mark.parametrize("label", [c.label for c in templates.argmax.CONFIGS]
+                         if templates.REGISTERED else [])
+def test_argmax_takes_the_first_maximum_across_chunks(label, pick, monkeypatch):
+    """Rows of many chunks: a tie between chunks goes to the earlier one, a NaN anywhere wins
+    (the first NaN, even in a later chunk than a larger value), a row of -inf answers 0; the
+    counters are back at 0 for the next call, whether the last chunk picked or a second
+    kernel did (a capture that found too few counters). In one chunk (a GPU full of rows
+    already) a lane meets several values: a tie within a lane goes to the earlier too."""
+    cfg = next(c for c in templates.argmax.CONFIGS if c.label == label)
+    n = 6 * cfg.block + 7
+    if pick == "one chunk":
+        monkeypatch.setattr(templates.argmax, "PROGRAMS", 1)
+    assert (templates.argmax.splits_for(cfg, 4, n)[0] == 1) == (pick == "one chunk")
+    x = torch.zeros(4, n, dtype=torch.float32)
+    x[0, [5, cfg.block + 3, cfg.block + 5, 5 * cfg.block + 5]] = 9.0  # ties: the first
+    x[1, 2] = 7.0
+    x[1, [4 * cfg.block + 1, n - 1]] = float("nan")  # the first NaN
+    x[2] = float("-inf")
+    x[3, n - 1] = 1.0  # in the last, partial chunk
+    counters = runtime.arrival_counters(torch.device(DEVICE), 4)
+    if pick == "second kernel":
+        monkeypatch.setattr(templates.argmax, "arrival_counters", lambda device, count: None)
+    kernel = registry.get(f"triton_argmax_{label}")
+    for _ in range(2):
+        got = kernel.fn(x.to(DEVICE), axis=-1, keepdims=False)
+        assert got.dtype == torch.int64
+        assert got.cpu().tolist() == [5, 4 * cfg.block + 1, 0, n - 1]
+        assert not counters.any()
+
+
+def test_argmax_writes_into_out_and_keeps_dims():
+    x = rand(2, 3, 700, dtype=torch.float16)
+    out = torch.full((2, 3, 1), -1, dtype=torch.int64, device=DEVICE)
+    got = registry.get("triton_argmax_b4096s16").fn(x, axis=2, keepdims=True, out=out)
+    assert got is out
+    assert torch.equal(out.cpu(), x.float().cpu().argmax(-1, keepdim=True))
 
 
 # ---------------------------------------------------------------------------- patterns

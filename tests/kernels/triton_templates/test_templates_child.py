@@ -18,13 +18,13 @@ import pytest
 
 from tensor_graphs.kernels import triton as package
 from tensor_graphs.kernels.triton import templates
-from tensor_graphs.kernels.triton.templates import attention, gather, matmul, rope
+from tensor_graphs.kernels.triton.templates import argmax, attention, gather, matmul, rope
 
 FOLDER = Path(__file__).resolve().parent
 ROOT = FOLDER.parents[2]
 KERNELS = (sum(len(matmul.configs(e)) for e in matmul.EPILOGUES)
            + 2 * (len(attention.FLASH_CONFIGS) + len(attention.DECODE_CONFIGS))
-           + len(rope.CONFIGS) + len(gather.CONFIGS))
+           + len(rope.CONFIGS) + len(gather.CONFIGS) + len(argmax.CONFIGS))
 
 needs_triton = pytest.mark.skipif(not package.installed(), reason="needs triton and torch")
 

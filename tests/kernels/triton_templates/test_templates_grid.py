@@ -12,7 +12,14 @@ import math
 import pytest
 
 from tensor_graphs.ir import dtypes
-from tensor_graphs.kernels.triton.templates import attention, gather, matmul, rope, runtime
+from tensor_graphs.kernels.triton.templates import (
+    argmax,
+    attention,
+    gather,
+    matmul,
+    rope,
+    runtime,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -41,7 +48,7 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch) -> Recorder:
     rec = Recorder()
-    for module in (attention, gather, matmul, rope):
+    for module in (argmax, attention, gather, matmul, rope):
         monkeypatch.setattr(module, "jit", lambda name: rec)
     return rec
 
@@ -175,6 +182,49 @@ def test_a_gemv_without_arrival_counters_finishes_in_a_second_kernel(recorder, m
     matmul.gemv(cfg, LINEAR, *_gemm_args(LINEAR, (1, 1), 768, 3072))
     assert recorder.grids[0][1][1] > 1  # K was split
     assert [g for _, g in recorder.grids[1:]] == [(-(-768 // matmul.COMBINE_BLOCK),)]
+
+
+def test_decode_attention_combines_in_its_last_split(recorder, monkeypatch):
+    """One launch where arrival counters can be made; inside a capture that found too few,
+    ``decode_combine`` after it, one program per (batch, query head)."""
+    cfg = attention.DECODE_CONFIGS[0]
+    q, kv = meta(2, 12, 1, 64), meta(2, 4, 900, 64)
+    attention.decode(cfg, q, kv, kv, None, is_causal=False, scale=None)
+    assert [k for k, _ in recorder.grids] == ["decode_split"]
+    assert recorder.grids[0][1][1] > 1  # the keys were split
+    recorder.grids.clear()
+    monkeypatch.setattr(attention, "arrival_counters", lambda device, count: None)
+    attention.decode(cfg, q, kv, kv, None, is_causal=False, scale=None)
+    assert recorder.grids[1:] == [("decode_combine", (2 * 12,))]
+
+
+def test_argmax_splits_a_vocabulary_row_and_picks_in_its_last_chunk(recorder, monkeypatch):
+    """GPT-2's logits row: split over many programs, one launch; without counters (inside a
+    capture that found too few) ``argmax_combine`` picks, one program per row. A row of one
+    chunk finishes in its only program."""
+    cfg = argmax.CONFIGS[0]
+    argmax.argmax(cfg, meta(1, 50257), -1, False)
+    assert [k for k, _ in recorder.grids] == ["argmax_split"]
+    splits = recorder.grids[0][1][1]
+    assert splits > 16
+    assert argmax.occupancy(cfg)([(1, 50257)]).programs == splits
+    recorder.grids.clear()
+    monkeypatch.setattr(argmax, "arrival_counters", lambda device, count: None)
+    argmax.argmax(cfg, meta(3, 50257), -1, False)
+    assert recorder.grids[1:] == [("argmax_combine", (3,))]
+    recorder.grids.clear()
+    argmax.argmax(cfg, meta(300, 64), -1, False)
+    assert recorder.grids == [("argmax_split", (300, 1))]
+
+
+def test_argmax_where_takes_the_last_axis_only():
+    fits = argmax.constraint(("float32",), "k", argmax.CONFIGS[0])
+    f32 = [dtypes.float32]
+    assert fits([(2, 9)], f32, {"axis": 1, "keepdims": False}) is True
+    assert fits([(9,)], f32, {"axis": None, "keepdims": False}) is True
+    for shape, axis in (((2, 9), 0), ((2, 9), None), ((), None)):
+        assert isinstance(fits([shape], f32, {"axis": axis, "keepdims": False}), str)
+    assert "int64" in fits([(2, 9)], [dtypes.int64], {"axis": 1, "keepdims": False})
 
 
 def test_gemv_splits_cover_k_once_and_fill_the_gpu():

@@ -7,7 +7,9 @@
   and a split-K decode attention for one query row over a long KV (partial softmax per split,
   then a combine kernel);
 - ``rope``: ``rotary_embedding`` (Hugging Face's rotate_half layout, broadcast cos/sin);
-- ``gather``: ``embedding`` (rows of a table by integer ids).
+- ``gather``: ``embedding`` (rows of a table by integer ids);
+- ``argmax``: over the last axis, a long row (a vocabulary's logits) split over many programs,
+  the last to finish picking the index (a decode step's token).
 
 Each (template, config) is its own kernel, ``backend="triton"``, ``device="cuda"``, declared
 ``writes_out`` (``fn(*tensors, **attrs, out=view_or_None)`` returns its result: ``out``
@@ -35,6 +37,7 @@ def compile_targets():
 
 REGISTERED = usable()
 if REGISTERED:
+    from tensor_graphs.kernels.triton.templates import argmax as _argmax
     from tensor_graphs.kernels.triton.templates import attention as _attention
     from tensor_graphs.kernels.triton.templates import gather as _gather
     from tensor_graphs.kernels.triton.templates import matmul as _matmul
@@ -44,3 +47,4 @@ if REGISTERED:
     _attention.register()
     _rope.register()
     _gather.register()
+    _argmax.register()

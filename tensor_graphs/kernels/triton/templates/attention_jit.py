@@ -1,5 +1,5 @@
 # ruff: noqa: N803  (Triton spells sizes and constexpr parameters in capitals)
-"""Attention templates: flash attention, and split-K decode attention with its combine kernel.
+"""Attention templates: flash attention, and split-K decode attention (its last split combines).
 
 Both follow the reference (``scaled_dot_product_attention`` in ir/ops/nn.py): scores =
 q k^T * scale, a float mask added after the mask is rounded to q's dtype, a bool mask and the
@@ -99,15 +99,20 @@ def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
 
 
 @triton.jit
-def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o,
+def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, lock_ptr,
                  HKV, G, SK, D, DV, chunk, scale,
                  s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-                 s_mb, s_mh, s_mn,
+                 s_mb, s_mh, s_mn, s_ob, s_oh, s_od,
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr):
+                 BLOCK_DV: tl.constexpr, LAST_COMBINES: tl.constexpr = False,
+                 BLOCK_S: tl.constexpr = 2):
     """Grid (B * HKV, splits): the G query heads of one kv head (one query row each) over one
-    chunk of keys; writes the chunk's max, sum and unnormalised output per head."""
+    chunk of keys; writes the chunk's max, sum and unnormalised output per head.
+    LAST_COMBINES: the last of a kv head's splits to arrive (a counter per program in
+    ``lock_ptr``, set back to 0 after) combines its G heads' splits into ``o_ptr``, so no
+    second kernel is launched (a launch in a decode step's graph costs about what the
+    combine does); else ``decode_combine`` does that."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -150,6 +155,35 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o,
     tl.store(part_l + at, l_i, mask=g < G)
     tl.store(part_o + at[:, None] * DV + rdv[None, :], acc,
              mask=(g[:, None] < G) & (rdv[None, :] < DV))
+    if LAST_COMBINES:
+        tl.debug_barrier()  # every thread's parts stored before the arrival is counted
+        arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if arrived == splits - 1:
+            for i in range(0, G):
+                head = kvh * G + i
+                _combine(part_m, part_l, part_o, o_ptr + b * s_ob + head * s_oh,
+                         (b * HKV * G + head) * splits, splits, DV, s_od, BLOCK_S, BLOCK_DV)
+            tl.atomic_xchg(lock_ptr + pid, 0)  # ready for the next call
+
+
+@triton.jit
+def _combine(part_m, part_l, part_o, o_row, first, S, DV, s_od,
+             BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One query head's output (at ``o_row``) from its S splits' partial softmaxes, stored
+    from ``first`` on. Loaded from L2 (``.cg``): in the last arriving program of
+    ``decode_split`` another program's parts must never come from a stale L1 line."""
+    rs = tl.arange(0, BLOCK_S)
+    rdv = tl.arange(0, BLOCK_DV)
+    at = first + rs
+    ms = tl.load(part_m + at, mask=rs < S, other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(ms, 0)
+    w = tl.exp(ms - tl.where(top == float("-inf"), 0.0, top))
+    total = tl.sum(tl.load(part_l + at, mask=rs < S, other=0.0, cache_modifier=".cg") * w, 0)
+    parts = tl.load(part_o + at[:, None] * DV + rdv[None, :],
+                    mask=(rs[:, None] < S) & (rdv[None, :] < DV), other=0.0,
+                    cache_modifier=".cg")
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_row + rdv * s_od, out.to(o_row.dtype.element_ty), mask=rdv < DV)
 
 
 @triton.jit
@@ -159,15 +193,5 @@ def decode_combine(part_m, part_l, part_o, o_ptr, H, S, DV, s_ob, s_oh, s_od,
     pid = tl.program_id(0)
     b = (pid // H).to(tl.int64)
     h = (pid % H).to(tl.int64)
-    rs = tl.arange(0, BLOCK_S)
-    rdv = tl.arange(0, BLOCK_DV)
-    at = pid.to(tl.int64) * S + rs
-    ms = tl.load(part_m + at, mask=rs < S, other=float("-inf"))
-    top = tl.max(ms, 0)
-    w = tl.exp(ms - tl.where(top == float("-inf"), 0.0, top))
-    total = tl.sum(tl.load(part_l + at, mask=rs < S, other=0.0) * w, 0)
-    parts = tl.load(part_o + at[:, None] * DV + rdv[None, :],
-                    mask=(rs[:, None] < S) & (rdv[None, :] < DV), other=0.0)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + b * s_ob + h * s_oh + rdv * s_od, out.to(o_ptr.dtype.element_ty),
-             mask=rdv < DV)
+    _combine(part_m, part_l, part_o, o_ptr + b * s_ob + h * s_oh, pid.to(tl.int64) * S, S,
+             DV, s_od, BLOCK_S, BLOCK_DV)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from tensor_graphs.kernels.triton import require_compiler
 from tensor_graphs.kernels.triton.aot import Target
-from tensor_graphs.kernels.triton.templates import attention, gather, matmul, rope
+from tensor_graphs.kernels.triton.templates import argmax, attention, gather, matmul, rope
 from tensor_graphs.kernels.triton.templates.runtime import jit, next_power_of_2
 
 HEAD_DIMS = (64, 128)  # GPT-2's, Llama's and Qwen3's
@@ -109,14 +109,19 @@ def compile_targets() -> Iterator[Target]:
     d = max(HEAD_DIMS)
     for cfg in attention.DECODE_CONFIGS:
         for dt in ("float16", "float32"):
-            ptrs = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "mask_ptr"), dt)
+            ptrs = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "o_ptr"), dt)
             ptrs.update(dict.fromkeys(("part_m", "part_l", "part_o"), "float32"))
-            consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=False,
-                          PRECISION=attention.PRECISION, BLOCK_G=16, BLOCK_N=cfg.block_n,
-                          BLOCK_D=d, BLOCK_DV=d)
-            yield _target(f"decode_split_{cfg.label}", f"_d{d}_{dt}", at.decode_split, ptrs,
-                          ("scale",), ("s_qd", "s_kd", "s_vd", "s_mn"), consts, cfg.warps,
-                          cfg.stages)
+            ptrs.update(lock_ptr="int32")
+            for last in (True, False):  # its last split combining, or decode_combine
+                consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=False,
+                              PRECISION=attention.PRECISION, BLOCK_G=16, BLOCK_N=cfg.block_n,
+                              BLOCK_D=d, BLOCK_DV=d, LAST_COMBINES=last,
+                              BLOCK_S=attention.split_block(cfg))
+                yield _target(f"decode_split_{cfg.label}",
+                              f"_d{d}_{dt}" + ("_last_combines" if last else ""),
+                              at.decode_split, ptrs, ("scale",),
+                              ("s_qd", "s_kd", "s_vd", "s_mn", "s_od"), consts, cfg.warps,
+                              cfg.stages)
         ptrs = dict.fromkeys(("part_m", "part_l", "part_o", "o_ptr"), "float32")
         consts = dict(BLOCK_S=attention.split_block(cfg), BLOCK_DV=d)
         yield _target(f"decode_combine_{cfg.label}", f"_d{d}", at.decode_combine, ptrs, (),
@@ -133,3 +138,17 @@ def compile_targets() -> Iterator[Target]:
         ptrs = {"ids_ptr": "int64", "table_ptr": "float32", "o_ptr": "float32"}
         yield _target(f"embedding_{cfg.label}", "", gt.embedding, ptrs, (), ("s_i", "s_td"),
                       dict(BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d), cfg.warps)
+
+    am = _module(argmax.JIT)
+    for cfg in argmax.CONFIGS:  # per config: one chunk, the last chunk picking, or neither
+        for variant, finish, last in (("_finish", True, False), ("_last_picks", False, True),
+                                      ("", False, False)):
+            ptrs = {"x_ptr": "float32", "o_ptr": "int64", "part_v": "float32",
+                    "part_i": "int32", "lock_ptr": "int32"}
+            consts = dict(BLOCK=cfg.block, BLOCK_S=argmax.split_block(cfg), FINISH=finish,
+                          LAST_PICKS=last)
+            yield _target(f"argmax_split_{cfg.label}", variant, am.argmax_split, ptrs, (),
+                          ("s_xn",), consts, cfg.warps)
+        yield _target(f"argmax_combine_{cfg.label}", "", am.argmax_combine,
+                      {"part_v": "float32", "part_i": "int32", "o_ptr": "int64"}, (), (),
+                      dict(BLOCK_S=argmax.split_block(cfg)), argmax.COMBINE_WARPS)
