@@ -18,7 +18,7 @@ import numbers
 import os
 import threading
 
-from tensor_graphs.errors import DeviceError
+from tensor_graphs.errors import DeviceError, GPUFaultError
 
 KINDS = ("cpu", "cuda")
 _allocated: dict[str, int] = {}
@@ -217,3 +217,35 @@ def _detect_capacity(kind: str, index: int) -> int:
         if limit.isdigit():
             return min(physical, int(limit))
     return physical
+
+
+# CUDA's sticky errors, as torch and Triton word them: after one, every later call on the
+# process's GPU fails with the same error, whatever it runs
+STICKY_GPU_ERRORS = (
+    "device-side assert triggered",  # a kernel's assert (torch's index bounds checks)
+    "illegal memory access",  # a read or write outside any allocation
+    "unspecified launch failure",  # a kernel that crashed
+    "illegal instruction",  # code the GPU cannot run
+    "misaligned address",  # a vector access off its alignment
+    "hardware stack error",  # a kernel's stack overflowed
+)
+
+
+def gpu_fault(exc: BaseException, doing: str) -> GPUFaultError | None:
+    """A ``GPUFaultError`` for ``exc`` when it is one of CUDA's sticky errors, met while
+    ``doing`` (what the caller was running, named in the message), else None. Callers that
+    record an exception as a kernel's failure (verification, measurement) raise it instead:
+    the fault may be an earlier launch's (CUDA reports it at the next call that waits for the
+    GPU), and filed it would mark that kernel and every later one as failing, for good."""
+    if isinstance(exc, GPUFaultError):
+        return exc
+    text = str(exc)
+    if not any(sticky in text for sticky in STICKY_GPU_ERRORS):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return GPUFaultError(
+        f"the GPU failed while {doing}: {type(exc).__name__}: {first}. CUDA reports a "
+        "kernel's fault at a later call that waits for the GPU, so the kernel at fault may "
+        "be one launched before; rerun with CUDA_LAUNCH_BLOCKING=1 to stop at its launch. "
+        "This process can no longer use its GPU: start a new one. Nothing was recorded for "
+        "the kernels met since (rows measured before are kept).")

@@ -68,6 +68,13 @@ class DeviceError(TensorGraphsError, ValueError):
     """An unknown or unavailable device."""
 
 
+class GPUFaultError(DeviceError):
+    """The GPU met one of CUDA's sticky errors (a kernel's device-side assert, an illegal
+    memory access): the process's GPU context is unusable from then on, so it stops the work
+    instead of being filed as the failure of whichever kernel was running (every later one
+    would fail alike). ``devices.gpu_fault`` makes it."""
+
+
 class DatabaseError(TensorGraphsError):
     """A measurement database that cannot be used: corrupt, another application's, newer, or
     read-only when asked to record; the message names the file and what to do."""

@@ -152,3 +152,29 @@ def test_allocated_counts_arenas_not_weights():
     finally:
         gc.enable()
     assert prog.memory()["cpu"] >= arena + weights.nbytes
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA`",
+    "CUDA error: an illegal memory access was encountered",
+    "Triton Error [CUDA]: an illegal memory access was encountered",
+    "CUDA error: unspecified launch failure",
+    "CUDA error: misaligned address",
+])
+def test_cudas_sticky_errors_are_gpu_faults(message):
+    """After these the process's GPU context is unusable: raised, never a kernel's failure."""
+    fault = devices.gpu_fault(RuntimeError(message), "timing kernel k on (2, 3)")
+    assert isinstance(fault, tg.errors.GPUFaultError)
+    text = str(fault)
+    assert "timing kernel k on (2, 3)" in text and message.splitlines()[0] in text
+    assert "CUDA_LAUNCH_BLOCKING=1" in text
+    assert devices.gpu_fault(fault, "again") is fault
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),  # the next call may fit
+    IndexError("index out of range in self"),  # the CPU's bounds check: the kernel's own
+    ValueError("result shape (2,), expected (3,)"),
+])
+def test_other_errors_are_the_kernels_own(exc):
+    assert devices.gpu_fault(exc, "checking kernel k") is None

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field, replace
 import ml_dtypes
 import numpy as np
 
-from tensor_graphs.devices import cuda_available, torch_device
+from tensor_graphs.devices import cuda_available, gpu_fault, torch_device
 from tensor_graphs.errors import (
     ArgumentError,
     KernelConstraintError,
@@ -683,9 +683,14 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call
         with np.errstate(all="ignore"):
             got = call(args, attrs)
     except Exception as exc:  # noqa: BLE001 - any failure of the kernel is a finding
+        _raise_gpu_fault(exc, k, label)
         return CaseResult(label, np.inf, False, f"raised {type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - t0
-    got = from_device(got)
+    try:
+        got = from_device(got)
+    except Exception as exc:  # noqa: BLE001 - the GPU's own errors surface where it is waited for
+        _raise_gpu_fault(exc, k, label)
+        raise
     if isinstance(got, np.generic) and shape == ():  # numpy's 0-d results are scalars
         got = np.asarray(got)
     if not isinstance(got, np.ndarray):
@@ -748,6 +753,14 @@ def _run_case(k, case: Case, b: Built, rng, to_device, from_device, call
     return CaseResult(label, err, True, "", seconds, allowed)
 
 
+def _raise_gpu_fault(exc: Exception, k: registry.Kernel, case: str) -> None:
+    """A GPU fault is raised, never a finding: it says nothing of this kernel's correctness
+    (``devices.gpu_fault``), and verification outcomes are filed for good."""
+    fault = gpu_fault(exc, f"verifying kernel {k.name} ({case})")
+    if fault is not None:
+        raise fault from exc
+
+
 def poisoned(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """A C-contiguous buffer of garbage: NaN for floats, 0xFF bytes otherwise."""
     buf = np.empty(shape, dtype)
@@ -776,6 +789,7 @@ def _check_out(k, call, args, attrs, inputs, saved, want: np.ndarray, names,
             with np.errstate(all="ignore"):
                 got = call(trial_args, {**attrs, "out": buf})
         except Exception as exc:  # noqa: BLE001 - any failure of the kernel is a finding
+            _raise_gpu_fault(exc, k, what)
             return f"with {what}: raised {type(exc).__name__}: {exc}"
         if got is not buf:
             kind = type(got).__name__

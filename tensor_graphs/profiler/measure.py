@@ -37,6 +37,7 @@ import numpy as np
 from tensor_graphs import threads
 from tensor_graphs.db.hardware import Hardware
 from tensor_graphs.db.store import Measurement
+from tensor_graphs.devices import gpu_fault
 from tensor_graphs.ir import builder
 from tensor_graphs.ir.domains import POSITIVE, input_domains
 from tensor_graphs.ir.evaluate import evaluate
@@ -214,7 +215,7 @@ class _Timer:
             if not self.calls:  # one call took half the budget: it is the only sample
                 self.samples.append(first / self.launches)
         except Exception as exc:  # noqa: BLE001 - any kernel failure is recorded, not raised
-            self.failure = f"{type(exc).__name__}: {exc}"[:500]
+            self._failed(exc, "checking")
 
     def _graphed(self, replay, result_bytes: int) -> None:
         """``fn`` replaced by a CUDA graph of ``GRAPH_LAUNCHES`` of its calls (fewer where
@@ -242,7 +243,16 @@ class _Timer:
             self.samples.append(seconds / self.launches)
             self.budget -= seconds * self.calls
         except Exception as exc:  # noqa: BLE001
-            self.failure = f"{type(exc).__name__}: {exc}"[:500]
+            self._failed(exc, "timing")
+
+    def _failed(self, exc: Exception, doing: str) -> None:
+        """The kernel's failure, recorded; a GPU fault (``devices.gpu_fault``) is raised
+        instead: it is no kernel's own, and the window's rows are then never filed."""
+        fault = gpu_fault(exc, f"{doing} kernel {self.base['kernel']} on "
+                               f"{self.base['signature']}")
+        if fault is not None:
+            raise fault from exc
+        self.failure = f"{type(exc).__name__}: {exc}"[:500]
 
     def result(self) -> Measurement:
         self.fn = None  # the arrays go with it

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from tensor_graphs.db.cost import measured_on
 from tensor_graphs.db.hardware import Hardware, current
+from tensor_graphs.devices import gpu_fault
 from tensor_graphs.errors import (
     KernelVerificationError,
     UntrustedPathError,
@@ -220,7 +221,7 @@ def shared(kernel, hw: Hardware, check: Callable[[], str | None],
             generated.realize(kernel)
             return None
         except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
-            return f"{type(exc).__name__}: {exc}"
+            return _reason(exc, kernel)
     key = None if scope is None else kernel_key(kernel, hw, scope)
     if key is None:
         return check()
@@ -237,7 +238,16 @@ def check(kernel) -> str | None:
         report = verify(generated.realize(kernel))
         return None if report.ok else report.summary()
     except Exception as exc:  # noqa: BLE001 - a broken kernel is recorded, not fatal
-        return f"{type(exc).__name__}: {exc}"
+        return _reason(exc, kernel)
+
+
+def _reason(exc: Exception, kernel) -> str:
+    """Why ``kernel`` is refused, from what it raised; a GPU fault is raised instead, never
+    filed (``devices.gpu_fault``: no kernel's own, and an outcome is kept for good)."""
+    fault = gpu_fault(exc, f"verifying kernel {kernel.name}")
+    if fault is not None:
+        raise fault from exc
+    return f"{type(exc).__name__}: {exc}"
 
 
 # Verification at once, before a profile times anything: on a GPU each Triton kernel's checks

@@ -308,6 +308,12 @@ def gather_kernels() -> list[tuple[object, str]]:
     return [(c, f"triton_embedding_{c.label}") for c in gather.CONFIGS]
 
 
+def argmax_kernels() -> list[tuple[object, str]]:
+    from tensor_graphs.kernels.triton.templates import argmax
+
+    return [(c, f"triton_argmax_{c.label}") for c in argmax.CONFIGS]
+
+
 def _epilogue(e) -> str:
     """What a GEMM epilogue computes (the pattern's variables)."""
     a = "layer_norm(x)" if e.norm and e.linear else "layer_norm(a)" if e.norm else \
@@ -320,8 +326,8 @@ def gpu_section() -> str:
     from tensor_graphs.devices import SIMULATED, SIMULATED_CAPACITY
     from tensor_graphs.kernels import triton as tr
     from tensor_graphs.kernels.triton import generate
+    from tensor_graphs.kernels.triton.templates import argmax, gather, matmul, rope
     from tensor_graphs.kernels.triton.templates import attention as at
-    from tensor_graphs.kernels.triton.templates import gather, matmul, rope
 
     run = [d for d in tr.FLOAT_DTYPES if d not in tr.WRONG_IN_INTERPRETER]
     lines = ["## GPU kernels", "",
@@ -422,8 +428,9 @@ def gpu_section() -> str:
               f"head dims up to {at.MAX_HEAD_DIM}; online softmax in fp32, fp32 products in "
               f'"{at.PRECISION}", tolerance {at.REDUCTION:g}. Flash attention runs a program '
               "per block of query rows; decode attention takes one query row, splits the keys "
-              f"across programs (aiming at {at.PROGRAMS} in all) and combines the splits in a "
-              "second kernel.", ""]
+              f"across programs (aiming at {at.PROGRAMS} in all), and the last split of a kv "
+              "head to finish combines the splits (an arrival counter per kv head; a second "
+              "kernel, `decode_combine`, where a CUDA graph's capture finds no counters).", ""]
     att: dict[tuple, list[str]] = {}
     for kind, c, name in attention_kernels():
         att.setdefault((kind, c), []).append(f"`{name}`")
@@ -440,6 +447,15 @@ def gpu_section() -> str:
                      for c, n in rope_kernels()]
                     + [(f"`{n}`", c.block_r, c.block_d, c.warps, f"{gather.EXACT:g}")
                        for c, n in gather_kernels()])
+    lines += ["", "**Argmax** (`argmax_jit.py`: `argmax` over the last axis, any float dtype; "
+              "the first maximum, a NaN counting as the maximum): a row is split into chunks "
+              f"over programs (aiming at {argmax.PROGRAMS} in all), and the last chunk of a row "
+              "to finish picks the index (a second kernel, `argmax_combine`, where a capture "
+              "finds no counters). A decode step's token over a vocabulary's logits: torch's "
+              "CUDA argmax reduces a row in one block.", ""]
+    lines += _table(("kernel", "values a step", "splits up to", "warps", "tolerance"),
+                    [(f"`{n}`", c.block, c.max_splits, c.warps, f"{argmax.EXACT:g}")
+                     for c, n in argmax_kernels()])
 
     cuda, labels = torch_cuda_kernels()
     without = [f"`torch_{lb}`" for lb, kw in labels if kw.get("function") == "False"]

@@ -116,6 +116,61 @@ def test_a_wrong_gpu_kernel_gets_a_failure_row_never_a_time(tmp_path, wrong_gpu_
     assert wrong_gpu_tanh.name not in again.plan().kernels
 
 
+@pytest.fixture
+def faulting_gpu_tanh():
+    """A GPU tanh whose calls raise CUDA's sticky error as torch words it, once ``fault`` is
+    set: a real one would leave this process's GPU unusable for every test after it."""
+    name = "test_faulting_cuda_tanh"
+    state = {"fault": True}
+
+    def run(x):
+        if state["fault"]:
+            raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors "
+                               "might be asynchronously reported at some other API call")
+        return x.tanh()
+
+    tg.kernel("tanh", backend="torch", device="cuda", name=name)(run)
+    try:
+        yield registry.get(name), state
+    finally:
+        registry.unregister(name)
+        missing._verified.pop(name, None)
+
+
+def test_a_gpu_fault_stops_the_profile_and_is_filed_as_no_kernels_failure(
+        tmp_path, faulting_gpu_tanh, monkeypatch):
+    """A device-side assert leaves the process's GPU unusable: every later call fails alike.
+    Filed as the failure of the kernel that met it (and of each after it), it would keep
+    correct kernels out of every later plan. The profile stops with an error that names the
+    kernel and says what to do; no row and no verification outcome is filed for it, so a new
+    process verifies and measures it afresh."""
+    from tensor_graphs.errors import GPUFaultError
+    from tensor_graphs.profiler import shared_verify
+
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # outcomes filed here
+    k, state = faulting_gpu_tanh
+    db = open_db(tmp_path / "gpu.sqlite")
+    x = tg.input("x", (8, 16))
+    planner = planner_for(db, [tg.tanh(x)])
+    for _ in range(2):  # the second profile meets the fault again: nothing was filed
+        with pytest.raises(GPUFaultError, match=f"verifying kernel {k.name}.*"
+                           "CUDA_LAUNCH_BLOCKING=1.*start a new one"):
+            missing.profile_missing(planner, db, progress=False)
+        assert db.rows(k.name) == []
+        assert k.name not in missing._verified
+    with pytest.raises(GPUFaultError):
+        tg.kernels.verify(k)
+    state["fault"] = False  # verified cleanly, then the fault comes while it is timed
+    assert shared_verify.check(k) is None
+    state["fault"] = True
+    with pytest.raises(GPUFaultError, match=f"kernel {k.name} on "):
+        measure(_tanh_call(k), repeats=2)
+    state["fault"] = False  # a new process's GPU (here: the fault gone) measures it
+    missing.profile_missing(planner, db, progress=False)
+    (row,) = db.rows(k.name)
+    assert row.failure is None and row.runs > 0
+
+
 def test_compile_profile_missing_on_the_gpu_then_plans_from_the_rows(tmp_path):
     path = tmp_path / "gpu.sqlite"
     x, w, y = tanh_of_product()

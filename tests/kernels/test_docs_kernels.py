@@ -114,4 +114,5 @@ def test_gpu_section_names_what_a_gpu_registers():
         listed |= {n for *_, n in docs.matmul_kernels()} | {n for *_, n in
                                                              docs.attention_kernels()}
         listed |= {n for _, n in docs.rope_kernels()} | {n for _, n in docs.gather_kernels()}
+        listed |= {n for _, n in docs.argmax_kernels()}
     assert registered == listed

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from tensor_graphs.devices import gpu_fault
 from tensor_graphs.errors import KernelVerificationError, TensorGraphsError
 from tensor_graphs.ir.node import Node
 from tensor_graphs.kernels.c import codegen as cg
@@ -256,6 +257,9 @@ def _admitted(kernel, checker, fn, region, source: str):
     except TensorGraphsError:
         raise
     except Exception as exc:  # noqa: BLE001 - Triton's errors have no common base
+        fault = gpu_fault(exc, f"checking kernel {kernel.name} ({kernel.summary})")
+        if fault is not None:  # no finding on this kernel (devices.gpu_fault)
+            raise fault from exc
         raise KernelVerificationError(f"{kernel.name} ({kernel.summary}) failed while "
                                       f"checked: {type(exc).__name__}: {exc}\n{source}") from exc
     return cg.admitted(kernel, report, source)
