@@ -10,8 +10,11 @@ of a grid around ``matmul.GEMV_CONFIGS`` (columns and K per program, warps; the 
 as ``gemv_splits`` picks them), and torch's ``addmm`` (cuBLAS) on the same tensors, interleaved
 (the order rotates per repeat), medians of the repeats. Then the LayerNorm prologue: the
 ``ln_`` kernel against torch's ``layer_norm`` followed by the same GEMV config, and by
-``addmm``. Each result is checked against float64 first. Run where a GPU is usable (the
-``device`` tool's machine: ``--out $OUT``); the table goes to ``DIR/gemv.md``.
+``addmm``. Each result is checked against float64 first. Last, a decode layer's four GEMVs
+back to back in one graph, launched as before and with programmatic dependent launch
+(``runtime.PDL``: each GEMV loads its first weights while the one before it ends), and the
+same four as cuBLAS ``addmm``. Run where a GPU is usable (the ``device`` tool's machine:
+``--out $OUT``); the table goes to ``DIR/gemv.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402,N812
 
-from tensor_graphs.kernels.triton.templates import matmul  # noqa: E402
+from tensor_graphs.kernels.triton.templates import matmul, runtime  # noqa: E402
 
 SHAPES = [("c_attn", 768, 2304), ("attn c_proj", 768, 768), ("c_fc", 768, 3072),
           ("mlp c_proj", 3072, 768)]  # (label, K, N) of GPT-2 124M's decode GEMVs
@@ -132,6 +135,56 @@ def rows_for(label, k, n, dtype, calls, repeats):
     return lines
 
 
+def chain_rows(dtype, calls: int, repeats: int) -> list[str]:
+    """GPT-2's four decode GEMVs of a layer back to back, ``calls`` layers a graph: each
+    config launched as before and with PDL, and cuBLAS, interleaved; us per layer."""
+    torch.manual_seed(0)
+    ops = []
+    for _, k, n in SHAPES:
+        x = torch.randn(1, k, device="cuda", dtype=dtype)
+        w = torch.randn(k, n, device="cuda", dtype=dtype) / k ** 0.5
+        bias = torch.randn(n, device="cuda", dtype=dtype)
+        ops.append((x, w, bias, torch.empty(1, n, device="cuda", dtype=dtype),
+                    torch.addmm(bias.double(), x.double(), w.double())))
+    if not runtime.pdl(ops[0][0].device)["PDL"]:
+        return ["", f"(no PDL here: compute capability {torch.cuda.get_device_capability()}, "
+                "or a Triton without launch_pdl)"]
+
+    def layer(cfg):
+        for x, w, bias, out, _ in ops:
+            matmul.gemv(cfg, PLAIN, x, w, bias, None, out)
+
+    def cublas():
+        for x, w, bias, out, _ in ops:
+            torch.addmm(bias, x, w, out=out)
+
+    timers, errors = {}, {}
+    for cfg in matmul.GEMV_CONFIGS:
+        for dependent in (False, True):
+            runtime.PDL = dependent  # read at each launch: the capture keeps the choice
+            try:
+                name = f"{cfg.label}{' pdl' if dependent else ''}"
+                layer(cfg)
+                torch.cuda.synchronize()
+                errors[name] = max(error(out, ref) for _, _, _, out, ref in ops)
+                timers[name] = in_graph(lambda cfg=cfg: layer(cfg), calls)
+            finally:
+                runtime.PDL = True
+    timers["cublas addmm"] = in_graph(cublas, calls)
+    got = {name: [] for name in timers}
+    order = list(timers)
+    for r in range(repeats):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            got[name].append(timers[name]() * len(ops))  # per layer, not per GEMV
+    med = {name: statistics.median(t) for name, t in got.items()}
+    lines = ["", f"## A layer's four GEMVs back to back, us per layer (median of {repeats} "
+             f"replays of {calls} layers)", "", "| kernels | us a layer | max error |",
+             "|---|---:|---:|"]
+    lines += [f"| {name} | {med[name]:.2f} | {errors.get(name, float('nan')):.1e} |"
+              for name in order]
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
@@ -156,6 +209,10 @@ def main(argv=None) -> int:
             print(line, flush=True)
             with table.open("a") as f:
                 f.write(line + "\n")
+    for line in chain_rows(DTYPES[args.dtype], args.calls, args.repeats):
+        print(line, flush=True)
+        with table.open("a") as f:
+            f.write(line + "\n")
     return 0
 
 

@@ -414,7 +414,9 @@ def gpu_section() -> str:
               "configs only) take LayerNorm's input: each program computes its row's mean and "
               "variance and normalizes its split as it loads it, so a pre-norm block's norm "
               f"is no kernel of its own (the norm's eps is {matmul.LN_EPS:g}, fixed in the "
-              "pattern). Every operand dtype, "
+              "pattern). On a Hopper the GEMVs launch with programmatic dependent launch: a "
+              "program loads its first weights, then waits for the kernel before it. Every "
+              "operand dtype, "
               f"tolerance {matmul.REDUCTION:g}.", ""]
     lines += _table(("config", "columns a program", "K a step", "splits up to", "warps",
                      "stages"),

@@ -227,6 +227,31 @@ def test_argmax_where_takes_the_last_axis_only():
     assert "int64" in fits([(2, 9)], [dtypes.int64], {"axis": 1, "keepdims": False})
 
 
+def test_gemvs_launch_dependent_on_a_hopper_only(monkeypatch):
+    """Programmatic dependent launch where the GPU (compute capability 9.0 on) and Triton
+    have it; never in the interpreter, on an older GPU, or with ``runtime.PDL`` off."""
+    monkeypatch.setattr(runtime, "interpreted", lambda: False)
+    monkeypatch.setattr(runtime, "_triton_has_pdl", lambda: True)
+    capability = {"major": 9}
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda index: (capability["major"], 0))
+    gpu = torch.device("cuda", 0)
+    for major, want in ((9, True), (8, False)):
+        runtime._PDL_FOUND.clear()  # noqa: SLF001 - found once per GPU
+        capability["major"] = major
+        assert runtime.pdl(gpu) == ({"PDL": True, "launch_pdl": True} if want else
+                                    {"PDL": False})
+    runtime._PDL_FOUND.clear()  # noqa: SLF001
+    capability["major"] = 9
+    monkeypatch.setattr(runtime, "PDL", False)
+    assert runtime.pdl(gpu) == {"PDL": False}
+    monkeypatch.setattr(runtime, "PDL", True)
+    assert runtime.pdl(torch.device("meta")) == {"PDL": False}
+    monkeypatch.setattr(runtime, "interpreted", lambda: True)
+    assert runtime.pdl(gpu) == {"PDL": False}
+    runtime._PDL_FOUND.clear()  # noqa: SLF001
+
+
 def test_gemv_splits_cover_k_once_and_fill_the_gpu():
     """Every split holds a whole number of K blocks and none is empty; a column-poor product
     (GPT-2's 3072 -> 768 on one row) is split until it has ~two waves of programs."""

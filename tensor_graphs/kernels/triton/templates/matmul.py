@@ -43,6 +43,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     ints,
     jit,
     next_power_of_2,
+    pdl,
     source_text,
     target,
     torch,
@@ -236,7 +237,7 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
             NORM_BLOCK=norm_block, ONE_TILE=o.k <= norm_block,
             FINISH=splits == 1, LAST_ADDS=counters is not None, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits),
-            num_warps=cfg.warps, num_stages=cfg.stages)
+            num_warps=cfg.warps, num_stages=cfg.stages, **pdl(a.device))
         if splits > 1 and counters is None:
             mod.gemv_combine[(m * -(-n // COMBINE_BLOCK),)](
                 bias_t, r2, c2, part, m, n, splits, *tail, **epilogue,

@@ -131,7 +131,8 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                NORM: tl.constexpr, FINISH: tl.constexpr, LAST_ADDS: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAX_SPLITS: tl.constexpr,
-               NORM_BLOCK: tl.constexpr = 16, ONE_TILE: tl.constexpr = True):
+               NORM_BLOCK: tl.constexpr = 16, ONE_TILE: tl.constexpr = True,
+               PDL: tl.constexpr = False):
     """A few rows (decode): grid (M x column blocks, splits of K). A program sums its split's
     products of one row of a and BLOCK_N columns of b as fp32 FMAs (no tl.dot, whose 16-row
     minimum tile would do 16 times the work of one row), keeping a (BLOCK_K, BLOCK_N)
@@ -145,7 +146,13 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
     NORM: a is LayerNorm's input (a pre-norm block's): each program computes its row's
     statistics and normalizes its split of a as it loads it (ln_w, ln_b: the norm's weight
     and bias), so the normalized row is never written out and the norm is no launch of its
-    own (on an H200 the LayerNorm kernel took 3.7 us a call, as long as the GEMV after it)."""
+    own (on an H200 the LayerNorm kernel took 3.7 us a call, as long as the GEMV after it).
+    Each step's weights are loaded one step ahead, the first before anything the kernels
+    before write is read: with PDL (programmatic dependent launch, launched with
+    ``launch_pdl``) the program starts while the kernel before it ends, loads its first
+    weights (bound once, never written by a program) and only then waits for it
+    (``gdc_wait``), so a decode step's chain of GEMVs, each a few microseconds of mostly
+    latency, overlaps one's weight loads with the end of the one before."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -156,6 +163,10 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
     end = tl.minimum(K, split * CHUNK + CHUNK)
     a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
     b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
+    b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
+    if PDL:  # what comes next reads the kernels before's results (and writes after them)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if NORM:
         mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, NORM_BLOCK,
                                 ONE_TILE)
@@ -168,10 +179,11 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
             w = tl.load(ln_w_ptr + kk * stride_lnw, mask=inside, other=0.0).to(tl.float32)
             bn = tl.load(ln_b_ptr + kk * stride_lnb, mask=inside, other=0.0).to(tl.float32)
             a = tl.where(inside, (a - mean) * rstd * w + bn, 0.0)
-        b = tl.load(b_ptrs, mask=inside[:, None] & (rn[None, :] < N), other=0.0)
         acc += a[:, None] * b.to(tl.float32)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+        ahead = (rk + k0 + BLOCK_K) < end  # (all false after the last step: nothing read)
+        b = tl.load(b_ptrs, mask=ahead[:, None] & (rn[None, :] < N), other=0.0)
     total = tl.sum(acc, 0)
     if FINISH:
         _epilogue(total, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias,

@@ -124,12 +124,47 @@ def arrival_counters(device, count: int):
     return made[-1]
 
 
+# Programmatic dependent launch (Hopper on): a kernel launched with it starts while the one
+# before it on the stream ends and waits for it in its code (``gdc_wait``), so what it reads
+# that no kernel writes (weights) is loaded meanwhile. False turns it off everywhere (to time
+# a chain without it: benchmarks/gemv.py)
+PDL = True
+_PDL_FOUND: dict = {}
+
+
+def pdl(device) -> dict:
+    """The launch options of a kernel that takes ``PDL`` (a constexpr: it waits for the
+    kernel before with ``gdc_wait``): ``{"PDL": True, "launch_pdl": True}`` on a real GPU of
+    compute capability 9.0 or more with a Triton that has both, else ``{"PDL": False}``
+    (the interpreter, older GPUs and Tritons: launched as before)."""
+    if not PDL or device.type != "cuda" or interpreted():
+        return {"PDL": False}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _PDL_FOUND.get(index)
+    if found is None:
+        found = _PDL_FOUND[index] = torch.cuda.get_device_capability(index)[0] >= 9 \
+            and _triton_has_pdl()
+    return {"PDL": True, "launch_pdl": True} if found else {"PDL": False}
+
+
+def _triton_has_pdl() -> bool:
+    """``tl.extra.cuda.gdc_wait`` and the ``launch_pdl`` compile option (Triton 3.4 on)."""
+    load()
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return hasattr(cuda, "gdc_wait") and "launch_pdl" in getattr(
+        CUDAOptions, "__dataclass_fields__", {})
+
+
 def ints(*shapes) -> bool:
     """Every dim concrete (constraints are also asked at symbolic shapes)."""
     return all(isinstance(d, int) for s in shapes for d in s)
 
 
-__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PROGRAMS", "REDUCTION", "TF32",
-           "arrival_counters", "deliver",
+__all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PDL", "PROGRAMS", "REDUCTION", "TF32",
+           "arrival_counters", "deliver", "pdl",
            "float_dtypes", "grid_fits", "interpreted", "ints", "jit", "next_power_of_2",
            "source_text", "target", "torch"]

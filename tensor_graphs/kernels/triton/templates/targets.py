@@ -32,7 +32,7 @@ def _module(name: str):
 
 
 def _target(kernel: str, variant: str, fn, pointers: dict, floats: tuple, units: tuple,
-            constexprs: dict, warps: int, stages: int = 3) -> Target:
+            constexprs: dict, warps: int, stages: int = 3, **options) -> Target:
     """Every argument of ``fn`` typed as a launch on aligned, contiguous tensors specializes
     it: ``pointers`` (name -> dtype) and the other ints 16-byte divisible, ``units`` (the
     innermost strides) the constant 1, ``floats`` fp32 scalars, ``constexprs`` by value.
@@ -54,7 +54,7 @@ def _target(kernel: str, variant: str, fn, pointers: dict, floats: tuple, units:
         if sig[arg] not in ("constexpr", "fp32"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return Target(kernel + variant, fn, sig, values,
-                  {"num_warps": warps, "num_stages": stages}, attrs, kernel)
+                  {"num_warps": warps, "num_stages": stages, **options}, attrs, kernel)
 
 
 def compile_targets() -> Iterator[Target]:
@@ -73,25 +73,28 @@ def compile_targets() -> Iterator[Target]:
     gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn",
                   "stride_lnw", "stride_lnb")
     epilogue = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"])
-    # per GEMV config (dtype, FINISH, LAST_ADDS, NORM): one split with the epilogue in fp16
-    # and fp32; K split in fp32, its last split adding the parts, or leaving that to
-    # gemv_combine (in a capture that found too few arrival counters); a LayerNorm prologue
-    variants = (("float16", True, False, False), ("float32", True, False, False),
-                ("float32", False, True, False), ("float32", False, False, False),
-                ("float32", False, True, True))
+    # per GEMV config (dtype, FINISH, LAST_ADDS, NORM, PDL): one split with the epilogue in
+    # fp16 and fp32; K split in fp32, its last split adding the parts, or leaving that to
+    # gemv_combine (in a capture that found too few arrival counters); a LayerNorm prologue;
+    # launched with PDL (a Hopper's launches: runtime.pdl)
+    variants = (("float16", True, False, False, False), ("float32", True, False, False, False),
+                ("float32", False, True, False, False), ("float32", False, False, False, False),
+                ("float32", False, True, True, False), ("float32", False, True, True, True))
     for cfg in matmul.GEMV_CONFIGS:
-        for dt, finish, last, norm in variants:
+        for dt, finish, last, norm, dependent in variants:
             ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr", "ln_w_ptr",
                                   "ln_b_ptr"), dt)
             ptrs.update(part_ptr="float32", lock_ptr="int32")
             consts = dict(epilogue, NORM=norm, FINISH=finish, LAST_ADDS=last,
                           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           MAX_SPLITS=next_power_of_2(cfg.max_splits),
-                          NORM_BLOCK=matmul.NORM_TILE if norm else 16, ONE_TILE=True)
+                          NORM_BLOCK=matmul.NORM_TILE if norm else 16, ONE_TILE=True,
+                          PDL=dependent)
             variant = ("_finish" if finish else "_last_adds" if last else "") + \
-                ("_norm" if norm else "")
+                ("_norm" if norm else "") + ("_pdl" if dependent else "")
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
-                          ("eps",), gemv_units, consts, cfg.warps, cfg.stages)
+                          ("eps",), gemv_units, consts, cfg.warps, cfg.stages,
+                          **({"launch_pdl": True} if dependent else {}))
     ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
     yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:5],
                   dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)
