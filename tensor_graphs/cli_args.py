@@ -31,6 +31,8 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         self._apart: list[tuple[str, str, str]] = []  # refuse_together's (first, second, why)
+        self._only: list[tuple[str, str, tuple, str]] = []  # only_for's (option, selector,
+        #                                                      values, what it applies to)
         super().__init__(*args, **kwargs)
         # SUPPRESS: a subcommand's unset flag must not hide `tg --traceback COMMAND`
         self.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
@@ -57,6 +59,14 @@ class Parser(argparse.ArgumentParser):
                                  "add it first")
         self._apart.append((first, second, why))
 
+    def only_for(self, option: str, selector: str, values: tuple, what: str) -> None:
+        """Refuse ``option`` set to other than its default unless argument ``selector`` (a
+        dest) is one of ``values``, as a usage error saying it applies to ``what`` only: an
+        option the chosen mode never reads would be ignored without a word."""
+        if option not in {o for a in self._actions for o in a.option_strings}:
+            raise ValueError(f"only_for: {self.prog} has no option {option}; add it first")
+        self._only.append((option, selector, tuple(values), what))
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -66,6 +76,12 @@ class Parser(argparse.ArgumentParser):
         for first, second, why in self._apart:
             if all(getattr(namespace, dests[o], None) is not None for o in (first, second)):
                 self.error(f"argument {second}: not allowed with {first}: {why}")
+        for option, selector, values, what in self._only:
+            chosen = getattr(namespace, selector, None)
+            if chosen not in values and getattr(namespace, dests[option], None) != \
+                    self.get_default(dests[option]):
+                self.error(f"argument {option}: applies to {what} only, and would be ignored "
+                           f"with {chosen}")
         if getattr(namespace, "prog_name", None) is None:  # a subcommand's parser ran first
             namespace.prog_name = self.prog
         return namespace, extras

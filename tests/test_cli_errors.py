@@ -91,6 +91,16 @@ MORE_CASES = [
       "{dir}/w.safetensors"], "argument --save: not allowed with --weights", 2),
     (["quality", "train-char", "--quantize", "int8-weight", "--save", "{dir}/w.safetensors",
       "--weights", "{graph}"], "nothing is trained here to save", 2),
+    # an option the chosen model or scheme never reads: refused, where it was ignored
+    (["quality", "--quantize", "int8-weight", "gpt2", "--weights", "{graph}"],
+     "argument --weights: applies to train-char only, and would be ignored with gpt2", 2),
+    (["quality", "--quantize", "int8-weight", "gpt2", "--steps", "3"],
+     "argument --steps: applies to train-char only", 2),
+    (["quality", "train-char", "--quantize", "int8-weight", "--layers", "2"],
+     "argument --layers: applies to gpt2 only, and would be ignored with train-char", 2),
+    (["quality", "--quantize", "int8-weight", "gpt2", "--group", "64"],
+     "argument --group: applies to int4-weight and int8-dynamic only, and would be ignored "
+     "with int8-weight", 2),
     # weights that are no safetensors file: named, not an internal SafetensorError
     (["quality", "train-char", "--quantize", "int8-weight", "--weights", "{garbage}", "--quiet"],
      "garbage.bin is not a safetensors file", 1),

@@ -162,6 +162,9 @@ def _quality(args: argparse.Namespace) -> int:
     return _gpt2(args) if args.model == "gpt2" else _train_char(args)
 
 
+GROUPED = ("int4-weight", "int8-dynamic")  # the schemes whose scales cover groups along K
+
+
 def add_quality_command(sub) -> None:
     from tensor_graphs.rewrite.quantize import SCHEMES
 
@@ -189,7 +192,8 @@ def add_quality_command(sub) -> None:
     p.add_argument("--quantize", choices=sorted(SCHEMES), required=True, metavar="SCHEME",
                    help="the scheme compared with float32: " + ", ".join(sorted(SCHEMES)))
     p.add_argument("--group", type=cli_args.positive_int, default=None,
-                   help="int4-weight's rows of K per scale (default: tg.quantize's, 32)")
+                   help="int4-weight's and int8-dynamic's values along K per scale (default: "
+                        "tg.quantize's, 32)")
     p.add_argument("--prompt", type=cli_args.positive_int, default=16,
                    help="prompt length in tokens (default 16)")
     p.add_argument("--tokens", type=cli_args.positive_int, default=32,
@@ -226,6 +230,11 @@ def add_quality_command(sub) -> None:
                    help="the training's seed (initial weights and windows; default 0)")
     c.add_argument("--prompts", type=cli_args.positive_int, default=4,
                    help="held-out windows scored, each with its own prompt (default 4)")
+    # an option the chosen model or scheme never reads is refused, not ignored
+    for group, model in ((g, "gpt2"), (c, "train-char")):
+        for action in group._group_actions:  # noqa: SLF001 - argparse keeps no public list
+            p.only_for(action.option_strings[0], "model", (model,), model)
+    p.only_for("--group", "quantize", GROUPED, " and ".join(GROUPED))
     p.add_argument("--db", default=None,
                    help="measurement database (default $TG_DB or "
                         "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")
