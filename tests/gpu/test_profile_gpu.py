@@ -171,6 +171,43 @@ def test_a_gpu_fault_stops_the_profile_and_is_filed_as_no_kernels_failure(
     assert row.failure is None and row.runs > 0
 
 
+_REAL_FAULT = """
+import sys
+import torch
+import tensor_graphs as tg
+from tensor_graphs.profiler.measure import Call, measure
+from tensor_graphs.planner.search import signature
+
+def run(x):  # index 5 of 2 rows: torch's bounds check asserts on the device
+    rows = torch.zeros(2, x.shape[-1], device=x.device, dtype=x.dtype)
+    return torch.index_select(rows, 0, torch.tensor([5], device=x.device)).expand_as(x) + x
+tg.kernel("tanh", backend="torch", device="cuda", name="test_asserting_cuda_tanh")(run)
+x = tg.input("x", (8, 16))
+y = tg.tanh(x)
+try:
+    measure(Call(tg.kernels.get("test_asserting_cuda_tanh"), y, (x,), {},
+                 signature([x], y.attrs)))
+except tg.GPUFaultError as exc:
+    print("FAULT", exc)
+    sys.exit(0)
+sys.exit("no GPUFaultError")
+"""
+
+
+@pytest.mark.skipif(SIMULATED, reason="a real device-side assert needs a real GPU (the "
+                    "simulated one's torch checks indices on the host)")
+def test_a_real_device_side_assert_is_a_gpu_fault(child_env):
+    """A kernel that trips torch's device-side index check, in a child process (the fault
+    leaves the process's GPU unusable): the measurement raises GPUFaultError, naming it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _REAL_FAULT], env=child_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "test_asserting_cuda_tanh" in proc.stdout and "CUDA_LAUNCH_BLOCKING" in proc.stdout
+
+
 def test_compile_profile_missing_on_the_gpu_then_plans_from_the_rows(tmp_path):
     path = tmp_path / "gpu.sqlite"
     x, w, y = tanh_of_product()
