@@ -6,6 +6,7 @@ import pytest
 import tensor_graphs as tg
 from tensor_graphs.db.features import features
 from tensor_graphs.db.store import Measurement, open_db
+from tensor_graphs.ir.graph import nodes
 from tensor_graphs.kernels import registry
 from tensor_graphs.planner import cache
 from tensor_graphs.planner.search import signature
@@ -256,6 +257,22 @@ def _small_gpt(layers):
     from tensor_graphs.demo import gpt2_style
 
     return gpt2_style(layers, d_model=64, heads=4, vocab=97, n_ctx=32)
+
+
+def test_a_quantized_models_layers_are_planned_once_too():
+    """int8-dynamic gives each product its own run-time quantization of its input, named
+    after its weight without the layer index: with the index every layer's block differed
+    and each was searched (MiniLM: 12 of 12, 39 s; now 2 of 12, 26 s). q, k and v, or a
+    layer's products that read one input, keep one node each."""
+    cache.clear()
+    q = tg.quantize(_small_gpt(4), "int8-dynamic")
+    own = sorted(n.name for n in nodes(q) if n.op.name == "dynamic_quant")
+    assert len(own) == 4 * 4 + 1  # a node per product: four a layer, and the head's
+    assert set(own) == {f"h.#.{w}.weight:rows" for w in ("attn.qkv", "attn.proj", "mlp.fc",
+                                                          "mlp.proj")} | {"wte.weight:rows"}
+    prog = tg.compile(q, db=open_db(":memory:"), bounds={"batch": 2, "seq": 8})
+    assert prog.stats["blocks"] == 4
+    assert prog.stats["blocks_planned"] == 1 and prog.stats["block_cache_hits"] == 3
 
 
 def test_repeated_blocks_are_planned_once_and_run_correctly():
