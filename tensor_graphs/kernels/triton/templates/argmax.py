@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensor_graphs.kernels.registry import Occupancy, kernel
+from tensor_graphs.kernels.registry import Occupancy
 from tensor_graphs.kernels.signatures import Spec
 from tensor_graphs.kernels.triton.templates.runtime import (
     EXACT,
@@ -30,7 +30,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     ints,
     jit,
     next_power_of_2,
-    source_text,
+    register_configs,
     target,
     torch,
 )
@@ -160,12 +160,8 @@ def function(cfg: Config):
 
 
 def register() -> None:
-    text = source_text(JIT)
     dtypes = float_dtypes()
-    for cfg in CONFIGS:
-        name = f"triton_argmax_{cfg.label}"
-        run = function(cfg)
-        run.source_text = f"{text}\n# {name}: {cfg}"
-        kernel("argmax", backend="triton", name=name, device="cuda", dtypes=None,
-               where=constraint(dtypes, name, cfg), tolerance=EXACT,
-               signatures=signatures(dtypes), writes_out=True, occupancy=occupancy(cfg))(run)
+    register_configs("argmax", JIT, CONFIGS, "triton_argmax", function,
+                     lambda cfg, name: {"where": constraint(dtypes, name, cfg),
+                                        "occupancy": occupancy(cfg)},
+                     dtypes=None, tolerance=EXACT, signatures=signatures(dtypes))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensor_graphs.kernels.registry import kernel
 from tensor_graphs.kernels.signatures import Spec
 from tensor_graphs.kernels.triton.templates.runtime import (
     EXACT,
@@ -20,7 +19,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     interpreted,
     ints,
     jit,
-    source_text,
+    register_configs,
     target,
 )
 
@@ -100,13 +99,7 @@ def function(cfg: Config):
 
 
 def register() -> None:
-    text = source_text(JIT)
     tables = float_dtypes() + ("float64",)
-    for cfg in CONFIGS:
-        name = f"triton_embedding_{cfg.label}"
-
-        run = function(cfg)
-        run.source_text = f"{text}\n# {name}: {cfg}"
-        kernel("embedding", backend="triton", name=name, device="cuda", dtypes=None,
-               where=_fits(tables, name, cfg), tolerance=EXACT, signatures=signatures(tables),
-               writes_out=True)(run)
+    register_configs("embedding", JIT, CONFIGS, "triton_embedding", function,
+                     lambda cfg, name: {"where": _fits(tables, name, cfg)},
+                     dtypes=None, tolerance=EXACT, signatures=signatures(tables))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tensor_graphs.kernels.registry import kernel
 from tensor_graphs.kernels.triton.templates.runtime import (
     ELEMENTWISE,
     deliver,
@@ -20,7 +19,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     ints,
     jit,
     next_power_of_2,
-    source_text,
+    register_configs,
     target,
     torch,
 )
@@ -122,13 +121,7 @@ def function(cfg: Config):
 
 
 def register() -> None:
-    text = source_text(JIT)
     dtypes = float_dtypes()
-    for cfg in CONFIGS:
-        name = f"triton_rotary_embedding_{cfg.label}"
-
-        run = function(cfg)
-        run.source_text = f"{text}\n# {name}: {cfg}"
-        kernel("rotary_embedding", backend="triton", name=name, device="cuda", dtypes=dtypes,
-               where=fits_grid(name, cfg), tolerance=ELEMENTWISE, signatures=signatures(dtypes),
-               writes_out=True)(run)
+    register_configs("rotary_embedding", JIT, CONFIGS, "triton_rotary_embedding", function,
+                     lambda cfg, name: {"where": fits_grid(name, cfg)},
+                     dtypes=dtypes, tolerance=ELEMENTWISE, signatures=signatures(dtypes))

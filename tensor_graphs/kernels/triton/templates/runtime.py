@@ -13,6 +13,7 @@ compile (``targets.py``) imports the same modules after ``require_compiler``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from tensor_graphs.kernels.torch.convert import Lazy, is_tensor, to_torch
@@ -51,6 +52,25 @@ def source_text(module: str) -> str:
     """The jit module's source, read without importing it: part of each kernel's source hash,
     so measurements of an edited template stop counting."""
     return (HERE / f"{module}.py").read_text()
+
+
+def register_configs(pattern, module: str, configs, prefix: str, make_run: Callable,
+                     per_config: Callable | None = None, **declared) -> None:
+    """Each config of a one-kernel template as a GPU kernel ``<prefix>_<label>`` on
+    ``pattern``: ``make_run(cfg)`` its function (``fn(*tensors, **attrs, out=None)``), the jit
+    module's source and the config in its hash; ``declared``: the registry's other
+    arguments, and ``per_config(cfg, name)`` those that differ by config (a ``where`` naming
+    the kernel, an ``occupancy``)."""
+    from tensor_graphs.kernels.registry import kernel
+
+    text = source_text(module)
+    for cfg in configs:
+        name = f"{prefix}_{cfg.label}"
+        run = make_run(cfg)
+        run.source_text = f"{text}\n# {name}: {cfg}"
+        own = per_config(cfg, name) if per_config is not None else {}
+        kernel(pattern, backend="triton", name=name, device="cuda", writes_out=True,
+               **declared, **own)(run)
 
 
 def _as_tensor(out):
@@ -165,6 +185,6 @@ def ints(*shapes) -> bool:
 
 
 __all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PDL", "PROGRAMS", "REDUCTION", "TF32",
-           "arrival_counters", "deliver", "pdl",
+           "arrival_counters", "deliver", "pdl", "register_configs",
            "float_dtypes", "grid_fits", "interpreted", "ints", "jit", "next_power_of_2",
            "source_text", "target", "torch"]
