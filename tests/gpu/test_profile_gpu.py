@@ -171,7 +171,7 @@ def test_a_gpu_fault_stops_the_profile_and_is_filed_as_no_kernels_failure(
     assert row.failure is None and row.runs > 0
 
 
-_REAL_FAULT = """
+_INDEX_PAST_ROWS = """
 import sys
 import torch
 import tensor_graphs as tg
@@ -185,27 +185,31 @@ tg.kernel("tanh", backend="torch", device="cuda", name="test_asserting_cuda_tanh
 x = tg.input("x", (8, 16))
 y = tg.tanh(x)
 try:
-    measure(Call(tg.kernels.get("test_asserting_cuda_tanh"), y, (x,), {},
-                 signature([x], y.attrs)))
+    row = measure(Call(tg.kernels.get("test_asserting_cuda_tanh"), y, (x,), {},
+                       signature([x], y.attrs)))
 except tg.GPUFaultError as exc:
     print("FAULT", exc)
     sys.exit(0)
-sys.exit("no GPUFaultError")
+print("ROW", row.failure)
 """
 
 
-@pytest.mark.skipif(SIMULATED, reason="a real device-side assert needs a real GPU (the "
-                    "simulated one's torch checks indices on the host)")
-def test_a_real_device_side_assert_is_a_gpu_fault(child_env):
-    """A kernel that trips torch's device-side index check, in a child process (the fault
-    leaves the process's GPU unusable): the measurement raises GPUFaultError, naming it."""
+def test_a_device_side_assert_is_a_gpu_fault_and_a_host_check_the_kernels_own(child_env):
+    """A kernel that indexes past its rows, in a child process (a real GPU's fault leaves the
+    process's GPU unusable). On a real GPU torch's device-side check asserts: the
+    measurement raises GPUFaultError, naming the kernel. On the simulated one torch checks
+    the index on the host and raises IndexError: the kernel's own failure, a failure row."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _REAL_FAULT], env=child_env,
+    proc = subprocess.run([sys.executable, "-c", _INDEX_PAST_ROWS], env=child_env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "test_asserting_cuda_tanh" in proc.stdout and "CUDA_LAUNCH_BLOCKING" in proc.stdout
+    if SIMULATED:
+        assert "ROW IndexError" in proc.stdout, proc.stdout[-3000:]
+    else:
+        assert "FAULT" in proc.stdout and "test_asserting_cuda_tanh" in proc.stdout \
+            and "CUDA_LAUNCH_BLOCKING" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_compile_profile_missing_on_the_gpu_then_plans_from_the_rows(tmp_path):
