@@ -57,7 +57,10 @@ def _planner(graph, dims, generate: bool = True):
 def test_one_plan_timed_twice_is_the_default_plan_not_a_speedup():
     """The same plan as "default" and "best estimate", each lowered on its own and timed for
     real: the report names the default plan as the best path and states no speedup, and the
-    two medians agree (timed cold and one call a sample they were 1.5-6x apart)."""
+    two agree round by round (timed cold and one call a sample they were 1.5-6x apart). By
+    rounds, not by medians: a change of the machine's load between two samples of one round
+    moved one median and not the other (CI: 100 against 72 us, every round within 1.08 but
+    the one the load fell in)."""
     x = tg.input("x", ("n", 256))
     graph = tg.tanh(x @ tg.weight("w", (256, 256)))
     planner, prepared = _planner(graph, {"n": 32}, generate=False)  # no kernel to build
@@ -69,8 +72,8 @@ def test_one_plan_timed_twice_is_the_default_plan_not_a_speedup():
     a, b = results
     assert a.failure is None and b.failure is None
     assert len(a.samples) == len(b.samples) == 5
-    assert max(a.measured, b.measured) / min(a.measured, b.measured) < 1.3, (a.samples,
-                                                                           b.samples)
+    ratios = [max(x, y) / min(x, y) for x, y in zip(a.samples, b.samples)]
+    assert np.median(ratios) < 1.3, (a.samples, b.samples)
     report = ProfileReport(paths=results)
     verdict = report.verdict()
     assert verdict.startswith("best path found: the default plan")
