@@ -72,8 +72,7 @@ def argmax(cfg: Config, x, axis, keepdims, out=None):
     shape = lead + (1,) if keepdims else lead
     if axis is None and keepdims:  # the reference flattens: keepdims gives (1,)
         shape = (1,)
-    like = torch.empty(0, dtype=torch.int64, device=x.device)
-    o = target(shape, like, out)
+    o = target(shape, x, out, torch.int64)
     rows = math.prod(lead)
     if rows:
         x2 = x.reshape(rows, n)  # a view unless the leading axes cannot merge

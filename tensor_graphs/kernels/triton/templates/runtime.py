@@ -77,15 +77,17 @@ def _as_tensor(out):
     return out if is_tensor(out) else to_torch(out)
 
 
-def target(shape: tuple, like, out=None):
+def target(shape: tuple, like, out=None, dtype=None):
     """The tensor a kernel writes its result to: ``out`` (a torch tensor, or a numpy buffer
     viewed as one: the simulated GPU's arena is host memory) when it is contiguous memory on
-    ``like``'s device, else a new tensor of ``like``'s dtype and device."""
+    ``like``'s device, else a new tensor of ``like``'s device and ``dtype`` (default
+    ``like``'s: an index result, argmax's, is int64)."""
+    dtype = like.dtype if dtype is None else dtype
     if out is not None:
         t = _as_tensor(out)
-        if t.device == like.device and t.is_contiguous() and t.dtype == like.dtype:
+        if t.device == like.device and t.is_contiguous() and t.dtype == dtype:
             return t
-    return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device)
 
 
 def deliver(written, out=None):
