@@ -3,7 +3,9 @@
 ``c_gelu`` and the packed GEMM's epilogue (``c_packed_matmul_bias_gelu`` with A (M, 1), B all
 ones and a zero bias, so each output is exactly gelu(A[i])). Element by element against
 0.5 x erfc(-x / sqrt 2) in float64 (no cancellation in the tail): a small relative error for
-every x whose result is a normal float32, x ~ -13 included."""
+every x whose result is a normal float32, x ~ -13 included, and the subnormal tail kept (x in
+[-14.4, -13.1]), not flushed to 0: a one-element verification case there compared 0 with
+-2.3e-41, a relative error of 1."""
 
 from __future__ import annotations
 
@@ -53,8 +55,23 @@ def test_relative_error_on_a_sweep(kind):
     err = np.abs(got.astype(np.float64)[normal] - ref[normal]) / np.abs(ref[normal])
     bound = 1e-6 + 4e-8 * x[normal].astype(np.float64) ** 2  # 7.9e-6 at x = -13.1
     assert (err < bound).all(), (err.max(), x[normal][np.argmax(err / bound)])
-    below = ~normal & (x < 0)  # x < -13.05: results under 1.2e-38, flushed or kept
-    assert (np.abs(got[below]) < 2 * TINY).all()
+    below = ~normal & (x < 0)  # x < -13.05: results under 1.2e-38, kept as subnormals
+    assert (np.abs(got[below]) < 2 * TINY).all() and (got[below] < 0).all()
+
+
+@pytest.mark.parametrize("kind", sorted(KERNELS))
+def test_the_subnormal_tail_is_kept(kind):
+    """x Phi(x) is subnormal for x in [-14.4, -13.1]: each result within the normal range's
+    relative bound (1e-5 at these x, from the rounding of x^2) plus one subnormal spacing of
+    the float64 value, and 0 only where the float64 value rounds to 0."""
+    x = np.linspace(-15, -13, 100_001).astype(np.float32)
+    got, ref = KERNELS[kind](x).astype(np.float64), reference(x)
+    spacing = 2.0 ** -149  # the smallest subnormal
+    sub = (np.abs(ref) < TINY) & (np.abs(ref) >= spacing)
+    assert sub.sum() > 50_000
+    excess = np.abs(got - ref)[sub] - 1e-5 * np.abs(ref[sub])
+    assert (excess <= spacing).all(), excess.max() / spacing
+    assert (got[np.abs(ref) < spacing / 2] == 0).all()
 
 
 @pytest.mark.parametrize("kind", sorted(KERNELS))
@@ -66,7 +83,7 @@ def test_random_inputs_norm_wise(kind, scale):
 
 @pytest.mark.parametrize("kind", sorted(KERNELS))
 def test_special_values(kind):
-    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e-30, -13.3, -14.0,
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e-30, -14.5, -20.0,
                   -1e6, -3.4e38, 13.3, 1e6, 3.4e38], np.float32)
     got = KERNELS[kind](x)
     assert np.isnan(got[:1]).all() and got[1] == np.inf

@@ -305,12 +305,16 @@ TG_INLINE float tg_exp_nonpos(float x) {
  * ms over the bias-only ~5.9 ms -> +0.11-0.31 (tanh-GELU +0.27-0.38). Carrying a^2's and c's
  * rounding into f (fmaf(a, a, -a^2), c's low part) would give 5e-7 everywhere for 3 more
  * operations (+15%).
- * a is clamped at 13.25 (then n = -127: 2^n's bits are 0, q = 0), so +inf -> inf,
- * -inf -> NaN (-inf * 0, as the float64 reference x/2 erfc(-x / sqrt 2)), NaN -> NaN. */
+ * q is built as q 2^64 (2^(n + 64) from the bits, n in [-152, 0]) and x q scaled back by
+ * 2^-64 at the end, so a result below 2^-126 keeps its subnormal tail, rounded once: x Phi(x)
+ * is subnormal for x in [-14.4, -13.2], where building 2^n directly (n < -126) gave 0 and a
+ * one-element verification case compared 0 with -2.3e-41 (relative error 1). Beyond a = 14.5
+ * x Phi(x) rounds to 0 in float32 and q is 0: +inf -> inf, -inf -> NaN (-inf * 0, as the
+ * float64 reference x/2 erfc(-x / sqrt 2)), NaN -> NaN (it fails the test a > 14.5). */
 TG_INLINE float tg_gelu_erf(float x) {
     const float c = 0.72134752f, shifter = 12582912.0f; /* 1.5 * 2^23 */
-    float a = fabsf(x);
-    a = a > 13.25f ? 13.25f : a;
+    float ax = fabsf(x);
+    float a = ax > 14.5f ? 14.5f : ax;
     float num = 0.004028542898595333f;
     num = num * a + 0.040040817111730576f;
     num = num * a + 0.18147549033164978f;
@@ -323,7 +327,7 @@ TG_INLINE float tg_gelu_erf(float x) {
     den = den * a + 1.6697156429290771f;
     den = den * a + 1.0f;
     float a2 = a * a;
-    float t = a2 * -c + shifter; /* round to nearest: the low bits hold n in [-127, 0] */
+    float t = a2 * -c + shifter; /* round to nearest: the low bits hold n in [-152, 0] */
     float fn = t - shifter;
     float f = a2 * -c - fn;
     float p = 0.0013264708686619997f;
@@ -334,11 +338,11 @@ TG_INLINE float tg_gelu_erf(float x) {
     p = p * f + 1.0f;
     uint32_t tb;
     memcpy(&tb, &t, 4);
-    uint32_t sb = (tb + (127u - 0x4B400000u)) << 23; /* the bits of 2^n (0 for n = -127) */
+    uint32_t sb = (tb + (127u + 64u - 0x4B400000u)) << 23; /* the bits of 2^(n + 64) */
     float sc;
     memcpy(&sc, &sb, 4);
-    float q = num / den * (p * sc);
-    return x * (x < 0.0f ? q : 1.0f - q);
+    float qs = ax > 14.5f ? 0.0f : num / den * (p * sc); /* q 2^64 */
+    return x < 0.0f ? x * qs * 0x1p-64f : x * (1.0f - qs * 0x1p-64f);
 }
 
 /* 0.5 x (1 + tanh(u)) = x sigmoid(v), v = 2u: x / (1 + e) for v >= 0, x e / (1 + e) for v < 0
