@@ -15,7 +15,10 @@ under ``torch.no_grad``, ``compile`` ``torch.compile(module)`` and ``compile-ro`
 (norm-wise relative error), so a row never compares different computations. Timed calls are
 interleaved (the order rotates per repeat), each between two ``torch.cuda.synchronize()``;
 medians with min-max spread, ratios ours/competitor (< 1: ours is faster). Decode: GPT-2 124M
-greedy tokens from ``tg.nn.Generator`` on the GPU against transformers' ``generate`` (ours
+greedy tokens from ``tg.nn.Generator`` on the GPU against transformers' ``generate``, eager
+and (unless ``--no-compile``) with a static cache whose step transformers compiles itself
+(``compile_config``: torch.compile's default mode, ``hf compile``, and reduce-overhead's CUDA
+graphs, ``hf compile-ro``), as users of transformers compile a decode (ours
 also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
 length and replays the other steps; and with a graph per cache length, padding off; each with
 the host's time from the call to its graph's launch, the rest being the GPU's), with the
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +232,36 @@ def device_bandwidth() -> float:
     return 2 * a.numel() / (best / 1e3)
 
 
-def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
+def hf_decoders(compile_too: bool) -> dict[str, dict]:
+    """transformers' ``generate`` as users call it, by label -> its extra arguments: eager
+    (a dynamic cache) and, with torch.compile, a static cache whose decode step transformers
+    compiles itself (``compile_config``: default mode, and reduce-overhead's CUDA graphs)."""
+    from transformers import CompileConfig
+
+    runs = {"hf generate": {}}
+    if compile_too:
+        for label, mode in (("hf compile", "default"), ("hf compile-ro", "reduce-overhead")):
+            config = CompileConfig(mode=mode, fullgraph=True)
+            if not torch.cuda.is_available():  # (CPU tests of this script's code)
+                config._compile_all_devices = True
+            runs[label] = {"cache_implementation": "static", "compile_config": config}
+    return runs
+
+
+def hf_steps(lm, prompt, tokens: int, extra: Mapping) -> tuple[float, list[int]]:
+    """transformers' ms per decode token (a generation of ``tokens`` less one of 1, over the
+    tokens between) and its tokens."""
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt), **extra)
+    with torch.no_grad():
+        one = timed(lambda: lm.generate(prompt, max_new_tokens=1, min_new_tokens=1, **kw))
+        out = []
+        many = timed(lambda: out.append(lm.generate(prompt, max_new_tokens=tokens,
+                                                    min_new_tokens=tokens, **kw)))
+    return (many - one) / (tokens - 1), out[0][0, prompt.shape[1]:].tolist()
+
+
+def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool = True
+           ) -> None:
     import transformers
 
     from tensor_graphs.nn import Generator
@@ -282,22 +315,13 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
             if launches:
                 host.append((launches[0] - t) * 1e3)
 
-    def hf_steps():
-        kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(gpu_prompt))
-        with torch.no_grad():
-            one = timed(lambda: lm.generate(gpu_prompt, max_new_tokens=1, min_new_tokens=1,
-                                            **kw))
-            out = []
-            many = timed(lambda: out.append(lm.generate(gpu_prompt, max_new_tokens=tokens,
-                                                        min_new_tokens=tokens, **kw)))
-        return (many - one) / (tokens - 1), out[0][0, prompt_len:].tolist()
-
     # graphs are padded to power-of-two buckets of the cache length (runtime/graphs.py): the
     # first run captures one graph per bucket on its second step and replays the rest; with
     # padding off (exe.graphs.padding = None) one graph per cache length, captured on the
-    # second run. The timed rounds run exact, padded and transformers in the same order each
-    # time (the first H100 run timed exact only after the padded rounds, not between
-    # transformers' runs as padded was)
+    # second run. The timed rounds run exact, padded and each of transformers' in the same
+    # order each time (the first H100 run timed exact only after the padded rounds, not
+    # between transformers' runs as padded was); each competitor's first generation (its
+    # compile) is untimed, and its tokens are compared with ours
     exe = gen.decode._symbolic
     first, first_host, _ = ours_steps()
     captures_first = gen.decode.stats["graph_captures"]
@@ -306,8 +330,21 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
     ours_steps()
     ours_steps()  # (captures one graph per length)
     exe.graphs.padding = "pow2"
-    hf_steps()
-    mine, mine_host, exact, exact_host, theirs, agree = [], [], [], [], [], True
+    _, _, expected = ours_steps()
+    theirs, notes = {}, {}
+    for label, extra in hf_decoders(compile_too).items():
+        start = time.perf_counter()
+        try:
+            _, got = hf_steps(lm, gpu_prompt, tokens, extra)  # (compiles the step)
+        except Exception as exc:  # a competitor that cannot run is a result
+            traceback.print_exc(limit=3)
+            notes[label] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            continue
+        theirs[label] = extra
+        notes[label] = (f"setup {time.perf_counter() - start:.1f} s, tokens "
+                        f"{'equal' if got == expected else 'DIFFER'}")
+    mine, mine_host, exact, exact_host, agree = [], [], [], [], True
+    samples = {label: [] for label in theirs}
     for _ in range(5):
         exe.graphs.padding = None
         step, host, same = ours_steps()
@@ -317,16 +354,17 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
         step, host, got = ours_steps()
         mine.append(step)
         mine_host.append(host)
-        step, ref = hf_steps()
-        theirs.append(step)
-        agree = agree and got == ref == same
+        agree = agree and got == same == expected
+        for label, extra in theirs.items():
+            samples[label].append(hf_steps(lm, gpu_prompt, tokens, extra)[0])
     for cls, replay in replays.items():
         cls.replay = replay
     weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
         - lm.transformer.wpe.weight.numel() * 4  # a step reads one row of the positions
     floor = weights / device_bandwidth() * 1e3  # the copy's rate counts bytes read + written
     lines = [f"\n## gpt2-124m decode, fp32, prompt {prompt_len}, {tokens} tokens "
-             f"(our build {setup:.1f} s; tokens {'equal' if agree else 'DIFFER'})",
+             f"(our build {setup:.1f} s; our tokens the same in each round: "
+             f"{'yes' if agree else 'NO'})",
              f"  ours        {statistics.median(mine):8.3f} ms/token (host to the graph's "
              f"launch {statistics.median(mine_host):.3f})",
              f"  ours, first {first:8.3f} ms/token (host to launch {first_host:.3f}; "
@@ -334,10 +372,13 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128) -> None:
              "length)",
              f"  ours, exact {statistics.median(exact):8.3f} ms/token (host to launch "
              f"{statistics.median(exact_host):.3f}; a graph per cache length, no padding)",
-             f"  hf generate {statistics.median(theirs):8.3f} ms/token",
+             *(f"  {label:13s} {statistics.median(samples[label]):8.3f} ms/token "
+               f"({notes[label]})" if label in samples else f"  {label:13s} {notes[label]}"
+               for label in notes),
              f"  HBM floor   {floor:8.3f} ms/token ({weights / 1e6:.0f} MB of weights)",
-             f"  ours/floor {statistics.median(mine) / floor:.2f}, ours/hf "
-             f"{statistics.median(mine) / statistics.median(theirs):.2f}",
+             "  " + ", ".join([f"ours/floor {statistics.median(mine) / floor:.2f}"] + [
+                 f"ours/{label} {statistics.median(mine) / statistics.median(s):.2f}"
+                 for label, s in samples.items()]),
              f"  ours decode: {gen.decode.loop}"]
     report(table, "\n".join(lines))
     plans(table, "gpt2-124m decode step", gen.decode)
@@ -499,7 +540,8 @@ def main(argv=None) -> int:
         n, m, d, runners, args.repeats, db, table))
         for name, make in WORKLOADS.items() if args.only in name for dtype in dtypes]
     if args.only in "gpt2-124m decode":  # after GPT-2's prefill, whose rows it reuses
-        work.insert(min(len(dtypes), len(work)), ("gpt2-124m decode", lambda: decode(db, table)))
+        work.insert(min(len(dtypes), len(work)), ("gpt2-124m decode", lambda: decode(
+            db, table, compile_too=not args.no_compile)))
     if args.only in "log-softmax split":  # seconds: first, so a short lease measures it
         work.insert(0, ("log-softmax split", lambda: split_rows(table)))
     for label, run in work:
