@@ -24,11 +24,20 @@ from tensor_graphs.nn.layers import Linear, RMSNorm, _join
 __all__ = ["positions", "RopeScaling", "RotaryEmbedding", "KVCache", "MultiHeadAttention"]
 
 
-def positions(seq, past=0) -> Node:
-    """Absolute positions ``past, ..., past + seq - 1`` (int64) of the tokens of this call."""
+def positions(seq, past=0, pad: Node | None = None) -> Node:
+    """Absolute positions ``past, ..., past + seq - 1`` (int64) of the tokens of this call.
+
+    ``pad`` (batch,): each row's count of left-padding tokens (a left-padded batch, as a
+    tokenizer with ``padding_side="left"`` gives it). Then each row's own positions (batch,
+    seq): ``past + i - pad[b]``, so a row's first real token is at 0 as it would be unpadded,
+    and 0 at a padding token (transformers gives those 1; they are never attended to)."""
     ids = tg.iota(seq)
     past = as_dim(past)
-    return ids if past == 0 else ids + tg.size(past)
+    ids = ids if past == 0 else ids + tg.size(past)
+    if pad is None:
+        return ids
+    shifted = tg.reshape(ids, (1, seq)) - tg.reshape(pad, (pad.shape[0], 1))
+    return tg.maximum(shifted, tg.constant(0, "int64"))
 
 
 @dataclass(frozen=True)
@@ -180,8 +189,10 @@ class RotaryEmbedding:
         self.attention_factor = 1.0 if scaling is None else scaling.attention_factor
 
     def cos_sin(self, pos: Node) -> tuple[Node, Node]:
-        """(seq, head_dim) cos and sin tables for int positions of shape (seq,)."""
-        angles = tg.reshape(tg.cast(pos, "float32"), (pos.shape[0], 1)) * self.inv_freq
+        """(seq, head_dim) cos and sin tables for int positions of shape (seq,); (batch, 1,
+        seq, head_dim) for a row's own positions (batch, seq), broadcast over the heads."""
+        shape = (pos.shape[0], 1) if pos.ndim == 1 else (pos.shape[0], 1, pos.shape[1], 1)
+        angles = tg.reshape(tg.cast(pos, "float32"), shape) * self.inv_freq
         emb = tg.concat([angles, angles], axis=-1)
         cos, sin = tg.cos(emb), tg.sin(emb)
         if self.attention_factor != 1.0:
@@ -189,7 +200,8 @@ class RotaryEmbedding:
         return cos, sin
 
     def __call__(self, x: Node, pos: Node) -> Node:
-        """Rotate x (..., seq, head_dim) by the angles of ``pos`` (seq,)."""
+        """Rotate x (..., seq, head_dim) by the angles of ``pos`` (seq,), or (batch, seq) for
+        x (batch, heads, seq, head_dim)."""
         cos, sin = self.cos_sin(pos)
         return tg.rotary_embedding(x, cos, sin)
 
@@ -319,9 +331,12 @@ class MultiHeadAttention:
                 tg.slice_axis(qkv, -1, q_out, q_out + kv_out),
                 tg.slice_axis(qkv, -1, q_out + kv_out, q_out + 2 * kv_out))
 
-    def __call__(self, x: Node, *, cache: KVCache | None = None) -> Node:
+    def __call__(self, x: Node, *, cache: KVCache | None = None, pad: Node | None = None
+                 ) -> Node:
         """x (batch, seq, dim) -> (batch, seq, dim). With ``cache``, the tokens of x follow the
-        ``cache.past`` cached ones: they are appended to the cache and attend to all of them."""
+        ``cache.past`` cached ones: they are appended to the cache and attend to all of them.
+        ``pad`` (batch,): each row's count of left-padding tokens, which no real token
+        attends to (see :func:`positions`)."""
         if x.ndim != 3:
             raise ShapeError(f"{self.name}: attention takes (batch, seq, dim), got "
                              f"{format_shape(x.shape)}")
@@ -339,9 +354,9 @@ class MultiHeadAttention:
         v = heads(v, self.kv_heads, None)
         past = cache.past if cache is not None else 0
         if self.rope is not None:
-            pos = positions(seq, past)
+            pos = positions(seq, past, pad)
             q, k = self.rope(q, pos), self.rope(k, pos)
-        if cache is None and self.window is None:
+        if cache is None and self.window is None and pad is None:
             o = tg.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale)
         else:
             # a window no shorter than the cache hides nothing (Mistral's 4096 under a shorter
@@ -350,7 +365,7 @@ class MultiHeadAttention:
                 else None
             if cache is not None:
                 k, v = cache.append(self.name, k, v)
-            mask = _offset_causal_mask(seq, past, window) if self.causal else None
+            mask = _offset_causal_mask(seq, past, window, pad) if self.causal else None
             o = tg.scaled_dot_product_attention(q, k, v, mask, scale=self.scale)
         o = tg.reshape(tg.permute(o, (0, 2, 1, 3)), (batch, seq, self.heads * self.head_dim))
         return self.out(o)
@@ -362,9 +377,16 @@ class MultiHeadAttention:
                 + (f", window={self.window}" if self.window is not None else "") + ")")
 
 
-def _offset_causal_mask(seq, past, window: int | None = None) -> Node:
+def _offset_causal_mask(seq, past, window: int | None = None, pad: Node | None = None
+                        ) -> Node:
     """Additive (seq, past + seq) mask: query i (at position past + i) sees keys j <= past + i,
     and with a ``window`` only those with j > past + i - window.
+
+    With ``pad`` (batch,), a left-padded batch's (batch, 1, seq, past + seq) mask: keys j <
+    pad[b] (row b's padding) are hidden too, but from the padding query at j itself, which
+    then sees only its own key rather than none (a row of -inf only would make NaN that its
+    values carry into later layers; transformers unmasks such rows too). Windows count cache
+    slots, as they do unpadded.
 
     Additive float (0 / -inf) rather than bool because that is the form the fused C attention
     kernels take; every row keeps at least its own key, so no row is fully masked.
@@ -375,5 +397,8 @@ def _offset_causal_mask(seq, past, window: int | None = None) -> Node:
     hidden = tg.less(row, col)
     if window is not None:
         hidden = tg.logical_or(hidden, tg.less_equal(col + window, row))
+    if pad is not None:
+        padding = tg.less(col, tg.reshape(pad, (pad.shape[0], 1, 1, 1)))
+        hidden = tg.logical_or(hidden, tg.logical_and(padding, tg.not_equal(col, row)))
     return tg.where(hidden, tg.constant(-math.inf, "float32"),
                     tg.constant(0.0, "float32"))

@@ -12,13 +12,16 @@ for keys and one for values):
   compiles or allocates, and runs the same instruction list at any cache length.
 
 After prefill its cache is bound into the decode program once (one copy of the prompt's keys
-and values); every decode step then appends in place. Everything is checked before any work:
-token ids against the vocabulary, the prompt and ``max_new_tokens`` against the cache, the
-options, and the generation settings (the model's ``generation_config`` under the call's). The
-tokens are those of transformers' ``generate(do_sample=False)``: ``repetition_penalty`` is
-applied as transformers applies it, and a setting under which transformers would choose other
-tokens that is not applied here (beam search, n-gram bans, forced tokens...) is refused, never
-ignored.
+and values); every decode step then appends in place. A left-padded batch (prompts of
+different lengths) runs a second such pair, compiled on its first call, whose input ``pad``
+gives each row's padding: per-row positions and a mask that hides the padding.
+
+Everything is checked before any work: token ids against the vocabulary, the prompt and
+``max_new_tokens`` against the cache, the padding, the options, and the generation settings
+(the model's ``generation_config`` under the call's). The tokens are those of transformers'
+``generate(do_sample=False)``: ``repetition_penalty`` is applied as transformers applies it,
+and a setting under which transformers would choose other tokens that is not applied here
+(beam search, n-gram bans, forced tokens...) is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -185,6 +189,20 @@ def _architecture(config, max_len: int) -> tuple[Callable, type]:
     return ARCHITECTURES[kind]
 
 
+class _Graphs(NamedTuple):
+    """A generator's two programs' outputs, and what the prefill's cache starts from."""
+
+    prefill: list  # logits, the cache's new versions (and the chosen token on a GPU)
+    decode: list
+    float_prefill: list  # the prefill's outputs before quantizing (save_quantized's input)
+    cache_names: list[str]
+    empty: dict[str, np.ndarray]  # zero-length caches
+
+
+def _weight_names(outputs: list) -> set[str]:
+    return {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
+
+
 class Generator:
     """A prefill and a decode program for one model, batch size and cache length; call it
     (or :meth:`stream`) for each prompt. Reuse it: building compiles both programs."""
@@ -209,7 +227,6 @@ class Generator:
         float copy of a quantized weight is read; from a file, ``quantize`` may be left out
         (the file's metadata names it). Every weight is checked before either program binds
         any."""
-        from tensor_graphs.compiler import compile as compile_graph
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
         from tensor_graphs.runtime.prequantized import (
             check_prequantized,
@@ -277,16 +294,26 @@ class Generator:
         def chosen(logits) -> list:
             return [tg.argmax(logits, axis=-1)] if self._ahead else []
 
-        ids = tg.input("input_ids", (batch, "seq"), "int64")
-        prefill_cache = KVCache(max_len)
-        prefill_logits = model(ids, cache=prefill_cache, last_only=True)
-        float_prefill = [prefill_logits, *prefill_cache.updates]
-        prefill_outputs = quantized(float_prefill + chosen(prefill_logits))
-        token = tg.input("input_ids", (batch, 1), "int64")
-        decode_cache = KVCache(max_len)
-        decode_logits = model(token, cache=decode_cache)
-        decode_outputs = quantized([decode_logits, *decode_cache.updates,
-                                    *chosen(decode_logits)])
+        def graphs(padded: bool) -> _Graphs:
+            """The two programs' outputs; ``padded``: with the input ``pad`` (batch,), each
+            row's count of left-padding tokens (a padded batch's programs)."""
+            pad = tg.input("pad", (batch,), "int64") if padded else None
+            ids = tg.input("input_ids", (batch, "seq"), "int64")
+            prefill_cache = KVCache(max_len)
+            prefill_logits = model(ids, cache=prefill_cache, last_only=True, pad=pad)
+            float_prefill = [prefill_logits, *prefill_cache.updates]
+            token = tg.input("input_ids", (batch, 1), "int64")
+            decode_cache = KVCache(max_len)
+            decode_logits = model(token, cache=decode_cache, pad=pad)
+            return _Graphs(quantized(float_prefill + chosen(prefill_logits)),
+                           quantized([decode_logits, *decode_cache.updates,
+                                      *chosen(decode_logits)]),
+                           float_prefill, decode_cache.names(), prefill_cache.empty(batch))
+
+        # a padded batch's programs are built on its first call (``_padded_programs``)
+        self._graphs, self._options, self._padded = graphs, options, None
+        built = graphs(padded=False)
+        prefill_outputs, decode_outputs, float_prefill = built[:3]
         # the weights, read once for both programs and all checked before compiling either
         wanted = {leaf.name: leaf for outputs in (prefill_outputs, decode_outputs)
                   for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
@@ -309,14 +336,36 @@ class Generator:
         # so no reference here keeps a host copy of them alive on a GPU build
         self._float = (float_prefill, quantize, skip, group_size) \
             if quantize is not None and not prequantized else None
-        self.prefill = compile_graph(prefill_outputs, bounds={"seq": max_prompt, "past": 1},
-                                     **options)
-        self.decode = compile_graph(decode_outputs, bounds={"past": max_len - 1}, **options)
-        self.cache_names = decode_cache.names()
-        self._empty = prefill_cache.empty(batch)
+        self.prefill, self.decode = self._compiled(built)
+        self.cache_names, self._empty = built.cache_names, built.empty
         for prog, outputs in ((self.prefill, prefill_outputs), (self.decode, decode_outputs)):
-            names = {leaf.name for leaf in leaves(outputs) if leaf.op.name == WEIGHT}
-            prog.bind(**{n: weights[n] for n in names})
+            prog.bind(**{n: weights[n] for n in _weight_names(outputs)})
+
+    def _compiled(self, built: _Graphs) -> tuple:
+        from tensor_graphs.compiler import compile as compile_graph
+
+        return (compile_graph(built.prefill, bounds={"seq": self.max_prompt, "past": 1},
+                              **self._options),
+                compile_graph(built.decode, bounds={"past": self.max_len - 1},
+                              **self._options))
+
+    def _padded_programs(self) -> tuple:
+        """The prefill and decode programs of a left-padded batch, compiled on its first
+        call: they take ``pad`` (each row's count of padding tokens) beside the ids, which
+        sets each row's positions and hides its padding from its real tokens. Their weights
+        are the first pair's values as those hold them (a GPU's tensors are shared, not
+        copied again; what a plan prepares from them, a packed weight, is its own)."""
+        if self._padded is None:
+            built = self._graphs(padded=True)
+            programs = self._compiled(built)
+            for prog, first, outputs in zip(programs, (self.prefill, self.decode),
+                                            (built.prefill, built.decode)):
+                prog.bind(**first.bound_weights(_weight_names(outputs), on_host=False))
+            self._padded = programs
+        return self._padded
+
+    def _programs(self) -> list:
+        return [self.prefill, self.decode, *(self._padded or ())]
 
     def save_quantized(self, path, *, metadata: Mapping[str, str] | None = None) -> list[str]:
         """Write this generator's weights, quantized as it was built (``quantize=``, from
@@ -422,7 +471,7 @@ class Generator:
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ArgumentError(f"generate: token id {int(ids[where])} at {where} is outside "
                                 f"the vocabulary 0..{self.vocab_size - 1}")
-        _check_padding(ids, attention_mask, self._padding_id)
+        pad = _check_padding(ids, attention_mask, self._padding_id)
         max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
         if ids.shape[1] > self.max_prompt:
             raise ShapeError(f"generate: the prompt has {ids.shape[1]} tokens, more than the "
@@ -434,26 +483,30 @@ class Generator:
             raise ShapeError(f"generate: {ids.shape[1]} prompt tokens + {max_new_tokens} new "
                              f"ones need a cache of {cached} tokens; it holds {self.max_len} "
                              "(build the generator with a larger max_len)")
-        return ids.astype(np.int64, copy=False)
+        return ids.astype(np.int64, copy=False), pad
 
     def stream(self, input_ids, max_new_tokens: int, *,
                attention_mask=None) -> Iterator[np.ndarray]:
         """Yield each step's tokens, shape (batch,), as soon as they are chosen. Checks the
         input before any work, so a bad call leaves the caches as they were.
-        ``attention_mask``: as a tokenizer gives it; only ones are taken (see ``__call__``)."""
-        ids = self._check(input_ids, max_new_tokens, attention_mask)
+        ``attention_mask``: as a tokenizer gives it, left-padded (see ``__call__``)."""
+        ids, pad = self._check(input_ids, max_new_tokens, attention_mask)
         max_new_tokens = int(max_new_tokens)  # (checked: an integer of any type)
-        return self._tokens(ids, max_new_tokens)
+        return self._tokens(ids, max_new_tokens, pad)
 
-    def _runs(self) -> tuple[int, int]:
-        return self.prefill.stats["calls"], self.decode.stats["calls"]
+    def _runs(self) -> tuple[int, ...]:
+        return tuple(prog.stats["calls"] for prog in self._programs())
 
-    def _tokens(self, ids: np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
-        self.prefill.bind(**self._empty)
-        results = self.prefill(input_ids=ids)
-        self.decode.bind(**{n: self.prefill.state(n) for n in self.cache_names})
+    def _tokens(self, ids: np.ndarray, max_new_tokens: int, pad: np.ndarray | None
+                ) -> Iterator[np.ndarray]:
+        prefill, decode = (self.prefill, self.decode) if pad is None \
+            else self._padded_programs()
+        feeds = {} if pad is None else {"pad": pad}
+        prefill.bind(**self._empty)
+        results = prefill(input_ids=ids, **feeds)
+        decode.bind(**{n: prefill.state(n) for n in self.cache_names})
         if self._ahead:
-            yield from self._tokens_ahead(results[-1], max_new_tokens)
+            yield from self._tokens_ahead(decode, feeds, results[-1], max_new_tokens)
             return
         logits = on_host(results[0])
         runs = self._runs()
@@ -477,10 +530,11 @@ class Generator:
             if penalty is not None:
                 seen[np.arange(self.batch), token] = True
             self._check_runs(runs)
-            logits = on_host(self.decode(input_ids=token[:, None])[0])
+            logits = on_host(decode(input_ids=token[:, None], **feeds)[0])
             runs = self._runs()
 
-    def _tokens_ahead(self, chosen, max_new_tokens: int) -> Iterator[np.ndarray]:
+    def _tokens_ahead(self, decode, feeds: Mapping, chosen, max_new_tokens: int
+                      ) -> Iterator[np.ndarray]:
         """The tokens of a GPU generator, each step queued before the previous step's token
         is read on the host: ``chosen`` (batch, 1) stays on the GPU and is the next step's
         input, and its copy to the host is waited for only after that step is queued, so the
@@ -496,7 +550,7 @@ class Generator:
             ahead = None
             if step < max_new_tokens - 1:
                 self._check_runs(runs)
-                chosen = self.decode(input_ids=chosen)[-1]
+                chosen = decode(input_ids=chosen, **feeds)[-1]
                 runs = self._runs()
                 ahead = reader.start(chosen)
             token = pending()[:, 0].astype(np.int64)
@@ -507,7 +561,7 @@ class Generator:
                 return
             pending = ahead
 
-    def _check_runs(self, runs: tuple[int, int]) -> None:
+    def _check_runs(self, runs: tuple[int, ...]) -> None:
         if self._runs() != runs:
             # another call's prefill or decode ran since this stream's last step: the caches
             # hold its tokens now, and decoding on would give wrong ones silently
@@ -520,12 +574,15 @@ class Generator:
     def __call__(self, input_ids, max_new_tokens: int, *, attention_mask=None) -> np.ndarray:
         """The prompt followed by the greedy tokens, (batch, prompt + new), as transformers'
         ``generate(do_sample=False)`` returns it (it stops early when every row ended).
-        ``attention_mask`` (as a tokenizer gives it with the ids) must be all ones: padded
-        rows are refused. Without one, a prompt holding ``pad_token_id`` (given, and no eos)
-        is refused too, since transformers would take those tokens for padding."""
-        ids = self._check(input_ids, max_new_tokens, attention_mask)
+        ``attention_mask`` (as a tokenizer gives it with the ids): a batch of prompts of
+        different lengths left-padded (``padding_side="left"``, as transformers asks of a
+        decoder-only model), each row's tokens those of its prompt alone; right padding is
+        refused. Without a mask, tokens equal to ``pad_token_id`` (given, and no eos) are
+        padding, as transformers infers them. The first padded call compiles a second pair
+        of programs (``pad`` is their input)."""
+        ids, pad = self._check(input_ids, max_new_tokens, attention_mask)
         max_new_tokens = int(max_new_tokens)  # (checked: an integer of any type)
-        new = list(self._tokens(ids, max_new_tokens))
+        new = list(self._tokens(ids, max_new_tokens, pad))
         return np.concatenate([ids, np.stack(new, axis=1)], axis=1)
 
 
@@ -539,21 +596,23 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def _check_attention_mask(mask, shape: tuple[int, ...]) -> None:
-    """Only a mask of ones (every token real) is taken: a padded batch needs per-row positions
-    and a key mask that these programs do not build, and without them its rows' tokens would
-    be wrong."""
-    if hasattr(mask, "detach"):
-        mask = mask.detach().cpu().numpy()
-    mask = np.asarray(mask)
-    mask = mask[None, :] if mask.ndim == 1 else mask
-    if mask.shape != shape:
-        raise ShapeError(f"generate: attention_mask has shape {mask.shape}; input_ids {shape}")
-    rows = sorted({int(r) for r in np.argwhere(mask == 0)[:, 0]})
-    if rows:
-        raise ArgumentError(f"generate: attention_mask pads rows {rows} (zeros); padded batches "
-                            "are not supported: generate prompts of different lengths in "
-                            "separate calls (an attention_mask of ones, or none, is taken)")
+def _left_padding(real: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """Each row's count of left-padding tokens where ``real`` (batch, seq) marks the real
+    ones (None: no row padded), or why there is none: padding must come before a row's
+    tokens, as a tokenizer with ``padding_side="left"`` puts it; a row padded after or between
+    its tokens, or made of padding only, would not have its own prompt's positions."""
+    if real.all():
+        return None, None
+    empty = sorted(int(r) for r in np.flatnonzero(~real.any(axis=1)))
+    if empty:
+        return None, f"rows {empty} padding only: each row needs at least one token"
+    pad = real.argmax(axis=1)  # the first real token of each row
+    holes = sorted(int(r) for r in np.flatnonzero(real.sum(axis=1) != real.shape[1] - pad))
+    if holes:
+        return None, (f"rows {holes} padded after a real token (right padding, or a gap); a "
+                      "decoder-only model generates from left-padded prompts: "
+                      "tokenizer.padding_side = 'left'")
+    return pad.astype(np.int64), None
 
 
 def _padding_id(eos_token_id, pad_token_id) -> int | None:
@@ -566,24 +625,34 @@ def _padding_id(eos_token_id, pad_token_id) -> int | None:
     return None if int(pad_token_id) in eos else int(pad_token_id)
 
 
-def _check_padding(ids: np.ndarray, mask, padding_id: int | None) -> None:
-    """Refuse a padded batch, whether ``mask`` (an attention_mask) says so or, with no mask,
-    transformers' generate would infer it: given a ``pad_token_id`` that is no eos, it takes
-    every prompt token equal to it for padding (``attention_mask = input_ids != pad``) and
-    decodes other tokens than these programs, which attend to every token."""
+def _check_padding(ids: np.ndarray, mask, padding_id: int | None) -> np.ndarray | None:
+    """Each row's count of left-padding tokens (None: none), from ``mask`` (an
+    attention_mask, 0 marking padding) or, with no mask, as transformers' generate infers it:
+    given a ``pad_token_id`` that is no eos, it takes every prompt token equal to it for
+    padding (``attention_mask = input_ids != pad``). Padding not on the left is refused."""
     if mask is not None:
-        _check_attention_mask(mask, ids.shape)
-        return
+        if hasattr(mask, "detach"):
+            mask = mask.detach().cpu().numpy()
+        mask = np.asarray(mask)
+        mask = mask[None, :] if mask.ndim == 1 else mask
+        if mask.shape != ids.shape:
+            raise ShapeError(f"generate: attention_mask has shape {mask.shape}; input_ids "
+                             f"{ids.shape}")
+        pad, problem = _left_padding(mask != 0)
+        if problem is not None:
+            raise ArgumentError(f"generate: attention_mask has {problem}")
+        return pad
     if padding_id is None:
-        return
-    rows = sorted({int(r) for r in np.argwhere(ids == padding_id)[:, 0]})
-    if rows:
+        return None
+    pad, problem = _left_padding(ids != padding_id)
+    if problem is not None:
+        rows = sorted({int(r) for r in np.argwhere(ids == padding_id)[:, 0]})
         raise ArgumentError(
             f"generate: input_ids rows {rows} hold pad_token_id={padding_id} and no "
             "attention_mask is given: transformers' generate takes those tokens for padding "
-            "(it infers attention_mask = input_ids != pad_token_id) and padded batches are not "
-            "supported here; pass attention_mask=np.ones_like(input_ids) if they are real "
-            "tokens, or generate prompts of different lengths unpadded in separate calls")
+            f"(it infers attention_mask = input_ids != pad_token_id), which has {problem}; "
+            "pass attention_mask=np.ones_like(input_ids) if they are real tokens")
+    return pad
 
 
 def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, *,

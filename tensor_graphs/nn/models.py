@@ -39,8 +39,9 @@ class TransformerBlock:
     def __init__(self, attn: MultiHeadAttention, mlp: MLP, norm1, norm2):
         self.attn, self.mlp, self.norm1, self.norm2 = attn, mlp, norm1, norm2
 
-    def __call__(self, x: Node, *, cache: KVCache | None = None) -> Node:
-        x = x + self.attn(self.norm1(x), cache=cache)
+    def __call__(self, x: Node, *, cache: KVCache | None = None, pad: Node | None = None
+                 ) -> Node:
+        x = x + self.attn(self.norm1(x), cache=cache, pad=pad)
         return x + self.mlp(self.norm2(x))
 
     def __repr__(self) -> str:
@@ -142,18 +143,20 @@ class GPT2:
             Linear(c.n_embd, c.vocab_size, name="lm_head", bias=False)
 
     def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None,
-                 last_only: bool = False) -> Node:
+                 last_only: bool = False, pad: Node | None = None) -> Node:
         """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`); with
-        ``last_only`` (batch, 1, vocab), the head applied to the last position only."""
+        ``last_only`` (batch, 1, vocab), the head applied to the last position only.
+        ``pad`` (batch,) int64: each row's count of left-padding tokens (see
+        :func:`positions`); None: no padding."""
         ids = input_ids() if ids is None else ids
         _check_ids(ids)
         if cache is not None and cache.max_len > self.config.n_positions:
             raise ArgumentError(f"GPT2: a cache of {cache.max_len} tokens outruns the "
                                 f"{self.config.n_positions} learned positions")
         past = cache.past if cache is not None else 0
-        x = self.wte(ids) + self.wpe(positions(ids.shape[1], past))
+        x = self.wte(ids) + self.wpe(positions(ids.shape[1], past, pad))
         for block in self.blocks:
-            x = block(x, cache=cache)
+            x = block(x, cache=cache, pad=pad)
         x = self.ln_f(_last(x) if last_only else x)
         return self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
 
@@ -320,13 +323,15 @@ class Llama:
             Linear(d, c.vocab_size, name="lm_head", bias=False)
 
     def __call__(self, ids: Node | None = None, *, cache: KVCache | None = None,
-                 last_only: bool = False) -> Node:
+                 last_only: bool = False, pad: Node | None = None) -> Node:
         """Logits (batch, seq, vocab) for ``ids`` (default: :func:`input_ids`); with
-        ``last_only`` (batch, 1, vocab), the head applied to the last position only."""
+        ``last_only`` (batch, 1, vocab), the head applied to the last position only.
+        ``pad`` (batch,) int64: each row's count of left-padding tokens (see
+        :func:`positions`); None: no padding."""
         ids = input_ids() if ids is None else ids
         _check_ids(ids)
         x = self.embed_tokens(ids)
         for block in self.blocks:
-            x = block(x, cache=cache)
+            x = block(x, cache=cache, pad=pad)
         x = self.norm(_last(x) if last_only else x)
         return self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)

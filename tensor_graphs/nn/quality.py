@@ -239,7 +239,7 @@ def _first_logits(gen, prompt: np.ndarray) -> np.ndarray:
     """The prefill's logits for the prompt (the last position's). Every token is real (a
     mask of ones): two generators compared attend alike to a token equal to their pad id,
     which a generation compared with transformers' would refuse."""
-    ids = gen._check(prompt, 1, np.ones(np.shape(prompt), np.int64))  # noqa: SLF001
+    ids, _ = gen._check(prompt, 1, np.ones(np.shape(prompt), np.int64))  # noqa: SLF001
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
     return on_host(gen.prefill(input_ids=ids)[0])  # (a GPU generator's stay there)
 

@@ -1106,19 +1106,21 @@ class CompiledGraph:
                     return None
         return dims
 
-    def bound_weights(self, names=None) -> dict[str, np.ndarray]:
+    def bound_weights(self, names=None, *, on_host: bool = True) -> dict[str, np.ndarray]:
         """The weights this program has bound, by name, as host arrays (a GPU's copied, a
         host array as it is): ``names`` of them, or all. What ``save_quantized`` of a
         generator or an imported module writes from: read back when it is called rather than
         kept from the caller, since a reference held for a save that may never come keeps a
-        second host copy of the float model alive wherever the program holds its own."""
+        second host copy of the float model alive wherever the program holds its own.
+        ``on_host=False``: as the program holds them (a GPU's tensors there), so that another
+        program binds the same memory (a generator's padded programs)."""
         names = list(self._bound) if names is None else list(names)
         missing = sorted(n for n in names if n not in self._bound)
         if missing:
             raise ArgumentError(f"the program has no weight bound as {missing[:5]}"
                                 f"{' ...' if len(missing) > 5 else ''}: bind it first "
                                 "(prog.bind(name=array))")
-        return {n: dv.on_host(self._bound[n]) for n in names}
+        return {n: dv.on_host(self._bound[n]) if on_host else self._bound[n] for n in names}
 
     def state(self, name: str) -> np.ndarray | torch_Tensor:
         """The current value of a kept state (read-only view of its active prefix). A state

@@ -86,6 +86,30 @@ def test_an_eos_ends_a_row_and_the_others_go_on_as_transformers(slow_host):
     assert (got[0, 9:] == 7).all(), got
 
 
+@pytest.mark.slow  # ~15 s on the simulated GPU
+def test_a_left_padded_batch_gives_transformers_tokens_in_cuda_graphs(slow_host):
+    """Prompts of 7 and 4 tokens, the second left-padded: the padded programs take each row's
+    padding (``pad``) as a feed, so their steps are queued ahead and replayed as CUDA graphs
+    (padded to the cache length's bucket) like the unpadded ones, with transformers' tokens."""
+    from tensor_graphs.nn import Generator
+
+    lm = tiny.gpt2()
+    rng = np.random.default_rng(11)
+    ids = np.zeros((2, 7), np.int64)
+    ids[0], ids[1, 3:] = rng.integers(1, 211, 7), rng.integers(1, 211, 4)
+    mask = (ids != 0).astype(np.int64)
+    with torch.no_grad():
+        expected = lm.generate(torch.from_numpy(ids), max_new_tokens=10, do_sample=False,
+                               pad_token_id=0, attention_mask=torch.from_numpy(mask)).numpy()
+    gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, batch=2, db=slow_host,
+                                      device="cuda")
+    for _ in range(2):  # the second generation replays the graphs the first captured
+        np.testing.assert_array_equal(gen(ids, 10, attention_mask=mask), expected)
+    decode = gen._padded[1]
+    assert decode.loop.startswith("cuda graph: replayed"), decode.loop
+    assert decode.stats["graph_runs"] >= 9, decode.stats
+
+
 def test_the_host_reader_reads_each_copy_as_it_was_even_after_its_slot_is_reused():
     """Three copies through two slots, read last to first: the third copy took the first's
     slot, so the first was read before it was overwritten."""

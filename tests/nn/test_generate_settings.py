@@ -1,8 +1,9 @@
 """tg.generate's generation settings, options and streams: the tokens stay transformers'
 generate(do_sample=False)'s under the model's generation_config (repetition_penalty applied,
-eos/pad from the call over the config's), and whatever would make them differ is refused
-before any compile work: a setting not applied here, an unknown option, a padded
-attention_mask, a stream whose cache a later call overwrote."""
+eos/pad from the call over the config's, a left-padded batch each row's own), and whatever
+would make them differ is refused before any compile work: a setting not applied here, an
+unknown option, padding that is not on the left, a stream whose cache a later call
+overwrote."""
 
 import os
 
@@ -26,6 +27,15 @@ def _qwen2():
                                    vocab_size=VOCAB, initializer_range=0.3, bos_token_id=None,
                                    eos_token_id=None)
     return transformers.Qwen2ForCausalLM(cfg)
+
+
+def _mistral_window():
+    """Sliding-window attention (a window of 4) with GQA and RoPE."""
+    cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     vocab_size=VOCAB, initializer_range=0.3, sliding_window=4,
+                                     bos_token_id=None, eos_token_id=None)
+    return transformers.MistralForCausalLM(cfg)
 
 
 def _gpt2():
@@ -192,14 +202,76 @@ def test_unknown_options_are_refused_with_the_accepted_ones(lm, no_compile):
         tg.generate(lm, prompt, 4, do_sample=True)
 
 
-def test_an_attention_mask_of_ones_is_taken_and_padding_refused(lm, no_compile):
-    prompt = np.random.default_rng(5).integers(0, VOCAB, (2, 6))
+def test_padding_not_on_the_left_is_refused_before_compiling(lm, no_compile):
+    prompt = np.random.default_rng(5).integers(0, VOCAB, (3, 6))
     mask = np.ones_like(prompt)
-    mask[1, :2] = 0
-    with pytest.raises(tg.ArgumentError, match=r"attention_mask pads rows \[1\]"):
+    mask[1, 4:] = 0  # right padding
+    with pytest.raises(tg.ArgumentError, match=r"rows \[1\] padded after a real token.*"
+                       r"padding_side = 'left'"):
         tg.generate(lm, prompt, 4, attention_mask=torch.from_numpy(mask))
+    mask[1], mask[2, 2] = 1, 0  # a gap
+    with pytest.raises(tg.ArgumentError, match=r"rows \[2\] padded after a real token"):
+        tg.generate(lm, prompt, 4, attention_mask=mask)
+    mask[2], mask[0] = 1, 0  # padding only
+    with pytest.raises(tg.ArgumentError, match=r"rows \[0\] padding only"):
+        tg.generate(lm, prompt, 4, attention_mask=mask)
     with pytest.raises(tg.ShapeError, match="attention_mask has shape"):
         tg.generate(lm, prompt, 4, attention_mask=mask[:, 1:])
+
+
+def _ragged(rng, lengths, pad=0):
+    """Prompts of ``lengths`` left-padded with ``pad`` to the longest, as tokenizer(...,
+    padding=True, padding_side="left") gives them: (ids, attention_mask, the prompts)."""
+    prompts = [rng.integers(1, VOCAB, n) for n in lengths]
+    width = max(lengths)
+    ids = np.full((len(prompts), width), pad)
+    mask = np.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+    return ids, mask, prompts
+
+
+def test_a_padded_rows_mask_hides_its_padding_but_from_itself():
+    """Keys of row b before pad[b] are hidden from its real tokens; a padding query sees its
+    own key only, never no key (a row of -inf is NaN in a softmax that does not guard it,
+    and the NaN would reach the real tokens through the padding's values in later layers)."""
+    from tensor_graphs.ir.evaluate import evaluate
+    from tensor_graphs.nn.attention import _offset_causal_mask
+
+    pad = tg.input("pad", (2,), "int64")
+    got = evaluate(_offset_causal_mask(3, 2, None, pad), {"pad": np.array([0, 3])})
+    seen = got == 0  # (batch, 1, seq, past + seq): query rows at slots 2, 3, 4
+    np.testing.assert_array_equal(seen[0, 0], np.tril(np.ones((3, 5), bool), 2))
+    np.testing.assert_array_equal(seen[1, 0], [[0, 0, 1, 0, 0],    # slot 2: padding, itself
+                                               [0, 0, 0, 1, 0],    # slot 3: first real token
+                                               [0, 0, 0, 1, 1]])
+
+
+@pytest.mark.parametrize("model", ["qwen2", "gpt2", "mistral_window"])
+def test_a_left_padded_batch_gives_each_rows_own_tokens(model):
+    """Rows of a left-padded batch get transformers' tokens for that batch, which are each
+    prompt's own (generated alone): positions count from a row's first real token (RoPE,
+    GPT-2's learned table) and no real token attends to padding, in the prompt and the cache
+    (a sliding window too). The padded programs are compiled on the first padded call, once;
+    calls without padding keep the first programs."""
+    torch.manual_seed(0)
+    lm = {"qwen2": _qwen2, "gpt2": _gpt2, "mistral_window": _mistral_window}[model]().eval()
+    ids, mask, prompts = _ragged(np.random.default_rng(3), [7, 3, 5])
+    with torch.no_grad():
+        expected = lm.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=9, do_sample=False, pad_token_id=0).numpy()
+    gen = Generator.from_transformers(lm, max_len=16, batch=3, db=":memory:")
+    got = gen(torch.from_numpy(ids), 9, attention_mask=torch.from_numpy(mask))
+    np.testing.assert_array_equal(got, expected)
+    for row, prompt in enumerate(prompts):  # each row's tokens: its prompt's alone
+        np.testing.assert_array_equal(got[row, 7:], _expected(lm, prompt[None], 9)[0, -9:])
+    padded = gen._padded
+    tokens = np.stack(list(gen.stream(ids, 9, attention_mask=mask)), axis=1)
+    np.testing.assert_array_equal(tokens, expected[:, 7:])
+    assert gen._padded is padded  # compiled once
+    unpadded = ids[[0, 0, 0]]
+    np.testing.assert_array_equal(gen(unpadded, 9), _expected(lm, unpadded, 9))
+    assert gen.decode.stats["calls"] == 8 and padded[1].stats["calls"] == 16
 
 
 def test_an_attention_mask_of_ones_gives_transformers_tokens(lm):
@@ -217,14 +289,19 @@ def _left_padded(pad):
     return prompt
 
 
-def test_a_prompt_holding_the_pad_id_without_a_mask_is_refused_before_compiling(lm):
+def test_a_prompt_holding_the_pad_id_without_a_mask_is_padded_as_transformers_infers(lm):
     """transformers infers attention_mask = input_ids != pad_token_id when no mask is given
-    (and the pad is no eos): its tokens then differ from ours, which attend to every token."""
+    (and the pad is no eos): left padding so inferred is taken as it is; a pad id that the
+    inference would make right padding or a gap is refused before compiling."""
     prompt = _left_padded(0)
     with torch.no_grad():
         inferred = lm.generate(torch.from_numpy(prompt), max_new_tokens=6, do_sample=False,
                                pad_token_id=0).numpy()
     assert not np.array_equal(inferred, _expected(lm, prompt, 6)), "padding changed nothing"
+    np.testing.assert_array_equal(tg.generate(lm, prompt, 6, pad_token_id=0, db=":memory:"),
+                                  inferred)
+    gap = prompt.copy()
+    gap[1, 3] = 0
     from tensor_graphs import compiler
 
     def refuse(*args, **kwargs):
@@ -232,30 +309,36 @@ def test_a_prompt_holding_the_pad_id_without_a_mask_is_refused_before_compiling(
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(compiler, "compile", refuse)
-        with pytest.raises(tg.ArgumentError, match=r"rows \[0\] hold pad_token_id=0 and no "
-                           r"attention_mask.*attention_mask=np.ones_like\(input_ids\)"):
-            tg.generate(lm, prompt, 6, pad_token_id=0)
+        with pytest.raises(tg.ArgumentError, match=r"rows \[0, 1\] hold pad_token_id=0 and no "
+                           r"attention_mask.*rows \[1\] padded after a real token.*"
+                           r"attention_mask=np.ones_like\(input_ids\)"):
+            tg.generate(lm, gap, 6, pad_token_id=0)
         lm.generation_config.pad_token_id = 0  # the model's own pad: the same inference
         with pytest.raises(tg.ArgumentError, match="hold pad_token_id=0"):
-            tg.generate(lm, prompt, 6, stream=True)
+            tg.generate(lm, gap, 6, stream=True)
     # a mask of ones says they are real tokens; a pad that is an eos infers nothing
-    got = tg.generate(lm, prompt, 6, attention_mask=np.ones_like(prompt), db=":memory:")
-    np.testing.assert_array_equal(got, _expected(lm, prompt, 6))
-    got = tg.generate(lm, prompt, 6, eos_token_id=0, db=":memory:")
-    np.testing.assert_array_equal(got, _expected(lm, prompt, 6, eos_token_id=0))
+    got = tg.generate(lm, gap, 6, attention_mask=np.ones_like(gap), db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, gap, 6))
+    got = tg.generate(lm, gap, 6, eos_token_id=0, db=":memory:")
+    np.testing.assert_array_equal(got, _expected(lm, gap, 6, eos_token_id=0))
 
 
 def test_a_generator_takes_an_attention_mask_and_infers_padding_as_transformers(lm):
     prompt = _left_padded(5)
     gen = Generator.from_transformers(lm, max_len=16, batch=2, pad_token_id=5, db=":memory:")
-    with pytest.raises(tg.ArgumentError, match=r"rows \[0\] hold pad_token_id=5"):
-        gen(prompt, 4)
-    with pytest.raises(tg.ArgumentError, match=r"hold pad_token_id=5"):
-        gen.stream(prompt, 4)
+    with torch.no_grad():
+        inferred = lm.generate(torch.from_numpy(prompt), max_new_tokens=4, do_sample=False,
+                               pad_token_id=5).numpy()
+    np.testing.assert_array_equal(gen(prompt, 4), inferred)
+    tokens = gen.stream(prompt, 4)
+    np.testing.assert_array_equal(np.stack(list(tokens), axis=1), inferred[:, 6:])
     mask = np.ones_like(prompt)
     mask[0, :2] = 0
-    with pytest.raises(tg.ArgumentError, match=r"attention_mask pads rows \[0\]"):
-        gen(prompt, 4, attention_mask=torch.from_numpy(mask))
+    np.testing.assert_array_equal(gen(prompt, 4, attention_mask=torch.from_numpy(mask)),
+                                  inferred)
+    mask[0, 4] = 0
+    with pytest.raises(tg.ArgumentError, match=r"attention_mask has rows \[0\] padded after"):
+        gen(prompt, 4, attention_mask=mask)
     expected = _expected(lm, prompt, 4, pad_token_id=5)
     np.testing.assert_array_equal(gen(prompt, 4, attention_mask=np.ones_like(prompt)), expected)
     tokens = gen.stream(prompt, 4, attention_mask=np.ones_like(prompt))
