@@ -445,7 +445,8 @@ def _attention(dt, arity):
 @generator("rotary_embedding")
 def _rotary(dt, arity):
     table = [((1, 2, 7, 8), (7, 8)), ((2, 33, 4), (33, 4)), ((1, 1, 1, 2), (1, 2)),
-             ((1, 1025, 2), (1025, 2))]
+             ((1, 1025, 2), (1025, 2)),
+             ((3, 2, 5, 8), (3, 1, 5, 8))]  # a table per batch row (a padded batch's)
     return [OpCase((S(x, dt), S(c, dt), S(c, dt))) for x, c in table]
 
 

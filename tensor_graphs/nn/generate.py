@@ -109,7 +109,7 @@ _REFUSED: dict[str, tuple[Callable[[object, Mapping], bool], str]] = {
 # the generation settings applied here (eos and pad tokens, the repetition penalty)
 _APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty")
 # Generator's own options that from_transformers / tg.generate pass through
-_BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized")
+_BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized", "padded")
 
 
 # tg.compile's options a Generator does not take (``compiler.compile_options`` less these):
@@ -205,14 +205,16 @@ def _weight_names(outputs: list) -> set[str]:
 
 class Generator:
     """A prefill and a decode program for one model, batch size and cache length; call it
-    (or :meth:`stream`) for each prompt. Reuse it: building compiles both programs."""
+    (or :meth:`stream`) for each prompt. Reuse it: building compiles both programs (and the
+    first call with a left-padded batch a second pair, unless built ``padded=True``)."""
 
     def __init__(self, model, weights: Mapping[str, np.ndarray] | str | os.PathLike, *,
                  vocab_size: int, max_len: int, max_prompt: int | None = None, batch: int = 1,
                  eos_token_id=None, pad_token_id: int | None = None,
                  repetition_penalty: float | None = None,
                  quantize: str | None = None, group_size: int | None = None,
-                 skip: Sequence[str] = (), prequantized: bool = False, **compile_options):
+                 skip: Sequence[str] = (), prequantized: bool = False, padded: bool = False,
+                 **compile_options):
         """``weights``: the state dict (name -> array) or a checkpoint's path, read once for
         both programs: a safetensors file, or a model's folder as ``save_pretrained`` writes
         it (its ``model.safetensors``, or the shards its ``model.safetensors.index.json``
@@ -225,8 +227,10 @@ class Generator:
         ``prequantized``: the weights hold that scheme's ``<name>.q``/``<name>.scale``
         (``tg.save_quantized``, :meth:`save_quantized`) in place of the float ones, so no
         float copy of a quantized weight is read; from a file, ``quantize`` may be left out
-        (the file's metadata names it). Every weight is checked before either program binds
-        any."""
+        (the file's metadata names it). ``padded``: build the left-padded batch's programs
+        only, which take any batch (an unpadded one as padding 0): one pair compiled rather
+        than two where padded batches are expected (``tg.generate`` of one). Every weight is
+        checked before either program binds any."""
         from tensor_graphs.rewrite.quantize import quantize as quantize_graph
         from tensor_graphs.runtime.prequantized import (
             check_prequantized,
@@ -297,14 +301,15 @@ class Generator:
         def graphs(padded: bool) -> _Graphs:
             """The two programs' outputs; ``padded``: with the input ``pad`` (batch,), each
             row's count of left-padding tokens (a padded batch's programs)."""
-            pad = tg.input("pad", (batch,), "int64") if padded else None
+            # (``pad=`` only where padded: a model written before padding takes none)
+            pad = {"pad": tg.input("pad", (batch,), "int64")} if padded else {}
             ids = tg.input("input_ids", (batch, "seq"), "int64")
             prefill_cache = KVCache(max_len)
-            prefill_logits = model(ids, cache=prefill_cache, last_only=True, pad=pad)
+            prefill_logits = model(ids, cache=prefill_cache, last_only=True, **pad)
             float_prefill = [prefill_logits, *prefill_cache.updates]
             token = tg.input("input_ids", (batch, 1), "int64")
             decode_cache = KVCache(max_len)
-            decode_logits = model(token, cache=decode_cache, pad=pad)
+            decode_logits = model(token, cache=decode_cache, **pad)
             return _Graphs(quantized(float_prefill + chosen(prefill_logits)),
                            quantized([decode_logits, *decode_cache.updates,
                                       *chosen(decode_logits)]),
@@ -312,7 +317,8 @@ class Generator:
 
         # a padded batch's programs are built on its first call (``_padded_programs``)
         self._graphs, self._options, self._padded = graphs, options, None
-        built = graphs(padded=False)
+        self._padded_only = bool(padded)
+        built = self._padded_graphs() if padded else graphs(padded=False)
         prefill_outputs, decode_outputs, float_prefill = built[:3]
         # the weights, read once for both programs and all checked before compiling either
         wanted = {leaf.name: leaf for outputs in (prefill_outputs, decode_outputs)
@@ -340,6 +346,8 @@ class Generator:
         self.cache_names, self._empty = built.cache_names, built.empty
         for prog, outputs in ((self.prefill, prefill_outputs), (self.decode, decode_outputs)):
             prog.bind(**{n: weights[n] for n in _weight_names(outputs)})
+        if self._padded_only:
+            self._padded = (self.prefill, self.decode)
 
     def _compiled(self, built: _Graphs) -> tuple:
         from tensor_graphs.compiler import compile as compile_graph
@@ -349,6 +357,17 @@ class Generator:
                 compile_graph(built.decode, bounds={"past": self.max_len - 1},
                               **self._options))
 
+    def _padded_graphs(self) -> _Graphs:
+        try:
+            return self._graphs(padded=True)
+        except TypeError as exc:
+            if "'pad'" not in str(exc):
+                raise
+            raise ArgumentError(f"generate: a left-padded batch needs a model that takes "
+                                f"pad= (each row's padding; tg.nn's GPT2 and Llama do), and "
+                                f"this one does not ({exc}); generate prompts of different "
+                                "lengths in separate calls") from None
+
     def _padded_programs(self) -> tuple:
         """The prefill and decode programs of a left-padded batch, compiled on its first
         call: they take ``pad`` (each row's count of padding tokens) beside the ids, which
@@ -356,7 +375,7 @@ class Generator:
         are the first pair's values as those hold them (a GPU's tensors are shared, not
         copied again; what a plan prepares from them, a packed weight, is its own)."""
         if self._padded is None:
-            built = self._graphs(padded=True)
+            built = self._padded_graphs()
             programs = self._compiled(built)
             for prog, first, outputs in zip(programs, (self.prefill, self.decode),
                                             (built.prefill, built.decode)):
@@ -365,7 +384,8 @@ class Generator:
         return self._padded
 
     def _programs(self) -> list:
-        return [self.prefill, self.decode, *(self._padded or ())]
+        extra = self._padded if self._padded and not self._padded_only else ()
+        return [self.prefill, self.decode, *extra]
 
     def save_quantized(self, path, *, metadata: Mapping[str, str] | None = None) -> list[str]:
         """Write this generator's weights, quantized as it was built (``quantize=``, from
@@ -499,6 +519,8 @@ class Generator:
 
     def _tokens(self, ids: np.ndarray, max_new_tokens: int, pad: np.ndarray | None
                 ) -> Iterator[np.ndarray]:
+        if pad is None and self._padded_only:
+            pad = np.zeros(self.batch, np.int64)
         prefill, decode = (self.prefill, self.decode) if pad is None \
             else self._padded_programs()
         feeds = {} if pad is None else {"pad": pad}
@@ -603,16 +625,18 @@ def _left_padding(real: np.ndarray) -> tuple[np.ndarray | None, str | None]:
     its tokens, or made of padding only, would not have its own prompt's positions."""
     if real.all():
         return None, None
-    empty = sorted(int(r) for r in np.flatnonzero(~real.any(axis=1)))
-    if empty:
-        return None, f"rows {empty} padding only: each row needs at least one token"
     pad = real.argmax(axis=1)  # the first real token of each row
-    holes = sorted(int(r) for r in np.flatnonzero(real.sum(axis=1) != real.shape[1] - pad))
-    if holes:
-        return None, (f"rows {holes} padded after a real token (right padding, or a gap); a "
-                      "decoder-only model generates from left-padded prompts: "
-                      "tokenizer.padding_side = 'left'")
-    return pad.astype(np.int64), None
+    empty = ~real.any(axis=1)
+    holes = ~empty & (real.sum(axis=1) != real.shape[1] - pad)
+    problems = []
+    if empty.any():
+        problems.append(f"rows {np.flatnonzero(empty).tolist()} padding only (each row needs "
+                        "a token)")
+    if holes.any():
+        problems.append(f"rows {np.flatnonzero(holes).tolist()} padded after a real token "
+                        "(right padding, or a gap; a decoder-only model generates from "
+                        "left-padded prompts: tokenizer.padding_side = 'left')")
+    return (None, "; ".join(problems)) if problems else (pad.astype(np.int64), None)
 
 
 def _padding_id(eos_token_id, pad_token_id) -> int | None:
@@ -633,10 +657,10 @@ def _check_padding(ids: np.ndarray, mask, padding_id: int | None) -> np.ndarray 
     if mask is not None:
         if hasattr(mask, "detach"):
             mask = mask.detach().cpu().numpy()
-        mask = np.asarray(mask)
-        mask = mask[None, :] if mask.ndim == 1 else mask
+        given = np.asarray(mask)
+        mask = given[None, :] if given.ndim == 1 else given
         if mask.shape != ids.shape:
-            raise ShapeError(f"generate: attention_mask has shape {mask.shape}; input_ids "
+            raise ShapeError(f"generate: attention_mask has shape {given.shape}; input_ids "
                              f"{ids.shape}")
         pad, problem = _left_padding(mask != 0)
         if problem is not None:
@@ -688,9 +712,10 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
     settings = _generation_settings(getattr(causal_lm, "generation_config", None),
                                     {k: v for k, v in options.items()
                                      if k in (*_APPLIED, *_REFUSED)})
-    if ids.dtype.kind in "iu":
-        _check_padding(ids, attention_mask, _padding_id(settings["eos_token_id"],
-                                                        settings["pad_token_id"]))
+    if ids.dtype.kind in "iu" and _check_padding(
+            ids, attention_mask, _padding_id(settings["eos_token_id"],
+                                             settings["pad_token_id"])) is not None:
+        options.setdefault("padded", True)  # its programs only: one compile, not two
     gen = Generator.from_transformers(causal_lm, max_len=max_len, max_prompt=ids.shape[1],
                                       batch=ids.shape[0], **options)
     return gen.stream(ids, max_new_tokens, attention_mask=attention_mask) if stream \

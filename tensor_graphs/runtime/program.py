@@ -1106,7 +1106,8 @@ class CompiledGraph:
                     return None
         return dims
 
-    def bound_weights(self, names=None, *, on_host: bool = True) -> dict[str, np.ndarray]:
+    def bound_weights(self, names=None, *, on_host: bool = True
+                      ) -> dict[str, np.ndarray | torch_Tensor]:
         """The weights this program has bound, by name, as host arrays (a GPU's copied, a
         host array as it is): ``names`` of them, or all. What ``save_quantized`` of a
         generator or an imported module writes from: read back when it is called rather than

@@ -141,7 +141,7 @@ def test_softmax_nan_row_and_inf():
     np.testing.assert_allclose(got[1:], ref[1:], rtol=1e-6)
 
 
-@pytest.mark.parametrize("cshape", [(7, 64), (1, 1, 7, 64), (64,)])
+@pytest.mark.parametrize("cshape", [(7, 64), (1, 1, 7, 64), (64,), (2, 1, 7, 64), (2, 1, 1, 64)])
 def test_rotary(cshape, rng):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     check("c_rotary", tg.rotary_embedding, [f(2, 3, 7, 64), f(*cshape), f(*cshape)])

@@ -212,9 +212,12 @@ def test_padding_not_on_the_left_is_refused_before_compiling(lm, no_compile):
     mask[1], mask[2, 2] = 1, 0  # a gap
     with pytest.raises(tg.ArgumentError, match=r"rows \[2\] padded after a real token"):
         tg.generate(lm, prompt, 4, attention_mask=mask)
-    mask[2], mask[0] = 1, 0  # padding only
-    with pytest.raises(tg.ArgumentError, match=r"rows \[0\] padding only"):
+    mask[0] = 0  # padding only, beside the gap: both named
+    with pytest.raises(tg.ArgumentError, match=r"rows \[0\] padding only.*; rows \[2\] "
+                       "padded after"):
         tg.generate(lm, prompt, 4, attention_mask=mask)
+    with pytest.raises(tg.ShapeError, match=r"attention_mask has shape \(6,\)"):
+        tg.generate(lm, prompt, 4, attention_mask=mask[0])
     with pytest.raises(tg.ShapeError, match="attention_mask has shape"):
         tg.generate(lm, prompt, 4, attention_mask=mask[:, 1:])
 
@@ -287,6 +290,49 @@ def _left_padded(pad):
     prompt = np.random.default_rng(8).integers(1, VOCAB, (2, 6))
     prompt[0, :2] = pad
     return prompt
+
+
+def test_tg_generate_of_a_padded_batch_compiles_one_pair_which_takes_any_batch(
+        lm, monkeypatch):
+    """tg.generate knows the padding before it builds: a Generator(padded=True) compiles the
+    padded pair only, and that pair takes an unpadded batch too (padding 0)."""
+    from tensor_graphs import compiler
+
+    ids, mask, _ = _ragged(np.random.default_rng(4), [6, 4])
+    with torch.no_grad():
+        expected = lm.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=5, do_sample=False, pad_token_id=0).numpy()
+    compiled = []
+    real = compiler.compile
+    monkeypatch.setattr(compiler, "compile", lambda *a, **k: compiled.append(1) or real(*a, **k))
+    np.testing.assert_array_equal(tg.generate(lm, ids, 5, attention_mask=mask, db=":memory:"),
+                                  expected)
+    assert len(compiled) == 2
+    gen = Generator.from_transformers(lm, max_len=12, batch=2, padded=True, db=":memory:")
+    unpadded = ids[[0, 0]]
+    np.testing.assert_array_equal(gen(unpadded, 5), _expected(lm, unpadded, 5))
+    np.testing.assert_array_equal(gen(ids, 5, attention_mask=mask), expected)
+    assert len(compiled) == 4 and gen.decode.stats["calls"] == 8
+
+
+def test_a_model_written_without_padding_still_builds_a_generator():
+    """The model protocol before padding: ``model(ids, cache=, last_only=)``; ``pad=`` is
+    passed only to the padded programs (and a padded call to such a model says so)."""
+    torch.manual_seed(0)
+    lm = _gpt2().eval()
+    inner = tg.nn.GPT2(tg.nn.GPT2Config.from_hf(lm.config))
+
+    class Unpadded:
+        def __call__(self, ids, *, cache=None, last_only=False):
+            return inner(ids, cache=cache, last_only=last_only)
+
+    weights = {k: v.detach().numpy() for k, v in lm.state_dict().items()}
+    gen = Generator(Unpadded(), weights, vocab_size=VOCAB, max_len=12, db=":memory:")
+    prompt = np.random.default_rng(2).integers(1, VOCAB, (1, 5))
+    np.testing.assert_array_equal(gen(prompt, 4), _expected(lm, prompt, 4))
+    with pytest.raises(tg.ArgumentError, match="needs a model that takes pad="):
+        gen(prompt, 4, attention_mask=[[0, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(gen(prompt, 4), _expected(lm, prompt, 4))
 
 
 def test_a_prompt_holding_the_pad_id_without_a_mask_is_padded_as_transformers_infers(lm):

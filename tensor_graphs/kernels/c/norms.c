@@ -88,13 +88,17 @@ void tg_rms_norm_f32(const float *restrict x, const float *restrict w, float *re
 
 /* x: (outer, seq, d) contiguous; cos, sin: (seq, d) contiguous (HF layout, halves repeated).
  * y[i] = x[i] * cos[i] + rot[i] * sin[i], rot = concat(-x2, x1). */
+/* c, s: (outer / per, seq, d) tables, each shared by ``per`` consecutive (seq, d) blocks of x
+ * (per = outer: one table for all; per = heads: a table per batch row, a padded batch's own
+ * positions). */
 void tg_rotary_f32(const float *restrict x, const float *restrict c, const float *restrict s,
-                   float *restrict y, int64_t outer, int64_t seq, int64_t d) {
+                   float *restrict y, int64_t outer, int64_t seq, int64_t d, int64_t per) {
     int64_t h = d / 2, rows = outer * seq, n = d;
     _Pragma(TG_ROWS_PAR)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
-        const float *cr = c + (r % seq) * d, *sr = s + (r % seq) * d;
+        int64_t t = (r / seq / per) * seq + r % seq; /* the table row */
+        const float *cr = c + t * d, *sr = s + t * d;
         float *yr = y + r * d;
         _Pragma("omp simd")
         for (int64_t j = 0; j < h; j++) {

@@ -129,24 +129,31 @@ def c_rms_norm_plain(x, eps=1e-6, *, out=None):
     return _rms_norm(x, None, eps, out)
 
 
-def _strip_ones(shape) -> tuple:
-    shape = tuple(shape)
-    while shape and shape[0] == 1:
-        shape = shape[1:]
-    return shape
+def _tables(xs: tuple, cs: tuple) -> int | str:
+    """How many (seq, d) tables cos or sin of shape ``cs`` holds for x of shape ``xs``: 1
+    (shared by every leading axis) or xs[0] (one per batch row, the rest 1: a padded batch's
+    own positions); or why neither."""
+    want = f"(seq, d) = {xs[-2:]} or ({xs[0]}, 1, ..., seq, d), optionally with leading 1s"
+    if len(cs) > len(xs) or not cs or cs[-1] != xs[-1] or \
+            (len(cs) > 1 and cs[-2] not in (1, xs[-2])):
+        return f"must be {want}, got {cs}"
+    lead = (1,) * (len(xs) - len(cs)) + tuple(cs[:-2])
+    if all(n == 1 for n in lead):
+        return 1
+    if lead[0] == xs[0] and all(n == 1 for n in lead[1:]) and len(xs) > 2:
+        return xs[0]
+    return f"must be {want}, got {cs}"
 
 
 def _rotary_fits(shapes, dtypes, attrs):
     xs, cs, ss = (tuple(s) for s in shapes)
     if len(xs) < 2 or xs[-1] % 2:
         return f"x must be (..., seq, d) with an even d, got {xs}"
-    want = xs[-2:]
-    for name, s in (("cos", cs), ("sin", ss)):
-        stripped = _strip_ones(s)
-        if len(s) > len(xs) or stripped != want[len(want) - len(stripped):] \
-                or len(stripped) < 1 or stripped[-1] != xs[-1]:
-            return (f"{name} must be (seq, d) = {want}, optionally with leading 1s, got {s}")
-    return True
+    found = [_tables(xs, cs), _tables(xs, ss)]
+    for name, n in zip(("cos", "sin"), found):
+        if isinstance(n, str):
+            return f"{name} {n}"
+    return True if found[0] == found[1] else f"cos and sin must have one layout, got {cs}, {ss}"
 
 
 @kernel(lambda x, cos, sin: tg.rotary_embedding(x, cos, sin), backend="c", name="c_rotary",
@@ -154,12 +161,19 @@ def _rotary_fits(shapes, dtypes, attrs):
         writes_out=True)
 @_src
 def c_rotary(x, cos, sin, *, out=None):
-    """Rotary embedding (HF rotate_half); cos/sin (seq, d) shared by the leading axes."""
+    """Rotary embedding (HF rotate_half); cos/sin (seq, d) shared by the leading axes, or
+    (batch, 1, ..., seq, d): a table per batch row."""
     seq, d = x.shape[-2], x.shape[-1]
-    c = np.ascontiguousarray(np.broadcast_to(cos.reshape(_strip_ones(cos.shape)), (seq, d)))
-    s = np.ascontiguousarray(np.broadcast_to(sin.reshape(_strip_ones(sin.shape)), (seq, d)))
+    tables = _tables(x.shape, cos.shape)
+
+    def table(t):  # (tables, seq, d), contiguous
+        rows = t.shape[-2] if t.ndim > 1 else 1
+        return np.ascontiguousarray(np.broadcast_to(t.reshape(tables, rows, d),
+                                                    (tables, seq, d)))
+
+    c, s = table(cos), table(sin)
     out = lib.output(out, x.shape, x.dtype)
     outer = x.size // (seq * d) if seq * d else 0
-    fn = lib.func(LIB, "tg_rotary_f32", P, P, P, P, I64, I64, I64)
-    fn(ptr(x), ptr(c), ptr(s), ptr(out), outer, seq, d)
+    fn = lib.func(LIB, "tg_rotary_f32", P, P, P, P, I64, I64, I64, I64)
+    fn(ptr(x), ptr(c), ptr(s), ptr(out), outer, seq, d, max(outer // tables, 1))
     return out
