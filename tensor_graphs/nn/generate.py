@@ -688,6 +688,8 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
     (default: exactly prompt + max_new_tokens) sizes the cache. ``options``: generation
     settings over the model's generation_config (``eos_token_id``, ``pad_token_id``,
     ``repetition_penalty``), the build and compile options (``Generator.from_transformers``).
+    ``attention_mask``: as a tokenizer gives it; prompts of different lengths left-padded
+    (``padding_side="left"``), each row's tokens those of its prompt alone.
     Builds a :class:`Generator` each call; keep one (``Generator.from_transformers``) to reuse
     its compiled programs.
     """
