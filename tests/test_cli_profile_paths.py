@@ -32,6 +32,7 @@ from tensor_graphs.commands.walk import (
 )
 from tensor_graphs.compiler import prepare
 from tensor_graphs.planner.prepare import as_symbols
+from tensor_graphs.profiler import measure
 
 SPEEDUP = re.compile(r"\(\d+\.\d+x\)")  # how the report states a speedup: "(1.52x)"
 
@@ -122,15 +123,11 @@ def test_paths_are_warmed_and_timed_in_turns(monkeypatch):
             clock.now += cost * (1 + clock.now / 0.5)
             self.called += 1
 
-    def take(run, calls):  # a sample on the fake clock (no other process to wait for)
-        seconds = walk._per_call(run, calls)
-        return seconds, seconds * calls
-
     monkeypatch.setattr(walk, "time", clock)
     monkeypatch.setattr(walk, "lower", lambda plan: plan)
     monkeypatch.setattr(walk, "realize_plan", lambda plan: (plan, {}))
     monkeypatch.setattr(walk, "Executable", Slowing)
-    monkeypatch.setattr(walk, "_uncontended_sample", take)
+    monkeypatch.setattr(measure, "_run_delay", lambda: None)  # no other process to wait for
     planner, _ = _planner(_gelu_mlp(), {"batch": 3})
     first, other = itertools.islice(planner.paths(), 2)
     results = [PathResult("default", first, first.cost), PathResult("path 2", other, 1.0)]
@@ -150,6 +147,60 @@ def test_paths_are_warmed_and_timed_in_turns(monkeypatch):
         time_paths([r], {}, {})
     assert walk.clearly_faster(*alone)
 
+
+
+def _steady_paths(monkeypatch, clock, raises_at=None):
+    """time_paths on the fake clock for two paths of 100 us a call; the machine stalls for
+    16 ms in the 300th call after warming (a host's stall, which no run delay shows), and the
+    second path raises from its ``raises_at``-th call on."""
+    calls = []
+
+    class Steady:
+        def __init__(self, lowered):
+            self.called = 0
+            self.index = len(calls)
+            calls.append(0)
+
+        def run(self, feeds, dims):
+            self.called += 1
+            if self.index == 1 and raises_at is not None and self.called >= raises_at:
+                raise RuntimeError("the kernel failed")
+            clock.now += 1e-4
+            if self.called > 20:  # warm
+                calls[self.index] += 1
+                if sum(calls) == 300:
+                    clock.now += 16e-3
+
+    monkeypatch.setattr(walk, "time", clock)
+    monkeypatch.setattr(walk, "lower", lambda plan: plan)
+    monkeypatch.setattr(walk, "realize_plan", lambda plan: (plan, {}))
+    monkeypatch.setattr(walk, "Executable", Steady)
+    monkeypatch.setattr(measure, "_run_delay", lambda: None)
+    planner, _ = _planner(_gelu_mlp(), {"batch": 3})
+    first, other = itertools.islice(planner.paths(), 2)
+    results = [PathResult("default", first, first.cost), PathResult("path 2", other, 1.0)]
+    time_paths(results, {}, {})
+    return results
+
+
+def test_a_stall_of_the_machine_is_no_paths_time(monkeypatch):
+    """A stall lands in one piece of one path's sample: the median of its pieces is not it.
+    Taken whole (one piece), that round read the stalled path 4x slower."""
+    a, b = _steady_paths(monkeypatch, _Clock())
+    assert len(a.samples) == len(b.samples) == ROUNDS
+    assert all(s == pytest.approx(1e-4) for s in a.samples + b.samples), (a.samples, b.samples)
+    monkeypatch.setattr(walk, "PIECES", 1)
+    a, b = _steady_paths(monkeypatch, _Clock())
+    assert max(max(x, y) / min(x, y) for x, y in zip(a.samples, b.samples)) > 3
+
+
+def test_a_path_that_raises_in_a_round_fails_and_the_others_are_timed(monkeypatch):
+    """A path whose call raises in the third round is reported failed (no samples), and the
+    round is taken again without it: the default plan keeps all its rounds."""
+    a, b = _steady_paths(monkeypatch, _Clock(), raises_at=150)
+    assert b.failure == "RuntimeError: the kernel failed" and not b.samples
+    assert b.measured is None
+    assert len(a.samples) == ROUNDS and a.measured == pytest.approx(1e-4)
 
 def _timed(label, plan, samples):
     r = PathResult(label, plan, plan.cost, samples=list(samples))

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -35,7 +36,7 @@ from tensor_graphs.errors import TensorGraphsError
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.planner.prepare import as_symbols
 from tensor_graphs.planner.realize import realize_plan
-from tensor_graphs.profiler.measure import _uncontended_sample
+from tensor_graphs.profiler.measure import uncontended_takes
 from tensor_graphs.profiler.missing import Work, calls_to_measure
 from tensor_graphs.profiler.progress import Progress
 from tensor_graphs.runtime.lower import lower
@@ -43,16 +44,20 @@ from tensor_graphs.runtime.program import Executable
 
 # How ``time_paths`` times the paths end to end. Each path is lowered and warmed first (its
 # first call loads kernels and makes buffers, its second compiles the native loop), then given
-# enough calls per sample to last SAMPLE_SECONDS, and the paths take their samples in turns,
-# ROUNDS rounds each begun by the next path, so a burst of other load or a clock change falls
-# on all of them alike; a sample is taken again while other processes held our threads off the
-# cores, as kernels are measured. A path's time is its samples' median. Timed one after the
-# other, the default plan first, three single calls each, a two-kernel path of 10.6 us read
-# 70 us as "default" and 175 us as "best estimate", the same kernels (and 1.5-6x apart the
-# other way on other runs).
+# enough calls per sample to last SAMPLE_SECONDS, and the paths take their samples in turns:
+# ROUNDS rounds, each begun by the next path, a round's samples taken together in PIECES turns
+# and each the median of its pieces, so a burst of other load or a clock change falls on all
+# of them alike and a stall of the machine on none; a round is taken again while other
+# processes held our threads off the cores, as kernels are measured. A path's time is its
+# samples' median. Whole samples in turn were not alike enough: on a VM whose host's stalls
+# the guest cannot see (no run delay, no steal), one plan timed twice read 94 and 354 us in
+# one round, 286 and 86 us in another. Timed one after the other, the default plan first,
+# three single calls each, a two-kernel path of 10.6 us read 70 us as "default" and 175 us as
+# "best estimate", the same kernels (and 1.5-6x apart the other way on other runs).
 SAMPLE_SECONDS = 0.005
 WARM_CALLS = 3  # calls after the first before a path is sized and timed
 ROUNDS = 9
+PIECES = 5  # turns a round's samples are taken in, the paths one after the other each turn
 MIN_ROUNDS = 3  # rounds taken even when the budget has run out
 PATH_SECONDS = 10.0  # at most this much calling per path (a slow path takes fewer samples)
 # A path is reported faster than the default plan only when its median is FASTER times below
@@ -228,8 +233,9 @@ def time_paths(results: list[PathResult], feeds, dims, *, deadline: float | None
     """Time each path of ``results`` end to end on ``feeds`` (its ``samples`` and
     ``measured``, or its ``failure``), as the comment on SAMPLE_SECONDS says: every path
     lowered and warmed before any is timed, then ``rounds`` rounds of one sample a path, each
-    round begun by the next path. Past ``deadline`` only the default plan is still started,
-    and at most MIN_ROUNDS rounds are taken."""
+    round begun by the next path and its samples taken together (``_take_round``). Past
+    ``deadline`` only the default plan is still started, and at most MIN_ROUNDS rounds are
+    taken."""
     def late() -> bool:
         return deadline is not None and time.monotonic() > deadline
 
@@ -262,17 +268,7 @@ def time_paths(results: list[PathResult], feeds, dims, *, deadline: float | None
                 and (not e[0].samples or e[2] < path_seconds)]
         if not turn:
             break
-        for entry in turn[k % len(turn):] + turn[:k % len(turn)]:
-            r, run, _ = entry
-            try:
-                # taken again while another process held our threads off the cores, as
-                # kernels are measured (a 70 us path read 200 us in a burst of other work)
-                seconds, spent = _uncontended_sample(run, r.calls)
-            except Exception as exc:  # noqa: BLE001
-                r.failure = f"{type(exc).__name__}: {exc}"[:80]
-                continue
-            r.samples.append(seconds)
-            entry[2] += spent
+        _take_round(turn[k % len(turn):] + turn[:k % len(turn)])
         if bar is not None:
             bar.step(f"round {k + 1}")
     for r in results:
@@ -280,6 +276,53 @@ def time_paths(results: list[PathResult], feeds, dims, *, deadline: float | None
             r.measured = float(np.median(r.samples))
         elif r.failure is not None:
             r.samples.clear()
+
+
+class _PathError(Exception):
+    """A path's call raised in a round: which path (its index in the round), and what."""
+
+    def __init__(self, index: int, exc: Exception):
+        self.index, self.exc = index, exc
+
+
+def _in_pieces(runs: list, calls: list[int], pieces: int) -> list[float]:
+    """Seconds per call of each of ``runs`` over its ``calls``, taken in ``pieces`` turns
+    (each run its share of the calls in every turn, so all see the same load): the median of
+    its pieces, so that a stall of the machine, which lands in one piece, is not one path's
+    time (one of 16 ms read 376 us a call for 56 calls of 84 us)."""
+    times: list[list[float]] = [[] for _ in runs]
+    for j in range(pieces):
+        for i, (run, n) in enumerate(zip(runs, calls)):
+            share = n * (j + 1) // pieces - n * j // pieces
+            if not share:
+                continue
+            start = time.perf_counter()
+            try:
+                for _ in range(share):
+                    run()
+            except Exception as exc:  # noqa: BLE001 - named to the caller by its path
+                raise _PathError(i, exc) from exc
+            times[i].append((time.perf_counter() - start) / share)
+    return [float(np.median(t)) for t in times]
+
+
+def _take_round(entries: list[list]) -> None:
+    """One sample of each of ``entries`` ([result, its call, seconds spent calling it]),
+    taken together (``_in_pieces``) and again while other processes held our threads off the
+    cores; a path that raises fails, and the round is taken again without it."""
+    while entries:
+        calls = [e[0].calls for e in entries]
+        try:
+            seconds, spent = uncontended_takes(
+                functools.partial(_in_pieces, [e[1] for e in entries], calls, PIECES), calls)
+        except _PathError as failed:
+            exc = failed.exc
+            entries.pop(failed.index)[0].failure = f"{type(exc).__name__}: {exc}"[:80]
+            continue
+        for entry, s, t in zip(entries, seconds, spent):
+            entry[0].samples.append(s)
+            entry[2] += t
+        return
 
 
 def _as_compiled(settings, prepared, refused: dict[str, str]):

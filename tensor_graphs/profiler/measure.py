@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -347,15 +348,29 @@ def _uncontended_sample(fn, calls: int, sync=None, budget: float = math.inf
     process's threads waited for a core ``CONTENDED`` of the sample or more (see above), at
     most ``RETAKES`` times and while ``budget`` lasts; the fastest take. On a GPU (``sync``)
     the host's waits do not time the kernel: one take."""
-    best, spent = math.inf, 0.0
-    for take in range(RETAKES + 1):
-        before = _run_delay() if sync is None else None
-        seconds = _sample(fn, calls, sync)
+    (seconds,), (spent,) = uncontended_takes(lambda: [_sample(fn, calls, sync)], [calls],
+                                             retake=sync is None, budget=budget)
+    return seconds, spent
+
+
+def uncontended_takes(take: Callable[[], Sequence[float]], calls: Sequence[int], *,
+                      retake: bool = True, budget: float = math.inf
+                      ) -> tuple[list[float], list[float]]:
+    """(each one's seconds per call, each one's seconds spent calling) of ``take``, which
+    times ``calls[i]`` calls of several functions at once (seconds per call of each): taken
+    again while this process's threads waited for a core ``CONTENDED`` of the take or more,
+    at most ``RETAKES`` times and while ``budget`` lasts; each one's fastest take."""
+    best, spent = [math.inf] * len(calls), [0.0] * len(calls)
+    for n in range(RETAKES + 1):
+        before = _run_delay() if retake else None
+        seconds = take()
         after = _run_delay() if before is not None else None
-        best, spent = min(best, seconds), spent + seconds * calls
-        if after is None or after - before < CONTENDED * seconds * calls \
-                or take == RETAKES or spent >= budget:
-            return best, spent
+        best = [min(b, s) for b, s in zip(best, seconds)]
+        took = [s * c for s, c in zip(seconds, calls)]
+        spent = [a + t for a, t in zip(spent, took)]
+        if after is None or after - before < CONTENDED * sum(took) \
+                or n == RETAKES or sum(spent) >= budget:
+            break
         time.sleep(PAUSE)
     return best, spent
 
