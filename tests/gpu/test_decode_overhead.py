@@ -55,18 +55,26 @@ def _replayed_tokens(gen, prompt: np.ndarray, tokens: int, monkeypatch) -> list[
 
     replays = []
 
-    def paused(replay):
-        def run(self):
-            replays.append(self)
+    def paused(method, replay: bool = False):
+        def run(self, *args, **kwargs):
+            if replay:
+                replays.append(self)
+            was = sys.getprofile()  # (a kernel's run inside a replay: stays paused)
             sys.setprofile(None)
             try:
-                replay(self)
+                return method(self, *args, **kwargs)
             finally:
-                sys.setprofile(profile)
+                sys.setprofile(was)
         return run
 
     for cls in (graphs.SimulatedGraph, graphs.CudaGraph):
-        monkeypatch.setattr(cls, "replay", paused(cls.replay))
+        monkeypatch.setattr(cls, "replay", paused(cls.replay, replay=True))
+    if graphs.simulated_cuda():  # a Triton kernel's run in the interpreter is the GPU's work,
+        # not the host's (under the hook, the tokens before a capture took a minute)
+        from triton.runtime import interpreter
+
+        monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                            paused(interpreter.GridExecutor.__call__))
     stream = gen.stream(prompt, tokens)
     next(stream)  # the prefill's token
     replayed = []
