@@ -106,7 +106,7 @@ def _median(works: list[Work], what: str) -> float:
     return statistics.median(getattr(w, what) for w in works)
 
 
-@pytest.mark.slow  # ~15 s on the simulated GPU: the first generations run the Triton interpreter
+@pytest.mark.slow  # ~45 s on the simulated GPU: the first generations run the Triton interpreter
 def test_a_padded_replay_does_the_host_work_of_an_exact_one(slow_host, monkeypatch):
     """Per replayed token, padded: no more sympy than the exact replay (which hashes and
     names the dims: no shape resolved), at most one host<->GPU copy more (the dims, which an
@@ -174,7 +174,7 @@ def test_a_padded_graph_appends_without_arithmetic_kernels():
     assert rows == [0, 0, 0, 3, 3, 5, 5, 0], rows
 
 
-@pytest.mark.slow  # ~15 s on the simulated GPU: the first generations run the Triton interpreter
+@pytest.mark.slow  # ~20 s on the simulated GPU: the first generations run the Triton interpreter
 def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, monkeypatch):
     """What is fixed once a graph is captured is not worked out again per token: the
     environment is read once per process (``simulated_cuda`` read it ~4 times per kept state),
