@@ -597,38 +597,38 @@ def test_buckets_and_linear_offsets():
     assert graphs._linear(past + seq, ("past",)) is None  # seq is not padded
 
 
-@pytest.mark.slow  # ~35 s: 2 x 99 decode steps, the Triton interpreter in every one
+@pytest.mark.slow  # ~40 s: 2 x 63 decode steps, the Triton interpreter in every one
 def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow_host):
     """One graph serves many cache lengths: it is captured at a power-of-two bucket of
     ``past`` (the cache viewed at the bucket's length, the append's offset and the positions
-    read from the GPU, the keys past ``past`` masked by the model's own mask), so a 100-token
-    generation (past 8..106) captures 4 graphs (buckets 16, 32, 64 and the bound, 106) and
-    replays every step but each bucket's first; padded to the bound, the one graph at 106
+    read from the GPU, the keys past ``past`` masked by the model's own mask), so a 64-token
+    generation (past 8..70) captures 4 graphs (buckets 16, 32, 64 and the bound, 70) and
+    replays every step but each bucket's first; padded to the bound, the one graph at 70
     replays every step of the next generation. Tokens equal transformers' throughout, and
     the caches grow in place."""
     from tensor_graphs.nn import Generator
 
     lm = tiny.gpt2(n_positions=128)
-    gen = Generator.from_transformers(lm, max_len=107, max_prompt=8, db=slow_host,
+    gen = Generator.from_transformers(lm, max_len=71, max_prompt=8, db=slow_host,
                                       device="cuda")
     decode = gen.decode
     prompt = _rng(3).integers(0, 211, (1, 8))
     with torch.no_grad():
         ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=100, do_sample=False, pad_token_id=0,
+        expected = lm.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0,
                                attention_mask=torch.ones_like(ids)).numpy()
-    np.testing.assert_array_equal(gen(prompt, 100), expected)  # 99 decode steps
+    np.testing.assert_array_equal(gen(prompt, 64), expected)  # 63 decode steps
     assert decode.stats["graph_captures"] == 4, decode.loop
-    assert decode.stats["graph_runs"] == 99 - 4, decode.loop  # each bucket's first: the loop
+    assert decode.stats["graph_runs"] == 63 - 4, decode.loop  # each bucket's first: the loop
     assert re.fullmatch(r"cuda graph: replayed \d+ GPU steps in one launch \(padded: past "
-                        r"<= 106\)", decode.loop), decode.loop
+                        r"<= 70\)", decode.loop), decode.loop
     buffers = {n: decode._states[n].buffer for n in gen.cache_names}
-    decode._symbolic.graphs.padding = "bound"  # one graph for every length: 106's
-    np.testing.assert_array_equal(gen(prompt, 100), expected)  # all replayed
-    assert decode.stats["graph_captures"] == 4 and decode.stats["graph_runs"] == 2 * 99 - 4
+    decode._symbolic.graphs.padding = "bound"  # one graph for every length: 70's
+    np.testing.assert_array_equal(gen(prompt, 64), expected)  # all replayed
+    assert decode.stats["graph_captures"] == 4 and decode.stats["graph_runs"] == 2 * 63 - 4
     assert all(decode._states[n].buffer is buffers[n] for n in gen.cache_names)
-    assert all(decode.state(n).shape[2] == 107 for n in gen.cache_names)
-    assert decode.loop.endswith("(padded: past <= 106)")
+    assert all(decode.state(n).shape[2] == 71 for n in gen.cache_names)
+    assert decode.loop.endswith("(padded: past <= 70)")
 
 
 def _unmasked_decode(slow_host, seed: int = 0):
