@@ -148,7 +148,6 @@ def test_paths_are_warmed_and_timed_in_turns(monkeypatch):
     assert walk.clearly_faster(*alone)
 
 
-
 def _steady_paths(monkeypatch, clock, raises_at=None):
     """time_paths on the fake clock for two paths of 100 us a call; the machine stalls for
     16 ms in the 300th call after warming (a host's stall, which no run delay shows), and the
@@ -195,12 +194,13 @@ def test_a_stall_of_the_machine_is_no_paths_time(monkeypatch):
 
 
 def test_a_path_that_raises_in_a_round_fails_and_the_others_are_timed(monkeypatch):
-    """A path whose call raises in the third round is reported failed (no samples), and the
+    """A path whose call raises in the second round is reported failed (no samples), and the
     round is taken again without it: the default plan keeps all its rounds."""
     a, b = _steady_paths(monkeypatch, _Clock(), raises_at=150)
     assert b.failure == "RuntimeError: the kernel failed" and not b.samples
     assert b.measured is None
     assert len(a.samples) == ROUNDS and a.measured == pytest.approx(1e-4)
+
 
 def _timed(label, plan, samples):
     r = PathResult(label, plan, plan.cost, samples=list(samples))
