@@ -175,7 +175,7 @@ def chain_rows(dtype, calls: int, repeats: int) -> list[str]:
     order = list(timers)
     for r in range(repeats):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            got[name].append(timers[name]() * len(ops))  # per layer, not per GEMV
+            got[name].append(timers[name]())  # (a graph call is a layer: us per layer)
     med = {name: statistics.median(t) for name, t in got.items()}
     lines = ["", f"## A layer's four GEMVs back to back, us per layer (median of {repeats} "
              f"replays of {calls} layers)", "", "| kernels | us a layer | max error |",

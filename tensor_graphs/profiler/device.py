@@ -119,7 +119,23 @@ def _cuda_graph(fn: Callable[[], object], n: int) -> Callable[[], None]:
         for _ in range(n):
             fn()
     torch.cuda.synchronize()
-    return graph.replay
+    return _Replay(graph, fn)
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """A captured graph's replay, holding the function it captured: the graph reads and
+    writes the tensors that function holds by their addresses, so they must live as long as
+    the graph. Returning ``graph.replay`` alone let a timer's inputs be freed when its
+    ``__init__`` returned; the next timer's tensors took their memory, and on an H200 an
+    embedding's replay read floats as its indices (torch's device-side assert, which ended
+    a fresh database's GPU profile of GPT-2)."""
+
+    graph: object
+    captured: Callable[[], object]
+
+    def __call__(self) -> None:
+        self.graph.replay()
 
 
 def _in_turn(fn: Callable[[], object], n: int) -> Callable[[], None]:
