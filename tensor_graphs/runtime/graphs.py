@@ -432,7 +432,7 @@ class Captured:
     graph: CudaGraph | SimulatedGraph
     live: dict[int, object]  # value index -> the tensor the region leaves it in
     held: dict[int, object]  # per-call GPU leaves as captured (functions of the dims)
-    states: tuple  # (value index, data_ptr, shape, strides) of each kept state's prefix
+    states: tuple  # (value index, address, shape, strides) of each kept state's prefix
     message: str
     prefix: object = None  # program._Part: the host steps and the staged feeds, per call
     suffix: object = None  # program._Part: what runs after the graph, per call
@@ -442,13 +442,21 @@ class Captured:
         a new buffer)."""
         for i, ptr, shape, strides in self.states:
             v = values[i]
-            if v.data_ptr() != ptr or tuple(v.shape) != shape or v.stride() != strides:
+            if address(v) != ptr or tuple(v.shape) != shape or v.stride() != strides:
                 return False
         return True
 
 
+def address(v) -> int:
+    """Where a tensor starts in its buffer's memory, also when it holds no elements: torch
+    gives such a tensor a ``data_ptr()`` of 0, so a prefill's empty cache (past = 0) never
+    matched the prefix its graph captured, and every generation captured the prefill again
+    (and ran its padded check: three runs of the step instead of one replay)."""
+    return v.untyped_storage().data_ptr() + v.storage_offset() * v.element_size()
+
+
 def state_marks(values: Sequence, states: Sequence[int]) -> tuple:
-    return tuple((i, values[i].data_ptr(), tuple(values[i].shape), values[i].stride())
+    return tuple((i, address(values[i]), tuple(values[i].shape), values[i].stride())
                  for i in states)
 
 
@@ -855,7 +863,7 @@ class PaddedCapture(Captured):
     kept (not made again), the result shapes from compiled functions."""
 
     feed: DimsFeed | None = None  # the dim leaves and append indices the graph reads
-    wide: tuple = ()  # (value index, padded view, data_ptr, strides) per kept state
+    wide: tuple = ()  # (value index, padded view, address, strides) per kept state
     narrowing: tuple = ()  # (shape's evaluator, ((value index, padded result, strides,
     #                         storage offset), ...)): results that leave, by symbolic shape
     steps: int = 0
@@ -867,7 +875,7 @@ class PaddedCapture(Captured):
         buffer: the captured view holds the old one, so an equal address is the same)."""
         for i, wide, ptr, strides in self.wide:
             v = values[i]
-            if v.data_ptr() != ptr or v.stride() != strides:
+            if address(v) != ptr or v.stride() != strides:
                 return False
             values[i] = wide
         return True
@@ -1028,7 +1036,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
     region = region._replace(instructions=swapped)
     held = {i: values[i] for i in split.held}
     marks = state_marks(values, split.states)
-    wide = tuple((i, values[i], values[i].data_ptr(), values[i].stride()) for i in split.states)
+    wide = tuple((i, values[i], address(values[i]), values[i].stride()) for i in split.states)
     prefix.run(values, feeds=feeds, stage=True)
     reads = {a for ins in region.instructions for a in ins.args}
     staged = [v if i in reads else None for i, v in enumerate(values)]

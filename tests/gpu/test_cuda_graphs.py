@@ -526,6 +526,10 @@ def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
     np.testing.assert_array_equal(third, expected)
     assert decode.stats["graph_captures"] == 32 and decode.stats["graph_runs"] == 64
     assert decode.loop.startswith("cuda graph: replayed"), decode.loop
+    # the prefill from empty caches: captured on the second generation, replayed on the
+    # third (an empty cache's prefix has no data_ptr: once, it was captured every time)
+    assert gen.prefill.stats["graph_captures"] == 1, gen.prefill.loop
+    assert gen.prefill.loop.startswith("cuda graph: replayed"), gen.prefill.loop
     # the caches were appended in place, inside the graphs: the same buffers throughout
     assert all(decode._states[n].buffer is buffers[n] for n in gen.cache_names)
     exe = decode._last
@@ -565,21 +569,16 @@ def _gpt2_decode_replays_bit_for_bit_on_a_real_gpu(tmp_path):
         logits = {}
         for gen in (on, off):
             gen.prefill.bind(**gen._empty)
-            logits[id(gen)] = _on_host(gen.prefill(input_ids=prompt)[0])
+            logits[id(gen)] = _host(gen.prefill(input_ids=prompt)[0])
             gen.decode.bind(**{n: gen.prefill.state(n) for n in gen.cache_names})
         for _ in range(12):  # past = 8 .. 19
             token = logits[id(off)][:, -1].argmax(axis=-1).astype(np.int64)[:, None]
             for gen in (on, off):
-                logits[id(gen)] = _on_host(gen.decode(input_ids=token)[0])
+                logits[id(gen)] = _host(gen.decode(input_ids=token)[0])
             assert on.decode.loop.startswith("cuda graph" if round else "python loop"), \
                 on.decode.loop
             np.testing.assert_array_equal(logits[id(on)], logits[id(off)])
     assert on.decode.stats["graph_captures"] == 12 and on.decode.stats["graph_runs"] == 24
-
-
-def _on_host(a) -> np.ndarray:
-    """A GPU generator's logits stay on the GPU (a torch tensor); the comparison is numpy's."""
-    return a.cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
 
 if not SIMULATED:  # (defined only there: the simulated run of this folder allows no skips)

@@ -300,3 +300,19 @@ def test_the_simulated_replay_runs_the_region_again_through_its_value_slots(torc
     with pytest.raises(EvaluationError, match="m allocated its result instead of writing "
                                               "into its out= place"):
         sim.replay()
+
+
+def test_an_empty_prefix_has_the_address_of_where_it_starts():
+    """A graph knows a kept state by its prefix's address. torch gives a tensor of no
+    elements a data_ptr of 0, so a prefill from empty caches never matched its graph and
+    captured again every generation; ``address`` is where the view starts, empty or not."""
+    torch = pytest.importorskip("torch")
+    buffer = torch.zeros(2, 3, 8, 4)
+    assert buffer.narrow(2, 0, 0).data_ptr() == 0  # (why data_ptr cannot be the mark)
+    assert graphs.address(buffer.narrow(2, 0, 0)) == graphs.address(buffer) == \
+        buffer.data_ptr()
+    assert graphs.address(buffer[1].narrow(1, 0, 0)) == buffer[1].data_ptr()
+    other = torch.zeros(2, 3, 8, 4)
+    assert graphs.address(other.narrow(2, 0, 0)) != graphs.address(buffer.narrow(2, 0, 0))
+    marks = graphs.state_marks([buffer.narrow(2, 0, 0)], [0])
+    assert marks == ((0, buffer.data_ptr(), (2, 3, 0, 4), (96, 32, 4, 1)),)
