@@ -13,8 +13,11 @@ as ``gemv_splits`` picks them), and torch's ``addmm`` (cuBLAS) on the same tenso
 ``addmm``. Each result is checked against float64 first. Last, a decode layer's four GEMVs
 back to back in one graph, launched as before and with programmatic dependent launch
 (``runtime.PDL``: each GEMV loads its first weights while the one before it ends), and the
-same four as cuBLAS ``addmm``. Run where a GPU is usable (the ``device`` tool's machine:
-``--out $OUT``); the table goes to ``DIR/gemv.md``.
+same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
+(cold, read from HBM as a decode reads them). The per-call grid is timed cold too: a graph
+of calls over copies of the weight that together exceed twice the L2 (a decode reads each
+weight once a token). Run where a GPU is usable (the ``device`` tool's machine: ``--out
+$OUT``); the table goes to ``DIR/gemv.md``.
 """
 
 from __future__ import annotations
@@ -81,33 +84,47 @@ def rows_for(label, k, n, dtype, calls, repeats):
     ref = torch.addmm(bias.double(), x.double(), w.double())
     xn = F.layer_norm(x.double(), (k,), g.double(), beta.double(), matmul.LN_EPS)
     ref_ln = torch.addmm(bias.double(), xn, w.double())
-    runners = {"cublas addmm": lambda: torch.addmm(bias, x, w, out=out)}
-    checks = {"cublas addmm": ref}
+    # cold: copies of the weight over twice the L2, one call each a graph call (a decode
+    # reads each weight once a token, from HBM)
+    nbytes = w.numel() * w.element_size()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    copies = [w] + [w.clone() for _ in range(-(-2 * l2 // nbytes))]
+
+    def plain(fn):
+        return fn, lambda: [fn(wi) for wi in copies]
+
+    runners = {"cublas addmm": plain(lambda wi: torch.addmm(bias, x, wi, out=out))}
     for cfg in GRID:
-        runners[cfg.label + f"w{cfg.warps}"] = (
-            lambda cfg=cfg: matmul.gemv(cfg, PLAIN, x, w, bias, None, out))
-        checks[cfg.label + f"w{cfg.warps}"] = ref
-    timed = {}  # name -> what times one replay of its graph (checked runners only)
-    for name, fn in runners.items():  # checked before timed
-        fn()
+        runners[cfg.label + f"w{cfg.warps}"] = plain(
+            lambda wi, cfg=cfg: matmul.gemv(cfg, PLAIN, x, wi, bias, None, out))
+    timed = {}  # (name, "hot" or "cold") -> what times one replay, us per GEMV
+    for name, (fn, cold) in runners.items():  # checked before timed
+        fn(w)
         torch.cuda.synchronize()
-        err = error(out, checks[name])
+        err = error(out, ref)
         if err > (1e-4 if dtype == torch.float32 else 2e-2):
             print(f"  {label} {name}: error {err:.1e}, not timed")
             continue
-        timed[name] = in_graph(fn, calls)
-    times = {name: [] for name in timed}
+        timed[name, "hot"] = in_graph(lambda fn=fn: fn(w), calls)
+        timer = in_graph(cold, 1)
+        timed[name, "cold"] = lambda timer=timer: timer() / len(copies)
+    times = {key: [] for key in timed}
     order = list(timed)
     for r in range(repeats):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            times[name].append(timed[name]())
-    med = {name: statistics.median(t) for name, t in times.items()}
-    cublas = med.pop("cublas addmm")
-    ranked = sorted(med.items(), key=lambda kv: kv[1])
-    mb = k * n * torch.tensor([], dtype=dtype).element_size() / 1e6
-    lines = [f"| {label} | {k}x{n} ({mb:.1f} MB) | {cublas:.2f} | "
-             + "<br>".join(f"`{nm}` {t:.2f}" for nm, t in ranked[:4])
-             + f" | {ranked[-1][0]} {ranked[-1][1]:.2f} |"]
+        for key in order[r % len(order):] + order[:r % len(order)]:
+            times[key].append(timed[key]())
+    med = {key: statistics.median(t) for key, t in times.items()}
+    cublas = med.pop(("cublas addmm", "hot")), med.pop(("cublas addmm", "cold"))
+
+    def ranked(kind):
+        return sorted(((nm, t) for (nm, kd), t in med.items() if kd == kind),
+                      key=lambda kv: kv[1])
+    hot, cold = ranked("hot"), ranked("cold")
+    mb = nbytes / 1e6
+    lines = [f"| {label} | {k}x{n} ({mb:.1f} MB) | {cublas[0]:.2f} / {cublas[1]:.2f} | "
+             + "<br>".join(f"`{nm}` {t:.2f}" for nm, t in hot[:4]) + " | "
+             + "<br>".join(f"`{nm}` {t:.2f} ({nbytes / t / 1e6:.2f} TB/s)" for nm, t in cold[:4])
+             + f" | {hot[-1][0]} {hot[-1][1]:.2f} |"]
     # the LayerNorm prologue, in the current configs: fused against norm + GEMV, norm + addmm
     for cfg in matmul.GEMV_CONFIGS:
         fused = (lambda cfg=cfg: matmul.gemv(cfg, NORMED, x, w, bias, None, out, (g, beta)))
@@ -135,53 +152,74 @@ def rows_for(label, k, n, dtype, calls, repeats):
     return lines
 
 
-def chain_rows(dtype, calls: int, repeats: int) -> list[str]:
-    """GPT-2's four decode GEMVs of a layer back to back, ``calls`` layers a graph: each
-    config launched as before and with PDL, and cuBLAS, interleaved; us per layer."""
+def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
+    """GPT-2's four decode GEMVs of a layer back to back: each config launched as before and
+    with PDL, and cuBLAS, interleaved; us per layer. Hot: one layer's weights, ``calls``
+    times a graph, so they stay in L2 (60 MB on an H200) after the first; cold: ``layers``
+    layers of their own weights a graph (12: 340 MB in fp32), as a decode step reads them,
+    each from HBM. The per-call rows above are hot: a decode's GEMVs took 9.2 us a call in
+    its graph where the hot figures read 3.5-7."""
     torch.manual_seed(0)
-    ops = []
-    for _, k, n in SHAPES:
-        x = torch.randn(1, k, device="cuda", dtype=dtype)
-        w = torch.randn(k, n, device="cuda", dtype=dtype) / k ** 0.5
-        bias = torch.randn(n, device="cuda", dtype=dtype)
-        ops.append((x, w, bias, torch.empty(1, n, device="cuda", dtype=dtype),
-                    torch.addmm(bias.double(), x.double(), w.double())))
-    if not runtime.pdl(ops[0][0].device)["PDL"]:
+
+    def layer_ops():
+        ops = []
+        for _, k, n in SHAPES:
+            x = torch.randn(1, k, device="cuda", dtype=dtype)
+            w = torch.randn(k, n, device="cuda", dtype=dtype) / k ** 0.5
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            ops.append((x, w, bias, torch.empty(1, n, device="cuda", dtype=dtype),
+                        torch.addmm(bias.double(), x.double(), w.double())))
+        return ops
+
+    stack = [layer_ops() for _ in range(layers)]
+    if not runtime.pdl(stack[0][0][0].device)["PDL"]:
         return ["", f"(no PDL here: compute capability {torch.cuda.get_device_capability()}, "
                 "or a Triton without launch_pdl)"]
+    size = sum(w.numel() * w.element_size() for _, w, _, _, _ in stack[0])
 
-    def layer(cfg):
-        for x, w, bias, out, _ in ops:
-            matmul.gemv(cfg, PLAIN, x, w, bias, None, out)
+    def model(cfg, depth: int):
+        for ops in stack[:depth]:
+            for x, w, bias, out, _ in ops:
+                matmul.gemv(cfg, PLAIN, x, w, bias, None, out)
 
-    def cublas():
-        for x, w, bias, out, _ in ops:
-            torch.addmm(bias, x, w, out=out)
+    def cublas(depth: int):
+        for ops in stack[:depth]:
+            for x, w, bias, out, _ in ops:
+                torch.addmm(bias, x, w, out=out)
 
+    # (name, depth) -> what times one replay, us per graph call; a hot graph holds ``calls``
+    # layers, a cold one ``calls // layers`` passes over all of them (at least 1)
+    passes = max(1, calls // layers)
     timers, errors = {}, {}
-    for cfg in matmul.GEMV_CONFIGS:
-        for dependent in (False, True):
-            runtime.PDL = dependent  # read at each launch: the capture keeps the choice
-            try:
-                name = f"{cfg.label}{' pdl' if dependent else ''}"
-                layer(cfg)
-                torch.cuda.synchronize()
-                errors[name] = max(error(out, ref) for _, _, _, out, ref in ops)
-                timers[name] = in_graph(lambda cfg=cfg: layer(cfg), calls)
-            finally:
-                runtime.PDL = True
-    timers["cublas addmm"] = in_graph(cublas, calls)
-    got = {name: [] for name in timers}
+    for depth, repeat in ((1, calls), (layers, passes)):
+        for cfg in matmul.GEMV_CONFIGS:
+            for dependent in (False, True):
+                runtime.PDL = dependent  # read at each launch: the capture keeps the choice
+                try:
+                    name = f"{cfg.label}{' pdl' if dependent else ''}"
+                    model(cfg, depth)
+                    torch.cuda.synchronize()
+                    errors[name] = max(error(out, ref) for ops in stack[:depth]
+                                       for _, _, _, out, ref in ops)
+                    timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: model(cfg, d),
+                                                   repeat)
+                finally:
+                    runtime.PDL = True
+        timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
+    got = {key: [] for key in timers}
     order = list(timers)
     for r in range(repeats):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            got[name].append(timers[name]())  # (a graph call is a layer: us per layer)
-    med = {name: statistics.median(t) for name, t in got.items()}
+        for key in order[r % len(order):] + order[:r % len(order)]:
+            got[key].append(timers[key]() / key[1])  # (a graph call is ``depth`` layers)
+    med = {key: statistics.median(t) for key, t in got.items()}
     lines = ["", f"## A layer's four GEMVs back to back, us per layer (median of {repeats} "
-             f"replays of {calls} layers)", "", "| kernels | us a layer | max error |",
-             "|---|---:|---:|"]
-    lines += [f"| {name} | {med[name]:.2f} | {errors.get(name, float('nan')):.1e} |"
-              for name in order]
+             f"replays; hot: one layer's {size / 1e6:.1f} MB {calls} times a graph; cold: "
+             f"{layers} layers of their own weights, {passes} pass(es) a graph)", "",
+             "| kernels | hot | cold | cold TB/s | max error |", "|---|---:|---:|---:|---:|"]
+    for name in dict.fromkeys(name for name, _ in order):
+        cold = med[name, layers]
+        lines.append(f"| {name} | {med[name, 1]:.2f} | {cold:.2f} | {size / cold / 1e6:.2f} | "
+                     f"{errors.get(name, float('nan')):.1e} |")
     return lines
 
 
@@ -200,7 +238,8 @@ def main(argv=None) -> int:
     table = out / "gemv.md"
     header = [f"\n## GEMVs in a CUDA graph, {args.dtype}, {torch.cuda.get_device_name()}, "
               f"us per call (median of {args.repeats} replays of {args.calls} calls)", "",
-              "| shape | K x N | cuBLAS | fastest configs | slowest |", "|---|---|---:|---|---|"]
+              "| shape | K x N | cuBLAS hot / cold | fastest configs, hot | fastest, cold "
+              "(weights from HBM) | slowest, hot |", "|---|---|---:|---|---|---|"]
     with table.open("a") as f:
         f.write("\n".join(header) + "\n")
     print("\n".join(header))
