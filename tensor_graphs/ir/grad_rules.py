@@ -321,6 +321,7 @@ VJP: dict[str, Rule] = {
                     lambda a, b, y, g: tg.mul(g, tg.neg(trunc(div(a, b))))),
     # piecewise constant: zero almost everywhere
     "floor_divide": lambda y, g: (None, None),
+    "round_half_even": lambda y, g: (None,),
     # the condition gets nothing; each branch its selected places
     "where": _where_rule,
     # float to float: the cotangent cast back (int/bool sources get none)

@@ -76,7 +76,8 @@ class Spec:
 
     values: "normal" (standard normal, never zero), "positive", "biased" (normal / 2 + 1: sums
     that do not cancel, so the measured error is the kernel's, not the data's conditioning),
-    "ties" (small integers, so comparisons see equal elements), "near_one" (magnitudes in
+    "ties" (small integers, so comparisons see equal elements), "halves" (half of them
+    multiples of 1/2 in [-4, 4], zero included: rounding's ties), "near_one" (magnitudes in
     [0.6, 1.4], for products), "index" (ints in [0, high)). Int dtypes draw small nonzero ints,
     bool dtypes random bools. The adversarial kinds "logits", "masked", "scaled", "offset",
     "tiny", "nonfinite", "cancel" and "tail" (``kernels.adversarial``: large and shifted

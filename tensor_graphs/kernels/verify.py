@@ -407,6 +407,9 @@ def draw(spec: Spec, rng: np.random.Generator, special: bool = False) -> np.ndar
         return np.asarray(v).astype(dtype.np_dtype)
     if spec.values == "ties":
         v = rng.choice([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0], shape)
+    elif spec.values == "halves":  # every other value a multiple of 1/2: rounding's ties
+        v = np.where(rng.random(shape) < 0.5, rng.integers(-8, 9, shape) / 2.0,
+                     rng.standard_normal(shape) * 4.0)
     elif spec.values == "near_one":
         v = rng.uniform(0.6, 1.4, shape) * rng.choice([-1.0, 1.0], shape)
     elif spec.values == "index":

@@ -102,7 +102,7 @@ def _values(rng, shape, dtype: str, special: bool = False):
 
 
 # ---------------------------------------------------------------------------- random graphs
-FLOAT_UNARY = ("neg", "exp", "log", "sqrt", "reciprocal", "sin", "erf")
+FLOAT_UNARY = ("neg", "exp", "log", "sqrt", "reciprocal", "sin", "erf", "round_half_even")
 BINARY = ("add", "mul", "maximum", "pow", "equal", "less")
 OUT_SHAPES = [(), (1,), (7,), (33,), (1025,), (7, 33), (33, 1), (3, 1, 7), (2, 7, 33), (33, 1025)]
 FAMILIES = ("float32", "float64", "int32", "int64", "int8", "uint8", "mixed")

@@ -1096,6 +1096,18 @@ def _in64(fn):
 
 _erfc64 = np.vectorize(math.erfc, otypes=[np.float64])
 
+
+def _rounding_values(rng, shape, dtype, spec=None):
+    """Halves and quarters (ties of round), values near the integers, 3e9 and 1e20 (floats
+    beyond int32 and beyond 2**mantissa), tiny ones, +-0, +-inf and nan."""
+    x = np.round(rng.standard_normal(shape) * 8) / 4
+    if x.size >= 12:
+        extra = [0.5, -0.5, 2.5, -2.5, 3e9 + 0.5, -1e20, 1e-10, -1e-10, -0.0, np.inf, -np.inf,
+                 np.nan, 0.49999997, -1.5][: x.size]
+        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
+    return x.astype(NP[dtype])
+
+
 POINTWISE_ATOMIC = [
     _unary("log1p", tg.log1p, _in64(np.log1p), "log1p"),
     _unary("expm1", tg.expm1, _in64(np.expm1), "expm1"),
@@ -1110,18 +1122,9 @@ POINTWISE_ATOMIC = [
     _binary("floor_divide", tg.floor_divide, _floor_divide_ref, "floor_divide", NUM,
             domain=("any", _divisor)),
     _binary("bitwise_and", tg.bitwise_and, _bitand_ref, "bitwise_and", INTS),
+    OpInfo("round_half_even", "round_half_even", tg.round_half_even, np.rint, FLOATS,
+           UNARY_SHAPES, domain=(_rounding_values,), torch=lambda torch, x: torch.round(x)),
 ]
-
-
-def _rounding_values(rng, shape, dtype, spec=None):
-    """Halves and quarters (ties of round), values near the integers, 3e9 and 1e20 (floats
-    beyond int32 and beyond 2**mantissa), tiny ones, +-0, +-inf and nan."""
-    x = np.round(rng.standard_normal(shape) * 8) / 4
-    if x.size >= 12:
-        extra = [0.5, -0.5, 2.5, -2.5, 3e9 + 0.5, -1e20, 1e-10, -1e-10, -0.0, np.inf, -np.inf,
-                 np.nan, 0.49999997, -1.5][: x.size]
-        x.reshape(-1)[rng.choice(x.size, len(extra), replace=False)] = extra
-    return x.astype(NP[dtype])
 
 
 def _wide_values(rng, shape, dtype, spec=None):

@@ -135,7 +135,9 @@ for _name, (_fn, _kinds, _doc) in BINARY.items():
 
 # ------------------------------------------------------- special functions, integer division
 # What no short exact combination of the ops above gives: log(1 + x) is 0 for float32
-# x = 1e-10, a - trunc(a / b) * b rounds twice, and bits have no arithmetic form for and. Kept
+# x = 1e-10, a - trunc(a / b) * b rounds twice, bits have no arithmetic form for and, and
+# rounding half to even took ~40 ops through int64 casts (every quantize has one: a MiniLM
+# quantized int8-dynamic had 5x the planner's slots of the float model). Kept
 # out of UNARY/BINARY (ELEMENTWISE): C and Triton fusion render only the ops they know; the
 # numpy and C kernels compute these (erfc, which gelu decomposes to, is rendered too: see
 # ir/algebra.py). Floats are computed in float64 and rounded once.
@@ -167,6 +169,9 @@ SPECIAL_UNARY = {
     "tan": (_f64(np.tan), ("float",), "tangent (radians); sin / cos would lose its poles"),
     "erfc": (_f64(lambda x: np.asarray(_erfc(x), np.float64)), ("float",),
              "1 - erf(x) without the cancellation (erfc(10) = 2.1e-45)"),
+    "round_half_even": (_f64(np.rint), ("float",),
+                        "x to the nearest integer, halves to the even one (torch's round, "
+                        "numpy's rint); -0.0, inf and nan kept"),
 }
 SPECIAL_BINARY = {
     "atan2": (_f64(np.arctan2), ("float",),

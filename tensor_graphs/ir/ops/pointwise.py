@@ -7,8 +7,10 @@ bitwise_and, ...); everything else is a composite over them and the core ops, wr
 float32 stays within a few ulps of the float64 value: rounding goes through an int64 cast only
 below the dtype's integral threshold (3e9 floors exactly), the inverse trigonometric functions
 through atan2 of exact differences (1 - x for x near 1), the hyperbolic ones through expm1 and
-log1p (sinh(1e-10) is 1e-10, not 0). Where torch's CPU kernels define an edge (the sign of
-fmod, nan in xlogy, shifts past the width) the decomposition follows them.
+log1p (sinh(1e-10) is 1e-10, not 0). Rounding half to even is an atomic op of its own
+(``round_half_even``): built from int64 casts it was ~40 ops, each a planner slot. Where
+torch's CPU kernels define an edge (the sign of fmod, nan in xlogy, shifts past the width)
+the decomposition follows them.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ log2 = _unary_atomic("log2", "Base-2 logarithm.")
 log10 = _unary_atomic("log10", "Base-10 logarithm.")
 tan = _unary_atomic("tan", "Tangent (radians).")
 erfc = _unary_atomic("erfc", "1 - erf(x), without its cancellation for large x.")
+round_half_even = _unary_atomic(
+    "round_half_even", "x to the nearest integer, halves to the even one (round's kernel).")
 atan2 = _binary_atomic("atan2", "The angle of the point (b, a): atan(a / b) in its quadrant.",
                        floats=True)
 fmod = _binary_atomic("fmod", "C's remainder: a - trunc(a / b) * b, with the sign of a.")
@@ -134,16 +138,6 @@ def ceil(x):
     return tg.where(tg.less(t, x), tg.add(t, 1), t) if x.dtype.is_float else x
 
 
-def _round_even(x: Node) -> Node:
-    f = floor(x)
-    d = sub(x, f)  # exact: Sterbenz for |x| >= 1, and x + 1 rounds only away from 1/2
-    up = tg.add(f, 1)
-    odd = tg.equal(sub(f, tg.mul(floor(tg.mul(f, 0.5)), 2)), 1)
-    tie = tg.where(odd, up, f)
-    r = tg.where(tg.less(0.5, d), up, tg.where(tg.less(d, 0.5), f, tie))
-    return _signed_zero(r, x)
-
-
 @composite(example=_x)
 def round(x, *, decimals=0):  # noqa: A001 - torch's name
     """Round half to even; decimals > 0 rounds x * 10**decimals, < 0 x / 10**-decimals (torch's
@@ -154,11 +148,11 @@ def round(x, *, decimals=0):  # noqa: A001 - torch's name
                              f"{x.dtype.name}")
         return x
     if decimals == 0:
-        return _round_even(x)
+        return round_half_even(x)
     scale = 10.0 ** (decimals if decimals > 0 else -decimals)
     if decimals > 0:
-        return div(_round_even(tg.mul(x, scale)), scale)
-    return tg.mul(_round_even(div(x, scale)), scale)
+        return div(round_half_even(tg.mul(x, scale)), scale)
+    return tg.mul(round_half_even(div(x, scale)), scale)
 
 
 @composite(example=_x)
@@ -349,7 +343,7 @@ def _lgamma_right(z: Node) -> Node:
 def _pi_period(x: Node) -> Node:
     """x - round(x) in [-1/2, 1/2]: |sin(pi x)| and tan(pi x) are those of it, exact in
     float64 (integers give exactly 0, the poles; a tiny x keeps its digits)."""
-    return sub(x, _round_even(x))
+    return sub(x, round_half_even(x))
 
 
 @composite(example=_x)
@@ -634,5 +628,5 @@ __all__ = [
     "div_trunc", "erfc", "erfinv", "exp2", "expm1", "floor", "floor_divide", "fmax", "fmin",
     "fmod", "frac", "hypot", "isfinite", "isinf", "left_shift", "lgamma", "log10", "log1p",
     "log2", "logical_xor", "logit", "nan_to_num", "nextafter", "remainder", "right_shift", "round",
-    "signbit", "sinh", "tan", "trunc", "xlogy",
+    "round_half_even", "signbit", "sinh", "tan", "trunc", "xlogy",
 ]

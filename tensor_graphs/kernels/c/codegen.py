@@ -103,6 +103,7 @@ from tensor_graphs.ir.ops.names import (
     NEG,
     POW,
     RECIPROCAL,
+    ROUND_HALF_EVEN,
     SIN,
     SQRT,
     WHERE,
@@ -115,8 +116,9 @@ from tensor_graphs.rewrite import pattern as pat
 TRANSCENDENTAL = frozenset({EXP, LOG, SIN, ERF, ERFC, POW, LOG1P, EXPM1})  # glibc: ULPs off
 # what this renderer computes: the elementwise atomic ops, and of the special functions those
 # glibc computes as vector functions too (softplus, log_sigmoid and asinh decompose to log1p;
-# without it a Mish region stopped there and ran as four steps)
-RENDERED = ELEMENTWISE | {LOG1P, EXPM1}
+# without it a Mish region stopped there and ran as four steps), and rounding half to even
+# (C's rint, exact: a quantize's round, in the loop that divides by the scale and clamps)
+RENDERED = ELEMENTWISE | {LOG1P, EXPM1, ROUND_HALF_EVEN}
 
 # dtype -> (C type, unsigned C type of the same width for wrap-around arithmetic)
 C_TYPES: dict[str, tuple[str, str]] = {
@@ -295,7 +297,7 @@ def c_literal(value, d: DType) -> str:
 
 
 _UNARY_C = {EXP: "exp", LOG: "log", SQRT: "sqrt", SIN: "sin", ERF: "erf", ERFC: "erfc",
-            LOG1P: "log1p", EXPM1: "expm1"}
+            LOG1P: "log1p", EXPM1: "expm1", ROUND_HALF_EVEN: "rint"}
 
 # ---------------------------------------------------------------------------- vector math
 VECTOR_MATH = True  # use glibc's libmvec (SIMD exp/log/sin/erf/pow) where it links and loads
@@ -936,6 +938,7 @@ ROUNDING_ULPS = {  # op: its float result's own rounding error, in ulps of that 
     ADD: 0.5, MUL: 0.5, SQRT: 0.5, RECIPROCAL: 0.5,  # IEEE: correctly rounded
     CAST: 0.5,  # to a narrower float (0 when the value fits)
     NEG: 0.0, MAXIMUM: 0.0, WHERE: 0.0,  # exact: a sign flip or a pick
+    ROUND_HALF_EVEN: 0.0,  # an integer: exact
     **dict.fromkeys(TRANSCENDENTAL, LIBM_ULPS),  # libm, libmvec (pow by 0.5, 2, -1: IEEE)
 }
 
@@ -1006,6 +1009,9 @@ _MOVED = {  # op: (node, operand values, their error bounds, exact result) -> th
     LESS: lambda n, v, e, r: _flips(v, e, r),
     WHERE: lambda n, v, e, r: _where_moved(v, e, r),
     CAST: _cast_moved,
+    # an integer: off by up to 1 more where a half-integer (a tie) is in reach, else exact
+    ROUND_HALF_EVEN: lambda n, v, e, r: np.where(
+        np.rint(v[0] - e[0]) != np.rint(v[0] + e[0]), e[0] + 1.0, 0.0),
 }
 
 

@@ -80,6 +80,7 @@ from tensor_graphs.ir.ops.names import (
     POW,
     RECIPROCAL,
     RESHAPE,
+    ROUND_HALF_EVEN,
     SIN,
     SQRT,
     SUB,
@@ -98,6 +99,9 @@ BLOCK = 1024  # elements computed per block before the lanes take them in: a mul
 PARALLEL_MIN = cg.PARALLEL_MIN  # OpenMP splits the rows from this many elements
 COMMON_HEADER = Path(__file__).with_name("tg_common.h")  # the C kernels' thread team
 REDUCED_DTYPES = ("float32", "float64")  # the row dtypes a reduction accumulates here
+# the elementwise ops a row region takes: those fusion crosses, and rounding half to even (a
+# dynamic quantize's round, after its row's absolute max: one kernel, as when it was casts)
+ROW_ELEMENTWISE = ELEMENTWISE | {ROUND_HALF_EVEN}
 ACCUMULATOR = {"float32": "double", "float64": "double"}  # C type of a sum's lanes
 
 
@@ -179,7 +183,7 @@ def joins(n: Node, width) -> bool:
                 and tuple(n.attrs.get("axes", ())) == (x.ndim - 1,)
                 and x.dtype.name in REDUCED_DTYPES and n.dtype == x.dtype
                 and not _is_one(_last(x)) and _same_dim(_last(x), width))
-    if name not in ELEMENTWISE or name == POW and not n.dtype.is_float:
+    if name not in ROW_ELEMENTWISE or name == POW and not n.dtype.is_float:
         return False  # an integer pow's negative exponents raise: not here
     if n.ndim and not (_is_one(_last(n)) or _same_dim(_last(n), width)):
         return False

@@ -142,7 +142,7 @@ _POINTWISE = [
     ("floor", "c_floor", "floor", 1e-12),
     ("ceil", "c_ceil", "ceil", 1e-12),
     ("trunc", "c_trunc", "trunc", 1e-12),
-    (lambda x: tg.round(x), "c_round", "round", 1e-12),
+    ("round_half_even", "c_round_half_even", "round", 1e-12),  # (C's rint: halves to even)
 ]
 for _pattern, _name, _symbol, _tol in _POINTWISE:
     kernel(_pattern, backend="c", name=_name, dtypes=("float32", "float64"), contiguous=True,

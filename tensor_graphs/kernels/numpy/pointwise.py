@@ -114,6 +114,7 @@ for _name, _fn, _doc in (
     ("floor", np.floor, "floor with numpy."),
     ("ceil", np.ceil, "ceil with numpy."),
     ("trunc", np.trunc, "trunc with numpy."),
+    ("round_half_even", np.rint, "half to even with numpy's rint."),
 ):
     _rounding(_name, _fn, _doc)
 
@@ -173,6 +174,7 @@ for _op in ("log1p", "expm1", "log2", "log10", "tan", "erfc", "exp2", "atan", "a
     generator(_op)(_unary_cases(_UNARY_VALUES.get(_op, "normal")))
 for _op in ("trunc", "floor", "ceil"):
     generator(_op, dtypes=NUMBER_NAMES)(_unary_cases("normal"))
+generator("round_half_even", dtypes=FLOAT_NAMES)(_unary_cases("halves"))  # ties, both ways
 generator("atan2", "hypot", "xlogy")(_binary_cases)
 generator("fmod", "floor_divide", "remainder", "div_trunc", dtypes=NUMBER_NAMES)(_binary_cases)
 generator("bitwise_and", dtypes=INT_NAMES)(_binary_cases)

@@ -11,7 +11,6 @@ reference's EvaluationError instead.
 from __future__ import annotations
 
 from tensor_graphs.errors import EvaluationError
-from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.dtypes import INTS
 from tensor_graphs.ir.dtypes import NUMBERS as NUMERIC
 from tensor_graphs.kernels.torch.base import EXACT, torch_kernel
@@ -95,7 +94,7 @@ def trunc(x, *, out=None):
     return torch.trunc(x, out=out)
 
 
-@torch_kernel(lambda x: tg.round(x), "round", tolerance=EXACT, writes_out=True)
-def round_(x, *, out=None):
-    """Half to even (decimals 0)."""
+@torch_kernel("round_half_even", tolerance=EXACT, writes_out=True)
+def round_half_even(x, *, out=None):
+    """Half to even: torch's round (decimals 0)."""
     return torch.round(x, out=out)
