@@ -246,16 +246,16 @@ def hf_decoders(compile_too: bool) -> dict[str, dict]:
     return runs
 
 
-def hf_steps(lm, prompt, tokens: int, extra: Mapping) -> tuple[float, list[int]]:
+def hf_steps(lm, prompt, tokens: int, extra: Mapping) -> tuple[float, list[int], float]:
     """transformers' ms per decode token (a generation of ``tokens`` less one of 1, over the
-    tokens between) and its tokens."""
+    tokens between), its tokens, and the ms to the first token (the generation of 1)."""
     kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt), **extra)
     with torch.no_grad():
         one = timed(lambda: lm.generate(prompt, max_new_tokens=1, min_new_tokens=1, **kw))
         out = []
         many = timed(lambda: out.append(lm.generate(prompt, max_new_tokens=tokens,
                                                     min_new_tokens=tokens, **kw)))
-    return (many - one) / (tokens - 1), out[0][0, prompt.shape[1]:].tolist()
+    return (many - one) / (tokens - 1), out[0][0, prompt.shape[1]:].tolist(), one
 
 
 def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool = True
@@ -296,11 +296,16 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
     for cls, replay in replays.items():  # (given back after the timed rounds)
         cls.replay = noting(replay)
 
+    firsts = []  # ms from stream() to its first token (the prefill and the first choice)
+
     def ours_steps():
         """Median ms per token (next() on the stream, as a user sees it), median host ms
-        from the call to the graph's launch (the replayed tokens), and the tokens."""
+        from the call to the graph's launch (the replayed tokens), and the tokens; the ms to
+        the first token goes to ``firsts``."""
+        start = time.perf_counter()
         stream = gen.stream(prompt.numpy(), tokens)
         out, steps, host = [next(stream)], [], []
+        firsts.append((time.perf_counter() - start) * 1e3)
         while True:
             launches.clear()
             t = time.perf_counter()
@@ -333,7 +338,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
     for label, extra in hf_decoders(compile_too).items():
         start = time.perf_counter()
         try:
-            _, got = hf_steps(lm, gpu_prompt, tokens, extra)  # (compiles the step)
+            _, got, _ = hf_steps(lm, gpu_prompt, tokens, extra)  # (compiles the step)
         except Exception as exc:  # a competitor that cannot run is a result
             traceback.print_exc(limit=3)
             notes[label] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
@@ -343,6 +348,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
                         f"{'equal' if got == expected else 'DIFFER'}")
     mine, mine_host, exact, exact_host, agree = [], [], [], [], True
     samples = {label: [] for label in theirs}
+    mine_first, their_firsts = [], {}  # ms to the first token (a generation's prefill)
     for _ in range(5):
         exe.graphs.padding = None
         step, host, same = ours_steps()
@@ -352,9 +358,12 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
         step, host, got = ours_steps()
         mine.append(step)
         mine_host.append(host)
+        mine_first.append(firsts[-1])
         agree = agree and got == same == expected
         for label, extra in theirs.items():
-            samples[label].append(hf_steps(lm, gpu_prompt, tokens, extra)[0])
+            per_token, _, to_first = hf_steps(lm, gpu_prompt, tokens, extra)
+            samples[label].append(per_token)
+            their_firsts.setdefault(label, []).append(to_first)
     for cls, replay in replays.items():
         cls.replay = replay
     weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
@@ -364,15 +373,16 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
              f"(our build {setup:.1f} s; our tokens the same in each round: "
              f"{'yes' if agree else 'NO'})",
              f"  ours        {statistics.median(mine):8.3f} ms/token (host to the graph's "
-             f"launch {statistics.median(mine_host):.3f})",
+             f"launch {statistics.median(mine_host):.3f}; first token "
+             f"{statistics.median(mine_first):.2f} ms)",
              f"  ours, first {first:8.3f} ms/token (host to launch {first_host:.3f}; "
              f"{captures_first} graphs captured: one per power-of-two bucket of the cache "
              "length)",
              f"  ours, exact {statistics.median(exact):8.3f} ms/token (host to launch "
              f"{statistics.median(exact_host):.3f}; a graph per cache length, no padding)",
              *(f"  {label:13s} {statistics.median(samples[label]):8.3f} ms/token "
-               f"({notes[label]})" if label in samples else f"  {label:13s} {notes[label]}"
-               for label in notes),
+               f"({notes[label]}; first token {statistics.median(their_firsts[label]):.2f} ms)"
+               if label in samples else f"  {label:13s} {notes[label]}" for label in notes),
              f"  HBM floor   {floor:8.3f} ms/token ({weights / 1e6:.0f} MB of weights)",
              "  " + ", ".join([f"ours/floor {statistics.median(mine) / floor:.2f}"] + [
                  f"ours/{label} {statistics.median(mine) / statistics.median(s):.2f}"
