@@ -21,7 +21,8 @@ and (unless ``--no-compile``) with a static cache whose step transformers compil
 graphs, ``hf compile-ro``), as users of transformers compile a decode (ours
 also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
 length and replays the other steps; and with a graph per cache length, padding off; each with
-the host's time from the call to its graph's launch, the rest being the GPU's), with the
+the host's time from the call to its graph's launch, the rest being the GPU's; and each
+runner's time to its first token, the prompt's prefill), with the
 HBM floor (the decode program's weights read once per token at the device-to-device copy rate
 measured here). ``--only split`` times log-softmax over a 50257-wide row: the Triton row
 kernels (one program a row) and the split ones against torch. The table is appended to
