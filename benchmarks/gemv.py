@@ -90,12 +90,12 @@ def rows_for(label, k, n, dtype, calls, repeats):
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
     copies = [w] + [w.clone() for _ in range(-(-2 * l2 // nbytes))]
 
-    def plain(fn):
+    def hot_and_cold(fn):  # (one call on a weight, a call on each copy)
         return fn, lambda: [fn(wi) for wi in copies]
 
-    runners = {"cublas addmm": plain(lambda wi: torch.addmm(bias, x, wi, out=out))}
+    runners = {"cublas addmm": hot_and_cold(lambda wi: torch.addmm(bias, x, wi, out=out))}
     for cfg in GRID:
-        runners[cfg.label + f"w{cfg.warps}"] = plain(
+        runners[cfg.label + f"w{cfg.warps}"] = hot_and_cold(
             lambda wi, cfg=cfg: matmul.gemv(cfg, PLAIN, x, wi, bias, None, out))
     timed = {}  # (name, "hot" or "cold") -> what times one replay, us per GEMV
     for name, (fn, cold) in runners.items():  # checked before timed

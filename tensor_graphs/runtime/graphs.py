@@ -451,8 +451,9 @@ def address(v) -> int:
     """Where a tensor starts in its buffer's memory, also when it holds no elements: torch
     gives such a tensor a ``data_ptr()`` of 0, so a prefill's empty cache (past = 0) never
     matched the prefix its graph captured, and every generation captured the prefill again
-    (and ran its padded check: three runs of the step instead of one replay)."""
-    return v.untyped_storage().data_ptr() + v.storage_offset() * v.element_size()
+    (and ran its padded check: three runs of the step instead of one replay). A replay
+    checks every kept state (24 a GPT-2 token): one call where the tensor has elements."""
+    return v.data_ptr() or v.untyped_storage().data_ptr() + v.storage_offset() * v.element_size()
 
 
 def state_marks(values: Sequence, states: Sequence[int]) -> tuple:
