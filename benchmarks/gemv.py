@@ -11,9 +11,10 @@ as ``gemv_splits`` picks them), and torch's ``addmm`` (cuBLAS) on the same tenso
 (the order rotates per repeat), medians of the repeats. Then the LayerNorm prologue: the
 ``ln_`` kernel against torch's ``layer_norm`` followed by the same GEMV config, and by
 ``addmm``. Each result is checked against float64 first. Last, a decode layer's four GEMVs
-back to back in one graph, launched as before and with programmatic dependent launch
-(``runtime.PDL``: each GEMV loads its first weights while the one before it ends), and the
-same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
+back to back in one graph, each of ``GEMV_CONFIGS`` launched as before and with
+programmatic dependent launch (``runtime.PDL``: each GEMV loads its first weights while the
+one before it ends), the ``CHAIN`` variants (other configs, eight warps, more splits) with it,
+and the same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
 (cold, read from HBM as a decode reads them). The per-call grid is timed cold too: a graph
 of calls over copies of the weight that together exceed twice the L2 (a decode reads each
 weight once a token). Run where a GPU is usable (the ``device`` tool's machine: ``--out
@@ -41,7 +42,15 @@ from tensor_graphs.kernels.triton.templates import matmul, runtime  # noqa: E402
 SHAPES = [("c_attn", 768, 2304), ("attn c_proj", 768, 768), ("c_fc", 768, 3072),
           ("mlp c_proj", 3072, 768)]  # (label, K, N) of GPT-2 124M's decode GEMVs
 GRID = [matmul.Gemv(n, k, 32, w, 3) for n, k, w in
-        itertools.product((16, 32, 64, 128), (64, 128, 256), (4,))]
+        itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8))]
+# a layer's chain, beyond GEMV_CONFIGS launched with and without PDL: (config, programs
+# gemv_splits aims for) with PDL, the configs fastest cold per call in the sixteenth session's
+# run, eight warps, and twice the programs for a config whose K blocks allow more splits
+CHAIN = [(matmul.Gemv(32, 256, 32, 4, 3), runtime.PROGRAMS),
+         (matmul.Gemv(64, 128, 32, 8, 3), runtime.PROGRAMS),
+         (matmul.Gemv(16, 256, 32, 8, 3), runtime.PROGRAMS),
+         (matmul.Gemv(64, 64, 32, 4, 3), runtime.PROGRAMS),
+         (matmul.Gemv(64, 64, 32, 4, 3), 2 * runtime.PROGRAMS)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PLAIN = next(e for e in matmul.EPILOGUES if e.label == "matmul_bias")
 NORMED = next(e for e in matmul.EPILOGUES if e.label == "ln_matmul_bias")
@@ -190,21 +199,23 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
     # (name, depth) -> what times one replay, us per graph call; a hot graph holds ``calls``
     # layers, a cold one ``calls // layers`` passes over all of them (at least 1)
     passes = max(1, calls // layers)
+    variants = [(cfg, dependent, runtime.PROGRAMS) for cfg in matmul.GEMV_CONFIGS
+                for dependent in (False, True)] + [(cfg, True, p) for cfg, p in CHAIN]
     timers, errors = {}, {}
     for depth, repeat in ((1, calls), (layers, passes)):
-        for cfg in matmul.GEMV_CONFIGS:
-            for dependent in (False, True):
-                runtime.PDL = dependent  # read at each launch: the capture keeps the choice
-                try:
-                    name = f"{cfg.label}{' pdl' if dependent else ''}"
-                    model(cfg, depth)
-                    torch.cuda.synchronize()
-                    errors[name] = max(error(out, ref) for ops in stack[:depth]
-                                       for _, _, _, out, ref in ops)
-                    timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: model(cfg, d),
-                                                   repeat)
-                finally:
-                    runtime.PDL = True
+        for cfg, dependent, programs in variants:
+            # both read at each launch (the capture keeps the choice), set back after
+            runtime.PDL, matmul.PROGRAMS = dependent, programs
+            try:
+                name = (f"{cfg.label}w{cfg.warps}{' pdl' if dependent else ''}"
+                        + (f" {programs} programs" if programs != runtime.PROGRAMS else ""))
+                model(cfg, depth)
+                torch.cuda.synchronize()
+                errors[name] = max(error(out, ref) for ops in stack[:depth]
+                                   for _, _, _, out, ref in ops)
+                timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: model(cfg, d), repeat)
+            finally:
+                runtime.PDL, matmul.PROGRAMS = True, runtime.PROGRAMS
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
     got = {key: [] for key in timers}
     order = list(timers)

@@ -14,9 +14,11 @@ counted (a program's ``memory()`` gives its whole footprint per device).
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import threading
+import warnings
 
 from tensor_graphs.errors import DeviceError, GPUFaultError
 
@@ -249,3 +251,23 @@ def gpu_fault(exc: BaseException, doing: str) -> GPUFaultError | None:
         "be one launched before; rerun with CUDA_LAUNCH_BLOCKING=1 to stop at its launch. "
         "This process can no longer use its GPU: start a new one. Nothing was recorded for "
         "the kernels met since (rows measured before are kept).")
+
+
+@contextlib.contextmanager
+def raising_syncs():
+    """torch's sync debug mode "error" for the block (a call that waits for the GPU raises:
+    a warm-up before a capture finds it there), set back after, without the warning torch
+    prints each time it is set ("a prototype feature"), which a user's compile, decode and
+    profile printed once per region warmed."""
+    import torch
+
+    mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Synchronization debug mode")
+            torch.cuda.set_sync_debug_mode(mode)

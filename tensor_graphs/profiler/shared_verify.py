@@ -43,6 +43,7 @@ import dataclasses
 import fcntl
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -110,15 +111,53 @@ def kernel_key(kernel, hw: Hardware, scope: str) -> str | None:
         return None
     cells = [c.cell_contents for c in getattr(kernel.fn, "__closure__", None) or ()
              if c.cell_contents is not None]
-    extra = repr((cells, getattr(kernel.fn, "__defaults__", None)))
+    extra = _described((cells, getattr(kernel.fn, "__defaults__", None)))
     where = getattr(kernel, "where", None)
+    cases = _cases(kernel.signatures)
+    if cases is None:
+        return None
     parts = [kernel.name, kernel.backend, kernel.device, kernel.source_hash,
-             repr(kernel.pattern), repr(kernel.dtypes), repr(kernel.ranks),
+             _described(kernel.pattern), repr(kernel.dtypes), repr(kernel.ranks),
              repr(kernel.contiguous), repr(kernel.tolerance), repr(kernel.inplace),
              repr(kernel.view), repr(kernel.writes_out), repr(sorted(kernel.prepare)),
-             repr(kernel.signatures), "" if where is None else source_hash(where),
+             cases, "" if where is None else source_hash(where),
              extra, hw.device, hw.libs, scope, verifier_digest()]
     return _digest(parts)
+
+
+def _described(value) -> str:
+    """``value`` (a kernel's pattern, what its function closes over, its defaults) as text
+    that names the same thing in every process: a function by its module, name and source (a
+    Triton template's launcher, the numpy formula a kernel wraps, a pattern's attribute
+    predicate), where its repr would hold its address and so keep the kernel from being
+    shared; containers and dataclasses field by field."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{f.name}={_described(getattr(value, f.name))}"
+                           for f in dataclasses.fields(value))
+        return f"{type(value).__name__}({fields})"
+    if isinstance(value, (list, tuple)):
+        return f"({', '.join(map(_described, value))})"
+    if isinstance(value, dict):
+        return f"{{{', '.join(f'{_described(k)}: {_described(v)}' for k, v in value.items())}}}"
+    if inspect.isfunction(value):
+        return f"{value.__module__}.{value.__qualname__}:{source_hash(value)}"
+    if inspect.isbuiltin(value):  # (torch's functions: "<built-in method sin of ... at 0x")
+        return f"{value.__module__ or ''}.{getattr(value, '__qualname__', value.__name__)}"
+    return repr(value)
+
+
+def _cases(signatures) -> str | None:
+    """The verification cases a kernel's ``signatures=`` gives, as text: a function of them
+    (every Triton template's, which depend on its config and on the interpreter) by the
+    cases it returns, since its repr holds its address, which kept every Triton kernel out
+    of the workers (``verify_at_once``): GPT-2's first GPU profile then verified its GEMM
+    and attention templates one after another, 25-38 s each on an H200."""
+    if callable(signatures):
+        try:
+            return repr(signatures())
+        except Exception:  # noqa: BLE001 - the kernel's checks report it; nothing is shared
+            return None
+    return repr(signatures)
 
 
 def candidate_key(cand: generated.Candidate, hw: Hardware, scope: str) -> str | None:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_graphs.devices import simulated_cuda, torch_device
+from tensor_graphs.devices import raising_syncs, simulated_cuda, torch_device
 from tensor_graphs.errors import EvaluationError
 from tensor_graphs.ir.ops.names import INPUT, STATE, STATE_UPDATE
 from tensor_graphs.ir.shapes import dim_name
@@ -359,13 +359,10 @@ def warming(device: str, region: Sequence, outs: Sequence, leaving: frozenset = 
     dev = torch.device(torch_device(device))
     side = torch.cuda.Stream(device=dev)
     side.wait_stream(torch.cuda.current_stream(dev))
-    mode = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.cuda.stream(side):
+        with raising_syncs(), torch.cuda.stream(side):
             yield Checker(region, outs, leaving)
     finally:
-        torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream(dev).wait_stream(side)
 
 

@@ -368,6 +368,29 @@ def test_a_gpu_kernel_that_cannot_be_captured_is_timed_launch_by_launch(
     assert 2e-3 <= row.min < 2 * 2e-3, row
 
 
+@pytest.mark.skipif(SIMULATED, reason="torch's capture and sync debug mode: a real GPU's")
+def test_timing_a_view_on_the_gpu_warns_of_nothing():
+    """A view's call launches no kernel, so its timing graph is empty, and the warm-up before
+    a capture sets torch's sync debug mode: torch warns of both ("The CUDA Graph is empty.
+    This usually means that the graph was attempted to be captured on wrong device",
+    "Synchronization debug mode is a prototype feature"), which a user's first GPU profile
+    printed once per view and per region. Neither is the user's to act on."""
+    import warnings
+
+    import torch
+
+    from tensor_graphs.devices import torch_device
+    from tensor_graphs.profiler import device
+
+    x = torch.randn(4, 6, device=torch_device("cuda"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        replay = device.graphed(lambda: x.view(6, 4), 3)
+        replay()
+        torch.cuda.synchronize()
+    assert [str(w.message) for w in seen] == []
+
+
 def test_gpu_kernels_are_verified_in_worker_processes_at_once(tmp_path, slow_host_tanh):
     """Before a profile times anything, its registered GPU kernels are verified by spawned
     worker processes together (a Triton kernel's checks compile it, seconds each on a GPU's
@@ -392,6 +415,27 @@ def test_gpu_kernels_are_verified_in_worker_processes_at_once(tmp_path, slow_hos
     assert shared_verify.verify_at_once(kernels, lambda k: GPU, None, workers=2) == 0
     # one worker is no parallelism: nothing is spawned (the profile verifies as it goes)
     assert shared_verify.verify_at_once(kernels[:1], lambda k: GPU, scope, workers=2) == 0
+
+
+def test_triton_templates_are_verified_in_the_workers_too(tmp_path):
+    """A Triton template's verification cases come from a function (its config's, the
+    interpreter's): the key its outcome is filed under names the cases, not the function's
+    address, so the workers verify it and the profile reads their outcome. (Every Triton
+    kernel had no key: GPT-2's first profile on an H200 verified its GEMM and attention
+    templates one after another in the profile, 25-38 s each, and did not end in 400 s.)"""
+    from tensor_graphs.profiler import shared_verify
+
+    db = open_db(tmp_path / "gpu.sqlite")
+    scope = shared_verify.scope_of(db)
+    kernels = [registry.get(n) for n in ("triton_embedding_r4d256", "triton_embedding_r16d128")]
+    assert all(callable(k.signatures) for k in kernels)  # (the case this test is about)
+    assert shared_verify.verify_at_once(kernels, lambda k: GPU, scope, workers=2) == 2
+
+    def again():
+        raise AssertionError("verified again: the worker's outcome was not read")
+
+    for k in kernels:
+        assert shared_verify.shared(k, GPU, again, scope) is None
 
 
 def test_a_profile_verifies_its_gpu_kernels_at_once_then_measures(tmp_path, wrong_gpu_tanh,

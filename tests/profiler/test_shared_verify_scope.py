@@ -175,3 +175,34 @@ def test_the_verifier_digest_reads_every_source_it_names(tmp_path, monkeypatch):
     old = digest()
     check.write_text("CASES = ('tail', 'new')\n")
     assert digest() != old
+
+
+def test_every_registered_kernel_has_the_same_key_in_a_fresh_interpreter():
+    """An outcome is shared under a key every process computes alike: a kernel whose
+    description held an address (a function it closes over or its pattern names, a
+    function giving its verification cases) had none, so it was verified by each process
+    for itself (all 118 Triton kernels, the quantized C GEMMs)."""
+    import json
+    import subprocess
+    import sys
+
+    from tensor_graphs.db.hardware import current
+
+    code = """
+import json
+from tensor_graphs.db.hardware import current
+from tensor_graphs.kernels import registry
+from tensor_graphs.profiler import shared_verify
+hw = current("cpu")
+print(json.dumps({k.name: shared_verify.kernel_key(k, hw, "a scope") for k in registry.all()}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    hw = current("cpu")
+    ours = {k.name: shared_verify.kernel_key(k, hw, "a scope") for k in tg.kernels.registry.all()
+            if k.name in theirs}  # (tests register kernels of their own)
+    assert len(ours) > 400
+    assert [name for name, key in ours.items() if key is None] == []
+    assert {name for name in ours if ours[name] != theirs[name]} == set()
+    assert len(set(ours.values())) == len(ours)
