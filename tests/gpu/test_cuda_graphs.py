@@ -498,7 +498,7 @@ def test_masked_attention_reads_nothing_on_the_host():
 # The two generation tests below plan with torch's kernels only (``TORCH_ONLY``): their subject
 # is what is captured when and what replays, which is the same for any kernel, and on the
 # simulated GPU the Triton interpreter made them 31 and 36 s (1-2 s with torch's). Triton
-# kernels inside graphs: tests/gpu/test_decode_overhead.py, test_generate_ahead.py.
+# kernels inside graphs: tests/gpu/test_decode_overhead.py's host-work test, test_generate_ahead.py.
 TORCH_ONLY = ("torch", "copy")
 
 
