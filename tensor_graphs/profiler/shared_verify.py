@@ -130,7 +130,7 @@ def _described(value) -> str:
     that names the same thing in every process: a function by its module, name and source (a
     Triton template's launcher, the numpy formula a kernel wraps, a pattern's attribute
     predicate), where its repr would hold its address and so keep the kernel from being
-    shared; containers and dataclasses field by field."""
+    shared; containers and dataclasses item by item."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = ", ".join(f"{f.name}={_described(getattr(value, f.name))}"
                            for f in dataclasses.fields(value))
@@ -139,6 +139,8 @@ def _described(value) -> str:
         return f"({', '.join(map(_described, value))})"
     if isinstance(value, dict):
         return f"{{{', '.join(f'{_described(k)}: {_described(v)}' for k, v in value.items())}}}"
+    if isinstance(value, (set, frozenset)):  # sorted: a set's order varies with the process
+        return f"{{{', '.join(sorted(map(_described, value)))}}}"
     if inspect.isfunction(value):
         return f"{value.__module__}.{value.__qualname__}:{source_hash(value)}"
     if inspect.isbuiltin(value):  # (torch's functions: "<built-in method sin of ... at 0x")
