@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import weakref
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, NamedTuple
@@ -774,6 +775,9 @@ class CompiledGraph:
         # a GPU program runs as a CUDA graph per dims where it can (runtime/graphs.py); False
         # keeps the Python loop
         self.cuda_graphs = True
+        # one call or bind at a time: calls share the arenas, the kept states and the values
+        # of the steps (two threads calling one program got each other's results, silently)
+        self._one_at_a_time = threading.RLock()
         self._leaf_sets()
 
     def _leaf_sets(self) -> None:
@@ -968,7 +972,11 @@ class CompiledGraph:
         with the dims the arrays bind, its kind of dtype; an error changes nothing. Then the
         values are replaced and all that was derived from the old weights is dropped: the
         prelude's results (transposed and packed weights) and the native loop's recordings,
-        which hold the old buffers' addresses."""
+        which hold the old buffers' addresses. Never while another thread's call runs."""
+        with self._one_at_a_time:
+            self._rebind_now(arrays, what)
+
+    def _rebind_now(self, arrays: Mapping[str, object], what: str) -> None:
         weights, states = {}, {}
         for name, value in arrays.items():
             leaf = self._by_name.get(name)
@@ -1011,6 +1019,13 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------------ running
     def __call__(self, **feeds):
+        """The outputs for ``feeds``. Threads may share a program: their calls run one at a
+        time (each call reuses the program's memory; for calls side by side, compile a
+        program per thread)."""
+        with self._one_at_a_time:
+            return self._call(feeds)
+
+    def _call(self, feeds: Mapping):
         unknown = sorted(set(feeds) - set(self._by_name))
         if unknown:
             raise FeedError(f"unknown feed(s) {unknown}; the graph's leaves are "

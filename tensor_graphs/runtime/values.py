@@ -29,11 +29,10 @@ _tensor_types: dict[type, bool] = {}  # a type -> whether its values are torch t
 
 def is_tensor(value) -> bool:
     """Asked several times per value per call (a decode token: ~170 times): answered once
-    per type."""
+    per type (``convert.is_tensor_type``)."""
     found = _tensor_types.get(type(value))
     if found is None:
-        kind = type(value)
-        found = _tensor_types[kind] = kind.__module__ == "torch" and hasattr(kind, "data_ptr")
+        found = _tensor_types[type(value)] = _convert().is_tensor_type(type(value))
     return found
 
 
@@ -125,7 +124,7 @@ def on_device(value, device: str, dtype: np.dtype | None = None):
     from tensor_graphs.kernels import copy as copies
 
     if is_on(value, device):
-        return dense(value, dtype)
+        return dense(plain(value), dtype)
     if is_tensor(value):
         value = value.detach().cpu()  # (a tensor on another GPU: through the host)
     return copies.route("cpu", device).fn(dense(value, dtype), device=device)
@@ -138,8 +137,19 @@ def on_host(value, dtype: np.dtype | None = None) -> np.ndarray:
     return dense(value, dtype) if dtype is not None else np.asarray(value)
 
 
+def plain(tensor):
+    """``tensor`` outside autograd: a feed or bound tensor that requires grad (a model's
+    output outside ``no_grad``, a ``Parameter``) written into the arena by ``copy_`` made
+    autograd record the copy on the arena, and every later kernel writing there with
+    ``out=`` failed ("functions with out=... arguments don't support automatic
+    differentiation"), numpy feeds included, for the program's life."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
 def retyped(value, dtype: np.dtype):
-    """A tensor in ``dtype`` (itself when it has it), keeping its device and layout."""
+    """A tensor outside autograd in ``dtype`` (itself when it is both), keeping its device
+    and layout."""
+    value = plain(value)
     if _numpy_dtype(value) == dtype:
         return value
     return value.to(_convert().torch_dtype(np.dtype(dtype)))

@@ -215,3 +215,55 @@ def test_torch_cuda_kernels_write_into_out():
     host = tg.kernels.get("copy_cuda_to_host")
     out = np.empty((3, 4), np.float32)
     assert host.fn(x, out=out) is out and np.array_equal(out, x.cpu().numpy())
+
+
+def _small_gpu_program(db: str):
+    """gelu(x @ w) planned on the GPU (``db``: a slow host's), with torch's kernels."""
+    x = tg.input("x", (4, 8))
+    w = tg.weight("w", (8, 16))
+    y = tg.gelu(x @ w)
+    prog = tg.compile(y, device="cuda", db=db, backends=("torch", "copy"))
+    assert any(s.device == "cuda" and not s.is_copy for s in prog.plan.steps), prog.explain()
+    return prog, y
+
+
+def test_a_feed_or_weight_that_requires_grad_leaves_the_program_working(slow_host):
+    """A tensor that requires grad (a model's output outside ``no_grad``, a ``Parameter``)
+    is read outside autograd: copied into the arena as it was, it made autograd record the
+    copy on the arena, and every later kernel writing there with ``out=`` failed, numpy
+    feeds included, for the program's life (after a CUDA graph was captured too)."""
+    prog, y = _small_gpu_program(slow_host)
+    W = RNG.standard_normal((8, 16)).astype(np.float32)
+    prog.bind(w=torch.nn.Parameter(torch.from_numpy(W).to(GPU)))
+    X = RNG.standard_normal((4, 8)).astype(np.float32)
+    ref = _reference(y, {"x": X, "w": W})
+    plain = torch.from_numpy(X).to(GPU)
+    for fed in (plain, plain, plain, plain.clone().requires_grad_(True), X, X,
+                torch.nn.Parameter(plain.clone())):
+        assert relative_error(prog(x=fed), ref) < 1e-5
+
+
+def test_threads_sharing_a_gpu_program_get_their_own_results(slow_host):
+    """Calls share the program's arenas and kept states: from several threads they run one
+    at a time (a web server's pool calling one program got other calls' results, silently:
+    15-38 of 60 on the simulated GPU)."""
+    import threading
+
+    prog, y = _small_gpu_program(slow_host)
+    W = RNG.standard_normal((8, 16)).astype(np.float32)
+    prog.bind(w=W)
+    wrong = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            X = rng.standard_normal((4, 8)).astype(np.float32)
+            if relative_error(prog(x=X), _reference(y, {"x": X, "w": W})) > 1e-5:
+                wrong.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

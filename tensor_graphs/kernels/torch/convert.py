@@ -62,8 +62,22 @@ def _on_torch_import() -> None:
 torch = Lazy("torch", globals(), "torch")
 
 
+_tensor_types: dict[type, bool] = {}  # a type -> whether its values are torch tensors
+
+
+def is_tensor_type(kind: type) -> bool:
+    """Whether values of ``kind`` are torch tensors: ``torch.Tensor`` and its subclasses
+    (``nn.Parameter``, whose module is ``torch.nn.parameter``, was read as an array), told
+    without importing torch and answered once per type."""
+    found = _tensor_types.get(kind)
+    if found is None:
+        found = _tensor_types[kind] = any(k.__name__ == "Tensor" and k.__module__ == "torch"
+                                          for k in kind.__mro__)
+    return found
+
+
 def is_tensor(value) -> bool:
-    return type(value).__module__ == "torch" and hasattr(value, "data_ptr")
+    return is_tensor_type(type(value))
 
 
 def to_torch(a):
