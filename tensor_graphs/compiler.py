@@ -157,7 +157,7 @@ class Pipeline:
             raise ArgumentError(f"profile must be one of {PROFILE_MODES}, got {profile!r}")
         self.profile = profile
         self.db = open_db(db)
-        self.backends = None if backends is None else tuple(backends)
+        self.backends = None if backends is None else _known_backends(backends)
         self.decisions = None if decisions is None else tuple(decisions)
         self.plan_file = plan_file  # where ``decisions`` came from, for errors
 
@@ -329,7 +329,22 @@ class Pipeline:
                 if s in dims and dims[s] > b]
         if over:
             raise ShapeError(f"{', '.join(over)}: above the bounds this program was compiled "
-                             "for; compile again with larger bounds=")
+                             "for; compile again with larger bounds= (tg.compile and "
+                             "tg.from_torch take it; or a larger max= in torch.export.Dim)")
+
+
+def _known_backends(backends: Sequence[str]) -> tuple[str, ...]:
+    """``backends`` as a tuple, each a backend kernels are written for: a device's name
+    (``backends=["cuda"]``) ended in a NoPathError that blamed the graph."""
+    from tensor_graphs.kernels.registry import BACKENDS
+
+    if isinstance(backends, str):
+        backends = (backends,)
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ArgumentError(f"unknown backend(s) {unknown}: the backends are {list(BACKENDS)} "
+                            "(a device is chosen with device=, e.g. device='cuda')")
+    return tuple(backends)
 
 
 def prepare(outputs: Sequence[Node], dims: Mapping) -> list[Node]:

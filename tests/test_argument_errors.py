@@ -39,6 +39,17 @@ def test_quantize_names_what_it_got_and_how_to_quantize_a_program(given, name):
              "tg.compile(tg.quantize(y, 'int8-weight'), ...)")
 
 
+# ---------------------------------------------------------------------------- backends
+def test_an_unknown_backend_is_refused_by_name_and_a_lone_name_is_one_backend():
+    """``backends=["cuda"]`` (a device's name) ended in a NoPathError that blamed the graph;
+    ``backends="numpy"`` was read letter by letter."""
+    said = _refused(lambda: tg.compile(_graph(), bounds={"b": 4}, backends=["cuda"]),
+                    "unknown backend(s) ['cuda']", "device='cuda'")
+    assert "'numpy'" in said and "'torch'" in said
+    prog = tg.compile(_graph(), bounds={"b": 4}, backends="numpy")
+    assert {s.kernel.backend for s in prog.plan.steps if not s.is_copy} == {"numpy"}
+
+
 # ---------------------------------------------------------------------------- dims
 BAD_DIMS = [-3, 0, "8", 8.5, None, True, 2 ** 63, np.float32(8)]
 

@@ -32,7 +32,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
-from tensor_graphs.ir.shapes import dim_symbol
+from tensor_graphs.ir.shapes import dim_symbol, format_shape
 from tensor_graphs.kernels.torch.convert import to_host
 
 # torch.export's refusal of a forward that returns a non-tensor object (a transformers
@@ -538,7 +538,8 @@ class TorchProgram:
                         raise ArgumentError(f"argument {label} was {leaf!r} when the module "
                                             f"was exported; got {_short(arg)}")
                     continue
-                if isinstance(arg, torch.Tensor):
+                tensor = isinstance(arg, torch.Tensor)  # (the user's: a host program reads numpy)
+                if tensor:
                     arg = arg.detach()
                     if not self._on_gpu:
                         arg = to_host(arg)
@@ -547,13 +548,15 @@ class TorchProgram:
                 shape = tuple(arg.shape)
                 if arg.ndim != leaf.ndim or any(isinstance(d, int) and d != s
                                                 for d, s in zip(leaf.shape, shape)):
-                    raise ShapeError(f"argument {label} has shape {shape}; the exported "
-                                     f"module takes {tuple(map(str, leaf.shape))}")
+                    raise ShapeError(f"argument {label} has shape {format_shape(shape)}; "
+                                     f"the exported module takes {format_shape(leaf.shape)}")
                 dtype = dtype_name(arg.dtype) if isinstance(arg, torch.Tensor) else arg.dtype
                 if dtype != leaf.dtype.np_dtype and dtype != leaf.dtype.name:
+                    how = (f"x.to(torch.{leaf.dtype.name})" if tensor
+                           else f"x.astype('{leaf.dtype.name}')")
                     raise DTypeError(f"argument {label} has dtype {arg.dtype}; the exported "
                                      f"module takes {leaf.dtype.name} (convert it, e.g. "
-                                     f"x.astype('{leaf.dtype.name}'))")
+                                     f"{how})")
                 if leaf.name in self._read:
                     feeds[leaf.name] = arg
         results = self.program(**feeds) if self.program is not None else []

@@ -941,13 +941,17 @@ class CompiledGraph:
     def bind(self, **arrays) -> CompiledGraph:
         """Give weights (and initial states) in the user's layout; later calls use them.
         Binding a name again replaces its value. Returns the program, so
-        ``prog.bind(...)(x=...)`` reads well."""
+        ``prog.bind(...)(x=...)`` reads well. A tensor already on the GPU the weights live on
+        is held as it is, not copied: after changing it in place (an optimizer's step), bind
+        it again, since what the program derived from it once per binding (a transposed or
+        packed copy) would still hold the old values."""
         self._rebind(arrays, "bind")
         return self
 
     def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> CompiledGraph:
         """Bind every weight the file holds, by name (``rename`` maps file names to leaf names,
-        or to None to skip one), replacing values bound before. The file is memory-mapped and
+        or to None to skip one: a function, or a dict whose missing names stay as they are),
+        replacing values bound before. The file is memory-mapped and
         each tensor copied once into its own buffer; weights the graph has but the file lacks
         raise before anything is bound, unless already bound (bind them with ``bind`` first
         to allow that). ``strict``: the file may hold nothing else. A program whose weights

@@ -24,6 +24,7 @@ took it 190-380 ms against 80-105 ms here (2 shared cores). For weights on a GPU
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import mmap
 import os
@@ -430,6 +431,10 @@ def _shown(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _renamed(names: Mapping, fname: str):
+    return names.get(fname, fname)
+
+
 def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
            optional: set[str]) -> dict[str, tuple[TensorInfo, DType]]:
     """Leaf name -> (the file's tensor, the leaf's dtype) for every wanted tensor the file
@@ -438,7 +443,9 @@ def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
     want = {name: (tuple(_dim(d) for d in shape), as_dtype(dt))
             for name, (shape, dt) in wanted.items()}
 
-    # file name -> leaf name
+    # file name -> leaf name (``rename``: a function, or a mapping whose missing names stay)
+    if isinstance(rename, Mapping):
+        rename = functools.partial(_renamed, dict(rename))
     by_leaf: dict[str, TensorInfo] = {}
     for fname, info in header.tensors.items():
         leaf = rename(fname) if rename is not None else fname

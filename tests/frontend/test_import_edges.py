@@ -36,3 +36,24 @@ def test_an_in_place_write_to_a_buffer_is_refused_not_dropped():
 
     with pytest.raises(UnsupportedOpError, match="writes buffer 'count' in place"):
         from_torch(_Counter(), (torch.ones(2),))
+
+
+def test_a_wrong_argument_is_refused_in_the_words_of_its_kind():
+    """The shape refused prints as a shape ((4, 8), not ('3', '8')), the dtype fix is the
+    argument's own (a tensor has no ``astype``), and a length above the bounds says where
+    they are set (a Dim's max, or bounds=)."""
+    from tensor_graphs.errors import DTypeError, ShapeError
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 3).eval()
+    prog = from_torch(m, (torch.randn(3, 8),))
+    with pytest.raises(ShapeError, match=r"has shape \(4, 8\); the exported module takes "
+                                         r"\(3, 8\)$"):
+        prog(torch.randn(4, 8))
+    with pytest.raises(DTypeError, match=r"x\.to\(torch\.float32\)"):
+        prog(torch.randn(3, 8, dtype=torch.float64))
+    with pytest.raises(DTypeError, match=r"x\.astype\('float32'\)"):
+        prog(np.zeros((3, 8), np.float64))
+    dynamic = from_torch(m, (torch.randn(3, 8),), ({0: torch.export.Dim("b", max=4)},))
+    with pytest.raises(ShapeError, match=r"bounds=.*from_torch.*torch\.export\.Dim"):
+        dynamic(torch.randn(5, 8))

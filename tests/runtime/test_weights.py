@@ -248,6 +248,12 @@ def test_rename(model_file):
     np.testing.assert_array_equal(got["embed"], np.ones((10, 4)))
     with pytest.raises(ArgumentError, match="both rename to 'w'"):
         read_safetensors(path, {"w": ((4, 4), dt.float32)}, rename=lambda n: "w")
+    # a dict maps the names it holds (None drops one); the others keep theirs
+    got = read_safetensors(path, {"embed": ((10, 4), dt.float32),
+                                  "model.layer0.bias": ((4,), dt.float32)},
+                           rename={"model.embed.weight": "embed", "model.layer0.weight": None})
+    np.testing.assert_array_equal(got["embed"], np.ones((10, 4)))
+    assert set(got) == {"embed", "model.layer0.bias"}
 
 
 def test_strict_extra_names(model_file):
