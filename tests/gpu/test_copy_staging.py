@@ -9,8 +9,8 @@ copy. ``tests/kernels/test_copy_staging_pinned.py`` checks pinning on a real GPU
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -267,11 +267,8 @@ def test_threads_copy_through_one_buffer(ring, monkeypatch):
             if not _same(g, a) or not _same(TO_HOST(g), a):
                 errors.append(seed)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:  # (list: a worker's exception is raised here)
+        list(pool.map(work, range(4)))
     assert not errors
 
 

@@ -247,7 +247,7 @@ def test_threads_sharing_a_gpu_program_get_their_own_results(slow_host):
     """Calls share the program's arenas and kept states: from several threads they run one
     at a time (a web server's pool calling one program got other calls' results, silently:
     15-38 of 60 on the simulated GPU)."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     prog, y = _small_gpu_program(slow_host)
     W = RNG.standard_normal((8, 16)).astype(np.float32)
@@ -261,9 +261,6 @@ def test_threads_sharing_a_gpu_program_get_their_own_results(slow_host):
             if relative_error(prog(x=X), _reference(y, {"x": X, "w": W})) > 1e-5:
                 wrong.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(3) as pool:  # (list: a worker's exception is raised here)
+        list(pool.map(worker, range(3)))
     assert wrong == []

@@ -3,7 +3,7 @@ once, and with torch tensors that autograd tracks (``nn.Parameter``, a model's o
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -37,11 +37,8 @@ def test_threads_sharing_a_program_get_their_own_results():
             if relative_error(prog(x=X), ref) > 1e-5:
                 wrong.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:  # (list: a worker's exception is raised here)
+        list(pool.map(worker, range(4)))
     assert wrong == []
 
 
