@@ -34,6 +34,7 @@ from tensor_graphs.errors import (
 )
 from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
 from tensor_graphs.ir.graph import leaves
+from tensor_graphs.ir.index_limits import check_indices, index_limits
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, WEIGHT
 from tensor_graphs.ir.shapes import dim_name, format_shape, free_symbols, is_static, resolve
@@ -756,6 +757,7 @@ class CompiledGraph:
         self._symbolic: Executable | None = None
         self._last: Executable | None = None
         self._kept = kept_states(outputs)  # output position -> (state name, axis)
+        self._index_limits = index_limits(outputs)  # fed ids: checked before a call runs
         self._states = {name: State(self._by_name[name], axis, self._weights_on)
                         for name, axis in self._kept.values()}
         # a state the graph reads but never updates (an optimizer's learning rate) is held the
@@ -1060,6 +1062,7 @@ class CompiledGraph:
         for name, value in raw.items():
             if dv.is_tensor(value):
                 arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
+        self._check_indices(feeds, arrays, dims)
         arrays = {**self._bound, **arrays}  # (a call's feeds win; no Python loop per weight)
         exe = self._executable(dims)
         self.stats["calls"] += 1
@@ -1098,6 +1101,20 @@ class CompiledGraph:
             seen.add(id(r))
             out.append(r if own else dv.copy(r))
         return out[0] if self._single else out
+
+    def _check_indices(self, feeds: Mapping, arrays: Mapping, dims: Mapping) -> None:
+        """The fed ids a gather or scatter reads, in range (``ir/index_limits``), read where
+        they are: a GPU tensor's are not (reading them would wait for the GPU), so an id out of
+        range there meets torch's device-side assert, as it would in torch."""
+        for name, limits in self._index_limits.items():
+            if name not in feeds:
+                continue
+            value = arrays[name]
+            if dv.is_tensor(value):
+                if value.device.type != "cpu":
+                    continue
+                value = value.numpy()
+            check_indices(name, np.asarray(value), limits, dims)
 
     def _checked(self, given: Mapping, skip: Mapping) -> tuple[dict, dict, dict]:
         """(the values checked, their arrays, the dims they bind): what the call brings and

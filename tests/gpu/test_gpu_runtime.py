@@ -8,6 +8,8 @@ steps on the GPU with a fresh database, and each test checks that it did."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -264,3 +266,36 @@ def test_threads_sharing_a_gpu_program_get_their_own_results(slow_host):
     with ThreadPoolExecutor(3) as pool:  # (list: a worker's exception is raised here)
         list(pool.map(worker, range(3)))
     assert wrong == []
+
+
+def test_fed_ids_out_of_range_are_refused_before_the_gpu_runs(slow_host):
+    """A token id past the table, fed from the host, is refused by name before any step: on
+    a real GPU torch's gather would stop on a device-side assert, which ends the process's
+    CUDA context. The program (and the GPU) serve the next call; its kept cache is as the
+    last good call left it."""
+    cache = tg.state("cache", ("past", 16))
+    ids = tg.input("ids", (1, "seq"), "int64")
+    rows = tg.embedding(ids, tg.weight("wte", (50, 16)))[0]
+    new = tg.state_update(cache, rows, offset="past", axis=0)
+    outs = [tg.tanh(new @ tg.weight("w", (16, 32))).sum(axis=0), new]
+    prog = tg.compile(outs, device="cuda", db=slow_host, backends=("torch", "copy"),
+                      bounds={"past": 16, "seq": 4})
+    assert any(s.device == "cuda" and "embedding" in s.kernel.name for s in prog.plan.steps), \
+        prog.explain()
+    weights = {"wte": RNG.standard_normal((50, 16)).astype(np.float32),
+               "w": RNG.standard_normal((16, 32)).astype(np.float32)}
+    prog.bind(**weights, cache=np.zeros((0, 16), np.float32))
+    good = np.array([[3, 49, 0]])
+    first, kept = prog(ids=good)
+    kept = kept.cpu().numpy().copy()
+    for bad, shown in ((np.array([[3, 50]]), "holds 50 at (0, 1)"),
+                       (torch.tensor([[-2]]), "holds -2 at (0, 0)")):
+        with pytest.raises(tg.EvaluationError, match=re.escape(
+                f"input 'ids' {shown}, out of range: it indexes axis 0 of 'wte' (50, 16) "
+                "through gather, so its values must be in [0, 50) (nothing ran)")):
+            prog(ids=bad)
+        np.testing.assert_array_equal(prog.state("cache").cpu().numpy(), kept)
+    got, _ = prog(ids=np.array([[7]]))
+    ref = tg.evaluate(outs, {"ids": np.array([[7]]), "cache": kept, **weights},
+                      dtype="float64")
+    assert relative_error(got, ref[0]) < 1e-5

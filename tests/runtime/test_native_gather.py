@@ -1,5 +1,6 @@
-"""c_embedding under the native loop: an embedding program runs as one foreign call, and an id
-out of range stops the runner so the Python loop raises c_embedding's own error."""
+"""c_embedding under the native loop: an embedding program runs as one foreign call. A fed id
+out of range is refused before anything runs (``ir/index_limits``); one the program holds (a
+bound state) stops the runner, so the Python loop raises c_embedding's own error."""
 
 import numpy as np
 import pytest
@@ -43,13 +44,37 @@ def test_embedding_program_runs_natively_and_raises_on_a_bad_id(id_dtype):
 
     bad = RNG.integers(0, 40, (2, 5)).astype(id_dtype)
     bad[1, 3] = 40
-    with pytest.raises(tg.EvaluationError,
-                       match="c_embedding: id 40 is out of range for a table of 40 rows"):
+    with pytest.raises(tg.EvaluationError, match=r"input 'ids' holds 40 at \(1, 3\), out of "
+                       r"range: it indexes axis 0 of 'table' \(40, 16\) through gather, so its "
+                       r"values must be in \[0, 40\) \(nothing ran\)"):
         prog(ids=bad)
     bad[1, 3] = -7
-    with pytest.raises(tg.EvaluationError, match="id -7 is out of range"):
+    with pytest.raises(tg.EvaluationError, match="holds -7 at"):
         prog(ids=bad)
     run(RNG.integers(0, 40, (2, 5)).astype(id_dtype))  # the recording still holds
+    assert prog.loop.startswith("native loop"), prog.loop
+
+
+def test_a_bad_id_the_program_holds_stops_the_native_runner():
+    """Ids bound as a state are not a call's feed: c_embedding's own check stops the foreign
+    call, the Python loop raises its error, and the recording holds for the next call."""
+    ids = tg.state("ids", (2, 5), "int64")
+    table = tg.weight("table", (40, 16))
+    prog = tg.compile(tg.embedding(ids, table), db=":memory:", backends=("c",))
+    assert [s.kernel.name for s in prog.plan.steps] == ["c_embedding"]
+    good = RNG.integers(0, 40, (2, 5))
+    prog.bind(table=RNG.standard_normal((40, 16)).astype(np.float32), ids=good)
+    for _ in range(3):
+        prog()
+    assert prog.loop.startswith("native loop"), prog.loop
+    bad = good.copy()
+    bad[1, 3] = 40
+    prog.bind(ids=bad)
+    with pytest.raises(tg.EvaluationError,
+                       match="c_embedding: id 40 is out of range for a table of 40 rows"):
+        prog()
+    prog.bind(ids=good)
+    prog()
     assert prog.loop.startswith("native loop"), prog.loop
 
 
@@ -73,5 +98,5 @@ def test_token_plus_position_embedding_is_one_c_call_natively():
             assert prog.loop.startswith("native loop"), prog.loop
     bad = RNG.integers(0, 40, (2, 8))
     bad[0, 0] = 99
-    with pytest.raises(tg.EvaluationError, match="c_embedding_add: id 99 is out of range"):
+    with pytest.raises(tg.EvaluationError, match="input 'ids' holds 99 at"):
         prog(ids=bad)
