@@ -805,9 +805,28 @@ class CompiledGraph:
                                                                     0) + 1
         found = self._executables.get(dims_key(dims))
         if found is None:
-            found = self.adopt(self._pipeline.build(dims, self.stats), dims)
+            try:
+                exe = self._pipeline.build(dims, self.stats)
+            except ShapeError as exc:
+                raise self._empty_dims_said(exc, dims) from None
+            found = self.adopt(exe, dims)
         self._last = found
         return found
+
+    def _empty_dims_said(self, exc: ShapeError, dims: Mapping) -> ShapeError:
+        """``exc``, where the call binds a dim to 0, with the feeds that did: an empty
+        prompt failed deep in a composite (``scaled_dot_product_attention(...): max: cannot
+        reduce the empty axis``) without a word of the input. (A dim of 0 is no error in
+        itself: a prefill from empty caches binds ``past=0``.)"""
+        empty = {k for k, v in dims.items() if int(v) == 0}
+        fed = [f"'{lf.name}' {format_shape(lf.shape)}" for lf in self._leaves
+               if lf.op.name == INPUT and free_symbols(tuple(lf.shape)) & empty]
+        if not fed:
+            return exc
+        named = ", ".join(f"{dim_name(k)}=0" for k in sorted(empty, key=str))
+        return ShapeError(f"{exc} (this call binds {named} from the feed(s) {', '.join(fed)}: "
+                          "an empty input this graph cannot compute on; feed at least one "
+                          "element along that axis)")
 
     def adopt(self, exe: Executable, dims: Mapping | None = None) -> Executable:
         """Hold ``exe`` as the program for ``dims``; None: the program planned for the bounds,

@@ -1,6 +1,7 @@
-"""Fed ids checked before a call runs (``ir/index_limits``): an input whose values reach a
-gather's or scatter's indices unchanged must lie in [0, size) of the axis they pick from,
-found through composites and reshapes, with a symbolic size read at the call's dims."""
+"""What a call's fed values may hold. Ids are checked before a call runs (``ir/index_limits``):
+an input whose values reach a gather's or scatter's indices unchanged must lie in [0, size) of
+the axis they pick from, found through composites and reshapes, with a symbolic size read at
+the call's dims. An empty input the graph cannot compute on is named with the error."""
 
 import numpy as np
 import pytest
@@ -55,3 +56,25 @@ def test_a_refused_call_names_the_feed_and_runs_nothing():
         prog(ids=np.array([[0, 7, 8]], np.int32))
     assert prog.stats["calls"] == runs
     np.testing.assert_allclose(prog(ids=np.array([[7, 0]], np.int32)), 2 * T[None, [7, 0]])
+
+
+def test_an_empty_input_is_named_with_the_error_it_meets():
+    """An empty prompt failed in softmax's max with no word of the feed that made it."""
+    x = tg.input("x", (2, "seq"))
+    prog = tg.compile(tg.softmax(x, axis=1) * 2.0, db=":memory:", backends=("numpy",))
+    prog(x=np.ones((2, 3), np.float32))
+    with pytest.raises(tg.ShapeError, match=r"cannot reduce the empty axis.*\(this call binds "
+                       r"seq=0 from the feed\(s\) 'x' \(2, seq\): an empty input"):
+        prog(x=np.ones((2, 0), np.float32))
+    assert prog(x=np.ones((2, 1), np.float32)).shape == (2, 1)
+
+
+def test_a_dim_of_zero_that_the_graph_computes_on_is_no_error():
+    """A prefill from empty caches binds ``past=0``: nothing to say there."""
+    cache = tg.state("cache", ("past", 4))
+    x = tg.input("x", ("seq", 4))
+    new = tg.state_update(cache, x, offset="past", axis=0)
+    prog = tg.compile([new.sum(axis=0), new], db=":memory:", backends=("numpy",))
+    prog.bind(cache=np.zeros((0, 4), np.float32))
+    total, kept = prog(x=np.ones((3, 4), np.float32))
+    np.testing.assert_array_equal(total, np.full(4, 3.0, np.float32))
