@@ -34,7 +34,13 @@ from typing import IO, Any
 from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.db.schema import SCHEMA_VERSION, render
 from tensor_graphs.errors import DatabaseError, UntrustedPathError
-from tensor_graphs.files import check_regular, open_regular, parse_json, private_dir
+from tensor_graphs.files import (
+    atomic_write,
+    check_regular,
+    open_regular,
+    parse_json,
+    private_dir,
+)
 
 APPLICATION_ID = 0x54474442  # "TGDB": marks a file as ours (PRAGMA application_id)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -626,13 +632,29 @@ def _text_file(target, mode: str) -> Iterator[IO]:
                           DatabaseError) as f:
             yield f
         return
-    try:
-        f = open(target, mode, encoding="utf-8")
-    except OSError as exc:
-        raise DatabaseError(f"cannot write {target}: {exc.strerror}; give a file path you may "
-                            "write") from exc
-    with f:
+    _refuse_a_database(target)
+    # written aside and renamed: a failed export (the database unreadable, say) leaves the
+    # file as it was; it once emptied the file first, the database itself when named
+    with atomic_write(target, "w", what="file of measurements", error=DatabaseError) as f:
         yield f
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def _refuse_a_database(target) -> None:
+    """Refuse to write JSON lines over an SQLite database (a measurement database: this one,
+    named by mistake, or another whose rows would be lost)."""
+    try:
+        with open(target, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError:
+        return  # no such file (or none to read): atomic_write says what is wrong
+    if head == _SQLITE_MAGIC:
+        raise DatabaseError(f"{target} is an SQLite database; `tg db export` writes JSON lines "
+                            "and would replace it: give a new file name (rows.jsonl), or "
+                            "merge rows into that database with `tg db import --db "
+                            f"{target} FILE`")
 
 
 def _connect(target: str, uri: bool = False) -> sqlite3.Connection:

@@ -69,6 +69,28 @@ def test_export_import(filled, tmp_path, capsys, monkeypatch):
     assert len(Database(other).rows()) == 4
 
 
+def test_export_never_writes_over_a_database_nor_empties_its_target_on_failure(
+        filled, tmp_path, capsys):
+    """Naming the database itself (or another) as the export's file emptied it: the file was
+    truncated before the rows were read."""
+    path, _ = filled
+    for target in (path, tmp_path / "other.sqlite"):
+        with Database(target) as db:
+            count = len(db.rows())
+        code, _, err = run(capsys, "db", "export", "--db", str(path), str(target))
+        assert code == 1 and "is an SQLite database" in err and "tg db import --db" in err
+        with Database(target) as db:
+            assert len(db.rows()) == count
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("the rows of an earlier export\n")
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)  # a damaged database
+    code, _, err = run(capsys, "db", "export", "--db", str(broken), str(kept))
+    assert code == 1 and ("malformed" in err or "not a database" in err), err
+    assert kept.read_text() == "the rows of an earlier export\n"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".kept")]
+
+
 def test_prune(filled, capsys):
     path, _ = filled
     code, _, err = run(capsys, "db", "prune", "--db", str(path))
