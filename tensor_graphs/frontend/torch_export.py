@@ -8,6 +8,7 @@ pick fused kernels; nothing here knows any model.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import os
@@ -414,9 +415,24 @@ class TorchProgram:
         # (CompiledGraph.bound_weights: no reference here keeps the module's or a mapping's
         # float copy alive on a GPU build); None otherwise
         self._float = None
+        self._least: dict[str, int] = {}  # dim name -> its least size (from_torch sets it)
 
     def explain(self, limit: int | None = None) -> str:
         return self.program.explain(limit) if self.program is not None else "(no tensors)"
+
+    def _check_least(self, label: str, leaf: Node, shape: tuple) -> None:
+        """A size below the least export's range allows (``_least_sizes``): the program holds
+        what export traced for the larger sizes (a branch on the size), so it is refused as
+        torch's exported program refuses it, not computed wrong."""
+        for axis, (dim, size) in enumerate(zip(leaf.shape, shape)):
+            least = self._least.get(str(dim), 0) if isinstance(dim, sympy.Symbol) else 0
+            if size < least:
+                raise ShapeError(
+                    f"argument {label} has shape {format_shape(shape)}: axis {axis} ({dim}) is "
+                    f"{size}, below the {least} torch.export allows for it (a Dim's min=, or a "
+                    "guard export took from the model's code, such as a branch on the size); "
+                    f"the program holds what export traced for {dim} >= {least}: export again "
+                    f"with a smaller min= (and an example of that size) to run {size}")
 
     @property
     def plan(self):
@@ -550,6 +566,7 @@ class TorchProgram:
                                                 for d, s in zip(leaf.shape, shape)):
                     raise ShapeError(f"argument {label} has shape {format_shape(shape)}; "
                                      f"the exported module takes {format_shape(leaf.shape)}")
+                self._check_least(label, leaf, shape)
                 dtype = dtype_name(arg.dtype) if isinstance(arg, torch.Tensor) else arg.dtype
                 if dtype != leaf.dtype.np_dtype and dtype != leaf.dtype.name:
                     how = (f"x.to(torch.{leaf.dtype.name})" if tensor
@@ -681,7 +698,30 @@ def from_torch(module, example_args, dynamic_shapes=None, *,
     prog = TorchProgram(program, inputs, positions, exported.call_spec.out_spec, in_spec,
                         _signature(module), on_gpu, read, _owner(module))
     prog._float = saved
+    prog._least = _least_sizes(exported, inputs)
     return prog
+
+
+def _least_sizes(exported, inputs: Sequence) -> dict[str, int]:
+    """Our dim name -> the least size export's range gives it, where torch's exported
+    program checks it: above 2 (a ``Dim``'s ``min=``, or a guard export took from the code,
+    such as a branch on the size). 2 is export's assumption that no dynamic dim is 0 or 1,
+    which torch does not hold a call to, so neither do we (GPT-2 at one token runs)."""
+    kinds = {spec.arg.name: spec.kind.name for spec in exported.graph_signature.input_specs}
+    user = [n for n in exported.graph.nodes
+            if n.op == "placeholder" and kinds.get(n.name) == "USER_INPUT"]
+    least: dict[str, int] = {}
+    for node, leaf in zip(user, inputs):
+        val = node.meta.get("val")
+        if not isinstance(leaf, Node) or not hasattr(val, "shape"):
+            continue
+        for size, ours in zip(val.shape, leaf.shape):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            limits = exported.range_constraints.get(expr) if expr is not None else None
+            lower = getattr(limits, "lower", None)
+            if isinstance(ours, sympy.Symbol) and lower is not None and int(lower) > 2:
+                least[str(ours)] = max(least.get(str(ours), 0), int(lower))
+    return least
 
 
 # from_torch's own options (``tg.compile``'s others are passed on): what an unknown one lists
@@ -864,11 +904,24 @@ def _shape_carriers(nodes, inputs, used) -> list:
     return carriers
 
 
-def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None):
-    torch = torch_module()
+@contextlib.contextmanager
+def _in_eval(module):
+    """``module`` in eval mode (dropout off: the program is for inference), then every
+    submodule back in the mode it was in: a model snapshotted mid-training went on training
+    with dropout and batch-norm updates silently off."""
+    modes = [(m, m.training) for m in module.modules()] if hasattr(module, "modules") else []
     if hasattr(module, "eval"):
         module.eval()
-    with torch.no_grad():
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None):
+    torch = torch_module()
+    with _in_eval(module), torch.no_grad():
         try:
             return torch.export.export(module, example_args, kwargs=kwargs or None,
                                        dynamic_shapes=dynamic_shapes)

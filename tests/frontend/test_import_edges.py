@@ -1,4 +1,5 @@
-"""Edges of from_torch: a dynamic dim without a max, and state a forward writes in place."""
+"""Edges of from_torch: a dynamic dim without a max or below its min, state a forward writes in
+place, wrong arguments, and the module's training mode left as it was."""
 
 import numpy as np
 import pytest
@@ -57,3 +58,37 @@ def test_a_wrong_argument_is_refused_in_the_words_of_its_kind():
     dynamic = from_torch(m, (torch.randn(3, 8),), ({0: torch.export.Dim("b", max=4)},))
     with pytest.raises(ShapeError, match=r"bounds=.*from_torch.*torch\.export\.Dim"):
         dynamic(torch.randn(5, 8))
+
+
+class _Branches(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] >= 4:  # export resolves it from the Dim's min
+            return x.sum(1)
+        return x.mean(1)
+
+
+def test_a_size_below_the_dims_min_is_refused_as_torch_refuses_it():
+    """The program holds the branch export traced for s >= 4: at 3 it summed where eager
+    averages, silently. Export's own 2 (no dynamic dim is 0 or 1) is not held to a call, as
+    torch does not hold it: one row runs."""
+    from tensor_graphs.errors import ShapeError
+
+    m = _Branches()
+    prog = from_torch(m, (torch.randn(2, 8),), ({1: torch.export.Dim("s", min=4, max=64)},))
+    np.testing.assert_allclose(prog(torch.ones(2, 4)), [4.0, 4.0])
+    with pytest.raises(ShapeError, match=r"axis 1 \(s\) is 3, below the 4 torch\.export allows"):
+        prog(torch.ones(2, 3))
+    plain = from_torch(torch.nn.Linear(4, 3).eval(), (torch.randn(5, 4),),
+                       ({0: torch.export.Dim.AUTO},))
+    assert plain(torch.randn(1, 4)).shape == (1, 3)
+
+
+def test_from_torch_leaves_the_module_in_the_mode_it_was_in():
+    """It exports in eval mode; a model snapshotted mid-training went on training with
+    dropout silently off."""
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(8, 2))
+    net.train()
+    net[2].eval()  # each submodule's own mode comes back
+    from_torch(net, (torch.randn(4, 8),))
+    assert [m.training for m in net.modules()] == [True, True, True, False]
