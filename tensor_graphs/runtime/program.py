@@ -970,24 +970,23 @@ class CompiledGraph:
         return self
 
     def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> CompiledGraph:
-        """Bind every weight the file holds, by name (``rename`` maps file names to leaf names,
+        """Bind every weight the checkpoint holds, by name: a safetensors file, a model's
+        folder or a sharded checkpoint's index, as ``save_pretrained`` writes them
+        (``rename`` maps file names to leaf names,
         or to None to skip one: a function, or a dict whose missing names stay as they are),
         replacing values bound before. The file is memory-mapped and
         each tensor copied once into its own buffer; weights the graph has but the file lacks
         raise before anything is bound, unless already bound (bind them with ``bind`` first
         to allow that). ``strict``: the file may hold nothing else. A program whose weights
         live on a GPU loads them there directly (safetensors' torch loader: no numpy stage)."""
-        from tensor_graphs.runtime.weights import read_safetensors, read_safetensors_to_device
+        from tensor_graphs.runtime.weights import read_checkpoint
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
         wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
                   if leaf.op.name != INPUT and n not in self._states}
-        if self._weights_on != "cpu":  # straight onto the GPU the weights live on
-            arrays = read_safetensors_to_device(path, wanted, self._weights_on, strict=strict,
-                                                rename=rename, optional=set(self._bound))
-        else:
-            arrays = read_safetensors(path, wanted, strict=strict, rename=rename,
-                                      optional=set(self._bound))
+        arrays = read_checkpoint(path, wanted, strict=strict, rename=rename,
+                                 optional=set(self._bound),  # a GPU's: straight onto it
+                                 device=None if self._weights_on == "cpu" else self._weights_on)
         self._rebind(arrays, f"bind_safetensors({path})")
         return self
 

@@ -332,36 +332,60 @@ def shard_map(index) -> dict[str, str]:
 
 def read_checkpoint(path, wanted: Mapping[str, tuple[tuple, DType]], *,
                     allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
-                    | None = None) -> dict[str, np.ndarray]:
+                    | None = None, strict: bool = False,
+                    rename: Callable[[str], str | None] | Mapping | None = None,
+                    optional: Collection[str] = (), device: str | None = None
+                    ) -> dict[str, object]:
     """:func:`read_safetensors` of a checkpoint: a file, a model's folder or a sharded
-    checkpoint's index (:func:`checkpoint_path`). Sharded, each shard is read for the wanted
-    tensors the index puts there, after every check: names the index lacks
-    (:class:`FeedError`), shards missing, truncated or damaged (:class:`SerializationError`,
-    naming the shard), then each shard's names, shapes and dtypes; on any error nothing is
-    returned."""
+    checkpoint's index (:func:`checkpoint_path`), with its options; ``device`` (a GPU):
+    :func:`read_safetensors_to_device`. Sharded, every check runs before any copy: the
+    index's names (weights it lacks, and with ``strict`` tensors nothing wants:
+    :class:`FeedError`), shards missing, truncated or damaged (:class:`SerializationError`,
+    naming the shard), then each shard's names, shapes and dtypes; then each shard is read
+    for the wanted tensors it holds. On any error nothing is returned."""
     path = checkpoint_path(path)
+
+    def read(file, names, may_lack, strict):
+        if device is not None:
+            return read_safetensors_to_device(file, names, device, strict=strict,
+                                              rename=rename, optional=may_lack)
+        return read_safetensors(file, names, strict=strict, rename=rename, allocate=allocate,
+                                optional=may_lack)
+
     if not is_shard_index(path):
-        return read_safetensors(path, wanted, allocate=allocate)
+        return read(path, wanted, optional, strict)
     where = shard_map(path)
-    missing = [n for n in wanted if n not in where]
+    rename = _renamer(rename)
+    leaf_of = {}  # leaf name -> the index's tensor name
+    for fname in where:
+        leaf = rename(fname) if rename is not None else fname
+        if leaf is not None:
+            leaf_of[leaf] = fname
+    missing = [n for n in wanted if n not in leaf_of and n not in optional]
     if missing:
         raise FeedError(f"{path} maps no shard to {len(missing)} weight(s): "
                         f"{', '.join(map(repr, missing[:20]))}"
                         f"{' and more' if len(missing) > 20 else ''} (is it this model's "
                         f"checkpoint?); it maps {len(where)} tensors")
+    extra = [leaf_of[n] for n in leaf_of if n not in wanted] if strict else []
+    if extra:
+        raise FeedError(f"{path} maps {len(extra)} tensor(s) no weight of the graph wants "
+                        f"(strict=True): {', '.join(map(repr, extra[:20]))}"
+                        f"{' and more' if len(extra) > 20 else ''}")
     shards: dict[str, dict] = {}
     for name, spec in wanted.items():
-        shards.setdefault(where[name], {})[name] = spec
+        if name in leaf_of:
+            shards.setdefault(where[leaf_of[name]], {})[name] = spec
     absent = sorted(os.path.basename(s) for s in shards if not os.path.exists(s))
     if absent:
         raise SerializationError(f"{path} names shard(s) {', '.join(absent)} that "
                                  f"{os.path.dirname(path) or '.'} lacks (an interrupted "
                                  f"download or copy?): {_REFETCH}")
     for shard, names in shards.items():  # every shard's header and names before any copy
-        _match(read_safetensors_header(shard), names, False, None, set())
-    out: dict[str, np.ndarray] = {}
+        _match(read_safetensors_header(shard), names, False, rename, set())
+    out: dict[str, object] = {}
     for shard, names in shards.items():
-        out.update(read_safetensors(shard, names, allocate=allocate))
+        out.update(read(shard, names, (), False))
     return out
 
 
@@ -435,6 +459,11 @@ def _renamed(names: Mapping, fname: str):
     return names.get(fname, fname)
 
 
+def _renamer(rename) -> Callable[[str], str | None] | None:
+    """``rename`` as a function of a file's tensor name: a mapping's missing names stay."""
+    return functools.partial(_renamed, dict(rename)) if isinstance(rename, Mapping) else rename
+
+
 def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
            optional: set[str]) -> dict[str, tuple[TensorInfo, DType]]:
     """Leaf name -> (the file's tensor, the leaf's dtype) for every wanted tensor the file
@@ -443,9 +472,7 @@ def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
     want = {name: (tuple(_dim(d) for d in shape), as_dtype(dt))
             for name, (shape, dt) in wanted.items()}
 
-    # file name -> leaf name (``rename``: a function, or a mapping whose missing names stay)
-    if isinstance(rename, Mapping):
-        rename = functools.partial(_renamed, dict(rename))
+    rename = _renamer(rename)  # file name -> leaf name
     by_leaf: dict[str, TensorInfo] = {}
     for fname, info in header.tensors.items():
         leaf = rename(fname) if rename is not None else fname

@@ -170,3 +170,32 @@ def test_weights_with_symbolic_shapes_bind_from_a_file(tmp_path):
     with pytest.raises(tg.ShapeError, match=r"disagree.safetensors.*dim 'n'"):
         prog.bind_safetensors(tmp_path / "disagree.safetensors")
     np.testing.assert_array_equal(prog(x=X), X * W + V)  # unchanged
+
+
+def test_a_sharded_checkpoint_binds_from_its_folder_or_index(tmp_path):
+    """A save_pretrained folder (or its index) holds a large model's weights in shards: a
+    shard alone lacked the others' weights and the folder was refused as no file."""
+    import json
+
+    y, prog = compiled("numpy")
+    _, A = checkpoint(tmp_path, "a", 0)
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    shards = {"model-1.safetensors": {"model.w": A["w"], "model.b": A["b"]},
+              "model-2.safetensors": {"model.e": A["e"]}}
+    for file, arrays in shards.items():
+        stn.save_file(arrays, str(folder / file))
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {n: f for f, a in shards.items() for n in a}}))
+    strip = {f"model.{n}": n for n in SHAPES}
+    for path in (folder, index):
+        fresh = compiled("numpy")[1]
+        fresh.bind_safetensors(path, rename=strip, strict=True)
+        check(fresh(x=X), y, X, A)
+    with pytest.raises(tg.FeedError, match=r"maps no shard to 3 weight\(s\): 'w', 'b', 'e'"):
+        prog.bind_safetensors(folder)  # no rename: the names are the file's
+    prog.bind(e=A["e"])  # bound: the checkpoint may lack it, but strict refuses what is left
+    with pytest.raises(tg.FeedError, match=r"maps 1 tensor\(s\) no weight of the graph wants "
+                       r"\(strict=True\): 'model.e'"):
+        prog.bind_safetensors(folder, rename={"model.w": "w", "model.b": "b", "model.e": "e2"},
+                              strict=True)
