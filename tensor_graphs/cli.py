@@ -249,10 +249,14 @@ FAILURES: tuple[tuple[type[BaseException], Callable[[Any], str], int], ...] = (
 
 
 def _report(exc: BaseException, prog: str) -> int:
-    """Print ``exc`` as one line on stderr (the FAILURES table) and return the exit status."""
+    """Print ``exc`` as one line on stderr (the FAILURES table) and return the exit status.
+    The exception's notes end the line: an importer's note names the node that failed
+    ("while importing Reshape node '/mha/Reshape_4'"), which the message alone does not."""
     for kind, message, status in FAILURES:
         if isinstance(exc, kind):
-            print(f"{prog}: error: {message(exc)}", file=sys.stderr)
+            notes = [" ".join(str(n).split()) for n in getattr(exc, "__notes__", ()) or ()]
+            said = message(exc) + "".join(f" ({n})" for n in notes if n)
+            print(f"{prog}: error: {said}", file=sys.stderr)
             return status
     raise exc
 

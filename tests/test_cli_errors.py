@@ -329,3 +329,26 @@ def test_db_takes_what_the_database_opens(tmp_path, monkeypatch):
         assert cli_args.database(text) == text
     with pytest.raises(argparse.ArgumentTypeError, match="no folder"):
         cli_args.database("~/none/m.sqlite")
+
+
+def test_the_one_line_keeps_the_notes_that_name_the_failing_node(tmp_path, capsys,
+                                                                 monkeypatch):
+    """An importer notes which node failed ("while importing Reshape node ..."); the line
+    printed only the message, which names an op of ours, not the user's node."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 14])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["y"], name="/mha/Reshape_4")]
+    path = tmp_path / "baked.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape]),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    monkeypatch.setenv("TG_DB", str(tmp_path / "m.sqlite"))
+    monkeypatch.delenv("TG_DEBUG", raising=False)
+    assert main(["explain", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert "cannot reshape" in err and "Reshape node '/mha/Reshape_4'" in err, err
