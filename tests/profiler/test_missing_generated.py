@@ -137,3 +137,26 @@ def test_a_measured_region_beats_its_unmeasured_sub_regions_once_calibrated(tmp_
     unmeasured = [s.kernel.name for s in rough.plan.steps if s.source == "estimated"]
     assert unmeasured and all(n.startswith("c_fused_") for n in unmeasured), \
         rough.plan.explain()
+
+
+def test_every_generated_call_reads_its_arguments_and_nothing_else():
+    """A row region that reached through a composite was called on the planner's root, whose
+    graph holds the composite, not the argument found inside it (the attention's output): the
+    profiler's graph then read the block's weights as well, and `tg profile block` filed 4
+    such kernels as failed (FeedError), never to be planned."""
+    from tensor_graphs.compiler import _planner_for
+    from tensor_graphs.demo import transformer_block
+    from tensor_graphs.ir.graph import leaves
+    from tensor_graphs.profiler.measure import region_graph
+
+    planner = _planner_for(transformer_block(), "cpu", None, ":memory:", {"batch": 1, "seq": 8},
+                           None, True, "test")
+    planner.solve()
+    calls = [missing.call_of(o) for o in missing.calls_to_measure(planner)
+             if getattr(o.kernel, "generated", False)]
+    rows = [c for c in calls if c.kernel.name.startswith("c_row_")]
+    assert rows, [c.kernel.name for c in calls]
+    for call in calls:
+        graph, names = region_graph(call)
+        assert sorted(lf.name for lf in leaves([graph])) == sorted(names.values()), \
+            call.kernel.name

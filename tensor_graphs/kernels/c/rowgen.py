@@ -1595,7 +1595,8 @@ def grouped_row_candidate(root: Node, uses: Mapping[Node, int],
     if not any(n.op.name == RESHAPE for n in covers) or \
             not any(n.op.name in REDUCTIONS for n in covers):
         return None
-    region = grouped_region(generated.rebuilt(covers, through), boundary)
+    top = generated.rebuilt(covers, through)
+    region = grouped_region(top, boundary)
     if region is None:
         return None
     emitted = emit_row_c(region)
@@ -1606,7 +1607,7 @@ def grouped_row_candidate(root: Node, uses: Mapping[Node, int],
     return generated.Candidate(
         "rows_grouped", root, covers, region.inputs, f"c_row_{emitted.key}",
         cg.source_hash(emitted), _floor(region), f"generated C {summary(region)}", build,
-        draft=lambda: build_row_kernel(region, emitted, verify=False))
+        computes=top, draft=lambda: build_row_kernel(region, emitted, verify=False))
 
 
 def _rows_at(root: Node, expand) -> Callable[[Node], bool] | None:
@@ -1637,6 +1638,7 @@ def _row_candidate(root: Node, covers, boundary, through, stored) :
     return generated.Candidate(
         "rows", root, covers, region.inputs, f"c_row_{emitted.key}", cg.source_hash(emitted),
         _floor(region), f"generated C {summary(region)}", build, also=tuple(stored),
+        computes=built[covers[-1]],  # the profiler's graph: through composites it reached
         draft=lambda: build_row_kernel(region, emitted, verify=False))
 
 
