@@ -86,7 +86,8 @@ def test_special_functions_at_tiny_and_huge_arguments():
               lambda v: torch.log2(v.abs()), lambda v: torch.log10(v.abs()),
               torch.isinf, torch.isfinite, torch.isnan, torch.isposinf, torch.isneginf,
               torch.nan_to_num, lambda v: torch.nan_to_num(v, nan=1.0, posinf=2.0, neginf=-2.0),
-              torch.signbit, torch.angle, lambda v: torch.copysign(v.abs() + 1, v),
+              torch.signbit, torch.sign, torch.angle,
+              lambda v: torch.copysign(v.abs() + 1, v),
               lambda v: torch.fmax(v, v.flip(0)), lambda v: torch.fmin(v, -v.flip(0))], x)
 
 

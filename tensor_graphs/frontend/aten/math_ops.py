@@ -191,6 +191,13 @@ def _log_sigmoid_forward(a, kw):
             Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
 
 
+
+def _torch_sign(x):
+    """torch.sign: 0 at nan (our sign, as numpy's, keeps nan)."""
+    if isinstance(x, Node) and x.dtype.is_float:
+        return tg.where(tg.isnan(x), 0.0, tg.sign(x))
+    return tg.sign(x)
+
 def table(aten) -> dict:
     prims = torch_module().ops.prims  # what torch's reference decompositions produce
     return guarded({
@@ -254,7 +261,7 @@ def table(aten) -> dict:
         aten.glu: _glu,
         aten.softshrink: _shrink("soft"),
         aten.hardshrink: _shrink("hard"),
-        aten.sign: unary(tg.sign),
+        aten.sign: lambda a, kw: _torch_sign(kw["self"]),
         aten.addcmul: lambda a, kw: kw["self"] + scaled(kw["tensor1"] * kw["tensor2"],
                                                         kw["value"]),
         aten.addcdiv: lambda a, kw: kw["self"] + scaled(tg.div(kw["tensor1"], kw["tensor2"]),
