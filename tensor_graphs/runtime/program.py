@@ -1080,7 +1080,8 @@ class CompiledGraph:
         for name, value in raw.items():
             if dv.is_tensor(value):
                 arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
-        self._check_indices(feeds, arrays, dims)
+        if self._index_limits:
+            self._check_indices(feeds, arrays, dims)
         arrays = {**self._bound, **arrays}  # (a call's feeds win; no Python loop per weight)
         exe = self._executable(dims)
         self.stats["calls"] += 1
@@ -1125,14 +1126,11 @@ class CompiledGraph:
         they are: a GPU tensor's are not (reading them would wait for the GPU), so an id out of
         range there meets torch's device-side assert, as it would in torch."""
         for name, limits in self._index_limits.items():
-            if name not in feeds:
+            value = arrays[name] if name in feeds else None
+            if value is None or getattr(value, "is_cuda", False):  # (no call for a tensor)
                 continue
-            value = arrays[name]
-            if dv.is_tensor(value):
-                if value.device.type != "cpu":
-                    continue
-                value = value.numpy()
-            check_indices(name, np.asarray(value), limits, dims)
+            check_indices(name, value.numpy() if dv.is_tensor(value) else np.asarray(value),
+                          limits, dims)
 
     def _checked(self, given: Mapping, skip: Mapping) -> tuple[dict, dict, dict]:
         """(the values checked, their arrays, the dims they bind): what the call brings and

@@ -187,7 +187,9 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     ring (``kernels/staging.py``); 418 since the kept states bind their dims off their shapes
     (``CompiledGraph._state_dims``) rather than through the feeds' checks, and the token is
     chosen on the GPU (``Generator._tokens_ahead``). Its feeds are still checked: a token of
-    the wrong shape or dtype is refused by name."""
+    the wrong shape or dtype is refused by name. 452 since fed ids are checked in range
+    (``ir/index_limits``): the simulated GPU's token is a host tensor, read (a real GPU's is
+    not)."""
     import tensor_graphs as tg
 
     gen = _tiny_gpt2(slow_host)
@@ -197,7 +199,7 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     assert len(padded) == 5 and gen.decode.loop.endswith("(padded: past <= 16)"), \
         gen.decode.loop
     assert max(w.environ for w in padded) == 0, [w.environ for w in padded]
-    assert _median(padded, "calls") <= 450, _median(padded, "calls")
+    assert _median(padded, "calls") <= 460, _median(padded, "calls")
     for wrong, error, named in ((np.zeros((1, 2), np.int64), tg.ShapeError, "input_ids"),
                                 (np.zeros((1, 1), np.float32), tg.DTypeError, "input_ids")):
         with pytest.raises(error, match=named):
