@@ -639,18 +639,15 @@ def _text_file(target, mode: str) -> Iterator[IO]:
         yield f
 
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
-
-
 def _refuse_a_database(target) -> None:
     """Refuse to write JSON lines over an SQLite database (a measurement database: this one,
     named by mistake, or another whose rows would be lost)."""
     try:
         with open(target, "rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
+            head = f.read(len(SQLITE_HEADER))
     except OSError:
         return  # no such file (or none to read): atomic_write says what is wrong
-    if head == _SQLITE_MAGIC:
+    if head == SQLITE_HEADER:
         raise DatabaseError(f"{target} is an SQLite database; `tg db export` writes JSON lines "
                             "and would replace it: give a new file name (rows.jsonl), or "
                             "merge rows into that database with `tg db import --db "

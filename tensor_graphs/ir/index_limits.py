@@ -33,7 +33,7 @@ CARRIES = frozenset({"reshape", "permute", "expand", "slice"})
 
 @dataclass(frozen=True)
 class Limit:
-    """An input's values index ``axis`` of ``of`` (a shape ``shape``) through ``op``."""
+    """An input's values index ``axis`` (of size ``size``) of ``of`` through ``op``."""
 
     op: str
     axis: int

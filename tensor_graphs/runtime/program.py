@@ -984,9 +984,10 @@ class CompiledGraph:
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
         wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
                   if leaf.op.name != INPUT and n not in self._states}
+        on_gpu = self._weights_on != "cpu"  # then straight onto the GPU, no numpy stage
         arrays = read_checkpoint(path, wanted, strict=strict, rename=rename,
-                                 optional=set(self._bound),  # a GPU's: straight onto it
-                                 device=None if self._weights_on == "cpu" else self._weights_on)
+                                 optional=set(self._bound),
+                                 device=self._weights_on if on_gpu else None)
         self._rebind(arrays, f"bind_safetensors({path})")
         return self
 

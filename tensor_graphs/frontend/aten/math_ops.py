@@ -191,12 +191,12 @@ def _log_sigmoid_forward(a, kw):
             Unavailable("log_sigmoid_forward: its buffer output has no tensor_graphs value"))
 
 
-
 def _torch_sign(x):
     """torch.sign: 0 at nan (our sign, as numpy's, keeps nan)."""
     if isinstance(x, Node) and x.dtype.is_float:
         return tg.where(tg.isnan(x), 0.0, tg.sign(x))
     return tg.sign(x)
+
 
 def table(aten) -> dict:
     prims = torch_module().ops.prims  # what torch's reference decompositions produce
