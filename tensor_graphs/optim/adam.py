@@ -50,8 +50,8 @@ class Adam(Optimizer):
         v = slot("exp_avg_sq", lambda v: b2 * v + (1.0 - b2) * (g * g))
         if self.amsgrad:
             v = slot("max_exp_avg_sq", lambda most, v=v: tg.maximum(most, v))
-        step_size = s.lr / (1.0 - s.power(b1))
-        denom = tg.sqrt(v) / tg.sqrt(1.0 - s.power(b2)) + self.eps
+        step_size = s.narrow(s.lr_wide / (1.0 - s.power(b1)))
+        denom = tg.sqrt(v) / s.narrow(tg.sqrt(1.0 - s.power(b2))) + self.eps
         return p - step_size * (m / denom)
 
 

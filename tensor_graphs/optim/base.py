@@ -153,17 +153,27 @@ class Optimizer:
 
 class _Scalars:
     """The step's scalars in one parameter's dtype, shape (1,) (they broadcast): the learning
-    rate, the count before this step and this step's number, cast once per dtype."""
+    rate, the count before this step and this step's number, cast once per dtype. Scalars
+    made of scalars (the bias corrections) are computed ``wide``: in float32 at least, as
+    torch computes them in double, then ``narrow``-ed to the parameter's dtype. In bfloat16
+    0.999 rounds to 1.0, so ``1 - beta2**t`` was 0 and Adam never moved a bf16 parameter."""
 
     def __init__(self, lr: Node, count: Node, t: Node, dtype: DType):
         self.lr = tg.cast(lr, dtype)
         self.count = count
         self.t = tg.cast(t, dtype)
         self.dtype = dtype
+        self.wide = dtype if dtype.itemsize >= 4 else float32
+        self.lr_wide = tg.cast(lr, self.wide)
+        self._t_wide = tg.cast(t, self.wide)
 
     def power(self, base: float) -> Node:
-        """``base ** t`` (the bias corrections' decay after t steps)."""
-        return tg.pow(tg.constant(np.array([base], self.dtype.np_dtype)), self.t)
+        """``base ** t`` (the bias corrections' decay after t steps), in the ``wide`` dtype."""
+        return tg.pow(tg.constant(np.array([base], self.wide.np_dtype)), self._t_wide)
+
+    def narrow(self, x: Node) -> Node:
+        """A ``wide`` scalar in the parameter's dtype, to meet its tensors."""
+        return x if self.wide == self.dtype else tg.cast(x, self.dtype)
 
 
 def _check(name: str, params: dict[str, Node], grads: dict[str, Node]) -> None:

@@ -186,3 +186,37 @@ def test_one_program_computes_loss_gradients_and_step(make_ours, make_torch):
         assert abs(ours - tl.item()) <= 1e-9 * abs(tl.item()), step
     assert _worst(prog, tp) < 1e-9
     assert prog.stats["planner_runs"] == 1
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_bfloat16_adam_moves_its_parameters_as_torch_does(name):
+    """The bias corrections are computed in float32, as torch computes them in double: in
+    bfloat16 beta2 = 0.999 rounds to 1.0, ``1 - beta2**t`` was 0, and no bf16 parameter
+    ever moved (the loss stayed flat, with no warning)."""
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    ours, theirs = {"adam": (tg.optim.Adam, torch.optim.Adam),
+                    "adamw": (tg.optim.AdamW, torch.optim.AdamW)}[name]
+    params = {n: tg.state(n, s, "bfloat16") for n, s in SHAPES.items()}
+    grads = {n: tg.input(f"grad.{n}", s, "bfloat16") for n, s in SHAPES.items()}
+    up = ours(0.01).update(params, grads)
+    prog = tg.compile(up.outputs, tolerance=1e-2)  # (the count is float32: 1e-5 otherwise)
+    init = {n: v.astype(np.float32).astype(bf16) for n, v in _initial().items()}
+    prog.bind(**init, **up.state_init())
+    tp = {n: torch.tensor(v.astype(np.float32)).to(torch.bfloat16).requires_grad_()
+          for n, v in init.items()}
+    topt = theirs(list(tp.values()), lr=0.01)
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        g = {n: rng.standard_normal(s).astype(np.float32).astype(bf16)
+             for n, s in SHAPES.items()}
+        for n, p in tp.items():
+            p.grad = torch.tensor(g[n].astype(np.float32)).to(torch.bfloat16)
+        prog(**{f"grad.{n}": v for n, v in g.items()})
+        topt.step()
+    for n, p in tp.items():
+        got = prog.state(n).astype(np.float32)
+        want = p.detach().float().numpy()
+        assert relative_error(got, init[n].astype(np.float32)) > 1e-2, n  # it moved
+        assert relative_error(got, want) < 1e-2, n
