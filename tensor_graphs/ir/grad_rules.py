@@ -18,7 +18,17 @@ from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.ir import builder as tg
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops import OPS
-from tensor_graphs.ir.ops.elementwise import cos, div, logical_and, logical_not, rsqrt, sub
+from tensor_graphs.ir.ops.elementwise import (
+    cos,
+    div,
+    isnan,
+    logical_and,
+    logical_not,
+    minimum,
+    rsqrt,
+    sigmoid,
+    sub,
+)
 from tensor_graphs.ir.ops.nn import _safe_softmax
 from tensor_graphs.ir.ops.pointwise import trunc
 from tensor_graphs.ir.ops.random import dropout_op
@@ -218,11 +228,13 @@ def _pow_exponent(a, b, y, g):
 
 
 def _maximum_side(first: bool):
-    """1 where this side is larger, 1/2 on ties (torch's maximum), 0 elsewhere."""
+    """g where this side is larger, g/2 on ties (torch's maximum), 0 elsewhere: selected, not
+    multiplied by a 0/1 weight, so an infinite g on the other side (sqrt's at 0, under
+    sqrt(relu(x))) gives 0 here, not inf * 0 = nan, as torch's masks give."""
     def f(a, b, y, g):
         mine, other = (a, b) if first else (b, a)
-        w = tg.where(tg.less(other, mine), 1.0, tg.where(tg.equal(mine, other), 0.5, 0.0))
-        return tg.mul(g, tg.cast(w, g.dtype))
+        return tg.where(tg.less(other, mine), g,
+                        tg.where(tg.equal(mine, other), tg.mul(g, 0.5), 0.0))
     return f
 
 
@@ -416,6 +428,46 @@ def _norm_rule(centered: bool):
     return rule
 
 
+# Activations whose decomposition differentiates to another value than torch's at a kink or
+# a tie: their own rules are torch's (through abs's where, |x|' was 1 at 0, so softplus'(0)
+# came out 0, not 1/2; relu's tie gave 1/2 at 0, torch 0; clamp's bounds 1/2, torch 1).
+def _abs_rule(y: Node, g: Node):
+    """g sign(x): 0 at 0 (and at nan), as torch."""
+    (x,) = y.inputs
+    return (tg.where(tg.less(0.0, x), g, tg.where(tg.less(x, 0.0), tg.neg(g), 0.0)),)
+
+
+def _relu_rule(y: Node, g: Node):
+    """g where x > 0 (torch's threshold_backward: 0 at 0)."""
+    return (tg.where(tg.less(0.0, y.inputs[0]), g, 0.0),)
+
+
+def _clamp_rule(y: Node, g: Node):
+    """g where min <= x <= max, bounds included (torch's clamp_backward); 0 at nan."""
+    (x,) = y.inputs
+    lo, hi = y.attrs.get("min"), y.attrs.get("max")
+    inside = logical_not(isnan(x))
+    if lo is not None:
+        inside = logical_and(inside, logical_not(tg.less(x, lo)))
+    if hi is not None:
+        inside = logical_and(inside, logical_not(tg.less(hi, x)))
+    return (tg.where(inside, g, 0.0),)
+
+
+def _softplus_rule(y: Node, g: Node):
+    """g sigmoid(beta x), g above the threshold where softplus is x itself."""
+    (x,) = y.inputs
+    bx = tg.mul(x, y.attrs["beta"])
+    return (tg.where(tg.less(y.attrs["threshold"], bx), g, tg.mul(g, sigmoid(bx))),)
+
+
+def _elu_rule(y: Node, g: Node):
+    """g where x > 0, else g alpha exp(x): alpha at 0, as torch (1 for alpha 1)."""
+    (x,) = y.inputs
+    below = tg.mul(g, tg.mul(tg.exp(minimum(x, 0.0)), y.attrs["alpha"]))
+    return (tg.where(tg.less(0.0, x), g, below),)
+
+
 def _dropout_rule(y: Node, g: Node):
     """The cotangent through the same mask, drawn again from the same key and stream (a
     fused kernel regenerates it in the pass that scales g: no mask is stored)."""
@@ -482,6 +534,16 @@ def _attention_rule(y: Node, g: Node):
 #  composite: its own rule (memory and accuracy); other composites are differentiated
 #  through their decomposition
 COMPOSITE_VJP: dict[str, Rule] = {
+    # g sign(x), 0 at 0
+    "abs": _abs_rule,
+    # g where x > 0
+    "relu": _relu_rule,
+    # g inside [min, max], bounds included
+    "clamp": _clamp_rule,
+    # g sigmoid(beta x), g above the threshold
+    "softplus": _softplus_rule,
+    # g where x > 0, else g alpha exp(x)
+    "elu": _elu_rule,
     # y * (g - sum(g * y)) from the output alone
     "softmax": _softmax_rule,
     # g - exp(y) * sum(g)

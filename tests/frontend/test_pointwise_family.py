@@ -117,3 +117,34 @@ def test_bitwise_on_ints_and_bools():
     y = torch.tensor([2 ** 35 - 1, 255, -2, 63], dtype=torch.int64)
     _compare([lambda p, q: p & q, lambda p, q: p | q, lambda p, q: p ^ q, lambda p, q: ~p,
               lambda p, q: p >> 3, lambda p, q: p << 3], x, y)
+
+
+# torch functions whose gradient at a bound or a zero the import writes to torch's value:
+# hardtanh's family passes nothing at its bounds (clamp's passes g), hardswish is x/3 + 1/2
+# at -3 and 1 at 3, and a 2-norm (F.normalize of a padding row) gives 0 at 0, not nan
+GRADIENT_CASES = {
+    "hardtanh": lambda v: torch.nn.functional.hardtanh(v),
+    "relu6": lambda v: torch.nn.functional.relu6(v),
+    "hardsigmoid": lambda v: torch.nn.functional.hardsigmoid(v),
+    "hardswish": lambda v: torch.nn.functional.hardswish(v),
+    "normalize": lambda v: torch.nn.functional.normalize(v.reshape(3, 4), dim=1).reshape(12),
+    "norm3": lambda v: torch.linalg.vector_norm(v.reshape(3, 4), 3, dim=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENT_CASES))
+def test_imported_gradients_at_bounds_and_zeros_are_torchs(name):
+    import tensor_graphs as tg
+    from tensor_graphs.frontend.torch_export import import_exported
+
+    xs = np.array([0.0, 0.0, 0.0, 0.0, -3.0, -1.0, 1.0, 3.0, 6.0, -0.5, 0.5, 7.0])
+    fn = GRADIENT_CASES[name]
+    t = torch.tensor(xs, requires_grad=True)
+    out = fn(t)
+    g = np.linspace(0.5, 1.5, out.numel()).reshape(tuple(out.shape))
+    (ref,) = torch.autograd.grad(out, [t], grad_outputs=torch.tensor(g))
+    (y,), (x,), _, _ = import_exported(torch.export.export(Fn([fn]), (t.detach(),)))
+    (gx,) = tg.grad(y, [x], seed=tg.input("g", g.shape, "float64"))
+    got = tg.evaluate(gx, {x.name: xs, "g": g})
+    assert not np.isnan(got).any(), got
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-6, atol=1e-12)  # torch: 1/6 in f32

@@ -74,8 +74,26 @@ def _leaky(x, slope):
     return tg.where(x > 0, x, x * slope)
 
 
+def _hardtanh(x, lo: float, hi: float):
+    """torch's hardtanh (relu6, hardsigmoid, hardswish's factor): clamp's values with torch's
+    gradient, g strictly inside (lo, hi) and 0 at the bounds, where clamp's passes g; the
+    bounds are constants of the select, so no gradient reaches them (nan stays nan)."""
+    return tg.where(tg.less_equal(x, lo), lo, tg.where(tg.less_equal(hi, x), hi, x))
+
+
 def _hardsigmoid(x):
-    return tg.clamp(x + 3.0, min=0.0, max=6.0) / 6.0
+    return _hardtanh(x + 3.0, 0.0, 6.0) / 6.0
+
+
+def _root(total, power: float):
+    """``total ** power`` (a norm's root of a sum of powers) with torch's gradient at a total
+    of 0, where the root's own derivative is inf and inf * 0 made nan (F.normalize of a
+    padding row, a norm penalty on a zero-initialised weight): the root of 1 is taken there
+    and its result replaced by 0, so no gradient flows through the root at 0."""
+    zero = tg.equal(total, 0.0)
+    safe = tg.where(zero, 1.0, total)
+    rooted = tg.sqrt(safe) if power == 0.5 else tg.pow(safe, power)
+    return tg.where(zero, 0.0, rooted)
 
 
 def _rrelu(a, kw):
@@ -141,7 +159,7 @@ def _vector_norm(a, kw):
     x = cast(kw["self"], kw["dtype"])
     order, axis, keep = kw["ord"], axes(kw["dim"]), kw["keepdim"]
     if order == 2:
-        return tg.sqrt(tg.sum(x * x, axis=axis, keepdims=keep))
+        return _root(tg.sum(x * x, axis=axis, keepdims=keep), 0.5)
     if order == 1:
         return tg.sum(tg.abs(x), axis=axis, keepdims=keep)
     if order == float("inf"):
@@ -150,8 +168,8 @@ def _vector_norm(a, kw):
         return tg.min(tg.abs(x), axis=axis, keepdims=keep)
     if order == 0:
         return tg.sum(tg.cast(tg.not_equal(x, 0.0), x.dtype), axis=axis, keepdims=keep)
-    return tg.pow(tg.sum(tg.pow(tg.abs(x), float(order)), axis=axis, keepdims=keep),
-                  1.0 / order)
+    return _root(tg.sum(tg.pow(tg.abs(x), float(order)), axis=axis, keepdims=keep),
+                 1.0 / order)
 
 
 def _cdist(a, kw):
@@ -239,9 +257,9 @@ def table(aten) -> dict:
         aten.relu: unary(tg.relu),
         aten.silu: unary(tg.silu),
         aten.gelu: lambda a, kw: tg.gelu(kw["self"], approximate=kw["approximate"]),
-        aten.hardtanh: lambda a, kw: tg.clamp(kw["self"], min=kw["min_val"],
-                                              max=kw["max_val"]),
-        aten.relu6: lambda a, kw: tg.clamp(kw["self"], min=0.0, max=6.0),
+        aten.hardtanh: lambda a, kw: _hardtanh(kw["self"], float(kw["min_val"]),
+                                               float(kw["max_val"])),
+        aten.relu6: lambda a, kw: _hardtanh(kw["self"], 0.0, 6.0),
         aten.leaky_relu: lambda a, kw: _leaky(kw["self"], kw["negative_slope"]),
         aten.rrelu: _rrelu,
         aten.prelu: _prelu,
