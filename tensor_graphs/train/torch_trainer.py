@@ -74,12 +74,42 @@ class TorchTrainer(Trainer):
         module.load_state_dict(state, strict=False)
 
 
+# what ``options`` may hold beside tg.compile's: tg.Trainer's own (compile's others pass on)
+_TRAINER_OPTIONS = ("device", "tolerance", "seed")
+
+
+def _check_options(options: Mapping) -> None:
+    """Refuse an option the Trainer does not take before anything is exported: one of
+    inference's (``quantize=``, ``weights=``, ``kwargs=``) or a slip reached compile as a
+    bare TypeError, after the export."""
+    import difflib
+
+    from tensor_graphs.compiler import compile_options
+    from tensor_graphs.frontend.torch_export import _OWN_OPTIONS
+
+    known = (*_TRAINER_OPTIONS, *compile_options(*_TRAINER_OPTIONS))
+    unknown = [name for name in options if name not in known]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        if name in _OWN_OPTIONS:
+            hints.append(f"{name}: an option of tg.from_torch for inference, not train=True")
+        elif close := difflib.get_close_matches(name, known, n=1):
+            hints.append(f"{name}: did you mean {close[0]}=?")
+    raise ArgumentError(
+        f"from_torch(train=True): unknown option(s) {', '.join(unknown)}"
+        + "".join(f"\n  {h}" for h in hints)
+        + f"\nit takes loss_fn, optimizer, targets, dynamic_shapes, {', '.join(known)}")
+
+
 def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, optimizer,
                        targets: int = 1, dynamic_shapes=None, **options) -> TorchTrainer:
     """The Trainer of ``loss_fn(module(*inputs), *targets)``: ``example_args`` holds the
     module's inputs followed by ``targets`` target tensors (torch tensors or arrays of the
     batch's shapes). ``options`` go to ``tg.Trainer`` (device, tolerance, bounds, db, the
     dropouts' ``seed``...)."""
+    _check_options(options)
     torch = _torch()
     from tensor_graphs.frontend.torch_export import _dim_names, _export, import_exported
 

@@ -109,3 +109,23 @@ def test_frozen_parameters_and_errors():
     with pytest.raises(tg.ArgumentError, match="loss_fn"):
         tg.from_torch(module, (torch.from_numpy(x), torch.from_numpy(y)), train=True,
                       loss_fn=None, optimizer=tg.optim.SGD(0.1))
+
+
+@pytest.mark.parametrize("option, says", [
+    ({"quantize": "int8-weight"}, "quantize: an option of tg.from_torch for inference"),
+    ({"kwargs": {"mask": None}}, "kwargs: an option of tg.from_torch for inference"),
+    ({"tolerence": 1e-4}, "tolerence: did you mean tolerance=?"),
+])
+def test_an_option_training_does_not_take_is_refused_before_the_export(option, says,
+                                                                       monkeypatch):
+    """It reached tg.compile as a bare TypeError ("compile() got an unexpected keyword
+    argument"), after the export had run."""
+    from tensor_graphs.frontend import torch_export
+
+    monkeypatch.setattr(torch_export, "_export", lambda *a, **k: pytest.fail("exported"))
+    m = torch.nn.Linear(4, 2)
+    with pytest.raises(tg.ArgumentError, match="from_torch\\(train=True\\): unknown option") \
+            as info:
+        tg.from_torch(m, (torch.randn(3, 4), torch.randn(3, 2)), train=True,
+                      loss_fn=F.mse_loss, optimizer=tg.optim.SGD(0.1), **option)
+    assert says in str(info.value) and "tolerance, seed, db" in str(info.value)
