@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import math
+import os
 import sys
 import time
 
@@ -96,9 +97,18 @@ def add_db_commands(sub) -> None:
                            "roofline seconds the model interpolates over)")
 
 
-def _open(args: argparse.Namespace):
-    from tensor_graphs.db.store import open_db
+def _open(args: argparse.Namespace, *, existing: bool = True):
+    """The database ``--db`` names (else TG_DB's, else the default file). ``existing``: a
+    file named with ``--db`` must be there, for the commands that read rows; opening a
+    misspelt path made an empty database and ``tg db export`` wrote 0 rows, exit 0."""
+    from tensor_graphs.db.store import is_url, open_db
+    from tensor_graphs.errors import DatabaseError
 
+    if existing and args.db and args.db != ":memory:" and not is_url(args.db) \
+            and not os.path.exists(args.db):
+        raise DatabaseError(f"--db {args.db}: no such measurement database; check the path "
+                            "(`tg profile` and compile(profile='missing') create one, "
+                            "`tg db import` fills a new one)")
     return open_db(args.db)
 
 
@@ -209,7 +219,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from tensor_graphs.db.store import is_url, open_db
 
-    db = _open(args)
+    db = _open(args, existing=False)  # (importing into a new database makes it)
     if is_url(args.file):
         n = _copy(open_db(args.file), db)
     else:

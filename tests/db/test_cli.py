@@ -117,3 +117,18 @@ def test_help_from_the_command_line():
                          capture_output=True, text=True, check=True).stdout
     for word in ("stats", "show", "export", "import", "prune"):
         assert word in out
+
+
+def test_a_misspelt_database_is_refused_not_made(filled, tmp_path, capsys):
+    """`tg db export --db typo.sqlite out.jsonl` made an empty database at the typo and
+    exported 0 rows, exit 0; importing into a new database still makes it."""
+    typo = tmp_path / "typo.sqlite"
+    for argv in (["db", "export", "--db", str(typo), str(tmp_path / "out.jsonl")],
+                 ["db", "stats", "--db", str(typo)], ["db", "show", "--db", str(typo)]):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and "no such measurement database" in err, (argv, err)
+        assert not typo.exists() and not (tmp_path / "out.jsonl").exists()
+    path, _ = filled
+    run(capsys, "db", "export", "--db", str(path), str(tmp_path / "rows.jsonl"))
+    code, out, _ = run(capsys, "db", "import", "--db", str(typo), str(tmp_path / "rows.jsonl"))
+    assert code == 0 and "imported 4 new rows" in out and typo.exists()
