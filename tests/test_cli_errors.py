@@ -352,3 +352,17 @@ def test_the_one_line_keeps_the_notes_that_name_the_failing_node(tmp_path, capsy
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
     assert "cannot reshape" in err and "Reshape node '/mha/Reshape_4'" in err, err
+
+
+def test_train_char_checks_the_window_fits_before_training(tmp_path, capsys, monkeypatch):
+    """--seq 32 with a 16 + 32 token window was refused after the whole training (minutes
+    at the default 600 steps)."""
+    from tensor_graphs.jobs import train_char
+
+    monkeypatch.setattr(train_char, "trained_weights",
+                        lambda *a, **k: pytest.fail("trained before the check"))
+    monkeypatch.setenv("TG_DB", str(tmp_path / "m.sqlite"))
+    code = main(["quality", "train-char", "--quantize", "int8-weight", "--seq", "32",
+                 "--prompt", "16", "--tokens", "32"])
+    assert code == 2
+    assert "must fit the model's 32 positions" in capsys.readouterr().err

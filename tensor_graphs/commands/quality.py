@@ -121,6 +121,17 @@ def char_windows(valid, prompts: int, chars: int):
     return [valid[i * stride:i * stride + chars] for i in range(prompts)]
 
 
+def _fitting_chars(args: argparse.Namespace, seq: int) -> int:
+    """The characters a window scores (``--chars``, else the model's ``seq``), refused where
+    the prompt, the tokens or the window outrun the model's positions."""
+    chars = args.chars or seq
+    if max(args.prompt + args.tokens, chars) > seq:
+        raise ArgumentError(f"the prompt and tokens ({args.prompt} + {args.tokens}) and the "
+                            f"text (--chars {chars}) must fit the model's {seq} positions: "
+                            "lower them, or train with a larger --seq")
+    return chars
+
+
 def _train_char(args: argparse.Namespace) -> int:
     import math
 
@@ -128,12 +139,10 @@ def _train_char(args: argparse.Namespace) -> int:
     from tensor_graphs.nn.generate import Generator
     from tensor_graphs.nn.quality import pooled, quality
 
+    if args.weights is None:  # checked before the training's minutes, not after them
+        _fitting_chars(args, args.seq)
     corpus, o, weights = _char_model(args)
-    chars = args.chars or o.seq
-    if max(args.prompt + args.tokens, chars) > o.seq:
-        raise ArgumentError(f"the prompt and tokens ({args.prompt} + {args.tokens}) and the "
-                            f"text (--chars {chars}) must fit the model's {o.seq} positions: "
-                            "lower them, or train with a larger --seq")
+    chars = _fitting_chars(args, o.seq)
     options = {"vocab_size": len(corpus.chars), "max_len": o.seq,
                "max_prompt": args.prompt, "db": args.db, "profile": args.profile}
     output.info(f"building float32 and {_scheme(args)} generators")
