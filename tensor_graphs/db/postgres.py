@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import logging
 import os
 import re
 import threading
@@ -53,6 +54,8 @@ from tensor_graphs.errors import DatabaseError
 
 BATCH = 1000  # rows per INSERT statement (one round trip each; a batch is one transaction)
 RETRIES = 8  # attempts of one transaction before its error reaches the caller
+RETRY_SECONDS = 30.0  # and how long they may take: a server gone for good failed a profile
+# after 8 minutes (8 attempts, each waiting the pool's 30 s for a connection)
 BACKOFF = (0.05, 2.0)  # first and longest wait between attempts, seconds (doubling)
 POOL_SIZE = (1, 4)  # connections kept open, and at most (a profiler's claim renewer + work)
 CONNECT_TIMEOUT = 10  # seconds: an unreachable server fails fast with its URL named
@@ -86,6 +89,12 @@ def _psycopg():
     except ImportError as exc:
         raise DatabaseError(f"a postgresql:// database needs psycopg 3 and psycopg_pool ({exc}); "
                             f"{_INSTALL}, or point TG_DB or db= at a file") from exc
+    # the pool logs each failed connect as a warning, which Python prints to stderr where no
+    # logging is configured (38 lines while a server was down); the DatabaseError says it
+    # once. A NullHandler keeps them from that fallback only: a user's handlers still get them
+    pool_log = logging.getLogger("psycopg.pool")
+    if not any(isinstance(h, logging.NullHandler) for h in pool_log.handlers):
+        pool_log.addHandler(logging.NullHandler())
     return psycopg, psycopg_pool
 
 
@@ -193,7 +202,8 @@ class PostgresDatabase(Database):
         _, psycopg_pool = _psycopg()
         self._pid = os.getpid()
         return psycopg_pool.ConnectionPool(
-            self._url, min_size=POOL_SIZE[0], max_size=POOL_SIZE[1], open=True, timeout=30,
+            self._url, min_size=POOL_SIZE[0], max_size=POOL_SIZE[1], open=True,
+            timeout=CONNECT_TIMEOUT,  # for a connection: what one direct connect waits
             check=psycopg_pool.ConnectionPool.check_connection, name="tensor_graphs",
             kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT})
 
@@ -222,7 +232,7 @@ class PostgresDatabase(Database):
         """``work(connection)``, in one transaction if asked (taking the advisory ``locks``
         first, in order), retried on a dropped connection, a serialization failure or a
         deadlock: a failed transaction rolled back whole, and writes are idempotent."""
-        wait = BACKOFF[0]
+        wait, start = BACKOFF[0], time.monotonic()
         for attempt in itertools.count(1):
             pool = self._here()
             if pool is None:
@@ -242,7 +252,7 @@ class PostgresDatabase(Database):
                             conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
                         return work(conn)
             except self._retry as exc:
-                if attempt >= RETRIES:
+                if attempt >= RETRIES or time.monotonic() - start > RETRY_SECONDS:
                     raise DatabaseError(
                         f"{what} the measurement database {self.path} failed {attempt} times "
                         f"({type(exc).__name__}: {str(exc).strip()}); check that the server "

@@ -299,3 +299,31 @@ def test_a_profile_run_writes_to_the_server_and_a_second_compile_reads_it(pg_url
     assert measured == 0 and sources == ["measured"] and error < 1e-5
     with Database(pg_url) as server:
         assert len(server.rows()) == stored
+
+
+def test_a_server_gone_for_good_fails_a_write_in_seconds(pg_server, pg_url, monkeypatch,
+                                                          capfd):
+    """Connections refused from the first retry on: the write ends with the one error after
+    RETRY_SECONDS, not after 8 attempts of the pool's own 30 s each (8 minutes for a
+    profile), and the pool's failed connects are not printed line by line."""
+    import psycopg
+
+    monkeypatch.setattr(pg, "RETRY_SECONDS", 3.0)
+    monkeypatch.setattr(pg, "CONNECT_TIMEOUT", 2)
+    db = Database(pg_url)
+    db.record(measurement())
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(f"{pg_server}/postgres", autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+    try:
+        start = time.monotonic()
+        with pytest.raises(tg.DatabaseError, match="failed .* times.*check that the server"):
+            db.record(measurement(n=8))
+        assert time.monotonic() - start < 20
+        assert "error connecting" not in capfd.readouterr().err
+    finally:
+        with psycopg.connect(f"{pg_server}/postgres", autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        db.close()
