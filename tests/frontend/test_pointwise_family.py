@@ -148,3 +148,26 @@ def test_imported_gradients_at_bounds_and_zeros_are_torchs(name):
     got = tg.evaluate(gx, {x.name: xs, "g": g})
     assert not np.isnan(got).any(), got
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-6, atol=1e-12)  # torch: 1/6 in f32
+
+
+@pytest.mark.parametrize("which", ["max", "min"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_and_min_over_a_dim_give_the_gradient_to_the_index_torch_returns(which, keepdim):
+    """torch.max(x, dim)'s values take the gradient at the one index it returns (the first
+    of a tie); ours shared a tie evenly, as amax does."""
+    import tensor_graphs as tg
+    from tensor_graphs.frontend.torch_export import import_exported
+
+    xs = np.array([[1.0, 1.0, 0.0], [2.0, 3.0, 3.0], [0.0, 0.0, 0.0], [np.nan, 5.0, np.nan]])
+    fn = (lambda v: getattr(torch, which)(v, dim=1, keepdim=keepdim))
+    t = torch.tensor(xs, requires_grad=True)
+    values, index = fn(t)
+    g = np.linspace(0.5, 1.5, values.numel()).reshape(tuple(values.shape))
+    (ref,) = torch.autograd.grad(values, [t], grad_outputs=torch.tensor(g))
+    (y, i), (x,), _, _ = import_exported(torch.export.export(
+        Fn([lambda v: fn(v).values, lambda v: fn(v).indices]), (t.detach(),)))
+    (gx,) = tg.grad(y, [x], seed=tg.input("g", g.shape, "float64"))
+    got_values, got_index, got = tg.evaluate([y, i, gx], {x.name: xs, "g": g})
+    np.testing.assert_array_equal(got_index, index.numpy())
+    np.testing.assert_array_equal(got_values, values.detach().numpy())
+    np.testing.assert_array_equal(got, ref.numpy())

@@ -133,9 +133,18 @@ def _shrink(kind):
 
 # ---------------------------------------------------------------------------- reductions
 def _extremum(reduce, arg, op):
+    """torch.max/min(x, dim): the values taken at the indices it returns, so the gradient
+    goes to that one index as torch's does (``reduce``'s, as amax's, shares a tie evenly);
+    the first of a tie, and a nan, as torch picks them."""
     def fn(a, kw):
         x, dim, keep = kw["self"], kw["dim"], kw["keepdim"]
-        return (reduce(x, axis=dim, keepdims=keep), arg(x, axis=dim, keepdims=keep))
+        if not isinstance(x, Node) or x.ndim == 0:
+            return (reduce(x, axis=dim, keepdims=keep), arg(x, axis=dim, keepdims=keep))
+        index = arg(x, axis=dim, keepdims=True)
+        values = tg.take_along_axis(x, index, axis=dim)
+        if not keep:
+            values, index = tg.squeeze(values, dim), tg.squeeze(index, dim)
+        return values, index
     return fn
 
 
