@@ -122,6 +122,7 @@ def fmt_seconds(t: float | None) -> str:
     """A duration for people: 12.3us, 4.56ms, 1.20s ('-' for none)."""
     if t is None or math.isnan(t):
         return "-"
+    t = float(f"{t:.3g}")  # the unit chosen after rounding: 999.6us printed 1e+03us
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if abs(t) >= scale:
             return f"{t / scale:.3g}{unit}"

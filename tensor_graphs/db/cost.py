@@ -133,7 +133,9 @@ FREE = Estimate(0.0, "free", 1.0)
 
 def format_seconds(seconds: float) -> str:
     """A time as a plan or report prints it: "1.23 s" from a second up ("1.6e+03 ms" before),
-    "1.23 ms" from a millisecond, else "456 us"."""
+    "1.23 ms" from a millisecond, else "456 us". The unit is chosen after rounding to the
+    three digits shown: 999.6 us printed "1e+03 us"."""
+    seconds = float(f"{seconds:.3g}")
     if seconds >= 1.0:
         return f"{seconds:.3g} s"
     if seconds >= 1e-3:
