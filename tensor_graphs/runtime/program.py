@@ -974,10 +974,11 @@ class CompiledGraph:
         folder or a sharded checkpoint's index, as ``save_pretrained`` writes them (``rename``
         maps file names to leaf names, or to None to skip one: a function, or a dict whose
         missing names stay as they are), replacing values bound before. The file is
-        memory-mapped and each tensor copied once into its own buffer; weights the graph has but the file lacks
-        raise before anything is bound, unless already bound (bind them with ``bind`` first
-        to allow that). ``strict``: the file may hold nothing else. A program whose weights
-        live on a GPU loads them there directly (safetensors' torch loader: no numpy stage)."""
+        memory-mapped and each tensor copied once into its own buffer; weights the graph
+        has but the file lacks raise before anything is bound, unless already bound (bind
+        them with ``bind`` first to allow that). ``strict``: the file may hold nothing else.
+        A program whose weights live on a GPU loads them there directly (safetensors' torch
+        loader: no numpy stage)."""
         from tensor_graphs.runtime.weights import read_checkpoint
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
