@@ -1,6 +1,6 @@
 """On a GPU: a decode step's GEMVs as a CUDA graph replays them, our configs against cuBLAS.
 
-    python benchmarks/gemv.py [--out DIR] [--dtype fp32|bf16] [--calls 50]
+    python benchmarks/gemv.py [--out DIR] [--dtype fp32|bf16] [--calls 50] [--chain-only]
 
 Decode runs its steps as one CUDA graph, so what a GEMV costs there is its time back to back
 with the others, launch latency inside the graph included and the host's excluded. Each row
@@ -37,19 +37,22 @@ import tensor_graphs  # noqa: E402,F401,I001  (first: its thread-pool settings)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402,N812
 
+from tensor_graphs.kernels.torch import bound  # noqa: E402
 from tensor_graphs.kernels.triton.templates import matmul, runtime  # noqa: E402
 
 SHAPES = [("c_attn", 768, 2304), ("attn c_proj", 768, 768), ("c_fc", 768, 3072),
           ("mlp c_proj", 3072, 768)]  # (label, K, N) of GPT-2 124M's decode GEMVs
 GRID = [matmul.Gemv(n, k, 32, w, 3) for n, k, w in
         itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8))]
-# a layer's chain, beyond GEMV_CONFIGS launched with and without PDL: (config, programs
-# gemv_splits aims for) with PDL, the configs fastest cold per call in the sixteenth session's
-# run, eight warps, and twice the programs for a config whose K blocks allow more splits
-CHAIN = [(matmul.Gemv(32, 256, 32, 4, 3), runtime.PROGRAMS),
-         (matmul.Gemv(64, 128, 32, 8, 3), runtime.PROGRAMS),
+# a layer's chain, beyond GEMV_CONFIGS launched with and without PDL (and with PDL but the
+# weights not marked bound: no loads before the wait): (config, programs gemv_splits aims
+# for) with PDL, the default config before the eighteenth session (n64k128), half its
+# columns (80 registers a thread, where n64k128 and n32k256 take ~170: room for the next
+# kernel's programs; not faster in that session's run), eight warps, and twice the programs
+# for a config whose K blocks allow more splits
+CHAIN = [(matmul.Gemv(64, 128, 32, 4, 3), runtime.PROGRAMS),
+         (matmul.Gemv(32, 128, 32, 4, 3), runtime.PROGRAMS),
          (matmul.Gemv(16, 256, 32, 8, 3), runtime.PROGRAMS),
-         (matmul.Gemv(64, 64, 32, 4, 3), runtime.PROGRAMS),
          (matmul.Gemv(64, 64, 32, 4, 3), 2 * runtime.PROGRAMS)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PLAIN = next(e for e in matmul.EPILOGUES if e.label == "matmul_bias")
@@ -181,6 +184,9 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
         return ops
 
     stack = [layer_ops() for _ in range(layers)]
+    for ops in stack:  # as a program's bound weights are (runtime: CompiledGraph.bind)
+        for _, w, _, _, _ in ops:
+            bound.mark(w)
     if not runtime.pdl(stack[0][0][0].device)["PDL"]:
         return ["", f"(no PDL here: compute capability {torch.cuda.get_device_capability()}, "
                 "or a Triton without launch_pdl)"]
@@ -199,15 +205,20 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
     # (name, depth) -> what times one replay, us per graph call; a hot graph holds ``calls``
     # layers, a cold one ``calls // layers`` passes over all of them (at least 1)
     passes = max(1, calls // layers)
-    variants = [(cfg, dependent, runtime.PROGRAMS) for cfg in matmul.GEMV_CONFIGS
-                for dependent in (False, True)] + [(cfg, True, p) for cfg, p in CHAIN]
+    variants = [(cfg, dependent, runtime.PROGRAMS, True) for cfg in matmul.GEMV_CONFIGS
+                for dependent in (False, True)] + \
+        [(cfg, True, runtime.PROGRAMS, False) for cfg in matmul.GEMV_CONFIGS] + \
+        [(cfg, True, p, True) for cfg, p in CHAIN]
     timers, errors = {}, {}
     for depth, repeat in ((1, calls), (layers, passes)):
-        for cfg, dependent, programs in variants:
-            # both read at each launch (the capture keeps the choice), set back after
+        for cfg, dependent, programs, early in variants:
+            # each read at each launch (the capture keeps the choice), set back after
             runtime.PDL, matmul.PROGRAMS = dependent, programs
+            prefetch = bound.is_weight
+            bound.is_weight = prefetch if early else (lambda _: False)
             try:
                 name = (f"{cfg.label}w{cfg.warps}{' pdl' if dependent else ''}"
+                        + ("" if early or not dependent else " no prefetch")
                         + (f" {programs} programs" if programs != runtime.PROGRAMS else ""))
                 model(cfg, depth)
                 torch.cuda.synchronize()
@@ -216,6 +227,7 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
                 timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: model(cfg, d), repeat)
             finally:
                 runtime.PDL, matmul.PROGRAMS = True, runtime.PROGRAMS
+                bound.is_weight = prefetch
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
     got = {key: [] for key in timers}
     order = list(timers)
@@ -240,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     ap.add_argument("--calls", type=int, default=50, help="calls captured per graph")
     ap.add_argument("--repeats", type=int, default=15, help="interleaved replays each")
+    ap.add_argument("--chain-only", action="store_true",
+                    help="only a layer's four GEMVs back to back (the last table)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/gemv.py needs a GPU", file=sys.stderr)
@@ -254,7 +268,7 @@ def main(argv=None) -> int:
     with table.open("a") as f:
         f.write("\n".join(header) + "\n")
     print("\n".join(header))
-    for label, k, n in SHAPES:
+    for label, k, n in SHAPES if not args.chain_only else ():
         for line in rows_for(label, k, n, DTYPES[args.dtype], args.calls, args.repeats):
             print(line, flush=True)
             with table.open("a") as f:

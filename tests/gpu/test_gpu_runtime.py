@@ -99,6 +99,20 @@ def test_weights_move_to_the_gpu_once_per_binding(copies):
     assert relative_error(got, _reference(y, {"x": X, **weights})) < 1e-5
 
 
+def test_bound_weights_are_what_a_kernel_started_early_may_read():
+    """A GEMV launched with PDL loads its first weights before it waits for the kernels
+    before it only where they are bound weights (kernels/torch/bound.py): ``bind`` marks the
+    tensors it holds on the GPU; a fed input is never marked."""
+    from tensor_graphs.kernels.torch import bound
+
+    prog, _, weights = _program()
+    fed = torch.from_numpy(_x()).to(GPU)
+    prog.bind(**weights)(x=fed)
+    held = prog.bound_weights(on_host=False)
+    assert held and all(bound.is_weight(t) for t in held.values())
+    assert not bound.is_weight(fed)
+
+
 def test_gpu_feeds_are_used_without_a_copy(copies):
     prog, y, weights = _program()
     prog.bind(**weights)

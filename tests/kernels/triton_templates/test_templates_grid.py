@@ -32,14 +32,16 @@ class Recorder:
 
     def __init__(self) -> None:
         self.grids: list[tuple[str, tuple]] = []
+        self.options: list[dict] = []  # each launch's keyword arguments (constexprs, options)
 
     def __getattr__(self, kernel: str):
-        grids = self.grids
+        grids, options = self.grids, self.options
 
         class Launch:
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
                     grids.append((kernel, tuple(grid)))
+                    options.append(kwargs)
                 return launch
 
         return Launch()
@@ -250,6 +252,51 @@ def test_gemvs_launch_dependent_on_a_hopper_only(monkeypatch):
     monkeypatch.setattr(runtime, "interpreted", lambda: True)
     assert runtime.pdl(gpu) == {"PDL": False}
     runtime._PDL_FOUND.clear()  # noqa: SLF001
+
+
+def test_a_gemv_reads_its_weight_before_its_wait_only_when_the_weight_is_bound(recorder,
+                                                                              monkeypatch):
+    """Launched with PDL, a GEMV starts while the kernels before it run: it loads its first
+    weights before it waits for them (PREFETCH) only when b is a weight a program bound
+    (``bound.mark``), never a tensor a kernel of the call may still be writing; a view of a
+    bound weight (linear's transposed strides) is one too. Decode attention waits before it
+    reads anything."""
+    from tensor_graphs.kernels.torch import bound
+
+    monkeypatch.setattr(matmul, "pdl", lambda device: {"PDL": True, "launch_pdl": True})
+    monkeypatch.setattr(attention, "pdl", lambda device: {"PDL": True, "launch_pdl": True})
+    cfg = matmul.GEMV_CONFIGS[0]
+    plain = next(e for e in matmul.EPILOGUES if e.label == "matmul")
+    x, weight, computed = torch.randn(1, 64), torch.randn(64, 32), torch.randn(64, 32)
+    bound.mark(weight)
+    for b, early in ((weight, True), (computed, False), (weight.t().contiguous(), False)):
+        matmul.gemv(cfg, plain, x, b)
+        assert recorder.options[-1]["PDL"] and recorder.options[-1]["launch_pdl"]
+        assert recorder.options[-1]["PREFETCH"] is early
+    linear = next(e for e in matmul.EPILOGUES if e.label == "linear")
+    matmul.gemv(cfg, linear, x, weight.t())  # the (N, K) weight as linear takes it
+    assert recorder.options[-1]["PREFETCH"] is True
+    monkeypatch.setattr(matmul, "pdl", lambda device: {"PDL": False})
+    matmul.gemv(cfg, plain, x, weight)
+    assert recorder.options[-1]["PREFETCH"] is False
+    q, kv = meta(1, 12, 1, 64), meta(1, 12, 40, 64)
+    attention.decode(attention.DECODE_CONFIGS[0], q, kv, kv, None, False, None)
+    assert recorder.options[-1]["PDL"] and recorder.options[-1]["launch_pdl"]
+
+
+def test_a_bound_weight_is_known_by_its_storage_while_it_lives():
+    from tensor_graphs.kernels.torch import bound
+
+    w = torch.randn(8, 4)
+    view, other = w.t()[1:], torch.randn(8, 4)
+    assert not bound.is_weight(w)
+    bound.mark(w)
+    assert bound.is_weight(w) and bound.is_weight(view) and not bound.is_weight(other)
+    bound.mark(torch.empty(0))  # no storage to read: nothing marked
+    assert not bound.is_weight(torch.empty(0))
+    key = w.untyped_storage().data_ptr()
+    del w, view  # (a view holds its base)
+    assert key not in bound._marked  # noqa: SLF001 - the mark went with the tensor
 
 
 def test_gemv_splits_cover_k_once_and_fill_the_gpu():

@@ -39,6 +39,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
     ints,
     jit,
     next_power_of_2,
+    pdl,
     source_text,
     target,
     torch,
@@ -178,7 +179,8 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
             MASK=_mask_code(m4), CAUSAL=bool(is_causal), PRECISION=PRECISION,
             BLOCK_G=max(16, next_power_of_2(h // hkv)), BLOCK_N=cfg.block_n,
             BLOCK_D=block_d, BLOCK_DV=block_dv, LAST_COMBINES=counters is not None,
-            BLOCK_S=split_block(cfg), num_warps=cfg.warps, num_stages=cfg.stages)
+            BLOCK_S=split_block(cfg), num_warps=cfg.warps, num_stages=cfg.stages,
+            **pdl(q.device))
         if counters is None:
             mod.decode_combine[(b * h,)](
                 part_m, part_l, part_o, o4, h, splits, dv, o4.stride(0), o4.stride(1),

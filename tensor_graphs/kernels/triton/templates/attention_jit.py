@@ -106,13 +106,20 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, l
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_DV: tl.constexpr, LAST_COMBINES: tl.constexpr = False,
-                 BLOCK_S: tl.constexpr = 2):
+                 BLOCK_S: tl.constexpr = 2, PDL: tl.constexpr = False):
     """Grid (B * HKV, splits): the G query heads of one kv head (one query row each) over one
     chunk of keys; writes the chunk's max, sum and unnormalised output per head.
     LAST_COMBINES: the last of a kv head's splits to arrive (a counter per program in
     ``lock_ptr``, set back to 0 after) combines its G heads' splits into ``o_ptr``, so no
     second kernel is launched (a launch in a decode step's graph costs about what the
-    combine does); else ``decode_combine`` does that."""
+    combine does); else ``decode_combine`` does that.
+    PDL (launched with ``launch_pdl``): the next kernel may start at once, and this one waits
+    for the kernel before before it reads anything (q and the cache are that kernel's or
+    earlier ones' results), so a decode step's next GEMV loads its weights while the
+    attention runs."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.signatures import Spec
+from tensor_graphs.kernels.torch import bound
 from tensor_graphs.kernels.triton.templates.runtime import (
     PROGRAMS,
     REDUCTION,
@@ -122,7 +123,7 @@ GEMV_ROWS = 8  # a decode step's rows (batch x new tokens): more take the GEMM c
 NORM_TILE = 4096  # a norm prologue loads a row up to this long at once (32 fp32 a thread)
 COMBINE_BLOCK = 256  # the combine kernel's columns per program
 GEMV_CONFIGS = (
-    Gemv(64, 128, 32, 4, 3),  # a @ b's (K, N) weight: 256-byte row segments per load
+    Gemv(32, 256, 32, 4, 3),  # a @ b's (K, N) weight: 128-byte row segments, 256 K a step
     Gemv(16, 256, 32, 4, 3),  # linear's (N, K) weight: 1 KiB runs along each column's K
 )
 
@@ -237,12 +238,20 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
             NORM_BLOCK=norm_block, ONE_TILE=o.k <= norm_block,
             FINISH=splits == 1, LAST_ADDS=counters is not None, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, MAX_SPLITS=next_power_of_2(cfg.max_splits),
-            num_warps=cfg.warps, num_stages=cfg.stages, **pdl(a.device))
+            num_warps=cfg.warps, num_stages=cfg.stages, **_dependent(b))
         if splits > 1 and counters is None:
             mod.gemv_combine[(m * -(-n // COMBINE_BLOCK),)](
                 bias_t, r2, c2, part, m, n, splits, *tail, **epilogue,
                 BLOCK_N=COMBINE_BLOCK, num_warps=4)
     return deliver(o.c, out)
+
+
+def _dependent(b) -> dict:
+    """The GEMV's launch options: PDL where the GPU has it (``runtime.pdl``), and PREFETCH
+    (its first weights loaded before it waits for the kernel before) only where ``b`` is a
+    bound weight, which no kernel still running can be writing."""
+    options = pdl(b.device)
+    return {**options, "PREFETCH": options["PDL"] and bound.is_weight(b)}
 
 
 def _product(e: Epilogue, shapes) -> list:

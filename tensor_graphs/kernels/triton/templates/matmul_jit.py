@@ -132,27 +132,32 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
                NORM: tl.constexpr, FINISH: tl.constexpr, LAST_ADDS: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAX_SPLITS: tl.constexpr,
                NORM_BLOCK: tl.constexpr = 16, ONE_TILE: tl.constexpr = True,
-               PDL: tl.constexpr = False):
+               PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     """A few rows (decode): grid (M x column blocks, splits of K). A program sums its split's
     products of one row of a and BLOCK_N columns of b as fp32 FMAs (no tl.dot, whose 16-row
-    minimum tile would do 16 times the work of one row), keeping a (BLOCK_K, BLOCK_N)
-    accumulator and reducing it once at the end. FINISH (one split): the epilogue here;
-    else the partial sum goes to part[split, row, :]. LAST_ADDS: the last of a block's splits
-    to arrive (a counter per block in ``lock``, which it sets back to 0) loads the parts in
-    one (MAX_SPLITS, BLOCK_N) tile, adds them and applies the epilogue, so no second kernel
-    is launched (a GPU launch costs about what a decode step's GEMV does); else
-    ``gemv_combine`` does that. On an H200, adding the parts one split after another in the
-    last program cost 2.4 us a call, more than the second kernel it saved.
+    minimum tile would do 16 times the work of one row), each step's (BLOCK_K, BLOCK_N)
+    products summed over K into a BLOCK_N accumulator (a whole-tile accumulator beside the
+    step's tile and the next one's took 189 registers a thread in n64k128, 168 so; configs of
+    80 were no faster in a layer's chain on an H200: registers are not what bounds it). FINISH (one
+    split): the epilogue here; else the partial sum goes to part[split, row, :]. LAST_ADDS:
+    the last of a block's splits to arrive (a counter per block in ``lock``, which it sets
+    back to 0) loads the parts in one (MAX_SPLITS, BLOCK_N) tile, adds them and applies the
+    epilogue, so no second kernel is launched (a GPU launch costs about what a decode step's
+    GEMV does); else ``gemv_combine`` does that. On an H200, adding the parts one split after
+    another in the last program cost 2.4 us a call, more than the second kernel it saved.
     NORM: a is LayerNorm's input (a pre-norm block's): each program computes its row's
     statistics and normalizes its split of a as it loads it (ln_w, ln_b: the norm's weight
     and bias), so the normalized row is never written out and the norm is no launch of its
     own (on an H200 the LayerNorm kernel took 3.7 us a call, as long as the GEMV after it).
-    Each step's weights are loaded one step ahead, the first before anything the kernels
-    before write is read: with PDL (programmatic dependent launch, launched with
-    ``launch_pdl``) the program starts while the kernel before it ends, loads its first
-    weights (bound once, never written by a program) and only then waits for it
-    (``gdc_wait``), so a decode step's chain of GEMVs, each a few microseconds of mostly
-    latency, overlaps one's weight loads with the end of the one before."""
+    Each step's weights are loaded one step ahead. PDL (programmatic dependent launch,
+    launched with ``launch_pdl``): the program lets the next kernel start at once
+    (``gdc_launch_dependents``) and waits for the kernel before (``gdc_wait``) before it reads
+    a, writes anything or counts its arrival; with PREFETCH (b is a bound weight,
+    ``kernels/torch/bound.py``: no kernel still running writes it) it loads its first weights
+    before that wait, so a decode step's chain of GEMVs, each a few microseconds of mostly
+    latency, overlaps one's launch and first weight loads with the one before. Kernels
+    started early only wait, so several may be in flight at once; each one's wait is for
+    the whole chain before it, since the kernel before waited too."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -163,14 +168,18 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
     end = tl.minimum(K, split * CHUNK + CHUNK)
     a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
     b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
-    b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
+    if PDL:  # the next kernel may start now: it waits for this one before reading
+        tl.extra.cuda.gdc_launch_dependents()
+    if PREFETCH:  # a bound weight: no kernel still running writes it
+        b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
     if PDL:  # what comes next reads the kernels before's results (and writes after them)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if not PREFETCH:
+        b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
     if NORM:
         mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, NORM_BLOCK,
                                 ONE_TILE)
-    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, CHUNK, BLOCK_K):
         inside = (rk + k0) < end
         a = tl.load(a_ptrs, mask=inside, other=0.0).to(tl.float32)
@@ -179,12 +188,11 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
             w = tl.load(ln_w_ptr + kk * stride_lnw, mask=inside, other=0.0).to(tl.float32)
             bn = tl.load(ln_b_ptr + kk * stride_lnb, mask=inside, other=0.0).to(tl.float32)
             a = tl.where(inside, (a - mean) * rstd * w + bn, 0.0)
-        acc += a[:, None] * b.to(tl.float32)
+        total += tl.sum(a[:, None] * b.to(tl.float32), 0)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
         ahead = (rk + k0 + BLOCK_K) < end  # (all false after the last step: nothing read)
         b = tl.load(b_ptrs, mask=ahead[:, None] & (rn[None, :] < N), other=0.0)
-    total = tl.sum(acc, 0)
     if FINISH:
         _epilogue(total, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias,
                   stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)

@@ -73,15 +73,20 @@ def compile_targets() -> Iterator[Target]:
     gemv_units = ("stride_ak", "stride_bk", "stride_bias", "stride_rn", "stride_cn",
                   "stride_lnw", "stride_lnb")
     epilogue = dict(HAS_BIAS=True, HAS_RES=True, ACT=matmul.ACTS["gelu"])
-    # per GEMV config (dtype, FINISH, LAST_ADDS, NORM, PDL): one split with the epilogue in
-    # fp16 and fp32; K split in fp32, its last split adding the parts, or leaving that to
-    # gemv_combine (in a capture that found too few arrival counters); a LayerNorm prologue;
-    # launched with PDL (a Hopper's launches: runtime.pdl)
-    variants = (("float16", True, False, False, False), ("float32", True, False, False, False),
-                ("float32", False, True, False, False), ("float32", False, False, False, False),
-                ("float32", False, True, True, False), ("float32", False, True, True, True))
+    # per GEMV config (dtype, FINISH, LAST_ADDS, NORM, PDL, PREFETCH): one split with the
+    # epilogue in fp16 and fp32; K split in fp32, its last split adding the parts, or leaving
+    # that to gemv_combine (in a capture that found too few arrival counters); a LayerNorm
+    # prologue; launched with PDL (a Hopper's launches: runtime.pdl), its first weights
+    # loaded before its wait or after it (b a bound weight or not: matmul._dependent)
+    variants = (("float16", True, False, False, False, False),
+                ("float32", True, False, False, False, False),
+                ("float32", False, True, False, False, False),
+                ("float32", False, False, False, False, False),
+                ("float32", False, True, True, False, False),
+                ("float32", False, True, True, True, True),
+                ("float32", False, True, False, True, False))
     for cfg in matmul.GEMV_CONFIGS:
-        for dt, finish, last, norm, dependent in variants:
+        for dt, finish, last, norm, dependent, early in variants:
             ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr", "ln_w_ptr",
                                   "ln_b_ptr"), dt)
             ptrs.update(part_ptr="float32", lock_ptr="int32")
@@ -89,9 +94,10 @@ def compile_targets() -> Iterator[Target]:
                           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           MAX_SPLITS=next_power_of_2(cfg.max_splits),
                           NORM_BLOCK=matmul.NORM_TILE if norm else 16, ONE_TILE=True,
-                          PDL=dependent)
+                          PDL=dependent, PREFETCH=early)
             variant = ("_finish" if finish else "_last_adds" if last else "") + \
-                ("_norm" if norm else "") + ("_pdl" if dependent else "")
+                ("_norm" if norm else "") + ("_pdl" if dependent else "") + \
+                ("_prefetch" if early else "")
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
                           ("eps",), gemv_units, consts, cfg.warps, cfg.stages,
                           **({"launch_pdl": True} if dependent else {}))
@@ -115,16 +121,19 @@ def compile_targets() -> Iterator[Target]:
             ptrs = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "o_ptr"), dt)
             ptrs.update(dict.fromkeys(("part_m", "part_l", "part_o"), "float32"))
             ptrs.update(lock_ptr="int32")
-            for last in (True, False):  # its last split combining, or decode_combine
+            # its last split combining (launched with PDL, or not: runtime.pdl), or
+            # decode_combine
+            for last, dependent in ((True, True), (True, False), (False, False)):
                 consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=False,
                               PRECISION=attention.PRECISION, BLOCK_G=16, BLOCK_N=cfg.block_n,
                               BLOCK_D=d, BLOCK_DV=d, LAST_COMBINES=last,
-                              BLOCK_S=attention.split_block(cfg))
+                              BLOCK_S=attention.split_block(cfg), PDL=dependent)
                 yield _target(f"decode_split_{cfg.label}",
-                              f"_d{d}_{dt}" + ("_last_combines" if last else ""),
+                              f"_d{d}_{dt}" + ("_last_combines" if last else "")
+                              + ("_pdl" if dependent else ""),
                               at.decode_split, ptrs, ("scale",),
                               ("s_qd", "s_kd", "s_vd", "s_mn", "s_od"), consts, cfg.warps,
-                              cfg.stages)
+                              cfg.stages, **({"launch_pdl": True} if dependent else {}))
         ptrs = dict.fromkeys(("part_m", "part_l", "part_o", "o_ptr"), "float32")
         consts = dict(BLOCK_S=attention.split_block(cfg), BLOCK_DV=d)
         yield _target(f"decode_combine_{cfg.label}", f"_d{d}", at.decode_combine, ptrs, (),
