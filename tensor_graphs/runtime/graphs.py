@@ -133,7 +133,7 @@ class Split:
     held: tuple[int, ...]  # other GPU leaves made per call (a dim's value): kept from capture
 
 
-def _overlap(a: tuple, b: tuple) -> bool:
+def places_overlap(a: tuple, b: tuple) -> bool:
     """Two arena places (device, offset, bytes) share bytes."""
     return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
 
@@ -175,7 +175,7 @@ def analyze(instructions: Sequence, leaves: Sequence, kinds: Mapping[int, str],
     for n in staged:
         ins = instructions[n]
         early = next((instructions[m] for m in range(first, n) if instructions[m].place
-                      is not None and _overlap(instructions[m].place, ins.place)), None)
+                      is not None and places_overlap(instructions[m].place, ins.place)), None)
         if early is not None:
             raise Refused(f"{ins.name} (a feed, staged before the graph) shares its arena "
                           f"place with {early.name}, an earlier GPU step")
@@ -987,6 +987,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
 
     from tensor_graphs.ir.ops.names import DIM
     from tensor_graphs.ir.shapes import resolve
+    from tensor_graphs.runtime.appends import fold as fold_appends
 
     device = exe.names.get("cuda", "cuda:0")
     nodes = dict(exe.leaves)
@@ -1031,6 +1032,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
     feed.write(named)
     swapped = [dataclasses.replace(ins, fn=device_append(feed.view(appends[pos])))
                if pos in appends else ins for pos, ins in enumerate(region.instructions)]
+    swapped = fold_appends(swapped, appends, feed.view)  # into the attention reading them
     region = region._replace(instructions=swapped)
     held = {i: values[i] for i in split.held}
     marks = state_marks(values, split.states)

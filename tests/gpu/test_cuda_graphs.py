@@ -640,6 +640,45 @@ def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow
     assert decode.loop.endswith("(padded: past <= 70)")
 
 
+@pytest.mark.slow  # ~35 s on the simulated GPU: the Triton kernels run in the interpreter
+def test_a_padded_decode_step_appends_inside_its_attention(slow_host, monkeypatch):
+    """In a padded graph the Triton decode attention takes over each layer's two cache
+    appends (``runtime/appends.py``): they only make the caches' longer views, and the
+    attention writes the new rows as it reads them (a GPT-2 token: 24 launches fewer). Tokens
+    equal transformers' across two buckets, replayed, and the caches hold what torch's
+    appends write."""
+    from tensor_graphs.nn import Generator
+    from tensor_graphs.runtime import appends
+
+    folded, fold = [], appends.fold
+
+    def counted(instructions, at, rows):
+        out = fold(instructions, at, rows)
+        folded.append(sum(ins.fn is appends.grown for ins in out))
+        return out
+
+    monkeypatch.setattr(appends, "fold", counted)
+    lm = tiny.gpt2(n_layer=2)
+    gens = {backends: Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
+                                                  device="cuda", backends=backends)
+            for backends in (None, TORCH_ONLY)}
+    plan = gens[None].decode.plan
+    assert sum(s.kernel.name.startswith("triton_decode_attention") for s in plan.steps) == 2
+    prompt = _rng(3).integers(0, 211, (1, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=14, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    for _ in range(2):  # past 8..20: buckets 16 and 20 captured, then replayed
+        np.testing.assert_array_equal(gens[None](prompt, 14), expected)
+    assert folded.count(4) == 2, folded  # (2 layers x keys and values, in each bucket)
+    assert gens[None].decode.stats["graph_runs"] >= 13 + 11, gens[None].decode.loop
+    np.testing.assert_array_equal(gens[TORCH_ONLY](prompt, 14), expected)
+    for name in gens[None].cache_names:  # (the projections' kernels differ: their rounding)
+        got, want = (_host(gens[b].decode.state(name)) for b in (None, TORCH_ONLY))
+        assert got.shape == want.shape and relative_error(got, want) < 1e-6, name
+
+
 def _unmasked_decode(slow_host, seed: int = 0):
     """q attends over a cache without a mask: a padded graph would read the keys past
     ``past``, so padding must be refused by the capture's check."""

@@ -150,6 +150,32 @@ def test_decode_combines_many_splits(label, combine, monkeypatch):
         assert not counters.any()
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("label", [c.label for c in attention.DECODE_CONFIGS]
+                         if templates.REGISTERED else [])
+def test_decode_attention_appends_the_new_rows_as_it_reads_them(label, masked):
+    """``appending(rows)``: the caches k, v as an append left them (rows ``rows`` not yet
+    written), this step's k_new, v_new: the kernel attends over the caches with the new rows
+    and writes them there, at a start inside a split of many (rows 70-71 of 150, grouped
+    heads) and at the very end; the rows past the new ones stay as they were."""
+    cfg = next(c for c in attention.DECODE_CONFIGS if c.label == label)
+    fn = registry.get(f"triton_decode_attention{'_mask' if masked else ''}_{label}").fn
+    for start, sk in ((70, 150), (148, 150)):
+        q, kn, vn = rand(1, 8, 1, 16), rand(1, 2, 2, 16, seed=1), rand(1, 2, 2, 16, seed=2)
+        k, v = rand(1, 2, sk, 16, seed=3), rand(1, 2, sk, 16, seed=4)
+        want_k, want_v = k.clone(), v.clone()
+        want_k[:, :, start:start + 2], want_v[:, :, start:start + 2] = kn, vn
+        mask = (torch.arange(sk) < start + 2).to(DEVICE)  # (the padded rows past: masked)
+        rows = torch.arange(start, start + 2).to(DEVICE)
+        run = fn.appending(rows)
+        got = run(q, k, v, mask, kn, vn, is_causal=False, scale=None) if masked else \
+            run(q, k, v, kn, vn, is_causal=False, scale=None)
+        assert torch.equal(k, want_k) and torch.equal(v, want_v)
+        want = reference_attention(q, want_k, want_v, mask if masked else None)
+        assert rel(got, want) < 1e-5, (start, rel(got, want))
+        assert attention.splits_for(cfg, sk, 2)[0] > 1  # (the new rows in one split of many)
+
+
 def test_causal_decode_attends_key_zero_only():
     """Top-left causal with one query row: key 0 alone (the reference's tril)."""
     q, k, v = rand(1, 4, 1, 8), rand(1, 2, 100, 8, seed=1), rand(1, 2, 100, 8, seed=2)

@@ -153,14 +153,23 @@ def split_block(cfg: Decode) -> int:
     return max(2, next_power_of_2(cfg.max_splits))
 
 
-def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
+def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None, append=None):
     """Attention of one query row per head: split-K partial softmaxes, combined by the last
-    split of each kv head to arrive (or by ``decode_combine``: see the module doc)."""
+    split of each kv head to arrive (or by ``decode_combine``: see the module doc).
+    ``append``: (k_new, v_new, rows), k and v being kept caches whose rows ``rows[0]`` on
+    (consecutive, as many as k_new has; ``rows`` on the GPU) this step appends: the kernel
+    writes them there as it reads them (``appending``)."""
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     o = target(shape, q, out)
     q4, k4, v4, m4 = _as_4d(q, k, v, mask)
     b, h, _, d = q4.shape
     hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+    if append is not None:
+        kn, vn, rows = append
+        kn, vn = (kn[None], vn[None]) if kn.dim() == 3 else (kn, vn)
+        new = (kn, vn, rows, kn.shape[2], *kn.stride(), *vn.stride())
+    else:  # (unread: APPEND is off)
+        new = (q4, q4, q4, 0) + (0,) * 8
     if o.numel():
         o4 = o.view(b, h, 1, dv)
         mm = o4 if m4 is None else m4
@@ -173,19 +182,23 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None):
         counters = arrival_counters(q.device, b * hkv)
         mod.decode_split[(b * hkv, splits)](
             q4, k4, v4, mm, part_m, part_l, part_o, o4, part if counters is None else counters,
-            hkv, h // hkv, sk, d, dv, chunk, _scale(scale, d), q4.stride(0), q4.stride(1),
-            q4.stride(3), *k4.stride(), *v4.stride(), mm.stride(0), mm.stride(1),
-            mm.stride(3), o4.stride(0), o4.stride(1), o4.stride(3),
-            MASK=_mask_code(m4), CAUSAL=bool(is_causal), PRECISION=PRECISION,
-            BLOCK_G=max(16, next_power_of_2(h // hkv)), BLOCK_N=cfg.block_n,
-            BLOCK_D=block_d, BLOCK_DV=block_dv, LAST_COMBINES=counters is not None,
-            BLOCK_S=split_block(cfg), num_warps=cfg.warps, num_stages=cfg.stages,
+            *new[:3], hkv, h // hkv, sk, d, dv, chunk, _scale(scale, d), new[3],
+            q4.stride(0), q4.stride(1), q4.stride(3), *k4.stride(), *v4.stride(),
+            mm.stride(0), mm.stride(1), mm.stride(3), o4.stride(0), o4.stride(1),
+            o4.stride(3), *new[4:], MASK=_mask_code(m4), CAUSAL=bool(is_causal),
+            PRECISION=PRECISION, BLOCK_G=max(16, next_power_of_2(h // hkv)),
+            BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            LAST_COMBINES=counters is not None, BLOCK_S=split_block(cfg),
+            num_warps=cfg.warps, num_stages=cfg.stages, APPEND=append is not None,
             **pdl(q.device))
         if counters is None:
             mod.decode_combine[(b * h,)](
                 part_m, part_l, part_o, o4, h, splits, dv, o4.stride(0), o4.stride(1),
                 o4.stride(3), BLOCK_S=split_block(cfg), BLOCK_DV=block_dv,
                 num_warps=COMBINE_WARPS)
+    elif append is not None:  # nothing to attend with: the rows still go into the caches
+        k4.index_copy_(2, new[2], new[0])
+        v4.index_copy_(2, new[2], new[1])
     return deliver(o, out)
 
 
@@ -331,4 +344,25 @@ def _function(kind: str, cfg, masked: bool):
             "split-K decode attention (one query row)")
     run.__doc__ = (f"softmax(q k^T * scale{' + mask' if masked else ''}) v, {what}, causal or "
                    f"not, grouped-query heads ({cfg.label}, {cfg.warps} warps).")
+    if kind == "decode":
+        run.appending = _appending(cfg, masked)
     return run
+
+
+def _appending(cfg: Decode, masked: bool):
+    """``appending(rows)``: the decode kernel's run with two more tensor arguments after its
+    own, k_new and v_new, which it writes into k and v (the caches' views an append made,
+    its rows not yet written) at ``rows`` as it attends (``decode``'s ``append``): what a
+    padded CUDA graph runs in place of a layer's two appends and its attention
+    (``runtime/graphs.py``)."""
+    def appending(rows):
+        if masked:
+            def run(q, k, v, attn_mask, k_new, v_new, is_causal, scale, *, out=None):
+                return decode(cfg, q, k, v, attn_mask, is_causal, scale, out,
+                              (k_new, v_new, rows))
+        else:
+            def run(q, k, v, k_new, v_new, is_causal, scale, *, out=None):
+                return decode(cfg, q, k, v, None, is_causal, scale, out, (k_new, v_new, rows))
+        return run
+
+    return appending

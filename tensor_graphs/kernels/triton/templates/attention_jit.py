@@ -99,20 +99,44 @@ def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
 
 
 @triton.jit
+def _append(cache, new, first, end, start, R, s_n, s_d, s_nn, s_nd, D,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``start`` .. ``start + R - 1`` of one head's cache (``cache``: its row 0) from
+    ``new`` (its R rows), those of them in ``first`` .. ``end - 1`` (this program's keys)."""
+    r0 = tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    for n0 in range(0, R, BLOCK_N):
+        r = n0 + r0
+        at = start + r
+        mine = ((r < R) & (at >= first) & (at < end))[:, None] & (rd[None, :] < D)
+        rows = tl.load(new + r.to(tl.int64)[:, None] * s_nn + rd[None, :] * s_nd, mask=mine)
+        tl.store(cache + at.to(tl.int64)[:, None] * s_n + rd[None, :] * s_d, rows, mask=mine)
+
+
+@triton.jit
 def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, lock_ptr,
-                 HKV, G, SK, D, DV, chunk, scale,
+                 kn_ptr, vn_ptr, idx_ptr,
+                 HKV, G, SK, D, DV, chunk, scale, R,
                  s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
                  s_mb, s_mh, s_mn, s_ob, s_oh, s_od,
+                 s_knb, s_knh, s_knn, s_knd, s_vnb, s_vnh, s_vnn, s_vnd,
                  MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_DV: tl.constexpr, LAST_COMBINES: tl.constexpr = False,
-                 BLOCK_S: tl.constexpr = 2, PDL: tl.constexpr = False):
+                 BLOCK_S: tl.constexpr = 2, PDL: tl.constexpr = False,
+                 APPEND: tl.constexpr = False):
     """Grid (B * HKV, splits): the G query heads of one kv head (one query row each) over one
     chunk of keys; writes the chunk's max, sum and unnormalised output per head.
     LAST_COMBINES: the last of a kv head's splits to arrive (a counter per program in
     ``lock_ptr``, set back to 0 after) combines its G heads' splits into ``o_ptr``, so no
     second kernel is launched (a launch in a decode step's graph costs about what the
     combine does); else ``decode_combine`` does that.
+    APPEND: k and v are kept caches whose rows ``idx[0]`` .. ``idx[0] + R - 1`` this step
+    appends (``kn``, ``vn``: (B, HKV, R, D)); the program whose chunk of keys holds a new row
+    writes it into the caches before it reads them (a barrier between: no other program
+    reads that row), so a decode step's two appends per layer are no launches of their own
+    (``runtime/appends.py``). Reading the new rows from kn/vn inside the key loop instead
+    spilled 4.5 KB a thread at fp32 and 128 dims.
     PDL (launched with ``launch_pdl``): the next kernel may start at once, and this one waits
     for the kernel before before it reads anything (q and the cache are that kernel's or
     earlier ones' results), so a decode step's next GEMV loads its weights while the
@@ -145,6 +169,14 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, l
     last = tl.minimum(first + chunk, SK)
     if CAUSAL:  # query 0 attends key 0 only
         last = tl.minimum(last, 1)
+    if APPEND:  # this step's rows into the caches (those in this program's keys) first
+        start = tl.load(idx_ptr).to(tl.int32)
+        end = tl.minimum(first + chunk, SK)  # (written even where causal reads fewer)
+        _append(k_base, kn_ptr + b * s_knb + kvh * s_knh, first, end, start, R, s_kn, s_kd,
+                s_knn, s_knd, D, BLOCK_N, BLOCK_D)
+        _append(v_base, vn_ptr + b * s_vnb + kvh * s_vnh, first, end, start, R, s_vn, s_vd,
+                s_vnn, s_vnd, DV, BLOCK_N, BLOCK_DV)
+        tl.debug_barrier()  # every thread's rows stored before any thread reads the cache
     for n0 in range(first, last, BLOCK_N):
         rn = n0 + rn0
         rn64 = rn.to(tl.int64)

@@ -121,19 +121,23 @@ def compile_targets() -> Iterator[Target]:
             ptrs = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "o_ptr"), dt)
             ptrs.update(dict.fromkeys(("part_m", "part_l", "part_o"), "float32"))
             ptrs.update(lock_ptr="int32")
+            ptrs.update(kn_ptr=dt, vn_ptr=dt, idx_ptr="int64")
             # its last split combining (launched with PDL, or not: runtime.pdl), or
-            # decode_combine
-            for last, dependent in ((True, True), (True, False), (False, False)):
+            # decode_combine; appending the new rows to the caches (runtime/appends.py)
+            for last, dependent, append in ((True, True, True), (True, True, False),
+                                            (True, False, False), (False, False, False)):
                 consts = dict(MASK=attention.FLOAT_MASK, CAUSAL=False,
                               PRECISION=attention.PRECISION, BLOCK_G=16, BLOCK_N=cfg.block_n,
                               BLOCK_D=d, BLOCK_DV=d, LAST_COMBINES=last,
-                              BLOCK_S=attention.split_block(cfg), PDL=dependent)
+                              BLOCK_S=attention.split_block(cfg), PDL=dependent,
+                              APPEND=append)
                 yield _target(f"decode_split_{cfg.label}",
                               f"_d{d}_{dt}" + ("_last_combines" if last else "")
-                              + ("_pdl" if dependent else ""),
+                              + ("_pdl" if dependent else "") + ("_append" if append else ""),
                               at.decode_split, ptrs, ("scale",),
-                              ("s_qd", "s_kd", "s_vd", "s_mn", "s_od"), consts, cfg.warps,
-                              cfg.stages, **({"launch_pdl": True} if dependent else {}))
+                              ("s_qd", "s_kd", "s_vd", "s_mn", "s_od", "s_knd", "s_vnd"),
+                              consts, cfg.warps, cfg.stages,
+                              **({"launch_pdl": True} if dependent else {}))
         ptrs = dict.fromkeys(("part_m", "part_l", "part_o", "o_ptr"), "float32")
         consts = dict(BLOCK_S=attention.split_block(cfg), BLOCK_DV=d)
         yield _target(f"decode_combine_{cfg.label}", f"_d{d}", at.decode_combine, ptrs, (),
