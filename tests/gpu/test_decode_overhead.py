@@ -189,7 +189,8 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     chosen on the GPU (``Generator._tokens_ahead``). Its feeds are still checked: a token of
     the wrong shape or dtype is refused by name. 452 since fed ids are checked in range
     (``ir/index_limits``): the simulated GPU's token is a host tensor, read (a real GPU's is
-    not)."""
+    not); 432 since a kept state tells a token's version by its base and keeps it as the prefix
+    view (``runtime/state.py``: no ``narrow`` nor four address calls per state)."""
     import tensor_graphs as tg
 
     gen = _tiny_gpt2(slow_host)
@@ -199,7 +200,7 @@ def test_a_replayed_token_does_only_the_host_work_its_values_need(slow_host, mon
     assert len(padded) == 5 and gen.decode.loop.endswith("(padded: past <= 16)"), \
         gen.decode.loop
     assert max(w.environ for w in padded) == 0, [w.environ for w in padded]
-    assert _median(padded, "calls") <= 460, _median(padded, "calls")
+    assert _median(padded, "calls") <= 440, _median(padded, "calls")
     for wrong, error, named in ((np.zeros((1, 2), np.int64), tg.ShapeError, "input_ids"),
                                 (np.zeros((1, 1), np.float32), tg.DTypeError, "input_ids")):
         with pytest.raises(error, match=named):
