@@ -295,7 +295,13 @@ def test_a_bound_weight_is_known_by_its_storage_while_it_lives():
     bound.mark(torch.empty(0))  # no storage to read: nothing marked
     assert not bound.is_weight(torch.empty(0))
     key = w.untyped_storage().data_ptr()
-    del w, view  # (a view holds its base)
+    # the same weight held by another program (a tensor of its own on the same storage),
+    # marked since: the first one's end leaves its mark (its weak reference went unheard)
+    again = torch.empty(0).set_(w.untyped_storage(), 0, w.shape, w.stride())
+    bound.mark(again)
+    del w, view  # (a view holds its base: both go)
+    assert bound.is_weight(again)
+    del again
     assert key not in bound._marked  # noqa: SLF001 - the mark went with the tensor
 
 

@@ -157,8 +157,8 @@ def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None, append=None):
     """Attention of one query row per head: split-K partial softmaxes, combined by the last
     split of each kv head to arrive (or by ``decode_combine``: see the module doc).
     ``append``: (k_new, v_new, rows), k and v being kept caches whose rows ``rows[0]`` on
-    (consecutive, as many as k_new has; ``rows`` on the GPU) this step appends: the kernel
-    writes them there as it reads them (``appending``)."""
+    (consecutive, as many as k_new has; ``rows`` on the GPU) this step appends: each program
+    stores those in its chunk of keys before it reads the chunk (``appending``)."""
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     o = target(shape, q, out)
     q4, k4, v4, m4 = _as_4d(q, k, v, mask)
@@ -352,9 +352,9 @@ def _function(kind: str, cfg, masked: bool):
 def _appending(cfg: Decode, masked: bool):
     """``appending(rows)``: the decode kernel's run with two more tensor arguments after its
     own, k_new and v_new, which it writes into k and v (the caches' views an append made,
-    its rows not yet written) at ``rows`` as it attends (``decode``'s ``append``): what a
-    padded CUDA graph runs in place of a layer's two appends and its attention
-    (``runtime/graphs.py``)."""
+    its rows not yet written) at ``rows`` before it attends (``decode``'s ``append``): what
+    a padded CUDA graph runs in place of a layer's two appends and its attention
+    (``runtime/appends.py``)."""
     def appending(rows):
         if masked:
             def run(q, k, v, attn_mask, k_new, v_new, is_causal, scale, *, out=None):
