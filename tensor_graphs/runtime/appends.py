@@ -6,8 +6,8 @@ each append took 2.2-4.3 us of a ~0.53 ms GPT-2 token, 24 appends a token, to co
 floats. A decode attention kernel that can write the rows itself (``appending`` on its run
 function: the Triton template's, ``kernels/triton/templates/attention.py``) takes the copies
 over: its two appends only make the caches' longer views, and it gets the new rows as two
-more arguments, reading each row from them where the cache does not hold it yet, and storing
-it there. Folded only where that changes nothing else:
+more arguments, each program storing those in its chunk of keys before it reads the chunk.
+Folded only where that changes nothing else:
 - no step between an append and the attention reads the cache (it would see the rows
   unwritten), and none is an in-place kernel or writes an arena place holding the new rows
   (which now stay alive until the attention);
