@@ -10,7 +10,8 @@ more arguments, each program storing those in its chunk of keys before it reads 
 Folded only where that changes nothing else:
 - no step between an append and the attention reads the cache (it would see the rows
   unwritten), and none is an in-place kernel or writes an arena place holding the new rows
-  (which now stay alive until the attention);
+  (which now stay alive until the attention), the attention's own result included (the
+  memory plan may have put it where they were: they died at the append);
 - the append grows the keys' axis, and both appends write the same rows (one index).
 The padded capture still runs the call at its own dims first and compares the results and
 the caches (``graphs._capture_padded``), so a fold that went wrong refuses the graph.
@@ -80,10 +81,13 @@ def _foldable(instructions: Sequence, p: int, at: int) -> bool:
             return False  # it would read the rows before they are written
         if other.kernel is None or other.kernel.inplace is not None:
             return False
+    # nothing writes where the new rows are, the attention's own result included (the
+    # memory plan may have put it there: the rows died at the append)
+    for other in instructions[p + 1:at + 1]:
         places = (other.place, *getattr(other, "also_places", ()))
         if memory is not None and any(pl is not None and places_overlap(pl, memory)
                                       for pl in places):
-            return False  # it writes where the new rows are
+            return False
     return True
 
 

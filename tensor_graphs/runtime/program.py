@@ -40,6 +40,7 @@ from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, WEIGHT
 from tensor_graphs.ir.shapes import dim_name, format_shape, free_symbols, is_static, resolve
 from tensor_graphs.kernels import storage
 from tensor_graphs.kernels.torch import bound
+from tensor_graphs.kernels.torch import state as gpu_state
 from tensor_graphs.planner.plan import Plan
 from tensor_graphs.runtime import graphs as _graphs
 from tensor_graphs.runtime import native as _native
@@ -1031,8 +1032,8 @@ class CompiledGraph:
         if weights:  # (a state keeps its buffer: the prelude and recordings still hold)
             self._bound.update((n, values[n]) for n in weights)
             for n in weights:  # what a kernel started early may read (kernels/torch/bound.py)
-                if dv.is_tensor(values[n]):
-                    bound.mark(values[n])
+                if dv.is_tensor(values[n]) and gpu_state.owner(values[n]) is None:
+                    bound.mark(values[n])  # (not another program's state: its kernels write)
             self._leaf_sets()
             for exe in self._all_executables():
                 exe.invalidate()

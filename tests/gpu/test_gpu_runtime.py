@@ -111,6 +111,12 @@ def test_bound_weights_are_what_a_kernel_started_early_may_read():
     held = prog.bound_weights(on_host=False)
     assert held and all(bound.is_weight(t) for t in held.values())
     assert not bound.is_weight(fed)
+    # another program's kept state, bound here as a weight: that program's kernels write it
+    from tensor_graphs.kernels.torch import state as gpu_state
+
+    cache = gpu_state.allocate(tuple(weights["w"].shape), np.float32, "cuda")
+    prog.bind(w=cache)
+    assert not bound.is_weight(prog.bound_weights(on_host=False)["w"])
 
 
 def test_gpu_feeds_are_used_without_a_copy(copies):

@@ -40,9 +40,10 @@ APPEND = _kernel()
 KEYS = {"axis": 2, "offset": 0}
 
 
-def _decode(between=(), append_attrs=KEYS):
+def _decode(between=(), append_attrs=KEYS, attention_place=None):
     """qkv (0) in the arena; k_new (1), v_new (2), q (7) its views; the caches (3, 4) leaves;
-    appends making 5 and 6; ``between``: steps after the appends, before the attention (8)."""
+    appends making 5 and 6; ``between``: steps after the appends, before the attention (8),
+    which writes its result at ``attention_place``."""
     return [
         _step(0, (10,), _kernel(), place=ARENA),
         _step(1, (0,), VIEW, fresh=False),
@@ -51,7 +52,7 @@ def _decode(between=(), append_attrs=KEYS):
         _step(5, (3, 1), APPEND, fresh=False, free=(1,), attrs=append_attrs),
         _step(6, (4, 2), APPEND, fresh=False, free=(2,), attrs=append_attrs),
         *between,
-        _step(8, (7, 5, 6), _kernel(_attend), free=(7,)),
+        _step(8, (7, 5, 6), _kernel(_attend), free=(7,), place=attention_place),
     ]
 
 
@@ -80,6 +81,9 @@ def test_what_keeps_the_appends_as_they_are():
             _fold(_decode([_step(9, (0,), _kernel(), place=("cuda", 1024, 64))])),
         "an in-place step runs between":
             _fold(_decode([_step(9, (3,), _kernel(inplace=0), fresh=False)])),
+        "the attention writes its result where the new rows are (they died at the "
+        "appends, so the memory plan could put it there: a batch-2 Llama's did)":
+            _fold(_decode(attention_place=("cuda", 2048, 512))),
         "the appends write different rows": _fold(_decode(), rows=("rows", "other rows")),
         "an append grows another axis": _fold(_decode(append_attrs={"axis": 3})),
     }
@@ -87,7 +91,8 @@ def test_what_keeps_the_appends_as_they_are():
         assert [ins.fn for ins in folded if ins.out in (5, 6, 8)] == \
             [ins.fn for ins in unfolded if ins.out in (5, 6, 8)], why
     # a step writing elsewhere in the arena is no reason
-    apart = _fold(_decode([_step(9, (0,), _kernel(), place=("cuda", 8192, 64))]))
+    apart = _fold(_decode([_step(9, (0,), _kernel(), place=("cuda", 8192, 64))],
+                          attention_place=("cuda", 4096, 512)))
     assert apart[-1].args == (7, 5, 6, 1, 2)
 
 
