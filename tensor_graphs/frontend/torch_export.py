@@ -604,7 +604,9 @@ def from_torch(module, example_args, dynamic_shapes=None, *,
     the module's float parameters are bound and quantized once per binding.
 
     ``weights``: where the values come from instead of the module (by state-dict name): a
-    safetensors file's path or a mapping of arrays. A file written by
+    safetensors checkpoint (a file, a model's folder or a sharded checkpoint's index, as
+    ``save_pretrained`` writes them; a tied parameter saved once, under any of its names) or
+    a mapping of arrays. A file written by
     :meth:`TorchProgram.save_quantized` / ``tg.save_quantized`` is prequantized (its metadata
     names the scheme; ``prequantized=`` overrides): its ``<name>.q``/``<name>.scale`` are
     bound and no float copy of a quantized weight is read. The module may then live on the
@@ -625,6 +627,10 @@ def from_torch(module, example_args, dynamic_shapes=None, *,
         example_args = (example_args,) if isinstance(example_args, torch.Tensor) \
             else tuple(example_args)
     kwargs = _example_kwargs(module, example_args, kwargs)
+    if is_path(weights):  # a model's folder: its file, or its sharded checkpoint's index
+        from tensor_graphs.runtime.weights import checkpoint_path
+
+        weights = checkpoint_path(weights)
     if prequantized is None:
         prequantized = is_path(weights) and SCHEME_KEY in (
             _header_metadata(weights) or {})
@@ -679,9 +685,10 @@ def from_torch(module, example_args, dynamic_shapes=None, *,
                 for d in (*n.shape, *n.attrs.values())  # tg.size(dim) holds it as an attr
                 for s in getattr(d, "free_symbols", ())}
         present = {leaf.name: leaf for leaf in ir_graph.nodes(nodes) if leaf.op.name == WEIGHT}
+        aliases = _aliases(module, present)
         values = own if weights is None else _given(weights, present, own, exported,
                                                     quantize if prequantized else None,
-                                                    on_gpu)
+                                                    on_gpu, aliases)
         nodes += _shape_carriers(nodes, inputs, used)
         options = dict(compile_options)
         if tolerance is not None:
@@ -689,6 +696,7 @@ def from_torch(module, example_args, dynamic_shapes=None, *,
         program = compiler.compile(nodes, device=device,
                                    bounds={k: v for k, v in found.items() if k in used} or None,
                                    **options)
+        program.aliases = aliases
         read = frozenset(leaf.name for leaf in ir_graph.nodes(nodes) if leaf.op.name == INPUT)
         # the program owns its weights: a parameter already on the GPU is cloned there (the
         # module may change it later), one elsewhere moves through the copy kernel
@@ -832,9 +840,33 @@ def _short(value) -> str:
 
 
 def _header_metadata(path) -> dict | None:
-    from tensor_graphs.runtime.weights import read_safetensors_header
+    """The checkpoint's metadata (a prequantized file names its scheme there); None for a
+    sharded checkpoint, which ``tg.save_quantized`` never writes."""
+    from tensor_graphs.runtime.weights import (
+        checkpoint_path,
+        is_shard_index,
+        read_safetensors_header,
+    )
 
-    return read_safetensors_header(path).metadata
+    path = checkpoint_path(path)
+    return None if is_shard_index(path) else read_safetensors_header(path).metadata
+
+
+def _aliases(module, present: Mapping[str, Node]) -> dict[str, str]:
+    """The other names of the graph's weights in the module (tied parameters: GPT-2's LM
+    head is its token embedding) -> the graph's names, which ``torch.export`` picked."""
+    if not isinstance(module, torch_module().nn.Module):  # (an ExportedProgram: deduplicated)
+        return {}
+    tensors: dict[int, list[str]] = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False),
+                    *module.named_buffers(remove_duplicate=False)]:
+        tensors.setdefault(id(t), []).append(name)
+    aliases = {}
+    for names in tensors.values():
+        ours = [n for n in names if n in present]
+        if len(ours) == 1:
+            aliases.update((n, ours[0]) for n in names if n != ours[0])
+    return aliases
 
 
 def _on_meta(module) -> bool:
@@ -845,27 +877,32 @@ def _on_meta(module) -> bool:
 
 
 def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme: str | None,
-           on_gpu: bool) -> dict:
-    """The values of the weights ``present`` in the graph, from ``weights`` (a file's path or
-    a mapping), all checked before any is bound. Tensors the exported program holds as
-    constants (no state-dict entry) may come from the module when ``weights`` lacks them."""
+           on_gpu: bool, aliases: Mapping[str, str]) -> dict:
+    """The values of the weights ``present`` in the graph, from ``weights`` (a checkpoint's
+    path: a file, a model's folder or a sharded index; or a mapping), all checked before any
+    is bound; a weight given under another name of its tensor (``aliases``: tied
+    parameters) is taken from there. Tensors the exported program holds as constants (no
+    state-dict entry) may come from the module when ``weights`` lacks them."""
     from tensor_graphs.runtime.prequantized import check_prequantized, is_path, read_prequantized
-    from tensor_graphs.runtime.weights import read_safetensors
+    from tensor_graphs.runtime.weights import aliased, checkpoint_names, read_checkpoint
 
     constants = {n for n in exported.constants if n in present and n in own
                  and not own[n].is_meta}
     if is_path(weights):
-        wanted = {n: leaf for n, leaf in present.items()}
-        header_names = set(_names_in(weights))
-        fallback = {n for n in constants if n not in header_names}
-        wanted = {n: leaf for n, leaf in wanted.items() if n not in fallback}
+        names = checkpoint_names(weights)
+        rename = aliased(None, aliases, names)
+        held = {rename(n) for n in names}
+        fallback = {n for n in constants if n not in held}
+        wanted = {n: leaf for n, leaf in present.items() if n not in fallback}
         if scheme is not None:
             values = read_prequantized(weights, wanted, scheme)
         else:
-            values = read_safetensors(weights, {n: (tuple(lf.shape), lf.dtype)
-                                                for n, lf in wanted.items()})
+            values = read_checkpoint(weights, {n: (tuple(lf.shape), lf.dtype)
+                                               for n, lf in wanted.items()}, rename=rename)
     else:
         values = {n: to_host(w) for n, w in weights.items() if n in present}
+        values.update((aliases[n], to_host(w)) for n, w in weights.items()
+                      if aliases.get(n) in present and aliases[n] not in values)
         missing = sorted(n for n in present if n not in values and n not in constants)
         if missing:
             hint = (" (prequantized weights are <name>.q and <name>.scale: "
@@ -878,12 +915,6 @@ def _given(weights, present: Mapping[str, Node], own: Mapping, exported, scheme:
         if n not in values:
             values[n] = own[n] if on_gpu else to_host(own[n]).copy()
     return values
-
-
-def _names_in(path) -> list[str]:
-    from tensor_graphs.runtime.weights import read_safetensors_header
-
-    return list(read_safetensors_header(path).tensors)
 
 
 def _shape_carriers(nodes, inputs, used) -> list:

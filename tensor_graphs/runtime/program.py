@@ -755,6 +755,9 @@ class CompiledGraph:
         self._leaves = leaves(outputs)
         self._by_name = {leaf.name: leaf for leaf in self._leaves}
         self._bound: dict[str, object] = {}  # arrays, or tensors on the GPU weights live on
+        # a weight's other names in checkpoints -> its leaf's (tg.from_torch sets a module's
+        # tied parameters': bind_safetensors reads a tensor saved once under either name)
+        self.aliases: dict[str, str] = {}
         self._executables: dict[tuple, Executable] = {}
         self._symbolic: Executable | None = None
         self._last: Executable | None = None
@@ -978,14 +981,18 @@ class CompiledGraph:
         missing names stay as they are), replacing values bound before. The file is
         memory-mapped and each tensor copied once into its own buffer; weights the graph
         has but the file lacks raise before anything is bound, unless already bound (bind
-        them with ``bind`` first to allow that). ``strict``: the file may hold nothing else.
+        them with ``bind`` first to allow that); a weight the file holds under another name
+        of the same tensor (``aliases``: an imported module's tied parameters) is read from
+        there. ``strict``: the file may hold nothing else.
         A program whose weights live on a GPU loads them there directly (safetensors' torch
         loader: no numpy stage)."""
-        from tensor_graphs.runtime.weights import read_checkpoint
+        from tensor_graphs.runtime.weights import aliased, checkpoint_names, read_checkpoint
 
         # kept states (KV caches) are bound with prog.bind, never read from a checkpoint
         wanted = {n: (tuple(leaf.shape), leaf.dtype) for n, leaf in self._by_name.items()
                   if leaf.op.name != INPUT and n not in self._states}
+        if self.aliases:
+            rename = aliased(rename, self.aliases, checkpoint_names(path))
         on_gpu = self._weights_on != "cpu"  # then straight onto the GPU, no numpy stage
         arrays = read_checkpoint(path, wanted, strict=strict, rename=rename,
                                  optional=set(self._bound),

@@ -58,6 +58,8 @@ __all__ = [
     "checkpoint_path",
     "shard_map",
     "read_checkpoint",
+    "checkpoint_names",
+    "aliased",
     "write_safetensors",
 ]
 
@@ -328,6 +330,39 @@ def shard_map(index) -> dict[str, str]:
                                  "index; " + fix)
     folder = os.path.dirname(index)
     return {name: os.path.join(folder, shard) for name, shard in weight_map.items()}
+
+
+def checkpoint_names(path) -> set[str]:
+    """The tensor names a checkpoint holds (a file, a model's folder or a sharded index),
+    from its header or its index: nothing is read."""
+    path = checkpoint_path(path)
+    return set(shard_map(path)) if is_shard_index(path) \
+        else set(read_safetensors_header(path).tensors)
+
+
+def aliased(rename, aliases: Mapping[str, str], names: Collection[str]
+            ) -> Callable[[str], str | None]:
+    """``rename`` (as :func:`read_checkpoint` takes it; None: names as they are) that also
+    gives a tensor the graph's name where the checkpoint ``names`` hold it under another name
+    of the same tensor (``aliases``: a tied weight's other names -> the graph's).
+    ``save_pretrained`` writes a tied tensor once: GPT-2's LM head is only in the file as
+    ``transformer.wte.weight``, while ``torch.export`` names the weight ``lm_head.weight``.
+    Where the file also holds the graph's own name, the alias is skipped."""
+    base = _renamer(rename)
+
+    def named(fname: str) -> str | None:
+        return base(fname) if base is not None else fname
+
+    held = {named(n) for n in names}
+
+    def renamed(fname: str) -> str | None:
+        name = named(fname)
+        target = aliases.get(name) if name is not None else None
+        if target is None:
+            return name
+        return None if target in held else target
+
+    return renamed
 
 
 def read_checkpoint(path, wanted: Mapping[str, tuple[tuple, DType]], *,

@@ -161,3 +161,19 @@ def test_symbolic_dims():
     assert generated_steps(prog)
     for b in (1, 7, 16):
         check(prog, y, {"x": np.random.default_rng(b).standard_normal((b, 96), np.float32)})
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_special_check_values_are_made_without_warnings_in_every_float_dtype(dtype):
+    """A check's special values include a large finite one per dtype: 1e300 overflowed
+    float16 and printed numpy's RuntimeWarning to a user compiling a float16 model."""
+    import warnings
+
+    from tensor_graphs.ir import dtypes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = codegen._random_array(np.random.default_rng(0), (400,), dtypes.as_dtype(dtype),
+                                  True, False).astype(np.float64)
+    finite = np.abs(a[np.isfinite(a)])
+    assert finite.max() == pytest.approx(codegen.BIG[dtype], rel=0.01)
