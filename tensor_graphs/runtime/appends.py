@@ -22,15 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from tensor_graphs.runtime.graphs import places_overlap
-
-
-def grown(state, value, *, axis: int, offset=None, out=None):
-    """A folded append: the cache viewed with room for the new rows, which the attention
-    after it writes."""
-    shape = list(state.shape)
-    shape[axis] += value.shape[axis]
-    return state.as_strided(tuple(shape), state.stride(), state.storage_offset())
+from tensor_graphs.runtime.graphs import grown, places_overlap  # grown: a folded append
 
 
 def fold(instructions: Sequence, appends: Mapping[int, object], rows: Callable) -> list:

@@ -673,13 +673,20 @@ def device_append(index) -> Callable:
     GPT-2: ~150 launches), each one costing a launch's time inside the graph."""
 
     def append(state, value, *, axis: int, offset=None, out=None):
-        shape = list(state.shape)
-        shape[axis] += value.shape[axis]
-        longer = state.as_strided(tuple(shape), state.stride(), state.storage_offset())
+        longer = grown(state, value, axis=axis)
         longer.index_copy_(axis, index, value)
         return longer
 
     return append
+
+
+def grown(state, value, *, axis: int, offset=None, out=None):
+    """The cache ``state`` viewed with room for ``value``'s rows along ``axis`` (its buffer
+    holds them: the padded graph's bucket is within the bound): ``device_append`` copies the
+    rows there; a fold into the attention (``runtime/appends.py``) leaves that to it."""
+    shape = list(state.shape)
+    shape[axis] += value.shape[axis]
+    return state.as_strided(tuple(shape), state.stride(), state.storage_offset())
 
 
 def _evaluator(value) -> Callable[[Mapping[str, int]], object]:
