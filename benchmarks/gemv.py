@@ -15,10 +15,13 @@ back to back in one graph, each of ``GEMV_CONFIGS`` launched as before and with
 programmatic dependent launch (``runtime.PDL``: each GEMV loads its first weights while the
 one before it ends), the ``CHAIN`` variants (other configs, eight warps, more splits) with it,
 and the same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
-(cold, read from HBM as a decode reads them). The per-call grid is timed cold too: a graph
-of calls over copies of the weight that together exceed twice the L2 (a decode reads each
-weight once a token). Run where a GPU is usable (the ``device`` tool's machine: ``--out
-$OUT``); the table goes to ``DIR/gemv.md``.
+(cold, read from HBM as a decode reads them), and as one persistent kernel a layer
+(``matmul.gemv_chain``: a program per SM, a grid-wide barrier between GEMVs, each stage's
+first weights loaded before its barrier; in a block's order, each reading the last's
+result). The per-call grid is timed cold too: a graph of calls over copies of the weight
+that together exceed twice the L2 (a decode reads each weight once a token). Run where a GPU
+is usable (the ``device`` tool's machine: ``--out $OUT``); the table goes to
+``DIR/gemv.md``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ CHAIN = [(matmul.Gemv(64, 128, 32, 4, 3), runtime.PROGRAMS),
          (matmul.Gemv(32, 128, 32, 4, 3), runtime.PROGRAMS),
          (matmul.Gemv(16, 256, 32, 8, 3), runtime.PROGRAMS),
          (matmul.Gemv(64, 64, 32, 4, 3), 2 * runtime.PROGRAMS)]
+ORDER = (1, 2, 3, 0)  # SHAPES in a block's order after its attention: each reads the last
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PLAIN = next(e for e in matmul.EPILOGUES if e.label == "matmul_bias")
 NORMED = next(e for e in matmul.EPILOGUES if e.label == "ln_matmul_bias")
@@ -202,6 +206,24 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             for x, w, bias, out, _ in ops:
                 torch.addmm(bias, x, w, out=out)
 
+    # the persistent chain (matmul.gemv_chain): the same four GEMVs in a block's order after
+    # its attention, each reading the one before's result (attn c_proj, c_fc, mlp c_proj,
+    # the next block's c_attn), a launch a layer
+    chained = []  # per layer: its four (a, w, bias, out), the last out, its float64 value
+    for ops in stack:
+        a, specs, ref = ops[ORDER[0]][0], [], ops[ORDER[0]][0].double()
+        for i in ORDER:
+            _, w, bias, _, _ = ops[i]
+            specs.append((a, w, bias, torch.empty(1, w.shape[1], device="cuda", dtype=dtype)))
+            ref = torch.addmm(bias.double(), ref, w.double())
+            a = specs[-1][-1]
+        chained.append((specs, a, ref))
+
+    def chain(cfg, depth: int):
+        for specs, _, _ in chained[:depth]:
+            matmul.gemv_chain([matmul.Link(cfg, PLAIN, a, w, bias, None, out)
+                               for a, w, bias, out in specs])
+
     # (name, depth) -> what times one replay, us per graph call; a hot graph holds ``calls``
     # layers, a cold one ``calls // layers`` passes over all of them (at least 1)
     passes = max(1, calls // layers)
@@ -228,6 +250,23 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             finally:
                 runtime.PDL, matmul.PROGRAMS = True, runtime.PROGRAMS
                 bound.is_weight = prefetch
+        for cfg, early in [(cfg, True) for cfg in matmul.GEMV_CONFIGS] + \
+                [(matmul.GEMV_CONFIGS[0], False)]:
+            prefetch = bound.is_weight
+            bound.is_weight = prefetch if early else (lambda _: False)
+            try:
+                name = f"persistent chain {cfg.label}w{cfg.warps}" + \
+                    ("" if early else " no prefetch")
+                chain(cfg, depth)
+                torch.cuda.synchronize()
+                errors[name] = max(error(out, ref) for _, out, ref in chained[:depth])
+                if matmul.chain_failed(torch.device("cuda")):
+                    print(f"  {name}: a barrier stopped waiting (not every program resident):"
+                          " not timed")
+                    continue
+                timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: chain(cfg, d), repeat)
+            finally:
+                bound.is_weight = prefetch
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
     got = {key: [] for key in timers}
     order = list(timers)
@@ -240,6 +279,8 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
              f"{layers} layers of their own weights, {passes} pass(es) a graph)", "",
              "| kernels | hot | cold | cold TB/s | max error |", "|---|---:|---:|---:|---:|"]
     for name in dict.fromkeys(name for name, _ in order):
+        if (name, 1) not in med or (name, layers) not in med:
+            continue
         cold = med[name, layers]
         lines.append(f"| {name} | {med[name, 1]:.2f} | {cold:.2f} | {size / cold / 1e6:.2f} | "
                      f"{errors.get(name, float('nan')):.1e} |")

@@ -20,7 +20,8 @@ and (unless ``--no-compile``) with a static cache whose step transformers compil
 (``compile_config``: torch.compile's default mode, ``hf compile``, and reduce-overhead's CUDA
 graphs, ``hf compile-ro``), as users of transformers compile a decode (ours
 also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
-length and replays the other steps; and with a graph per cache length, padding off; each with
+length and replays the other steps; with a graph per cache length, padding off; and a second
+generator whose graphs run each GEMV as a launch of its own, ``runtime/chains.py`` off; each with
 the host's time from the call to its graph's launch, the rest being the GPU's; and each
 runner's time to its first token, the prompt's prefill), with the
 HBM floor (the decode program's weights read once per token at the device-to-device copy rate
@@ -280,6 +281,11 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
                       f"{str(exc).splitlines()[0][:160]}")
         return
     setup = time.perf_counter() - start
+    # the same generator whose graphs run each GEMV as a launch of its own (runtime/chains.py
+    # off while it captures): what the persistent chains change, in the same rounds
+    unchained = Generator.from_transformers(lm, max_len=prompt_len + tokens,
+                                            max_prompt=prompt_len, device="cuda", db=db,
+                                            profile="never")
     lm = lm.to("cuda")
     gpu_prompt = prompt.to("cuda")
 
@@ -291,20 +297,29 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
             return replay(self)
         return run
 
-    from tensor_graphs.runtime import graphs
+    from tensor_graphs.runtime import chains, graphs
 
+    chained = []  # per padded capture of ours: its GEMV steps run as persistent chains
+    fold = chains.fold
+
+    def counted(instructions):
+        out = fold(instructions)
+        chained.append(sum(hasattr(ins.fn, "stands_for") for ins in out))
+        return out
+
+    chains.fold = counted  # (given back after the timed rounds)
     replays = {cls: cls.replay for cls in (graphs.CudaGraph, graphs.SimulatedGraph)}
     for cls, replay in replays.items():  # (given back after the timed rounds)
         cls.replay = noting(replay)
 
     firsts = []  # ms from stream() to its first token (the prefill and the first choice)
 
-    def ours_steps():
+    def ours_steps(generator=None):
         """Median ms per token (next() on the stream, as a user sees it), median host ms
         from the call to the graph's launch (the replayed tokens), and the tokens; the ms to
-        the first token goes to ``firsts``."""
+        the first token goes to ``firsts``. ``generator``: ``gen`` unless given."""
         start = time.perf_counter()
-        stream = gen.stream(prompt.numpy(), tokens)
+        stream = (generator or gen).stream(prompt.numpy(), tokens)
         out, steps, host = [next(stream)], [], []
         firsts.append((time.perf_counter() - start) * 1e3)
         while True:
@@ -318,6 +333,13 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
             steps.append((time.perf_counter() - t) * 1e3)
             if launches:
                 host.append((launches[0] - t) * 1e3)
+
+    def unchained_steps():  # (chains off whenever it might capture)
+        chains.CHAINS = False
+        try:
+            return ours_steps(unchained)
+        finally:
+            chains.CHAINS = True
 
     # graphs are padded to power-of-two buckets of the cache length (runtime/graphs.py): the
     # first run captures one graph per bucket on its second step and replays the rest; with
@@ -335,6 +357,8 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
     ours_steps()  # (captures one graph per length)
     exe.graphs.padding = "pow2"
     _, _, expected = ours_steps()
+    unchained_steps()
+    unchained_steps()  # (captured, then replayed)
     theirs, notes = {}, {}
     for label, extra in hf_decoders(compile_too).items():
         start = time.perf_counter()
@@ -348,6 +372,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
         notes[label] = (f"setup {time.perf_counter() - start:.1f} s, tokens "
                         f"{'equal' if got == expected else 'DIFFER'}")
     mine, mine_host, exact, exact_host, agree = [], [], [], [], True
+    plain, plain_host = [], []
     samples = {label: [] for label in theirs}
     mine_first, their_firsts = [], {}  # ms to the first token (a generation's prefill)
     for _ in range(5):
@@ -360,13 +385,17 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
         mine.append(step)
         mine_host.append(host)
         mine_first.append(firsts[-1])
-        agree = agree and got == same == expected
+        step, host, apart = unchained_steps()
+        plain.append(step)
+        plain_host.append(host)
+        agree = agree and got == same == apart == expected
         for label, extra in theirs.items():
             per_token, _, to_first = hf_steps(lm, gpu_prompt, tokens, extra)
             samples[label].append(per_token)
             their_firsts.setdefault(label, []).append(to_first)
     for cls, replay in replays.items():
         cls.replay = replay
+    chains.fold = fold
     weights = sum(p.numel() * p.element_size() for p in lm.parameters()) \
         - lm.transformer.wpe.weight.numel() * 4  # a step reads one row of the positions
     floor = weights / device_bandwidth() * 1e3  # the copy's rate counts bytes read + written
@@ -381,6 +410,9 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
              "length)",
              f"  ours, exact {statistics.median(exact):8.3f} ms/token (host to launch "
              f"{statistics.median(exact_host):.3f}; a graph per cache length, no padding)",
+             f"  ours, no chains {statistics.median(plain):8.3f} ms/token (host to launch "
+             f"{statistics.median(plain_host):.3f}; padded, each GEMV a launch of its own: "
+             f"ours' graphs chain up to {max(chained, default=0)} GEMV steps each)",
              *(f"  {label:13s} {statistics.median(samples[label]):8.3f} ms/token "
                f"({notes[label]}; first token {statistics.median(their_firsts[label]):.2f} ms)"
                if label in samples else f"  {label:13s} {notes[label]}" for label in notes),

@@ -995,6 +995,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
     from tensor_graphs.ir.ops.names import DIM
     from tensor_graphs.ir.shapes import resolve
     from tensor_graphs.runtime.appends import fold as fold_appends
+    from tensor_graphs.runtime.chains import fold as fold_chains
 
     device = exe.names.get("cuda", "cuda:0")
     nodes = dict(exe.leaves)
@@ -1040,6 +1041,7 @@ def _capture_padded(exe, split: Split, pad: Padding, dims: Mapping, gdims: Mappi
     swapped = [dataclasses.replace(ins, fn=device_append(feed.view(appends[pos])))
                if pos in appends else ins for pos, ins in enumerate(region.instructions)]
     swapped = fold_appends(swapped, appends, feed.view)  # into the attention reading them
+    swapped = fold_chains(swapped)  # consecutive GEMVs: one launch
     region = region._replace(instructions=swapped)
     held = {i: values[i] for i in split.held}
     marks = state_marks(values, split.states)

@@ -641,23 +641,33 @@ def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow
 
 
 @pytest.mark.slow  # ~35 s on the simulated GPU: the Triton kernels run in the interpreter
-def test_a_padded_decode_step_appends_inside_its_attention(slow_host, monkeypatch):
+def test_a_padded_decode_step_appends_inside_its_attention_and_chains_its_gemvs(
+        slow_host, monkeypatch):
     """In a padded graph the Triton decode attention takes over each layer's two cache
     appends (``runtime/appends.py``): they only make the caches' longer views, and the
-    attention writes the new rows as it reads them (a GPT-2 token: 24 launches fewer). Tokens
-    equal transformers' across two buckets, replayed, and the caches hold what torch's
-    appends write."""
+    attention writes the new rows as it reads them (a GPT-2 token: 24 launches fewer). The
+    GEMVs between one attention and the next run as persistent chains (``runtime/chains.py``):
+    here a block's three after its attention and the next block's q/k/v projection, then the
+    last block's three. Tokens equal transformers' across two buckets, replayed, and the
+    caches hold what torch's appends write."""
     from tensor_graphs.nn import Generator
-    from tensor_graphs.runtime import appends
+    from tensor_graphs.runtime import appends, chains
 
     folded, fold = [], appends.fold
+    chained, fold_chains = [], chains.fold
 
     def counted(instructions, at, rows):
         out = fold(instructions, at, rows)
         folded.append(sum(ins.fn is appends.grown for ins in out))
         return out
 
+    def counted_chains(instructions):
+        out = fold_chains(instructions)
+        chained.append([ins.name for ins in out if hasattr(ins.fn, "stands_for")])
+        return out
+
     monkeypatch.setattr(appends, "fold", counted)
+    monkeypatch.setattr(chains, "fold", counted_chains)
     lm = tiny.gpt2(n_layer=2)
     gens = {backends: Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
                                                   device="cuda", backends=backends)
@@ -672,6 +682,10 @@ def test_a_padded_decode_step_appends_inside_its_attention(slow_host, monkeypatc
     for _ in range(2):  # past 8..20: buckets 16 and 20 captured, then replayed
         np.testing.assert_array_equal(gens[None](prompt, 14), expected)
     assert folded.count(4) == 2, folded  # (2 layers x keys and values, in each bucket)
+    block = ["matmul_bias_add", "ln_matmul_bias_gelu_tanh", "matmul_bias_add"]
+    for names in chained:
+        assert [re.sub(r"^triton_|_gemv_n\d+k\d+$", "", n) for n in names] == \
+            block + ["ln_matmul_bias"] + block, names
     assert gens[None].decode.stats["graph_runs"] >= 13 + 11, gens[None].decode.loop
     np.testing.assert_array_equal(gens[TORCH_ONLY](prompt, 14), expected)
     for name in gens[None].cache_names:  # (the projections' kernels differ: their rounding)

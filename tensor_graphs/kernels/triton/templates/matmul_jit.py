@@ -1,4 +1,4 @@
-# ruff: noqa: N803  (Triton spells sizes and constexpr parameters in capitals)
+# ruff: noqa: N803, N806  (Triton spells sizes and constexpr parameters in capitals)
 """The GEMM template: c = act(a @ b + bias) + res, one (BLOCK_M, BLOCK_N) tile per program.
 
 Plain pointer arithmetic on any strides (a transposed weight is b with swapped strides; no
@@ -78,21 +78,23 @@ def gemm(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
 @triton.jit
 def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
               stride_rn, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-              ACT: tl.constexpr):
-    """A GEMV's finished row block: + bias, activation, + res, one rounding to c's dtype."""
+              ACT: tl.constexpr, FRESH: tl.constexpr = ""):
+    """A GEMV's finished row block: + bias, activation, + res, one rounding to c's dtype.
+    FRESH: res's cache modifier (``_gemv_unit``)."""
     inside = rn < N
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn64 * stride_bias, mask=inside, other=0.0).to(tl.float32)
     acc = _activation(acc, ACT)
     if HAS_RES:
         acc += tl.load(res_ptr + rm64 * stride_rm + rn64 * stride_rn, mask=inside,
-                       other=0.0).to(tl.float32)
+                       other=0.0, cache_modifier=FRESH).to(tl.float32)
     tl.store(c_ptr + rm64 * stride_cm + rn64 * stride_cn, acc.to(c_ptr.dtype.element_ty),
              mask=inside)
 
 
 @triton.jit
-def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+               FRESH: tl.constexpr = ""):
     """LayerNorm's mean and 1 / sqrt(var + eps) of one row of K values in fp32, two passes
     (the mean, then the centered squares). ONE_TILE (K <= NORM_BLOCK): the row is loaded once
     and both passes read the registers; else each pass loops over the row (from L2). Every
@@ -101,7 +103,8 @@ def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl
     latency)."""
     rk = tl.arange(0, NORM_BLOCK)
     if ONE_TILE:
-        v = tl.load(row_ptr + rk.to(tl.int64) * stride_k, mask=rk < K, other=0.0)
+        v = tl.load(row_ptr + rk.to(tl.int64) * stride_k, mask=rk < K, other=0.0,
+                    cache_modifier=FRESH)
         v = v.to(tl.float32)
         mean = tl.sum(v, 0) / K
         d = tl.where(rk < K, v - mean, 0.0)
@@ -111,12 +114,13 @@ def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl
         for k0 in range(0, K, NORM_BLOCK):
             kk = k0 + rk
             total += tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K,
-                             other=0.0).to(tl.float32)
+                             other=0.0, cache_modifier=FRESH).to(tl.float32)
         mean = tl.sum(total, 0) / K
         squares = tl.zeros((NORM_BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, NORM_BLOCK):
             kk = k0 + rk
-            v = tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K, other=0.0)
+            v = tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K, other=0.0,
+                        cache_modifier=FRESH)
             d = tl.where(kk < K, v.to(tl.float32) - mean, 0.0)
             squares += d * d
         var = tl.sum(squares, 0) / K
@@ -160,29 +164,70 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
     the whole chain before it, since the kernel before waited too."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    if PDL:  # the next kernel may start now: it waits for this one before reading
+        tl.extra.cuda.gdc_launch_dependents()
+    if PREFETCH:  # a bound weight: no kernel still running writes it
+        b = _gemv_first(b_ptr, pid, split, M, N, K, CHUNK, stride_bk, stride_bn, BLOCK_N,
+                        BLOCK_K)
+    if PDL:  # what comes next reads the kernels before's results (and writes after them)
+        tl.extra.cuda.gdc_wait()
+    if not PREFETCH:
+        b = _gemv_first(b_ptr, pid, split, M, N, K, CHUNK, stride_bk, stride_bn, BLOCK_N,
+                        BLOCK_K)
+    _gemv_unit(b, pid, split, tl.num_programs(1), a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
+               part_ptr, lock_ptr, ln_w_ptr, ln_b_ptr, M, N, K, CHUNK, eps, stride_am,
+               stride_ak, stride_bk, stride_bn, stride_bias, stride_rm, stride_rn, stride_cm,
+               stride_cn, stride_lnw, stride_lnb, HAS_BIAS, HAS_RES, ACT, NORM, FINISH,
+               LAST_ADDS, BLOCK_N, BLOCK_K, MAX_SPLITS, NORM_BLOCK, ONE_TILE, "")
+
+
+@triton.jit
+def _gemv_first(b_ptr, unit, split, M, N, K, CHUNK, stride_bk, stride_bn,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FRESH: tl.constexpr = ""):
+    """The first (BLOCK_K, BLOCK_N) tile of b that a unit (a row's column block) of a split
+    reads, apart from the rest so it can be loaded before a wait: zeros for a unit past the
+    GEMV's (an idle program of a persistent chain)."""
     grid_n = tl.cdiv(N, BLOCK_N)
-    row = (pid // grid_n).to(tl.int64)
-    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (unit % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = split * CHUNK + tl.arange(0, BLOCK_K)
+    end = tl.minimum(K, split * CHUNK + CHUNK)
+    columns = tl.where(unit < M * grid_n, N, 0)  # (a scalar mask's & is int32 in Triton
+    #                                              3.9's interpreter: folded into a bound)
+    return tl.load(b_ptr + rk.to(tl.int64)[:, None] * stride_bk
+                   + rn.to(tl.int64)[None, :] * stride_bn,
+                   mask=(rk < end)[:, None] & (rn[None, :] < columns), other=0.0,
+                   cache_modifier=FRESH)
+
+
+@triton.jit
+def _gemv_unit(b, unit, split, splits, a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr,
+               lock_ptr, ln_w_ptr, ln_b_ptr, M, N, K, CHUNK, eps, stride_am, stride_ak,
+               stride_bk, stride_bn, stride_bias, stride_rm, stride_rn, stride_cm, stride_cn,
+               stride_lnw, stride_lnb, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+               ACT: tl.constexpr, NORM: tl.constexpr, FINISH: tl.constexpr,
+               LAST_ADDS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               MAX_SPLITS: tl.constexpr, NORM_BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+               FRESH: tl.constexpr):
+    """One unit's work from its first tile of b (``_gemv_first``): the products over its
+    split of K, then the epilogue (FINISH) or its part (and, for the last split to arrive,
+    the sum of the parts and the epilogue). FRESH: the loads' cache modifier (".cg" in a
+    persistent chain, whose a, res or even b another program may have written in this
+    kernel: never a stale L1 line; a weight is read once either way)."""
+    grid_n = tl.cdiv(N, BLOCK_N)
+    row = (unit // grid_n).to(tl.int64)
+    rn = (unit % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn64 = rn.to(tl.int64)
     rk = split * CHUNK + tl.arange(0, BLOCK_K)
     end = tl.minimum(K, split * CHUNK + CHUNK)
     a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
     b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
-    if PDL:  # the next kernel may start now: it waits for this one before reading
-        tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH:  # a bound weight: no kernel still running writes it
-        b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
-    if PDL:  # what comes next reads the kernels before's results (and writes after them)
-        tl.extra.cuda.gdc_wait()
-    if not PREFETCH:
-        b = tl.load(b_ptrs, mask=(rk < end)[:, None] & (rn[None, :] < N), other=0.0)
     if NORM:
         mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, NORM_BLOCK,
-                                ONE_TILE)
+                                ONE_TILE, FRESH)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, CHUNK, BLOCK_K):
         inside = (rk + k0) < end
-        a = tl.load(a_ptrs, mask=inside, other=0.0).to(tl.float32)
+        a = tl.load(a_ptrs, mask=inside, other=0.0, cache_modifier=FRESH).to(tl.float32)
         if NORM:
             kk = (rk + k0).to(tl.int64)
             w = tl.load(ln_w_ptr + kk * stride_lnw, mask=inside, other=0.0).to(tl.float32)
@@ -192,16 +237,16 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
         ahead = (rk + k0 + BLOCK_K) < end  # (all false after the last step: nothing read)
-        b = tl.load(b_ptrs, mask=ahead[:, None] & (rn[None, :] < N), other=0.0)
+        b = tl.load(b_ptrs, mask=ahead[:, None] & (rn[None, :] < N), other=0.0,
+                    cache_modifier=FRESH)
     if FINISH:
         _epilogue(total, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias,
-                  stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)
+                  stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT, FRESH)
     else:
         tl.store(part_ptr + (split * M + row) * N + rn64, total, mask=rn < N)
         if LAST_ADDS:
-            splits = tl.num_programs(1)
             tl.debug_barrier()  # every thread's part stored before the arrival is counted
-            arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+            arrived = tl.atomic_add(lock_ptr + unit, 1, sem="acq_rel")
             if arrived == splits - 1:
                 rs = tl.arange(0, MAX_SPLITS).to(tl.int64)
                 parts = tl.load(part_ptr + (rs[:, None] * M + row) * N + rn64[None, :],
@@ -209,8 +254,9 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
                                 cache_modifier=".cg")  # from L2, never a stale L1 line
                 summed = tl.sum(parts, 0)  # a fixed order, whichever split came last
                 _epilogue(summed, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias,
-                          stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)
-                tl.atomic_xchg(lock_ptr + pid, 0)  # ready for the next call
+                          stride_rm, stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT,
+                          FRESH)
+                tl.atomic_xchg(lock_ptr + unit, 0)  # ready for the next call
 
 
 @triton.jit
@@ -230,3 +276,117 @@ def gemv_combine(bias_ptr, res_ptr, c_ptr, part_ptr, M, N, SPLITS,
         acc += tl.load(part_ptr + (s * M + row) * N + rn64, mask=rn < N, other=0.0)
     _epilogue(acc, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
               stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)
+
+
+# A stage's constexprs in a chain (``gemv_chain``'s CONSTS), by position: Triton reads a
+# constexpr tuple's items by index only (unpacked, they stop being constexpr)
+C_BLOCK_N, C_BLOCK_K, C_HAS_BIAS, C_HAS_RES, C_ACT, C_NORM, C_FINISH, C_LAST_ADDS, \
+    C_MAX_SPLITS, C_NORM_BLOCK, C_ONE_TILE, C_PREFETCH = (tl.constexpr(i) for i in range(12))
+
+
+@triton.jit
+def _grid_sync(sync_ptr, arrivals, SPIN: tl.constexpr):
+    """A barrier across a persistent kernel's programs, all resident (one a GPU unit at
+    most): each arrives once (``sync[0]`` counts, never set back inside a call) and waits
+    until ``arrivals`` have, the count every program reaches at this barrier. Release on
+    the arrival and acquire after the wait, with the block's threads held on both sides,
+    as CUDA's grid sync does. After SPIN polls it stops waiting and sets ``sync[2]`` (the
+    chain's results are then wrong, and its caller says so) rather than hang the GPU."""
+    tl.debug_barrier()  # every thread's stores of the stage issued before the arrival
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    seen = tl.load(sync_ptr, volatile=True)
+    spins = 0
+    while (seen < arrivals) & (spins < SPIN):
+        seen = tl.load(sync_ptr, volatile=True)
+        spins += 1
+    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    if seen < arrivals:
+        tl.atomic_xchg(sync_ptr + 2, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _chain_first(pid, M, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The first tile of b of a program's first unit of stage ``s`` (``_chain_stage``)."""
+    blocks = M * tl.cdiv(s[9], BLOCK_N)
+    return _gemv_first(s[1], pid % blocks, pid // blocks, M, s[9], s[10], s[11], s[15],
+                       s[16], BLOCK_N, BLOCK_K, ".cg")
+
+
+@triton.jit
+def _chain_stage(first, pid, programs, M, eps, s, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                 ACT: tl.constexpr, NORM: tl.constexpr, FINISH: tl.constexpr,
+                 LAST_ADDS: tl.constexpr, MAX_SPLITS: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                 ONE_TILE: tl.constexpr):
+    """One GEMV of a chain: its units (a row's column block x a split of K, as
+    ``gemv_split``'s programs) dealt to the persistent programs in turn, the first from the
+    tile ``first`` loaded before the stage's barrier. ``s``: the stage's runtime arguments
+    in ``gemv_split``'s order with the count of splits after K's chunk
+    (``matmul._GemvCall.stage``)."""
+    (a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_ptr, ln_b_ptr, N, K,
+     CHUNK, SPLITS, stride_am, stride_ak, stride_bk, stride_bn, stride_bias, stride_rm,
+     stride_rn, stride_cm, stride_cn, stride_lnw, stride_lnb) = s
+    blocks = M * tl.cdiv(N, BLOCK_N)
+    if pid < blocks * SPLITS:  # its first unit apart: ``first`` dies before the loop (kept
+        #                        live through it for a first-iteration test, it spilled)
+        _gemv_unit(first, pid % blocks, pid // blocks, SPLITS, a_ptr, b_ptr, bias_ptr,
+                   res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_ptr, ln_b_ptr, M, N, K, CHUNK, eps,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_bias, stride_rm,
+                   stride_rn, stride_cm, stride_cn, stride_lnw, stride_lnb, HAS_BIAS, HAS_RES,
+                   ACT, NORM, FINISH, LAST_ADDS, BLOCK_N, BLOCK_K, MAX_SPLITS, NORM_BLOCK,
+                   ONE_TILE, ".cg")
+    for u in range(pid + programs, blocks * SPLITS, programs):
+        unit = u % blocks
+        split = u // blocks
+        b = _gemv_first(b_ptr, unit, split, M, N, K, CHUNK, stride_bk, stride_bn, BLOCK_N,
+                        BLOCK_K, ".cg")
+        _gemv_unit(b, unit, split, SPLITS, a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr,
+                   lock_ptr, ln_w_ptr, ln_b_ptr, M, N, K, CHUNK, eps, stride_am, stride_ak,
+                   stride_bk, stride_bn, stride_bias, stride_rm, stride_rn, stride_cm,
+                   stride_cn, stride_lnw, stride_lnb, HAS_BIAS, HAS_RES, ACT, NORM, FINISH,
+                   LAST_ADDS, BLOCK_N, BLOCK_K, MAX_SPLITS, NORM_BLOCK, ONE_TILE, ".cg")
+
+
+@triton.jit
+def gemv_chain(sync_ptr, M, eps, stages, CONSTS: tl.constexpr, STAGES: tl.constexpr,
+               ONLY: tl.constexpr, PDL: tl.constexpr, SPIN: tl.constexpr):
+    """GEMVs that each read the one before's result, as one persistent kernel: a program
+    per GPU unit (SM) runs its units of each stage in turn, with a grid-wide barrier
+    between stages (``_grid_sync``), so a decode step's chain of projections is one launch
+    instead of one each (a launch and its drain cost about what one of these GEMVs does).
+    Before each barrier a program loads the first weights of its next stage where they are a
+    bound weight (PREFETCH), so the wait overlaps those reads, as PDL overlaps a launch.
+    ``stages``: each stage's runtime arguments; CONSTS: its constexprs (``C_*``). ONLY >= 0
+    runs that stage alone with no barrier: Triton's interpreter runs programs one after
+    another, so a barrier would wait forever there, and the chain is checked stage by
+    stage instead (the same code). The last program to leave sets the barrier's counters
+    back to 0 for the next call."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    for i in tl.static_range(STAGES):
+        if (ONLY < 0) or (ONLY == i):  # (CONSTS[i][...] each time: a name loses constexpr)
+            if CONSTS[i][C_PREFETCH]:
+                first = _chain_first(pid, M, stages[i], CONSTS[i][C_BLOCK_N],
+                                     CONSTS[i][C_BLOCK_K])
+            if i == 0:
+                if PDL:
+                    tl.extra.cuda.gdc_wait()
+            elif ONLY < 0:
+                _grid_sync(sync_ptr, programs * i, SPIN)
+            if not CONSTS[i][C_PREFETCH]:
+                first = _chain_first(pid, M, stages[i], CONSTS[i][C_BLOCK_N],
+                                     CONSTS[i][C_BLOCK_K])
+            _chain_stage(first, pid, programs, M, eps, stages[i], CONSTS[i][C_BLOCK_N],
+                         CONSTS[i][C_BLOCK_K], CONSTS[i][C_HAS_BIAS], CONSTS[i][C_HAS_RES],
+                         CONSTS[i][C_ACT], CONSTS[i][C_NORM], CONSTS[i][C_FINISH],
+                         CONSTS[i][C_LAST_ADDS], CONSTS[i][C_MAX_SPLITS],
+                         CONSTS[i][C_NORM_BLOCK], CONSTS[i][C_ONE_TILE])
+    if ONLY < 0:
+        tl.debug_barrier()
+        left = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if left == programs - 1:  # every program is past every barrier
+            tl.atomic_xchg(sync_ptr, 0)
+            tl.atomic_xchg(sync_ptr + 1, 0)

@@ -73,7 +73,9 @@ def register_configs(pattern, module: str, configs, prefix: str, make_run: Calla
                **declared, **own)(run)
 
 
-def _as_tensor(out):
+def as_tensor(out):
+    """``out`` as a torch tensor: itself, or a numpy buffer (the simulated GPU's arena)
+    viewed as one."""
     return out if is_tensor(out) else to_torch(out)
 
 
@@ -84,7 +86,7 @@ def target(shape: tuple, like, out=None, dtype=None):
     ``like``'s: an index result, argmax's, is int64)."""
     dtype = like.dtype if dtype is None else dtype
     if out is not None:
-        t = _as_tensor(out)
+        t = as_tensor(out)
         if t.device == like.device and t.is_contiguous() and t.dtype == dtype:
             return t
     return torch.empty(tuple(shape), dtype=dtype, device=like.device)
@@ -95,7 +97,7 @@ def deliver(written, out=None):
     the kernel could not write there), or ``written`` when no ``out`` was given."""
     if out is None:
         return written
-    t = _as_tensor(out)
+    t = as_tensor(out)
     if t.device != written.device or t.data_ptr() != written.data_ptr():
         t.copy_(written)
     return out
@@ -187,6 +189,6 @@ def ints(*shapes) -> bool:
 
 
 __all__ = ["ELEMENTWISE", "EXACT", "MAX_PROGRAMS", "PDL", "PROGRAMS", "REDUCTION", "TF32",
-           "arrival_counters", "deliver", "pdl", "register_configs",
+           "arrival_counters", "as_tensor", "deliver", "pdl", "register_configs",
            "float_dtypes", "grid_fits", "interpreted", "ints", "jit", "next_power_of_2",
            "source_text", "target", "torch"]

@@ -57,6 +57,44 @@ def _target(kernel: str, variant: str, fn, pointers: dict, floats: tuple, units:
                   {"num_warps": warps, "num_stages": stages, **options}, attrs, kernel)
 
 
+# a chain stage's runtime arguments (``matmul._GemvCall.stage``): pointers, then ints, of which
+# these positions are 1 as a decode's contiguous operands launch them (specialised: constexpr)
+CHAIN_POINTERS = ("a", "b", "bias", "res", "c", "part", "lock", "ln_w", "ln_b")
+CHAIN_UNITS = (14, 16, 17, 19, 21, 22, 23)  # stride_ak, _bn, _bias, _rn, _cn, _lnw, _lnb
+CHAIN_SLOTS = 24
+
+
+def _chain_targets(mm) -> Iterator[Target]:
+    """``gemv_chain`` as a decode block's four GEMVs after its attention run it, in fp32 with
+    PDL and every weight prefetched: a projection plus the residual split over K, then
+    LayerNorm + the MLP's up projection + gelu, its down projection + the residual, and the
+    next block's LayerNorm + q/k/v in one split (FINISH): each config in each position, so
+    every stage body, barrier and prefetch compiles; the registers held across a barrier (a
+    stage's result, the next one's first weights) must not spill past the block's limit."""
+    def stage(cfg, norm, finish, act=0, res=True):
+        return (cfg.block_n, cfg.block_k, True, res, act, norm, finish, not finish,
+                next_power_of_2(cfg.max_splits), matmul.NORM_TILE if norm else 16, True, True)
+
+    types = tuple(POINTER["int32" if name == "lock" else "float32"] for name in CHAIN_POINTERS)
+    types += ("i32",) * (CHAIN_SLOTS - len(CHAIN_POINTERS))
+    one = tuple("constexpr" if k in CHAIN_UNITS else t for k, t in enumerate(types))
+    gelu = matmul.ACTS["gelu_tanh"]
+    for cfg in matmul.GEMV_CONFIGS:
+        consts = (stage(cfg, False, False), stage(cfg, True, False, gelu, False),
+                  stage(cfg, False, False), stage(cfg, True, True, 0, False))
+        n = len(consts)
+        constexprs = {(3, j, k): 1 for j in range(n) for k in CHAIN_UNITS}
+        constexprs.update(CONSTS=consts, STAGES=n, ONLY=-1, PDL=True, SPIN=matmul.SPIN)
+        attrs = {(3, j, k): [["tt.divisibility", 16]] for j in range(n)
+                 for k in range(CHAIN_SLOTS) if k not in CHAIN_UNITS and one[k] == "i32"
+                 or k < len(CHAIN_POINTERS)}
+        signature = {"sync_ptr": "*i32", "M": "i32", "eps": "fp32", "stages": (one,) * n,
+                     **dict.fromkeys(("CONSTS", "STAGES", "ONLY", "PDL", "SPIN"), "constexpr")}
+        yield Target(f"gemv_chain_{cfg.label}_float32_pdl", mm.gemv_chain, signature,
+                     constexprs, {"num_warps": cfg.warps, "num_stages": cfg.stages,
+                                  "launch_pdl": True}, attrs, f"gemv_chain_{cfg.label}")
+
+
 def compile_targets() -> Iterator[Target]:
     """Every (template, config) to compile, each in the dtypes that bound its resources."""
     mm = _module(matmul.JIT)
@@ -101,6 +139,7 @@ def compile_targets() -> Iterator[Target]:
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
                           ("eps",), gemv_units, consts, cfg.warps, cfg.stages,
                           **({"launch_pdl": True} if dependent else {}))
+    yield from _chain_targets(mm)
     ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
     yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:5],
                   dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)

@@ -1,0 +1,113 @@
+"""``matmul.gemv_chain``: a decode block's GEMVs after its attention as one persistent kernel,
+checked against float64 link by link. In the interpreter each stage is a launch of its own
+(its programs run one after another, so the GPU's barriers cannot run here: the sm_90 compile
+of ``targets._chain_targets`` covers them); the stage bodies are the GPU's. Runs where the
+templates are registered (a GPU, or the simulated one: ``test_templates_child.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensor_graphs.devices import torch_device
+from tensor_graphs.kernels.triton import templates
+
+pytestmark = pytest.mark.skipif(not templates.REGISTERED,
+                                reason="the templates need triton and a GPU (or the simulated "
+                                       "one: test_templates_child.py runs this folder there)")
+
+if templates.REGISTERED:
+    import torch
+
+    from tensor_graphs.kernels.torch import bound
+    from tensor_graphs.kernels.triton.templates import matmul
+
+    DEVICE = torch_device("cuda")
+    EPILOGUE = {e.label: e for e in matmul.EPILOGUES}
+
+
+def rand(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).float().to(DEVICE)
+
+
+def rel(got, ref) -> float:
+    got = got.double().cpu()
+    return float((got - ref).norm() / ref.norm())
+
+
+def block(rows: int, d: int, hidden: int, cfgs, bind: bool = True):
+    """A GPT-2 block's GEMVs after attention, then the next block's q/k/v: (links, the
+    float64 results). Sizes past one K step and one column block, so units split K, and
+    more units than the interpreter's four programs, so a program deals several."""
+    w = [rand(d, d, seed=1) / d ** 0.5, rand(d, hidden, seed=2) / d ** 0.5,
+         rand(hidden, d, seed=3) / hidden ** 0.5, rand(3 * d, d, seed=4) / d ** 0.5]
+    b = [rand(n, seed=5 + i) for i, n in enumerate((d, hidden, d, 3 * d))]
+    ln = [(rand(d, seed=10) + 1, rand(d, seed=11)), (rand(d, seed=12) + 1, rand(d, seed=13))]
+    if bind:
+        for t in w:
+            bound.mark(t)
+    attn, x = rand(rows, d, seed=20), rand(rows, d, seed=21)
+    outs = [torch.empty(rows, n, device=DEVICE) for n in (d, hidden, d, 3 * d)]
+    links = [
+        matmul.Link(cfgs[0], EPILOGUE["matmul_bias_add"], attn, w[0], b[0], x, outs[0]),
+        matmul.Link(cfgs[1], EPILOGUE["ln_matmul_bias_gelu_tanh"], outs[0], w[1], b[1], None,
+                    outs[1], ln[0]),
+        matmul.Link(cfgs[2], EPILOGUE["matmul_bias_add"], outs[1], w[2], b[2], outs[0],
+                    outs[2]),
+        matmul.Link(cfgs[3], EPILOGUE["ln_linear"], outs[2], w[3], b[3], None, outs[3], ln[1]),
+    ]
+    f = [t.double().cpu() for t in w + b]
+    norm = [tuple(t.double().cpu() for t in pair) for pair in ln]
+    x1 = attn.double().cpu() @ f[0] + f[4] + x.double().cpu()
+    h = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x1, (d,), *norm[0], 1e-5)
+                                 @ f[1] + f[5], approximate="tanh")
+    x2 = h @ f[2] + f[6] + x1
+    qkv = torch.nn.functional.layer_norm(x2, (d,), *norm[1], 1e-5) @ f[3].T + f[7]
+    return links, [x1, h, x2, qkv]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("order", [(0, 0, 1, 1), (1, 0, 1, 0)])
+def test_a_chain_gives_each_links_product(rows, order):
+    cfgs = [matmul.GEMV_CONFIGS[i] for i in order]
+    links, refs = block(rows, 300, 520, cfgs)
+    got = matmul.gemv_chain(links)
+    assert len(got) == 4
+    for link, out, ref in zip(links, got, refs):
+        assert out is link.out
+        assert rel(out, ref) < 1e-5, (link.e.label, rel(out, ref))
+    assert not matmul.chain_failed(DEVICE)
+
+
+def test_a_chain_of_computed_weights_and_one_link():
+    """A weight no ``bind`` marked is read after the barrier (no prefetch): the results are
+    the same; a chain of one GEMV is that GEMV."""
+    cfgs = [matmul.GEMV_CONFIGS[0]] * 4
+    links, refs = block(1, 70, 130, cfgs, bind=False)
+    for out, ref in zip(matmul.gemv_chain(links), refs):
+        assert rel(out, ref) < 1e-5
+    one = matmul.gemv_chain(links[:1])[0]
+    assert rel(one, refs[0]) < 1e-5
+
+
+def test_a_chain_with_more_programs_than_units_runs_them_idle():
+    """Programs past a stage's units only pass its barriers (a GPU's chain has a program
+    per SM whatever the GEMVs' sizes)."""
+    links, refs = block(1, 24, 40, [matmul.GEMV_CONFIGS[1]] * 4)
+    for out, ref in zip(matmul.gemv_chain(links, programs=64), refs):
+        assert rel(out, ref) < 1e-5
+
+
+def test_a_chain_refuses_what_it_cannot_run():
+    links, _ = block(1, 24, 40, [matmul.GEMV_CONFIGS[0]] * 4)
+    with pytest.raises(ValueError, match="1 to 4 GEMVs, got 5"):
+        matmul.gemv_chain(links + links[:1])
+    with pytest.raises(ValueError, match="1 to 4 GEMVs, got 0"):
+        matmul.gemv_chain([])
+    other = matmul.Link(links[1].cfg, links[1].e, rand(2, 24, seed=1), links[1].b,
+                        links[1].bias, None, None, links[1].norm)
+    with pytest.raises(ValueError, match="every GEMV of a chain has the same rows: 1, then 2"):
+        matmul.gemv_chain([links[0], other])
+    empty = matmul.Link(links[0].cfg, links[0].e, links[0].a, rand(24, 0, seed=2), None)
+    with pytest.raises(ValueError, match=r"an empty product \(1 x 0\) in matmul_bias_add"):
+        matmul.gemv_chain([links[0], empty])
