@@ -92,9 +92,11 @@ def from_onnx(model, dynamic_dims=None, **options):
     return load(model, dynamic_dims, **options)
 
 
-def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, **options):
+def generate(causal_lm, input_ids, max_new_tokens: int | None = None, stream: bool = False,
+             **options):
     """Greedy decoding of a transformers causal LM with a KV cache in ``tg.state`` (see
-    ``tensor_graphs.nn.generate``)."""
+    ``tensor_graphs.nn.generate``): ``max_new_tokens`` the call's, else the model's
+    ``generation_config.max_new_tokens``, else 32."""
     from tensor_graphs.nn.generate import generate as run
 
     return run(causal_lm, input_ids, max_new_tokens, stream, **options)

@@ -146,10 +146,12 @@ def _run_gpt2(args: argparse.Namespace) -> int:
          "are meaningless, the work is that of the real model")
     lm = gpt2.random_gpt2(args.layers)
     prompt = gpt2.random_prompt(args.prompt, lm.config.vocab_size)
+    # the cache holds the prompt and every new token but the last, which is never fed back:
+    # a prompt + tokens one past GPT-2's 1024 positions still fits, as in transformers
+    max_len = args.prompt + args.tokens - 1
     start = time.perf_counter()
-    gen = Generator.from_transformers(lm, max_len=args.prompt + args.tokens,
-                                      max_prompt=args.prompt, db=args.db, profile=args.profile,
-                                      quantize=args.quantize)
+    gen = Generator.from_transformers(lm, max_len=max_len, max_prompt=args.prompt, db=args.db,
+                                      profile=args.profile, quantize=args.quantize)
     setup = time.perf_counter() - start
     if args.quantize:
         _say(f"{args.quantize}: every matmul/linear weight (the tied LM head included); "
@@ -170,32 +172,41 @@ def _run_gpt2(args: argparse.Namespace) -> int:
                           attention_mask=torch.ones_like(ids))
         eager = (time.perf_counter() - start) * 1e3
     same = ref[0, args.prompt:].tolist() == tokens
-    print("\ndecode plan (one token, any cache length up to the bound):")
+    # the first new token is the prefill's, each later one a decode step's: one new token runs
+    # no decode step, and a time per step of none (a median of nothing) would print as nan
+    decoded = len(times) > 1
+    no_decode = "no decode step to time (the one new token is the prefill's; --tokens 2 or " \
+        "more times decode)"
+    print("\ndecode plan (one token, any cache length up to the bound"
+          + ("" if decoded else "; not run here: one new token needs no decode step") + "):")
     print("  " + gen.decode.plan.summary().replace("\n", "\n  "))
-    decode = statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    decode = statistics.median(times[1:]) if decoded else None
     ok = same
     if args.quantize:  # the scheme's tokens against float32's (transformers' are float32's)
         agree = sum(a == b for a, b in zip(tokens, ref[0, args.prompt:].tolist()))
         ok = agree >= 0.9 * len(tokens)
-        floats = Generator.from_transformers(lm, max_len=args.prompt + args.tokens,
-                                             max_prompt=args.prompt, db=args.db,
-                                             profile=args.profile)
+        floats = Generator.from_transformers(lm, max_len=max_len, max_prompt=args.prompt,
+                                             db=args.db, profile=args.profile)
         ftimes = []
         t = time.perf_counter()
         for _ in floats.stream(prompt, args.tokens):
             ftimes.append((time.perf_counter() - t) * 1e3)
             t = time.perf_counter()
-        fdecode = statistics.median(ftimes[1:]) if len(ftimes) > 1 else float("nan")
         print(f"\naccuracy of {args.quantize} against float32 (transformers' greedy tokens, "
               f"the same weights): {agree} of {len(tokens)} tokens agree "
               f"({'at least' if ok else 'BELOW'} 90%)")
-        print(f"decode: {args.quantize} {decode:.2f} ms/token, float32 {fdecode:.2f} ms/token "
-              f"({fdecode / decode:.2f}x)")
+        if decoded:
+            fdecode = statistics.median(ftimes[1:])
+            print(f"decode: {args.quantize} {decode:.2f} ms/token, float32 {fdecode:.2f} "
+                  f"ms/token ({fdecode / decode:.2f}x)")
+        else:
+            print(f"decode: {no_decode}")
     print(f"\nimport + plan of both programs: {setup:.1f} s; tokens equal transformers' "
           f"greedy generate: {'yes' if same else 'NO'}"
           + (f" (expected of float32, not of {args.quantize})" if args.quantize else ""))
-    print(f"tensor_graphs: prefill {times[0]:.1f} ms, decode {decode:.2f} ms/token (median); "
-          f"transformers eager generate: {eager / args.tokens:.2f} ms/token overall "
+    print(f"tensor_graphs: prefill {times[0]:.1f} ms, "
+          + (f"decode {decode:.2f} ms/token (median)" if decoded else no_decode)
+          + f"; transformers eager generate: {eager / args.tokens:.2f} ms/token overall "
           f"(prefill included; benchmarks/generate.py separates them)")
     return 0 if ok else 1
 

@@ -169,6 +169,28 @@ def _saved_generation_config(path: str, config):
     return GenerationConfig.from_model_config(config)
 
 
+def _penalty_skips_padding() -> bool:
+    """Whether the installed transformers' ``generate`` leaves each row's left padding out of
+    the tokens ``repetition_penalty`` penalizes, so that a padded batch's tokens stay its own.
+    Releases differ: a recent one passes each row's padding count to
+    ``RepetitionPenaltyLogitsProcessor`` (``prompt_ignore_length``, a tensor of one count per
+    row, from the attention mask), an older one penalized the padding ids like the prompt's
+    (its processor took no such argument, or one int for every row, which generate never
+    passed). So the processor is asked whether it takes a count per row; its signature alone
+    would not tell. Without transformers (a Generator of tg.nn's models alone) the padding is
+    left out: each row's tokens are then those of its prompt alone."""
+    try:
+        import torch
+        from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    except ImportError:
+        return True
+    try:
+        RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=torch.zeros(1, dtype=torch.long))
+    except (TypeError, ValueError):  # no such argument, or one int for all rows
+        return False
+    return True
+
+
 def _positions_limit(config) -> int | None:
     return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings",
                                                            None)
@@ -221,9 +243,11 @@ class Generator:
         names). ``eos_token_id`` (an id or a list) ends a row, which is then
         filled with ``pad_token_id`` (default: the first eos, as transformers).
         ``repetition_penalty``: transformers' (each token already in a row has its score
-        divided by it, or multiplied where negative), so that its tokens stay transformers'
-        under a generation_config that sets one. ``quantize``: a ``tg.quantize`` scheme for
-        every matmul/linear weight (``skip`` patterns left float, ``group_size`` for int4).
+        divided by it, or multiplied where negative; a left-padded row's padding left out
+        where the installed transformers leaves it out), so that its tokens stay
+        transformers' under a generation_config that sets one. ``quantize``: a
+        ``tg.quantize`` scheme for every matmul/linear weight (``skip`` patterns left float,
+        ``group_size`` for int4).
         ``prequantized``: the weights hold that scheme's ``<name>.q``/``<name>.scale``
         (``tg.save_quantized``, :meth:`save_quantized`) in place of the float ones, so no
         float copy of a quantized weight is read; from a file, ``quantize`` may be left out
@@ -279,6 +303,10 @@ class Generator:
         self._padding_id = _padding_id(eos_token_id, pad_token_id)
         self.repetition_penalty = None if repetition_penalty in (None, 1) \
             else float(repetition_penalty)
+        # whether the penalty leaves a left-padded row's padding out, as the installed
+        # transformers does or not (read once here: it cannot change while the process runs)
+        self._penalty_skips_padding = self.repetition_penalty is not None and \
+            _penalty_skips_padding()
         options = {"db": None, **compile_options}
 
         def quantized(outputs: list) -> list:
@@ -354,7 +382,9 @@ class Generator:
 
         return (compile_graph(built.prefill, bounds={"seq": self.max_prompt, "past": 1},
                               **self._options),
-                compile_graph(built.decode, bounds={"past": self.max_len - 1},
+                # a cache of one token (a 1-token prompt, 1 new token) runs no decode step, but
+                # the compiler needs a bound of at least 1: the program is built, never run
+                compile_graph(built.decode, bounds={"past": max(self.max_len - 1, 1)},
                               **self._options))
 
     def _padded_graphs(self) -> _Graphs:
@@ -536,7 +566,11 @@ class Generator:
         penalty = self.repetition_penalty
         if penalty is not None:  # the tokens each row holds: the prompt's, then each new one
             seen = np.zeros((self.batch, self.vocab_size), dtype=bool)
-            np.put_along_axis(seen, ids, True, axis=1)
+            # a row's left padding counts as its tokens only where transformers counts it
+            first = pad if pad is not None and self._penalty_skips_padding \
+                else np.zeros(self.batch, np.int64)
+            held = np.arange(ids.shape[1])[None, :] >= first[:, None]
+            seen[np.nonzero(held)[0], ids[held]] = True
         for step in range(max_new_tokens):
             scores = logits[:, -1]
             if penalty is not None:  # transformers' RepetitionPenaltyLogitsProcessor
@@ -679,15 +713,43 @@ def _check_padding(ids: np.ndarray, mask, padding_id: int | None) -> np.ndarray 
     return pad
 
 
-def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = False, *,
+# tg.generate's max_new_tokens where neither the call nor the model's generation_config sets it
+DEFAULT_MAX_NEW_TOKENS = 32
+
+
+def _max_new_tokens(given, generation_config) -> int:
+    """The call's ``max_new_tokens``, else the model's ``generation_config.max_new_tokens``
+    (transformers' generate reads it there: a checkpoint saved with one generates that many
+    tokens), else ``DEFAULT_MAX_NEW_TOKENS``; a bad value from the config is named as the
+    config's, so the error points at what to fix."""
+    if given is not None:
+        return _positive_int("max_new_tokens", given)
+    configured = getattr(generation_config, "max_new_tokens", None)
+    if configured is None:
+        return DEFAULT_MAX_NEW_TOKENS
+    try:
+        return _positive_int("max_new_tokens", configured)
+    except ArgumentError:
+        raise ArgumentError(f"generate: the model's generation_config sets max_new_tokens="
+                            f"{configured!r}, which must be a positive int: pass "
+                            "max_new_tokens=N to this call, or set "
+                            "causal_lm.generation_config.max_new_tokens to a positive int"
+                            ) from None
+
+
+def generate(causal_lm, input_ids, max_new_tokens: int | None = None, stream: bool = False, *,
              max_len: int | None = None, attention_mask=None, **options):
     """Greedy decoding of a transformers causal LM with a KV cache held in ``tg.state``.
 
     Returns the prompt and new tokens, (batch, prompt + new), like transformers' ``generate``;
-    ``stream=True`` returns an iterator of each step's tokens (batch,) instead. ``max_len``
-    (default: exactly prompt + max_new_tokens) sizes the cache. ``options``: generation
-    settings over the model's generation_config (``eos_token_id``, ``pad_token_id``,
-    ``repetition_penalty``), the build and compile options (``Generator.from_transformers``).
+    ``stream=True`` returns an iterator of each step's tokens (batch,) instead.
+    ``max_new_tokens`` left out: the model's ``generation_config.max_new_tokens`` where it sets
+    one (as transformers' generate takes it, so a checkpoint's generation_config.json gives
+    the same number of tokens in both), else ``DEFAULT_MAX_NEW_TOKENS`` (32). ``max_len``
+    (default: exactly prompt + max_new_tokens - 1, as the last new token is never fed back)
+    sizes the cache. ``options``: generation settings over the model's generation_config
+    (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``), the build and compile
+    options (``Generator.from_transformers``).
     ``attention_mask``: as a tokenizer gives it; prompts of different lengths left-padded
     (``padding_side="left"``), each row's tokens those of its prompt alone.
     Builds a :class:`Generator` each call; keep one (``Generator.from_transformers``) to reuse
@@ -701,7 +763,8 @@ def generate(causal_lm, input_ids, max_new_tokens: int = 32, stream: bool = Fals
         raise ShapeError(f"generate: input_ids must have shape (batch, seq), got {ids.shape}")
     if ids.shape[1] < 1:
         raise ShapeError("generate: the prompt is empty")
-    max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+    max_new_tokens = _max_new_tokens(max_new_tokens, getattr(causal_lm, "generation_config",
+                                                             None))
     needed = ids.shape[1] + max_new_tokens - 1  # the last new token is never fed back
     if max_len is None:
         max_len = needed

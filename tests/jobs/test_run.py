@@ -26,6 +26,49 @@ def test_run_gpt2_generates_transformers_tokens(capsys):
     assert "RANDOM weights" in captured.err
 
 
+def _small_gpt2(monkeypatch, n_positions):
+    """``tg run gpt2``'s model with small sizes and ``n_positions`` learned positions."""
+    import torch
+    import transformers
+
+    from tensor_graphs.jobs import gpt2
+
+    def small(layers):
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=211,
+                                         n_positions=n_positions, bos_token_id=None,
+                                         eos_token_id=None)
+        return transformers.GPT2LMHeadModel(config).eval()
+
+    monkeypatch.setattr(gpt2, "random_gpt2", small)
+
+
+def test_run_gpt2_fills_every_learned_position_as_transformers(capsys, monkeypatch):
+    """A 12-token prompt and 5 new tokens on 16 positions: the last new token is never fed
+    back, so the cache holds 16 tokens, as transformers' generate needs."""
+    _small_gpt2(monkeypatch, 16)
+    code = main(["run", "gpt2", "--layers", "1", "--prompt", "12", "--tokens", "5",
+                 "--profile", "never", "--db", ":memory:"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert "tokens equal transformers' greedy generate: yes" in captured.out
+
+
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8-weight"]])
+def test_run_gpt2_of_one_token_says_it_has_no_decode_step_to_time(capsys, monkeypatch,
+                                                                  quantize):
+    """One new token is the prefill's: no decode step runs, so there is no ms/token of
+    decode to print (a median of no steps is nan)."""
+    _small_gpt2(monkeypatch, 32)
+    code = main(["run", "gpt2", "--layers", "1", "--prompt", "1", "--tokens", "1",
+                 "--profile", "never", "--db", ":memory:", *quantize])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "nan" not in out
+    assert "no decode step to time" in out and "not run here" in out
+    assert "tokens equal transformers' greedy generate: yes" in out
+
+
 def test_run_help_lists_the_models(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -131,6 +131,21 @@ def test_stops_at_eos_like_transformers():
     assert got.shape[1] < 16 and got[0, -1] == eos
 
 
+def test_a_one_token_prompt_and_one_new_token_run_no_decode_step(lm):
+    """What follows a lone token (a BOS): the prefill gives the one new token and the cache
+    holds one token, so decode never runs; a generator of max_len=1 is still built (its
+    decode program bounded at the compiler's least, 1) and refuses a call it cannot hold."""
+    prompt = np.array([[5]])
+    expected = _expected(lm, prompt, 1)
+    np.testing.assert_array_equal(tg.generate(lm, prompt, 1, db=":memory:"), expected)
+    gen = Generator.from_transformers(lm, max_len=1, db=":memory:")
+    np.testing.assert_array_equal(gen(prompt, 1), expected)
+    assert [int(t[0]) for t in gen.stream(prompt, 1)] == [expected[0, 1]]
+    assert gen.decode.stats["calls"] == 0
+    with pytest.raises(tg.ShapeError, match="need a cache of 2 tokens; it holds 1"):
+        gen(prompt, 2)
+
+
 def test_bad_input_is_refused_before_any_work(lm):
     gen = Generator.from_transformers(lm, max_len=12, max_prompt=6, db=":memory:")
     prompt = np.random.default_rng(5).integers(0, VOCAB, (1, 6))

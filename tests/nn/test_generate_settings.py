@@ -118,6 +118,90 @@ def test_a_finished_row_is_padded_with_the_first_eos_when_no_pad_is_set(lm):
     assert got[0, -1] == eos
 
 
+def _padding_the_penalty_may_count(lm):
+    """A left-padded batch (ids, mask, padding id) whose padding id is the token the short
+    row's prompt gives first: a repetition penalty that counted the padding as that row's
+    tokens would push that token down."""
+    rng = np.random.default_rng(9)
+    short = rng.integers(1, VOCAB, 3)
+    with torch.no_grad():
+        first = int(lm(torch.from_numpy(short[None])).logits[0, -1].argmax())
+    assert first not in short.tolist()
+    ids = np.stack([np.concatenate([[first, first], short]), rng.integers(1, VOCAB, 5)])
+    mask = np.ones_like(ids)
+    mask[0, :2] = 0
+    return ids, mask, first
+
+
+def _penalizing_every_prompt_token(lm, ids, mask, pad_id, new, penalty):
+    """transformers' tokens with a penalty over every prompt id, padding included (as
+    releases whose generate passed no padding to the penalty applied it)."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    with torch.no_grad():
+        return lm.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                           max_new_tokens=new, do_sample=False, pad_token_id=pad_id,
+                           logits_processor=[RepetitionPenaltyLogitsProcessor(penalty)]).numpy()
+
+
+def test_repetition_penalty_counts_a_rows_left_padding_as_transformers_does(lm):
+    """The padding is counted (or not) as the installed transformers counts it, from a mask
+    or inferred from pad_token_id alike; this one leaves it out, so the padded row's first
+    token is its prompt's own."""
+    ids, mask, pad_id = _padding_the_penalty_may_count(lm)
+    with torch.no_grad():
+        expected = lm.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=4, do_sample=False, repetition_penalty=1.3,
+                               pad_token_id=pad_id).numpy()
+    counted = _penalizing_every_prompt_token(lm, ids, mask, pad_id, 4, 1.3)
+    if generate_module._penalty_skips_padding():
+        assert expected[0, 5] == pad_id, "the padded row's own first token"
+        assert not np.array_equal(expected, counted), "counting the padding changes nothing"
+    else:
+        np.testing.assert_array_equal(expected, counted)
+    got = tg.generate(lm, ids, 4, attention_mask=mask, repetition_penalty=1.3,
+                      pad_token_id=pad_id, db=":memory:")
+    np.testing.assert_array_equal(got, expected)
+    # no mask: transformers infers the padding from pad_token_id, and so does the penalty
+    gen = Generator.from_transformers(lm, max_len=8, batch=2, repetition_penalty=1.3,
+                                      pad_token_id=pad_id, padded=True, db=":memory:")
+    np.testing.assert_array_equal(gen(ids, 4), expected)
+    np.testing.assert_array_equal(np.stack(list(gen.stream(ids, 4)), axis=1), expected[:, 5:])
+
+
+class _IntOnlyPenalty(transformers.generation.logits_process.RepetitionPenaltyLogitsProcessor):
+    """The penalty's processor of a release whose prompt_ignore_length was one int for every
+    row (and whose generate passed none)."""
+
+    def __init__(self, penalty, prompt_ignore_length=None):
+        if prompt_ignore_length is not None and not isinstance(prompt_ignore_length, int):
+            raise ValueError("`prompt_ignore_length` has to be a positive integer")
+        super().__init__(penalty, prompt_ignore_length)
+
+
+class _PromptOnlyPenalty(transformers.generation.logits_process.RepetitionPenaltyLogitsProcessor):
+    """The penalty's processor of a release before prompt_ignore_length."""
+
+    def __init__(self, penalty):
+        super().__init__(penalty)
+
+
+@pytest.mark.parametrize("older", [_IntOnlyPenalty, _PromptOnlyPenalty])
+def test_repetition_penalty_counts_the_padding_under_a_transformers_that_did(lm, monkeypatch,
+                                                                             older):
+    """Under a transformers whose penalty takes no count of padding per row, its generate
+    penalized a padded row's padding ids like the prompt's: so does this one then."""
+    from transformers.generation import logits_process
+
+    ids, mask, pad_id = _padding_the_penalty_may_count(lm)
+    counted = _penalizing_every_prompt_token(lm, ids, mask, pad_id, 4, 1.3)
+    monkeypatch.setattr(logits_process, "RepetitionPenaltyLogitsProcessor", older)
+    assert generate_module._penalty_skips_padding() is False
+    got = tg.generate(lm, ids, 4, attention_mask=mask, repetition_penalty=1.3,
+                      pad_token_id=pad_id, db=":memory:")
+    np.testing.assert_array_equal(got, counted)
+
+
 # ------------------------------------------------------------------ refused settings
 ACTIVE = {
     "num_beams": 2, "num_return_sequences": 2, "constraints": ["phrase"],
@@ -165,7 +249,8 @@ def test_every_generation_config_setting_is_applied_refused_or_inert_under_greed
     """A transformers release that adds a setting fails here until it is sorted into one of
     the three: applied, refused (_REFUSED), or one that changes no greedy token."""
     inert = {
-        # sampling only (do_sample=False), lengths (max_new_tokens is the call's), beams only
+        # sampling only (do_sample=False), lengths (max_length is not read; max_new_tokens
+        # is tg.generate's default, not a Generator's setting), beams only
         "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
         "top_h", "max_length", "max_new_tokens", "early_stopping", "length_penalty",
         "num_beam_groups", "diversity_penalty", "low_memory",
@@ -184,6 +269,29 @@ def test_every_generation_config_setting_is_applied_refused_or_inert_under_greed
     known = {*generate_module._APPLIED, *generate_module._REFUSED, *inert}
     fields = {n for n in vars(transformers.GenerationConfig()) if not n.startswith("_")}
     assert fields - known == set()
+
+
+# ------------------------------------------------------------------ max_new_tokens
+def test_max_new_tokens_of_the_generation_config_is_taken_when_the_call_gives_none(lm):
+    """As transformers' generate: the call's max_new_tokens, else the generation_config's
+    (a checkpoint's generation_config.json may set it), else tg.generate's default of 32."""
+    generate = tg.generate
+    prompt = np.random.default_rng(10).integers(0, VOCAB, (1, 4))
+    lm.generation_config.max_new_tokens = 5
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    assert expected.shape == (1, 9)
+    np.testing.assert_array_equal(generate(lm, prompt, db=":memory:"), expected)
+    assert len(list(generate(lm, prompt, stream=True, db=":memory:"))) == 5
+    np.testing.assert_array_equal(generate(lm, prompt, 3, db=":memory:"), expected[:, :7])
+    lm.generation_config.max_new_tokens = None
+    assert generate(lm, prompt, db=":memory:").shape == (1, 4 + 32)
+    lm.generation_config.max_new_tokens = 0
+    with pytest.raises(tg.ArgumentError, match=r"the model's generation_config sets "
+                       r"max_new_tokens=0.*pass max_new_tokens=N"):
+        generate(lm, prompt)
 
 
 # ------------------------------------------------------------------ options
