@@ -16,7 +16,7 @@ programmatic dependent launch (``runtime.PDL``: each GEMV loads its first weight
 one before it ends), the ``CHAIN`` variants (other configs, eight warps, more splits) with it,
 and the same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
 (cold, read from HBM as a decode reads them), and as one persistent kernel a layer
-(``matmul.gemv_chain``: a program per SM, a grid-wide barrier between GEMVs, each stage's
+(``chain.chain``: a program per SM, a grid-wide barrier between GEMVs, each stage's
 first weights loaded before its barrier; in a block's order, each reading the last's
 result). The per-call grid is timed cold too: a graph of calls over copies of the weight
 that together exceed twice the L2 (a decode reads each weight once a token). Run where a GPU
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402,N812
 
 from tensor_graphs.kernels.torch import bound  # noqa: E402
-from tensor_graphs.kernels.triton.templates import matmul, runtime  # noqa: E402
+from tensor_graphs.kernels.triton.templates import chain, matmul, runtime  # noqa: E402
 
 SHAPES = [("c_attn", 768, 2304), ("attn c_proj", 768, 768), ("c_fc", 768, 3072),
           ("mlp c_proj", 3072, 768)]  # (label, K, N) of GPT-2 124M's decode GEMVs
@@ -206,7 +206,7 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             for x, w, bias, out, _ in ops:
                 torch.addmm(bias, x, w, out=out)
 
-    # the persistent chain (matmul.gemv_chain): the same four GEMVs in a block's order after
+    # the persistent chain (chain.chain): the same four GEMVs in a block's order after
     # its attention, each reading the one before's result (attn c_proj, c_fc, mlp c_proj,
     # the next block's c_attn), a launch a layer
     chained = []  # per layer: its four (a, w, bias, out), the last out, its float64 value
@@ -219,9 +219,9 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             a = specs[-1][-1]
         chained.append((specs, a, ref))
 
-    def chain(cfg, depth: int):
+    def persistent(cfg, depth: int):
         for specs, _, _ in chained[:depth]:
-            matmul.gemv_chain([matmul.Link(cfg, PLAIN, a, w, bias, None, out)
+            chain.chain([matmul.Link(cfg, PLAIN, a, w, bias, None, out)
                                for a, w, bias, out in specs])
 
     # (name, depth) -> what times one replay, us per graph call; a hot graph holds ``calls``
@@ -257,14 +257,15 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             try:
                 name = f"persistent chain {cfg.label}w{cfg.warps}" + \
                     ("" if early else " no prefetch")
-                chain(cfg, depth)
+                persistent(cfg, depth)
                 torch.cuda.synchronize()
                 errors[name] = max(error(out, ref) for _, out, ref in chained[:depth])
-                if matmul.chain_failed(torch.device("cuda")):
+                if chain.chain_failed(torch.device("cuda")):
                     print(f"  {name}: a barrier stopped waiting (not every program resident):"
                           " not timed")
                     continue
-                timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: chain(cfg, d), repeat)
+                timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: persistent(cfg, d),
+                                               repeat)
             finally:
                 bound.is_weight = prefetch
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)

@@ -21,7 +21,7 @@ and (unless ``--no-compile``) with a static cache whose step transformers compil
 graphs, ``hf compile-ro``), as users of transformers compile a decode (ours
 also on its first run, which captures a CUDA graph per power-of-two bucket of the cache
 length and replays the other steps; with a graph per cache length, padding off; and a second
-generator whose graphs run each GEMV as a launch of its own, ``runtime/chains.py`` off; each with
+generator whose graphs launch each GEMV and attention alone, ``runtime/chains.py`` off; each with
 the host's time from the call to its graph's launch, the rest being the GPU's; and each
 runner's time to its first token, the prompt's prefill), with the
 HBM floor (the decode program's weights read once per token at the device-to-device copy rate
@@ -281,7 +281,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
                       f"{str(exc).splitlines()[0][:160]}")
         return
     setup = time.perf_counter() - start
-    # the same generator whose graphs run each GEMV as a launch of its own (runtime/chains.py
+    # the same generator whose graphs launch each GEMV and attention alone (runtime/chains.py
     # off while it captures): what the persistent chains change, in the same rounds
     unchained = Generator.from_transformers(lm, max_len=prompt_len + tokens,
                                             max_prompt=prompt_len, device="cuda", db=db,
@@ -299,7 +299,7 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
 
     from tensor_graphs.runtime import chains, graphs
 
-    chained = []  # per padded capture of ours: its GEMV steps run as persistent chains
+    chained = []  # per padded capture of ours: its steps run as persistent chains
     fold = chains.fold
 
     def counted(instructions):
@@ -411,8 +411,8 @@ def decode(db, table, tokens: int = 32, prompt_len: int = 128, compile_too: bool
              f"  ours, exact {statistics.median(exact):8.3f} ms/token (host to launch "
              f"{statistics.median(exact_host):.3f}; a graph per cache length, no padding)",
              f"  ours, no chains {statistics.median(plain):8.3f} ms/token (host to launch "
-             f"{statistics.median(plain_host):.3f}; padded, each GEMV a launch of its own: "
-             f"ours' graphs chain up to {max(chained, default=0)} GEMV steps each)",
+             f"{statistics.median(plain_host):.3f}; padded, each GEMV and attention a launch "
+             f"of its own: ours' graphs chain up to {max(chained, default=0)} steps each)",
              *(f"  {label:13s} {statistics.median(samples[label]):8.3f} ms/token "
                f"({notes[label]}; first token {statistics.median(their_firsts[label]):.2f} ms)"
                if label in samples else f"  {label:13s} {notes[label]}" for label in notes),

@@ -1,9 +1,9 @@
-"""The rules that run a padded graph's consecutive GEMV steps as one persistent kernel
-(``runtime/chains.py``), on instruction lists written out here: which steps form a run, what
-ends one, and that the stand-ins launch once per group of ``MAX_CHAIN``, in order, after
-the last member (``matmul.chained``, with the chain launcher recorded). The kernel itself is
-tested against float64 in ``tests/kernels/triton_templates/test_gemv_chain.py``, and a GPT-2
-decode through it in ``tests/gpu/test_cuda_graphs.py``."""
+"""The rules that run a padded graph's consecutive GEMV and decode attention steps as
+persistent chains (``runtime/chains.py``), on instruction lists written out here: which steps
+form a run, what ends one, and that the stand-ins launch once per group of ``MAX_CHAIN``, in
+order, after the group's last (``chain.chained``, with the chain launcher recorded). The
+kernel itself is tested against float64 in ``tests/kernels/triton_templates/test_chain.py``,
+and a GPT-2 decode through it in ``tests/gpu/test_cuda_graphs.py``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tensor_graphs.runtime import chains
+from tensor_graphs.runtime.graphs import grown
 from tensor_graphs.runtime.lower import Instruction
 
 
@@ -48,11 +49,18 @@ def _runs(instructions) -> list[list[int]]:
     return list(groups.values())
 
 
-def test_consecutive_gemvs_and_the_views_between_them_form_one_run():
-    steps = [_step(1, (0,), _kernel()),  # attention: not a GEMV
+def test_consecutive_chainable_steps_and_what_launches_nothing_between_form_one_run():
+    """Views and the appends a decode attention took over (``grown``) launch nothing; the
+    attention itself runs as ``appending(rows)``'s function, which can be a stage too."""
+    attention = _step(7, (4, 6), _kernel())
+    attention = attention.__class__(**{**attention.__dict__, "fn": _gemv("attention")})
+    appended = _step(6, (3,), _kernel())
+    appended = appended.__class__(**{**appended.__dict__, "fn": grown})
+    steps = [_step(1, (0,), _kernel()),  # not chainable
              _gemv_step(2, 1), _step(3, (2,), _kernel(view=True)), _gemv_step(4, 3),
-             _gemv_step(5, 4), _step(6, (5,), _kernel())]  # a GEMV's result read by another
-    assert _runs(steps) == [[2, 4, 5]]
+             appended, attention, _gemv_step(5, 7),
+             _step(8, (5,), _kernel())]  # a step's result read by a launch
+    assert _runs(steps) == [[2, 4, 7, 5]]
 
 
 @pytest.mark.parametrize("breaker", ["kernel", "contiguous", "also", "inplace"])
@@ -86,14 +94,14 @@ torch = pytest.importorskip("torch")
 
 
 def test_stand_ins_launch_each_group_once_after_its_last_member(monkeypatch):
-    """Seven GEMV calls: a group of four and one of three, each launched by its last
+    """Eight GEMV calls: a group of five and one of three, each launched by its last
     member's call, its links in order with each result's tensor as its out. A member whose
     out= place the kernel cannot write launches the ones before it, then runs alone; a
     chain the kernel refuses runs its GEMVs one by one, in order."""
-    from tensor_graphs.kernels.triton.templates import matmul
+    from tensor_graphs.kernels.triton.templates import chain, matmul
 
     launched: list[list] = []
-    monkeypatch.setattr(matmul, "gemv_chain", lambda links: launched.append(list(links)))
+    monkeypatch.setattr(chain, "chain", lambda links: launched.append(list(links)))
     cfg = matmul.GEMV_CONFIGS[0]
     plain = next(e for e in matmul.EPILOGUES if e.label == "matmul")
     alone = []
@@ -104,16 +112,16 @@ def test_stand_ins_launch_each_group_once_after_its_last_member(monkeypatch):
 
     run.link = matmul._linking(cfg, plain, run)
     x, w = torch.ones(1, 8), torch.ones(8, 8)
-    outs = [torch.empty(1, 8) for _ in range(7)]
-    for i, (fn, out) in enumerate(zip(matmul.chained([run] * 7), outs)):
+    outs = [torch.empty(1, 8) for _ in range(8)]
+    for i, (fn, out) in enumerate(zip(chain.chained([run] * 8), outs)):
         assert fn(x, w, out=out) is out
-        assert len(launched) == (0 if i < 3 else 1 if i < 6 else 2)
-    assert [len(g) for g in launched] == [4, 3] and not alone
+        assert len(launched) == (0 if i < 4 else 1 if i < 7 else 2)
+    assert [len(g) for g in launched] == [5, 3] and not alone
     assert [link.out for g in launched for link in g] == outs
     assert all(link.a is x and link.b is w for g in launched for link in g)
 
     launched.clear()
-    stand_ins = matmul.chained([run, run, run])
+    stand_ins = chain.chained([run, run, run])
     odd = torch.empty(1, 8, dtype=torch.float64)  # the kernel would write elsewhere, then copy
     stand_ins[0](x, w, out=outs[0])
     assert stand_ins[1](x, w, out=odd) is odd
@@ -125,9 +133,9 @@ def test_stand_ins_launch_each_group_once_after_its_last_member(monkeypatch):
         raise ValueError("gemv_chain: every GEMV of a chain has the same rows")
 
     ran = []
-    monkeypatch.setattr(matmul, "gemv_chain", refuse)
+    monkeypatch.setattr(chain, "chain", refuse)
     monkeypatch.setattr(matmul, "gemv", lambda cfg, e, a, b, bias, res, out, norm: ran.append(out))
-    for fn, out in zip(matmul.chained([run] * 3), outs):
+    for fn, out in zip(chain.chained([run] * 3), outs):
         fn(x, w, out=out)
     assert ran == outs[:3]
 
@@ -136,15 +144,15 @@ def test_a_chain_the_gpu_cannot_build_warns_once_and_is_not_tried_again(monkeypa
     """A compile or launch failure of the chain kernel (an older Triton, another GPU) is not
     the user's: the GEMVs of that group run one by one, one warning names the failure, and
     later runs are not chained."""
-    from tensor_graphs.kernels.triton.templates import matmul
+    from tensor_graphs.kernels.triton.templates import chain, matmul
 
-    monkeypatch.setattr(matmul, "_BROKEN", [])
+    monkeypatch.setattr(chain, "_BROKEN", [])
 
     def fail(links):
         raise TypeError("tuple arguments are not supported")
 
     ran = []
-    monkeypatch.setattr(matmul, "gemv_chain", fail)
+    monkeypatch.setattr(chain, "chain", fail)
     monkeypatch.setattr(matmul, "gemv", lambda cfg, e, a, b, bias, res, out, norm: ran.append(out))
     cfg = matmul.GEMV_CONFIGS[0]
     plain = next(e for e in matmul.EPILOGUES if e.label == "matmul")
@@ -155,10 +163,10 @@ def test_a_chain_the_gpu_cannot_build_warns_once_and_is_not_tried_again(monkeypa
     run.link = matmul._linking(cfg, plain, run)
     x, w = torch.ones(1, 8), torch.ones(8, 8)
     outs = [torch.empty(1, 8) for _ in range(2)]
-    stand_ins = matmul.chained([run, run])
+    stand_ins = chain.chained([run, run])
     stand_ins[0](x, w, out=outs[0])
-    with pytest.warns(RuntimeWarning, match="persistent GEMV chain failed .TypeError: tuple "
-                                            "arguments are not supported.; GEMVs run one"):
+    with pytest.warns(RuntimeWarning, match="persistent chain kernel failed .TypeError: tuple "
+                                            "arguments are not supported.; its kernels run"):
         stand_ins[1](x, w, out=outs[1])
     assert ran == outs
-    assert matmul.chained([run, run]) == [run, run]
+    assert chain.chained([run, run]) == [run, run]

@@ -1,7 +1,7 @@
-"""``matmul.gemv_chain``: a decode block's GEMVs after its attention as one persistent kernel,
-checked against float64 link by link. In the interpreter each stage is a launch of its own
-(its programs run one after another, so the GPU's barriers cannot run here: the sm_90 compile
-of ``targets._chain_targets`` covers them); the stage bodies are the GPU's. Runs where the
+"""``chain.chain``: a decode block's attention and GEMVs as one persistent kernel, checked
+against float64 stage by stage. In the interpreter each stage is a launch of its own (its
+programs run one after another, so the GPU's barriers cannot run here: the sm_90 compile of
+``targets._chain_targets`` covers them); the stage bodies are the GPU's. Runs where the
 templates are registered (a GPU, or the simulated one: ``test_templates_child.py``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if templates.REGISTERED:
     import torch
 
     from tensor_graphs.kernels.torch import bound
-    from tensor_graphs.kernels.triton.templates import matmul
+    from tensor_graphs.kernels.triton.templates import attention, chain, matmul
 
     DEVICE = torch_device("cuda")
     EPILOGUE = {e.label: e for e in matmul.EPILOGUES}
@@ -71,12 +71,12 @@ def block(rows: int, d: int, hidden: int, cfgs, bind: bool = True):
 def test_a_chain_gives_each_links_product(rows, order):
     cfgs = [matmul.GEMV_CONFIGS[i] for i in order]
     links, refs = block(rows, 300, 520, cfgs)
-    got = matmul.gemv_chain(links)
+    got = chain.chain(links)
     assert len(got) == 4
     for link, out, ref in zip(links, got, refs):
         assert out is link.out
         assert rel(out, ref) < 1e-5, (link.e.label, rel(out, ref))
-    assert not matmul.chain_failed(DEVICE)
+    assert not chain.chain_failed(DEVICE)
 
 
 def test_a_chain_of_computed_weights_and_one_link():
@@ -84,9 +84,9 @@ def test_a_chain_of_computed_weights_and_one_link():
     the same; a chain of one GEMV is that GEMV."""
     cfgs = [matmul.GEMV_CONFIGS[0]] * 4
     links, refs = block(1, 70, 130, cfgs, bind=False)
-    for out, ref in zip(matmul.gemv_chain(links), refs):
+    for out, ref in zip(chain.chain(links), refs):
         assert rel(out, ref) < 1e-5
-    one = matmul.gemv_chain(links[:1])[0]
+    one = chain.chain(links[:1])[0]
     assert rel(one, refs[0]) < 1e-5
 
 
@@ -94,20 +94,54 @@ def test_a_chain_with_more_programs_than_units_runs_them_idle():
     """Programs past a stage's units only pass its barriers (a GPU's chain has a program
     per SM whatever the GEMVs' sizes)."""
     links, refs = block(1, 24, 40, [matmul.GEMV_CONFIGS[1]] * 4)
-    for out, ref in zip(matmul.gemv_chain(links, programs=64), refs):
+    for out, ref in zip(chain.chain(links, programs=64), refs):
         assert rel(out, ref) < 1e-5
 
 
 def test_a_chain_refuses_what_it_cannot_run():
     links, _ = block(1, 24, 40, [matmul.GEMV_CONFIGS[0]] * 4)
-    with pytest.raises(ValueError, match="1 to 4 GEMVs, got 5"):
-        matmul.gemv_chain(links + links[:1])
-    with pytest.raises(ValueError, match="1 to 4 GEMVs, got 0"):
-        matmul.gemv_chain([])
+    with pytest.raises(ValueError, match="1 to 5 stages, got 6"):
+        chain.chain(links + links[:2])
+    with pytest.raises(ValueError, match="1 to 5 stages, got 0"):
+        chain.chain([])
     other = matmul.Link(links[1].cfg, links[1].e, rand(2, 24, seed=1), links[1].b,
                         links[1].bias, None, None, links[1].norm)
-    with pytest.raises(ValueError, match="every GEMV of a chain has the same rows: 1, then 2"):
-        matmul.gemv_chain([links[0], other])
+    with pytest.raises(ValueError, match=r"every GEMV of a chain has the same rows: got \[1, 2\]"):
+        chain.chain([links[0], other])
     empty = matmul.Link(links[0].cfg, links[0].e, links[0].a, rand(24, 0, seed=2), None)
     with pytest.raises(ValueError, match=r"an empty product \(1 x 0\) in matmul_bias_add"):
-        matmul.gemv_chain([links[0], empty])
+        chain.chain([links[0], empty])
+
+
+def test_a_chain_from_a_decode_attention_appending_its_rows_on():
+    """A block's decode step from its attention on: the attention (grouped heads, masked,
+    writing this step's key and value rows into the caches at rows 70-71 of 150 as it reads
+    them) and the block's GEMVs after it, one chain; the attention's result and the caches
+    are those of the float64 reference, and each GEMV's from them."""
+    d, heads, dim = 32, 4, 8
+    q, kn, vn = rand(1, heads, 1, dim, seed=30), rand(1, 2, 2, dim, seed=31), \
+        rand(1, 2, 2, dim, seed=32)
+    k, v = rand(1, 2, 150, dim, seed=33), rand(1, 2, 150, dim, seed=34)
+    want_k, want_v = k.clone(), v.clone()
+    want_k[:, :, 70:72], want_v[:, :, 70:72] = kn, vn
+    mask = (torch.arange(150) < 72).to(DEVICE)
+    rows = torch.arange(70, 72).to(DEVICE)
+    attended = torch.empty(1, heads, 1, dim, device=DEVICE)
+    cfg = attention.DECODE_CONFIGS[0]
+    first = attention.DecodeLink(cfg, q, k, v, mask.view(torch.uint8), False, None, attended,
+                                 (kn, vn, rows))
+    links, _ = block(1, d, 2 * d, [matmul.GEMV_CONFIGS[0]] * 4)
+    x = links[0].res
+    links[0] = matmul.Link(links[0].cfg, links[0].e, attended.view(1, d), links[0].b,
+                           links[0].bias, x, links[0].out)
+    got = chain.chain([first] + links)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+    g = heads // 2
+    kk, vv = (t.double().cpu().repeat_interleave(g, 1) for t in (want_k, want_v))
+    scores = (q.double().cpu() @ kk.transpose(-1, -2)) / dim ** 0.5
+    scores = scores.masked_fill(~mask.cpu(), float("-inf"))
+    ref = torch.softmax(scores, -1) @ vv
+    assert got[0] is attended and rel(attended, ref) < 1e-5
+    w0, b0 = (t.double().cpu() for t in (links[0].b, links[0].bias))
+    x1 = ref.reshape(1, d) @ w0 + b0 + x.double().cpu()
+    assert rel(got[1], x1) < 1e-5

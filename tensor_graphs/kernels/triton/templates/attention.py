@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from tensor_graphs.kernels.registry import Occupancy, kernel
+from tensor_graphs.kernels.triton.templates.chain import Prepared, chained
 from tensor_graphs.kernels.triton.templates.runtime import (
     PROGRAMS,
     REDUCTION,
@@ -153,53 +154,124 @@ def split_block(cfg: Decode) -> int:
     return max(2, next_power_of_2(cfg.max_splits))
 
 
+class _DecodeCall:
+    """What a decode attention's launch passes its kernel, for ``decode_split`` alone or as a
+    stage of a persistent chain (``chain.py``): the runtime arguments in ``decode_split``'s
+    order and the constexprs. ``o``: the result (B, H, 1, DV) has elements."""
+
+    def __init__(self, cfg: Decode, q, k, v, mask, is_causal, scale, o, append, counters):
+        q4, k4, v4, m4 = _as_4d(q, k, v, mask)
+        b, h, _, d = q4.shape
+        hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
+        if append is not None:
+            kn, vn, rows = _new_rows(append)
+            new = (kn, vn, rows, kn.shape[2], *kn.stride(), *vn.stride())
+        else:  # (unread: APPEND is off)
+            new = (q4, q4, q4, 0) + (0,) * 8
+        o4 = self.o4 = o.view(b, h, 1, dv)
+        mm = o4 if m4 is None else m4
+        self.heads, self.h, self.dv = b * hkv, h, dv
+        self.splits, chunk = splits_for(cfg, sk, b * hkv)
+        rows = b * h * self.splits  # one scratch allocation: max, sum, then outputs per split
+        part = torch.empty(rows * (dv + 2), dtype=torch.float32, device=q.device)
+        self.parts = part[:rows], part[rows:2 * rows], part[2 * rows:]
+        block_d, block_dv = _blocks(d, dv)
+        self.counters = counters(b * hkv)
+        self.pointers = (q4, k4, v4, mm, *self.parts, o4,
+                         part if self.counters is None else self.counters, *new[:3])
+        self.sizes = (hkv, h // hkv, sk, d, dv, chunk, _scale(scale, d), new[3])
+        self.strides = (q4.stride(0), q4.stride(1), q4.stride(3), *k4.stride(), *v4.stride(),
+                        mm.stride(0), mm.stride(1), mm.stride(3), o4.stride(0), o4.stride(1),
+                        o4.stride(3), *new[4:])
+        self.constexprs = dict(
+            MASK=_mask_code(m4), CAUSAL=bool(is_causal), PRECISION=PRECISION,
+            BLOCK_G=max(16, next_power_of_2(h // hkv)), BLOCK_N=cfg.block_n,
+            BLOCK_D=block_d, BLOCK_DV=block_dv, LAST_COMBINES=self.counters is not None,
+            BLOCK_S=split_block(cfg), APPEND=append is not None)
+
+    def stage(self) -> tuple:
+        """The stage tuple of a chain (``chain_jit._decode_stage``)."""
+        return (*self.pointers, *self.sizes, self.heads, self.splits, *self.strides)
+
+    def stage_constexprs(self) -> tuple:
+        """The stage's constexprs, in ``chain_jit``'s order (no prefetch: no weights)."""
+        c = self.constexprs
+        return (1, False, c["MASK"], c["CAUSAL"], c["PRECISION"], c["BLOCK_G"], c["BLOCK_N"],
+                c["BLOCK_D"], c["BLOCK_DV"], c["BLOCK_S"], c["APPEND"])
+
+
 def decode(cfg: Decode, q, k, v, mask, is_causal, scale, out=None, append=None):
     """Attention of one query row per head: split-K partial softmaxes, combined by the last
     split of each kv head to arrive (or by ``decode_combine``: see the module doc).
     ``append``: (k_new, v_new, rows), k and v being kept caches whose rows ``rows[0]`` on
     (consecutive, as many as k_new has; ``rows`` on the GPU) this step appends: each program
     stores those in its chunk of keys before it reads the chunk (``appending``)."""
-    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    o = target(shape, q, out)
-    q4, k4, v4, m4 = _as_4d(q, k, v, mask)
-    b, h, _, d = q4.shape
-    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[3]
-    if append is not None:
-        kn, vn, rows = append
-        kn, vn = (kn[None], vn[None]) if kn.dim() == 3 else (kn, vn)
-        new = (kn, vn, rows, kn.shape[2], *kn.stride(), *vn.stride())
-    else:  # (unread: APPEND is off)
-        new = (q4, q4, q4, 0) + (0,) * 8
+    o = target(tuple(q.shape[:-1]) + (v.shape[-1],), q, out)
     if o.numel():
-        o4 = o.view(b, h, 1, dv)
-        mm = o4 if m4 is None else m4
-        splits, chunk = splits_for(cfg, sk, b * hkv)
-        rows = b * h * splits  # one scratch allocation: max, sum, then outputs per split
-        part = torch.empty(rows * (dv + 2), dtype=torch.float32, device=q.device)
-        part_m, part_l, part_o = part[:rows], part[rows:2 * rows], part[2 * rows:]
-        block_d, block_dv = _blocks(d, dv)
+        call = _DecodeCall(cfg, q, k, v, mask, is_causal, scale, o, append,
+                           lambda heads: arrival_counters(q.device, heads))
         mod = jit(JIT)
-        counters = arrival_counters(q.device, b * hkv)
-        mod.decode_split[(b * hkv, splits)](
-            q4, k4, v4, mm, part_m, part_l, part_o, o4, part if counters is None else counters,
-            *new[:3], hkv, h // hkv, sk, d, dv, chunk, _scale(scale, d), new[3],
-            q4.stride(0), q4.stride(1), q4.stride(3), *k4.stride(), *v4.stride(),
-            mm.stride(0), mm.stride(1), mm.stride(3), o4.stride(0), o4.stride(1),
-            o4.stride(3), *new[4:], MASK=_mask_code(m4), CAUSAL=bool(is_causal),
-            PRECISION=PRECISION, BLOCK_G=max(16, next_power_of_2(h // hkv)),
-            BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-            LAST_COMBINES=counters is not None, BLOCK_S=split_block(cfg),
-            num_warps=cfg.warps, num_stages=cfg.stages, APPEND=append is not None,
-            **pdl(q.device))
-        if counters is None:
-            mod.decode_combine[(b * h,)](
-                part_m, part_l, part_o, o4, h, splits, dv, o4.stride(0), o4.stride(1),
-                o4.stride(3), BLOCK_S=split_block(cfg), BLOCK_DV=block_dv,
+        mod.decode_split[(call.heads, call.splits)](
+            *call.pointers, *call.sizes, *call.strides, **call.constexprs,
+            num_warps=cfg.warps, num_stages=cfg.stages, **pdl(q.device))
+        if call.counters is None:
+            o4 = call.o4
+            mod.decode_combine[(o4.shape[0] * call.h,)](
+                *call.parts, o4, call.h, call.splits, call.dv, o4.stride(0), o4.stride(1),
+                o4.stride(3), BLOCK_S=split_block(cfg), BLOCK_DV=call.constexprs["BLOCK_DV"],
                 num_warps=COMBINE_WARPS)
     elif append is not None:  # nothing to attend with: the rows still go into the caches
-        k4.index_copy_(2, new[2], new[0])
-        v4.index_copy_(2, new[2], new[1])
+        _, k4, v4, _ = _as_4d(q, k, v, mask)
+        kn, vn, rows = _new_rows(append)
+        k4.index_copy_(2, rows, kn)
+        v4.index_copy_(2, rows, vn)
     return deliver(o, out)
+
+
+def _new_rows(append: tuple) -> tuple:
+    """``decode``'s ``append`` with the new rows as (B, HKV, R, D), as ``_as_4d`` views the
+    caches."""
+    kn, vn, rows = append
+    return ((kn[None], vn[None]) if kn.dim() == 3 else (kn, vn)) + (rows,)
+
+
+@dataclass(frozen=True)
+class DecodeLink:
+    """A decode attention as a stage of a persistent chain (``chain.py``): ``decode``'s
+    arguments."""
+
+    cfg: Decode
+    q: object
+    k: object
+    v: object
+    mask: object
+    is_causal: bool
+    scale: object
+    out: object = None
+    append: tuple | None = None
+
+    def target(self):
+        """The tensor the result is written to (``out`` itself where the kernel can)."""
+        return target(tuple(self.q.shape[:-1]) + (self.v.shape[-1],), self.q, self.out)
+
+    def prepare(self, early: bool) -> Prepared:
+        """The stage's arguments for the chain; ``early`` is unused (no weights to load)."""
+        o = self.target()
+        if not o.numel():
+            raise ValueError("a chain's decode attention has nothing to attend with")
+        call = _DecodeCall(self.cfg, self.q, self.k, self.v, self.mask, self.is_causal,
+                           self.scale, o, self.append,
+                           lambda heads: arrival_counters(self.q.device, heads))
+        if call.counters is None:
+            raise RuntimeError("no arrival counters for a chain's decode attention inside a "
+                               "capture; call it once before capturing")
+        return Prepared(call.stage(), call.stage_constexprs(), o, None, None, self.cfg.warps,
+                        self.cfg.stages)
+
+    def alone(self):
+        """The attention as a launch of its own (``decode``)."""
+        return decode(self.cfg, self.q, self.k, self.v, self.mask, self.is_causal, self.scale,
+                      self.out, self.append)
 
 
 def occupancy(cfg: Flash | Decode):
@@ -346,7 +418,19 @@ def _function(kind: str, cfg, masked: bool):
                    f"not, grouped-query heads ({cfg.label}, {cfg.warps} warps).")
     if kind == "decode":
         run.appending = _appending(cfg, masked)
+        run.link, run.chained = _linking(cfg, masked, None), chained
     return run
+
+
+def _linking(cfg: Decode, masked: bool, rows):
+    """``link(*args, out=None, is_causal, scale)``: a decode kernel's call (``rows``: the
+    appending run's, else None) as a ``DecodeLink`` of a persistent chain (``chain.py``)."""
+    def link(q, k, v, *rest, is_causal, scale, out=None) -> DecodeLink:
+        mask = rest[0] if masked else None
+        new = rest[1:] if masked else rest
+        append = (new[0], new[1], rows) if rows is not None else None
+        return DecodeLink(cfg, q, k, v, mask, is_causal, scale, out, append)
+    return link
 
 
 def _appending(cfg: Decode, masked: bool):
@@ -363,6 +447,7 @@ def _appending(cfg: Decode, masked: bool):
         else:
             def run(q, k, v, k_new, v_new, is_causal, scale, *, out=None):
                 return decode(cfg, q, k, v, None, is_causal, scale, out, (k_new, v_new, rows))
+        run.link, run.chained = _linking(cfg, masked, rows), chained
         return run
 
     return appending

@@ -100,16 +100,18 @@ def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
 
 @triton.jit
 def _append(cache, new, first, end, start, R, s_n, s_d, s_nn, s_nd, D,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FRESH: tl.constexpr = ""):
     """Rows ``start`` .. ``start + R - 1`` of one head's cache (``cache``: its row 0) from
-    ``new`` (its R rows), those of them in ``first`` .. ``end - 1`` (this program's keys)."""
+    ``new`` (its R rows), those of them in ``first`` .. ``end - 1`` (this program's keys).
+    FRESH: the new rows' cache modifier (``_decode_unit``)."""
     r0 = tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     for n0 in range(0, R, BLOCK_N):
         r = n0 + r0
         at = start + r
         mine = ((r < R) & (at >= first) & (at < end))[:, None] & (rd[None, :] < D)
-        rows = tl.load(new + r.to(tl.int64)[:, None] * s_nn + rd[None, :] * s_nd, mask=mine)
+        rows = tl.load(new + r.to(tl.int64)[:, None] * s_nn + rd[None, :] * s_nd, mask=mine,
+                       cache_modifier=FRESH)
         tl.store(cache + at.to(tl.int64)[:, None] * s_n + rd[None, :] * s_d, rows, mask=mine)
 
 
@@ -144,9 +146,28 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, l
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    splits = tl.num_programs(1)
+    _decode_unit(tl.program_id(0), tl.program_id(1), tl.num_programs(1), q_ptr, k_ptr, v_ptr,
+                 mask_ptr, part_m, part_l, part_o, o_ptr, lock_ptr, kn_ptr, vn_ptr, idx_ptr,
+                 HKV, G, SK, D, DV, chunk, scale, R, s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd,
+                 s_vb, s_vh, s_vn, s_vd, s_mb, s_mh, s_mn, s_ob, s_oh, s_od, s_knb, s_knh,
+                 s_knn, s_knd, s_vnb, s_vnh, s_vnn, s_vnd, MASK, CAUSAL, PRECISION, BLOCK_G,
+                 BLOCK_N, BLOCK_D, BLOCK_DV, LAST_COMBINES, BLOCK_S, APPEND, "")
+
+
+@triton.jit
+def _decode_unit(pid, split, splits, q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o,
+                 o_ptr, lock_ptr, kn_ptr, vn_ptr, idx_ptr, HKV, G, SK, D, DV, chunk, scale, R,
+                 s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+                 s_mb, s_mh, s_mn, s_ob, s_oh, s_od,
+                 s_knb, s_knh, s_knn, s_knd, s_vnb, s_vnh, s_vnn, s_vnd,
+                 MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, LAST_COMBINES: tl.constexpr, BLOCK_S: tl.constexpr,
+                 APPEND: tl.constexpr, FRESH: tl.constexpr):
+    """One program's work of ``decode_split``: (batch x kv head ``pid``, ``split`` of
+    ``splits``). FRESH: the cache modifier of q's and the new rows' loads (".cg" in a
+    persistent chain, ``chain_jit``, where the projection before wrote them in the same
+    kernel: never a stale L1 line)."""
     b = (pid // HKV).to(tl.int64)
     kvh = (pid % HKV).to(tl.int64)
     g = tl.arange(0, BLOCK_G)
@@ -157,7 +178,7 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, l
     zero = tl.zeros([BLOCK_G], tl.int32)  # every row is query position 0
 
     q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + rd[None, :] * s_qd,
-                mask=(g[:, None] < G) & (rd[None, :] < D), other=0.0)
+                mask=(g[:, None] < G) & (rd[None, :] < D), other=0.0, cache_modifier=FRESH)
     k_base = k_ptr + b * s_kb + kvh * s_kh
     v_base = v_ptr + b * s_vb + kvh * s_vh
     m_base = mask_ptr + b * s_mb + heads[:, None] * s_mh
@@ -173,9 +194,9 @@ def decode_split(q_ptr, k_ptr, v_ptr, mask_ptr, part_m, part_l, part_o, o_ptr, l
         start = tl.load(idx_ptr).to(tl.int32)
         end = tl.minimum(first + chunk, SK)  # (written even where causal reads fewer)
         _append(k_base, kn_ptr + b * s_knb + kvh * s_knh, first, end, start, R, s_kn, s_kd,
-                s_knn, s_knd, D, BLOCK_N, BLOCK_D)
+                s_knn, s_knd, D, BLOCK_N, BLOCK_D, FRESH)
         _append(v_base, vn_ptr + b * s_vnb + kvh * s_vnh, first, end, start, R, s_vn, s_vd,
-                s_vnn, s_vnd, DV, BLOCK_N, BLOCK_DV)
+                s_vnn, s_vnd, DV, BLOCK_N, BLOCK_DV, FRESH)
         tl.debug_barrier()  # every thread's rows stored before any thread reads the cache
     for n0 in range(first, last, BLOCK_N):
         rn = n0 + rn0

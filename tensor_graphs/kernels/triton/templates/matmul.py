@@ -26,22 +26,20 @@ so a pre-norm block's norm is no launch of its own in a decode step.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
-import warnings
 from dataclasses import dataclass
 
 from tensor_graphs.ir import api as tg
 from tensor_graphs.kernels.registry import Occupancy, kernel
 from tensor_graphs.kernels.signatures import Spec
 from tensor_graphs.kernels.torch import bound
+from tensor_graphs.kernels.triton.templates.chain import Prepared, chained
 from tensor_graphs.kernels.triton.templates.runtime import (
     PROGRAMS,
     REDUCTION,
     TF32,
     arrival_counters,
-    as_tensor,
     deliver,
     float_dtypes,
     interpreted,
@@ -218,9 +216,9 @@ def gemv_splits(cfg: Gemv, rows: int, n: int, k: int) -> tuple[int, int]:
 
 
 class _GemvCall:
-    """What a GEMV's launch passes its kernel, for ``gemv_split`` alone or as a stage of
-    ``gemv_chain``: the runtime arguments in ``gemv_split``'s order (the chain's stage tuple
-    adds the count of splits after K's chunk) and the constexprs."""
+    """What a GEMV's launch passes its kernel, for ``gemv_split`` alone or as a stage of a
+    persistent chain (``chain.py``): the runtime arguments in ``gemv_split``'s order (the
+    chain's stage tuple adds the count of splits after K's chunk) and the constexprs."""
 
     def __init__(self, cfg: Gemv, e: Epilogue, o: Operands, b, bias, res, norm, counters):
         a = o.a  # (a product with rows and columns: Operands made its views)
@@ -249,16 +247,16 @@ class _GemvCall:
             MAX_SPLITS=next_power_of_2(cfg.max_splits))
 
     def stage(self) -> tuple:
-        """The stage tuple of ``gemv_chain`` (``matmul_jit._chain_stage``)."""
+        """The stage tuple of a chain (``chain_jit._gemv_stage``)."""
         o = self.operands
         return (*self.pointers, o.n, o.k, self.chunk, self.splits, *self.strides)
 
     def stage_constexprs(self, prefetch: bool) -> tuple:
-        """The stage's constexprs, in ``matmul_jit.C_*``'s order."""
+        """The stage's constexprs, in ``chain_jit``'s order (a GEMV is kind 0)."""
         c = self.constexprs
-        return (c["BLOCK_N"], c["BLOCK_K"], c["HAS_BIAS"], c["HAS_RES"], c["ACT"], c["NORM"],
-                c["FINISH"], c["LAST_ADDS"], c["MAX_SPLITS"], c["NORM_BLOCK"], c["ONE_TILE"],
-                prefetch)
+        return (0, prefetch, c["BLOCK_N"], c["BLOCK_K"], c["HAS_BIAS"], c["HAS_RES"],
+                c["ACT"], c["NORM"], c["FINISH"], c["LAST_ADDS"], c["MAX_SPLITS"],
+                c["NORM_BLOCK"], c["ONE_TILE"])
 
 
 def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
@@ -281,7 +279,7 @@ def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
 
 @dataclass(frozen=True)
 class Link:
-    """One GEMV of a chain (``gemv_chain``): ``gemv``'s arguments."""
+    """A GEMV as a stage of a persistent chain (``chain.py``): ``gemv``'s arguments."""
 
     cfg: Gemv
     e: Epilogue
@@ -292,144 +290,31 @@ class Link:
     out: object = None
     norm: tuple = ()
 
+    @property
+    def rows(self) -> int:
+        return math.prod(self.a.shape[:-1])
 
-MAX_CHAIN = 4  # the most GEMVs a chain runs (the stages of a block's decode after attention)
-_BROKEN: list[str] = []  # why the chain kernel failed to compile or launch here, once it did
-SPIN = 1 << 24  # polls of a chain's barrier before it gives up (seconds): never a hung GPU
-_SYNC: dict = {}
+    def target(self):
+        """The tensor the result is written to (``out`` itself where the kernel can)."""
+        return Operands(self.e, self.a, self.b, self.res, self.out).c
 
-
-def chain_sync(device):
-    """The int32 counters of ``gemv_chain``'s barriers on ``device``: [arrived, left, failed,
-    unused]. Made outside a capture (the first chain call's), kept for the process: a graph
-    holds their address. ``failed`` is 1 once a barrier stopped waiting (``chain_failed``)."""
-    found = _SYNC.get(str(device))
-    if found is None:
-        found = _SYNC[str(device)] = torch.zeros(4, dtype=torch.int32, device=device)
-    return found
-
-
-def chain_failed(device) -> bool:
-    """Whether a chain's barrier on ``device`` stopped waiting since the counters were made:
-    its programs were not all resident at once (a GPU shared with another process's kernels,
-    or fewer units than ``chain_programs`` said), so its results are wrong. Reads the GPU."""
-    return bool(chain_sync(device)[2].item())
-
-
-def chain_programs(device) -> int:
-    """A chain's programs: one per GPU unit (SM), each resident for the whole kernel, as its
-    barriers need; four in the interpreter, where stages run one at a time (so a program
-    still deals several units of each)."""
-    if device.type != "cuda" or interpreted():
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def gemv_chain(links, programs: int | None = None) -> list:
-    """The GEMVs of ``links`` in order, each usually reading the result of one before it (its
-    ``a`` or ``res`` a view of an earlier ``out``), as one persistent kernel
-    (``matmul_jit.gemv_chain``) rather than a launch each. Returns each link's result, as
-    ``gemv`` does. In the interpreter each stage is a launch of its own (``ONLY``). A stage's
-    weight is prefetched before its barrier when it is bound (``kernels/torch/bound.py``)."""
-    links = list(links)
-    if not 1 <= len(links) <= MAX_CHAIN:
-        raise ValueError(f"gemv_chain: 1 to {MAX_CHAIN} GEMVs, got {len(links)}")
-    device = links[0].a.device
-    products = [Operands(k.e, k.a, k.b, k.res, k.out) for k in links]
-    for k, o in zip(links, products):
-        if o.m != products[0].m:
-            raise ValueError(f"gemv_chain: every GEMV of a chain has the same rows: "
-                             f"{products[0].m}, then {o.m} ({k.e.label})")
+    def prepare(self, early: bool) -> Prepared:
+        """The stage's arguments for the chain; ``early``: its first weights may be loaded
+        before the stage's barrier (or wait), where b is a bound weight."""
+        o = Operands(self.e, self.a, self.b, self.res, self.out)
         if not (o.m and o.n):
-            raise ValueError(f"gemv_chain: an empty product ({o.m} x {o.n}) in {k.e.label}")
-    calls = [_GemvCall(k.cfg, k.e, o, k.b, k.bias, k.res, k.norm,
-                       lambda blocks: arrival_counters(device, blocks))
-             for k, o in zip(links, products)]
-    for call in calls:
+            raise ValueError(f"an empty product ({o.m} x {o.n}) in {self.e.label}")
+        call = _GemvCall(self.cfg, self.e, o, self.b, self.bias, self.res, self.norm,
+                         lambda blocks: arrival_counters(o.a.device, blocks))
         if call.splits > 1 and call.counters is None:
-            raise RuntimeError("gemv_chain: no arrival counters for a split GEMV inside a "
+            raise RuntimeError("no arrival counters for a chain's split GEMV inside a "
                                "capture; call it once before capturing")
-    options = pdl(device)
-    prefetch = [bound.is_weight(k.b) for k in links]
-    consts = tuple(call.stage_constexprs(early and (i > 0 or options["PDL"]))
-                   for i, (call, early) in enumerate(zip(calls, prefetch)))
-    stages = tuple(call.stage() for call in calls)
-    grid = (programs or chain_programs(device),)
-    widest = max(k.cfg.warps for k in links)
-    sync = chain_sync(device)
-    m = calls[0].operands.m
-    mod = jit(JIT)
-    for only in (range(len(links)) if interpreted() else (-1,)):
-        mod.gemv_chain[grid](sync, m, LN_EPS, stages, CONSTS=consts, STAGES=len(links),
-                             ONLY=only, SPIN=SPIN, num_warps=widest,
-                             num_stages=links[0].cfg.stages, **options)
-    return [deliver(call.operands.c, k.out) for k, call in zip(links, calls)]
+        return Prepared(call.stage(), call.stage_constexprs(early and bound.is_weight(self.b)),
+                        o.c, o.m, LN_EPS, self.cfg.warps, self.cfg.stages)
 
-
-def chained(runs) -> list:
-    """Functions standing in for consecutive GEMV kernel calls (``runs``: their kernels' run
-    functions, each with ``link``) so that each ``MAX_CHAIN`` of them launch as one
-    ``gemv_chain``: each returns the tensor its result will be in (its out= place) and
-    launches nothing but the group's last, which launches the group. A call whose out= place
-    the kernel cannot write (another device, layout or dtype) first launches those before
-    it, then runs alone; a chain the kernel refuses (rows that differ, no arrival counters
-    inside a capture) runs its GEMVs one by one, in order. What runs between the calls must
-    launch nothing that reads their results (``runtime/chains.py`` folds only where that
-    holds)."""
-    runs = list(runs)
-    if _BROKEN:
-        return runs
-    out = []
-    for start in range(0, len(runs), MAX_CHAIN):
-        group = runs[start:start + MAX_CHAIN]
-        out += _group(group) if len(group) > 1 else group
-    return out
-
-
-def _group(runs: list) -> list:
-    """``chained``'s stand-ins for one launch's calls."""
-    pending: list[Link] = []
-
-    def launch() -> None:
-        links = list(pending)
-        pending.clear()
-        if not links:
-            return
-        try:
-            gemv_chain(links)
-        except (ValueError, RuntimeError):  # refused here (rows, counters): one by one
-            for k in links:
-                gemv(k.cfg, k.e, k.a, k.b, k.bias, k.res, k.out, k.norm)
-        except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common base
-            if not _BROKEN:  # this GPU or Triton cannot build the chain: never tried again
-                _BROKEN.append(f"{type(exc).__name__}: {str(exc).strip()[:300]}")
-                warnings.warn(f"the persistent GEMV chain failed ({_BROKEN[0]}); GEMVs run "
-                              "one launch each from now on", RuntimeWarning, stacklevel=2)
-            for k in links:
-                gemv(k.cfg, k.e, k.a, k.b, k.bias, k.res, k.out, k.norm)
-
-    def member(run, last: bool):
-        def step(*args, out=None):
-            link = run.link(*args, out=out)
-            c = Operands(link.e, link.a, link.b, link.res, out).c
-            if out is not None and not _written_in(c, out):
-                launch()
-                return run(*args, out=out)
-            pending.append(dataclasses.replace(link, out=c))
-            if last:
-                launch()
-            return c if out is None else out
-        step.stands_for = run
-        return step
-
-    return [member(run, i == len(runs) - 1) for i, run in enumerate(runs)]
-
-
-def _written_in(c, out) -> bool:
-    """Whether the kernel writes its result ``c`` in ``out`` itself (``target``: a numpy
-    buffer of the simulated GPU is viewed as a tensor), so nothing is copied after it."""
-    t = as_tensor(out)
-    return t.device == c.device and t.data_ptr() == c.data_ptr()
+    def alone(self):
+        """The GEMV as a launch of its own (``gemv``)."""
+        return gemv(self.cfg, self.e, self.a, self.b, self.bias, self.res, self.out, self.norm)
 
 
 def _dependent(b) -> dict:
@@ -532,7 +417,7 @@ def function(cfg: Config | Gemv, e: Epilogue):
     else:
         def run(a, b, *, out=None):
             return body(cfg, e, a, b, None, None, out)
-    if body is gemv:  # a chain's link (runtime/chains.py)
+    if body is gemv:  # a chain's stage (runtime/chains.py)
         run.link, run.chained = _linking(cfg, e, run), chained
     what = "x @ weight.T" if e.linear else "a @ b"
     what = f"layer_norm({what[0]}) {what[2:]}" if e.norm else what
@@ -545,8 +430,8 @@ def function(cfg: Config | Gemv, e: Epilogue):
 
 def _linking(cfg: Gemv, e: Epilogue, run):
     """``link(*args, out=None)``: a GEMV kernel's call, by its parameters' names, as a ``Link``
-    of a chain (``gemv_chain``), so the runtime can run consecutive GEMV steps as one launch
-    (``runtime/chains.py``)."""
+    of a persistent chain (``chain.py``), so the runtime can run consecutive GEMV steps as
+    one launch (``runtime/chains.py``)."""
     names = [n for n in inspect.signature(run).parameters if n != "out"]
 
     def link(*args, out=None) -> Link:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from tensor_graphs.kernels.triton import require_compiler
 from tensor_graphs.kernels.triton.aot import Target
-from tensor_graphs.kernels.triton.templates import argmax, attention, gather, matmul, rope
+from tensor_graphs.kernels.triton.templates import argmax, attention, chain, gather, matmul, rope
 from tensor_graphs.kernels.triton.templates.runtime import jit, next_power_of_2
 
 HEAD_DIMS = (64, 128)  # GPT-2's, Llama's and Qwen3's
@@ -57,42 +57,60 @@ def _target(kernel: str, variant: str, fn, pointers: dict, floats: tuple, units:
                   {"num_warps": warps, "num_stages": stages, **options}, attrs, kernel)
 
 
-# a chain stage's runtime arguments (``matmul._GemvCall.stage``): pointers, then ints, of which
-# these positions are 1 as a decode's contiguous operands launch them (specialised: constexpr)
-CHAIN_POINTERS = ("a", "b", "bias", "res", "c", "part", "lock", "ln_w", "ln_b")
-CHAIN_UNITS = (14, 16, 17, 19, 21, 22, 23)  # stride_ak, _bn, _bias, _rn, _cn, _lnw, _lnb
-CHAIN_SLOTS = 24
+# a chain's stages' runtime arguments (``matmul._GemvCall.stage``,
+# ``attention._DecodeCall.stage``): their pointers' dtypes (None: the stage's float dtype), the
+# other slots ints but scale, and the positions that are 1 as a decode's contiguous operands
+# launch them (specialised: constexpr)
+GEMV_SLOTS = (None,) * 5 + ("float32", "int32", None, None) + ("i32",) * 15
+GEMV_UNITS = (14, 16, 17, 19, 21, 22, 23)  # stride_ak, _bn, _bias, _rn, _cn, _lnw, _lnb
+DECODE_SLOTS = (None,) * 4 + ("float32",) * 3 + (None, "int32", None, None, "int64") + \
+    ("i32",) * 6 + ("fp32",) + ("i32",) * 28
+DECODE_UNITS = (24, 28, 32, 35, 38, 42, 46)  # s_qd, s_kd, s_vd, s_mn, s_od, s_knd, s_vnd
 
 
-def _chain_targets(mm) -> Iterator[Target]:
-    """``gemv_chain`` as a decode block's four GEMVs after its attention run it, in fp32 with
-    PDL and every weight prefetched: a projection plus the residual split over K, then
-    LayerNorm + the MLP's up projection + gelu, its down projection + the residual, and the
-    next block's LayerNorm + q/k/v in one split (FINISH): each config in each position, so
-    every stage body, barrier and prefetch compiles; the registers held across a barrier (a
-    stage's result, the next one's first weights) must not spill past the block's limit."""
-    def stage(cfg, norm, finish, act=0, res=True):
-        return (cfg.block_n, cfg.block_k, True, res, act, norm, finish, not finish,
-                next_power_of_2(cfg.max_splits), matmul.NORM_TILE if norm else 16, True, True)
-
-    types = tuple(POINTER["int32" if name == "lock" else "float32"] for name in CHAIN_POINTERS)
-    types += ("i32",) * (CHAIN_SLOTS - len(CHAIN_POINTERS))
-    one = tuple("constexpr" if k in CHAIN_UNITS else t for k, t in enumerate(types))
+def _chain_targets() -> Iterator[Target]:
+    """``chain_jit.chain`` as a GPT-2 decode block runs it, in fp32 with PDL and every
+    weight prefetched: LayerNorm + q/k/v in one split (FINISH), the decode attention
+    (appending the new rows, masked), the output projection + the residual split over K,
+    LayerNorm + the MLP's up projection + gelu, its down projection + the residual; each GEMV
+    config with each decode config, so every stage body, barrier and prefetch compiles, with
+    the fewest pipeline stages of its configs (``chain.chain``'s launch) and its shared
+    memory within the block's limit."""
+    ch = _module("chain_jit")
     gelu = matmul.ACTS["gelu_tanh"]
-    for cfg in matmul.GEMV_CONFIGS:
-        consts = (stage(cfg, False, False), stage(cfg, True, False, gelu, False),
-                  stage(cfg, False, False), stage(cfg, True, True, 0, False))
-        n = len(consts)
-        constexprs = {(3, j, k): 1 for j in range(n) for k in CHAIN_UNITS}
-        constexprs.update(CONSTS=consts, STAGES=n, ONLY=-1, PDL=True, SPIN=matmul.SPIN)
-        attrs = {(3, j, k): [["tt.divisibility", 16]] for j in range(n)
-                 for k in range(CHAIN_SLOTS) if k not in CHAIN_UNITS and one[k] == "i32"
-                 or k < len(CHAIN_POINTERS)}
-        signature = {"sync_ptr": "*i32", "M": "i32", "eps": "fp32", "stages": (one,) * n,
+
+    def gemv(cfg, norm, finish, act=0, res=True):
+        return (0, True, cfg.block_n, cfg.block_k, True, res, act, norm, finish, not finish,
+                next_power_of_2(cfg.max_splits), matmul.NORM_TILE if norm else 16, True)
+
+    def typed(slots, units):
+        return tuple("constexpr" if k in units else POINTER["float32"] if t is None
+                     else POINTER.get(t, t) for k, t in enumerate(slots))
+
+    for cfg, dec in zip(matmul.GEMV_CONFIGS, attention.DECODE_CONFIGS):
+        decode = (1, False, attention.FLOAT_MASK, False, attention.PRECISION, 16,
+                  dec.block_n, max(HEAD_DIMS), max(HEAD_DIMS), attention.split_block(dec), True)
+        consts = (gemv(cfg, True, True, 0, False), decode, gemv(cfg, False, False),
+                  gemv(cfg, True, False, gelu, False), gemv(cfg, False, False))
+        layout = [(GEMV_SLOTS, GEMV_UNITS), (DECODE_SLOTS, DECODE_UNITS)] + \
+            [(GEMV_SLOTS, GEMV_UNITS)] * 3
+        constexprs, attrs = {}, {}
+        for j, (slots, units) in enumerate(layout):
+            for k, t in enumerate(slots):
+                if k in units:
+                    constexprs[(3, j, k)] = 1
+                elif t != "fp32":  # pointers and ints aligned as a launch's are
+                    attrs[(3, j, k)] = [["tt.divisibility", 16]]
+        constexprs.update(CONSTS=consts, STAGES=len(consts), ONLY=-1, PDL=True,
+                          SPIN=chain.SPIN)
+        signature = {"sync_ptr": "*i32", "M": "i32", "eps": "fp32",
+                     "stages": tuple(typed(slots, units) for slots, units in layout),
                      **dict.fromkeys(("CONSTS", "STAGES", "ONLY", "PDL", "SPIN"), "constexpr")}
-        yield Target(f"gemv_chain_{cfg.label}_float32_pdl", mm.gemv_chain, signature,
-                     constexprs, {"num_warps": cfg.warps, "num_stages": cfg.stages,
-                                  "launch_pdl": True}, attrs, f"gemv_chain_{cfg.label}")
+        name = f"chain_decode_{dec.label}_{cfg.label}"
+        yield Target(f"{name}_float32_pdl", ch.chain, signature, constexprs,
+                     {"num_warps": max(cfg.warps, dec.warps),
+                      "num_stages": min(cfg.stages, dec.stages), "launch_pdl": True}, attrs,
+                     name)
 
 
 def compile_targets() -> Iterator[Target]:
@@ -139,7 +157,7 @@ def compile_targets() -> Iterator[Target]:
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
                           ("eps",), gemv_units, consts, cfg.warps, cfg.stages,
                           **({"launch_pdl": True} if dependent else {}))
-    yield from _chain_targets(mm)
+    yield from _chain_targets()
     ptrs = dict.fromkeys(("bias_ptr", "res_ptr", "c_ptr", "part_ptr"), "float32")
     yield _target("gemv_combine", "", mm.gemv_combine, ptrs, (), gemv_units[2:5],
                   dict(epilogue, BLOCK_N=matmul.COMBINE_BLOCK), 4)
