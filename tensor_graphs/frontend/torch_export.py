@@ -950,9 +950,13 @@ def _in_eval(module):
             m.training = training
 
 
-def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None):
+def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None, *,
+            grad: bool = False):
+    """torch.export of ``module`` in eval mode, under ``torch.no_grad()`` for inference; with
+    ``grad`` (an export for training) grad stays enabled, so the forward's own no_grad
+    regions are recorded (``frontend/grad_regions``) rather than lost in the export's."""
     torch = torch_module()
-    with _in_eval(module), torch.no_grad():
+    with _in_eval(module), (torch.enable_grad() if grad else torch.no_grad()):
         try:
             return torch.export.export(module, example_args, kwargs=kwargs or None,
                                        dynamic_shapes=dynamic_shapes)

@@ -76,6 +76,7 @@ from tensor_graphs.ir.ops.elementwise import (  # noqa: F401
     sub,
     tanh,
 )
+from tensor_graphs.ir.ops.gradient import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.losses import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.nn import *  # noqa: F401,F403,E402
 from tensor_graphs.ir.ops.pointwise import *  # noqa: F401,F403,E402

@@ -8,7 +8,9 @@ the forward as they are. One with its own rule (softmax, log_softmax, layer_norm
 attention) uses it, reading the forward's output instead of re-deriving it through exp/sum/div;
 any other is differentiated by sweeping its decomposition down to its inputs, so the backward
 recomputes only what the rules read and the forward keeps the node a fused kernel may run.
-Only float values carry cotangents: an int or bool result (an index, a mask) stops the flow.
+Only float values carry cotangents: an int or bool result (an index, a mask) stops the flow,
+and so does ``stop_gradient`` (declared in ``NON_DIFFERENTIABLE``: its decomposition, the
+identity, is never swept), the mark torch's ``detach`` and ``no_grad`` import as.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ def _sweep(outs: list[Node], seeds: list[Node], targets: set[Node],
     order = nodes(outs, stop=stop)
     needed: set[Node] = set()
     for n in order:  # on a path to a target: the only nodes whose cotangent matters
-        if n in targets or (n not in stop and any(i in needed for i in n.inputs)):
-            needed.add(n)
+        if n in targets or (n not in stop and n.op.name not in NON_DIFFERENTIABLE
+                            and any(i in needed for i in n.inputs)):
+            needed.add(n)  # (no path runs through an op that passes no cotangent)
     cotangent: dict[Node, Node] = {}
     for o, s in zip(outs, seeds):
         _accumulate(cotangent, o, s)
@@ -110,7 +113,8 @@ def _input_cotangents(n: Node, g: Node, needed: set[Node]) -> tuple:
     """A composite without its own rule: its decomposition swept down to its inputs, so the
     forward keeps the composite node (a fused kernel may run it) and the backward recomputes
     only what the rules read."""
-    if n.op.kind == COMPOSITE and n.op.name not in COMPOSITE_VJP:
+    if n.op.kind == COMPOSITE and n.op.name not in COMPOSITE_VJP \
+            and n.op.name not in NON_DIFFERENTIABLE:
         inner = expand_composite(n.op, n.inputs, n.attrs)
         wanted = {i for i in n.inputs if i in needed and i.dtype.is_float}
         found = _sweep([inner], [g], wanted, frozenset(n.inputs))
@@ -120,12 +124,12 @@ def _input_cotangents(n: Node, g: Node, needed: set[Node]) -> tuple:
 
 def _rule(n: Node):
     name = n.op.name
+    if name in NON_DIFFERENTIABLE:  # a composite too: stop_gradient
+        return lambda y, g: (None,) * len(y.inputs)
     if n.op.kind == COMPOSITE:
         return COMPOSITE_VJP[name]
     if name in VJP:
         return VJP[name]
-    if name in NON_DIFFERENTIABLE:
-        return lambda y, g: (None,) * len(y.inputs)
     raise ArgumentError(f"grad: the op {name} ({n!r}) has no gradient rule; add one to "
                         f"tensor_graphs/ir/grad_rules.py (VJP) or declare it in "
                         f"NON_DIFFERENTIABLE")

@@ -366,7 +366,7 @@ VJP: dict[str, Rule] = {
     "scatter": _scatter_rule,
 }
 
-#  op: why no cotangent flows through it
+#  op: why no cotangent flows through it (atomic ops, and the composite that says so)
 NON_DIFFERENTIABLE: dict[str, str] = {
     "equal": "a bool result",
     "less": "a bool result",
@@ -374,6 +374,7 @@ NON_DIFFERENTIABLE: dict[str, str] = {
     "iota": "no tensor inputs (indices)",
     "bitwise_and": "int operands only",
     "random_bits": "an int64 result (random words of an int key)",
+    "stop_gradient": "the identity whose gradient is zero by definition (torch's detach)",
 }
 
 

@@ -192,6 +192,11 @@ def _check(name: str, params: dict[str, Node], grads: dict[str, Node]) -> None:
         if not is_static(p.shape):
             raise ShapeError(f"{name}.update: parameter '{key}' has symbolic shape "
                              f"{format_shape(p.shape)}; a parameter's shape must be fixed")
+        if p.ndim == 0:  # its new version is a state_update, which writes along an axis
+            raise ShapeError(f"{name}.update: parameter '{key}' is 0-d; a state is updated "
+                             f"along an axis, so hold it as tg.state('{p.name}', (1,), "
+                             f"'{p.dtype.name}') and read it as .reshape(()) in the loss "
+                             "(tg.Trainer does this for a 0-d weight)")
         if not p.dtype.is_float:
             raise DTypeError(f"{name}.update: parameter '{key}' is {p.dtype.name}; only float "
                              "parameters can be optimized")

@@ -14,6 +14,7 @@ from tensor_graphs.rewrite.simplify import (  # noqa: F401,E402  (the function s
     pm_algebra,
     pm_cast,
     pm_fold,
+    pm_marks,
     pm_movement,
     pm_simplify,
     simplify,

@@ -6,7 +6,8 @@ and ``simplify``, which applies them all to a fixed point.
     pm_algebra    0/1 algebra, double negation, x - x on ints, where with equal branches; an
                   attention's explicit scale equal to its default, 1/sqrt(head dim), -> None
     pm_fold       constant folding: a node whose inputs are all constants becomes a constant
-    pm_simplify = pm_movement + pm_cast + pm_algebra + pm_fold
+    pm_marks      stop_gradient(x) -> x (a mark for tg.grad, which ran before)
+    pm_simplify = pm_movement + pm_cast + pm_algebra + pm_fold + pm_marks
 
 CSE needs no rule: nodes are hash-consed, so rebuilding a rewritten graph reuses every node
 that already exists and two expressions that become equal become one node. Dead-node
@@ -29,6 +30,10 @@ Semantic choices (also in docs/ARCHITECTURE.md, "Rewriting: simplification"):
 - **reciprocal(reciprocal(x)) is not folded.** ``1/(1/x)`` is not ``x`` in binary floating
   point: float32 gives 6.9999995 for 7, float64 gives 49.00000000000001 for 49, and a
   subnormal x gives ``1/inf = 0``. Constant folding still evaluates it for constants.
+- **Gradient marks are dropped.** ``stop_gradient(x)`` is x: what it marks is for
+  ``tg.grad``, which built its graphs before anything is compiled, so a training step plans
+  as if the mark were never there (no fusion or recomposition stops at one). Simplify a graph
+  after taking its gradient, not before.
 - **Constant folding** evaluates the node with the float64 reference (``tg.evaluate(...,
   dtype="float64")``) and keeps the value exactly, as the builder keeps Python floats: in the
   node's own dtype when the value fits it exactly, otherwise in float64 storage under the
@@ -301,7 +306,12 @@ pm_fold = pat.RuleTable("fold", [
     pat.rule(pat.var("x", where=foldable), fold),
 ])
 
-pm_simplify = pm_movement + pm_cast + pm_algebra + pm_fold
+pm_marks = pat.RuleTable("marks", [
+    # stop_gradient(x) -> x  (the gradient it stops was taken before compiling)
+    pat.rule(pat.stop_gradient(x), lambda x: x),
+])
+
+pm_simplify = pm_movement + pm_cast + pm_algebra + pm_fold + pm_marks
 
 
 def simplify(outputs, table: pat.RuleTable = pm_simplify, max_steps: int | None = None):
@@ -314,5 +324,5 @@ def simplify(outputs, table: pat.RuleTable = pm_simplify, max_steps: int | None 
     return pat.apply(outputs, table, max_steps=max_steps)
 
 
-__all__ = ["simplify", "pm_movement", "pm_cast", "pm_algebra", "pm_fold", "pm_simplify",
-           "foldable", "fold", "lossless", "FOLD_MIN_ELEMENTS"]
+__all__ = ["simplify", "pm_movement", "pm_cast", "pm_algebra", "pm_fold", "pm_marks",
+           "pm_simplify", "foldable", "fold", "lossless", "FOLD_MIN_ELEMENTS"]

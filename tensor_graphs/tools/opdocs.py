@@ -33,6 +33,7 @@ GROUPS = {
     "losses": "Losses",
     "conv": "Convolution and pooling",
     "shape_ops": "Shape manipulation",
+    "gradient": "Gradient marks",
 }
 
 INTRO = f"""\

@@ -16,7 +16,11 @@ the module's own mode, as in torch: in training mode (``module.train()``, a new 
 each dropout (``scaled_dot_product_attention``'s ``dropout_p`` too) draws from one generator
 (``tg.rng``, seeded by ``seed=``, advanced by every step), after ``module.eval()`` it is off.
 Batch norm is exported in eval mode, as ``tg.from_torch`` does (its running statistics read,
-not updated).
+not updated). What torch's autograd does not differentiate, tg.grad does not either: the
+wrapper is exported with grad enabled, so the forward's ``torch.no_grad()`` blocks come as
+regions, inlined with what they computed detached (``frontend/grad_regions.py``), and the
+import is one for training, where ``detach`` is a ``tg.stop_gradient`` and an embedding's
+``padding_idx`` row gets no gradient, as in torch (``scale_grad_by_freq`` is refused).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from tensor_graphs.errors import ArgumentError, FeedError
 from tensor_graphs.frontend.aten.random_ops import training_rng
+from tensor_graphs.frontend.grad_regions import inline_grad_regions
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes, substitute
 from tensor_graphs.ir.node import Node
@@ -145,7 +150,7 @@ def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, opt
             m.eval()
     try:
         wrapper = WithLoss()
-        exported = _export(wrapper, args, shapes)
+        exported = inline_grad_regions(_export(wrapper, args, shapes, grad=True))
     finally:
         for m, training in modes.items():
             m.training = training

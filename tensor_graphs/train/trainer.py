@@ -43,9 +43,15 @@ from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
 from tensor_graphs.ir.ops.random import advance, check_sites, initial, rng_states
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.optim.base import Optimizer
-from tensor_graphs.runtime.weights import read_safetensors, write_safetensors
+from tensor_graphs.runtime.weights import (
+    read_safetensors,
+    read_safetensors_header,
+    write_safetensors,
+)
 
 __all__ = ["Trainer"]
+
+OPTIMIZER_KEY = "tensor_graphs.optimizer"  # metadata: the optimizer whose states a file holds
 
 
 class Trainer:
@@ -80,11 +86,16 @@ class Trainer:
         check_sites([loss, *extra])  # two dropouts sharing a mask: before the backward reuses it
         by_name = {leaf.name: leaf for leaf in leaves([loss, *extra])}
         chosen = _chosen(params, by_name, loss)
-        # the trained weights become states of the same names: the program updates them
-        as_state = {leaf: tg.state(leaf.name, tuple(leaf.shape), leaf.dtype)
-                    for leaf in chosen if leaf.op.name == WEIGHT}
+        # the trained weights become states of the same names: the program updates them. A
+        # 0-d one (CLIP's logit_scale) is held as (1,), since a state_update writes along an
+        # axis, and read as () where the loss read it; bind, weights and save speak ()
+        held = {leaf: tg.state(leaf.name, tuple(leaf.shape) or (1,), leaf.dtype)
+                for leaf in chosen if leaf.op.name == WEIGHT or leaf.ndim == 0}
+        as_state = {leaf: state if leaf.ndim else tg.reshape(state, ())
+                    for leaf, state in held.items()}
         loss, *extra = substitute([loss, *extra], as_state) if as_state else [loss, *extra]
-        self.params: dict[str, Node] = {leaf.name: as_state.get(leaf, leaf) for leaf in chosen}
+        self.params: dict[str, Node] = {leaf.name: held.get(leaf, leaf) for leaf in chosen}
+        self._scalars: set[str] = {leaf.name for leaf in chosen if leaf.ndim == 0}
         gradients = dict(zip(self.params, grad(loss, list(self.params.values()))))
         flowing = {n: g for n, g in gradients.items() if not _is_zeros(g)}
         stuck = sorted(set(gradients) - set(flowing))
@@ -134,22 +145,40 @@ class Trainer:
                             f"{sorted(self.frozen) or 'none'}"
                             + (f" (the batch's inputs {sorted(set(unknown) & set(self.inputs))}"
                                " are fed to step())" if set(unknown) & set(self.inputs) else ""))
+        held = {n: self._held(n, v) for n, v in values.items()}
         try:
-            self.program.bind(**values)
-        except TensorGraphsError as exc:
-            raise type(exc)(f"Trainer.bind: {exc}") from None
+            self.program.bind(**held)
+        except TensorGraphsError as exc:  # the program's "bind: ..." said once, as the trainer
+            raise type(exc)(f"Trainer.bind: {str(exc).removeprefix('bind: ')}") from None
         self._frozen_values.update((n, np.asarray(v)) for n, v in values.items()
                                    if n in self.frozen)
         self._bound.update(values)
         return self
+
+    def _held(self, name: str, value):
+        """A parameter's ``value`` checked against the shape the loss declares and given as
+        the program holds it: a 0-d one as (1,) (see __init__; the (1,) of
+        ``trainer.params[name].shape`` is taken too: one value either way)."""
+        if name not in self.params:
+            return value
+        shape = tuple(np.shape(value))
+        declared = () if name in self._scalars else tuple(self.params[name].shape)
+        if shape != declared and not (name in self._scalars and shape == (1,)):
+            raise ShapeError(f"Trainer.bind: parameter '{name}' has shape "
+                             f"{format_shape(shape)}, the loss declares {format_shape(declared)}")
+        if name not in self._scalars:
+            return value
+        return value.reshape(1) if hasattr(value, "reshape") else np.reshape(value, (1,))
 
     def bind_safetensors(self, path, *, strict: bool = False, rename=None) -> Trainer:
         """Bind every parameter and frozen weight the file holds, by name (``rename`` as in
         ``prog.bind_safetensors``); the optimizer's states too where the file holds them
         (a checkpoint written by ``save(path, optimizer=True)``). Weights already bound may be
         missing from the file; any other missing one raises before anything is bound."""
+        self._check_optimizer(path, rename)
         leaves_wanted = {**self.params, **self.frozen}
-        wanted = {n: (tuple(lf.shape), lf.dtype) for n, lf in leaves_wanted.items()}
+        wanted = {n: (() if n in self._scalars else tuple(lf.shape), lf.dtype)
+                  for n, lf in leaves_wanted.items()}
         by_name = {lf.name: lf for lf in leaves(self.outputs)}
         wanted.update((n, (tuple(by_name[n].shape), by_name[n].dtype))
                       for n in self._optim_states)
@@ -157,26 +186,56 @@ class Trainer:
         arrays = read_safetensors(path, wanted, strict=strict, rename=rename, optional=bound)
         return self.bind(**arrays)
 
+    def _check_optimizer(self, path, rename) -> None:
+        """Optimizer states resume only the optimizer that saved them: an AdamW checkpoint's
+        learning rate and count bound into an SGD trainer changed its learning rate in
+        silence, and moments of another rule mean nothing to this one. The optimizer is
+        known from the file's metadata (``save`` records it); without it (another writer),
+        states under this optimizer's prefix that it does not keep tell."""
+        header = read_safetensors_header(path)
+        names = {rename(n) if rename is not None else n for n in header.tensors} - {None}
+        saved_by = (header.metadata or {}).get(OPTIMIZER_KEY)
+        prefix, mine = self.optimizer.prefix, self.optimizer.name
+        foreign = sorted(n for n in names - self._optim_states - set(self.params)
+                         - set(self.frozen) if n.startswith(prefix))
+        other = saved_by is not None and saved_by != mine and bool(names & self._optim_states)
+        if not (other or foreign):
+            return
+        held = (f"the optimizer states of {saved_by}" if saved_by is not None and saved_by != mine
+                else f"optimizer states this {mine} does not keep ({foreign[:4]}"
+                     + (" ..." if len(foreign) > 4 else "") + ")")
+        raise ArgumentError(
+            f"Trainer.bind_safetensors: {path} holds {held}; this trainer's optimizer is "
+            f"{mine}, whose learning rate, count and moments they would replace. Resume with "
+            f"the optimizer that saved them, or load the parameters only: "
+            f"trainer.bind_safetensors(path, rename=lambda n: None if "
+            f"n.startswith({prefix!r}) else n)")
+
     def weights(self) -> dict[str, np.ndarray]:
-        """The parameters' current values (copies, by name)."""
-        return {name: np.array(self._state(name)) for name in self.params}
+        """The parameters' current values (copies, by name, in the shapes the loss declares)."""
+        self._check_bound("Trainer.weights")
+        values = {name: np.array(self.program.state(name)) for name in self.params}
+        return {name: v.reshape(()) if name in self._scalars else v for name, v in values.items()}
 
     def save(self, path, *, optimizer: bool = False) -> None:
         """The parameters and the frozen weights bound, as a safetensors file that
         ``bind_safetensors`` (or a model's ``prog.bind_safetensors``) reads back; with
         ``optimizer``, the optimizer's states too, to resume training. Written atomically: an
         error leaves no half-written file (any file there before stays as it was)."""
+        self._check_bound("Trainer.save")
         arrays: dict[str, np.ndarray] = {**self._frozen_values, **self.weights()}
         if optimizer:
-            arrays.update((n, np.array(self._state(n))) for n in sorted(self._optim_states))
-        write_safetensors(path, arrays)
+            arrays.update((n, np.array(self.program.state(n)))
+                          for n in sorted(self._optim_states))
+        write_safetensors(path, arrays,
+                          metadata={OPTIMIZER_KEY: self.optimizer.name} if optimizer else None)
 
-    def _state(self, name: str) -> np.ndarray:
+    def _check_bound(self, what: str) -> None:
+        """Every parameter has a value (the optimizer's states have theirs from the start)."""
         unbound = sorted(set(self.params) - self._bound)
         if unbound:
-            raise StateError(f"Trainer: parameter(s) {unbound} have no value yet: "
+            raise StateError(f"{what}: parameter(s) {unbound} have no value yet: "
                              "trainer.bind(" + ", ".join(f"{n}=..." for n in unbound) + ")")
-        return self.program.state(name)
 
     # ------------------------------------------------------------------------ steps
     def step(self, **batch) -> float:
@@ -187,6 +246,11 @@ class Trainer:
             raise FeedError(f"Trainer.step: {other} are not inputs of the loss; feed only the "
                             f"batch's inputs {sorted(self.inputs)} (parameters and weights go "
                             "to bind())")
+        unbound = sorted((set(self.params) | set(self.frozen)) - self._bound)
+        if unbound:  # before the program's own error, which names prog.bind
+            raise FeedError(f"Trainer.step: parameter(s) or frozen weight(s) {unbound} are not "
+                            "bound: call trainer.bind(" + ", ".join(f"{n}=..." for n in unbound)
+                            + ") or trainer.bind_safetensors(path) first")
         try:
             out = self.program(**batch)
         except TensorGraphsError as exc:
@@ -196,8 +260,8 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        """The learning rate the next step uses."""
-        return float(self._state(self.updates.lr)[0])
+        """The learning rate the next step uses (an optimizer state, there from the start)."""
+        return float(self.program.state(self.updates.lr)[0])
 
     def set_lr(self, lr: float) -> None:
         """A new learning rate from the next step on (a schedule): written into its state,
@@ -206,8 +270,8 @@ class Trainer:
 
     @property
     def steps(self) -> int:
-        """Steps taken (the optimizer's count)."""
-        return int(self._state(self.updates.count)[0])
+        """Steps taken (the optimizer's count, there from the start)."""
+        return int(self.program.state(self.updates.count)[0])
 
     # ------------------------------------------------------------------------ memory
     def memory(self) -> dict[str, int]:

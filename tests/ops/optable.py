@@ -2799,6 +2799,14 @@ RANDOM = [
 ]
 
 
+# stop_gradient: its value bit for bit; its gradient is defined, not derived
+# (tests/autodiff/test_grad_marks.py runs these rows and checks the gradients against torch)
+GRADIENT = [
+    OpInfo("stop_gradient", "stop_gradient", tg.stop_gradient, lambda x: x, ALL, U,
+           check="exact", torch=lambda torch, x: x.detach()),
+]
+
+
 # ------------------------------------------------------------------------------ the table
 def _family(name: str, rows: list[OpInfo]) -> list[OpInfo]:
     return [OpInfo(**{**r.__dict__, "family": name}) for r in rows]
@@ -2811,7 +2819,8 @@ TABLE: list[OpInfo] = (_family("atomic", ATOMIC) + _family("composites", COMPOSI
                        + _family("shape", SHAPE) + _family("atomic", SELECTION_ATOMIC)
                        + _family("atomic", POINTWISE_ATOMIC) + _family("pointwise", POINTWISE)
                        + _family("selection", SELECTION)
-                       + _family("atomic", RANDOM_ATOMIC) + _family("random", RANDOM))
+                       + _family("atomic", RANDOM_ATOMIC) + _family("random", RANDOM)
+                       + _family("gradient", GRADIENT))
 BY_NAME: dict[str, OpInfo] = {r.name: r for r in TABLE}
 assert len(BY_NAME) == len(TABLE), "two rows share a name"
 

@@ -96,6 +96,8 @@ def test_invalid_hyperparameters(build, error, words):
      {"w": tg.input("gw", (3, 2))}, tg.ArgumentError, "same state 'w'"),
     ({"w": tg.state("w", (3, 2))}, {"w": np.zeros((3, 2), np.float32)}, tg.ArgumentError,
      "give a graph node"),
+    ({"s": tg.state("s", ())}, {"s": tg.input("gs", ())}, tg.ShapeError,
+     r"parameter 's' is 0-d.*tg.state\('s', \(1,\), 'float32'\).*tg.Trainer"),
 ])
 def test_update_errors_name_the_parameter_and_the_fix(params, grads, error, words):
     with pytest.raises(error, match=words) as info:

@@ -13,6 +13,7 @@ import pytest
 
 import tensor_graphs as tg
 from tensor_graphs.numerics import relative_error
+from tensor_graphs.runtime.weights import write_safetensors
 
 torch = pytest.importorskip("torch")
 
@@ -152,6 +153,79 @@ def test_save_and_bind_safetensors_resume_training(tmp_path):
     assert sorted(tg.compile(_mlp_loss()).bind_safetensors(path)._bound) == sorted(MLP_NAMES)
 
 
+def test_another_optimizers_checkpoint_is_refused(tmp_path):
+    """Optimizer states resume only the optimizer that saved them: an AdamW checkpoint bound
+    into an SGD trainer replaced its learning rate in silence. Its parameters load alone."""
+    adamw = tg.Trainer(_mlp_loss(), optimizer=tg.optim.AdamW(0.001))
+    adamw.bind(**_mlp_initial(_torch_mlp()))
+    adamw.step(**_mlp_batch(0))
+    path = tmp_path / "adamw.safetensors"
+    adamw.save(path, optimizer=True)
+    sgd = tg.Trainer(_mlp_loss(), optimizer=tg.optim.SGD(0.5))
+    with pytest.raises(tg.ArgumentError, match=r"holds the optimizer states of AdamW; this "
+                                               r"trainer's optimizer is SGD.*rename=lambda n"):
+        sgd.bind_safetensors(path)
+    assert sgd.lr == 0.5 and sgd.steps == 0
+    with pytest.raises(tg.StateError, match="no value yet"):  # nothing was bound
+        sgd.weights()
+    sgd.bind_safetensors(path, rename=lambda n: None if n.startswith("optim.") else n)
+    assert sgd.lr == 0.5 and sgd.steps == 0
+    for name, value in adamw.weights().items():
+        np.testing.assert_array_equal(sgd.weights()[name], value)
+    adam = tg.Trainer(_mlp_loss(), optimizer=tg.optim.Adam(0.001, weight_decay=0.1))
+    with pytest.raises(tg.ArgumentError, match="optimizer states of AdamW; this trainer's "
+                                               "optimizer is Adam"):  # the same state names
+        adam.bind_safetensors(path)
+    # a file without the record (another writer): states this optimizer does not keep tell
+    other = tmp_path / "other.safetensors"
+    write_safetensors(other, {**adamw.weights(), "optim.lr": np.array([0.001], np.float32),
+                              "optim.fc1.weight.exp_avg": np.zeros((8, 5), np.float32)})
+    with pytest.raises(tg.ArgumentError, match=r"optimizer states this SGD does not keep "
+                                               r"\(\['optim.fc1.weight.exp_avg'\]\)"):
+        sgd.bind_safetensors(other)
+    assert sgd.lr == 0.5
+
+
+def test_a_0d_weight_trains_as_torch_and_keeps_its_shape(tmp_path):
+    """A scalar weight (CLIP's logit_scale) is held as (1,) inside (a state is updated along
+    an axis) and is () wherever the user sees it: bind, weights, save and load."""
+    x, y = tg.input("x", (8, 3), "float64"), tg.input("y", (8,), "float64")
+    w, scale = tg.weight("w", (3,), "float64"), tg.weight("scale", (), "float64")
+    err = (x @ w) * tg.exp(scale) - y
+    trainer = tg.Trainer(tg.mean(err * err), optimizer=tg.optim.Adam(0.05))
+    trainer.bind(w=np.ones(3), scale=np.array(0.3))
+    tw = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    ts = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    topt = torch.optim.Adam([tw, ts], lr=0.05)
+    rng = np.random.default_rng(0)
+    for step in range(6):
+        xb = rng.standard_normal((8, 3))
+        yb = xb.sum(1) * 2.0
+        ours = trainer.step(x=xb, y=yb)
+        topt.zero_grad()
+        theirs = (((torch.from_numpy(xb) @ tw) * ts.exp() - torch.from_numpy(yb)) ** 2).mean()
+        theirs.backward()
+        topt.step()
+        assert abs(ours - theirs.item()) <= 1e-12 * abs(theirs.item()), step
+    weights = trainer.weights()
+    assert weights["scale"].shape == ()
+    assert relative_error(weights["scale"], ts.detach().numpy()) <= 1e-12
+    assert relative_error(weights["w"], tw.detach().numpy()) <= 1e-12
+    path = tmp_path / "scalar.safetensors"
+    trainer.save(path, optimizer=True)
+    again = tg.Trainer(tg.mean(err * err), optimizer=tg.optim.Adam(0.05))
+    again.bind_safetensors(path)
+    assert again.weights()["scale"].shape == () and again.steps == 6
+    batch = {"x": np.ones((8, 3)), "y": np.zeros(8)}
+    assert again.step(**batch) == trainer.step(**batch)
+    with pytest.raises(tg.ShapeError, match=r"parameter 'scale' has shape \(2,\), the loss "
+                                            r"declares \(\)"):
+        trainer.bind(scale=np.array([0.3, 0.4]))
+    assert trainer.params["scale"].shape == (1,)  # as held: a value of that shape binds too
+    trainer.bind(scale=np.array([0.25]))
+    assert trainer.weights()["scale"] == 0.25
+
+
 def test_save_writes_nothing_on_error(tmp_path):
     """A save that fails (a parameter never bound) leaves the file that was there as it was,
     and no temporary file beside it."""
@@ -250,8 +324,12 @@ def test_batch_errors_name_the_step_and_the_feed():
         trainer.step(**batch, **{"fc1.weight": np.zeros((8, 5), np.float32)})
     with pytest.raises(tg.FeedError, match=r"Trainer.bind: \['x'\] are neither"):
         trainer.bind(x=batch["x"])
-    with pytest.raises(tg.ShapeError, match="Trainer.bind"):
+    with pytest.raises(tg.ShapeError, match=r"^Trainer.bind: parameter 'fc1.weight' has shape "
+                                            r"\(5, 8\), the loss declares \(8, 5\)$"):
         trainer.bind(**{"fc1.weight": np.zeros((5, 8), np.float32)})
+    with pytest.raises(tg.ShapeError, match=r"^Trainer.bind: state 'optim.lr' has shape "
+                                            r"\(2,\)"):  # the program's words, said once
+        trainer.bind(**{"optim.lr": np.zeros(2, np.float32)})
     assert trainer.steps == 0  # nothing ran
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -260,8 +338,19 @@ def test_batch_errors_name_the_step_and_the_feed():
 
 
 def test_unbound_parameters_are_named():
+    """The step names the trainer's own bind (not the inner program's prog.bind); the
+    learning rate and the count, the optimizer's states, read before any parameter is bound."""
     trainer = tg.Trainer(_mlp_loss(), optimizer=tg.optim.SGD(0.1))
-    with pytest.raises(tg.FeedError, match="fc1.bias"):
+    assert trainer.lr == pytest.approx(0.1) and trainer.steps == 0
+    with pytest.raises(tg.FeedError, match=r"Trainer.step: .*\['fc1.bias', 'fc1.weight', "
+                                           r"'fc2.bias', 'fc2.weight'\] are not bound: call "
+                                           r"trainer.bind\(fc1.bias=...") as info:
+        trainer.step(**_mlp_batch(0))
+    assert "prog.bind" not in str(info.value)
+    trainer.bind(**{k: v for k, v in _mlp_initial(_torch_mlp()).items() if k != "fc2.bias"})
+    assert trainer.steps == 0
+    with pytest.raises(tg.FeedError, match=r"\['fc2.bias'\] are not bound: call "
+                                           r"trainer.bind\(fc2.bias=...\)"):
         trainer.step(**_mlp_batch(0))
     with pytest.raises(tg.ShapeError, match="float scalar"):
         tg.Trainer(tg.input("v", (3,)) * tg.weight("w", (3,)), optimizer=tg.optim.SGD(0.1))

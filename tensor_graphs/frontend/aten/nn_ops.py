@@ -13,7 +13,7 @@ from tensor_graphs.frontend.aten.common import (
     guarded,
     ints,
 )
-from tensor_graphs.frontend.aten.random_ops import _generator
+from tensor_graphs.frontend.aten.random_ops import _generator, training
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.ops.nn import attention_with
 
@@ -81,6 +81,33 @@ def _embedding_renorm(a, kw):
         "(torch.renorm)", [("aten::embedding_renorm_", "")])
 
 
+def _embedding(a, kw):
+    """``F.embedding``: the rows of the table. Its ``padding_idx`` and ``scale_grad_by_freq``
+    change only the table's gradient, so they matter only in an import for training
+    (``training``): there the padding row's gradient is zero, as torch's embedding backward
+    gives it (the padding ids' lookups go through ``stop_gradient``), and
+    ``scale_grad_by_freq`` is refused. Scaling each lookup's gradient by 1 / its id's count
+    needs an op with that rule (a stop_gradient spelling, ``e' + (e - e') s``, turns an inf row
+    into nan), and an op of int ids needs its verification cases in
+    ``kernels/signatures.py``. torch passes ``padding_idx=-1`` for none (F.embedding made a
+    negative one positive before)."""
+    ids, table = kw["indices"], kw["weight"]
+    out = tg.embedding(ids, table)
+    if not training() or not table.dtype.is_float:
+        return out
+    if kw["scale_grad_by_freq"]:
+        raise ArgumentError(
+            "embedding(scale_grad_by_freq=True) in training: dividing each lookup's gradient "
+            "by its id's count in the batch is not mapped, and without it the gradient would "
+            "differ from torch's; train with nn.Embedding(scale_grad_by_freq=False) (torch's "
+            "default)")
+    pad = kw["padding_idx"]
+    if pad is not None and pad >= 0:
+        padded = tg.unsqueeze(tg.equal(ids, tg.constant(pad, ids.dtype)), -1)
+        out = tg.where(padded, tg.stop_gradient(out), out)
+    return out
+
+
 _BAG_MODES = ("sum", "mean", "max")
 
 
@@ -93,6 +120,11 @@ def _embedding_bag(a, kw):
     w, idx, offsets = kw["weight"], kw["indices"], kw["offsets"]
     mode, weights, last = kw["mode"], kw["per_sample_weights"], kw["include_last_offset"]
     pad = kw.get("padding_idx")
+    if kw.get("scale_grad_by_freq") and training():
+        raise ArgumentError(
+            "embedding_bag(scale_grad_by_freq=True) in training: its gradient scaling is "
+            "not mapped, and without it the gradient would differ from torch's; train with "
+            "nn.EmbeddingBag(scale_grad_by_freq=False) (torch's default)")
     if idx.ndim != 1 or offsets.ndim != 1:
         raise ShapeError(f"embedding_bag: indices {idx.shape} and offsets {offsets.shape} "
                          "must be 1-D")
@@ -463,7 +495,7 @@ def table(aten) -> dict:
         aten.layer_norm: _layer_norm,
         aten.native_layer_norm: _native_layer_norm,
         aten.rms_norm: _rms_norm,
-        aten.embedding: lambda a, kw: tg.embedding(kw["indices"], kw["weight"]),
+        aten.embedding: _embedding,
         aten.embedding_renorm: _embedding_renorm,
         aten._embedding_bag: _embedding_bag,
         aten.embedding_bag: _embedding_bag,

@@ -24,12 +24,22 @@ _RNG: ContextVar[Rng | None] = ContextVar("tensor_graphs_training_rng", default=
 
 @contextmanager
 def training_rng(rng: Rng) -> Iterator[Rng]:
-    """Import under ``rng``: training-mode dropouts draw from it (one stream per site)."""
+    """Import for training under ``rng``: training-mode dropouts draw from it (one stream per
+    site), and the mappings that only matter to ``tg.grad`` mark the graph (``training``)."""
     token = _RNG.set(rng)
     try:
         yield rng
     finally:
         _RNG.reset(token)
+
+
+def training() -> bool:
+    """Whether this import is for training (``tg.from_torch(train=True)`` imports under its
+    generator, ``training_rng``). Mappings that only change gradients (``detach`` as
+    ``stop_gradient``, an embedding's ``padding_idx``; its ``scale_grad_by_freq`` refused)
+    act only then: an inference graph stays as it was, and so do its digests, plan caches
+    and lock files."""
+    return _RNG.get() is not None
 
 
 def _generator(op: str) -> Rng:

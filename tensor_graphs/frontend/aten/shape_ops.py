@@ -19,7 +19,19 @@ from tensor_graphs.frontend.aten.common import (
     torch_module,
     unary,
 )
+from tensor_graphs.frontend.aten.random_ops import training
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.node import Node
+
+
+def _detach(a, kw):
+    """``tensor.detach()``: in an import for training a ``stop_gradient`` (a straight-through
+    estimator, a stop-gradient target: tg.grad must not flow through it, as torch's autograd
+    does not); in an inference import the value itself, nothing being differentiated."""
+    x = kw["self"]
+    if training() and isinstance(x, Node) and x.dtype.is_float:
+        return tg.stop_gradient(x)
+    return x
 
 
 def _slice(x, dim, start, end, step):
@@ -304,8 +316,8 @@ def table(aten) -> dict:
         aten.contiguous: unary(same),
         aten.clone: unary(same),
         aten.alias: unary(same),
-        aten.detach: unary(same),
-        aten.detach_: unary(same),
+        aten.detach: _detach,
+        aten.detach_: _detach,
         aten.lift_fresh_copy: unary(same),
         aten._assert_tensor_metadata: lambda a, kw: None,
         aten._to_copy: lambda a, kw: cast(kw["self"], kw["dtype"]),

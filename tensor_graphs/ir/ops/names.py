@@ -201,3 +201,6 @@ NEXTAFTER = "nextafter"
 
 # random.py: Philox dropout
 DROPOUT = "dropout"
+
+# gradient.py: the value itself, through which no gradient flows
+STOP_GRADIENT = "stop_gradient"
