@@ -266,6 +266,9 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
                     continue
                 timers[name, depth] = in_graph(lambda cfg=cfg, d=depth: persistent(cfg, d),
                                                repeat)
+            except Exception as exc:  # noqa: BLE001 - a chain that cannot run is a result
+                print(f"  {name}: failed, not timed: {type(exc).__name__}: "
+                      f"{str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
             finally:
                 bound.is_weight = prefetch
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
