@@ -241,6 +241,89 @@ def test_symbolic_evaluation_binds_dims():
 
 
 # ------------------------------------------------------------------------------ fluent API
+# int bounds on a symbolic axis: every kind numpy distinguishes (from the start, from the end,
+# past either end, mixed, stepped)
+SYMBOLIC_SLICES = [(None, 8, 1), (0, 8, 1), (3, 100, 1), (-3, -1, 1), (-1, None, 1),
+                   (2, None, 1), (None, -2, 1), (1, -1, 1), (5, -3, 1), (3, 1, 1), (-1, -3, 1),
+                   (-100, -1, 1), (0, 0, 1), (2, None, 2), (1, 7, 3), (None, -1, 2)]
+
+
+def test_a_slice_of_a_symbolic_axis_is_numpys_at_every_length(tmp_path):
+    """An int bound is clamped into the axis at every length it takes, as numpy clamps it:
+    x[:8] of 5 rows is 5 rows, with Min(8, n) in the shape. Before, the bounds were taken
+    as given (8 rows at every n): the interpreter raised, and a compiled program planned
+    for 8 rows failed after planning at n < 8. Every clamped bound and length holds at most
+    four Min/Max choices, as many as a graph file reads back."""
+    x = tg.input("x", ("n", 2))
+    n = sym("n")
+    for start, stop, step in SYMBOLIC_SLICES:
+        y = tg.slice_axis(x, 0, start, stop, step)
+        for length in (1, 2, 3, 5, 8, 16):
+            a = RNG.standard_normal((length, 2))
+            ref = a[start:stop:step]
+            assert int(sympy.sympify(y.shape[0]).subs(n, length)) == len(ref), (start, stop)
+            np.testing.assert_array_equal(tg.evaluate(y, {"x": a}, dtype="float64"), ref)
+        tg.save(y, tmp_path / "slice.json")
+        assert tg.load(tmp_path / "slice.json") is y
+
+
+def test_slices_of_one_length_have_one_shape():
+    """x[2:], x[:-2] and x[1:-1] all have Max(0, n - 2) elements, written the same, so
+    their results add as numpy's do (a shift difference); one-sided ones keep their sizes
+    (x[1:] is n - 1)."""
+    x = tg.input("x", ("n",))
+    n = sym("n")
+    assert x[2:].shape == x[:-2].shape == tg.slice_axis(x, 0, 1, -1).shape == \
+        (sympy.Max(0, n - 2),)
+    assert x[1:].shape == x[:-1].shape == (n - 1,) and x[-1:].shape == (1,)
+    assert x[:8].shape == (sympy.Min(8, n),)
+    a = RNG.standard_normal(7)
+    np.testing.assert_array_equal(tg.evaluate(x[2:] - x[:-2], {"x": a}, dtype="float64"),
+                                  a[2:] - a[:-2])
+    assert tg.input("s", (9,))[2:-3].shape == (4,)  # a static axis: numpy's indices
+
+
+def test_a_slice_of_a_symbolic_axis_runs_compiled_below_its_bound():
+    """The reported case: compiled for n up to 16, called with n = 5, 1 and 16."""
+    x = tg.input("x", ("n", 4))
+    prog = tg.compile(tg.slice_axis(x, 0, 0, 8) * 2.0, bounds={"n": 16}, db=":memory:")
+    for n in (5, 1, 16):
+        a = RNG.standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(prog(x=a), a[:8] * 2)
+
+
+def test_a_slice_whose_length_rises_and_falls_is_refused_at_build():
+    """x[-3:5]: 3 rows at n = 5, none from n = 8, a size no plan at the bounds holds."""
+    x = tg.input("x", (2, "n"))
+    with pytest.raises(tg.ShapeError) as info:
+        x[:, -3:5]
+    text = str(info.value)
+    assert "x[-3:5]" in text and "symbolic axis 1 (n) of (2, n)" in text
+    assert "same end" in text and "static size" in text
+    assert tg.input("s", (2, 9))[:, -3:5].shape == (2, 0)  # a static axis: numpy's
+
+
+def test_an_index_of_a_symbolic_axis_is_one_element(tmp_path):
+    """x[3] (and torch's select, x[3:4] squeezed) drop the axis: one element, checked at run
+    time as numpy checks an index. A clamped window squeezed is read as that index, so
+    ``x[:, 3]`` of a torch export over a dynamic axis builds; both save and load back."""
+    x = tg.input("x", (2, "n", 3))
+    picks = [x[:, 3], x[:, -2], tg.squeeze(tg.slice_axis(x, 1, 3, 4), 1),
+             tg.squeeze(tg.slice_axis(x, 1, -2, -1), 1), x[:, 0]]
+    for y, index in zip(picks, (3, -2, 3, -2, 0)):
+        assert y.shape == (2, 3)
+        path = tmp_path / "pick.json"
+        tg.save(y, path)
+        assert tg.load(path) is y
+        for n in (4, 9):
+            a = RNG.standard_normal((2, n, 3))
+            np.testing.assert_array_equal(tg.evaluate(y, {"x": a}, dtype="float64"),
+                                          a[:, index])
+    with pytest.raises(tg.EvaluationError):  # past the axis, as numpy's IndexError
+        tg.evaluate(x[:, 3], {"x": np.zeros((2, 3, 3))})
+    assert tg.slice_axis(x, 1, 3, 4).shape[1] == sympy.Min(4, sym("n")) - sympy.Min(3, sym("n"))
+
+
 def test_operators_against_numpy():
     A = RNG.standard_normal((3, 4))
     B = RNG.standard_normal((3, 4)) + 3.0

@@ -10,6 +10,7 @@ chain ends as a reshape to a static or symbolic shape. Nothing here knows any mo
 
 from __future__ import annotations
 
+import difflib
 import keyword
 import os
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from tensor_graphs import compiler
 from tensor_graphs.errors import (
     ArgumentError,
     DTypeError,
+    OutOfMemory,
     SerializationError,
     ShapeError,
     TensorGraphsError,
@@ -38,6 +40,7 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, WEIGHT
+from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.planner.prepare import check_dims
 
 _FIX = "export the model again (onnx.save), or check the path"
@@ -278,12 +281,15 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict,
 
 
 def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
-                constants: Mapping[str, np.ndarray] | None = None, label: str = "the model"):
+                constants: Mapping[str, np.ndarray] | None = None, label: str = "the model",
+                origins: dict | None = None):
     """An ONNX ModelProto as our graph: (outputs, inputs, weights, bounds).
 
     ``outputs``: the graph outputs' nodes in order; ``inputs``: the ``tg.input`` leaves by
     ONNX input name; ``weights``: initializer name -> numpy array, for those the graph reads
-    as tensors; ``bounds``: dim name -> largest value (None where not given).
+    as tensors; ``bounds``: dim name -> largest value (None where not given). ``origins``,
+    when given, is filled with each ONNX node's output node -> the ONNX node, as errors name
+    it ("Range node 'r'").
     """
     graph = model.graph
     opset = _check_opset(model, label)
@@ -327,7 +333,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
             args.append(value)
         outs = [o for o in node.output]
         ctx = Ctx(node.op_type, name, opset, args, _attrs(node, label), weights_made, sources,
-                  outputs=sum(1 for o in outs if o))
+                  outputs=sum(1 for o in outs if o), bounds=bounds)
         try:
             result = ONNX_OPS[node.op_type](ctx)
         except TensorGraphsError as e:
@@ -337,6 +343,8 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
         for out, value in zip(outs, results):
             if out:
                 env[out] = value
+                if origins is not None and isinstance(value, Node):
+                    origins.setdefault(value, f"{node.op_type} node '{name}'")
     outputs = []
     for vi in graph.output:
         value = env.get(vi.name)
@@ -437,14 +445,19 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     out is planned on each call's sizes. ``constants`` fixes graph inputs the graph's shapes
     depend on (a Reshape's shape fed as an input). The other options go to ``tg.compile``.
 
-    Raises UnsupportedOpError naming every op type without a mapping once, with its nodes
-    and the opset, or the model's opset when it is past NEWEST_OPSET; SerializationError
-    naming the file for one that is not an ONNX model, or a graph that writes a value twice.
+    Raises ArgumentError for an option neither from_onnx nor ``tg.compile`` takes, before
+    the model is read; UnsupportedOpError naming every op type without a mapping once, with
+    its nodes and the opset, or the model's opset when it is past NEWEST_OPSET;
+    SerializationError naming the file for one that is not an ONNX model, or a graph that
+    writes a value twice.
     """
+    _check_options(compile_options)
     label = f"'{model}'" if isinstance(model, (str, os.PathLike)) else "the model"
     check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")  # before reading the model
     proto = load_model(model)
-    outputs, inputs, weights, bounds = import_onnx(proto, dynamic_dims, constants, label)
+    origins: dict = {}
+    outputs, inputs, weights, bounds = import_onnx(proto, dynamic_dims, constants, label,
+                                                   origins)
     unknown = set(dynamic_dims or {}) - set(bounds)
     if unknown:
         raise ArgumentError(f"from_onnx: dynamic_dims names {sorted(unknown)}, which no graph "
@@ -457,13 +470,71 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
             for d in (*n.shape, *n.attrs.values()) for s in getattr(d, "free_symbols", ())}
     carriers = _shape_carriers(outputs, inputs, used)
     compiled_for = {k: v for k, v in given.items() if k in used}
-    program = compiler.compile(list(outputs) + carriers, device=device,
-                               bounds=compiled_for or None, **options)
+    try:
+        program = compiler.compile(list(outputs) + carriers, device=device,
+                                   bounds=compiled_for or None, **options)
+    except OutOfMemory as e:
+        _name_largest(e, origins)
+        raise
     present = {leaf.name for leaf in ir_graph.nodes(outputs) if leaf.op.name == WEIGHT}
     if present:
         program.bind(**{n: w for n, w in weights.items() if n in present})
     return OnnxProgram(program, inputs, outputs + carriers,
                        [vi.name for vi in proto.graph.output], bounds=compiled_for)
+
+
+_OWN_OPTIONS = ("dynamic_dims", "device", "constants", "tolerance")  # from_onnx's own
+# options of the other importers that from_onnx has no counterpart for: what to do instead
+_ELSEWHERE = {
+    "bounds": "from_onnx sizes the model's symbolic dims by dynamic_dims= (their largest "
+              "values), which it passes to tg.compile as bounds",
+    "quantize": "from_onnx imports the model as it is; tg.from_torch and tg.nn.Generator take "
+                "quantize= (or quantize the graph import_onnx returns with tg.quantize, then "
+                "tg.compile it)",
+    "max_steps": "a recurrence over a dynamic sequence is unrolled to the largest length "
+                 "dynamic_dims= gives that dim",
+}
+
+
+def _check_options(options: Mapping) -> None:
+    """Refuse an option neither from_onnx nor ``tg.compile`` takes before the model is read,
+    naming those accepted (as ``tg.from_torch`` and ``tg.nn.Generator`` do). Why: passed on,
+    it reached ``tg.compile`` after the whole import as a bare TypeError ("compile() got an
+    unexpected keyword argument 'tolerence'") naming neither from_onnx nor what it takes."""
+    # what from_onnx passes on (it sets tg.compile's bounds itself, from dynamic_dims)
+    known = compiler.compile_options(*_OWN_OPTIONS, "bounds")
+    unknown = [name for name in options if name not in known]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        if name in _ELSEWHERE:
+            hints.append(f"{name}: {_ELSEWHERE[name]}")
+            continue
+        close = difflib.get_close_matches(name, [*_OWN_OPTIONS, *known], n=1)
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}=?")
+    raise ArgumentError(
+        f"from_onnx: unknown option(s) {', '.join(unknown)}"
+        + "".join(f"\n  {h}" for h in hints)
+        + f"\nfrom_onnx takes {', '.join(_OWN_OPTIONS)}; and passes on to tg.compile "
+        f"{', '.join(known)}")
+
+
+def _name_largest(error: OutOfMemory, origins: Mapping) -> None:
+    """Add to ``error`` the model's nodes whose outputs have the shape and dtype of its
+    largest tensors: the planner names our ops (an ``iota`` of 10**12 values), the user knows
+    the model's (the Range node that makes them)."""
+    found = []
+    for t in error.largest:
+        names = sorted({label for node, label in origins.items()
+                        if tuple(map(str, node.shape)) == tuple(map(str, t.shape))
+                        and node.dtype.name == t.dtype})
+        if names:
+            found.append(f"{t.op} {format_shape(t.shape)} {t.dtype}: "
+                         f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+    if found:
+        error.add_note("the model's nodes making tensors of those shapes: " + "; ".join(found))
 
 
 def _shape_carriers(outputs, inputs: dict, used: set) -> list:

@@ -355,15 +355,49 @@ def unsqueeze(x: TensorLike, axis: int) -> Node:
 
 
 def squeeze(x: TensorLike, axis=None) -> Node:
-    """Drop size-1 axes (all of them, or the given ones)."""
+    """Drop size-1 axes (all of them, or the given ones). A one-element window of a symbolic
+    axis (``x[i:i+1]``, which numpy empties when the axis has at most i elements) squeezed is
+    ``x[i]``: see ``_as_index``."""
     x = as_node(x)
     axes = [i for i, d in enumerate(x.shape) if d == 1] if axis is None else \
         normalize_axes(axis, x.ndim, "squeeze")
     for a in axes:
         if x.shape[a] != 1:
+            x = _as_index(x, a) or x
+        if x.shape[a] != 1:
             raise ShapeError(f"squeeze: axis {a} of {format_shape(x.shape)} has size "
                              f"{x.shape[a]}, not 1")
     return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def _as_index(x: Node, axis: int) -> Node | None:
+    """``x``, a slice whose window on the symbolic ``axis`` is the one element at an int
+    index i, clamped as ``_window`` clamps it (Min(i + 1, n) - Min(i, n) elements), as the
+    same slice reading that axis as getitem's ``x[i]`` does: one element from Min(i, n), a
+    call with at most i elements failing; None for any other node. Squeezing the axis takes
+    that element, which needs the axis longer than i (numpy's squeeze of an empty axis
+    raises; torch's select, a slice then a squeeze, guards it): without this, ``x[:, 3]`` of
+    a torch export over a dynamic axis could not be built."""
+    if x.op.name != "slice" or x.attrs["steps"][axis] != 1:
+        return None
+    src = x.inputs[0]
+    dim, start, stop = src.shape[axis], x.attrs["starts"][axis], x.attrs["stops"][axis]
+    if isinstance(dim, int) or isinstance(start, int):
+        return None
+    n = sympy.sympify(dim)
+    for part in sympy.sympify(start).args:  # Min(i, n): i; Max(0, n - k): -k
+        i = part if part.is_Integer else part - n
+        if not i.is_Integer or int(i) == -1:
+            continue
+        i = int(i)
+        if _window(i, i + 1, dim, axis, src.shape) != (start, stop):
+            continue
+        at = _clamp(i, dim) if i >= 0 else as_dim(n + i)  # as getitem's x[i]
+        starts, stops = list(x.attrs["starts"]), list(x.attrs["stops"])
+        starts[axis], stops[axis] = at, as_dim(at + 1)
+        return _make("slice", (src,), starts=tuple(starts), stops=tuple(stops),
+                     steps=x.attrs["steps"])
+    return None
 
 
 def flatten(x: TensorLike, start: int = 0, end: int = -1) -> Node:
@@ -376,7 +410,9 @@ def flatten(x: TensorLike, start: int = 0, end: int = -1) -> Node:
 
 
 def _bound(value, dim: Dim, default, op: str):
-    """Normalise one slice bound against a (possibly symbolic) dim, numpy-style clamping."""
+    """Normalise one slice bound against a (possibly symbolic) dim: a concrete dim clamps
+    numpy-style; on a symbolic one a negative int counts from the end, unclamped (what
+    ``_window`` does with a bound beside a symbolic one)."""
     if value is None:
         return default
     value = as_dim(value) if not (isinstance(value, int) and value < 0) else value
@@ -385,6 +421,62 @@ def _bound(value, dim: Dim, default, op: str):
     if isinstance(value, int) and value < 0:
         return as_dim(dim + value)
     return value
+
+
+def _clamp(value: int, dim: Dim) -> Dim:
+    """An int slice bound on the symbolic axis ``dim`` where numpy puts it at every length:
+    ``Min(value, dim)``, or from the end ``Max(dim + value, 0)`` for a negative one."""
+    if value >= 0:
+        return as_dim(sympy.Min(value, dim)) if value else 0
+    return as_dim(sympy.Max(sympy.sympify(dim) + value, 0))
+
+
+def _window(start, stop, dim: Dim, axis: int, shape) -> tuple[Dim, Dim]:
+    """(start, stop) of ``x[start:stop]`` (a positive step) on the symbolic axis ``dim``, as
+    numpy clamps int bounds at every length the axis takes: ``x[:8]`` is ``x[0:Min(8, n)]``,
+    of Min(8, n) elements, not 8 (which at n = 5 the kernel's view did not have: the plan
+    made at the bounds expected 8 rows, and the call failed after planning). The start is
+    kept at most the stop, so the length is never negative and never shrinks as the dim
+    grows (the arena is laid out at the bounds). A symbolic bound ("seq - 1", "seq"; torch's
+    export guards the ones it writes) is taken as in range and the other bound as given, as
+    before: the sizes torch derived from it assume as much.
+
+    The stop is written as the start plus the length where that makes the length one term:
+    ``x[2:]``, ``x[:-2]`` and ``x[1:-1]`` all have Max(0, n - 2) elements, the same
+    expression, so their results add and concatenate as numpy's do. Every bound and length
+    holds at most four Min/Max choices, as many as a saved graph reads back
+    (``shapes.MAX_DIM_CHOICES``).
+
+    A start counted from the end with a stop counted from the start (``x[-3:5]``) is
+    refused: its length, Min(5, n) - Min(5, Max(0, n - 3)), rises and then falls as n grows
+    (3 at n = 5, 0 from n = 8), more than a saved size holds and more than a plan at the
+    bounds may assume."""
+    n = sympy.sympify(dim)
+    start, stop = (int(v) if isinstance(v, np.integer) else v for v in (start, stop))
+    known = (int, type(None))
+    if not (isinstance(start, known) and isinstance(stop, known)):
+        return _bound(start, dim, 0, "slice"), _bound(stop, dim, dim, "slice")
+    lo, hi = start, stop
+    if not lo:  # from the start of the axis
+        return 0, dim if hi is None else _clamp(hi, dim)
+    if hi is None:  # to the end: Max(0, n - a) elements, or the last Min(a, n)
+        first = _clamp(lo, dim)
+        size = sympy.Max(0, n - lo) if lo > 0 else sympy.Min(-lo, n)
+        return first, as_dim(first + size)
+    if (lo >= 0) == (hi >= 0):  # both from the start, or both from the end
+        return _clamp(builtins.min(lo, hi), dim), _clamp(hi, dim)
+    if lo > 0:  # x[a:-b]: Max(0, n - b - a) elements from Min(a, n)
+        first = _clamp(lo, dim)
+        return first, as_dim(first + sympy.Max(0, n + hi - lo))
+    if hi == 0:
+        return 0, 0
+    raise ShapeError(
+        f"slice: x[{start}:{stop}] on the symbolic axis {axis} ({dim}) of "
+        f"{format_shape(shape)} starts {-lo} from the end and stops at {hi} from the start, "
+        f"so its length (Min({hi}, {dim}) - Min({hi}, Max(0, {dim} - {-lo}))) rises and "
+        f"then falls as {dim} grows, which tensor_graphs does not plan; slice with both "
+        f"bounds counted from the same end (x[-{-lo}:] where {dim} is never above {hi}), or "
+        f"give axis {axis} a static size")
 
 
 def slice_axis(x: TensorLike, axis: int, start=None, stop=None, step: int = 1) -> Node:
@@ -405,7 +497,7 @@ def _slice(x: Node, per_axis: dict) -> Node:
                                                  for v in (s.start, s.stop)):
             start, stop, step = s.indices(dim)
         elif step > 0:
-            start, stop = _bound(s.start, dim, 0, "slice"), _bound(s.stop, dim, dim, "slice")
+            start, stop = _window(s.start, s.stop, dim, axis, x.shape)
         else:
             raise ShapeError(f"slice: a negative step on the symbolic axis {axis} ({dim}) is "
                              "not supported; flip a concrete axis instead")
@@ -451,6 +543,12 @@ def getitem(x: Node, index) -> Node:
             if isinstance(dim, int) and not -dim <= item < dim:
                 raise ShapeError(f"index {item} is out of range for axis {axis} of size {dim}")
             start = item + dim if item < 0 else item
+            if not isinstance(dim, int) and item > 0:
+                # x[i] on a symbolic axis: the one element from Min(i, dim), both bounds
+                # symbolic so the builder takes them as they are (a saved graph rebuilds the
+                # same node; int bounds i, i + 1 would be clamped as a window's, to nothing at
+                # a length of at most i); there the call fails, as numpy's x[i] raises
+                start = _clamp(item, dim)
             per_axis[axis] = builtins.slice(start, as_dim(start + 1) if not isinstance(start, int)
                                             else start + 1, 1)
             entries.append(("int", axis))

@@ -98,7 +98,10 @@ def _int4(w: Node, group_size: int) -> tuple[Node, Node]:
 
 
 # prequantized weights: scheme -> what the file holds for a float weight ``<name>``, in the
-# weight's own layout ((N, K) for a linear, torch's; (K, N) for a matmul's right operand)
+# weight's own layout ((N, K) for a linear, torch's; (K, N) for a matmul's right operand). A
+# weight read both ways (F.linear(h, w) and h @ w: its output channels are its rows for one,
+# its columns for the other) holds the matmul's values under ``<name>.matmul`` (``TWIN``):
+# the two quantize along different axes, so they are different numbers of the same shape
 LOADED = {
     # <name>.q int8 [-127, 127] the weight's shape; <name>.scale size 1 along K: (N, 1) / (1, N)
     "int8-weight": "int8",
@@ -108,15 +111,36 @@ LOADED = {
     # K: (N, ng) / (ng, N), ng = ceil(K / group_size)
     "int4-weight": "int4",
 }
+TWIN = ".matmul"  # what a weight read both ways adds to its matmul reading's leaves' names
 
 
-def _loaded(scheme: str, w: Node, linear: bool, group_size: int) -> Node:
-    """The (K, N) weight a product reads from prequantized leaves ``<w>.q``, ``<w>.scale``
-    (``LOADED``), in place of ``w``'s float values."""
+def _layouts(outputs, skip) -> dict[str, set[bool]]:
+    """Weight name -> the layouts the products ``quantize`` rewrites read it in (True: a
+    linear's (N, K), False: a matmul's (K, N)): the same test as ``quantize``'s."""
+    found: dict[str, set[bool]] = {}
+    for n in nodes(outputs):
+        if n.op.name in (MATMUL, LINEAR) and len(n.inputs) >= 2 \
+                and _weight(n.inputs[1], skip) and _float(n.inputs[0]):
+            found.setdefault(n.inputs[1].name, set()).add(n.op.name == LINEAR)
+    return found
+
+
+def _stored(name: str, linear: bool, layouts: dict[str, set[bool]]) -> str:
+    """The name of a weight's prequantized leaves without ``.q``/``.scale``: its own, or,
+    for a matmul's reading of a weight a linear reads too, ``<name>.matmul`` (``TWIN``). Why
+    apart: under one name the two readings' scales ((N, 1) and (1, N)) were two leaves of one
+    name, which no file can bind (the FeedError named them, not the model)."""
+    return name + TWIN if not linear and True in layouts.get(name, ()) else name
+
+
+def _loaded(scheme: str, w: Node, linear: bool, group_size: int, base: str) -> Node:
+    """The (K, N) weight a product reads from prequantized leaves ``<base>.q``,
+    ``<base>.scale`` (``LOADED``; ``base``: ``_stored``'s name of ``w``), in place of ``w``'s
+    float values."""
     n, k = (int(d) for d in w.shape) if linear else reversed([int(d) for d in w.shape])
     ng = -(-k // group_size) if LOADED[scheme] == "int4" else _groups_of(scheme, k, group_size)
-    q = tg.weight(f"{w.name}.q", tuple(w.shape), "int8")
-    s = tg.weight(f"{w.name}.scale", (n, ng) if linear else (ng, n), w.dtype)
+    q = tg.weight(f"{base}.q", tuple(w.shape), "int8")
+    s = tg.weight(f"{base}.scale", (n, ng) if linear else (ng, n), w.dtype)
     if linear:
         q, s = tg.transpose(q, 0, 1), tg.transpose(s, 0, 1)
     if LOADED[scheme] == "int8":
@@ -138,13 +162,10 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
     group_size = GROUP_SIZE if group_size is None else group_size
     if isinstance(skip, str):
         skip = (skip,)
-    found: dict[str, bool] = {}  # weight name -> read by a linear (its (N, K) layout)
-    for n in nodes(outputs if isinstance(outputs, (list, tuple)) else
-                   list(outputs.values()) if isinstance(outputs, dict) else [outputs]):
-        if n.op.name in (MATMUL, LINEAR) and len(n.inputs) >= 2 and _weight(n.inputs[1], skip):
-            found[n.inputs[1].name] = n.op.name == LINEAR
+    layouts = _layouts(outputs if isinstance(outputs, (list, tuple)) else
+                       list(outputs.values()) if isinstance(outputs, dict) else [outputs], skip)
     out = {}
-    for name, linear in found.items():
+    for name, linear in ((n, lin) for n, found in layouts.items() for lin in sorted(found)):
         if name not in weights:
             raise ArgumentError(f"prequantized_weights: no value for weight {name!r}")
         w = tg.weight(name, np.shape(weights[name]))
@@ -158,7 +179,8 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
         if linear:
             q, s = tg.transpose(q, 0, 1), tg.transpose(s, 0, 1)
         qv, sv = evaluate([q, s], {name: np.asarray(weights[name], np.float32)})
-        out[f"{name}.q"], out[f"{name}.scale"] = (np.ascontiguousarray(qv),
+        base = _stored(name, linear, layouts)
+        out[f"{base}.q"], out[f"{base}.scale"] = (np.ascontiguousarray(qv),
                                                   np.ascontiguousarray(sv, np.float32))
     return out
 
@@ -233,7 +255,8 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
 
     def make(w: Node, leaf: Node, linear: bool) -> Node:
         if prequantized:
-            return _loaded(scheme, leaf, linear, group_size)
+            return _loaded(scheme, leaf, linear, group_size,
+                           _stored(leaf.name, linear, layouts))
         return scheme_make(w, group_size)
 
     if isinstance(outputs, dict):
@@ -250,6 +273,7 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
                                 f"them), got {type(o).__name__}; a tg.compile'd program is "
                                 f"quantized by quantizing its graph and compiling that: "
                                 f"tg.compile(tg.quantize(y, {scheme!r}), ...)")
+    layouts = _layouts(outs, skip) if prequantized else {}
     mapped: dict[Node, Node] = {}  # old node -> its rewritten graph, inputs first
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)

@@ -256,3 +256,25 @@ def test_a_scale_of_the_right_size_but_another_shape(scheme, tmp_path, monkeypat
                        rf"reads \[24, {s.shape[1]}\].*tg.save_quantized"):
         tg.from_torch(module, (x,), weights={**good, "2.weight.scale": other}, quantize=scheme,
                       prequantized=True, db=":memory:")
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int4-weight"])
+def test_a_parameter_read_by_linear_and_matmul_saves_and_loads_back(tmp_path, scheme):
+    """The reported case: F.linear(h, w) + h @ w quantizes w twice (rows, then columns);
+    save_quantized stored both under one name and failed with a FeedError the user could
+    not act on. Now it saves, and the file loads back to the same outputs."""
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(48, 48) * 0.1)
+
+        def forward(self, h):
+            return torch.nn.functional.linear(h, self.w) + h @ self.w
+
+    torch.manual_seed(0)
+    module, x = Shared().eval(), torch.randn(2, 48)
+    ref = tg.from_torch(module, (x,), quantize=scheme, db=":memory:")
+    path = tmp_path / "shared.safetensors"
+    assert ref.save_quantized(path) == ["w.matmul.q", "w.matmul.scale", "w.q", "w.scale"]
+    got = tg.from_torch(module, (x,), weights=path, db=":memory:")
+    assert relative_error(got(x), ref(x)) <= 1e-6

@@ -510,3 +510,287 @@ def test_a_node_output_shadowing_an_input_or_initializer_is_refused(shadowed):
     with pytest.raises(tg.SerializationError,
                        match=f"node 'relu' \\(Relu\\) writes '{shadowed}'.*{what}"):
         tg.from_onnx(m)
+
+
+# ------------------------------------------------------------------ Resize at non-integer scales
+def resize_model(n: int, mode: str, coordinate: str, scale: float, opset: int = 18):
+    roi = np.array([0, 0, 0.2, 0, 1, 1, 0.9, 1], np.float32) \
+        if coordinate == "tf_crop_and_resize" else np.zeros(0, np.float32)
+    inits = [numpy_helper.from_array(roi, "roi"),
+             numpy_helper.from_array(np.array([1, 1, scale, 1], np.float32), "scales")]
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode=mode,
+                            coordinate_transformation_mode=coordinate, nearest_mode="floor")
+    return model([node], [vi("x", [1, 2, n, 3])], [vi("y", None)], opset, inits, check=False)
+
+
+@pytest.mark.parametrize("mode, coordinate", [
+    *[(m, c) for m in ("nearest", "linear", "cubic")
+      for c in ("align_corners", "pytorch_half_pixel", "tf_crop_and_resize")],
+    ("nearest", "half_pixel"), ("nearest", "half_pixel_symmetric")])
+def test_resize_at_non_integer_scales_matches_onnxruntime(mode, coordinate):
+    """ONNX Runtime (and torch) place align_corners', tf_crop_and_resize's and
+    pytorch_half_pixel's samples over the output's integer length; the weights spanned
+    scale * size (ONNX's reference), off wherever that is no integer (0.5 relative error at
+    scale 1.5). Positions are float32 as there, which a nearest pick at a boundary needs
+    ((1 + 0.5) / 0.6 is 2.5 in float32: floor 2, not 1)."""
+    for n, scale in ((5, 1.5), (5, 0.6), (3, 1.7), (5, 0.3), (2, 2.5)):
+        x = RNG.standard_normal((1, 2, n, 3)).astype(np.float32)
+        against_ort(resize_model(n, mode, coordinate, scale), {"x": x})
+
+
+def test_interpolate_align_corners_at_scale_1_5_matches_torch():
+    """The reported case: F.interpolate(scale_factor=1.5, mode="bilinear",
+    align_corners=True), as torch.onnx.export writes it (Resize, linear, align_corners,
+    scales (1, 1, 1.5, 1.5))."""
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    scales = numpy_helper.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")
+    m = model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear",
+                                coordinate_transformation_mode="align_corners")],
+              [vi("x", [1, 2, 5, 5])], [vi("y", None)], 17, [scales], check=False)
+    ref = torch.nn.functional.interpolate(torch.from_numpy(x), scale_factor=1.5,
+                                          mode="bilinear", align_corners=True).numpy()
+    got = tg.from_onnx(m)(x=x)[0]
+    assert got.shape == ref.shape == (1, 2, 7, 7)
+    assert relative_error(got.astype(np.float64), ref.astype(np.float64)) <= 1e-6
+    against_ort(m, {"x": x})
+
+
+def test_resize_with_an_unknown_coordinate_mode_is_refused_by_name():
+    """Before, a mode the weights did not know ended in a bare ValueError from numpy code."""
+    m = resize_model(4, "linear", "tf_half_pixel_for_nn", 2.0)  # removed at opset 13
+    with pytest.raises(UnsupportedOpError, match="coordinate_transformation_mode "
+                                                 "'tf_half_pixel_for_nn'.*export the model"):
+        tg.from_onnx(m)
+    old = resize_model(4, "nearest", "tf_half_pixel_for_nn", 1.5, opset=11)  # mapped there
+    x = RNG.standard_normal((1, 2, 4, 3)).astype(np.float32)
+    against_ort(old, {"x": x})
+
+
+# ------------------------------------------------------------------ Slice on a dynamic axis
+SLICE_BOUNDS = [(0, 8), (-3, -1), (3, 100), (1, -1), (2, 2 ** 63 - 1), (-2, 2 ** 63 - 1),
+                (5, -3), (0, -100)]
+
+
+@pytest.mark.parametrize("start, end", SLICE_BOUNDS)
+def test_a_slice_of_a_dynamic_axis_clamps_as_onnxruntime_at_every_length(start, end):
+    """Slice's bounds clamp into the axis at every length it takes: x[:8] of 5 rows is 5
+    rows. Before, a dynamic axis took the bounds as given (8 rows whatever the length), and
+    a call shorter than them failed after planning ("the plan expects (8, 4)")."""
+    m = model([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
+              [vi("x", ["n", 4])], [vi("y", None)], 17,
+              [ints("st", [start]), ints("en", [end]), ints("ax", [0])], check=False)
+    prog = tg.from_onnx(m, {"n": 16})
+    session = ort.InferenceSession(m.SerializeToString())
+    for n in (1, 2, 5, 9, 16):
+        x = RNG.standard_normal((n, 4)).astype(np.float32)
+        (ref,) = session.run(None, {"x": x})
+        (got,) = prog(x=x)
+        assert got.shape == ref.shape, (n, got.shape, ref.shape)
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_a_slice_whose_length_rises_and_falls_is_refused_naming_the_node():
+    """x[-3:5] over a dynamic axis: 3 rows at n = 5, none from n = 8; refused at import,
+    naming the node and the fixes, not planned for lengths it does not have."""
+    m = model([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"], name="cut")],
+              [vi("x", ["n", 4])], [vi("y", None)], 17,
+              [ints("st", [-3]), ints("en", [5]), ints("ax", [0])], check=False)
+    with pytest.raises(tg.ShapeError) as info:
+        tg.from_onnx(m, {"n": 16})
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", ()))
+    assert "x[-3:5]" in text and "symbolic axis 0 (n)" in text and "node 'cut'" in text
+    assert "same end" in text and "static size" in text
+
+
+def test_torch_truncating_a_dynamic_sequence_runs_shorter_calls(tmp_path):
+    """x[:, :8] of a model exported with a dynamic sequence axis (the reported case) at
+    sequences shorter and longer than 8, as torch and ONNX Runtime compute them."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    class Truncate(torch.nn.Module):
+        def forward(self, x):
+            return x[:, :8] * 2
+
+    path = tmp_path / "truncate.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(Truncate(), (torch.randn(2, 12, 4),), str(path), input_names=["x"],
+                          opset_version=17, dynamic_axes={"x": {1: "seq"}}, dynamo=False)
+    prog = tg.from_onnx(path, {"seq": 16})
+    for seq in (3, 5, 8, 12, 16):
+        x = RNG.standard_normal((2, seq, 4)).astype(np.float32)
+        ref = Truncate()(torch.from_numpy(x)).numpy()
+        (got,) = prog(x=x)
+        assert got.shape == ref.shape == (2, min(seq, 8), 4)
+        np.testing.assert_array_equal(got, ref)
+
+
+# ------------------------------------------------------------------ recurrences over a dynamic axis
+def recurrent_model(op: str, direction: str, hidden: int = 5, inputs: int = 3, batch: int = 2,
+                    **attrs):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    d = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(
+        (rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+        for name, shape in (("W", (d, gates * hidden, inputs)),
+                            ("R", (d, gates * hidden, hidden)), ("B", (d, 2 * gates * hidden)))]
+    outs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, ["x", "W", "R", "B"], outs, name="rec", hidden_size=hidden,
+                            direction=direction, **attrs)
+    return model([node], [vi("x", ["seq", batch, inputs])], [vi(o, None) for o in outs], 14,
+                 inits, check=False)
+
+
+@pytest.mark.parametrize("op, attrs", [("RNN", {}), ("LSTM", {}),
+                                       ("GRU", {"linear_before_reset": 1}),
+                                       ("GRU", {"linear_before_reset": 0})],
+                         ids=["rnn", "lstm", "gru", "gru-reset-first"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_a_recurrence_over_a_dynamic_sequence_unrolls_to_its_bound(op, attrs, direction):
+    """The usual export of an RNN (a dynamic sequence axis) imports: the recurrence is
+    unrolled to the dynamic_dims bound of the axis, the steps past a call's length masked,
+    and every output matches ONNX Runtime's at lengths up to the bound. Before, the import
+    failed asking for max_steps=, which from_onnx had no way to take."""
+    m = recurrent_model(op, direction, **attrs)
+    prog = tg.from_onnx(m, {"seq": 6})
+    session = ort.InferenceSession(m.SerializeToString())
+    for seq in (1, 4, 6):
+        x = RNG.standard_normal((seq, 2, 3)).astype(np.float32)
+        ref = session.run(None, {"x": x})
+        got = prog(x=x)
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape
+            assert relative_error(g.astype(np.float64), r.astype(np.float64)) <= 1e-5
+    with pytest.raises(tg.ShapeError, match="dynamic_dims"):  # longer than the bound
+        prog(x=RNG.standard_normal((7, 2, 3)).astype(np.float32))
+
+
+def test_a_recurrence_over_a_dynamic_sequence_without_a_bound_names_dynamic_dims():
+    m = recurrent_model("LSTM", "forward")
+    with pytest.raises(tg.ShapeError) as info:
+        tg.from_onnx(m)
+    text = str(info.value)
+    assert "LSTM node 'rec'" in text and "dynamic_dims={'seq': N}" in text
+
+
+def test_a_torch_lstm_exported_with_a_dynamic_sequence_matches_onnxruntime(tmp_path):
+    """The reported case: nn.LSTM(batch_first=True) exported with dynamic_axes on the
+    sequence, imported with dynamic_dims={"seq": 16}, at several lengths."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 16, batch_first=True).eval()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lstm
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    path = tmp_path / "lstm.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and batch-size notices
+        torch.onnx.export(Net().eval(), (torch.randn(2, 5, 8),), str(path), input_names=["x"],
+                          opset_version=14, dynamic_axes={"x": {1: "seq"}}, dynamo=False)
+    prog = tg.from_onnx(path, dynamic_dims={"seq": 16})
+    session = ort.InferenceSession(str(path))
+    for seq in (1, 5, 16):
+        x = RNG.standard_normal((2, seq, 8)).astype(np.float32)
+        (ref,) = session.run(None, {"x": x})
+        (got,) = prog(x=x)
+        assert got.shape == ref.shape == (2, seq, 16)
+        assert relative_error(got.astype(np.float64), ref.astype(np.float64)) <= 1e-5
+
+
+# ------------------------------------------------------------------ Pow of an int base
+@pytest.mark.parametrize("base", [TensorProto.INT64, TensorProto.INT32])
+@pytest.mark.parametrize("exponent", [0.5, 2.5, -0.5, 1 / 3])
+def test_pow_of_an_int_base_and_a_float_exponent_matches_onnxruntime(base, exponent):
+    """The result has the base's int dtype, computed in float64 and truncated (ONNX
+    Runtime's std::pow). Before, the exponent was cast to the base's dtype: x ** 0.5 was
+    x ** 0, all ones."""
+    dtype = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}[base]
+    e = numpy_helper.from_array(np.array(exponent, np.float32), "e")
+    m = model([helper.make_node("Pow", ["x", "e"], ["y"])], [vi("x", [6], base)],
+              [vi("y", None, base)], 17, [e], check=False)
+    x = np.array([1, 4, 9, 17, 2, 100], dtype)
+    (ref,) = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})
+    (got,) = tg.from_onnx(m)(x=x)
+    assert got.dtype == ref.dtype
+    np.testing.assert_array_equal(got, ref)
+
+
+# ------------------------------------------------------------------ options and invalid models
+def test_an_unknown_option_is_refused_naming_those_accepted():
+    """Before, it reached tg.compile after the whole import: a bare TypeError."""
+    m = relu_model(13)
+    with pytest.raises(tg.ArgumentError) as info:
+        tg.from_onnx(m, tolerence=1e-3)
+    text = str(info.value)
+    assert "from_onnx: unknown option(s) tolerence" in text and "did you mean tolerance=" in text
+    assert "dynamic_dims, device, constants, tolerance" in text and "db" in text
+    with pytest.raises(tg.ArgumentError, match="quantize.*tg.from_torch"):
+        tg.from_onnx(m, quantize="int8-weight")
+    with pytest.raises(tg.ArgumentError, match="bounds.*dynamic_dims="):
+        tg.from_onnx(m, bounds={"n": 4})
+    x = X[0, :2, :3]
+    np.testing.assert_array_equal(tg.from_onnx(m, db=":memory:")(x=x)[0], np.maximum(x, 0))
+
+
+def test_a_gather_index_out_of_range_is_refused_naming_the_node():
+    """An initializer's index past the data's axis: numpy's bare IndexError before."""
+    one = [vi("x", [1])]
+    for data in (np.arange(4, dtype=np.float32), np.arange(5000, dtype=np.float32)):
+        m = model([helper.make_node("Gather", ["w", "i"], ["y"], name="pick")], one,
+                  [vi("y", None)], 17,
+                  [numpy_helper.from_array(data, "w"), ints("i", [1, data.size + 3])],
+                  check=False)
+        with pytest.raises(tg.ShapeError, match=f"Gather node 'pick': index {data.size + 3} "
+                                                f".*'i'.*axis 0 of size {data.size}"):
+            tg.from_onnx(m)
+
+
+def test_a_range_with_delta_zero_is_refused_naming_the_node():
+    m = model([helper.make_node("Range", ["a", "b", "c"], ["y"], name="steps")],
+              [vi("x", [1])], [vi("y", None, TensorProto.INT64)], 17,
+              [numpy_helper.from_array(np.array(v, np.int64), n)
+               for v, n in ((0, "a"), (10, "b"), (0, "c"))], check=False)
+    with pytest.raises(tg.ShapeError, match="Range node 'steps': delta is 0"):
+        tg.from_onnx(m)
+
+
+def test_a_huge_range_is_refused_before_anything_is_allocated():
+    """A Range of 10**12 values was allocated by numpy while importing (a MemoryError naming
+    no node); now it is built in the graph and the compile's memory plan refuses it, naming
+    the model's node."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for v, n in ((0, "a"), (10 ** 12, "b"), (1, "c"))]
+    m = model([helper.make_node("Range", ["a", "b", "c"], ["r"], name="steps"),
+               helper.make_node("Cast", ["r"], ["y"], to=F)],
+              [vi("x", [1])], [vi("y", None)], 17, inits, check=False)
+    outputs, *_ = import_onnx(m)  # nothing of its size is made here
+    assert outputs[0].shape == (10 ** 12,)
+    with pytest.raises(tg.OutOfMemory) as info:
+        tg.from_onnx(m, db=":memory:")
+    assert "Range node 'steps'" in "".join(info.value.__notes__)
+    # a moderate one past the fold limit runs as ONNX Runtime's
+    inits[1] = numpy_helper.from_array(np.array(10000, np.int64), "b")
+    against_ort(model(m.graph.node, [vi("x", [1])], [vi("y", None)], 17, inits, check=False),
+                {"x": np.ones(1, np.float32)})
+
+
+def test_a_concat_of_different_ranks_is_refused_naming_the_node():
+    """Invalid ONNX (ONNX Runtime refuses it): the rank-1 input was silently dropped."""
+    for z in ([3], [0]):
+        m = model([helper.make_node("Concat", ["x", "z"], ["y"], axis=0, name="join")],
+                  [vi("x", [2, 3]), vi("z", z)], [vi("y", None)], 17, check=False)
+        with pytest.raises(tg.ShapeError, match="Concat node 'join': its inputs have "
+                                                "different ranks .*rank 2.*rank 1"):
+            tg.from_onnx(m)

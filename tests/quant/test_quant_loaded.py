@@ -87,3 +87,25 @@ def test_hostile_files_are_refused_naming_the_tensor(tmp_path):
 def test_schemes_without_a_stored_form_are_refused():
     with pytest.raises(ArgumentError, match="prequantized"):
         tg.quantize(_model(), "bf16-weight", prequantized=True)
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int8-dynamic", "int4-weight"])
+def test_a_weight_read_by_a_linear_and_a_matmul_saves_and_loads_back(tmp_path, scheme):
+    """One (64, 64) weight read as linear(h, w) (its rows the output channels) and as
+    h @ w (its columns): two quantizations of one shape. The matmul's is stored under
+    ``w.matmul.q``/``w.matmul.scale``; before, both readings' leaves were ``w.q``/``w.scale``
+    and save_quantized failed with a FeedError about two leaves named 'w.scale'."""
+    rng = np.random.default_rng(2)
+    x = tg.input("x", (3, 64))
+    w = tg.weight("w", (64, 64))
+    y = tg.linear(x, w) + x @ w
+    weights = {"w": (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)}
+    path = tmp_path / "shared.safetensors"
+    names = tg.save_quantized(path, y, weights, scheme)
+    assert names == ["w.matmul.q", "w.matmul.scale", "w.q", "w.scale"]
+    loaded = tg.quantize(y, scheme, prequantized=True)
+    prog = tg.compile(loaded, db=":memory:").bind_safetensors(path, strict=True)
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    ref = tg.compile(tg.quantize(y, scheme), db=":memory:").bind(**weights)(x=a)
+    assert relative_error(prog(x=a), ref) <= 1e-6
+    assert relative_error(ref, tg.evaluate(y, {"x": a, **weights})) > 1e-4  # quantized

@@ -116,12 +116,16 @@ class Ctx:
     for an omitted optional input), its attributes (decoded), the opset of its domain."""
 
     def __init__(self, op: str, name: str, opset: int, inputs: list, attrs: dict,
-                 weights: dict, sources: dict, outputs: int = 1):
+                 weights: dict, sources: dict, outputs: int = 1, bounds: dict | None = None):
         self.op, self.name, self.opset = op, name, opset
         self.outputs = outputs  # how many of the node's outputs the graph names
         self.inputs, self.attrs = inputs, attrs
         self._weights = weights  # initializer name -> its tg.weight, made once
         self._sources = sources  # graph input leaf -> its ONNX name (for StaticInputError)
+        # symbolic dim name -> the largest value from_onnx's dynamic_dims gave it (None: not
+        # given): what a mapping that must size something by a dim's largest value reads (a
+        # recurrence unrolled over a dynamic sequence)
+        self.bounds = dict(bounds or {})
 
     @property
     def n(self) -> int:

@@ -51,6 +51,11 @@ def _div(a, b):
 
 
 def _pow(a, b):
+    """ONNX Pow's result has the base's dtype. An int base with a float exponent is computed
+    as ONNX Runtime computes it, in float64 (std::pow), and truncated back to the base's
+    dtype: the exponent cast to the base's int dtype would turn x ** 0.5 into x ** 0."""
+    if not a.dtype.is_float and b.dtype.is_float:
+        return tg.cast(tg.pow(tg.cast(a, "float64"), tg.cast(b, "float64")), a.dtype)
     return tg.pow(a, b if b.dtype == a.dtype else tg.cast(b, a.dtype))
 
 

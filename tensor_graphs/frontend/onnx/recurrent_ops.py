@@ -1,14 +1,18 @@
 """ONNX's RNN, GRU and LSTM on our recurrent layers (``ir/ops/recurrent.py``), one
 ``*_layer`` per direction. ONNX orders the gates differently from torch (LSTM i, o, f, c
 against i, f, g, o; GRU z, r, h against r, z, n): the weights' row blocks are reordered here.
-ONNX's default GRU (linear_before_reset=0, which no torch layer computes) is unrolled here
-over a concrete length. Other forms (activations, clip, peepholes, coupled gates, ragged
+ONNX's default GRU (linear_before_reset=0, which no torch layer computes) is unrolled here.
+A symbolic sequence length (an export's dynamic axis) is unrolled to its largest value, which
+``from_onnx``'s ``dynamic_dims`` gives (the layers' ``max_steps``), the steps past the call's
+length masked. Other forms (activations, clip, peepholes, coupled gates, ragged
 sequence_lens) are refused by name."""
 
 from __future__ import annotations
 
+from tensor_graphs.errors import ShapeError
 from tensor_graphs.frontend.onnx.common import Ctx, ints
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.ops.recurrent import _unroll
 
 # op -> (gate blocks per weight, ONNX's blocks in torch's gate order, default activations)
 _KINDS = {
@@ -22,6 +26,29 @@ def _blocks(w, gates: int, order: list, hidden: int):
     """Row blocks of ``w`` (gates * hidden rows) in torch's gate order."""
     parts = [tg.slice_axis(w, 0, g * hidden, (g + 1) * hidden) for g in order]
     return parts[0] if len(parts) == 1 else tg.concat(parts, 0)
+
+
+def _max_steps(c: Ctx, seq) -> int | None:
+    """How many steps a symbolic sequence length ``seq`` unrolls to: its value at the
+    largest values ``dynamic_dims`` gave its dims (None for a concrete length). The plan,
+    made at those bounds, assumes the same (a length does not grow as its dims shrink); a
+    call longer than it is refused by the program's bound check (or fails on the result's
+    shape), never cut short. Without a bound there is no number of steps to unroll: a
+    ShapeError naming the node and the dynamic_dims to give."""
+    if isinstance(seq, int):
+        return None
+    names = sorted(str(s) for s in seq.free_symbols)
+    missing = [n for n in names if c.bounds.get(n) is None]
+    if missing:
+        given = {k: v for k, v in c.bounds.items() if v is not None}
+        shown = ", ".join([f"{k!r}: {v}" for k, v in given.items()]
+                          + [f"{n!r}: N" for n in missing])
+        raise ShapeError(
+            f"{c.op} node '{c.name}': its sequence length {seq} is symbolic (a dynamic axis "
+            f"of the export), and the recurrence is unrolled to the longest sequence the "
+            f"program will see, which nothing gives for {missing}; import with that length "
+            f"as N: tg.from_onnx(model, dynamic_dims={{{shown}}})")
+    return int(seq.xreplace({s: c.bounds[str(s)] for s in seq.free_symbols}))
 
 
 def _recurrent(c: Ctx):
@@ -46,6 +73,7 @@ def _recurrent(c: Ctx):
         x = tg.transpose(x, 0, 1)  # (batch, seq, in) -> (seq, batch, in)
     seq, batch = x.shape[0], x.shape[1]
     hidden = c.a("hidden_size") or r.shape[-1]
+    max_steps = _max_steps(c, seq)
     if c.has(4):
         lengths = ints(c.s(4, "sequence_lens"))
         if any(n != seq for n in lengths):
@@ -74,19 +102,19 @@ def _recurrent(c: Ctx):
         last = 0 if reverse else -1
         if c.op == "LSTM":
             cell = tg.squeeze(tg.slice_axis(c0, 0, d, d + 1), 0) if c0 is not None else zeros
-            both = tg.lstm_layer(x, h, cell, w_ih, w_hh, b_ih, b_hh, reverse=reverse)
+            both = tg.lstm_layer(x, h, cell, w_ih, w_hh, b_ih, b_hh, reverse=reverse,
+                                 max_steps=max_steps)
             y = tg.slice_axis(both, 2, 0, hidden)
             cs.append(tg.slice_axis(tg.slice_axis(both, 2, hidden, None), 0, last,
                                     None if last == -1 else 1))
         elif not torch_gru:  # ONNX's default GRU: the reset gate scales h before R_h
-            if not isinstance(seq, int):
-                raise c.refuse("linear_before_reset=0 over a symbolic sequence length")
-            y = _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden, reverse)
+            y = _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden, reverse, max_steps)
         elif c.op == "GRU":
-            y = tg.gru_layer(x, h, w_ih, w_hh, b_ih, b_hh, reverse=reverse)
+            y = tg.gru_layer(x, h, w_ih, w_hh, b_ih, b_hh, reverse=reverse,
+                             max_steps=max_steps)
         else:
             y = tg.rnn_layer(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=nonlinearity,
-                             reverse=reverse)
+                             reverse=reverse, max_steps=max_steps)
         ys.append(tg.unsqueeze(y, 1))  # (seq, 1, batch, hidden)
         hs.append(tg.slice_axis(y, 0, last, None if last == -1 else 1))
     y = ys[0] if directions == 1 else tg.concat(ys, 1)
@@ -99,18 +127,19 @@ def _recurrent(c: Ctx):
     return (y, y_h, y_c) if c.op == "LSTM" else (y, y_h)
 
 
-def _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden: int, reverse: bool):
-    """ONNX's GRU with linear_before_reset=0, unrolled over a concrete length: the candidate
-    is tanh(x W_n + b_in + (r * h) R_n + b_hn). Weights in torch's order (r, z, n)."""
+def _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden: int, reverse: bool,
+                     max_steps: int | None = None):
+    """ONNX's GRU with linear_before_reset=0, unrolled: the candidate is
+    tanh(x W_n + b_in + (r * h) R_n + b_hn). Weights in torch's order (r, z, n). A symbolic
+    length unrolls to ``max_steps`` as the recurrent layers do (``ir/ops/recurrent._unroll``:
+    each step reads its position clamped into range, the steps past the length keep h)."""
     xs = tg.matmul(x, tg.transpose(w_ih, 0, 1))  # (seq, batch, 3 * hidden)
     if b_ih is not None:
         xs = tg.add(xs, b_ih)
     r_rz = tg.transpose(tg.slice_axis(w_hh, 0, 0, 2 * hidden), 0, 1)
     r_n = tg.transpose(tg.slice_axis(w_hh, 0, 2 * hidden, None), 0, 1)
-    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
-    out = {}
-    for t in steps:
-        xt = tg.squeeze(tg.slice_axis(xs, 0, t, t + 1), 0)
+
+    def step(xt, h):
         hr = tg.matmul(h, r_rz)
         if b_hh is not None:
             hr = tg.add(hr, tg.slice_axis(b_hh, 0, 0, 2 * hidden))
@@ -120,7 +149,14 @@ def _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden: int, reverse: bool):
         if b_hh is not None:
             hn = tg.add(hn, tg.slice_axis(b_hh, 0, 2 * hidden, None))
         n = tg.tanh(tg.add(tg.slice_axis(xt, 1, 2 * hidden, None), hn))
-        h = tg.add(n, tg.mul(z, tg.sub(h, n)))  # (1 - z) * n + z * h
+        return tg.add(n, tg.mul(z, tg.sub(h, n)))  # (1 - z) * n + z * h
+
+    if not isinstance(x.shape[0], int):
+        return _unroll("GRU", xs, (h,), lambda xt, h: (step(xt, h),), reverse, max_steps)
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    out = {}
+    for t in steps:
+        h = step(tg.squeeze(tg.slice_axis(xs, 0, t, t + 1), 0), h)
         out[t] = tg.unsqueeze(h, 0)
     return tg.concat([out[t] for t in range(x.shape[0])], 0)
 

@@ -59,25 +59,34 @@ def _linear_antialias(ratio, scale):
 
 
 def _source(x, size_in, scale, size_out, mode, roi):
-    """Where output position ``x`` samples the input (None: outside a crop's roi)."""
-    width = scale * size_in
+    """Where output position ``x`` samples the input (None: outside a crop's roi), as ONNX
+    Runtime computes it, in float32 as it does: a nearest pick on a boundary depends on it
+    ((1 + 0.5) / 0.6 is 2.5 in float32, 2.4999999 in float64). align_corners,
+    tf_crop_and_resize and pytorch_half_pixel span the output's integer length
+    (``size_out``), as ONNX Runtime and torch do; ONNX's reference spans ``scale * size_in``,
+    which differs when that is no integer (F.interpolate(scale_factor=1.5,
+    align_corners=True)) and agrees with neither."""
+    f = np.float32
+    x, scale, n_in, n_out = f(x), f(scale), f(size_in), f(size_out)
+    half = f(0.5)
     if mode == "align_corners":
-        return 0.0 if width == 1 else x * (size_in - 1) / (width - 1)
+        return 0.0 if size_out == 1 else float(x * (n_in - 1) / (n_out - 1))
     if mode == "asymmetric":
-        return x / scale
+        return float(x / scale)
+    if mode == "tf_half_pixel_for_nn":  # opset 11 only
+        return float((x + half) / scale)
     if mode == "tf_crop_and_resize":
-        lo, hi = roi
-        at = (hi - lo) * (size_in - 1) / 2 if width == 1 else \
-            x * (hi - lo) * (size_in - 1) / (width - 1)
-        at += lo * (size_in - 1)
-        return None if at < 0 or at > size_in - 1 else at
+        lo, hi = f(roi[0]), f(roi[1])
+        at = f(0.5 * (float(lo) + float(hi)) * (size_in - 1)) if size_out == 1 else \
+            lo * (n_in - 1) + x * (hi - lo) * (n_in - 1) / (n_out - 1)
+        return None if at < 0 or at > n_in - 1 else float(at)
     if mode == "pytorch_half_pixel":
-        return -0.5 if width == 1 else (x + 0.5) / scale - 0.5
+        return 0.0 if size_out == 1 else float((x + half) / scale - half)
     if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
-    if mode == "half_pixel_symmetric":
-        offset = size_in / 2 * (1 - size_out / width)
-        return offset + (x + 0.5) / scale - 0.5
+        return float((x + half) / scale - half)
+    if mode == "half_pixel_symmetric":  # spans scale * size_in; the sum in float64, as there
+        offset = n_in / f(2) * (f(1) - n_out / (scale * n_in))
+        return float(f(float(offset) + (float(x) + 0.5) / float(scale) - 0.5))
     raise ValueError(mode)
 
 
@@ -143,32 +152,46 @@ def _resize(c: Ctx):
         policy = c.a("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             _concrete(c, x, axes)  # one ratio over every listed axis
-            ratio = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+            ratio = [np.float32(sizes[i]) / np.float32(x.shape[a]) for i, a in enumerate(axes)]
             one = min(ratio) if policy == "not_larger" else max(ratio)
-            ratio = [one] * len(axes)
-            sizes = [int(one * x.shape[a] + 0.5) for a in axes]
+            sizes = [int(one * np.float32(x.shape[a]) + 0.5) for a in axes]
+            ratio = [float(one)] * len(axes)
         else:
-            ratio = [1.0 if a in kept else sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+            # float32, as ONNX Runtime divides: the scale is what half_pixel divides by
+            ratio = [1.0 if a in kept else float(np.float32(sizes[i]) / np.float32(x.shape[a]))
+                     for i, a in enumerate(axes)]
         for i, a in enumerate(axes):
             full_scale[a], out_size[a] = ratio[i], sizes[i]
     elif scales is not None:
         _concrete(c, x, [a for i, a in enumerate(axes) if not math.isclose(scales[i], 1.0)])
         for i, a in enumerate(axes):
             full_scale[a] = float(scales[i])
-            if not math.isclose(full_scale[a], 1.0):
-                out_size[a] = int(full_scale[a] * x.shape[a])
+            if not math.isclose(full_scale[a], 1.0):  # floor(scale * size) in float32
+                out_size[a] = int(np.float32(full_scale[a]) * np.float32(x.shape[a]))
     else:
         raise c.refuse("neither scales nor sizes")
     mode = c.a("mode", "nearest")
+    nearest = c.a("nearest_mode", "round_prefer_floor")
+    if mode not in ("nearest", "linear", "cubic") or nearest not in (
+            "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+        raise c.refuse(f"mode '{mode}' with nearest_mode '{nearest}' (ONNX has the modes "
+                       "nearest, linear and cubic, and the nearest_modes round_prefer_floor, "
+                       "round_prefer_ceil, floor and ceil); export the model with one of those")
     antialias = bool(c.a("antialias", 0))
     a = c.a("cubic_coeff_a", -0.75)
     coeffs = {
-        "nearest": lambda r, s: _nearest(r, s, c.a("nearest_mode", "round_prefer_floor")),
+        "nearest": lambda r, s: _nearest(r, s, nearest),
         "linear": _linear_antialias if antialias else _linear,
         "cubic": (lambda r, s: _cubic_antialias(r, s, a)) if antialias else
                  (lambda r, s: _cubic(r, s, a)),
     }[mode]
     coordinate = c.a("coordinate_transformation_mode", "half_pixel")
+    known = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+             "asymmetric", "tf_crop_and_resize"] + (["tf_half_pixel_for_nn"] if c.opset < 13
+                                                    else [])
+    if coordinate not in known:
+        raise c.refuse(f"coordinate_transformation_mode '{coordinate}' (opset {c.opset} has "
+                       f"{', '.join(known)}); export the model with one of those")
     extrapolate = c.a("extrapolation_value", 0.0)
     out = x
     for i, ax in enumerate(axes):

@@ -6,12 +6,24 @@ inputs between opsets are read from whichever the node's opset has."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import sympy
 
-from tensor_graphs.frontend.onnx.common import Ctx, Static, dtype_of, fold, ints, norm_axis
+from tensor_graphs.errors import ShapeError
+from tensor_graphs.frontend.onnx.common import (
+    FOLD_LIMIT,
+    Ctx,
+    Static,
+    dtype_of,
+    fold,
+    ints,
+    norm_axis,
+)
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
+from tensor_graphs.ir.shapes import format_shape
 
 _TO_END = 2 ** 62  # ONNX writes "to the end" as INT64_MAX (or INT64_MIN going backwards)
 
@@ -105,13 +117,22 @@ def _unsqueeze(c: Ctx):
 
 
 def _concat(c: Ctx):
+    """Inputs of one rank joined along ``axis``. Inputs of different ranks are invalid ONNX
+    (ONNX Runtime refuses them, an empty 1-D one too), refused naming each input's shape:
+    before, only those of the largest rank were joined and the others silently dropped."""
     axis = c.a("axis")
+    shapes = [shape_of(v) for v in c.inputs if v is not None]
+    if len({len(s) for s in shapes}) > 1:
+        shown = ", ".join(f"input {i} {format_shape(tuple(s))} (rank {len(s)})"
+                          for i, s in enumerate(shapes))
+        raise ShapeError(f"Concat node '{c.name}': its inputs have different ranks ({shown}); "
+                         "ONNX joins tensors of one rank (the model is invalid: ONNX Runtime "
+                         "refuses it too); reshape or unsqueeze the inputs to one rank where "
+                         "the model is made, and export it again")
     folded = fold(c, lambda *xs: np.concatenate([x for x in xs if x is not None], axis=axis))
     if folded is not None:
         return folded
-    xs = c.tensors()
-    rank = max(x.ndim for x in xs)
-    return tg.concat([x for x in xs if x.ndim == rank], axis)
+    return tg.concat(c.tensors(), axis)
 
 
 def _split(c: Ctx):
@@ -172,16 +193,36 @@ def _slice(c: Ctx):
     return x
 
 
+def _in_range(c: Ctx, idx: np.ndarray, dim, axis: int) -> None:
+    """Refuse, naming the node and the index, an import-time index past ``dim`` (ONNX's
+    Gather takes [-dim, dim - 1]; ONNX Runtime fails on it): before, numpy's bare IndexError
+    named neither the node nor the model."""
+    if not isinstance(dim, int) or idx.dtype == object:
+        return
+    bad = idx[(idx < -dim) | (idx >= dim)]
+    if bad.size:
+        held = c.inputs[1].weight
+        where = f"the initializer '{held}'" if held else "its indices"
+        raise ShapeError(f"Gather node '{c.name}': index {int(bad.flat[0])} ({bad.size} of "
+                         f"{idx.size} indices in {where}) is out of range for axis {axis} of "
+                         f"size {dim} (ONNX's indices are in [{-dim}, {dim - 1}]); the model is "
+                         "invalid: check how its indices are made, and export it again")
+
+
 def _gather(c: Ctx):
     axis = c.a("axis", 0)
     if c.is_static(0) and c.is_static(1) and c.inputs[0].array.size <= 4096:
-        return Static(np.take(c.inputs[0].array, c.inputs[1].array.astype(np.int64), axis=axis))
+        data = c.inputs[0].array
+        _in_range(c, c.inputs[1].array, data.shape[norm_axis(axis, data.ndim)],
+                  norm_axis(axis, data.ndim))
+        return Static(np.take(data, c.inputs[1].array.astype(np.int64), axis=axis))
     x = c.t(0)
     axis = norm_axis(axis, x.ndim)
     if c.is_static(1):
         idx = c.inputs[1].array.astype(np.int64)
         dim = x.shape[axis]
         if isinstance(dim, int):
+            _in_range(c, idx, dim, axis)
             idx = np.where(idx < 0, idx + dim, idx)
             return tg.gather(x, tg.constant(idx), axis)
         if (idx >= 0).all():
@@ -265,18 +306,38 @@ def _constant_of_shape(c: Ctx):
 
 
 def _range(c: Ctx):
-    if c.all_static():
-        start, limit, delta = (c.s(i).reshape(()).item() for i in range(3))
-        dtype = c.inputs[0].array.dtype
-        if dtype.kind != "O" and all(isinstance(v, (int, float)) for v in (start, limit, delta)):
-            out = np.arange(start, limit, delta, dtype=dtype)
-            return Static(out) if out.size <= 4096 else tg.constant(out)
-        start, limit, delta = (sympy.sympify(v) for v in (start, limit, delta))
-        if start == 0 and delta == 1:
-            return tg.iota(limit, "int64")
-        n = sympy.ceiling((limit - start) / delta)
-        return tg.add(tg.mul(tg.iota(n, "int64"), int(delta)), tg.size(start))
-    raise c.refuse("start, limit and delta computed at run time (the length would be data)")
+    """start, start + delta, ... before limit: max(ceil((limit - start) / delta), 0) values.
+    Folded at import up to ``FOLD_LIMIT`` values; a longer one is built in the graph (iota *
+    delta + start), so nothing of its size is allocated while importing: a program that
+    cannot hold it is refused by tg.compile's memory plan (OutOfMemory, before anything
+    runs), where a Range of 10**12 values was a numpy MemoryError from the importer. A delta
+    of 0 (no length: ONNX Runtime refuses it) is refused naming the node."""
+    if not c.all_static():
+        raise c.refuse("start, limit and delta computed at run time (the length would be data)")
+    start, limit, delta = (c.s(i).reshape(()).item() for i in range(3))
+    if isinstance(delta, sympy.Expr) and not delta.is_number:
+        raise c.refuse(f"a symbolic delta ({delta}): the length would not be a size")
+    if delta == 0:
+        raise ShapeError(f"Range node '{c.name}': delta is 0, so start {start} never reaches "
+                         f"limit {limit} (ONNX Runtime refuses it too); the model is invalid: "
+                         "check how its delta is made, and export it again")
+    dtype = c.inputs[0].array.dtype
+    if dtype.kind != "O" and all(isinstance(v, (int, float)) for v in (start, limit, delta)):
+        if all(isinstance(v, int) for v in (start, limit, delta)):
+            n = max(-((start - limit) // delta), 0)  # ceil((limit - start) / delta), exactly
+        else:
+            n = max(math.ceil((limit - start) / delta), 0)
+        if n <= FOLD_LIMIT:
+            return Static(np.arange(start, limit, delta, dtype=dtype))
+        kind = np.int64 if dtype.kind in "iu" else np.float64
+        steps = tg.add(tg.mul(tg.iota(n, kind.__name__), tg.constant(np.array(delta, kind))),
+                       tg.constant(np.array(start, kind)))
+        return steps if steps.dtype.name == dtype.name else tg.cast(steps, dtype.name)
+    start, limit, delta = (sympy.sympify(v) for v in (start, limit, delta))
+    if start == 0 and delta == 1:
+        return tg.iota(limit, "int64")
+    n = sympy.ceiling((limit - start) / delta)
+    return tg.add(tg.mul(tg.iota(n, "int64"), int(delta)), tg.size(start))
 
 
 def _identity(c: Ctx):
