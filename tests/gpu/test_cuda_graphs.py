@@ -693,6 +693,42 @@ def test_a_padded_decode_step_appends_inside_its_attention_and_chains_its_gemvs(
         assert got.shape == want.shape and relative_error(got, want) < 1e-6, name
 
 
+@pytest.mark.slow  # ~25 s on the simulated GPU: the Triton kernels run in the interpreter
+def test_a_chained_batch_decode_copies_a_view_only_after_the_stage_it_reads(slow_host):
+    """A batch of two: each row's q, k and v are slices of its projection's row, not dense,
+    so their reshapes copy them. A copy is a launch, so the projection's stage must run
+    before it: the chain launches what it holds first (``chains._dense_after``). Without
+    that the copies read the previous token's projection, left where this one's goes, and
+    the tokens drifted from transformers' after the capture (its check saw the own run's
+    values there and passed)."""
+    from tensor_graphs.nn import Generator
+    from tensor_graphs.runtime import chains
+
+    chained, fold = [], chains.fold
+
+    def counted(instructions):
+        out = fold(instructions)
+        chained.append(sum(hasattr(ins.fn, "stands_for") for ins in out))
+        return out
+
+    lm = tiny.gpt2(n_layer=2)
+    gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
+                                      device="cuda", batch=2)
+    prompt = _rng(3).integers(0, 211, (2, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    chains.fold = counted
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(gen(prompt, 10), expected)
+    finally:
+        chains.fold = fold
+    assert chained and chained[0] == 10, chained  # (2 blocks' 5 steps)
+    assert gen.decode.stats["graph_runs"] >= 9 + 8, gen.decode.loop
+
+
 def _unmasked_decode(slow_host, seed: int = 0):
     """q attends over a cache without a mask: a padded graph would read the keys past
     ``past``, so padding must be refused by the capture's check."""

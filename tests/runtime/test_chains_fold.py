@@ -170,3 +170,36 @@ def test_a_chain_the_gpu_cannot_build_warns_once_and_is_not_tried_again(monkeypa
         stand_ins[1](x, w, out=outs[1])
     assert ran == outs
     assert chain.chained([run, run]) == [run, run]
+
+
+def test_a_view_that_copies_between_stages_launches_them_first():
+    """A view reading dense arguments (a reshape) between stages is made dense by the fold,
+    not the runtime: where an argument is not dense it first launches what the chain holds
+    (the copy reads it), then copies; a dense one launches nothing."""
+    calls = []
+
+    def gemv(name):
+        run = _gemv(name)
+
+        def chained(runs):
+            made = []
+            for r in runs:
+                step = SimpleNamespace(chained=r, group=tuple(runs))
+                step.flush = lambda r=r: calls.append(("flush", r))
+                made.append(step)
+            return made
+        run.chained = chained
+        return run
+
+    reshape = _step(3, (2,), _kernel(lambda x, **k: calls.append(("reshape", x)) or x,
+                                     view=True), contiguous=True)
+    steps = [_step(2, (1,), _kernel(gemv("a"))), reshape, _step(4, (3,), _kernel(gemv("b")))]
+    folded = chains.fold(steps)
+    assert not folded[1].contiguous
+    dense, strided = torch.ones(2, 3), torch.ones(3, 2).t()
+    folded[1].fn(dense)
+    assert calls == [("reshape", dense)]
+    calls.clear()
+    folded[1].fn(strided)
+    assert calls[0] == ("flush", steps[0].fn) and calls[1][0] == "reshape"
+    assert calls[1][1].is_contiguous() and torch.equal(calls[1][1], strided)

@@ -157,7 +157,7 @@ def _group(runs: list) -> list:
             if last:
                 launch()
             return c if out is None else out
-        step.stands_for = run
+        step.stands_for, step.flush = run, launch  # (flush: what a copy between needs)
         return step
 
     return [member(run, i == len(runs) - 1) for i, run in enumerate(runs)]
