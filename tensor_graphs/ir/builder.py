@@ -26,6 +26,7 @@ from tensor_graphs.ir.ops import (
     OPS,
     atomic,  # noqa: F401  (registers the atomic ops)
 )
+from tensor_graphs.ir.ops.names import SLICE
 from tensor_graphs.ir.shapes import (
     Dim,
     as_dim,
@@ -378,7 +379,7 @@ def _as_index(x: Node, axis: int) -> Node | None:
     that element, which needs the axis longer than i (numpy's squeeze of an empty axis
     raises; torch's select, a slice then a squeeze, guards it): without this, ``x[:, 3]`` of
     a torch export over a dynamic axis could not be built."""
-    if x.op.name != "slice" or x.attrs["steps"][axis] != 1:
+    if x.op.name != SLICE or x.attrs["steps"][axis] != 1:
         return None
     src = x.inputs[0]
     dim, start, stop = src.shape[axis], x.attrs["starts"][axis], x.attrs["stops"][axis]

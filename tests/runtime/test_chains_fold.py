@@ -203,3 +203,27 @@ def test_a_view_that_copies_between_stages_launches_them_first():
     folded[1].fn(strided)
     assert calls[0] == ("flush", steps[0].fn) and calls[1][0] == "reshape"
     assert calls[1][1].is_contiguous() and torch.equal(calls[1][1], strided)
+
+
+def test_a_stage_whose_argument_the_kernel_copies_launches_the_stages_before_it(monkeypatch):
+    """A GEMV's 2-D view of a permuted batch is a copy, made as its call is prepared: it reads
+    the argument then, so what the chain holds before it launches first (else, replayed, the
+    copy read the previous call's values, left where the stage writes)."""
+    from tensor_graphs.kernels.triton.templates import chain, matmul
+
+    launched: list[list] = []
+    monkeypatch.setattr(chain, "chain", lambda links: launched.append(list(links)))
+    plain = next(e for e in matmul.EPILOGUES if e.label == "matmul")
+
+    def run(a, b, *, out=None):
+        return out
+
+    run.link = matmul._linking(matmul.GEMV_CONFIGS[0], plain, run)
+    x, w = torch.ones(2, 2, 8), torch.ones(8, 8)
+    outs = [torch.empty(2, 2, 8) for _ in range(3)]
+    first, second, third = chain.chained([run] * 3)
+    first(x, w, out=outs[0])
+    second(x, w, out=outs[1])  # (a view: stays pending)
+    assert launched == []
+    third(outs[1].permute(1, 0, 2), w, out=outs[2])  # its (4, 8) view of a permute: a copy
+    assert [[k.out for k in g] for g in launched] == [outs[:2], outs[2:]]

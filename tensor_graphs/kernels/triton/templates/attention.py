@@ -254,6 +254,10 @@ class DecodeLink:
         """The tensor the result is written to (``out`` itself where the kernel can)."""
         return target(tuple(self.q.shape[:-1]) + (self.v.shape[-1],), self.q, self.out)
 
+    def copies(self) -> bool:
+        """False: the kernel reads q, k, v and the mask through views (``_as_4d``)."""
+        return False
+
     def prepare(self, early: bool) -> Prepared:
         """The stage's arguments for the chain; ``early`` is unused (no weights to load)."""
         o = self.target()

@@ -8,7 +8,9 @@ run of such steps as chains (``runtime/chains.py``): a GPT-2 decode block's atte
 projection, MLP and the next block's q/k/v projection become one launch.
 
 A link gives the chain its arguments through ``prepare(early) -> Prepared`` and runs alone
-through ``alone()``; ``target()`` is the tensor its result is written to.
+through ``alone()``; ``target()`` is the tensor its result is written to, and ``copies()``
+says whether preparing it copies an argument (a copy reads it at once, so the stages before
+must launch first).
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ def _group(runs: list) -> list:
     def member(run, last: bool):
         def step(*args, out=None, **attrs):
             link = run.link(*args, out=out, **attrs)
+            if link.copies():  # its copy of an argument reads what the stages before write
+                launch()
             c = link.target()
             if out is not None and not _written_in(c, out):
                 launch()

@@ -298,6 +298,20 @@ class Link:
         """The tensor the result is written to (``out`` itself where the kernel can)."""
         return Operands(self.e, self.a, self.b, self.res, self.out).c
 
+    def copies(self) -> bool:
+        """Whether the kernel's 2-D views of a or res are copies (a view reshape cannot make,
+        such as a permuted batch): a copy reads them when it is made, so a chain must have
+        written them by then."""
+        n = self.b.shape[0] if self.e.linear else self.b.shape[1]
+        m = self.rows
+        for t, shape in ((self.a, (m, self.a.shape[-1])), (self.res, (m, n))):
+            if t is not None and t.numel():
+                try:
+                    t.view(shape)
+                except RuntimeError:
+                    return True
+        return False
+
     def prepare(self, early: bool) -> Prepared:
         """The stage's arguments for the chain; ``early``: its first weights may be loaded
         before the stage's barrier (or wait), where b is a bound weight."""
