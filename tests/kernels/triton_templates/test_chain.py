@@ -35,6 +35,13 @@ def rel(got, ref) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
+def _strings(value) -> list:
+    """The strings in a nest of tuples and lists."""
+    if isinstance(value, str):
+        return [value]
+    return [s for v in value for s in _strings(v)] if isinstance(value, (tuple, list)) else []
+
+
 def block(rows: int, d: int, hidden: int, cfgs, bind: bool = True):
     """A GPT-2 block's GEMVs after attention, then the next block's q/k/v: (links, the
     float64 results). Sizes past one K step and one column block, so units split K, and
@@ -136,6 +143,8 @@ def test_a_chain_from_a_decode_attention_appending_its_rows_on():
                            links[0].bias, x, links[0].out)
     got = chain.chain([first] + links)
     assert torch.equal(k, want_k) and torch.equal(v, want_v)
+    consts = [link.prepare(True).constexprs for link in [first] + links]
+    assert not _strings(consts), consts  # Triton 3.6 cannot index them (test_triton_36.py)
     g = heads // 2
     kk, vv = (t.double().cpu().repeat_interleave(g, 1) for t in (want_k, want_v))
     scores = (q.double().cpu() @ kk.transpose(-1, -2)) / dim ** 0.5

@@ -51,6 +51,7 @@ JIT = "attention_jit"
 SDPA = "scaled_dot_product_attention"
 MAX_HEAD_DIM = 128
 PRECISION = "ieee"
+TF32 = {"ieee": False, "tf32": True}  # a precision as a chain stage's flag (chain_jit.A_TF32)
 NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2  # attention_jit's MASK codes
 COMBINE_WARPS = 4
 
@@ -196,7 +197,7 @@ class _DecodeCall:
     def stage_constexprs(self) -> tuple:
         """The stage's constexprs, in ``chain_jit``'s order (no prefetch: no weights)."""
         c = self.constexprs
-        return (1, False, c["MASK"], c["CAUSAL"], c["PRECISION"], c["BLOCK_G"], c["BLOCK_N"],
+        return (1, False, c["MASK"], c["CAUSAL"], TF32[c["PRECISION"]], c["BLOCK_G"], c["BLOCK_N"],
                 c["BLOCK_D"], c["BLOCK_DV"], c["BLOCK_S"], c["APPEND"])
 
 

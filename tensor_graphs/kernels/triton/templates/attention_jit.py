@@ -100,7 +100,7 @@ def flash(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, H, G, SQ, SK, D, DV, scale,
 
 @triton.jit
 def _append(cache, new, first, end, start, R, s_n, s_d, s_nn, s_nd, D,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FRESH: tl.constexpr = ""):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FRESH: tl.constexpr):
     """Rows ``start`` .. ``start + R - 1`` of one head's cache (``cache``: its row 0) from
     ``new`` (its R rows), those of them in ``first`` .. ``end - 1`` (this program's keys).
     FRESH: the new rows' cache modifier (``_decode_unit``)."""

@@ -15,7 +15,8 @@ stages are read through L2 (``.cg``): another SM wrote them in this kernel.
 ``stages``: each stage's runtime arguments (``chain.py`` builds them); CONSTS: its
 constexprs, ``(KIND, PREFETCH, ...)`` then the kind's own (``K_*`` / ``G_*`` / ``A_*``
 positions: Triton reads a constexpr tuple's items by index only, unpacked they stop being
-constexpr).
+constexpr; and no strings: Triton 3.6, the H200's, cannot index a constexpr tuple that holds
+one, so an attention stage's precision is a flag, A_TF32).
 """
 
 import triton
@@ -32,7 +33,7 @@ GEMV, DECODE = tl.constexpr(0), tl.constexpr(1)
 G_BLOCK_N, G_BLOCK_K, G_HAS_BIAS, G_HAS_RES, G_ACT, G_NORM, G_FINISH, G_LAST_ADDS, \
     G_MAX_SPLITS, G_NORM_BLOCK, G_ONE_TILE = (tl.constexpr(i) for i in range(2, 13))
 # a decode attention stage's
-A_MASK, A_CAUSAL, A_PRECISION, A_BLOCK_G, A_BLOCK_N, A_BLOCK_D, A_BLOCK_DV, A_BLOCK_S, \
+A_MASK, A_CAUSAL, A_TF32, A_BLOCK_G, A_BLOCK_N, A_BLOCK_D, A_BLOCK_DV, A_BLOCK_S, \
     A_APPEND = (tl.constexpr(i) for i in range(2, 11))
 
 
@@ -154,7 +155,8 @@ def chain(sync_ptr, M, eps, stages, CONSTS: tl.constexpr, STAGES: tl.constexpr,
                             CONSTS[i][G_NORM_BLOCK], CONSTS[i][G_ONE_TILE])
             else:
                 _decode_stage(pid, programs, stages[i], CONSTS[i][A_MASK],
-                              CONSTS[i][A_CAUSAL], CONSTS[i][A_PRECISION],
+                              CONSTS[i][A_CAUSAL],
+                              "tf32" if CONSTS[i][A_TF32] else "ieee",
                               CONSTS[i][A_BLOCK_G], CONSTS[i][A_BLOCK_N],
                               CONSTS[i][A_BLOCK_D], CONSTS[i][A_BLOCK_DV],
                               CONSTS[i][A_BLOCK_S], CONSTS[i][A_APPEND])

@@ -78,7 +78,7 @@ def gemm(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, M, N, K,
 @triton.jit
 def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
               stride_rn, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-              ACT: tl.constexpr, FRESH: tl.constexpr = ""):
+              ACT: tl.constexpr, FRESH: tl.constexpr):
     """A GEMV's finished row block: + bias, activation, + res, one rounding to c's dtype.
     FRESH: res's cache modifier (``_gemv_unit``)."""
     inside = rn < N
@@ -94,7 +94,7 @@ def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, 
 
 @triton.jit
 def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
-               FRESH: tl.constexpr = ""):
+               FRESH: tl.constexpr):
     """LayerNorm's mean and 1 / sqrt(var + eps) of one row of K values in fp32, two passes
     (the mean, then the centered squares). ONE_TILE (K <= NORM_BLOCK): the row is loaded once
     and both passes read the registers; else each pass loops over the row (from L2). Every
@@ -168,12 +168,12 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
         tl.extra.cuda.gdc_launch_dependents()
     if PREFETCH:  # a bound weight: no kernel still running writes it
         b = _gemv_first(b_ptr, pid, split, M, N, K, CHUNK, stride_bk, stride_bn, BLOCK_N,
-                        BLOCK_K)
+                        BLOCK_K, "")
     if PDL:  # what comes next reads the kernels before's results (and writes after them)
         tl.extra.cuda.gdc_wait()
     if not PREFETCH:
         b = _gemv_first(b_ptr, pid, split, M, N, K, CHUNK, stride_bk, stride_bn, BLOCK_N,
-                        BLOCK_K)
+                        BLOCK_K, "")
     _gemv_unit(b, pid, split, tl.num_programs(1), a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
                part_ptr, lock_ptr, ln_w_ptr, ln_b_ptr, M, N, K, CHUNK, eps, stride_am,
                stride_ak, stride_bk, stride_bn, stride_bias, stride_rm, stride_rn, stride_cm,
@@ -183,7 +183,7 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
 
 @triton.jit
 def _gemv_first(b_ptr, unit, split, M, N, K, CHUNK, stride_bk, stride_bn,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FRESH: tl.constexpr = ""):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FRESH: tl.constexpr):
     """The first (BLOCK_K, BLOCK_N) tile of b that a unit (a row's column block) of a split
     reads, apart from the rest so it can be loaded before a wait: zeros for a unit past the
     GEMV's (an idle program of a persistent chain)."""
@@ -275,4 +275,4 @@ def gemv_combine(bias_ptr, res_ptr, c_ptr, part_ptr, M, N, SPLITS,
     for s in range(0, SPLITS):
         acc += tl.load(part_ptr + (s * M + row) * N + rn64, mask=rn < N, other=0.0)
     _epilogue(acc, row, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, stride_rm,
-              stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT)
+              stride_rn, stride_cm, stride_cn, HAS_BIAS, HAS_RES, ACT, "")

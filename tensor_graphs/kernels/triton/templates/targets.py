@@ -88,7 +88,7 @@ def _chain_targets() -> Iterator[Target]:
                      else POINTER.get(t, t) for k, t in enumerate(slots))
 
     for cfg, dec in zip(matmul.GEMV_CONFIGS, attention.DECODE_CONFIGS):
-        decode = (1, False, attention.FLOAT_MASK, False, attention.PRECISION, 16,
+        decode = (1, False, attention.FLOAT_MASK, False, attention.TF32[attention.PRECISION], 16,
                   dec.block_n, max(HEAD_DIMS), max(HEAD_DIMS), attention.split_block(dec), True)
         consts = (gemv(cfg, True, True, 0, False), decode, gemv(cfg, False, False),
                   gemv(cfg, True, False, gelu, False), gemv(cfg, False, False))
