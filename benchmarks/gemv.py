@@ -17,11 +17,11 @@ one before it ends), the ``CHAIN`` variants (other configs, eight warps, more sp
 and the same four as cuBLAS ``addmm``, with one layer's weights (hot in L2) and with 12 layers'
 (cold, read from HBM as a decode reads them), and as one persistent kernel a layer
 (``chain.chain``: a program per SM, a grid-wide barrier between GEMVs, each stage's
-first weights loaded before its barrier; in a block's order, each reading the last's
-result). The per-call grid is timed cold too: a graph of calls over copies of the weight
-that together exceed twice the L2 (a decode reads each weight once a token). Run where a GPU
-is usable (the ``device`` tool's machine: ``--out $OUT``); the table goes to
-``DIR/gemv.md``.
+first weights loaded before its barrier and the next stage's asked of L2; in a block's order,
+each reading the last's result), also without either prefetch. The per-call grid is timed
+cold too: a graph of calls over copies of the weight that together exceed twice the L2 (a
+decode reads each weight once a token). Run where a GPU is usable (the ``device`` tool's
+machine: ``--out $OUT``); the table goes to ``DIR/gemv.md``.
 """
 
 from __future__ import annotations
@@ -250,13 +250,16 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
             finally:
                 runtime.PDL, matmul.PROGRAMS = True, runtime.PROGRAMS
                 bound.is_weight = prefetch
-        for cfg, early in [(cfg, True) for cfg in matmul.GEMV_CONFIGS] + \
-                [(matmul.GEMV_CONFIGS[0], False)]:
+        # each config as a decode runs it, then the first without loading its first weights
+        # before each barrier, and without asking L2 for the next stage's weights
+        for cfg, early, l2 in [(cfg, True, True) for cfg in matmul.GEMV_CONFIGS] + \
+                [(matmul.GEMV_CONFIGS[0], False, True), (matmul.GEMV_CONFIGS[0], True, False)]:
             prefetch = bound.is_weight
             bound.is_weight = prefetch if early else (lambda _: False)
+            chain.L2_PREFETCH = l2  # (read at each launch, so the capture keeps it)
             try:
                 name = f"persistent chain {cfg.label}w{cfg.warps}" + \
-                    ("" if early else " no prefetch")
+                    ("" if early else " no prefetch") + ("" if l2 else " no L2 prefetch")
                 persistent(cfg, depth)
                 torch.cuda.synchronize()
                 errors[name] = max(error(out, ref) for _, out, ref in chained[:depth])
@@ -271,6 +274,7 @@ def chain_rows(dtype, calls: int, repeats: int, layers: int = 12) -> list[str]:
                       f"{str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
             finally:
                 bound.is_weight = prefetch
+                chain.L2_PREFETCH = True
         timers["cublas addmm", depth] = in_graph(lambda d=depth: cublas(d), repeat)
     got = {key: [] for key in timers}
     order = list(timers)

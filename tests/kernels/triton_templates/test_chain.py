@@ -17,12 +17,25 @@ pytestmark = pytest.mark.skipif(not templates.REGISTERED,
 
 if templates.REGISTERED:
     import torch
+    import triton
+    import triton.language as tl
 
     from tensor_graphs.kernels.torch import bound
     from tensor_graphs.kernels.triton.templates import attention, chain, matmul
+    from tensor_graphs.kernels.triton.templates.runtime import jit
 
     DEVICE = torch_device("cuda")
     EPILOGUE = {e.label: e for e in matmul.EPILOGUES}
+    _line_starts = jit(chain.JIT)._line_starts
+
+    @triton.jit
+    def _line_starts_of_each_program(out_ptr, span, per_line, programs, steps: tl.constexpr,
+                                     block: tl.constexpr):
+        """``_line_starts`` of each program (the grid) for ``steps`` blocks from its first."""
+        pid = tl.program_id(0)
+        for j in tl.static_range(steps):
+            tl.store(out_ptr + (pid * steps + j) * block + tl.arange(0, block),
+                     _line_starts(span, per_line, pid, programs, j * block, block))
 
 
 def rand(*shape, seed):
@@ -103,6 +116,25 @@ def test_a_chain_with_more_programs_than_units_runs_them_idle():
     links, refs = block(1, 24, 40, [matmul.GEMV_CONFIGS[1]] * 4)
     for out, ref in zip(chain.chain(links, programs=64), refs):
         assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("span, per_line, programs", [
+    (1, 32, 4), (31, 32, 4), (32, 32, 4), (33, 32, 4), (1000, 32, 3), (5003, 16, 7),
+    (10, 32, 16), (40, 1, 5)])
+def test_the_l2_prefetch_asks_for_every_line_of_the_weights_and_none_past_them(
+        span, per_line, programs):
+    """The GPU's prefetch of a GEMV stage's weights (``chain_jit._prefetch_weights``, inline
+    assembly the interpreter cannot run) asks for the lines of the elements
+    ``_line_starts`` gives: they lie in the span, and a line apart at most from 0 to its
+    last element, so every line of the span is asked for whatever its alignment."""
+    block = 8
+    share = -(-(-(-span // per_line) + 1) // programs)  # each program's lines
+    steps = -(-share // block) + 1  # one block more: lanes past a share stay inside
+    out = torch.full((programs, steps, block), -1, dtype=torch.int64, device=DEVICE)
+    _line_starts_of_each_program[(programs,)](out, span, per_line, programs, steps, block)
+    got = sorted(set(out.cpu().flatten().tolist()))
+    assert got[0] == 0 and got[-1] == span - 1, got
+    assert max((b - a for a, b in zip(got, got[1:])), default=0) <= per_line, got
 
 
 def test_a_chain_refuses_what_it_cannot_run():

@@ -3,9 +3,10 @@
 ``chain(links)`` runs its links (``matmul.Link``: a GEMV; ``attention.DecodeLink``: a decode
 attention) in order as one kernel (``chain_jit.chain``): a program per SM, a grid-wide barrier
 between stages, each program loading its next GEMV's first weights before the barrier where
-they are bound. ``chained(runs)`` makes the stand-ins with which a padded CUDA graph runs a
-run of such steps as chains (``runtime/chains.py``): a GPT-2 decode block's attention, output
-projection, MLP and the next block's q/k/v projection become one launch.
+they are bound, and asking L2 for its share of the GEMV's after that (``L2_PREFETCH``).
+``chained(runs)`` makes the stand-ins with which a padded CUDA graph runs a run of such steps
+as chains (``runtime/chains.py``): a GPT-2 decode block's attention, output projection, MLP
+and the next block's q/k/v projection become one launch.
 
 A link gives the chain its arguments through ``prepare(early) -> Prepared`` and runs alone
 through ``alone()``; ``target()`` is the tensor its result is written to, and ``copies()``
@@ -31,6 +32,7 @@ from tensor_graphs.kernels.triton.templates.runtime import (
 JIT = "chain_jit"
 MAX_CHAIN = 5  # the most stages a chain runs: a decode block's attention and four GEMVs
 SPIN = 1 << 24  # polls of a chain's barrier before it gives up (seconds): never a hung GPU
+L2_PREFETCH = True  # each program asks L2 for the next GEMV stage's weights (chain_jit)
 _SYNC: dict = {}
 _BROKEN: list[str] = []  # why the chain kernel failed to compile or launch here, once it did
 
@@ -101,6 +103,7 @@ def chain(links, programs: int | None = None) -> list:
     for only in (range(len(links)) if interpreted() else (-1,)):
         mod.chain[grid](sync, rows[0] if rows else 1, eps, stages, CONSTS=consts,
                         STAGES=len(links), ONLY=only, SPIN=SPIN,
+                        L2=L2_PREFETCH and not interpreted(),
                         num_warps=max(p.warps for p in prepared),
                         num_stages=min(p.stages for p in prepared), **options)
     return [deliver(p.result, link.out) for link, p in zip(links, prepared)]

@@ -12,6 +12,13 @@ a program loads the first weights of its next GEMV stage where they are a bound 
 (PREFETCH), so the wait overlaps those reads, as PDL overlaps a launch. Results of earlier
 stages are read through L2 (``.cg``): another SM wrote them in this kernel.
 
+With L2 on, each program also asks L2 for its share of the next GEMV stage's bound weights
+(``prefetch.global.L2``, a line each; the first two stages' at the start) while it works on
+this one. A decode GEMV reads a few MB that no program reuses, and on an H200 four of them
+one launch each read at 1.4 TB/s of 4.8: each starts cold and ends with a tail. Prefetched,
+HBM streams the next stage's weights during this stage's math and barrier, and the stage
+reads them from L2. A prefetch is only a hint: nothing it does changes a result.
+
 ``stages``: each stage's runtime arguments (``chain.py`` builds them); CONSTS: its
 constexprs, ``(KIND, PREFETCH, ...)`` then the kind's own (``K_*`` / ``G_*`` / ``A_*``
 positions: Triton reads a constexpr tuple's items by index only, unpacked they stop being
@@ -100,6 +107,38 @@ def _gemv_stage(first, pid, programs, M, eps, s, BLOCK_N: tl.constexpr,
                    LAST_ADDS, BLOCK_N, BLOCK_K, MAX_SPLITS, NORM_BLOCK, ONE_TILE, ".cg")
 
 
+LINE = tl.constexpr(128)  # bytes of an L2 line: what one prefetch brings in
+PREFETCH_BLOCK = tl.constexpr(512)  # lines a program asks for at a time
+
+
+@triton.jit
+def _line_starts(span, per_line, pid, programs, j, BLOCK: tl.constexpr):
+    """The elements (of ``span``, from 0) whose lines a program prefetches, BLOCK at a
+    time from its ``j``-th: every ``per_line``-th element of its contiguous share, and the
+    span's last element; lanes past the share repeat its last line. Consecutive addresses
+    are a line apart, so every line of the span is asked for whatever its alignment."""
+    lines = tl.cdiv(span, per_line) + 1  # the last: the span's last element
+    share = tl.cdiv(lines, programs)
+    start = pid * share
+    line = tl.minimum(start + j + tl.arange(0, BLOCK),
+                      tl.maximum(tl.minimum(start + share, lines) - 1, 0))
+    return tl.minimum(line.to(tl.int64) * per_line, span - 1)
+
+
+@triton.jit
+def _prefetch_weights(pid, programs, s, BLOCK: tl.constexpr):
+    """Ask L2 for this program's share of a GEMV stage's weights (``s``: its stage tuple),
+    the span from b's first element to its last."""
+    b_ptr, N, K, stride_bk, stride_bn = s[1], s[9], s[10], s[15], s[16]
+    span = (K - 1).to(tl.int64) * stride_bk + (N - 1).to(tl.int64) * stride_bn + 1
+    per_line = LINE // (b_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    share = tl.cdiv(tl.cdiv(span, per_line) + 1, programs)
+    for j in range(0, share, BLOCK):
+        at = b_ptr + _line_starts(span, per_line, pid, programs, j, BLOCK)
+        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [at],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _decode_stage(pid, programs, s, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                   PRECISION: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -124,17 +163,26 @@ def _decode_stage(pid, programs, s, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 
 @triton.jit
 def chain(sync_ptr, M, eps, stages, CONSTS: tl.constexpr, STAGES: tl.constexpr,
-          ONLY: tl.constexpr, PDL: tl.constexpr, SPIN: tl.constexpr):
+          ONLY: tl.constexpr, PDL: tl.constexpr, SPIN: tl.constexpr, L2: tl.constexpr):
     """The stages in order, a barrier between each two (module docstring). M: a GEMV stage's
     rows (every GEMV of a chain has the same). ONLY >= 0 runs that stage alone with no
     barrier: Triton's interpreter runs programs one after another, so a barrier would wait
     forever there, and a chain is checked stage by stage instead (the same code). The last
-    program to leave sets the barrier's counts back to 0 for the next call."""
+    program to leave sets the barrier's counts back to 0 for the next call. L2: prefetch
+    each GEMV stage's bound weights into L2 a stage ahead (module docstring; no inline
+    assembly in the interpreter)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+    if L2:
+        if CONSTS[0][K_PREFETCH]:
+            _prefetch_weights(pid, programs, stages[0], PREFETCH_BLOCK)
     for i in tl.static_range(STAGES):
+        if L2:
+            if i + 1 < STAGES:
+                if CONSTS[i + 1][K_PREFETCH]:
+                    _prefetch_weights(pid, programs, stages[i + 1], PREFETCH_BLOCK)
         if (ONLY < 0) or (ONLY == i):  # (CONSTS[i][...] each time: a name loses constexpr)
             if CONSTS[i][K_PREFETCH]:
                 first = _gemv_first_of(pid, M, stages[i], CONSTS[i][G_BLOCK_N],

@@ -102,10 +102,11 @@ def _chain_targets() -> Iterator[Target]:
                 elif t != "fp32":  # pointers and ints aligned as a launch's are
                     attrs[(3, j, k)] = [["tt.divisibility", 16]]
         constexprs.update(CONSTS=consts, STAGES=len(consts), ONLY=-1, PDL=True,
-                          SPIN=chain.SPIN)
+                          SPIN=chain.SPIN, L2=True)
         signature = {"sync_ptr": "*i32", "M": "i32", "eps": "fp32",
                      "stages": tuple(typed(slots, units) for slots, units in layout),
-                     **dict.fromkeys(("CONSTS", "STAGES", "ONLY", "PDL", "SPIN"), "constexpr")}
+                     **dict.fromkeys(("CONSTS", "STAGES", "ONLY", "PDL", "SPIN", "L2"),
+                                     "constexpr")}
         name = f"chain_decode_{dec.label}_{cfg.label}"
         yield Target(f"{name}_float32_pdl", ch.chain, signature, constexprs,
                      {"num_warps": max(cfg.warps, dec.warps),
