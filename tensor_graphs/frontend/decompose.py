@@ -5,13 +5,19 @@ Where the ATen table maps an op, the mapping wins: composites mapped whole stay 
 planner still finds their fused kernels. Every op without a mapping is replaced by torch's
 decomposition of that op alone, and what that decomposition produces is mapped in turn (its
 own unmapped ops decomposed again, until nothing more decomposes).
+
+The same retrace functionalizes: an in-place op that writes through a view (``y[:, 1:] =
+x``, ``y[0].add_(1)``, ``y.view(-1).mul_(2)``) changes every tensor sharing that storage,
+which the importer's rebinding of the written name cannot follow; torch's functional form
+of the program (``slice_scatter``, ``select_scatter``, ``copy``) says it in values.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 
-from tensor_graphs.frontend.aten import lookup
+from tensor_graphs.frontend.aten import lookup, mutates
 from tensor_graphs.frontend.aten.common import torch_module
 
 
@@ -43,22 +49,62 @@ def decomposition(op):
     return _get_decomp_for_cia(op) if _is_cia_op(op) else None
 
 
+def writes_through_views(exported) -> list:
+    """The in-place nodes of ``exported`` whose written tensor shares its storage with
+    another node's: a view of it, or one it is a view of (by the ops' alias annotations:
+    a view op's result aliases its input, as an in-place op's does). The importer rebinds
+    only the written node's name, so these need the functional form."""
+    fx_node = torch_module().fx.Node
+    parent: dict = {}
+
+    def root(node):
+        while parent.get(node, node) is not node:
+            node = parent[node]
+        return node
+
+    viewed: set = set()
+    writes = []
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or not node.args:
+            continue
+        base = node.args[0]
+        if node.target is operator.getitem:  # an output of a multi-output view (split...)
+            if base in parent:
+                parent[node] = root(base)
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not schema.returns or not isinstance(base, fx_node):
+            continue
+        alias = schema.returns[0].alias_info
+        if alias is None:
+            continue
+        if mutates(node.target):
+            writes.append(node)
+        else:
+            viewed.add(root(base))
+        parent[node] = root(base)
+    return [node for node in writes if root(node) in viewed]
+
+
 def decompose_unmapped(exported):
     """``exported`` with torch's decomposition applied to every op without a mapping (and
-    to the unmapped ops those decompositions produce); unchanged when no unmapped op has a
-    decomposition. Ops that remain unmapped are the caller's to report.
+    to the unmapped ops those decompositions produce), functional where an in-place op
+    writes through a view (``writes_through_views``); unchanged when neither applies. Ops
+    that remain unmapped are the caller's to report.
 
     One retrace with the decompositions of every unmapped op torch knows (only the ops in
     the program are touched; mapped ones stay whole); where torch cannot trace one of them
     on this program, the ops present are tried one at a time and the failing ones left."""
-    if not any(decomposition(node.target) is not None for node in unmapped(exported)):
+    aliased = bool(writes_through_views(exported))
+    if not aliased and not any(decomposition(node.target) is not None
+                               for node in unmapped(exported)):
         return exported  # nothing torch could decompose: no retrace
     decomposed = _run(exported, fallback_table())
     if decomposed is not None:
         return decomposed
     table: dict = {}
     tried: set = set()
-    current = exported
+    current = (_run(exported, {}) or exported) if aliased else exported
     while True:
         new = {}
         for node in unmapped(current):

@@ -28,7 +28,7 @@ from tensor_graphs.frontend.aten.common import (
     dtype_name,
     torch_module,
 )
-from tensor_graphs.frontend.decompose import decompose_unmapped, unmapped
+from tensor_graphs.frontend.decompose import decompose_unmapped, unmapped, writes_through_views
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir import graph as ir_graph
 from tensor_graphs.ir.node import Node
@@ -205,6 +205,7 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
 
     exported = decompose_unmapped(exported)
     _refuse_unmapped(exported)
+    _refuse_writes_through_views(exported)
     sig = exported.graph_signature
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"]
@@ -282,6 +283,16 @@ def import_exported(exported, dim_names: Mapping | None = None, tensors: bool = 
     out_node = next(n for n in exported.graph.nodes if n.op == "output")
     outputs = []
     for spec, arg in zip(sig.output_specs, out_node.args[0]):
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            # the functional form's new value of an input written in place (through a view):
+            # a program never writes what it is fed, as an input written directly is not
+            continue
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+            # a write to state through a view, made functional: refused as a direct one is
+            what = "buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter"
+            raise UnsupportedOpError(
+                f"the forward writes {what} '{spec.target}' in place (through a view); "
+                + _STATE_WRITE_FIX, [(spec.kind.name, spec.target)])
         if spec.kind != OutputKind.USER_OUTPUT:
             raise UnsupportedOpError(f"output of kind {spec.kind.name} (a buffer mutation?) is "
                                      "not supported", [(spec.kind.name, str(arg))])
@@ -302,10 +313,27 @@ def _refuse_state_write(node, spec, kind) -> None:
     what = "buffer" if spec.kind == kind.BUFFER else "parameter"
     op = _op_name(node.target)
     raise UnsupportedOpError(
-        f"the forward writes {what} '{spec.target}' in place ({op} at {_location(node)}); a "
-        "compiled program computes from the values bound once, so the write would be lost "
-        "between calls. Return the new value instead of writing it (or, in eval mode, leave "
-        "the module's training-only updates off)", [(op, _location(node))])
+        f"the forward writes {what} '{spec.target}' in place ({op} at {_location(node)}); "
+        + _STATE_WRITE_FIX, [(op, _location(node))])
+
+
+_STATE_WRITE_FIX = (
+    "a compiled program computes from the values bound once, so the write would be lost "
+    "between calls. Return the new value instead of writing it (or, in eval mode, leave the "
+    "module's training-only updates off)")
+
+
+def _refuse_writes_through_views(exported) -> None:
+    """An in-place write through a view that torch could not make functional would change
+    tensors the importer does not see change: refused, naming each write."""
+    found = {(_op_name(node.target), _location(node)): None
+             for node in writes_through_views(exported)}
+    if found:
+        raise UnsupportedOpError(
+            "from_torch: in-place writes through a view, which torch could not make "
+            "functional here:\n" + "\n".join(f"  {op} at {loc}" for op, loc in found)
+            + "\nWrite the result out of place (torch.where, slice_scatter, torch.cat) "
+            "instead of into a view", list(found))
 
 
 def _refuse_unmapped(exported) -> None:

@@ -262,6 +262,53 @@ def _diagonal_scatter(x, src, offset, dim1, dim2):
     return tg.permute(out, tuple(int(i) for i in np.argsort(perm)))
 
 
+def _copy(x, src):
+    """The functional ``copy`` (what ``y[..] = src`` and ``copy_`` are, made functional):
+    src in x's dtype, broadcast to x's shape."""
+    return tg.broadcast_to(tg.cast(src, x.dtype), tuple(x.shape))
+
+
+def _slice_scatter(x, src, dim, start, end, step):
+    """torch.slice_scatter (``y[:, 1:] = src`` made functional): x with its slice
+    ``start:end:step`` along ``dim`` replaced by src. A step of 1 joins x's parts on either
+    side of the slice to src (one concat, symbolic sizes included); a longer step, on a
+    concrete axis, takes each sliced place's element of src by a gather of constant indices
+    where a constant mask marks the slice."""
+    dim = dim % x.ndim
+    src = tg.cast(src, x.dtype)
+    n, end = x.shape[dim], slice_end(end)
+    if step == 1:
+        if isinstance(n, int) and all(isinstance(v, (int, type(None))) for v in (start, end)):
+            start, end, _ = slice(start, end).indices(n)
+            end = max(start, end)  # an empty slice: src is empty and goes at start
+            end = None if end == n else end
+        parts = [tg.slice_axis(x, dim, None, start)] if start else []
+        parts.append(src)
+        if end is not None:
+            parts.append(tg.slice_axis(x, dim, end, None))
+        return tg.concat(parts, axis=dim) if len(parts) > 1 else src
+    if not isinstance(n, int):
+        raise ShapeError(f"slice_scatter: a step of {step} on the symbolic axis {dim} of "
+                         f"{x.shape}; only a step of 1 takes a symbolic axis")
+    places = np.arange(n)[slice(start, slice_end(end), step)]
+    mask = np.zeros(n, bool)
+    mask[places] = True
+    index = np.zeros(n, np.int64)
+    index[places] = np.arange(len(places))
+    shape = [1] * x.ndim
+    shape[dim] = n
+    spread = tg.gather(src, tg.constant(index), axis=dim)
+    return tg.where(tg.constant(mask.reshape(shape)), spread, x)
+
+
+def _select_scatter(x, src, dim, index):
+    """torch.select_scatter (``y[:, 0] = src`` made functional): a slice_scatter of one
+    place."""
+    dim = dim % x.ndim
+    stop = None if index == -1 else index + 1
+    return _slice_scatter(x, tg.unsqueeze(src, dim), dim, index, stop, 1)
+
+
 def table(aten) -> dict:
     return {**guarded({
         # shapes and views
@@ -288,6 +335,10 @@ def table(aten) -> dict:
         aten.slice.Tensor: lambda a, kw: _slice(kw["self"], kw["dim"], kw["start"], kw["end"],
                                                 kw["step"]),
         aten.select.int: lambda a, kw: _select(kw["self"], kw["dim"], kw["index"]),
+        aten.slice_scatter: lambda a, kw: _slice_scatter(kw["self"], kw["src"], kw["dim"],
+                                                         kw["start"], kw["end"], kw["step"]),
+        aten.select_scatter: lambda a, kw: _select_scatter(kw["self"], kw["src"], kw["dim"],
+                                                           kw["index"]),
         aten.cat: lambda a, kw: _cat(list(kw["tensors"]), kw["dim"]),
         aten.split.Tensor: lambda a, kw: _split_size(kw["self"], kw["split_size"], kw["dim"]),
         aten.split_with_sizes: lambda a, kw: _split(kw["self"], kw["split_sizes"], kw["dim"]),
@@ -325,6 +376,10 @@ def table(aten) -> dict:
         aten.to.dtype_layout: lambda a, kw: cast(kw["self"], kw["dtype"]),
         aten.to.device: lambda a, kw: cast(kw["self"], kw["dtype"]),
         aten.type_as: lambda a, kw: tg.cast(kw["self"], kw["other"].dtype),
+        aten.copy: lambda a, kw: _copy(kw["self"], kw["src"]),
+        aten.fill.Tensor: lambda a, kw: _copy(kw["self"], kw["value"]),
+        aten.fill.Scalar: lambda a, kw: _copy(kw["self"], tg.constant(kw["value"],
+                                                                      kw["self"].dtype)),
         # sizes
         aten.sym_size.int: lambda a, kw: kw["self"].shape[kw["dim"]],
         operator.add: lambda a, kw: a[0] + a[1],

@@ -59,11 +59,17 @@ def tril(x, *, diagonal=0):
 @composite(example=lambda: {"x": tg.input("x", (3, 4)), "reps": (2, 1)})
 def tile(x, *, reps):
     """Repeat the whole tensor reps[i] times along axis i (torch.tile / numpy.tile; short reps
-    are padded with leading 1s, long ones add leading axes), as reshape + expand + reshape."""
-    if _is_int(reps):
+    are padded with leading 1s, long ones add leading axes), as reshape + expand + reshape.
+    A rep may be a symbolic size (``x.repeat(batch, 1, 1)``: DeBERTa-v2's relative
+    embeddings per batch row), since expand and reshape take symbolic dims."""
+    if _is_int(reps) or isinstance(reps, sympy.Expr):
         reps = (reps,)
-    if not isinstance(reps, tuple) or not all(_is_int(r) and r >= 0 for r in reps):
-        raise ShapeError(f"tile: reps must be an int or a tuple of ints >= 0, got {reps!r}")
+    if not isinstance(reps, tuple) or not all(
+            _is_int(r) and r >= 0 or isinstance(r, sympy.Expr) and not r.is_number
+            for r in reps):
+        raise ShapeError(f"tile: reps must be an int, a size or a tuple of them (ints >= 0), "
+                         f"got {reps!r}")
+    reps = tuple(as_dim(r) for r in reps)
     if len(reps) < x.ndim:
         reps = (1,) * (x.ndim - len(reps)) + reps
     if len(reps) > x.ndim:
