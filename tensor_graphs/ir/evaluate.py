@@ -52,6 +52,23 @@ def _feed_kind_ok(leaf: Node, given: np.dtype) -> bool:
     return kind == leaf.dtype.kind
 
 
+def check_int_range(name: str, leaf: Node, array: np.ndarray) -> None:
+    """Raise DTypeError where an int feed holds a value its leaf's dtype cannot: the cast that
+    stores it (int64 ids for an int32 input, -1 for a uint8 one) would wrap it without a word,
+    2**32 + 1 read as 1, a wrong answer instead of an error. Read only where the feed's dtype
+    reaches past the leaf's (a min and a max per call)."""
+    want = leaf.dtype.np_dtype
+    if not leaf.dtype.is_int or array.size == 0 or np.can_cast(array.dtype, want, "safe"):
+        return
+    info, lo, hi = np.iinfo(want), int(array.min()), int(array.max())
+    if info.min <= lo and hi <= info.max:
+        return
+    raise DTypeError(f"feed '{name}': {leaf.op.name} '{name}' is {leaf.dtype.name}, whose "
+                     f"values lie in [{info.min}, {info.max}], but the {array.dtype} values "
+                     f"given hold {lo if lo < info.min else hi}, which would wrap around; "
+                     f"declare the {leaf.op.name} with a wider dtype or give values in range")
+
+
 def require_feeds(leaf_nodes: Iterable[Node], given: Container[str]) -> None:
     """The one rule of what a feed set must hold, for ``tg.evaluate`` and compiled calls alike
     (the same message either way): every leaf in ``leaf_nodes``, by name."""
@@ -86,6 +103,7 @@ def bind_feeds(leaf_nodes: list[Node], feeds: Mapping[str, object], lift: bool):
             raise DTypeError(f"feed '{name}': {leaf.op.name} '{name}' expects "
                              f"{leaf.dtype.name} ({leaf.dtype.kind}) data, got {array.dtype} "
                              f"values; convert it explicitly")
+        check_int_range(name, leaf, array)
         arrays[name] = array
     dims = _bind_dims(by_name, arrays)
     for name, leaf in by_name.items():

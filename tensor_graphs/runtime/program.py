@@ -32,7 +32,7 @@ from tensor_graphs.errors import (
     StateError,
     TensorGraphsError,
 )
-from tensor_graphs.ir.evaluate import bind_feeds, require_feeds
+from tensor_graphs.ir.evaluate import bind_feeds, check_int_range, require_feeds
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.index_limits import check_indices, index_limits
 from tensor_graphs.ir.node import Node
@@ -194,6 +194,8 @@ class Executable:
         attrs, shapes, outs = [], [], []
         for ins, r in zip(self.instructions, self._resolvers_made()):
             shape, a = r.shape(values), r.attrs(values)
+            if min(shape, default=0) < 0:
+                raise ShapeError(_below_zero(ins, shape, key))
             buf = None
             if ins.place is not None:
                 device, offset, room = ins.place
@@ -553,6 +555,16 @@ class Executable:
         return results
 
 
+def _below_zero(ins: Instruction, shape: tuple, key: tuple) -> str:
+    """Why dims make a step's result shape negative. A symbolic dim is planned as at least 1,
+    so ``x[1:]`` of a dim ``n`` is ``n - 1`` long; a call that binds ``n=0`` made it -1, and
+    the arena view of it failed with numpy's bare "negative dimensions are not allowed"."""
+    bound = ", ".join(f"{k}={v}" for k, v in key)
+    return (f"{ins.name}: its result of shape {format_shape(ins.shape)} is "
+            f"{format_shape(shape)} at {bound}: a slice or index reaches past the end of a "
+            f"dim that small (x[1:] of an empty axis)")
+
+
 def _check_key(ins: Instruction):
     """Instructions with one key have the same constraints at any dims."""
     key = (ins.name, tuple(ins.input_shapes), tuple(ins.dtypes),
@@ -722,6 +734,14 @@ def dense(a, dtype=None):
     """``a`` as a C-contiguous array or GPU tensor (itself when it already is; 0-d stays 0-d,
     unlike ``np.ascontiguousarray``)."""
     return dv.dense(a, dtype)
+
+
+def _check_tensor_ints(name: str, leaf: Node, value) -> None:
+    """``check_int_range`` for a tensor fed or bound, whose stand-in in the feeds' checks
+    holds zeros: read where it lies on the host. A GPU tensor's values are not read (that
+    would wait for the GPU), so there the cast wraps as torch's ``.to`` does."""
+    if leaf.dtype.is_int and value.device.type == "cpu":
+        check_int_range(name, leaf, dv.plain(value).numpy())
 
 
 def leaf_value(node: Node, arrays: Mapping[str, np.ndarray], dims: Mapping):
@@ -1031,6 +1051,9 @@ class CompiledGraph:
         for group in groups:
             try:
                 bind_feeds([self._by_name[n] for n in group], group, lift=False)
+                for name in group:
+                    if dv.is_tensor(arrays[name]):
+                        _check_tensor_ints(name, self._by_name[name], arrays[name])
             except TensorGraphsError as exc:
                 raise type(exc)(f"{what}: {exc}") from None
         values = {n: self._held(a, self._by_name[n]) for n, a in arrays.items()}
@@ -1093,6 +1116,8 @@ class CompiledGraph:
         for name, value in raw.items():
             if dv.is_tensor(value):
                 arrays[name] = dv.retyped(value, self._by_name[name].dtype.np_dtype)
+                if arrays[name].dtype != value.dtype:  # cast: an int one may wrap
+                    _check_tensor_ints(name, self._by_name[name], value)
         if self._index_limits:
             self._check_indices(feeds, arrays, dims)
         arrays = {**self._bound, **arrays}  # (a call's feeds win; no Python loop per weight)
@@ -1100,9 +1125,12 @@ class CompiledGraph:
         self.stats["calls"] += 1
         fed_weights = any(self._by_name[n].op.name == WEIGHT for n in feeds)
         only_inputs = all(self._by_name[n].op.name == INPUT for n in feeds)
-        results = exe.run(arrays, dims, cache_static=not fed_weights,
-                          native=self.native and only_inputs,
-                          graphs=self.cuda_graphs and only_inputs)
+        try:
+            results = exe.run(arrays, dims, cache_static=not fed_weights,
+                              native=self.native and only_inputs,
+                              graphs=self.cuda_graphs and only_inputs)
+        except ShapeError as exc:  # dims a step cannot be sized at (``Executable.bound``)
+            raise self._empty_dims_said(exc, dims) from None
         if exe.native.last.startswith("native"):
             self.stats["native_runs"] += 1
         elif exe.native.last.startswith("cuda graph"):  # captured (warmed up) or replayed

@@ -69,6 +69,19 @@ def test_an_empty_input_is_named_with_the_error_it_meets():
     assert prog(x=np.ones((2, 1), np.float32)).shape == (2, 1)
 
 
+def test_a_slice_of_an_empty_symbolic_axis_is_named_not_a_bare_numpy_error():
+    """``x[1:]`` of ``n`` is planned as ``n - 1`` long (a symbolic dim is at least 1): a call
+    binding n=0 sized the step's arena view at -1, and numpy's bare "negative dimensions are
+    not allowed" ValueError came out, naming neither the step nor the feed."""
+    x = tg.input("x", ("n", 4))
+    prog = tg.compile(tg.exp(x[1:]) * 2.0, db=":memory:", backends=("numpy",),
+                      bounds={"n": 6})
+    with pytest.raises(tg.ShapeError, match=r"numpy_slice: its result of shape \(n - 1, 4\) "
+                       r"is \(-1, 4\) at n=0: .*\(this call binds n=0 from the feed\(s\) 'x'"):
+        prog(x=np.ones((0, 4), np.float32))
+    np.testing.assert_allclose(prog(x=np.zeros((3, 4), np.float32)), np.full((2, 4), 2.0))
+
+
 def test_a_dim_of_zero_that_the_graph_computes_on_is_no_error():
     """A prefill from empty caches binds ``past=0``: nothing to say there."""
     cache = tg.state("cache", ("past", 4))
@@ -78,3 +91,64 @@ def test_a_dim_of_zero_that_the_graph_computes_on_is_no_error():
     prog.bind(cache=np.zeros((0, 4), np.float32))
     total, kept = prog(x=np.ones((3, 4), np.float32))
     np.testing.assert_array_equal(total, np.full(4, 3.0, np.float32))
+
+
+@pytest.mark.parametrize("given, dtype, held", [
+    (np.array([1, 2, 2**32 + 1]), "int32", 2**32 + 1),  # int64 ids for an int32 input
+    ([0, 7, -1], "uint8", -1),  # a padding id of -1 for a uint8 input
+    (np.array([3, 2**63], np.uint64), "int64", 2**63),
+])
+def test_an_int_feed_out_of_its_leafs_range_is_refused_not_wrapped(given, dtype, held):
+    """The cast that stores a feed in its leaf's dtype wrapped 2**32 + 1 to 1 without a
+    word: the call answered for other values than those given. In range it still runs."""
+    i = tg.input("i", (3,), dtype)
+    prog = tg.compile(i + 1, db=":memory:", backends=("numpy",))
+    runs = prog.stats["calls"]
+    pattern = rf"feed 'i': input 'i' is {dtype}, .*values given hold {held}, which would wrap"
+    with pytest.raises(tg.DTypeError, match=pattern):
+        prog(i=given)
+    with pytest.raises(tg.DTypeError, match=pattern):
+        tg.evaluate(i + 1, {"i": given})
+    assert prog.stats["calls"] == runs
+    np.testing.assert_array_equal(prog(i=np.array([0, 1, 2])), np.array([1, 2, 3], dtype))
+
+
+def test_an_int_tensor_out_of_range_is_refused_when_fed_or_bound():
+    """A torch tensor is checked through a stand-in of zeros, so its values need their own
+    read (on the host) before the cast wraps them."""
+    torch = pytest.importorskip("torch")
+    i, w = tg.input("i", (2,), "int32"), tg.weight("w", (2,), "uint8")
+    prog = tg.compile([i + 1, w + 1], db=":memory:", backends=("numpy",))
+    with pytest.raises(tg.DTypeError, match=r"bind: feed 'w': weight 'w' is uint8, .* hold -1"):
+        prog.bind(w=torch.tensor([-1, 3]))
+    prog.bind(w=torch.tensor([2, 3]))
+    with pytest.raises(tg.DTypeError, match=r"feed 'i': input 'i' is int32, .* hold 4294967297"):
+        prog(i=torch.tensor([5, 2**32 + 1]))
+    ids, ws = prog(i=torch.tensor([5, 6]))
+    np.testing.assert_array_equal(ids, [6, 7])
+    np.testing.assert_array_equal(ws, [3, 4])
+
+
+@pytest.mark.parametrize("make", [
+    lambda torch: torch.ones(3, dtype=torch.complex64),
+    lambda torch: torch.ones(3).to(torch.float8_e4m3fn),
+    lambda torch: torch.ones(3, dtype=torch.uint16),
+])
+def test_a_tensor_of_a_dtype_we_lack_meets_the_feed_check(make):
+    """A torch dtype outside ours raised KeyError('complex64') from the stand-in that checks
+    it; now it is named as an array of that dtype is."""
+    torch = pytest.importorskip("torch")
+    value = make(torch)
+    prog = tg.compile(tg.input("f", (3,)) * 2.0, db=":memory:", backends=("numpy",))
+    name = str(value.dtype).removeprefix("torch.")
+    with pytest.raises(tg.DTypeError, match=rf"feed 'f': input 'f' expects float32 \(float\) "
+                       rf"data, got {name} values"):
+        prog(f=value)
+
+
+def test_a_tensor_numpy_cannot_hold_is_refused_by_its_dtype():
+    torch = pytest.importorskip("torch")
+    value = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
+    prog = tg.compile(tg.input("f", (3,)) * 2.0, db=":memory:", backends=("numpy",))
+    with pytest.raises(tg.DTypeError, match=r"dtype torch.quint8 cannot be given .* \.to\(\)"):
+        prog(f=value)

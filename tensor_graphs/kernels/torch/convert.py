@@ -22,6 +22,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 
+from tensor_graphs.errors import DTypeError
 from tensor_graphs.ir import dtypes as _dtypes
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -151,8 +152,29 @@ _TORCH_NAMES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int32": "int3
 
 
 def numpy_dtype(value) -> np.dtype:
-    """The numpy dtype of a numpy array or a torch tensor (ml_dtypes' for bfloat16)."""
+    """The numpy dtype of a numpy array or a torch tensor (ml_dtypes' for bfloat16). A torch
+    dtype we do not have (complex64, uint16, float8_e4m3fn) is the one numpy or ml_dtypes
+    gives it, so a feed of it meets the checks an array of it meets (a DTypeError naming the
+    feed and the dtype it expects), not a KeyError here."""
+    if is_tensor(value):
+        name = str(value.dtype).removeprefix("torch.")
+        if name not in _dtypes.BY_NAME:
+            return _foreign_dtype(value.dtype, name)
     return dtype_of(value).np_dtype
+
+
+def _foreign_dtype(dtype, name: str) -> np.dtype:
+    """numpy's dtype for a torch dtype outside ours, else ml_dtypes' (the float8 kinds), else
+    a DTypeError: a tensor numpy cannot describe at all (complex32, quantized)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        pass
+    if isinstance(getattr(ml_dtypes, name, None), type):
+        return np.dtype(getattr(ml_dtypes, name))
+    raise DTypeError(f"a torch tensor of dtype {dtype} cannot be given to tensor_graphs (no "
+                     f"numpy dtype holds it); convert it with .to() to one of "
+                     f"{', '.join(_dtypes.BY_NAME)}")
 
 
 def dtype_of(value) -> _dtypes.DType:
