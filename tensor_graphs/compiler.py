@@ -29,12 +29,13 @@ in the process so its in-memory answers are reused.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import numbers
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from tensor_graphs.db import hardware as _hardware
 from tensor_graphs.db.cost import CostModel, format_seconds
@@ -458,6 +459,31 @@ def compile_options(*own: str) -> tuple[str, ...]:
     ``**compile_options`` checks them against, so an option compile gains is taken at once
     and an unknown one is refused before any work, naming those accepted."""
     return tuple(name for name in _OPTIONS if name not in own)
+
+
+def refuse_unknown_options(where: str, options: Iterable[str], own: Sequence[str],
+                           hints: Mapping[str, str] | None = None,
+                           sets: Sequence[str] = ()) -> None:
+    """The one refusal of an option that ``where`` (an importer, the Trainer) neither takes
+    (``own``) nor passes on to ``tg.compile`` (``compile_options``: all but ``own`` and
+    ``sets``, those compile options it sets itself), raised before any work: passed on, a
+    slip reached compile after the whole import as a bare TypeError naming neither the
+    caller nor what it takes. Each unknown name gets the caller's hint (``hints``), else the
+    closest option's "did you mean"; then what the caller takes."""
+    passed_on = compile_options(*own, *sets)
+    unknown = [name for name in options if name not in own and name not in passed_on]
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        hint = (hints or {}).get(name)
+        if hint is None and (close := difflib.get_close_matches(name, [*own, *passed_on], n=1)):
+            hint = f"did you mean {close[0]}=?"
+        if hint is not None:
+            lines.append(f"\n  {name}: {hint}")
+    raise ArgumentError(f"{where}: unknown option(s) {', '.join(unknown)}{''.join(lines)}\n"
+                        f"{where} takes {', '.join(own)}; and passes on to tg.compile "
+                        f"{', '.join(passed_on)}")
 
 
 def _planner_for(graph, device, tolerance, db, dims, backends, generate,

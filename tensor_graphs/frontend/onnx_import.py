@@ -10,7 +10,6 @@ chain ends as a reshape to a static or symbolic shape. Nothing here knows any mo
 
 from __future__ import annotations
 
-import difflib
 import keyword
 import os
 from collections.abc import Mapping
@@ -498,27 +497,11 @@ _ELSEWHERE = {
 
 def _check_options(options: Mapping) -> None:
     """Refuse an option neither from_onnx nor ``tg.compile`` takes before the model is read,
-    naming those accepted (as ``tg.from_torch`` and ``tg.nn.Generator`` do). Why: passed on,
-    it reached ``tg.compile`` after the whole import as a bare TypeError ("compile() got an
-    unexpected keyword argument 'tolerence'") naming neither from_onnx nor what it takes."""
-    # what from_onnx passes on (it sets tg.compile's bounds itself, from dynamic_dims)
-    known = compiler.compile_options(*_OWN_OPTIONS, "bounds")
-    unknown = [name for name in options if name not in known]
-    if not unknown:
-        return
-    hints = []
-    for name in unknown:
-        if name in _ELSEWHERE:
-            hints.append(f"{name}: {_ELSEWHERE[name]}")
-            continue
-        close = difflib.get_close_matches(name, [*_OWN_OPTIONS, *known], n=1)
-        if close:
-            hints.append(f"{name}: did you mean {close[0]}=?")
-    raise ArgumentError(
-        f"from_onnx: unknown option(s) {', '.join(unknown)}"
-        + "".join(f"\n  {h}" for h in hints)
-        + f"\nfrom_onnx takes {', '.join(_OWN_OPTIONS)}; and passes on to tg.compile "
-        f"{', '.join(known)}")
+    naming those accepted (as ``tg.from_torch`` and ``tg.nn.Generator`` do); another
+    importer's option says what from_onnx does instead. It sets tg.compile's bounds itself,
+    from dynamic_dims."""
+    compiler.refuse_unknown_options("from_onnx", options, _OWN_OPTIONS, _ELSEWHERE,
+                                    sets=("bounds",))
 
 
 def _name_largest(error: OutOfMemory, origins: Mapping) -> None:

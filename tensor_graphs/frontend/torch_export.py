@@ -9,7 +9,6 @@ pick fused kernels; nothing here knows any model.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 import os
 import re
@@ -767,33 +766,17 @@ _OWN_OPTIONS = ("dynamic_shapes", "kwargs", "device", "tolerance", "bounds", "qu
 
 def _check_options(module, options: Mapping) -> None:
     """Refuse an option neither from_torch nor ``tg.compile`` takes before the export and
-    import run (minutes on a large model, then compile's raw TypeError). A name of one of
-    the forward's parameters (``attention_mask=m``) is an input given in the wrong place:
-    the message says to give it in ``kwargs=``."""
-    known = compiler.compile_options(*_OWN_OPTIONS)  # what from_torch passes on
-    unknown = [name for name in options if name not in known]
-    if not unknown:
-        return
+    import run (minutes on a large model). A name of one of the forward's parameters
+    (``attention_mask=m``) is an input given in the wrong place: the message says to give it
+    in ``kwargs=``; a Trainer's option says ``train=True``."""
     signature = _signature(module)
-    inputs = [name for name in unknown if signature is not None and name in signature.parameters]
-    hints = []
-    if inputs:
-        example = ", ".join(f"{name!r}: ..." for name in inputs)
-        hints.append(f"{', '.join(inputs)}: {'a parameter' if len(inputs) == 1 else 'parameters'}"
-                     f" of {_owner(module)}; give the module's keyword inputs as "
-                     f"kwargs={{{example}}}")
-    for name in unknown:
-        close = difflib.get_close_matches(name, [*_OWN_OPTIONS, *known], n=1)
-        if close and name not in inputs:
-            hints.append(f"{name}: did you mean {close[0]}=?")
-    training = [name for name in unknown if name in ("loss_fn", "optimizer", "targets")]
-    if training:
-        hints.append(f"{', '.join(training)}: options of tg.from_torch(..., train=True)")
-    raise ArgumentError(
-        f"from_torch: unknown option(s) {', '.join(unknown)}"
-        + "".join(f"\n  {h}" for h in hints)
-        + f"\nfrom_torch takes {', '.join(_OWN_OPTIONS)}; and passes on to tg.compile "
-        f"{', '.join(known)}")
+    hints = dict.fromkeys(("loss_fn", "optimizer", "targets"),
+                          "an option of tg.from_torch(..., train=True)")
+    for name in options:
+        if signature is not None and name in signature.parameters:
+            hints[name] = (f"a parameter of {_owner(module)}; give the module's keyword inputs "
+                           f"as kwargs={{{name!r}: ...}}")
+    compiler.refuse_unknown_options("from_torch", options, _OWN_OPTIONS, hints)
 
 
 def _example_kwargs(module, example_args: tuple, kwargs) -> dict:

@@ -87,25 +87,13 @@ def _check_options(options: Mapping) -> None:
     """Refuse an option the Trainer does not take before anything is exported: one of
     inference's (``quantize=``, ``weights=``, ``kwargs=``) or a slip reached compile as a
     bare TypeError, after the export."""
-    import difflib
-
-    from tensor_graphs.compiler import compile_options
+    from tensor_graphs.compiler import refuse_unknown_options
     from tensor_graphs.frontend.torch_export import _OWN_OPTIONS
 
-    known = (*_TRAINER_OPTIONS, *compile_options(*_TRAINER_OPTIONS))
-    unknown = [name for name in options if name not in known]
-    if not unknown:
-        return
-    hints = []
-    for name in unknown:
-        if name in _OWN_OPTIONS:
-            hints.append(f"{name}: an option of tg.from_torch for inference, not train=True")
-        elif close := difflib.get_close_matches(name, known, n=1):
-            hints.append(f"{name}: did you mean {close[0]}=?")
-    raise ArgumentError(
-        f"from_torch(train=True): unknown option(s) {', '.join(unknown)}"
-        + "".join(f"\n  {h}" for h in hints)
-        + f"\nit takes loss_fn, optimizer, targets, dynamic_shapes, {', '.join(known)}")
+    refuse_unknown_options(
+        "from_torch(train=True)", options,
+        ("loss_fn", "optimizer", "targets", "dynamic_shapes", *_TRAINER_OPTIONS),
+        dict.fromkeys(_OWN_OPTIONS, "an option of tg.from_torch for inference, not train=True"))
 
 
 def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, optimizer,

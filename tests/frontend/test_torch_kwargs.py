@@ -60,7 +60,7 @@ def test_an_unknown_option_is_refused_before_the_export(monkeypatch):
     assert "kwargs" in message and "tolerance" in message and "db" in message  # the accepted
     with pytest.raises(tg.ArgumentError, match="tolerence: did you mean tolerance="):
         tg.from_torch(Masked(), (x,), tolerence=1e-3)
-    with pytest.raises(tg.ArgumentError, match="loss_fn: options of .*train=True"):
+    with pytest.raises(tg.ArgumentError, match="loss_fn: an option of .*train=True"):
         tg.from_torch(Masked(), (x,), loss_fn=torch.nn.functional.mse_loss)
     with pytest.raises(tg.ArgumentError, match="dict of parameter name"):
         tg.from_torch(Masked(), (x,), kwargs=[mask])

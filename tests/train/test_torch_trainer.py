@@ -128,4 +128,5 @@ def test_an_option_training_does_not_take_is_refused_before_the_export(option, s
             as info:
         tg.from_torch(m, (torch.randn(3, 4), torch.randn(3, 2)), train=True,
                       loss_fn=F.mse_loss, optimizer=tg.optim.SGD(0.1), **option)
-    assert says in str(info.value) and "tolerance, seed, db" in str(info.value)
+    assert says in str(info.value) and "tolerance, seed; and passes on to tg.compile db" \
+        in str(info.value)
