@@ -148,9 +148,26 @@ def new_file(text: str) -> str:
                                          "file; give a file path")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path in it")
+    try:  # a device or a FIFO would be replaced by the file (files.atomic_write), not fed
+        mode = os.stat(text).st_mode
+    except OSError:
+        mode = None  # none yet (or no folder: said below)
+    if mode is not None:
+        check_regular(repr(text), mode, "give a file path", argparse.ArgumentTypeError)
     folder = os.path.dirname(text) or "."
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: no folder {folder!r}")
+    return text
+
+
+def folder(text: str) -> str:
+    """An argparse type: a folder to keep files in, made (with its parents) when missing, so
+    not a path to something else: a file given as ``--out`` was refused only when the command
+    came to make the folder, as "FILE: File exists", which names neither the option nor the
+    fix."""
+    if os.path.lexists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder; give a folder "
+                                         "path (a missing one is made)")
     return text
 
 

@@ -62,6 +62,9 @@ def _write_refusal(path: str, what: str, exc: OSError, error: Refusal) -> Except
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         why = f"it is a directory; give the path of a {what} (a new name inside it, say)"
+    elif _irregular(path):
+        why = (f"it is {_irregular(path)}, which writing the {what} would replace, not write "
+               f"into; give the path of a regular file")
     elif not os.path.isdir(folder):
         why = (f"its folder {folder} does not exist" if not os.path.exists(folder)
                else f"{folder} is not a folder")
@@ -86,7 +89,10 @@ def atomic_write(path, mode: str = "w", *, what: str = "file",
     what the ``with`` body raises passes through."""
     path = path_of(path, what)
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):  # before the caller renders what would be thrown away
+    # before the caller renders what would be thrown away. Never renamed over: a directory,
+    # nor a device, a FIFO or a socket: `tg db export /dev/full` as root replaced the device
+    # node with a regular file of rows (and /dev/null would have gone the same way)
+    if os.path.isdir(path) or _irregular(path):
         raise _write_refusal(path, what, IsADirectoryError(21, "Is a directory"), error)
     flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
              | getattr(os, "O_BINARY", 0))
@@ -195,6 +201,19 @@ _IRREGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
 )
+
+
+def _irregular(path) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a directory ("a FIFO
+    (named pipe)", "a character device"), else None. A symbolic link is judged by its
+    target (/dev/stdout, a link to the terminal or a pipe, is a character device or a FIFO)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _IRREGULAR if test(mode)), "not a file")
 
 
 def check_regular(path, mode: int, fix: str, error: Refusal = SerializationError) -> None:

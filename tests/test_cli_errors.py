@@ -69,6 +69,10 @@ MORE_CASES = [
     (["kernels", "verify", "--backend", "fortran"], "no backend 'fortran'", 2),
     (["kernels", "prompt", "softmax", "--backend", "fortran"], "no backend 'fortran'", 2),
     (["kernels", "prompt", "x" + "+x" * 5000], "nested too deeply", 2),
+    # a file where a folder goes: refused by the parser, naming the option (was "FILE: File
+    # exists" from making the folder)
+    (["kernels", "generate", "block", "--command", "true", "--out", "{garbage}"],
+     "argument --out: '{garbage}' exists and is not a folder", 2),
     (["db", "show", "--limit", "-1"], "argument --limit", 2),
     (["db", "prune", "--older-than", "-3"], "argument --older-than", 2),
     (["db", "prune", "--older-than", "nan"], "argument --older-than", 2),
@@ -78,6 +82,9 @@ MORE_CASES = [
     (["db", "import", "{garbage}"], "line 1 is not a tensor_graphs measurement", 1),
     (["db", "export", "{dir}"], "is a directory", 2),
     (["db", "export", "{missing}/rows.jsonl"], "no folder", 2),
+    # a FIFO (or a device: /dev/full as root) was renamed over by the file, not written into
+    (["db", "export", "{fifo}"], "'{fifo}' is a FIFO (named pipe), not a regular file", 2),
+    (["explain", "block", "--html", "{fifo}"], "argument --html: '{fifo}' is a FIFO", 2),
     (["db", "stats", "--db", "{dir}"], "is a directory", 1),
     # checked before training, not after (it was a write error naming a temporary file)
     (["quality", "train-char", "--quantize", "int8-weight", "--steps", "1", "--db", ":memory:",
@@ -106,7 +113,8 @@ MORE_CASES = [
      "garbage.bin is not a safetensors file", 1),
 ]
 _COMMANDS = {"profile", "paths", "explain", "demo", "run", "gpt2", "minilm", "kernels", "list",
-             "verify", "prompt", "db", "stats", "show", "import", "export", "prune", "quality"}
+             "verify", "prompt", "generate", "db", "stats", "show", "import", "export", "prune",
+             "quality"}
 
 
 @pytest.fixture(scope="module")

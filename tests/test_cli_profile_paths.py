@@ -298,3 +298,20 @@ def test_paths_help_states_the_ranking(capsys):
         build_parser().parse_args(["paths", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"at most {RANKED_PATHS}, else of the first {RANKED_PATHS} enumerated" in text
+
+
+def test_a_rerun_counts_the_calls_already_in_the_database_once_each(tmp_path):
+    """A call the planner offers at two slots (tanh of two inputs of one shape) is one row;
+    the rerun's "already in the database" counted options, not calls, so it reported more
+    calls than the database held rows."""
+    from tensor_graphs.compiler import Pipeline
+    from tensor_graphs.db import Database
+
+    x, y = tg.input("x", (4, 8)), tg.input("y", (4, 8))
+    with Database(tmp_path / "m.sqlite") as db:
+        settings = Pipeline([tg.tanh(x) * tg.tanh(y)], "cpu", 1e-5, db, "never", None)
+        first = walk.profile(settings.outputs, settings, {}, paths=0, progress=False)
+        again = walk.profile(settings.outputs, settings, {}, paths=0, progress=False)
+        rows = db.stats()["rows"]
+    assert first.measured == rows and first.skipped == 0
+    assert again.measured == 0 and 0 < again.skipped <= rows, (again.skipped, rows)

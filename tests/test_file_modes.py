@@ -150,6 +150,23 @@ def test_an_unwritable_path_names_the_file_and_the_fix(tmp_path, writer, what, e
     assert sorted(os.listdir(tmp_path)) == ["adir", "afile", "locked"][:2 + (os.getuid() != 0)]
 
 
+@pytest.mark.parametrize("writer, what, error", [
+    ("tg.save", "file", SerializationError),
+    ("save_plan", "plan file", PlanFileError),
+    ("explain(html=)", "HTML report", SerializationError),
+    ("atomic_write", "file", SerializationError),
+])
+def test_a_fifo_is_refused_not_replaced_by_a_file(tmp_path, writer, what, error):
+    """The file was written aside and renamed over whatever the path was: a FIFO became a
+    regular file, and as root `tg db export /dev/full` replaced the device node itself."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(error, match=f"cannot write {what} {fifo}: it is a FIFO \\(named "
+                                    "pipe\\), which writing .* would replace"):
+        WRITERS[writer](fifo)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["pipe"]
+
+
 def test_what_the_body_raises_passes_through_and_leaves_no_file(tmp_path):
     path = tmp_path / "out"
     with pytest.raises(OSError, match="the caller's own"):

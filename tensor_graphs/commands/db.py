@@ -100,12 +100,14 @@ def add_db_commands(sub) -> None:
 def _open(args: argparse.Namespace, *, existing: bool = True):
     """The database ``--db`` names (else TG_DB's, else the default file). ``existing``: a
     file named with ``--db`` must be there, for the commands that read rows; opening a
-    misspelt path made an empty database and ``tg db export`` wrote 0 rows, exit 0."""
+    misspelt path made an empty database and ``tg db export`` wrote 0 rows, exit 0. The
+    path is looked for as the database opens it, ``~`` expanded (``--db=~/m.sqlite``, where
+    the shell leaves it, was refused as missing)."""
     from tensor_graphs.db.store import is_url, open_db
     from tensor_graphs.errors import DatabaseError
 
     if existing and args.db and args.db != ":memory:" and not is_url(args.db) \
-            and not os.path.exists(args.db):
+            and not os.path.exists(os.path.expanduser(args.db)):
         raise DatabaseError(f"--db {args.db}: no such measurement database; check the path "
                             "(`tg profile` and compile(profile='missing') create one, "
                             "`tg db import` fills a new one)")

@@ -537,7 +537,7 @@ def add_generate_command(ksub) -> None:
     p.add_argument("--command", required=True, metavar="CMD",
                    help="the program to ask, with its arguments (split as a shell would, run "
                         "without one): it reads the request on stdin and prints a kernel file")
-    p.add_argument("--out", metavar="DIR", default=None,
+    p.add_argument("--out", metavar="DIR", default=None, type=cli_args.folder,
                    help="folder for admitted kernels, created private (0700) (default "
                         "$XDG_DATA_HOME/tensor_graphs/kernels, i.e. "
                         "~/.local/share/tensor_graphs/kernels)")

@@ -33,7 +33,7 @@ from tensor_graphs.compiler import prepare
 from tensor_graphs.db.cost import format_seconds
 from tensor_graphs.devices import cuda_available
 from tensor_graphs.errors import TensorGraphsError
-from tensor_graphs.planner.plan import Plan
+from tensor_graphs.planner.plan import COPY, KERNEL, Plan
 from tensor_graphs.planner.prepare import as_symbols
 from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.profiler.measure import uncontended_takes
@@ -338,6 +338,17 @@ def _as_compiled(settings, prepared, refused: dict[str, str]):
         refused.update(more)
 
 
+def calls_with_rows(planner) -> set[tuple[str, str]]:
+    """The (kernel, signature) calls of the planner's kernel and copy options that have a row
+    already (a measurement or a recorded failure): what a run does not measure again. Counted
+    per call, as ``calls_to_measure`` lists the work: one call is an option at every slot that
+    makes it (a reshape at each layer), and counting options reported more calls "already in
+    the database" than it holds rows."""
+    return {(o.kernel.name, o.signature) for options in planner._options.values()
+            for o in options if o.how in (KERNEL, COPY) and o.estimate is not None
+            and o.estimate.source in ("measured", "failed")}
+
+
 def profile(outputs, settings, dims, *, budget: float | None = None, paths: int = 3,
             progress: bool = True, seed: int = 0) -> ProfileReport:
     """Run the walk above for ``outputs`` with a compile's ``settings`` (device, tolerance,
@@ -359,8 +370,7 @@ def profile(outputs, settings, dims, *, budget: float | None = None, paths: int 
     todo = calls_to_measure(planner)
     if todo:
         db.record_in_memory()
-    report.skipped = sum(1 for opts in planner._options.values() for o in opts
-                         if o.estimate is not None and o.estimate.source == "measured")
+    report.skipped = len(calls_with_rows(planner))
     bar = Progress(len(todo), "measuring kernels") if progress else None
     work = Work(db, todo, deadline=deadline, hardware=planner.cost.hardware)
     for window in work:

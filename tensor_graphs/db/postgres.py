@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote
 
 from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.db.schema import NATURAL_KEY, SCHEMA_VERSION, render
@@ -101,6 +102,20 @@ def _psycopg():
 def masked(url: str) -> str:
     """The URL without its password, for messages and the plan cache's key."""
     return re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+def said(exc: BaseException, url: str) -> str:
+    """What ``exc`` (psycopg's, about ``url``) says, for one line of a ``DatabaseError``:
+    libpq's messages of several lines ("Connection refused", then "Is the server running on
+    that host ...?") on one line, and the password masked. libpq quotes what it could not
+    parse, the whole URL (in URI: "postgresql://me:secret@[host") or the password itself
+    (invalid percent-encoded token: "secret"), and that went to the terminal and to logs.
+    Only what it quotes is masked: a short password's letters elsewhere in the text stay."""
+    text = " ".join(str(exc).split()).replace(url, masked(url))
+    found = re.search(r"://[^/@:]*:([^/@]*)@", url)
+    for secret in {found.group(1), unquote(found.group(1))} if found else ():
+        text = text.replace(f'"{secret}"', '"***"')
+    return text
 
 
 def _lock_key(hw: Hardware) -> int:
@@ -184,8 +199,8 @@ class PostgresDatabase(Database):
             psycopg.connect(self._url, connect_timeout=CONNECT_TIMEOUT).close()
         except psycopg.Error as exc:
             raise DatabaseError(f"cannot connect to the measurement database {self.path}: "
-                                f"{str(exc).strip()}; check the URL, the server and its access "
-                                "rules, or point TG_DB or db= at a file") from exc
+                                f"{said(exc, self._url)}; check the URL, the server and its "
+                                "access rules, or point TG_DB or db= at a file") from exc
         self._pool = self._new_pool()
         try:
             self._attempt(self._migrate_in, "migrating", transaction=True)
@@ -255,14 +270,14 @@ class PostgresDatabase(Database):
                 if attempt >= RETRIES or time.monotonic() - start > RETRY_SECONDS:
                     raise DatabaseError(
                         f"{what} the measurement database {self.path} failed {attempt} times "
-                        f"({type(exc).__name__}: {str(exc).strip()}); check that the server "
-                        "is up and reachable") from exc
+                        f"({type(exc).__name__}: {said(exc, self._url)}); check that the "
+                        "server is up and reachable") from exc
             except self._psycopg.errors.InsufficientPrivilege as exc:
                 raise _RefusedError(f"{what} the measurement database {self.path} was refused: "
-                               f"{str(exc).strip()}") from exc
+                               f"{said(exc, self._url)}") from exc
             except self._psycopg.Error as exc:
                 raise DatabaseError(f"{what} the measurement database {self.path} failed: "
-                                    f"{str(exc).strip()}") from exc
+                                    f"{said(exc, self._url)}") from exc
             time.sleep(wait)
             wait = min(wait * 2, BACKOFF[1])
         raise AssertionError("unreachable")

@@ -599,6 +599,31 @@ def _lines(f, where: str) -> Iterator[tuple[int, bytes | str]]:
                             f"text ({exc.reason} at byte {exc.start}); {_EXPORTED}") from exc
 
 
+# the latest time a row may carry: the end of year 9999, which every platform's time_t and
+# time.localtime take (an imported "when": 1e300 was stored, then `tg db show` and `tg db
+# stats` failed on every later run with an internal OverflowError dating it)
+LATEST_WHEN = 253402300799.0
+
+
+def _runs(value) -> int:
+    """An imported row's ``runs``: a whole number that a 64-bit INTEGER column holds (a
+    larger one failed the import with an internal OverflowError from sqlite3; ``true`` and
+    5.7 were taken as 1 and 5)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or value != int(value) or not 0 <= value < 2 ** 63:
+        raise ValueError(f"runs is {str(value)[:40]}, not a whole number of 0 or more")
+    return int(value)
+
+
+def _when(value) -> float:
+    """An imported row's ``when``: seconds since 1970, up to ``LATEST_WHEN``."""
+    when = float(value)
+    if not 0 <= when <= LATEST_WHEN:
+        raise ValueError(f"when is {str(value)[:40]}, not a time in seconds since 1970 up to "
+                         "the year 9999")
+    return when
+
+
 def _parse_line(line: bytes | str, number: int, where: str = "") -> Measurement:
     d = parse_json(line, f"{where}line {number}", _MEASUREMENT, _EXPORTED, DatabaseError)
     try:
@@ -608,9 +633,9 @@ def _parse_line(line: bytes | str, number: int, where: str = "") -> Measurement:
         nums = {k: _none_to_nan(None if d.get(k) is None else float(d[k]))
                 for k in ("median", "min", "max")}
         return Measurement(str(d["kernel"]), str(d["source_hash"]), str(d["signature"]),
-                           int(d["runs"]), error=None if d.get("error") is None
+                           _runs(d["runs"]), error=None if d.get("error") is None
                            else float(d["error"]), failure=d.get("failure"), hardware=hw,
-                           when=float(d["when"]), flops=_optional(d.get("flops")),
+                           when=_when(d["when"]), flops=_optional(d.get("flops")),
                            bytes=_optional(d.get("bytes")), **nums)
     # what JSON that is not a measurement raises: keys missing or of the wrong type (a list,
     # a string), numbers too large for a float
@@ -641,11 +666,12 @@ def _text_file(target, mode: str) -> Iterator[IO]:
 
 def _refuse_a_database(target) -> None:
     """Refuse to write JSON lines over an SQLite database (a measurement database: this one,
-    named by mistake, or another whose rows would be lost)."""
+    named by mistake, or another whose rows would be lost). Only a regular file is read: a
+    FIFO's open() waited for a writer forever (atomic_write refuses it, naming it)."""
     try:
-        with open(target, "rb") as f:
+        with open_regular(target, "file of measurements", "", DatabaseError) as f:
             head = f.read(len(SQLITE_HEADER))
-    except OSError:
+    except (OSError, DatabaseError):
         return  # no such file (or none to read): atomic_write says what is wrong
     if head == SQLITE_HEADER:
         raise DatabaseError(f"{target} is an SQLite database; `tg db export` writes JSON lines "

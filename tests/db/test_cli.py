@@ -132,3 +132,12 @@ def test_a_misspelt_database_is_refused_not_made(filled, tmp_path, capsys):
     run(capsys, "db", "export", "--db", str(path), str(tmp_path / "rows.jsonl"))
     code, out, _ = run(capsys, "db", "import", "--db", str(typo), str(tmp_path / "rows.jsonl"))
     assert code == 0 and "imported 4 new rows" in out and typo.exists()
+
+
+def test_a_database_named_with_a_tilde_is_found(filled, tmp_path, capsys, monkeypatch):
+    """`tg db stats --db=~/m.sqlite` (no shell expands a ~ after "=") opens ~/m.sqlite, as
+    the database does; it was refused as missing."""
+    path, _ = filled
+    monkeypatch.setenv("HOME", str(path.parent))
+    code, out, err = run(capsys, "db", "stats", f"--db=~/{path.name}")
+    assert code == 0 and "rows       4" in out, err

@@ -222,6 +222,22 @@ def test_an_unreachable_server_names_the_url_without_its_password(tmp_path, monk
     assert list(tmp_path.iterdir()) == []  # never taken for a file path ("postgresql:/...")
 
 
+@pytest.mark.parametrize("url, says", [
+    ("postgresql://someone:secret@[::1/tg", 'in URI: "postgresql://someone:***@[::1/tg"'),
+    ("postgresql://someone:se%zzcret@127.0.0.1:1/tg", 'percent-encoded token: "***"'),
+    ("postgresql://someone:secret@127.0.0.1:1/tg", "Connection refused Is the server"),
+])
+def test_what_libpq_says_is_one_line_without_the_password(url, says, capsys, monkeypatch):
+    """libpq quotes a URL it cannot parse, password and all, or the password itself, and its
+    "Connection refused" ends in a second, tab-indented line: `tg db stats --db URL` printed
+    the password on the terminal, and an error of two lines."""
+    monkeypatch.delenv("TG_DEBUG", raising=False)
+    assert main(["db", "stats", "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert "secret" not in err and "se%zzcret" not in err, err
+
+
 def test_tg_db_names_a_server_database(pg_url, monkeypatch):
     monkeypatch.setenv("TG_DB", pg_url)
     db = open_db()

@@ -209,6 +209,13 @@ GOOD_LINE = ('{"kernel": "k", "source_hash": "h", "signature": "s", "runs": 1, "
     (GOOD_LINE.replace('"when": 1', '"when": 1' + "0" * 400).encode(), 1, "OverflowError"),
     (GOOD_LINE.replace('"runs": 1', '"runs": 1, "failure": {"a": 1}').encode(), 1, "failure"),
     (b'"just a string"\n', 1, "AttributeError"),
+    # values no row holds: a time `tg db show` and `tg db stats` could not date (stored, it
+    # failed both ever after), runs too large for SQLite's INTEGER (an internal error), or
+    # not a whole number (taken as 1 and 5)
+    (GOOD_LINE.replace('"when": 1', '"when": 1e300').encode(), 1, "when is 1e+300"),
+    (GOOD_LINE.replace('"runs": 1', '"runs": 1' + "0" * 30).encode(), 1, "runs is 1000"),
+    (GOOD_LINE.replace('"runs": 1', '"runs": true').encode(), 1, "runs is True"),
+    (GOOD_LINE.replace('"runs": 1', '"runs": 5.7').encode(), 1, "runs is 5.7"),
 ])
 def test_import_refuses_files_that_are_not_measurements(new_db, tmp_path, content, line, why):
     path = tmp_path / "bad.jsonl"
@@ -229,6 +236,35 @@ def test_import_and_export_name_a_path_they_cannot_use(tmp_path, method):
     with pytest.raises(DatabaseError) as info:
         getattr(Database(":memory:"), method)(tmp_path)  # a directory
     assert str(tmp_path) in str(info.value) and "directory" in str(info.value)
+
+
+def test_export_to_a_fifo_is_refused_at_once_and_leaves_it(tmp_path):
+    """Export read the target's first bytes (is it a database?) with open(), which waits for
+    a writer on a FIFO: it hung; then the rows were renamed over the FIFO."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    said: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            Database(":memory:").export_jsonl(fifo)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            said.append(exc)
+
+    worker = threading.Thread(target=export, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # stuck in open(): a writer end releases it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail("export_jsonl waited on the FIFO")
+    assert len(said) == 1 and isinstance(said[0], DatabaseError), said
+    assert f"{fifo}: it is a FIFO" in str(said[0])
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["pipe"]
 
 
 def test_signature_text_is_canonical():
