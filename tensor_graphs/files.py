@@ -89,11 +89,7 @@ def atomic_write(path, mode: str = "w", *, what: str = "file",
     what the ``with`` body raises passes through."""
     path = path_of(path, what)
     folder = os.path.dirname(os.path.abspath(path))
-    # before the caller renders what would be thrown away. Never renamed over: a directory,
-    # nor a device, a FIFO or a socket: `tg db export /dev/full` as root replaced the device
-    # node with a regular file of rows (and /dev/null would have gone the same way)
-    if os.path.isdir(path) or _irregular(path):
-        raise _write_refusal(path, what, IsADirectoryError(21, "Is a directory"), error)
+    check_replaceable(path, what, error)  # before the caller renders what would be lost
     flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
              | getattr(os, "O_BINARY", 0))
     for _ in range(100):
@@ -201,6 +197,15 @@ _IRREGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
 )
+
+
+def check_replaceable(path: str, what: str = "file", error: Refusal = SerializationError) -> None:
+    """Raise ``error`` naming ``path`` unless a file written aside may be renamed over it: a
+    directory cannot be, and a device, a FIFO or a socket would be replaced, not written:
+    `tg db export /dev/full` as root replaced the device node with a regular file of rows
+    (and /dev/null would have gone the same way)."""
+    if os.path.isdir(path) or _irregular(path):
+        raise _write_refusal(path, what, IsADirectoryError(21, "Is a directory"), error)
 
 
 def _irregular(path) -> str | None:

@@ -155,6 +155,7 @@ def test_an_unwritable_path_names_the_file_and_the_fix(tmp_path, writer, what, e
     ("save_plan", "plan file", PlanFileError),
     ("explain(html=)", "HTML report", SerializationError),
     ("atomic_write", "file", SerializationError),
+    ("write_safetensors", "safetensors file", SerializationError),
 ])
 def test_a_fifo_is_refused_not_replaced_by_a_file(tmp_path, writer, what, error):
     """The file was written aside and renamed over whatever the path was: a FIFO became a

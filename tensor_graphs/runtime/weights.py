@@ -45,7 +45,14 @@ from tensor_graphs.errors import (
     SerializationError,
     ShapeError,
 )
-from tensor_graphs.files import open_regular, parse_json, path_of, read_regular, replacement_mode
+from tensor_graphs.files import (
+    check_replaceable,
+    open_regular,
+    parse_json,
+    path_of,
+    read_regular,
+    replacement_mode,
+)
 from tensor_graphs.ir.dtypes import DType, as_dtype
 
 __all__ = [
@@ -631,6 +638,7 @@ def write_safetensors(path, arrays: Mapping[str, np.ndarray],
     folder, renamed over ``path`` once whole (``files.atomic_write``). Only the dtypes
     ``read_safetensors`` reads back are written."""
     path = os.fspath(path)
+    check_replaceable(path, "safetensors file")
     if metadata is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ArgumentError("safetensors metadata must map strings to strings")
