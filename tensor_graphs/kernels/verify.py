@@ -250,7 +250,9 @@ def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bo
                 like=None, _memo: dict | None = None) -> Node:
     """The graph a pattern describes: variables are ``leaves``, scalars constants of their
     siblings' dtype, ops built with their attributes (the pattern's fixed values win over
-    ``root_attrs``; predicates keep the case's value and are checked by matching)."""
+    ``root_attrs``; predicates keep the case's value, or the op's default, and are checked by
+    matching; a predicate with an ``example`` gives that value: an interior op's attribute
+    no case sets)."""
     if isinstance(p, pat.Var):
         if p.name not in leaves:
             raise ArgumentError(f"no input for pattern variable '{p.name}'")
@@ -280,8 +282,9 @@ def instantiate(p: pat.Pat, leaves: dict[str, Node], root_attrs: dict, _root: bo
     for i, c in enumerate(p.inputs):
         if isinstance(c, pat.Const):
             children[i] = instantiate(c, leaves, root_attrs, False, dtype)
-    attrs = {k: v for k, v in p.attrs.items()
-             if not (callable(v) and not isinstance(v, _dtypes.DType))}
+    attrs = {k: getattr(v, "example", v) for k, v in p.attrs.items()
+             if not (callable(v) and not isinstance(v, _dtypes.DType))
+             or hasattr(v, "example")}
     if _root:
         attrs = {**{k: v for k, v in root_attrs.items() if k not in attrs}, **attrs}
     op = OPS.get(p.op)

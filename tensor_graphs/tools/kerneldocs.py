@@ -316,8 +316,8 @@ def argmax_kernels() -> list[tuple[object, str]]:
 
 def _epilogue(e) -> str:
     """What a GEMM epilogue computes (the pattern's variables)."""
-    a = "layer_norm(x)" if e.norm and e.linear else "layer_norm(a)" if e.norm else \
-        "x" if e.linear else "a"
+    a = "x" if e.linear else "a"
+    a = f"{e.norm}_norm({a}, eps={e.eps:g})" if e.norm else a
     y = (f"{a} @ weight.T" if e.linear else f"{a} @ b") + (" + bias" if e.bias else "")
     return (f"{e.act}({y})" if e.act else y) + (" + res" if e.residual else "")
 
@@ -411,10 +411,12 @@ def gpu_section() -> str:
               "finish adds the parts and applies the epilogue (an arrival counter per block; "
               "a second kernel, `gemv_combine`, where a CUDA graph's capture finds no "
               "counters; one split: the epilogue in the first). The `ln_` epilogues (GEMV "
-              "configs only) take LayerNorm's input: each program computes its row's mean and "
-              "variance and normalizes its split as it loads it, so a pre-norm block's norm "
-              f"is no kernel of its own (the norm's eps is {matmul.LN_EPS:g}, fixed in the "
-              "pattern). On a Hopper the GEMVs launch with programmatic dependent launch: a "
+              "configs only) take LayerNorm's input, and the `rms*_` ones RMSNorm's: each "
+              "program computes its row's statistics and normalizes its split as it loads it, "
+              "so a pre-norm block's norm is no kernel of its own (the norm's eps is fixed in "
+              f"the pattern: {matmul.LN_EPS:g} for LayerNorm, "
+              f"{' and '.join(f'{e:g}' for e in matmul.RMS_EPS)} for RMSNorm, a kernel each). "
+              "On a Hopper the GEMVs launch with programmatic dependent launch: a "
               "program loads its first weights, then waits for the kernel before it. Every "
               "operand dtype, "
               f"tolerance {matmul.REDUCTION:g}.", ""]

@@ -6,6 +6,8 @@ templates are registered (a GPU, or the simulated one: ``test_templates_child.py
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tensor_graphs.devices import torch_device
@@ -99,6 +101,37 @@ def test_a_chain_gives_each_links_product(rows, order):
     assert not chain.chain_failed(DEVICE)
 
 
+def llama_mlp(d: int, hidden: int, eps: float):
+    """A Llama block's MLP from RMSNorm's input: gate and up as one GEMV normalizing as it
+    loads (``rms*_linear_nobias``, the sibling-fused form), then down (of gate's columns
+    here, an elementwise step apart in a model) plus the residual: (links, float64 results)."""
+    x, w_ln = rand(1, d, seed=40) * 3 + 1, rand(d, seed=41) + 1
+    w_gu, w_down = rand(2 * hidden, d, seed=42) / d ** 0.5, rand(d, hidden, seed=43) / hidden ** 0.5
+    for w in (w_gu, w_down):
+        bound.mark(w)
+    gu, out = torch.empty(1, 2 * hidden, device=DEVICE), torch.empty(1, d, device=DEVICE)
+    norm = EPILOGUE[f"rms{round(-math.log10(eps))}_linear_nobias"]
+    links = [matmul.Link(matmul.GEMV_CONFIGS[1], norm, x, w_gu, None, None, gu, (w_ln,)),
+             matmul.Link(matmul.GEMV_CONFIGS[1], EPILOGUE["linear_nobias_add"],
+                         gu[:, :hidden], w_down, None, x, out)]
+    x64, w64 = x.double().cpu(), w_ln.double().cpu()
+    normed = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w64
+    gu64 = normed @ w_gu.double().cpu().T
+    return links, [gu64, gu64[:, :hidden] @ w_down.double().cpu().T + x64]
+
+
+@pytest.mark.parametrize("eps", matmul.RMS_EPS if templates.REGISTERED else [])
+def test_a_chain_normalizes_by_rmsnorm_as_it_loads(eps):
+    """RMSNorm's statistics (no mean taken out, no bias) with the pattern's eps, in a chain
+    stage as in a GEMV alone."""
+    links, refs = llama_mlp(40, 72, eps)
+    got = chain.chain(links)
+    for link, out, ref in zip(links, got, refs):
+        assert rel(out, ref) < 1e-5, (link.e.label, rel(out, ref))
+    alone = links[0].alone()
+    assert rel(alone, refs[0]) < 1e-5
+
+
 def test_a_chain_of_computed_weights_and_one_link():
     """A weight no ``bind`` marked is read after the barrier (no prefetch): the results are
     the same; a chain of one GEMV is that GEMV."""
@@ -147,6 +180,10 @@ def test_a_chain_refuses_what_it_cannot_run():
                         links[1].bias, None, None, links[1].norm)
     with pytest.raises(ValueError, match=r"every GEMV of a chain has the same rows: got \[1, 2\]"):
         chain.chain([links[0], other])
+    five, six = (llama_mlp(24, 16, eps)[0][0] for eps in (1e-5, 1e-6))
+    with pytest.raises(ValueError, match=r"every norm of a chain has the same eps: got "
+                                         r"\[1e-06, 1e-05\]"):
+        chain.chain([five, six])
     empty = matmul.Link(links[0].cfg, links[0].e, links[0].a, rand(24, 0, seed=2), None)
     with pytest.raises(ValueError, match=r"an empty product \(1 x 0\) in matmul_bias_add"):
         chain.chain([links[0], empty])

@@ -40,9 +40,9 @@ _BROKEN: list[str] = []  # why the chain kernel failed to compile or launch here
 @dataclass(frozen=True)
 class Prepared:
     """A link's arguments for the chain kernel: its stage tuple and constexprs (kind and
-    prefetch first: ``chain_jit``), the tensor it writes, its rows and LayerNorm eps (a
-    GEMV's, the kernel's one ``M`` and ``eps``; None for an attention) and its config's warps
-    and pipeline stages."""
+    prefetch first: ``chain_jit``), the tensor it writes, its rows (a GEMV's: the kernel's
+    one ``M``; None for an attention) and its norm's eps (the kernel's one ``eps``; None
+    without a norm), and its config's warps and pipeline stages."""
 
     stage: tuple
     constexprs: tuple
@@ -84,7 +84,8 @@ def chain(links, programs: int | None = None) -> list:
     persistent kernel rather than a launch each. Returns each link's result. In the
     interpreter each stage is a launch of its own (``ONLY``). Refuses (ValueError,
     RuntimeError) what it cannot run: no link or more than ``MAX_CHAIN``, GEMVs of different
-    rows, an empty product, no arrival counters inside a capture."""
+    rows or norms of different eps, an empty product, no arrival counters inside a
+    capture."""
     links = list(links)
     if not 1 <= len(links) <= MAX_CHAIN:
         raise ValueError(f"chain: 1 to {MAX_CHAIN} stages, got {len(links)}")
@@ -94,7 +95,10 @@ def chain(links, programs: int | None = None) -> list:
     rows = [p.rows for p in prepared if p.rows is not None]
     if len(set(rows)) > 1:
         raise ValueError(f"chain: every GEMV of a chain has the same rows: got {rows}")
-    eps = next((p.eps for p in prepared if p.eps is not None), 0.0)
+    norms = sorted({p.eps for p in prepared if p.eps is not None})
+    if len(norms) > 1:  # (the kernel takes one eps: a model's norms share theirs)
+        raise ValueError(f"chain: every norm of a chain has the same eps: got {norms}")
+    eps = norms[0] if norms else 0.0
     grid = (programs or chain_programs(device),)
     sync = chain_sync(device)
     consts = tuple(p.constexprs for p in prepared)

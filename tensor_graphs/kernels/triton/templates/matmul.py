@@ -19,9 +19,11 @@ GEMM configs do 16 rows' arithmetic in as few programs as the columns give (GPT-
 plain FMAs over a split of K; the splits aim at two waves of the SMs, and the last split of a
 column block to finish adds them and applies the epilogue (counted in ``arrival_counters``;
 a second kernel does it where no counters can be made, inside a CUDA graph's capture).
-Three GEMV-only patterns (``ln_*``) take LayerNorm's input instead of its output: each
-program computes its row's statistics and normalizes its split of the row as it loads it,
-so a pre-norm block's norm is no launch of its own in a decode step.
+Three GEMV-only patterns (``ln_*``) take LayerNorm's input instead of its output, and two
+(``rms5_*``, ``rms6_*``: one per eps in use) RMSNorm's: each program computes its row's
+statistics and normalizes its split of the row as it loads it, so a pre-norm block's norm is
+no launch of its own in a decode step, and a Llama block's q/k/v and gate/up projections can
+join a persistent chain (``chain.py``) as GPT-2's do.
 """
 
 from __future__ import annotations
@@ -130,6 +132,13 @@ GEMV_CONFIGS = (
 )
 
 
+NORMS = {"layer": 1, "rms": 2}  # matmul_jit's NORM codes (0: no norm)
+# a norm's operands after a, named in the pattern (LayerNorm's weight and bias, RMSNorm's weight)
+NORM_PARAMS = {"layer": ("ln_weight", "ln_bias"), "rms": ("ln_weight",)}
+LN_EPS = 1e-5  # LayerNorm's eps in a norm epilogue (torch's default, GPT-2's)
+RMS_EPS = (1e-5, 1e-6)  # RMSNorm's: Llama's and Mistral's; Qwen2's, Qwen3's and HF's default
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """What a pattern computes around its product."""
@@ -139,7 +148,9 @@ class Epilogue:
     bias: bool
     act: str | None
     residual: bool  # + an operand of the result's shape, after the activation
-    norm: bool = False  # a is LayerNorm's input (eps=LN_EPS): a GEMV normalizes it as it loads
+    norm: str | None = None  # a is this norm's input (NORMS): a GEMV normalizes it as it loads
+    eps: float = LN_EPS  # the norm's: a kernel takes only its pattern's root's attributes, so
+    #                      the norm's is fixed in the pattern, a pattern for each eps in use
 
 
 EPILOGUES = (
@@ -158,17 +169,22 @@ EPILOGUES = (
     Epilogue("matmul_add", False, False, None, True),
     Epilogue("matmul_bias_add", False, True, None, True),
     # a pre-norm block's projections of LayerNorm's output (GEMV configs only: a decode step)
-    Epilogue("ln_linear", True, True, None, False, norm=True),  # q/k/v or an MLP's up
-    Epilogue("ln_matmul_bias", False, True, None, False, norm=True),  # GPT-2's c_attn
-    Epilogue("ln_matmul_bias_gelu_tanh", False, True, "gelu_tanh", False, norm=True),  # c_fc
+    Epilogue("ln_linear", True, True, None, False, norm="layer"),  # q/k/v or an MLP's up
+    Epilogue("ln_matmul_bias", False, True, None, False, norm="layer"),  # GPT-2's c_attn
+    Epilogue("ln_matmul_bias_gelu_tanh", False, True, "gelu_tanh", False, norm="layer"),  # c_fc
+    # a Llama block's q/k/v (packed or not) and gate/up projections of RMSNorm's output
+    *(Epilogue(f"rms{round(-math.log10(eps))}_linear_nobias", True, False, None, False,
+               norm="rms", eps=eps) for eps in RMS_EPS),
 )
-LN_EPS = 1e-5  # the eps a norm epilogue computes with (torch's default, GPT-2's): a kernel
-#                takes only its pattern's root's attributes, so the norm's is the pattern's
 
 
-def _ln_eps(eps) -> bool:
-    """The norm's eps is LN_EPS, also as float32 rounds it (a float32 graph's attribute)."""
-    return abs(float(eps) - LN_EPS) <= 1e-6 * LN_EPS
+def _eps_is(want: float):
+    """A pattern's eps: ``want``, also as float32 rounds it (a float32 graph's attribute);
+    its ``example`` is what verification builds the norm with (``verify.instantiate``)."""
+    def matches(eps) -> bool:
+        return abs(float(eps) - want) <= 1e-6 * want
+    matches.example = want
+    return matches
 
 
 class Operands:
@@ -230,7 +246,7 @@ class _GemvCall:
             self.splits * m * n, dtype=torch.float32, device=a.device)
         self.blocks = m * -(-n // cfg.block_n)
         self.counters = None if self.splits == 1 else counters(self.blocks)
-        ln_w, ln_b = norm or (c2, c2)
+        ln_w, ln_b = (*norm, c2, c2)[:2]  # (RMSNorm has no bias: c2 stands in, unread)
         self.tail = (0 if bias is None else bias.stride(0), r2.stride(0), r2.stride(1),
                      c2.stride(0), c2.stride(1))
         self.pointers = (o.a, b, bias_t, r2, c2, self.part,
@@ -239,9 +255,10 @@ class _GemvCall:
                         ln_w.stride(0), ln_b.stride(0))
         self.epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=res is not None,
                              ACT=ACTS[e.act])
-        norm_block = min(next_power_of_2(o.k), NORM_TILE) if norm else 16
+        norm_block = min(next_power_of_2(o.k), NORM_TILE) if e.norm else 16
         self.constexprs = dict(
-            **self.epilogue, NORM=bool(norm), NORM_BLOCK=norm_block, ONE_TILE=o.k <= norm_block,
+            **self.epilogue, NORM=NORMS.get(e.norm, 0), NORM_BLOCK=norm_block,
+            ONE_TILE=o.k <= norm_block,
             FINISH=self.splits == 1, LAST_ADDS=self.counters is not None,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             MAX_SPLITS=next_power_of_2(cfg.max_splits))
@@ -261,14 +278,14 @@ class _GemvCall:
 
 def gemv(cfg: Gemv, e: Epilogue, a, b, bias=None, res=None, out=None, norm=()):
     """act(a @ op(b) + bias) + res for a few rows of a: split-K FMAs, then the epilogue.
-    ``norm``: (weight, bias) of the LayerNorm a is normalized by first (``e.norm``)."""
+    ``norm``: the operands of the norm a is normalized by first (``e.norm``: NORM_PARAMS)."""
     o = Operands(e, a, b, res, out)
     if o.m and o.n:
         call = _GemvCall(cfg, e, o, b, bias, res, norm,
                          lambda blocks: arrival_counters(a.device, blocks))
         mod = jit(JIT)
         mod.gemv_split[(call.blocks, call.splits)](
-            *call.pointers, o.m, o.n, o.k, call.chunk, LN_EPS, *call.strides,
+            *call.pointers, o.m, o.n, o.k, call.chunk, e.eps, *call.strides,
             **call.constexprs, num_warps=cfg.warps, num_stages=cfg.stages, **_dependent(b))
         if call.splits > 1 and call.counters is None:
             mod.gemv_combine[(o.m * -(-o.n // COMBINE_BLOCK),)](
@@ -324,7 +341,8 @@ class Link:
             raise RuntimeError("no arrival counters for a chain's split GEMV inside a "
                                "capture; call it once before capturing")
         return Prepared(call.stage(), call.stage_constexprs(early and bound.is_weight(self.b)),
-                        o.c, o.m, LN_EPS, self.cfg.warps, self.cfg.stages)
+                        o.c, o.m, self.e.eps if self.e.norm else None, self.cfg.warps,
+                        self.cfg.stages)
 
     def alone(self):
         """The GEMV as a launch of its own (``gemv``)."""
@@ -340,10 +358,10 @@ def _dependent(b) -> dict:
 
 
 def _product(e: Epilogue, shapes) -> list:
-    """The shapes of a call's product operands (a, b[, bias][, res]): a norm's weight and
-    bias, after a, left out."""
+    """The shapes of a call's product operands (a, b[, bias][, res]): a norm's operands,
+    after a, left out."""
     shapes = list(shapes)
-    return shapes[:1] + shapes[3:] if e.norm else shapes
+    return shapes[:1] + shapes[1 + len(NORM_PARAMS[e.norm]):] if e.norm else shapes
 
 
 def _dims(e: Epilogue, shapes) -> tuple[int, int, int]:
@@ -383,12 +401,15 @@ def pattern(e: Epilogue):
                 else (lambda x, weight: act(tg.linear(x, weight))))
     else:
         core = ((lambda a, b, bias: act(a @ b + bias)) if e.bias else (lambda a, b: act(a @ b)))
+    eps = _eps_is(e.eps)
+    if e.norm == "rms":  # (EPILOGUES: a linear without a bias)
+        return lambda x, ln_weight, weight: core(tg.rms_norm(x, ln_weight, eps=eps), weight)
     if e.norm:
         if e.linear:
             return lambda x, ln_weight, ln_bias, weight, bias: core(
-                tg.layer_norm(x, ln_weight, ln_bias, eps=_ln_eps), weight, bias)
+                tg.layer_norm(x, ln_weight, ln_bias, eps=eps), weight, bias)
         return lambda a, ln_weight, ln_bias, b, bias: core(
-            tg.layer_norm(a, ln_weight, ln_bias, eps=_ln_eps), b, bias)
+            tg.layer_norm(a, ln_weight, ln_bias, eps=eps), b, bias)
     if not e.residual:
         return core
     if e.linear:
@@ -401,7 +422,10 @@ def pattern(e: Epilogue):
 def function(cfg: Config | Gemv, e: Epilogue):
     """The kernel function, its parameters named as the pattern's variables."""
     body = gemv if isinstance(cfg, Gemv) else gemm
-    if e.norm and e.linear:  # (a norm epilogue has a bias and no residual: EPILOGUES)
+    if e.norm == "rms":  # (no bias, no residual: EPILOGUES)
+        def run(x, ln_weight, weight, *, out=None):
+            return gemv(cfg, e, x, weight, None, None, out, (ln_weight,))
+    elif e.norm and e.linear:  # (a LayerNorm epilogue has a bias and no residual)
         def run(x, ln_weight, ln_bias, weight, bias, *, out=None):
             return gemv(cfg, e, x, weight, bias, None, out, (ln_weight, ln_bias))
     elif e.norm:
@@ -434,7 +458,7 @@ def function(cfg: Config | Gemv, e: Epilogue):
     if body is gemv:  # a chain's stage (runtime/chains.py)
         run.link, run.chained = _linking(cfg, e, run), chained
     what = "x @ weight.T" if e.linear else "a @ b"
-    what = f"layer_norm({what[0]}) {what[2:]}" if e.norm else what
+    what = f"{e.norm}_norm({what[0]}) {what[2:]}" if e.norm else what
     how = ("split-K Triton GEMV (a few rows)" if body is gemv else "one Triton GEMM")
     run.__doc__ = (f"{e.act + '(' if e.act else ''}{what}{' + bias' if e.bias else ''}"
                    f"{')' if e.act else ''}{' + res' if e.residual else ''} in {how} "
@@ -450,7 +474,7 @@ def _linking(cfg: Gemv, e: Epilogue, run):
 
     def link(*args, out=None) -> Link:
         got = dict(zip(names, args))
-        norm = (got["ln_weight"], got["ln_bias"]) if e.norm else ()
+        norm = tuple(got[p] for p in NORM_PARAMS[e.norm]) if e.norm else ()
         return Link(cfg, e, got.get("x", got.get("a")), got.get("weight", got.get("b")),
                     got.get("bias"), got.get("res"), out, norm)
     return link
@@ -463,7 +487,7 @@ def constraint(e: Epilogue, few_rows: bool = False):
     def fits(shapes, dtypes, attrs):
         if e.norm:
             k = tuple(shapes[0])[-1:]
-            for what, shape in (("weight", shapes[1]), ("bias", shapes[2])):
+            for what, shape in zip(("weight", "bias"), shapes[1:1 + len(NORM_PARAMS[e.norm])]):
                 if tuple(shape) != k:
                     return f"the norm's {what} must have shape {k}, got {tuple(shape)}"
         found = _fits(_product(e, shapes), dtypes, attrs)
@@ -518,7 +542,7 @@ def signatures(e: Epilogue, dtypes: tuple[str, ...], few_rows: bool = False):
                 b = Spec((n, k) if e.linear else (k, n), dt, BIASED)
                 sig = {"x": a, "weight": b} if e.linear else {"a": a, "b": b}
                 if e.norm:
-                    sig.update(ln_weight=Spec((k,), dt, BIASED), ln_bias=Spec((k,), dt, BIASED))
+                    sig.update({p: Spec((k,), dt, BIASED) for p in NORM_PARAMS[e.norm]})
                 if e.bias:
                     sig["bias"] = Spec((n,), dt, BIASED)
                 if e.residual:

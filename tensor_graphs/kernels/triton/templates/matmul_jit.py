@@ -93,28 +93,30 @@ def _epilogue(acc, rm64, rn, rn64, bias_ptr, res_ptr, c_ptr, M, N, stride_bias, 
 
 
 @triton.jit
-def _row_stats(row_ptr, K, stride_k, eps, NORM_BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
-               FRESH: tl.constexpr):
-    """LayerNorm's mean and 1 / sqrt(var + eps) of one row of K values in fp32, two passes
-    (the mean, then the centered squares). ONE_TILE (K <= NORM_BLOCK): the row is loaded once
-    and both passes read the registers; else each pass loops over the row (from L2). Every
-    program of a GEMV does this for its row: on an H200 a looped version over 128-wide steps
-    made c_fc's fused call 8.1 us where 256-wide steps made it 6.4 (each step a load's
-    latency)."""
+def _row_stats(row_ptr, K, stride_k, eps, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+               ONE_TILE: tl.constexpr, FRESH: tl.constexpr):
+    """The norm's shift and 1 / sqrt(var + eps) of one row of K values in fp32: LayerNorm's
+    (NORM 1) mean and centered variance, two passes (the mean, then the centered squares);
+    RMSNorm's (NORM 2) mean square, one pass (its shift is unused). ONE_TILE (K <=
+    NORM_BLOCK): the row is loaded once and the passes read the registers; else each pass
+    loops over the row (from L2). Every program of a GEMV does this for its row: on an H200
+    a looped version over 128-wide steps made c_fc's fused call 8.1 us where 256-wide steps
+    made it 6.4 (each step a load's latency)."""
     rk = tl.arange(0, NORM_BLOCK)
     if ONE_TILE:
         v = tl.load(row_ptr + rk.to(tl.int64) * stride_k, mask=rk < K, other=0.0,
                     cache_modifier=FRESH)
         v = v.to(tl.float32)
         mean = tl.sum(v, 0) / K
-        d = tl.where(rk < K, v - mean, 0.0)
+        d = tl.where(rk < K, v - mean, 0.0) if NORM == 1 else v  # (RMSNorm: 0 past K)
         var = tl.sum(d * d, 0) / K
     else:
         total = tl.zeros((NORM_BLOCK,), dtype=tl.float32)
-        for k0 in range(0, K, NORM_BLOCK):
-            kk = k0 + rk
-            total += tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K,
-                             other=0.0, cache_modifier=FRESH).to(tl.float32)
+        if NORM == 1:
+            for k0 in range(0, K, NORM_BLOCK):
+                kk = k0 + rk
+                total += tl.load(row_ptr + kk.to(tl.int64) * stride_k, mask=kk < K,
+                                 other=0.0, cache_modifier=FRESH).to(tl.float32)
         mean = tl.sum(total, 0) / K
         squares = tl.zeros((NORM_BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, NORM_BLOCK):
@@ -149,10 +151,11 @@ def gemv_split(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, part_ptr, lock_ptr, ln_w_
     epilogue, so no second kernel is launched (a GPU launch costs about what a decode step's
     GEMV does); else ``gemv_combine`` does that. On an H200, adding the parts one split after
     another in the last program cost 2.4 us a call, more than the second kernel it saved.
-    NORM: a is LayerNorm's input (a pre-norm block's): each program computes its row's
-    statistics and normalizes its split of a as it loads it (ln_w, ln_b: the norm's weight
-    and bias), so the normalized row is never written out and the norm is no launch of its
-    own (on an H200 the LayerNorm kernel took 3.7 us a call, as long as the GEMV after it).
+    NORM (1 LayerNorm, 2 RMSNorm; 0 none): a is the norm's input (a pre-norm block's): each
+    program computes its row's statistics and normalizes its split of a as it loads it
+    (ln_w, ln_b: the norm's weight and LayerNorm's bias), so the normalized row is never
+    written out and the norm is no launch of its own (on an H200 the LayerNorm kernel took
+    3.7 us a call, as long as the GEMV after it).
     Each step's weights are loaded one step ahead. PDL (programmatic dependent launch,
     launched with ``launch_pdl``): the program lets the next kernel start at once
     (``gdc_launch_dependents``) and waits for the kernel before (``gdc_wait``) before it reads
@@ -222,8 +225,8 @@ def _gemv_unit(b, unit, split, splits, a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, p
     a_ptrs = a_ptr + row * stride_am + rk.to(tl.int64) * stride_ak
     b_ptrs = b_ptr + rk.to(tl.int64)[:, None] * stride_bk + rn64[None, :] * stride_bn
     if NORM:
-        mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, NORM_BLOCK,
-                                ONE_TILE, FRESH)
+        mean, rstd = _row_stats(a_ptr + row * stride_am, K, stride_ak, eps, NORM,
+                                NORM_BLOCK, ONE_TILE, FRESH)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, CHUNK, BLOCK_K):
         inside = (rk + k0) < end
@@ -231,8 +234,11 @@ def _gemv_unit(b, unit, split, splits, a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr, p
         if NORM:
             kk = (rk + k0).to(tl.int64)
             w = tl.load(ln_w_ptr + kk * stride_lnw, mask=inside, other=0.0).to(tl.float32)
-            bn = tl.load(ln_b_ptr + kk * stride_lnb, mask=inside, other=0.0).to(tl.float32)
-            a = tl.where(inside, (a - mean) * rstd * w + bn, 0.0)
+            if NORM == 1:  # LayerNorm's bias
+                bn = tl.load(ln_b_ptr + kk * stride_lnb, mask=inside, other=0.0)
+                a = tl.where(inside, (a - mean) * rstd * w + bn.to(tl.float32), 0.0)
+            else:
+                a = tl.where(inside, a * rstd * w, 0.0)
         total += tl.sum(a[:, None] * b.to(tl.float32), 0)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk

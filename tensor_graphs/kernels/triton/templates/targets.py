@@ -90,8 +90,8 @@ def _chain_targets() -> Iterator[Target]:
     for cfg, dec in zip(matmul.GEMV_CONFIGS, attention.DECODE_CONFIGS):
         decode = (1, False, attention.FLOAT_MASK, False, attention.TF32[attention.PRECISION], 16,
                   dec.block_n, max(HEAD_DIMS), max(HEAD_DIMS), attention.split_block(dec), True)
-        consts = (gemv(cfg, True, True, 0, False), decode, gemv(cfg, False, False),
-                  gemv(cfg, True, False, gelu, False), gemv(cfg, False, False))
+        consts = (gemv(cfg, 1, True, 0, False), decode, gemv(cfg, 0, False),
+                  gemv(cfg, 1, False, gelu, False), gemv(cfg, 0, False))
         layout = [(GEMV_SLOTS, GEMV_UNITS), (DECODE_SLOTS, DECODE_UNITS)] + \
             [(GEMV_SLOTS, GEMV_UNITS)] * 3
         constexprs, attrs = {}, {}
@@ -133,15 +133,17 @@ def compile_targets() -> Iterator[Target]:
     # per GEMV config (dtype, FINISH, LAST_ADDS, NORM, PDL, PREFETCH): one split with the
     # epilogue in fp16 and fp32; K split in fp32, its last split adding the parts, or leaving
     # that to gemv_combine (in a capture that found too few arrival counters); a LayerNorm
-    # prologue; launched with PDL (a Hopper's launches: runtime.pdl), its first weights
-    # loaded before its wait or after it (b a bound weight or not: matmul._dependent)
-    variants = (("float16", True, False, False, False, False),
-                ("float32", True, False, False, False, False),
-                ("float32", False, True, False, False, False),
-                ("float32", False, False, False, False, False),
-                ("float32", False, True, True, False, False),
-                ("float32", False, True, True, True, True),
-                ("float32", False, True, False, True, False))
+    # or RMSNorm prologue (NORM 1, 2); launched with PDL (a Hopper's launches: runtime.pdl),
+    # its first weights loaded before its wait or after it (b a bound weight or not:
+    # matmul._dependent)
+    variants = (("float16", True, False, 0, False, False),
+                ("float32", True, False, 0, False, False),
+                ("float32", False, True, 0, False, False),
+                ("float32", False, False, 0, False, False),
+                ("float32", False, True, 1, False, False),
+                ("float32", False, True, 1, True, True),
+                ("float32", False, True, 2, True, True),
+                ("float32", False, True, 0, True, False))
     for cfg in matmul.GEMV_CONFIGS:
         for dt, finish, last, norm, dependent, early in variants:
             ptrs = dict.fromkeys(("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr", "ln_w_ptr",
@@ -153,7 +155,7 @@ def compile_targets() -> Iterator[Target]:
                           NORM_BLOCK=matmul.NORM_TILE if norm else 16, ONE_TILE=True,
                           PDL=dependent, PREFETCH=early)
             variant = ("_finish" if finish else "_last_adds" if last else "") + \
-                ("_norm" if norm else "") + ("_pdl" if dependent else "") + \
+                ("", "_norm", "_rms")[norm] + ("_pdl" if dependent else "") + \
                 ("_prefetch" if early else "")
             yield _target(f"gemv_split_{cfg.label}", f"_{dt}{variant}", mm.gemv_split, ptrs,
                           ("eps",), gemv_units, consts, cfg.warps, cfg.stages,
