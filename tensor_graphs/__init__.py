@@ -32,6 +32,7 @@ from tensor_graphs.errors import (  # noqa: F401
     PlanFileError,
     SerializationError,
     ShapeError,
+    SignatureError,
     StateError,
     TensorGraphsError,
     UntrustedPathError,
@@ -114,5 +115,5 @@ __all__ = [
     "KernelVerificationError",
     "StateError", "EvaluationError", "SerializationError", "DatabaseError", "ClusterError",
     "NoPathError",
-    "OutOfMemory", "PassError", "PlanFileError", "UntrustedPathError",
+    "OutOfMemory", "PassError", "PlanFileError", "UntrustedPathError", "SignatureError",
 ]

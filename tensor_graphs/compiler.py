@@ -491,7 +491,7 @@ def _planner_for(graph, device, tolerance, db, dims, backends, generate,
     outs, _ = _outputs(graph)
     pipeline = Pipeline(outs, device, tolerance, db, "never", backends, generate=generate)
     free = symbols(outs)
-    values = as_symbols(check_dims(dims, where, "its size"))
+    values = as_symbols(check_dims(dims, where, "its size", least=0))
     missing = sorted(str(s) for s in free - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
@@ -503,10 +503,10 @@ def estimate_memory(graph, device="cpu", tolerance: float | None = None, db=None
                     backends: Sequence[str] | None = None, **dims) -> dict[str, int]:
     """Bytes per device name (arena + weights + state) the graph's plan needs for these dims,
     from the plan alone: nothing runs and nothing is allocated ({"cpu": ..., "cuda:0": ...}
-    for a GPU plan, as ``prog.memory()``)."""
+    for a GPU plan, as ``prog.memory()``). A dim may be 0, as a compiled call's may."""
     outs, _ = _outputs(graph)
     pipeline = Pipeline(outs, device, tolerance, db, "never", backends)
-    values = as_symbols(check_dims(dims, "tg.estimate_memory", "its size"))
+    values = as_symbols(check_dims(dims, "tg.estimate_memory", "its size", least=0))
     missing = sorted(str(s) for s in symbols(outs) - set(values))
     if missing:
         raise ArgumentError(f"the graph has symbolic dims {missing}: give their values, e.g. "
@@ -525,7 +525,8 @@ def paths(graph, device="cpu", tolerance: float = 1.0, db=None,
     """Every valid path for ``graph`` lazily (each a ``Plan``: ``.cost``, ``.kernels``,
     ``.steps``), the cheapest option first at every decision. ``tolerance`` defaults to 1:
     every kernel counts. Paths through generated kernels (``generate``) name them before they
-    are built: ``step.kernel`` is a ``kernels.generated.Candidate`` there."""
+    are built: ``step.kernel`` is a ``kernels.generated.Candidate`` there. A dim may be 0,
+    as a compiled call's may."""
     return _planner_for(graph, device, tolerance, db, dims, backends, generate,
                         "tg.paths").paths()
 

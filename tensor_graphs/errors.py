@@ -18,6 +18,12 @@ class ArgumentError(TensorGraphsError, ValueError):
     """An argument or attribute value an op does not accept (an unknown mode, a bad name...)."""
 
 
+class SignatureError(ArgumentError, TypeError):
+    """An op called with arguments its signature does not take (``tg.clamp(x, -1.0, 1.0)``:
+    attributes are keyword-only): names the op, its signature, what was passed and, where
+    plain, the call to write. A TypeError too, as Python's own error for a bad call is."""
+
+
 class FeedError(TensorGraphsError, KeyError):
     """A missing or unknown feed name, or two leaves that share a name."""
 

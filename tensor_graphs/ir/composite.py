@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import reprlib
 from collections.abc import Callable
 
-from tensor_graphs.errors import DecompositionError
+from tensor_graphs.errors import DecompositionError, SignatureError
 from tensor_graphs.ir.builder import as_node
 from tensor_graphs.ir.node import COMPOSITE, Node, Op
 from tensor_graphs.ir.ops import register, unregister
@@ -44,7 +45,10 @@ def composite(example: Callable[[], tuple | dict], name: str | None = None):
 
         @functools.wraps(fn)
         def build(*args, **kwargs) -> Node:
-            bound = sig.bind(*args, **kwargs)
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise _bad_call(op, sig, args, kwargs, e) from None
             bound.apply_defaults()
             values = bound.arguments
             if any(getattr(v, "is_pattern", False) for v in values.values()):
@@ -77,6 +81,35 @@ def composite(example: Callable[[], tuple | dict], name: str | None = None):
         return build
 
     return decorate
+
+
+def _bad_call(op: Op, sig: inspect.Signature, args: tuple, kwargs: dict, error: TypeError
+              ) -> SignatureError:
+    """``sig.bind``'s bare ``TypeError: too many positional arguments`` named neither the op
+    nor what was passed. Attributes are keyword-only (tensors are the positional parameters),
+    so torch's positional ``clamp(x, -1.0, 1.0)`` is refused: the message names the op, its
+    signature and the call, and when the extra positional values fit the attributes in order,
+    writes the call with them as keywords (``tg.clamp(x, min=-1.0, max=1.0)``)."""
+    name = f"tg.{op.name}"
+    passed = ", ".join([*map(_shown, args), *(f"{k}={_shown(v)}" for k, v in kwargs.items())])
+    message = f"{name}{sig}: {error}, in {name}({passed})"
+    extra, attrs = args[len(op.params):], list(op.attr_defaults)
+    if extra and len(extra) <= len(attrs) and not set(attrs[:len(extra)]) & set(kwargs):
+        fixed = [*op.params, *(f"{k}={_shown(v)}" for k, v in zip(attrs, extra)),
+                 *(f"{k}={_shown(v)}" for k, v in kwargs.items())]
+        message += (f"; its attributes ({', '.join(attrs)}) are keyword-only, so write "
+                    f"{name}({', '.join(fixed)})")
+    return SignatureError(message)
+
+
+def _shown(value) -> str:
+    """An argument as an error message shows it: a node by its repr, an array by shape and
+    dtype (not its elements), anything else by a repr cut short."""
+    if isinstance(value, Node):
+        return repr(value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} {tuple(value.shape)} {value.dtype}>"
+    return reprlib.repr(value)
 
 
 def _pattern(op: Op, values: dict, explicit: set[str]):

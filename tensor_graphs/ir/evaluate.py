@@ -37,8 +37,21 @@ def evaluate(outputs, feeds: Mapping[str, object], dtype=None):
         raise DTypeError(f"evaluate: dtype must be None or 'float64', got {dtype!r}")
     lift = dtype is not None
     arrays, dims = bind_feeds(leaves(outs), feeds, lift)
+    if 0 in dims.values():  # composites decompose by their static sizes (an empty axis)
+        outs = _specialized(outs, dims)
     results = _run(decompose(outs), arrays, dims, lift)
     return results[0] if single else results
+
+
+def _specialized(outs: list[Node], dims) -> list[Node]:
+    """The graph with its dims bound, where one is 0: a composite's decomposition may depend
+    on a static size, and 0 is where they do (softmax over an empty axis is the empty result,
+    as torch's, without the max that has no value there), as in a call a program without
+    bounds specializes. Only then: rebuilding every node costs time on every evaluation."""
+    from tensor_graphs.planner.prepare import specialize_map
+
+    mapped = specialize_map(outs, dims)
+    return [mapped[o] for o in outs]
 
 
 def storage_dtype(node: Node, lift: bool) -> np.dtype:

@@ -269,8 +269,11 @@ def step_computes(s: Step) -> str:
 
 def explain(plan: Plan, limit: int | None = None) -> str:
     """The plan as a table: one row per step (copies included), then totals by backend and by
-    cost source, and which parts rest on estimates rather than measurements."""
+    cost source, and which parts rest on estimates rather than measurements. A plan of no
+    steps (every output an input, weight or constant) says so instead of an empty table."""
     limit = check_limit(limit)
+    if not plan.steps:
+        return "\n".join([NO_STEPS, "", *_totals(plan)])
     rows = [("#", "kernel", "backend", "computes", "shape", "time", "source", "error")]
     for i, s in enumerate(plan.steps):
         if limit is not None and i >= limit:
@@ -310,6 +313,10 @@ def summary(plan: Plan) -> str:
     return "\n".join([*_totals(plan), f"fused or whole: {fused or 'none'}"])
 
 
+NO_STEPS = ("no steps: nothing runs a call; every output is an input, weight or constant, "
+            "returned as it is")
+
+
 def _totals(plan: Plan) -> list[str]:
     by_backend: dict[str, list[float]] = {}
     by_source: dict[str, list[float]] = {}
@@ -325,10 +332,12 @@ def _totals(plan: Plan) -> list[str]:
              f"{format_seconds(plan.cost)} a call (kernels {format_seconds(plan.kernel_cost)} + "
              f"dispatch {format_seconds(plan.dispatch * len(plan.per_call))}){once}, largest "
              f"step error {plan.error:.1e} (tolerance {plan.tolerance:g})"]
-    lines.append("by backend: " + ", ".join(
-        f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items())))
-    lines.append("by source:  " + ", ".join(
-        f"{k} {len(v)} steps {format_seconds(sum(v))}" for k, v in sorted(by_source.items())))
+    lines.append("by backend: " + (", ".join(
+        f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items()))
+        or "none (no steps)"))
+    lines.append("by source:  " + (", ".join(
+        f"{k} {len(v)} steps {format_seconds(sum(v))}" for k, v in sorted(by_source.items()))
+        or "none (no steps)"))
     guessed = sum(len(v) for k, v in by_source.items()
                   if k in ("estimated", "stale", "calibrated"))
     if guessed:

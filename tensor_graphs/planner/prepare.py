@@ -36,12 +36,14 @@ def symbols(outputs: Sequence[Node]) -> set[sympy.Symbol]:
     return found
 
 
-def check_dims(dims, where: str, meaning: str = "its largest size") -> dict:
+def check_dims(dims, where: str, meaning: str = "its largest size", least: int = 1) -> dict:
     """``dims`` as the user gave them (dim name -> value), checked: a mapping whose every value
-    is an int of 1 to ``MAX_DIM_INT`` (numpy's too). ``as_symbols``'s ``int()`` took "8" and
-    8.5 and left -3 to numpy's bare ValueError deep in planning; each is refused here as an
-    ``ArgumentError`` naming ``where`` (the call and parameter), the dim and its value, and
-    what is expected (``meaning``: what the value stands for)."""
+    is an int of ``least`` to ``MAX_DIM_INT`` (numpy's too). ``as_symbols``'s ``int()`` took
+    "8" and 8.5 and left -3 to numpy's bare ValueError deep in planning; each is refused here
+    as an ``ArgumentError`` naming ``where`` (the call and parameter), the dim and its value,
+    and what is expected (``meaning``: what the value stands for). ``least`` is 1 for a bound
+    (the largest size a program takes) and 0 for the size of one call, which may be empty as
+    a compiled program's call may (``tg.estimate_memory``, ``tg.paths``)."""
     if dims is None:
         return {}
     if not isinstance(dims, Mapping):
@@ -50,10 +52,11 @@ def check_dims(dims, where: str, meaning: str = "its largest size") -> dict:
     checked = {}
     for name, value in dims.items():
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or not 1 <= value <= MAX_DIM_INT:
+                or not least <= value <= MAX_DIM_INT:
             raise ArgumentError(
                 f"{where}: dim {str(name)!r} is {value!r} ({type(value).__name__}); give "
-                f"{meaning} as an int of 1 to {MAX_DIM_INT_TEXT} (e.g. {{{str(name)!r}: 8}})")
+                f"{meaning} as an int of {least} to {MAX_DIM_INT_TEXT} "
+                f"(e.g. {{{str(name)!r}: 8}})")
         checked[name] = int(value)
     return checked
 

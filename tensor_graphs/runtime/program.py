@@ -987,10 +987,17 @@ class CompiledGraph:
     def bind(self, **arrays) -> CompiledGraph:
         """Give weights (and initial states) in the user's layout; later calls use them.
         Binding a name again replaces its value. Returns the program, so
-        ``prog.bind(...)(x=...)`` reads well. A tensor already on the GPU the weights live on
-        is held as it is, not copied: after changing it in place (an optimizer's step), bind
-        it again, since what the program derived from it once per binding (a transposed or
-        packed copy) would still hold the old values."""
+        ``prog.bind(...)(x=...)`` reads well.
+
+        A weight already where the weights live is held as it is, not copied: on the host a
+        C-contiguous numpy array of the leaf's dtype, on a GPU a tensor already there (other
+        values are converted or moved: a copy of the program's own; a state is always copied
+        into its buffer). Changing a held array in place afterwards (an optimizer's step, a
+        reused buffer) reaches the kernels that read it but not what the program derived
+        from it once per binding (a transposed or packed copy), so results mix old and new
+        values: bind it again after changing it, or bind a copy (``w.copy()``). Not copied
+        because a copy would be a second host copy of the model for as long as the caller
+        keeps its arrays."""
         self._rebind(arrays, "bind")
         return self
 

@@ -191,3 +191,49 @@ def test_is_atomic_flags():
         assert OPS[name].is_atomic is True
     x = tg.input("x", (3,))
     assert x.op.is_atomic and x.op.is_leaf and not tg.sigmoid(x).op.is_atomic
+
+
+def test_a_bad_call_names_the_op_its_signature_and_the_keyword_call_to_write():
+    """``tg.clamp(x, -1.0, 1.0)`` (torch's positional min/max) was a bare ``TypeError: too
+    many positional arguments`` from ``sig.bind``: attributes are keyword-only (positional
+    parameters are tensors), so it stays refused, as a SignatureError (an ArgumentError and a
+    TypeError) that says which call to write."""
+    x = tg.input("x", ("n", 4))
+    with pytest.raises(tg.SignatureError) as info:
+        tg.clamp(x, -1.0, 1.0)
+    said = str(info.value)
+    assert "tg.clamp(x, *, min=None, max=None)" in said
+    assert "tg.clamp(<input 'x' (n, 4) float32>, -1.0, 1.0)" in said
+    assert "write tg.clamp(x, min=-1.0, max=1.0)" in said
+    assert isinstance(info.value, tg.ArgumentError) and isinstance(info.value, TypeError)
+    with pytest.raises(tg.SignatureError, match=r"unexpected keyword argument 'mn'.*mn=1\)$"):
+        tg.clamp(x, mn=1)
+    with pytest.raises(tg.SignatureError, match=r"tg.max_pool2d\(x, \*, kernel_size.*"
+                                                r"missing a required argument: 'kernel_size'"):
+        tg.max_pool2d(tg.input("y", (1, 2, 5, 5)))
+    assert tg.clamp(x, min=-1.0, max=1.0).shape == x.shape
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+def test_the_softmax_family_over_an_empty_axis_is_torchs_on_every_path(name):
+    """softmax over a 0-length axis: a program with bounds returned the empty result (its
+    fused kernel), while the same call specialized (no bounds, static shapes, tg.evaluate)
+    met max's refusal of an empty axis, a ShapeError or EvaluationError, and so did the numpy
+    kernel. The results need no max: softmax and log_softmax are empty, logsumexp is -inf, as
+    torch gives, on every path; max alone stays refused, as in numpy and torch."""
+    fn = getattr(tg, name)
+    want = np.full((3,), -np.inf, np.float32) if name == "logsumexp" \
+        else np.zeros((0, 3), np.float32)
+    a, b = tg.input("a", ("n", 3)), tg.input("b", ("n", 3))
+    z = np.zeros((0, 3), np.float32)
+    y = fn(a + b, axis=0)
+    static = fn(tg.input("a", (0, 3)) + tg.input("b", (0, 3)), axis=0)
+    results = [tg.evaluate(y, {"a": z, "b": z}, dtype="float64"),
+               tg.evaluate(static, {"a": z, "b": z}),
+               tg.compile(y, db=":memory:")(a=z, b=z),
+               tg.compile(y, db=":memory:", bounds={"n": 4}, backends=("numpy",))(a=z, b=z),
+               tg.compile(fn(a, axis=0), db=":memory:", bounds={"n": 4})(a=z)]
+    for got in results:
+        assert got.shape == want.shape and np.array_equal(got, want)
+    with pytest.raises(tg.ShapeError, match="max: cannot reduce the empty axis"):
+        tg.evaluate(a.max(axis=0), {"a": z})

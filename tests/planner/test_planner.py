@@ -491,6 +491,22 @@ def test_memory_is_known_before_running_and_too_little_raises_early():
         registry.unregister("test_spy_layer_norm")
 
 
+def test_estimate_memory_and_paths_take_an_empty_dim_as_a_call_does():
+    """A compiled call takes n = 0 (an empty batch); tg.estimate_memory, tg.paths and
+    tg.count_paths refused it as "an int of 1 to 2**62"."""
+    x = tg.input("x", ("n", 4))
+    y = (x @ tg.weight("w", (4, 3))).sum(axis=-1)
+    prog = tg.compile(y, db=":memory:", bounds={"n": 4})
+    prog.bind(w=np.ones((4, 3), np.float32))
+    assert prog(x=np.ones((0, 4), np.float32)).shape == (0,)
+    empty = tg.estimate_memory(y, db=":memory:", n=0)
+    assert 0 < empty["cpu"] < tg.estimate_memory(y, db=":memory:", n=4)["cpu"]  # w still counts
+    assert tg.count_paths(y, db=":memory:", n=0) > 0
+    assert next(tg.paths(y, db=":memory:", n=0)).steps
+    with pytest.raises(tg.ArgumentError, match="int of 0 to"):
+        tg.estimate_memory(y, db=":memory:", n=-1)
+
+
 def test_arena_results_survive_later_calls():
     y = _small_gpt(2)
     dims = {"batch": 1, "seq": 8}
@@ -540,6 +556,17 @@ def test_summary_names_whole_and_fused_kernels():
     assert all(f"{name} x1" in line for name in whole)
     assert not any(s.kernel.name in line for s in prog.plan.steps if s.node.op.name == "add")
     assert text.splitlines()[0] in prog.explain()
+
+
+def test_explain_of_a_plan_of_no_steps_says_so():
+    """A graph whose output is its input plans no step: explain printed an empty table and
+    bare "by backend: " / "by source: " lines."""
+    prog = tg.compile(tg.input("x", (2, 3)), db=":memory:")
+    assert not prog.plan.steps
+    text = prog.explain()
+    assert text.startswith("no steps: nothing runs")
+    assert "by backend: none (no steps)" in text and "by source:  none (no steps)" in text
+    assert "by backend: none (no steps)" in prog.plan.summary()
 
 
 def test_a_state_append_costs_its_value_not_the_cache():

@@ -199,3 +199,26 @@ def test_a_sharded_checkpoint_binds_from_its_folder_or_index(tmp_path):
                        r"\(strict=True\): 'model.e'"):
         prog.bind_safetensors(folder, rename={"model.w": "w", "model.b": "b", "model.e": "e2"},
                               strict=True)
+
+
+def test_a_host_array_of_the_weights_dtype_is_held_not_copied(tmp_path):
+    """As ``bind`` documents: a C-contiguous array of the weight's dtype is held as it is (no
+    second host copy of the model), so one changed in place is taken whole only once bound
+    again; an array of another dtype is converted, a copy the caller's changes never reach."""
+    y, prog = compiled("c")
+    _, A = checkpoint(tmp_path, "a", 0)
+    _, B = checkpoint(tmp_path, "b", 1)
+    held = {n: a.copy() for n, a in A.items()}
+    prog.bind(**held)
+    run_until_native(prog, y, X, A)
+    assert all(np.shares_memory(prog.bound_weights([n])[n], held[n]) for n in held)
+    for n in held:
+        held[n][...] = B[n]  # in place: the packed and transposed copies still hold A
+    prog.bind(**held)  # the same arrays again: everything derived from them is made anew
+    check(prog(x=X), y, X, B)
+    assert run_until_native(prog, y, X, B).startswith("native loop")
+    wide = A["w"].astype(np.float64)
+    prog.bind(w=wide)
+    assert not np.shares_memory(prog.bound_weights(["w"])["w"], wide)
+    wide[...] = 0
+    check(prog(x=X), y, X, {**B, "w": A["w"]})

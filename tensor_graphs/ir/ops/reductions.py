@@ -23,6 +23,16 @@ def _accumulator(x):
     return tg.cast(x, "float32") if x.dtype.is_low_precision else x
 
 
+def _empty(x, axis, op: str) -> bool:
+    """Whether an axis the softmax family reduces is statically empty (a 0 dim, or a symbolic
+    one specialized to 0). max has no value there (numpy and torch refuse it too), but the
+    results do without it, as torch's: softmax and log_softmax of an empty axis are empty,
+    logsumexp is log(0) = -inf. Symbolic dims that turn out 0 at run time meet the same
+    rule where a call specializes (no bounds, ``tg.evaluate``) or in the kernels (numpy's
+    start their max at -inf)."""
+    return any(x.shape[a] == 0 for a in normalize_axes(axis, x.ndim, op))
+
+
 def _count(x, axes, dtype):
     """The number of reduced elements as a tensor (a dim leaf when symbolic)."""
     return tg.size(numel(x.shape[a] for a in axes), dtype)
@@ -136,6 +146,8 @@ def cumsum(x, *, axis=0):
 def logsumexp(x, *, axis=-1, keepdims=False):
     """log(sum(exp(x))), shifted by the max; an all -inf row gives -inf."""
     x = _float(x)
+    if _empty(x, axis, "logsumexp"):
+        return tg.log(tg.sum(tg.exp(x), axis, keepdims))
     m = tg.max(x, axis, True)
     safe = tg.where(isnan(sub(m, m)), tg.cast(0.0, x.dtype), m)  # m = +-inf: shift by 0
     out = tg.add(tg.log(tg.sum(tg.exp(sub(x, safe)), axis, True)), safe)
@@ -146,6 +158,8 @@ def logsumexp(x, *, axis=-1, keepdims=False):
 def softmax(x, *, axis=-1):
     """exp(x - max) / sum(exp(x - max)) along an axis."""
     x = _float(x)
+    if _empty(x, axis, "softmax"):
+        return x
     e = tg.exp(sub(x, tg.max(x, axis, True)))
     return div(e, tg.sum(e, axis, True))
 
@@ -154,6 +168,8 @@ def softmax(x, *, axis=-1):
 def log_softmax(x, *, axis=-1):
     """x - logsumexp(x) along an axis."""
     x = _float(x)
+    if _empty(x, axis, "log_softmax"):
+        return x
     shifted = sub(x, tg.max(x, axis, True))
     return sub(shifted, tg.log(tg.sum(tg.exp(shifted), axis, True)))
 

@@ -317,12 +317,15 @@ def numpy_cumsum(x, axis):
     return out(np.cumsum(x.astype(np.float64), axis=axis), x.dtype)
 
 
+# The softmax family's max starts at -inf, the identity np.max lacks: over an empty axis it
+# is -inf rather than numpy's ValueError, so softmax and log_softmax are empty and logsumexp
+# is -inf, as the decompositions say (``ir.ops.reductions._empty``) and torch gives.
 @numpy_kernel("logsumexp")
 def numpy_logsumexp(x, axis, keepdims):
     """log(sum(exp(x))), shifted by the max; an all -inf row gives -inf."""
     with np.errstate(all="ignore"):
         a = up(x)
-        m = np.max(a, axis=axis, keepdims=True)
+        m = np.max(a, axis=axis, keepdims=True, initial=-np.inf)
         m = np.where(np.isnan(m - m), np.zeros((), a.dtype), m)
         r = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
         return out(r if keepdims else np.squeeze(r, axis), x.dtype)
@@ -333,7 +336,7 @@ def numpy_softmax(x, axis, *, out=None):
     """exp(x - max) / sum(exp(x - max)) along an axis."""
     with np.errstate(all="ignore"):
         a = up(x)
-        e = np.exp(a - np.max(a, axis=axis, keepdims=True))
+        e = np.exp(a - np.max(a, axis=axis, keepdims=True, initial=-np.inf))
         if out is not None and x.dtype not in LOW:
             return np.divide(e, np.sum(e, axis=axis, keepdims=True), out=out)
         return into(e / np.sum(e, axis=axis, keepdims=True), x.dtype, out)
@@ -344,7 +347,7 @@ def numpy_log_softmax(x, axis):
     """x - max - log(sum(exp(x - max))) along an axis."""
     with np.errstate(all="ignore"):
         a = up(x)
-        s = a - np.max(a, axis=axis, keepdims=True)
+        s = a - np.max(a, axis=axis, keepdims=True, initial=-np.inf)
         return out(s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True)), x.dtype)
 
 
