@@ -134,6 +134,34 @@ def _quantized_accuracy(args: argparse.Namespace, sims, fsims, emb_error: float)
     return ok
 
 
+def _generation_times(gen, prompt, tokens: int, show: bool = False
+                      ) -> tuple[list[int], list[float]]:
+    """One generation's tokens (row 0) and each step's milliseconds (the first the prefill's,
+    each later one a decode step's); ``show`` prints each token as it comes."""
+    out, times = [], []
+    t = time.perf_counter()
+    for token in gen.stream(prompt, tokens):
+        times.append((time.perf_counter() - t) * 1e3)
+        out.append(int(token[0]))
+        if show:
+            print(out[-1], end=" ", flush=True)
+        t = time.perf_counter()
+    return out, times
+
+
+def _repeated_times(gen, prompt, tokens: int, repeats: int, first: list[float]
+                    ) -> tuple[float, float | None]:
+    """(prefill ms, decode ms/token or None where no decode step runs): medians over
+    ``repeats`` generations, ``first`` the first one's step times. Why repeated: the first
+    call of a program also does its one-time work (packing a quantized weight), which one
+    generation of a few tokens would report as the model's time, and ``--repeats`` asks for
+    that many timed calls."""
+    runs = [first] + [_generation_times(gen, prompt, tokens)[1] for _ in range(repeats - 1)]
+    steps = [t for run in runs for t in run[1:]]
+    return (statistics.median(run[0] for run in runs),
+            statistics.median(steps) if steps else None)
+
+
 def _run_gpt2(args: argparse.Namespace) -> int:
     import torch
 
@@ -157,46 +185,38 @@ def _run_gpt2(args: argparse.Namespace) -> int:
         _say(f"{args.quantize}: every matmul/linear weight (the tied LM head included); "
              "float32 runs beside it for the accuracy report")
     print(f"prompt: {args.prompt} random tokens; generating {args.tokens}:", flush=True)
-    tokens, times = [], []
-    t = time.perf_counter()
-    for token in gen.stream(prompt, args.tokens):
-        times.append((time.perf_counter() - t) * 1e3)
-        tokens.append(int(token[0]))
-        print(tokens[-1], end=" ", flush=True)
-        t = time.perf_counter()
+    tokens, times = _generation_times(gen, prompt, args.tokens, show=True)
     print()
+    prefill, decode = _repeated_times(gen, prompt, args.tokens, args.repeats, times)
     with torch.no_grad():
         ids = torch.from_numpy(prompt)
-        start = time.perf_counter()
-        ref = lm.generate(ids, max_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
-                          attention_mask=torch.ones_like(ids))
-        eager = (time.perf_counter() - start) * 1e3
+
+        def reference():
+            return lm.generate(ids, max_new_tokens=args.tokens, do_sample=False,
+                               pad_token_id=0, attention_mask=torch.ones_like(ids))
+        ref = reference()
+        eager = _median_ms(reference, args.repeats)[0]
     same = ref[0, args.prompt:].tolist() == tokens
     # the first new token is the prefill's, each later one a decode step's: one new token runs
     # no decode step, and a time per step of none (a median of nothing) would print as nan
-    decoded = len(times) > 1
+    decoded = decode is not None
     no_decode = "no decode step to time (the one new token is the prefill's; --tokens 2 or " \
         "more times decode)"
     print("\ndecode plan (one token, any cache length up to the bound"
           + ("" if decoded else "; not run here: one new token needs no decode step") + "):")
     print("  " + gen.decode.plan.summary().replace("\n", "\n  "))
-    decode = statistics.median(times[1:]) if decoded else None
     ok = same
     if args.quantize:  # the scheme's tokens against float32's (transformers' are float32's)
         agree = sum(a == b for a, b in zip(tokens, ref[0, args.prompt:].tolist()))
         ok = agree >= 0.9 * len(tokens)
         floats = Generator.from_transformers(lm, max_len=max_len, max_prompt=args.prompt,
                                              db=args.db, profile=args.profile)
-        ftimes = []
-        t = time.perf_counter()
-        for _ in floats.stream(prompt, args.tokens):
-            ftimes.append((time.perf_counter() - t) * 1e3)
-            t = time.perf_counter()
+        _, fdecode = _repeated_times(floats, prompt, args.tokens, args.repeats,
+                                     _generation_times(floats, prompt, args.tokens)[1])
         print(f"\naccuracy of {args.quantize} against float32 (transformers' greedy tokens, "
               f"the same weights): {agree} of {len(tokens)} tokens agree "
               f"({'at least' if ok else 'BELOW'} 90%)")
         if decoded:
-            fdecode = statistics.median(ftimes[1:])
             print(f"decode: {args.quantize} {decode:.2f} ms/token, float32 {fdecode:.2f} "
                   f"ms/token ({fdecode / decode:.2f}x)")
         else:
@@ -204,10 +224,11 @@ def _run_gpt2(args: argparse.Namespace) -> int:
     print(f"\nimport + plan of both programs: {setup:.1f} s; tokens equal transformers' "
           f"greedy generate: {'yes' if same else 'NO'}"
           + (f" (expected of float32, not of {args.quantize})" if args.quantize else ""))
-    print(f"tensor_graphs: prefill {times[0]:.1f} ms, "
-          + (f"decode {decode:.2f} ms/token (median)" if decoded else no_decode)
+    print(f"tensor_graphs: prefill {prefill:.1f} ms, "
+          + (f"decode {decode:.2f} ms/token" if decoded else no_decode)
           + f"; transformers eager generate: {eager / args.tokens:.2f} ms/token overall "
-          f"(prefill included; benchmarks/generate.py separates them)")
+          f"(prefill included; benchmarks/generate.py separates them); medians of "
+          f"{args.repeats} generation{'s' if args.repeats != 1 else ''}")
     return 0 if ok else 1
 
 

@@ -447,7 +447,9 @@ class Generator:
         file, a sharded checkpoint's ``model.safetensors.index.json``, or the folder
         ``save_pretrained`` wrote (either inside). A file written by
         :meth:`save_quantized` / ``tg.save_quantized`` (its metadata names the scheme) loads
-        prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``).
+        prequantized, a float checkpoint as it is (or quantized at bind time, ``quantize=``);
+        a file of ``.q``/``.scale`` pairs without that metadata (``prequantized_weights``
+        written by ``write_safetensors``) loads prequantized, given ``quantize=``.
         The generation settings are transformers': the ``generation_config.json`` beside the
         checkpoint, else the config's eos and pad tokens, under the ones given here."""
         from tensor_graphs.runtime.prequantized import SCHEME_KEY
@@ -459,8 +461,16 @@ class Generator:
 
         read, build = _architecture(config, max_len)
         path = checkpoint_path(path)
-        prequantized = not is_shard_index(path) and \
-            SCHEME_KEY in (read_safetensors_header(path).metadata or {})
+        prequantized = False
+        if not is_shard_index(path):
+            header = read_safetensors_header(path)
+            # Why the pairs too: a file without the metadata, read as a float checkpoint,
+            # refused its own .q/.scale as missing float weights, even with quantize= naming
+            # what they hold (Generator(..., prequantized=True) takes such a file); now it
+            # loads so, and without quantize= is refused asking for it (file_settings)
+            prequantized = SCHEME_KEY in (header.metadata or {}) or \
+                any(n.endswith(".q") and n[:-2] + ".scale" in header.tensors
+                    for n in header.tensors)
         call = {k: v for k, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
         settings = _generation_settings(_saved_generation_config(path, config), call,

@@ -241,7 +241,15 @@ def _first_logits(gen, prompt: np.ndarray) -> np.ndarray:
     which a generation compared with transformers' would refuse."""
     ids, _ = gen._check(prompt, 1, np.ones(np.shape(prompt), np.int64))  # noqa: SLF001
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
-    return on_host(gen.prefill(input_ids=ids)[0])  # (a GPU generator's stay there)
+    return on_host(gen.prefill(input_ids=ids, **_unpadded(gen))[0])  # (a GPU's stay there)
+
+
+def _unpadded(gen) -> dict:
+    """The feeds beside ``input_ids`` of an unpadded batch. A generator built
+    ``padded=True`` (as ``tg.generate`` builds one for a padded batch) holds the padded
+    programs only, whose input ``pad`` (each row's padding) is then zeros: called without
+    it, they refused the comparison with a missing feed."""
+    return {"pad": np.zeros(gen.batch, np.int64)} if gen._padded_only else {}  # noqa: SLF001
 
 
 def _teacher_forced(gen, ids: np.ndarray) -> np.ndarray:
@@ -250,11 +258,12 @@ def _teacher_forced(gen, ids: np.ndarray) -> np.ndarray:
     if gen.batch != 1:
         raise ShapeError(f"quality: scoring a text needs a generator of batch 1, got "
                          f"{gen.batch}")
+    feeds = _unpadded(gen)
     gen.prefill.bind(**gen._empty)  # noqa: SLF001
-    rows = [on_host(gen.prefill(input_ids=ids[None, :1])[0])[0, -1]]
+    rows = [on_host(gen.prefill(input_ids=ids[None, :1], **feeds)[0])[0, -1]]
     gen.decode.bind(**{n: gen.prefill.state(n) for n in gen.cache_names})
     for t in ids[1:-1]:
-        rows.append(on_host(gen.decode(input_ids=np.array([[t]], np.int64))[0])[0, -1])
+        rows.append(on_host(gen.decode(input_ids=np.array([[t]], np.int64), **feeds)[0])[0, -1])
     return np.stack(rows)
 
 

@@ -167,6 +167,11 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     under another scheme or group size, and a weight skipped at saving has no ``.q`` to bind.
     Reads the header only."""
     header = read_safetensors_header(path)
+    if group_size is not None and (isinstance(group_size, bool) or
+                                   not isinstance(group_size, int) or group_size < 1):
+        # checked here, as tg.quantize checks it: the layout checks below divide by it
+        raise ArgumentError(f"{header.path}: group_size must be a positive int (rows of K "
+                            f"per scale of int4-weight and int8-dynamic), got {group_size!r}")
     meta = header.metadata or {}
     stored, stored_group = meta.get(SCHEME_KEY), meta.get(GROUP_KEY)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
@@ -187,8 +192,10 @@ def file_settings(path, scheme: str | None, group_size: int | None,
         try:
             file_group = int(stored_group)
         except ValueError:
+            file_group = 0
+        if file_group < 1:  # (0 divided by zero in the layout check; -5 read as nonsense)
             raise SerializationError(f"{header.path}: metadata {GROUP_KEY}={stored_group!r} is "
-                                     "not an int; save the model again") from None
+                                     "not a positive int; save the model again")
         # the caller's group size wins only where the shapes say the metadata is stale (an
         # int8-dynamic file saved before its scales were grouped wrote int4's group there)
         if group_size is not None and group_size != file_group and (
@@ -204,10 +211,16 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     check_layout(header.path, pairs, scheme, GROUP_SIZE if group_size is None else group_size)
     if SKIP_KEY in meta:
         try:
-            file_skip = tuple(json.loads(meta[SKIP_KEY]))
-        except (ValueError, TypeError):
+            file_skip = json.loads(meta[SKIP_KEY])
+        except ValueError:
+            file_skip = None
+        # a list of patterns only: a string's characters, a dict's keys or numbers read as
+        # patterns skipped the wrong weights (a string "*" every one), or failed in fnmatch
+        if not isinstance(file_skip, list) or not all(isinstance(p, str) for p in file_skip):
             raise SerializationError(f"{header.path}: metadata {SKIP_KEY}={meta[SKIP_KEY]!r} "
-                                     "is not a JSON list; save the model again") from None
+                                     "is not a JSON list of name patterns; save the model "
+                                     "again")
+        file_skip = tuple(file_skip)
         if skip and sorted(skip) != sorted(file_skip):
             raise ArgumentError(f"{header.path} was saved with skip={list(file_skip)!r}, not "
                                 f"{list(skip)!r}: load it with that skip (or leave skip out)")

@@ -69,6 +69,30 @@ def test_run_gpt2_of_one_token_says_it_has_no_decode_step_to_time(capsys, monkey
     assert "tokens equal transformers' greedy generate: yes" in out
 
 
+def test_run_gpt2_times_as_many_generations_as_repeats(capsys, monkeypatch):
+    """``--repeats N``: each side generates N times and the medians are printed (the option
+    was accepted and ignored: one generation was timed, its first calls' one-time work in
+    the prefill's time)."""
+    import transformers
+
+    from tensor_graphs.nn import Generator
+
+    _small_gpt2(monkeypatch, 32)
+    calls = []
+    stream, generate = Generator.stream, transformers.GPT2LMHeadModel.generate
+    monkeypatch.setattr(Generator, "stream",
+                        lambda self, *a, **k: calls.append("tg") or stream(self, *a, **k))
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "generate",
+                        lambda self, *a, **k: calls.append("hf") or generate(self, *a, **k))
+    code = main(["run", "gpt2", "--layers", "1", "--prompt", "4", "--tokens", "3",
+                 "--repeats", "3", "--profile", "never", "--db", ":memory:"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert calls.count("tg") == 3 and calls.count("hf") == 1 + 3  # the checked call, timed 3
+    assert "medians of 3 generations" in out and "nan" not in out
+    assert "tokens equal transformers' greedy generate: yes" in out
+
+
 def test_run_help_lists_the_models(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -166,6 +166,20 @@ def test_a_file_of_another_scheme_or_group_is_refused_by_name(saved):
             _load(path, group_size=64)
 
 
+def test_a_file_without_metadata_loads_given_its_scheme(saved, tmp_path):
+    """``prequantized_weights`` written with no metadata: from_safetensors read it as a
+    float checkpoint and refused its .q/.scale as missing float weights, quantize= or not.
+    Now it asks for the scheme, and given it loads as the saved file does."""
+    scheme, ref, path = saved
+    bare = tmp_path / "bare.safetensors"
+    write_safetensors(bare, _file(path))
+    with pytest.raises(ArgumentError, match="does not say which quantization.*quantize="):
+        _load(bare)
+    got = _load(bare, quantize=scheme, group_size=32)  # int4: the shapes allow 32 to 36
+    prompt = np.random.default_rng(4).integers(0, VOCAB, (1, PROMPT))
+    np.testing.assert_array_equal(got(prompt, 8), ref(prompt, 8))
+
+
 def test_save_quantized_needs_a_bind_time_quantized_generator(saved, tmp_path):
     _, _, path = saved
     loaded = _load(path)

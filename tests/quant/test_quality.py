@@ -121,6 +121,22 @@ def test_causal_lm_programs_score_a_text_and_decode(lm):
     assert theirs == ref[0, 5:].tolist()
 
 
+def test_generators_built_for_padded_batches_report_as_the_others(lm, gens):
+    """``padded=True`` (what tg.generate builds for a padded batch) holds only the programs
+    that take ``pad``: quality feeds them no padding and reports what the unpadded pair
+    does (it failed with a missing feed 'pad')."""
+    opts = dict(max_len=32, max_prompt=8, db=":memory:", profile="never", padded=True)
+    padded = (Generator.from_transformers(lm, quantize="int8-weight", **opts),
+              Generator.from_transformers(lm, **opts))
+    prompt = np.random.default_rng(2).integers(0, VOCAB, 6)
+    got = tg.quality(*padded, prompt, tokens=5, text=text(20), show=False)
+    want = tg.quality(*gens, prompt, tokens=5, text=text(20), show=False)
+    assert got.errors == pytest.approx(want.errors, rel=1e-4) and got.errors[0] > 0
+    assert (got.tokens, got.agree, got.text_tokens, got.next_agree) == \
+        (want.tokens, want.agree, want.text_tokens, want.next_agree)
+    assert got.perplexity_a == pytest.approx(want.perplexity_a, rel=1e-5)
+
+
 def test_refusals_name_the_fix(gens):
     int8, f32 = gens
     with pytest.raises(ArgumentError, match="two Generators or two programs"):

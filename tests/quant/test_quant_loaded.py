@@ -4,16 +4,25 @@ no float weight; the program equals the one that quantized the float weights at 
 hostile files (wrong dtype, wrong shape, missing scale, int4 values past a nibble) are refused
 naming the tensor."""
 
+import re
+
 import numpy as np
 import pytest
 
 import tensor_graphs as tg
-from tensor_graphs.errors import ArgumentError, DTypeError, FeedError, ShapeError
+from tensor_graphs.errors import (
+    ArgumentError,
+    DTypeError,
+    FeedError,
+    SerializationError,
+    ShapeError,
+)
 from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.ops.names import WEIGHT
 from tensor_graphs.kernels.c import build
 from tensor_graphs.numerics import relative_error
 from tensor_graphs.rewrite.quantize import prequantized_weights
+from tensor_graphs.runtime.prequantized import GROUP_KEY, SCHEME_KEY, SKIP_KEY, file_settings
 from tensor_graphs.runtime.weights import write_safetensors
 
 pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
@@ -82,6 +91,32 @@ def test_hostile_files_are_refused_naming_the_tensor(tmp_path):
         prog(x=np.ones((3, 40), np.float32))
     prog.bind_safetensors(_write(tmp_path, good))  # a good file binds after all that
     assert np.isfinite(prog(x=np.ones((3, 40), np.float32))).all()
+
+
+@pytest.mark.parametrize("key, value", [
+    (GROUP_KEY, "0"), (GROUP_KEY, "-5"), (GROUP_KEY, "x"),
+    (SKIP_KEY, '"*"'), (SKIP_KEY, "[1, 2]"), (SKIP_KEY, '{"proj": 1}'), (SKIP_KEY, "[")])
+def test_hostile_metadata_is_refused_naming_the_key(tmp_path, key, value):
+    """A group size that is no positive int (0 divided by zero, -5 read as nonsense shapes)
+    and skip patterns that are no JSON list of strings (a string's characters, a dict's
+    keys, numbers reaching fnmatch) are refused by name, before any graph is built."""
+    y, weights = _model(), _weights(np.random.default_rng(2))
+    meta = {SCHEME_KEY: "int4-weight", GROUP_KEY: "32", SKIP_KEY: "[]", key: value}
+    path = tmp_path / "meta.safetensors"
+    write_safetensors(path, prequantized_weights(y, weights, "int4-weight"), meta)
+    with pytest.raises(SerializationError, match=rf"{re.escape(key)}=.*save the model again"):
+        file_settings(path, None, None)
+
+
+@pytest.mark.parametrize("group_size", [0, -1, 2.5, True])
+def test_a_bad_group_size_for_a_file_is_refused_as_tg_quantize_refuses_it(tmp_path,
+                                                                          group_size):
+    y, weights = _model(), _weights(np.random.default_rng(3))
+    path = tmp_path / "bare.safetensors"  # no metadata: the caller's group size is read
+    write_safetensors(path, prequantized_weights(y, weights, "int4-weight"))
+    with pytest.raises(ArgumentError, match=r"group_size must be a positive int"):
+        file_settings(path, "int4-weight", group_size)
+    assert file_settings(path, "int4-weight", 20)[1] == 20
 
 
 def test_schemes_without_a_stored_form_are_refused():
