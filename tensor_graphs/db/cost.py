@@ -339,8 +339,9 @@ class CostModel:
     def roofline(self, kernel, feats: Features, signature: str | None = None) -> Estimate:
         """The estimate from peak rates alone: overhead plus roofline work, the flops at the
         share of the peak the kernel declares for the signature's dtype (``efficiency``)."""
-        seconds = self.overhead(kernel)
-        if not kernel.view:  # a view moves no data
+        # a view moves no data, and on a GPU launches nothing (planner.plan.launches)
+        seconds = 0.0 if kernel.view and measured_on(kernel) != "cpu" else self.overhead(kernel)
+        if not kernel.view:
             passes = NUMPY_COMPOSITE_PASSES if kernel.backend == "numpy" and \
                 _is_composite(kernel) else 1.0
             seconds += passes * self.kernel_work(kernel, self.as_run(kernel, feats, signature))

@@ -43,6 +43,14 @@ class Slot(NamedTuple):
 
 
 KERNEL, COPY, DECOMPOSE, REWRITE, LEAF = "kernel", "copy", "decompose", "rewrite", "leaf"
+
+
+def launches(kernel, device: str) -> bool:
+    """Whether a step of ``kernel`` on ``device`` costs a launch and the runtime's dispatch:
+    not a view on a GPU. A GPU program runs as a CUDA graph, where a view is resolved at
+    capture and launches nothing; costed as a kernel, a Llama decode's ten slices of its
+    packed q/k/v and gate/up products outweighed the six launches packing saves."""
+    return not (kernel.view and device != "cpu")
 GENERATED = "generated"  # label prefix of a generated kernel's option (kernels/generated.py)
 
 
@@ -149,7 +157,12 @@ class Plan:
     def cost(self) -> float:
         """Predicted seconds of one call: the per-call steps' estimates plus the runtime's
         dispatch (static steps run once per binding: ``binding_cost``)."""
-        return self.kernel_cost + self.dispatch * len(self.per_call)
+        return self.kernel_cost + self.dispatch_cost
+
+    @property
+    def dispatch_cost(self) -> float:
+        """The runtime's dispatch of one call: of each per-call step that ``launches``."""
+        return self.dispatch * sum(launches(s.kernel, s.device) for s in self.per_call)
 
     @property
     def per_call(self) -> list[Step]:
@@ -330,7 +343,7 @@ def _totals(plan: Plan) -> list[str]:
             if static else "")
     lines = [f"total: {len(plan.steps)} steps ({fused} fused, {copies} copies), predicted "
              f"{format_seconds(plan.cost)} a call (kernels {format_seconds(plan.kernel_cost)} + "
-             f"dispatch {format_seconds(plan.dispatch * len(plan.per_call))}){once}, largest "
+             f"dispatch {format_seconds(plan.dispatch_cost)}){once}, largest "
              f"step error {plan.error:.1e} (tolerance {plan.tolerance:g})"]
     lines.append("by backend: " + (", ".join(
         f"{b} {len(v)} steps {format_seconds(sum(v))}" for b, v in sorted(by_backend.items()))

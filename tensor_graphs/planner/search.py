@@ -61,6 +61,7 @@ from tensor_graphs.planner.plan import (
     Plan,
     Slot,
     Step,
+    launches,
 )
 from tensor_graphs.rewrite.enumerate import pm_matmul, rewrites
 
@@ -619,13 +620,13 @@ class Planner:
     def _own(self, opt: Option) -> float:
         """An option's own seconds; a step that runs also costs its activations' traffic
         (``_cold``), the runtime's dispatch (so fewer, fused steps win ties; a C step at the
-        native loop's price, see NATIVE_DISPATCH) and any densifying copies of its inputs. A
-        static step (a weight's copy to the other device) runs once per binding: its share
-        of ``AMORTIZED_CALLS`` calls, so a weight copy a call never pays does not push a
-        step to the device that holds the weights."""
+        native loop's price, see NATIVE_DISPATCH; a view on a GPU none: ``launches``) and
+        any densifying copies of its inputs. A static step (a weight's copy to the other
+        device) runs once per binding: its share of ``AMORTIZED_CALLS`` calls, so a weight
+        copy a call never pays does not push a step to the device that holds the weights."""
         if opt.runs and opt.estimate is not FREE:
             dispatch = NATIVE_DISPATCH if self.native and opt.kernel.backend in NATIVE_BACKENDS \
-                else self.dispatch
+                else self.dispatch if launches(opt.kernel, opt.slot.device) else 0.0
             seconds = opt.seconds + opt.cold + dispatch + opt.densify
             return seconds / AMORTIZED_CALLS if opt.static else seconds
         return opt.seconds

@@ -693,6 +693,49 @@ def test_a_padded_decode_step_appends_inside_its_attention_and_chains_its_gemvs(
         assert got.shape == want.shape and relative_error(got, want) < 1e-6, name
 
 
+@pytest.mark.slow  # ~30 s on the simulated GPU: the Triton kernels run in the interpreter
+def test_a_llama_decode_normalizes_in_its_packed_gemvs_and_chains_them(slow_host):
+    """A Llama block's RMSNorms feed three and two projections: with its siblings packed
+    (one product over the concatenated weights, read back as slices) each norm feeds one
+    GEMV that normalizes as it loads (``rms5_``/``rms6_linear_nobias``, the model's eps),
+    and the block's attention, o_proj, gate/up, down and the next q/k/v chain as GPT-2's do.
+    The packed form wins only because its slices are views, which a CUDA graph does not
+    launch (``planner.plan.launches``): costed as kernels they outweighed the launches
+    packing saves. Tokens equal transformers'."""
+    from tensor_graphs.nn import Generator
+    from tensor_graphs.runtime import chains
+
+    chained, fold = [], chains.fold
+
+    def counted(instructions):
+        out = fold(instructions)
+        chained.append([ins.name for ins in out if hasattr(ins.fn, "stands_for")])
+        return out
+
+    lm = tiny.llama(eps=1e-5)  # (Llama's; transformers' default 1e-6 is rms6_)
+    gen = Generator.from_transformers(lm, max_len=16, max_prompt=8, db=slow_host,
+                                      device="cuda")
+    norm = "rms5_linear_nobias"
+    gemvs = [re.sub(r"^triton_|_gemv_n\d+k\d+$", "", s.kernel.name)
+             for s in gen.decode.plan.steps if "gemv" in s.kernel.name]
+    assert gemvs.count(norm) == 5, gemvs  # per layer q/k/v and gate/up; the LM head
+    prompt = _rng(3).integers(0, 211, (1, 8))
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(ids)).numpy()
+    chains.fold = counted
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(gen(prompt, 6), expected)
+    finally:
+        chains.fold = fold
+    short = [[re.sub(r"^triton_|_gemv_n\d+k\d+$|_n\d+s\d+$", "", n) for n in names]
+             for names in chained]
+    block = ["decode_attention_mask", "linear_nobias_add", norm, "linear_nobias_add", norm]
+    assert short and short[0] == block * 2, short
+
+
 @pytest.mark.slow  # ~25 s on the simulated GPU: the Triton kernels run in the interpreter
 def test_a_chained_batch_decode_copies_a_view_only_after_the_stage_it_reads(slow_host):
     """A batch of two: each row's q, k and v are slices of its projection's row, not dense,
