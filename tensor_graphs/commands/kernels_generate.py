@@ -472,7 +472,7 @@ def default_folder() -> Path:
 
 # ---------------------------------------------------------------------------- the command
 def _run(args: argparse.Namespace) -> int:
-    graph = load_graph(args.graph)
+    graph = load_graph(args.graph, args.dim)
     dims = parse_dims(graph, args.dim)
     out = Path(args.out) if args.out else default_folder()
     command_argv(args.command)  # a missing program is a one-line error before planning

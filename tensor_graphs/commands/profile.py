@@ -26,8 +26,10 @@ GRAPHS = {  # name -> (description, builder)
 DEFAULT_DIMS = {"batch": 1, "seq": 128}
 
 
-def load_graph(source: str):
-    """A graph from a ``tg.save`` file, an ONNX model file or a built-in name."""
+def load_graph(source: str, dims=()):
+    """A graph from a ``tg.save`` file, an ONNX model file or a built-in name. ``dims``: the
+    ``--dim`` pairs, which an ONNX model's import needs as well as the planner (see
+    ``_load_onnx``)."""
     from tensor_graphs.errors import ArgumentError
 
     if source in GRAPHS:
@@ -36,13 +38,13 @@ def load_graph(source: str):
         from tensor_graphs.ir.serialize import load
 
         if is_onnx(source):
-            return _load_onnx(source)
+            return _load_onnx(source, dims)
         try:
             return load(source)
         except Exception:
             if _looks_like_onnx(source):  # an ONNX model named otherwise: read as one
                 try:
-                    return _load_onnx(source)
+                    return _load_onnx(source, dims)
                 except Exception:  # noqa: BLE001 - not ONNX either: the graph file's error
                     pass
             raise
@@ -64,13 +66,17 @@ def _looks_like_onnx(path: str) -> bool:
         return False
 
 
-def _load_onnx(path: str) -> list:
+def _load_onnx(path: str, dims=()) -> list:
     """The graph of an ONNX model as ``tg.from_onnx`` imports it (outputs in the model's
-    order; initializers become weights, left unbound: planning needs their shapes only)."""
+    order; initializers become weights, left unbound: planning needs their shapes only).
+    The dims planned for (``--dim`` over DEFAULT_DIMS) are its ``dynamic_dims``: an RNN, GRU
+    or LSTM over a dynamic sequence is unrolled to its length at import, and without them
+    every such model was refused, naming a from_onnx argument the command does not take."""
     from tensor_graphs.frontend.onnx_import import import_onnx, load_model
 
     label = f"'{path}'"
-    outputs, _, _, _ = import_onnx(load_model(path), label=label)
+    planned = {k: v for k, v in {**DEFAULT_DIMS, **dict(dims or ())}.items() if v >= 1}
+    outputs, _, _, _ = import_onnx(load_model(path), planned, label=label)
     return list(outputs)
 
 
@@ -118,7 +124,7 @@ def _settings(args, graph):
 def _profile(args) -> int:
     from tensor_graphs.commands.walk import profile
 
-    graph = load_graph(args.graph)
+    graph = load_graph(args.graph, args.dim)
     dims = parse_dims(graph, args.dim)
     if args.ray is not None:
         return _profile_on_ray(args, graph, dims)
@@ -273,7 +279,7 @@ def _paths(args) -> int:
     from tensor_graphs.commands.walk import RANKED_PATHS, cheapest_paths
     from tensor_graphs.compiler import prepare
 
-    graph = load_graph(args.graph)
+    graph = load_graph(args.graph, args.dim)
     dims = parse_dims(graph, args.dim)
     settings = _settings(args, graph)
     planner = settings.planner(prepare(settings.outputs, dims), blocks=False)
@@ -320,7 +326,7 @@ def _explain(args) -> int:
 
     if args.html == "-":
         raise ArgumentError("--html -: give a file path for the page")
-    graph = load_graph(args.graph)
+    graph = load_graph(args.graph, args.dim)
     dims = parse_dims(graph, args.dim)
     prog = compile(graph, device=args.device, tolerance=args.tolerance, db=args.db,
                    bounds=dims)

@@ -23,7 +23,6 @@ from tensor_graphs.errors import (
     OutOfMemory,
     SerializationError,
     ShapeError,
-    TensorGraphsError,
 )
 from tensor_graphs.files import open_regular, path_of, read_regular
 from tensor_graphs.frontend.onnx import ONNX_OPS
@@ -78,6 +77,7 @@ def load_model(source):
                             "weights in external data files)", most=_PROTOBUF_LIMIT)
         model = _parse(data, label)
         folder = os.path.dirname(os.path.abspath(path))
+    _check_text(model, label)
     _external(model, folder, label)
     return model
 
@@ -97,6 +97,33 @@ def _parse(data: bytes, label: str):
         raise SerializationError(f"{label}: its graph names no outputs, so there is nothing "
                                  "to compute; export it with its outputs (output_names=)")
     return model
+
+
+def _texts(graph):
+    """(what, value) for each name and dim name the import reads from the graph."""
+    for kind, values in (("graph input", graph.input), ("graph output", graph.output)):
+        for vi in values:
+            yield f"a {kind}'s name", vi.name
+            for d in vi.type.tensor_type.shape.dim:
+                yield f"a dim of the {kind} {vi.name!r}", d.dim_param
+    for init in graph.initializer:
+        yield "an initializer's name", init.name
+    for node in graph.node:
+        yield "a node's name", node.name
+        yield f"the op type of node {node.name!r}", node.op_type
+        yield f"the domain of node {node.name!r}", node.domain
+        for value in (*node.input, *node.output):
+            yield f"a value node {node.name!r} reads or writes", value
+
+
+def _check_text(model, label: str) -> None:
+    """Refuse a name that is not UTF-8: protobuf hands such a string back as bytes, which
+    crashed the import (bytes has no isidentifier) or matched no other name. A protobuf
+    string is UTF-8, so the file is corrupt (or not written by protobuf)."""
+    for what, value in _texts(model.graph):
+        if not isinstance(value, str):
+            raise SerializationError(f"{label}: {what} is not UTF-8 text ({value[:40]!r}): the "
+                                     f"file is corrupt; {_FIX}")
 
 
 def _tensors(graph):
@@ -120,11 +147,12 @@ def _external(model, folder: str | None, label: str) -> None:
             raise SerializationError(
                 f"{label}: tensor '{tensor.name}' is stored in the external file '{where}'; "
                 "pass the model's path so it is read from the model's folder")
-        full = os.path.realpath(os.path.join(folder, where))
-        if not where or os.path.isabs(where) or os.path.commonpath(
+        # a NUL names no file (os.path raises a bare ValueError on it): refused as outside
+        full = None if "\0" in where else os.path.realpath(os.path.join(folder, where))
+        if not where or full is None or os.path.isabs(where) or os.path.commonpath(
                 [full, os.path.realpath(folder)]) != os.path.realpath(folder):
             raise SerializationError(
-                f"{label}: tensor '{tensor.name}' names the external data file '{where}', "
+                f"{label}: tensor '{tensor.name}' names the external data file {where!r}, "
                 "outside the model's folder; external data is read only from the model's "
                 "own folder")
         try:
@@ -261,7 +289,9 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict,
         raise ShapeError(f"{label}: graph input '{vi.name}' has no shape; export it with one")
     shape = []
     for axis, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
+        # a negative dim_value (-1, as some converters write an unknown size) is an unknown
+        # size, as ONNX Runtime reads it: named like an unnamed dim, not refused as a size
+        if d.HasField("dim_value") and d.dim_value >= 0:
             shape.append(int(d.dim_value))
             continue
         # a dim's name must read back as one symbol: not a keyword, not "batch size"
@@ -335,7 +365,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
                   outputs=sum(1 for o in outs if o), bounds=bounds)
         try:
             result = ONNX_OPS[node.op_type](ctx)
-        except TensorGraphsError as e:
+        except Exception as e:  # ours, or a mapping's crash: either names the node
             e.add_note(f"while importing {node.op_type} node '{name}' (opset {opset})")
             raise
         results = result if isinstance(result, tuple) else (result,)

@@ -50,8 +50,13 @@ def dtype_of(code: int, where: str) -> str:
     if name is None:
         import onnx
 
-        raise DTypeError(f"{where}: ONNX dtype {onnx.TensorProto.DataType.Name(int(code))} has no "
-                         f"tensor_graphs counterpart (supported: {', '.join(DTYPES.values())})")
+        # a code no ONNX dtype has (a corrupt file) is named by its number: protobuf's
+        # Name() raised a bare ValueError for it, from inside this error
+        known = int(code) in onnx.TensorProto.DataType.values()
+        what = onnx.TensorProto.DataType.Name(int(code)) if known else \
+            f"code {int(code)} (no ONNX dtype: the file is corrupt, or from a newer onnx)"
+        raise DTypeError(f"{where}: ONNX dtype {what} has no tensor_graphs counterpart "
+                         f"(supported: {', '.join(DTYPES.values())})")
     return name
 
 

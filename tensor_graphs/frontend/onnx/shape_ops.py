@@ -211,14 +211,17 @@ def _in_range(c: Ctx, idx: np.ndarray, dim, axis: int) -> None:
 
 def _gather(c: Ctx):
     axis = c.a("axis", 0)
-    if c.is_static(0) and c.is_static(1) and c.inputs[0].array.size <= 4096:
+    # indices holding symbolic dims (a cache's positions, past_len + Range(seq), as the dynamo
+    # exporter writes them) are known only per call: gathered in the graph, never folded
+    known = c.is_static(1) and not c.inputs[1].symbolic
+    if c.is_static(0) and known and c.inputs[0].array.size <= 4096:
         data = c.inputs[0].array
         _in_range(c, c.inputs[1].array, data.shape[norm_axis(axis, data.ndim)],
                   norm_axis(axis, data.ndim))
         return Static(np.take(data, c.inputs[1].array.astype(np.int64), axis=axis))
     x = c.t(0)
     axis = norm_axis(axis, x.ndim)
-    if c.is_static(1):
+    if known:
         idx = c.inputs[1].array.astype(np.int64)
         dim = x.shape[axis]
         if isinstance(dim, int):
@@ -242,10 +245,30 @@ def _broadcast_shape(a: tuple, b: list) -> list:
     return [x if isinstance(y, int) and y == 1 else y for x, y in zip(a, b)]
 
 
+def _small(shape) -> bool:
+    """Whether a shape is static and small enough to fold into an array at import. Python's
+    product, not numpy's: np.prod of [2**32, 2**32] wraps to 0 in int64, and numpy was then
+    asked for 2**64 values at import (a bare ValueError naming no node); a large shape goes
+    to the graph, where tg.compile's memory plan sizes it."""
+    return all(isinstance(d, int) for d in shape) and math.prod(shape) <= FOLD_LIMIT
+
+
+def _sizes(c: Ctx, shape: list) -> list:
+    """A shape input's dims, refused naming the node when one is negative: ONNX sizes are
+    >= 0 (ONNX Runtime refuses the model), while our broadcast_to reads -1 as torch's "keep
+    this axis", so Expand to (2, -1) gave an answer and ConstantOfShape crashed."""
+    bad = [d for d in shape if isinstance(d, int) and d < 0]
+    if bad:
+        raise ShapeError(f"{c.op} node '{c.name}': its shape {format_shape(tuple(shape))} has "
+                         f"the negative size {bad[0]} (ONNX's sizes are >= 0; ONNX Runtime "
+                         "refuses it too); the model is invalid: check how its shape is made, "
+                         "and export it again")
+    return shape
+
+
 def _expand(c: Ctx):
-    target = _broadcast_shape(shape_of(c.inputs[0]), ints(c.s(1, "shape")))
-    if isinstance(c.inputs[0], Static) and all(isinstance(d, int) for d in target) \
-            and int(np.prod(target)) <= 4096:
+    target = _broadcast_shape(shape_of(c.inputs[0]), _sizes(c, ints(c.s(1, "shape"))))
+    if isinstance(c.inputs[0], Static) and _small(target):
         return Static(np.broadcast_to(c.inputs[0].array, target).copy())
     x = c.t(0)
     return tg.broadcast_to(x, *target)
@@ -297,10 +320,10 @@ def _constant(c: Ctx):
 
 
 def _constant_of_shape(c: Ctx):
-    shape = ints(c.s(0, "shape"))
+    shape = _sizes(c, ints(c.s(0, "shape")))
     value = c.a("value")
     value = np.zeros(1, np.float32) if value is None else value.reshape(-1)
-    if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) <= 4096:
+    if _small(shape):
         return Static(np.full(shape, value[0], dtype=value.dtype))
     return tg.broadcast_to(tg.constant(value.reshape(())), *shape)
 
