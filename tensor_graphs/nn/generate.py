@@ -125,11 +125,27 @@ def _compile_keywords() -> tuple[str, ...]:
     return compile_options(*_SET_HERE)
 
 
+# options of transformers' generate that tg.generate does not take, and what to do instead
+_GREEDY = ("a sampling setting: tg.generate decodes greedily, as transformers' "
+           "generate(do_sample=False) does, where it changes no token; leave it out")
+_INSTEAD = {
+    **dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
+                     "eta_cutoff"), _GREEDY),
+    "max_length": "tg.generate counts new tokens: give max_new_tokens (max_length less the "
+                  "prompt's length)",
+    "streamer": "Generator.stream(prompt, max_new_tokens) yields each step's tokens as they come",
+}
+
+
 def _unknown(where: str, unknown: Sequence[str], groups: Mapping[str, Sequence[str]]) -> None:
+    """Refuse options nothing here takes, naming those accepted; one that transformers'
+    generate takes says what to do instead (``_INSTEAD``), not only that it is unknown."""
     if unknown:
         accepted = "; ".join(f"{what}: {', '.join(names)}" for what, names in groups.items())
+        instead = "".join(f"\n  {name}: {_INSTEAD[name]}" for name in sorted(unknown)
+                          if name in _INSTEAD)
         raise ArgumentError(f"{where}: unknown option(s) {', '.join(sorted(unknown))}; "
-                            f"accepted: {accepted}")
+                            f"accepted: {accepted}{instead}")
 
 
 def _generation_settings(generation_config, call: Mapping[str, object],

@@ -300,6 +300,12 @@ def test_unknown_options_are_refused_with_the_accepted_ones(lm, no_compile):
     with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) no_such.*"
                        r"repetition_penalty.*quantize.*tolerance"):
         tg.generate(lm, prompt, 4, no_such=1)
+    with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) temperature, top_p;"
+                       r"(.|\n)*temperature: a sampling setting: tg.generate decodes greedily"
+                       r"(.|\n)*top_p: a sampling setting"):
+        tg.generate(lm, prompt, 4, temperature=0.7, top_p=0.9)
+    with pytest.raises(tg.ArgumentError, match=r"max_length: .*give max_new_tokens"):
+        tg.generate(lm, prompt, max_length=12)
     with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) bounds"):
         Generator.from_transformers(lm, max_len=8, bounds={"seq": 4})
     with pytest.raises(tg.ArgumentError, match=r"unknown option\(s\) no_repeat_ngram_size"):
