@@ -176,7 +176,7 @@ def test_out_of_memory_by_one_byte_reads_as_such():
 def test_out_of_memory_far_apart_keeps_the_short_figures():
     plan = SimpleNamespace(devices=["cpu"], total=lambda kind: 3_000_000,
                            arena={"cpu": 2_000_000}, weights={"cpu": 1_000_000}, prepared={},
-                           state={}, largest=lambda n, kind: [])
+                           state={}, results={}, largest=lambda n, kind: [])
     device = SimpleNamespace(name="cpu", kind="cpu", capacity=1_000_000, allocated=0)
     with pytest.raises(tg.OutOfMemory, match=r"needs 3\.0 MB \(arena 2\.0 MB \+ weights "
                                              r"1\.0 MB\) but 1\.0 MB are available "

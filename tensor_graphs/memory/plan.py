@@ -82,6 +82,9 @@ class MemoryPlan:
     liveness: Liveness
     alignments: Mapping[str, int] = dataclasses.field(default_factory=dict)  # per device
     prepared: Mapping[str, int] = dataclasses.field(default_factory=dict)  # packed weights
+    # a call's results that are views of no arena value (an input broadcast, a constant):
+    # each call copies them out whole, beyond what the program holds (``check_fits``)
+    results: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def alignment(self) -> int:
@@ -184,7 +187,27 @@ def plan_memory(plan: Plan, static_keys: Iterable[Slot] | None = None,
             None if v.strides is None else tuple(s * itemsize for s in v.strides),
             None if owner == key else owner, b.id, v.first, v.last)
     return MemoryPlan(placements, buffer_offsets, arena, weights, state, inputs, lower,
-                      no_reuse, strategy, live, alignments, prepared)
+                      no_reuse, strategy, live, alignments, prepared,
+                      _viewed_results(plan, placements))
+
+
+def _viewed_results(plan: Plan, placements: Mapping[Slot, Placement]) -> dict[str, int]:
+    """{device: bytes} of the results a call copies out of an input's, a weight's or a
+    constant's storage: a view of no arena value whose copy may be far larger than what it
+    views (``broadcast_to(x, 10**7, ...)`` of a (2, 3) input compiled, then failed in the call
+    with numpy's MemoryError for 218 TiB). A result in the arena is the arena's size already;
+    a state's is returned as the state's view."""
+    out: dict[str, int] = {}
+    for slot in dict.fromkeys(plan.resolve(s) for s in plan.outputs):
+        p = placements.get(slot)
+        if p is None or p.kind not in (INPUT, WEIGHT) or not all(
+                isinstance(d, int) for d in slot.node.shape):
+            continue
+        nbytes = slot.node.dtype.itemsize
+        for d in slot.node.shape:
+            nbytes *= d
+        out[p.device] = out.get(p.device, 0) + nbytes
+    return out
 
 
 def _prepared(plan: Plan) -> list[tuple[str, int]]:
@@ -264,14 +287,14 @@ def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:
     """Raise ``OutOfMemory`` when a device of ``memory_plan`` lacks the bytes it needs.
     ``devices`` maps a device kind ("cpu") or name ("cuda:0") to a ``tg.Device``; a device
     kind of the plan with no entry is not checked. Available bytes: capacity - allocated."""
-    for kind in memory_plan.devices:
+    for kind in sorted(set(memory_plan.devices) | set(memory_plan.results)):
         device = devices.get(kind)
         if device is None:
             device = next((d for d in devices.values() if getattr(d, "kind", None) == kind),
                           None)
         if device is None:
             continue
-        required = memory_plan.total(kind)
+        required = memory_plan.total(kind) + memory_plan.results.get(kind, 0)
         available = device.capacity - device.allocated
         if required <= available:
             continue
@@ -283,6 +306,8 @@ def check_fits(memory_plan: MemoryPlan, devices: Mapping[str, object]) -> None:
             parts.append(f"packed weights {format_bytes(memory_plan.prepared[kind])}")
         if memory_plan.state.get(kind):
             parts.append(f"state {format_bytes(memory_plan.state[kind])}")
+        if memory_plan.results.get(kind):
+            parts.append(f"results copied out of views {format_bytes(memory_plan.results[kind])}")
         tensors = "; ".join(str(t) for t in largest) or "none"
         needs, free = format_apart(required, max(available, 0))
         capacity = format_bytes(device.capacity) if needs == format_bytes(required) \

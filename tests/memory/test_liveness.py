@@ -270,6 +270,22 @@ def test_compiled_graph_and_out_of_memory(run_in_arena):
     np.testing.assert_allclose(got, prog(**feeds), rtol=1e-5, atol=1e-4)
 
 
+def test_a_result_viewing_an_input_or_a_constant_is_counted_as_the_call_copies_it():
+    """A broadcast of a (2, 3) input to 240 TB compiled (no arena value: nothing counted)
+    and failed in the call with numpy's MemoryError; a call copies such a result out
+    whole, so the compile's check counts it (and a small one fits as before)."""
+    x = tg.input("x", (2, 3), "float32")
+    for huge in (tg.broadcast_to(x, 10**7, 10**6, 2, 3),
+                 tg.broadcast_to(tg.constant(np.float32(1.0)), 10**7, 10**6)):
+        with pytest.raises(OutOfMemory, match="results copied out of views 240.0 TB|"
+                                              "results copied out of views 40.0 TB"):
+            tg.compile(huge, db=":memory:", device=tg.Device("cpu", capacity=1 << 40))
+    prog = tg.compile(tg.broadcast_to(x, 4, 2, 3), db=":memory:",
+                      device=tg.Device("cpu", capacity=1000))
+    assert plan_memory(prog.concrete_plan).results == {"cpu": 4 * 2 * 3 * 4}
+    np.testing.assert_array_equal(prog(x=np.ones((2, 3), np.float32)), np.ones((4, 2, 3)))
+
+
 def test_symbolic_shapes_are_refused():
     from tensor_graphs.errors import ArgumentError
 
