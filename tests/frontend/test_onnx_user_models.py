@@ -16,22 +16,10 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import tensor_graphs as tg  # noqa: E402
 from tensor_graphs.numerics import relative_error  # noqa: E402
+from tests.frontend.onnx_graphs import model, vi  # noqa: E402
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(0)
-
-
-def model(nodes, inputs, outputs, opset: int = 18, inits=(), check: bool = True):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    m = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", opset)])
-    m.ir_version = 8
-    if check:
-        onnx.checker.check_model(m)
-    return m
-
-
-def vi(name, shape, dtype=F):
-    return helper.make_tensor_value_info(name, dtype, shape)
 
 
 def init(name, values, dtype=None):

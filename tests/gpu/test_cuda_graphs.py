@@ -12,6 +12,7 @@ The programs are small, so a database whose host is a thousand times slower than
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 
@@ -693,6 +694,26 @@ def test_a_padded_decode_step_appends_inside_its_attention_and_chains_its_gemvs(
         assert got.shape == want.shape and relative_error(got, want) < 1e-6, name
 
 
+@contextlib.contextmanager
+def _chains_folded():
+    """Per padded capture while the body runs: the names of the steps its chain fold
+    (``runtime/chains.fold``) made stand-ins of, in order."""
+    from tensor_graphs.runtime import chains
+
+    found, fold = [], chains.fold
+
+    def counted(instructions):
+        out = fold(instructions)
+        found.append([ins.name for ins in out if hasattr(ins.fn, "stands_for")])
+        return out
+
+    chains.fold = counted
+    try:
+        yield found
+    finally:
+        chains.fold = fold
+
+
 @pytest.mark.slow  # ~30 s on the simulated GPU: the Triton kernels run in the interpreter
 def test_a_llama_decode_normalizes_in_its_packed_gemvs_and_chains_them(slow_host):
     """A Llama block's RMSNorms feed three and two projections: with its siblings packed
@@ -703,14 +724,6 @@ def test_a_llama_decode_normalizes_in_its_packed_gemvs_and_chains_them(slow_host
     launch (``planner.plan.launches``): costed as kernels they outweighed the launches
     packing saves. Tokens equal transformers'."""
     from tensor_graphs.nn import Generator
-    from tensor_graphs.runtime import chains
-
-    chained, fold = [], chains.fold
-
-    def counted(instructions):
-        out = fold(instructions)
-        chained.append([ins.name for ins in out if hasattr(ins.fn, "stands_for")])
-        return out
 
     lm = tiny.llama(eps=1e-5)  # (Llama's; transformers' default 1e-6 is rms6_)
     gen = Generator.from_transformers(lm, max_len=16, max_prompt=8, db=slow_host,
@@ -724,12 +737,9 @@ def test_a_llama_decode_normalizes_in_its_packed_gemvs_and_chains_them(slow_host
         ids = torch.from_numpy(prompt)
         expected = lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0,
                                attention_mask=torch.ones_like(ids)).numpy()
-    chains.fold = counted
-    try:
+    with _chains_folded() as chained:
         for _ in range(2):
             np.testing.assert_array_equal(gen(prompt, 6), expected)
-    finally:
-        chains.fold = fold
     short = [[re.sub(r"^triton_|_gemv_n\d+k\d+$|_n\d+s\d+$", "", n) for n in names]
              for names in chained]
     block = ["decode_attention_mask", "linear_nobias_add", norm, "linear_nobias_add", norm]
@@ -745,14 +755,6 @@ def test_a_chained_batch_decode_copies_a_view_only_after_the_stage_it_reads(slow
     the tokens drifted from transformers' after the capture (its check saw the own run's
     values there and passed)."""
     from tensor_graphs.nn import Generator
-    from tensor_graphs.runtime import chains
-
-    chained, fold = [], chains.fold
-
-    def counted(instructions):
-        out = fold(instructions)
-        chained.append(sum(hasattr(ins.fn, "stands_for") for ins in out))
-        return out
 
     lm = tiny.gpt2(n_layer=2)
     gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
@@ -762,13 +764,10 @@ def test_a_chained_batch_decode_copies_a_view_only_after_the_stage_it_reads(slow
         ids = torch.from_numpy(prompt)
         expected = lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0,
                                attention_mask=torch.ones_like(ids)).numpy()
-    chains.fold = counted
-    try:
+    with _chains_folded() as chained:
         for _ in range(2):
             np.testing.assert_array_equal(gen(prompt, 10), expected)
-    finally:
-        chains.fold = fold
-    assert chained and chained[0] == 10, chained  # (2 blocks' 5 steps)
+    assert chained and len(chained[0]) == 10, chained  # (2 blocks' 5 steps)
     assert gen.decode.stats["graph_runs"] >= 9 + 8, gen.decode.loop
 
 
