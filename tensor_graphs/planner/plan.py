@@ -43,6 +43,7 @@ class Slot(NamedTuple):
 
 
 KERNEL, COPY, DECOMPOSE, REWRITE, LEAF = "kernel", "copy", "decompose", "rewrite", "leaf"
+GENERATED = "generated"  # label prefix of a generated kernel's option (kernels/generated.py)
 
 
 def launches(kernel, device: str) -> bool:
@@ -51,7 +52,6 @@ def launches(kernel, device: str) -> bool:
     capture and launches nothing; costed as a kernel, a Llama decode's ten slices of its
     packed q/k/v and gate/up products outweighed the six launches packing saves."""
     return not (kernel.view and device != "cpu")
-GENERATED = "generated"  # label prefix of a generated kernel's option (kernels/generated.py)
 
 
 @dataclass(frozen=True, eq=False)
