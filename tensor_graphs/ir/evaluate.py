@@ -21,7 +21,7 @@ from tensor_graphs.errors import (
     TensorGraphsError,
 )
 from tensor_graphs.ir import dtypes
-from tensor_graphs.ir.graph import _as_list, decompose, leaves, nodes
+from tensor_graphs.ir.graph import _as_list, decompose, leaves, nodes, specialize_map
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import CONSTANT, DIM
 from tensor_graphs.ir.shapes import format_shape, resolve
@@ -48,8 +48,6 @@ def _specialized(outs: list[Node], dims) -> list[Node]:
     on a static size, and 0 is where they do (softmax over an empty axis is the empty result,
     as torch's, without the max that has no value there), as in a call a program without
     bounds specializes. Only then: rebuilding every node costs time on every evaluation."""
-    from tensor_graphs.planner.prepare import specialize_map
-
     mapped = specialize_map(outs, dims)
     return [mapped[o] for o in outs]
 

@@ -5,12 +5,14 @@ Every walk is iterative (an explicit stack), so a 2,000-layer chain needs no rec
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping, Sequence
+
+import sympy
 
 from tensor_graphs.errors import FeedError, StateError, TensorGraphsError
 from tensor_graphs.ir.node import COMPOSITE, Node, expand_composite
 from tensor_graphs.ir.ops.names import CONSTANT, DIM, INPUT, STATE, STATE_UPDATE, WEIGHT
-from tensor_graphs.ir.shapes import format_shape, free_symbols
+from tensor_graphs.ir.shapes import format_shape, free_symbols, resolve
 
 FED_LEAVES = (INPUT, WEIGHT, STATE)  # named leaves: values from outside the graph
 
@@ -200,3 +202,26 @@ def use_counts(outputs) -> dict[Node, int]:
     for o in outs:
         counts[o] += 1
     return counts
+
+
+def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = None
+                   ) -> dict[Node, Node]:
+    """Each node under ``roots`` -> its version with ``dims`` (symbol -> int) substituted.
+    ``memo`` carries earlier results: the walk stops at nodes it already has."""
+    mapped = {} if memo is None else memo
+    stack: list[tuple[Node, bool]] = [(r, False) for r in roots]
+    while stack:
+        n, ready = stack.pop()
+        if n in mapped:
+            continue
+        if not ready:
+            stack.append((n, True))
+            stack.extend((i, False) for i in n.inputs if i not in mapped)
+            continue
+        attrs = {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
+                 for k, v in n.attrs.items()}
+        inputs = tuple(mapped[i] for i in n.inputs)
+        same = inputs == n.inputs and all(attrs[k] is v or attrs[k] == v
+                                         for k, v in n.attrs.items())
+        mapped[n] = n if same else Node.make(n.op, inputs, attrs, n.name)
+    return mapped

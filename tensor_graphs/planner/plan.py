@@ -218,7 +218,7 @@ class Plan:
     def at(self, dims: Mapping) -> Plan:
         """The same plan with symbolic dims replaced by ``dims`` (symbol -> int): steps in the
         same order, for what needs concrete shapes (memory planning at the bounds)."""
-        from tensor_graphs.planner.prepare import specialize_map
+        from tensor_graphs.ir.graph import specialize_map
 
         memo: dict[Node, Node] = {}
         roots = [n for st in self.steps for n in (st.node, *st.nodes, *(i.node for i in

@@ -14,14 +14,13 @@ import numpy as np
 import sympy
 
 from tensor_graphs.errors import ArgumentError
-from tensor_graphs.ir.graph import nodes
+from tensor_graphs.ir.graph import nodes, specialize_map
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import (
     MAX_DIM_INT,
     MAX_DIM_INT_TEXT,
     dim_symbol,
     free_symbols,
-    resolve,
 )
 
 
@@ -72,26 +71,3 @@ def specialize(outputs: Sequence[Node], dims: Mapping) -> list[Node]:
         return list(outputs)
     mapped = specialize_map(outputs, as_symbols(dims))
     return [mapped[o] for o in outputs]
-
-
-def specialize_map(roots: Sequence[Node], dims: Mapping, memo: dict | None = None
-                   ) -> dict[Node, Node]:
-    """Each node under ``roots`` -> its version with ``dims`` (symbol -> int) substituted.
-    ``memo`` carries earlier results: the walk stops at nodes it already has."""
-    mapped = {} if memo is None else memo
-    stack: list[tuple[Node, bool]] = [(r, False) for r in roots]
-    while stack:
-        n, ready = stack.pop()
-        if n in mapped:
-            continue
-        if not ready:
-            stack.append((n, True))
-            stack.extend((i, False) for i in n.inputs if i not in mapped)
-            continue
-        attrs = {k: resolve(v, dims) if isinstance(v, (sympy.Basic, tuple)) else v
-                 for k, v in n.attrs.items()}
-        inputs = tuple(mapped[i] for i in n.inputs)
-        same = inputs == n.inputs and all(attrs[k] is v or attrs[k] == v
-                                         for k, v in n.attrs.items())
-        mapped[n] = n if same else Node.make(n.op, inputs, attrs, n.name)
-    return mapped

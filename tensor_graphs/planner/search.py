@@ -355,7 +355,7 @@ class Planner:
         """The nodes at ``self.dims`` (themselves when the graph has no symbolic dims)."""
         if not self.dims:
             return list(nodes_)
-        from tensor_graphs.planner.prepare import specialize_map
+        from tensor_graphs.ir.graph import specialize_map
 
         specialize_map(nodes_, self.dims, self._twins)
         return [self._twins[n] for n in nodes_]
