@@ -80,7 +80,7 @@ def is_static(node: Node, inputs_static: bool | None = None) -> bool:
     found = _STATIC.get(node)
     if found is not None:
         return found
-    for n in nodes(node):  # inputs first
+    for n in nodes(node, stop=_STATIC):  # inputs first; known nodes are not entered again
         if n not in _STATIC:
             _STATIC[n] = not _mentions_dims(n) and (
                 n.op.name in STATIC_LEAVES if n.op.is_leaf else all(_STATIC[i] for i in n.inputs))

@@ -191,7 +191,13 @@ class Planner:
         self._options: dict[Slot, list[Option]] = {}
         self._rejected: dict[Slot, list[Option]] = {}
         self._best: dict[Slot, tuple[float, Option | None, frozenset]] = {}
+        # a solved slot's chosen option's own seconds, and those plus its closure's (``_total``
+        # sums them over closures of thousands of slots, an unrolled GRU's; where the needs'
+        # closures are disjoint, it adds the needs' sums instead)
+        self._own_of: dict[Slot, float] = {}
+        self._paid_of: dict[Slot, float] = {}
         self._active: set[Slot] = set()
+        self._filled: set[Node] = set()  # nodes whose slots ``solve``/``_fill`` solved in order
         self._made_on: dict[Node, str] = {}  # shared value -> where making it is cheapest
         self.stats = {"slots": 0, "options": 0, "estimates": 0, "blocks": 0,
                       "blocks_planned": 0, "block_cache_hits": 0}
@@ -518,12 +524,18 @@ class Planner:
             return INF, None, frozenset()
         self._active.add(slot)
         result: tuple[float, Option | None, frozenset] = (INF, None, frozenset())
+        paid = 0.0
         for opt in self.options(slot):
-            total, closure = self._total(opt)
+            if opt.how == DECOMPOSE:
+                self._fill(opt.needs[0].node)
+            total, closure, below = self._total(opt)
             if total < result[0]:
-                result = (total, opt, closure)
+                result, paid = (total, opt, closure), below
         self._active.discard(slot)
         self._best[slot] = result
+        if result[1] is not None:
+            self._own_of[slot] = own = self._own(result[1])
+            self._paid_of[slot] = own + paid
         return result
 
     def total(self, opt: Option) -> float:
@@ -534,23 +546,28 @@ class Planner:
         consumer's device is the consumer's (``_total``)."""
         return self._total(opt)[0]
 
-    def _total(self, opt: Option) -> tuple[float, frozenset]:
+    def _total(self, opt: Option) -> tuple[float, frozenset, float]:
+        """(``total``, the closure, the own seconds summed over the closure)."""
         closure: set[Slot] = set()
+        paid, counted = 0.0, 0  # the needs' sums, and their closures' sizes
         for need in opt.needs:
             cost, chosen, below = self._solve_slot(need)
             if cost == INF:
-                return INF, frozenset()
+                return INF, frozenset(), INF
             if not self._boundary(need.node) or self._makes(opt, need):
                 closure.add(need)
                 closure |= below
+                paid, counted = paid + self._paid_of[need], counted + 1 + len(below)
             elif chosen.how == COPY:
                 # a boundary (a leaf, a shared value) copied here from where it is made: the
                 # copy is this device's, so its readers pay it (each one: a copy several read
                 # counts once per reader, which errs toward staying on one device); before,
                 # nothing paid it, and a GPU step reading a host input looked free of its copy
                 closure.add(need)
-        total = self._own(opt) + sum(self._own(self._best[s][1]) for s in closure)
-        return total - self._absorbed(opt), frozenset(closure)
+                paid, counted = paid + self._own_of[need], counted + 1
+        if len(closure) != counted:  # the closures overlap: what they share counts once
+            paid = sum(map(self._own_of.__getitem__, closure))
+        return self._own(opt) + paid - self._absorbed(opt), frozenset(closure), paid
 
     def _makes(self, opt: Option, need: Slot) -> bool:
         """Whether filling a device's slot of a shared value by ``opt`` pays for making the
@@ -636,16 +653,25 @@ class Planner:
 
     def solve(self) -> float:
         """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost."""
-        for n in nodes(self.outputs):
-            if n in self._inside:
-                continue  # planned with its block
-            for kind in self.kinds:
-                self.best(Slot(n, kind, False))
-                self.best(Slot(n, kind, True))
+        self._fill(*self.outputs)
         costs = [self.best(s)[0] for s in self.output_slots]
         if any(c == INF for c in costs):
             raise self.no_path_error()
         return sum(costs)
+
+    def _fill(self, *roots: Node) -> None:
+        """Solve the slots of the nodes below ``roots`` inputs first, each node's slots on
+        every device; nodes already filled are not entered again. ``solve`` fills the graph,
+        ``_solve_slot`` a composite's decomposition before costing it: solved from its root, an
+        unrolled recurrence (a 2-layer bidirectional GRU's 32 steps) recursed once per value
+        of every step and exceeded Python's recursion limit."""
+        for n in nodes(*roots, stop=self._filled):
+            if n in self._filled or n in self._inside:
+                continue  # (a block's inner nodes: planned with its block)
+            self._filled.add(n)
+            for kind in self.kinds:
+                self.best(Slot(n, kind, False))
+                self.best(Slot(n, kind, True))
 
     def plan(self) -> Plan:
         """The cheapest plan found: the DP's, or, where it leaves on another device steps the
@@ -688,6 +714,9 @@ class Planner:
                 self._options.clear()
                 self._rejected.clear()
                 self._best.clear()
+                self._own_of.clear()
+                self._paid_of.clear()
+                self._filled.clear()
                 self._made_on.clear()
                 self._credits.clear()
 
