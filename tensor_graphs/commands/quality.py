@@ -171,11 +171,8 @@ def _quality(args: argparse.Namespace) -> int:
     return _gpt2(args) if args.model == "gpt2" else _train_char(args)
 
 
-GROUPED = ("int4-weight", "int8-dynamic")  # the schemes whose scales cover groups along K
-
-
 def add_quality_command(sub) -> None:
-    from tensor_graphs.rewrite.quantize import SCHEMES
+    from tensor_graphs.rewrite.quantize import GROUPED, SCHEMES
 
     p = sub.add_parser(
         "quality", help="a quantized model's accuracy against float32 (tg.quality)",
@@ -243,7 +240,7 @@ def add_quality_command(sub) -> None:
     for group, model in ((g, "gpt2"), (c, "train-char")):
         for action in group._group_actions:  # noqa: SLF001 - argparse keeps no public list
             p.only_for(action.option_strings[0], "model", (model,), model)
-    p.only_for("--group", "quantize", GROUPED, " and ".join(GROUPED))
+    p.only_for("--group", "quantize", sorted(GROUPED), " and ".join(sorted(GROUPED)))
     p.add_argument("--db", default=None,
                    help="measurement database (default $TG_DB or "
                         "~/.cache/tensor_graphs/measurements.sqlite; ':memory:' for none)")

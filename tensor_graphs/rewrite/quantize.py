@@ -66,6 +66,27 @@ SCHEMES = {
 # float32 0.099 at 32 against 0.144 at 128 (embeddings' error 0.28 against 0.35); GPT-2 124M
 # decode (random weights, load ~9) 28 against 22 ms/token, 4 bytes of scale a group.
 GROUP_SIZE = 32
+# the schemes whose scales cover groups of ``group_size`` rows along K (int8-weight has a
+# scale per output channel; bf16/fp16 none)
+GROUPED = frozenset({"int4-weight", "int8-dynamic"})
+
+
+def group_size_for(scheme: str, group_size, where: str) -> int | None:
+    """The rows per scale ``scheme`` quantizes with: ``group_size``, or ``GROUP_SIZE`` when
+    None; None for a scheme without groups. Refused: a group size that is not a positive int,
+    and one given for a scheme without groups, which would be ignored (a user asking for
+    int8-weight at 64 rows would believe the scales covered 64 rows)."""
+    if group_size is not None and (isinstance(group_size, bool)
+                                   or not isinstance(group_size, int) or group_size < 1):
+        raise ArgumentError(f"{where}: group_size must be a positive int (rows of K per scale "
+                            f"of {' and '.join(sorted(GROUPED))}), got {group_size!r}")
+    if scheme not in GROUPED:
+        if group_size is not None:
+            raise ArgumentError(f"{where}: group_size is for {' and '.join(sorted(GROUPED))}, "
+                                f"whose scales cover groups of rows; {scheme} has none: "
+                                "leave group_size out")
+        return None
+    return GROUP_SIZE if group_size is None else group_size
 
 
 def _int8(w: Node) -> tuple[Node, Node]:
@@ -133,7 +154,8 @@ def _stored(name: str, linear: bool, layouts: dict[str, set[bool]]) -> str:
     return name + TWIN if not linear and True in layouts.get(name, ()) else name
 
 
-def _loaded(scheme: str, w: Node, linear: bool, group_size: int, base: str) -> Node:
+def _loaded(scheme: str, w: Node, linear: bool, group_size: int | None, base: str
+            ) -> Node:
     """The (K, N) weight a product reads from prequantized leaves ``<base>.q``,
     ``<base>.scale`` (``LOADED``; ``base``: ``_stored``'s name of ``w``), in place of ``w``'s
     float values."""
@@ -159,7 +181,7 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
     if scheme not in LOADED:
         raise ArgumentError(f"prequantized_weights: {scheme!r} has no prequantized form; "
                             f"known: {sorted(LOADED)}")
-    group_size = GROUP_SIZE if group_size is None else group_size
+    group_size = group_size_for(scheme, group_size, "prequantized_weights")
     if isinstance(skip, str):
         skip = (skip,)
     layouts = _layouts(outputs if isinstance(outputs, (list, tuple)) else
@@ -185,7 +207,7 @@ def prequantized_weights(outputs, weights, scheme: str, *, skip=(),
     return out
 
 
-def _groups_of(scheme: str, k: int, group_size: int) -> int:
+def _groups_of(scheme: str, k: int, group_size: int | None) -> int:
     """Rows of an int8 prequantized scale along K: int8-dynamic's groups, else 1."""
     g = _group(k, group_size) if scheme == "int8-dynamic" else 0
     return k // g if g else 1
@@ -243,10 +265,7 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
         raise ArgumentError(f"quantize: unknown scheme {scheme!r}; known: {sorted(SCHEMES)}")
     if isinstance(skip, str):
         skip = (skip,)
-    group_size = GROUP_SIZE if group_size is None else group_size
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ArgumentError(f"quantize: group_size must be a positive int (rows of K per "
-                            f"scale of int4-weight and int8-dynamic), got {group_size!r}")
+    group_size = group_size_for(scheme, group_size, "quantize")
     scheme_make, act = SCHEMES[scheme]
     if prequantized and scheme not in LOADED:
         raise ArgumentError(f"quantize: prequantized weights exist for {sorted(LOADED)}, not "

@@ -36,7 +36,13 @@ from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import WEIGHT
 from tensor_graphs.ir.shapes import dims_equal, format_shape
-from tensor_graphs.rewrite.quantize import GROUP_SIZE, LOADED, prequantized_weights
+from tensor_graphs.rewrite.quantize import (
+    GROUP_SIZE,
+    GROUPED,
+    LOADED,
+    group_size_for,
+    prequantized_weights,
+)
 from tensor_graphs.rewrite.quantize import quantize as quantize_graph
 from tensor_graphs.runtime.weights import (
     read_safetensors,
@@ -53,7 +59,6 @@ SKIP_KEY = "tensor_graphs.skip"  # metadata: JSON list of the skip patterns (wei
 
 # schemes whose stored scales depend on the group size (rewrite/quantize.py: int4's groups,
 # int8-dynamic's groups of K): a file of another group size holds other numbers
-GROUPED = {"int4-weight", "int8-dynamic"}
 
 # LOADED's kind -> the values a stored ``.q`` may hold
 Q_RANGE = {
@@ -96,7 +101,7 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
         raise ArgumentError(f"save_quantized: {scheme!r} has no prequantized form; known: "
                             f"{sorted(LOADED)} (bf16/fp16 weights are saved as float16/"
                             "bfloat16 tensors of the float checkpoint)")
-    group = GROUP_SIZE if group_size is None else group_size
+    group = group_size_for(scheme, group_size, "save_quantized")
     loaded = quantize_graph(_outs(outputs), scheme, skip=skip, group_size=group,
                             prequantized=True)
     float_weights = {n: (w if isinstance(w, np.ndarray) else np.asarray(w))
@@ -117,8 +122,8 @@ def save_quantized(path, outputs, weights: Mapping[str, np.ndarray], scheme: str
                                 f"{scheme} graph reads (pass the model's whole state dict)")
     if isinstance(skip, str):
         skip = (skip,)
-    meta = {**(metadata or {}), SCHEME_KEY: scheme, GROUP_KEY: str(group),
-            SKIP_KEY: json.dumps(list(skip))}
+    meta = {**(metadata or {}), SCHEME_KEY: scheme, SKIP_KEY: json.dumps(list(skip)),
+            **({} if group is None else {GROUP_KEY: str(group)})}
     write_safetensors(path, arrays, meta)
     return sorted(arrays)
 
@@ -159,7 +164,7 @@ def _check_float_weights(graph: Mapping[str, Node], weights: Mapping[str, np.nda
 
 
 def file_settings(path, scheme: str | None, group_size: int | None,
-                  skip: Sequence[str] = ()) -> tuple[str, int, tuple[str, ...]]:
+                  skip: Sequence[str] = ()) -> tuple[str, int | None, tuple[str, ...]]:
     """The (scheme, group size, skip patterns) to build the graph that binds the file at
     ``path``: the caller's, checked against the file's metadata where it names them, else the
     metadata's (a file without it, written by ``prequantized_weights`` + ``write_safetensors``,
@@ -167,11 +172,6 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     under another scheme or group size, and a weight skipped at saving has no ``.q`` to bind.
     Reads the header only."""
     header = read_safetensors_header(path)
-    if group_size is not None and (isinstance(group_size, bool) or
-                                   not isinstance(group_size, int) or group_size < 1):
-        # checked here, as tg.quantize checks it: the layout checks below divide by it
-        raise ArgumentError(f"{header.path}: group_size must be a positive int (rows of K "
-                            f"per scale of int4-weight and int8-dynamic), got {group_size!r}")
     meta = header.metadata or {}
     stored, stored_group = meta.get(SCHEME_KEY), meta.get(GROUP_KEY)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
@@ -187,6 +187,8 @@ def file_settings(path, scheme: str | None, group_size: int | None,
     if stored is not None and stored != scheme:
         raise ArgumentError(f"{header.path} holds {stored} weights, not {scheme}: load it "
                             f"with quantize={stored!r}, or save the model again as {scheme}")
+    if group_size is not None:  # checked here, as tg.quantize checks it: the layout checks
+        group_size_for(scheme, group_size, str(header.path))  # below divide by it
     pairs = _pairs({n: tuple(t.shape) for n, t in header.tensors.items()})
     if stored_group is not None and scheme in GROUPED:
         try:
@@ -225,7 +227,7 @@ def file_settings(path, scheme: str | None, group_size: int | None,
             raise ArgumentError(f"{header.path} was saved with skip={list(file_skip)!r}, not "
                                 f"{list(skip)!r}: load it with that skip (or leave skip out)")
         skip = file_skip
-    return scheme, GROUP_SIZE if group_size is None else group_size, skip
+    return scheme, group_size_for(scheme, group_size, str(header.path)), skip
 
 
 def read_prequantized(path, outputs, scheme: str, *,

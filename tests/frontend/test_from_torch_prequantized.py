@@ -199,7 +199,8 @@ def test_a_file_of_another_group_size(scheme, tmp_path, monkeypatch):
     torch.manual_seed(3)
     module = _mlp().eval()
     x = torch.randn(3, 40)
-    ref = tg.from_torch(module, (x,), quantize=scheme, group_size=16, db=":memory:")
+    groups = {} if scheme == "int8-weight" else {"group_size": 16}  # (refused: no groups)
+    ref = tg.from_torch(module, (x,), quantize=scheme, db=":memory:", **groups)
     path = tmp_path / "g16.safetensors"
     ref.save_quantized(path)
     assert relative_error(tg.from_torch(module, (x,), weights=path, db=":memory:")(x),

@@ -23,7 +23,7 @@ from tensor_graphs.kernels.c import build
 from tensor_graphs.numerics import relative_error
 from tensor_graphs.rewrite.quantize import prequantized_weights
 from tensor_graphs.runtime.prequantized import GROUP_KEY, SCHEME_KEY, SKIP_KEY, file_settings
-from tensor_graphs.runtime.weights import write_safetensors
+from tensor_graphs.runtime.weights import read_safetensors_header, write_safetensors
 
 pytestmark = pytest.mark.skipif(not build.available(), reason="no C compiler")
 
@@ -117,6 +117,21 @@ def test_a_bad_group_size_for_a_file_is_refused_as_tg_quantize_refuses_it(tmp_pa
     with pytest.raises(ArgumentError, match=r"group_size must be a positive int"):
         file_settings(path, "int4-weight", group_size)
     assert file_settings(path, "int4-weight", 20)[1] == 20
+
+
+def test_a_group_size_for_int8_weight_is_refused_not_ignored(tmp_path):
+    """int8-weight has a scale per output channel: a group size asked of it, at saving or
+    at loading, is refused (it was ignored, and the file's metadata claimed groups of 32)."""
+    y, weights = _model(), _weights(np.random.default_rng(4))
+    path = tmp_path / "int8.safetensors"
+    with pytest.raises(ArgumentError, match="group_size is for.*int8-weight has none"):
+        tg.save_quantized(path, y, weights, "int8-weight", group_size=64)
+    assert not path.exists()
+    tg.save_quantized(path, y, weights, "int8-weight")
+    assert GROUP_KEY not in read_safetensors_header(path).metadata
+    assert file_settings(path, None, None)[:2] == ("int8-weight", None)
+    with pytest.raises(ArgumentError, match=rf"{re.escape(str(path))}: group_size is for"):
+        file_settings(path, None, 64)
 
 
 def test_schemes_without_a_stored_form_are_refused():

@@ -72,6 +72,10 @@ def test_int4_shapes_are_refused_with_the_fix():
     with pytest.raises(ArgumentError, match="group_size"):
         tg.quantize(tg.input("a", (2, 8)) @ tg.weight("w", (8, 3)), "int4-weight",
                     group_size=0)
+    for scheme in ("int8-weight", "fp16-weight", "bf16-weight"):  # no groups: not ignored
+        with pytest.raises(ArgumentError, match=f"group_size is for.*{scheme} has none"):
+            tg.quantize(tg.input("a", (2, 8)) @ tg.weight("w", (8, 3)), scheme,
+                        group_size=16)
 
 
 def _feeds(rng, m, k, n, ng):
@@ -171,8 +175,8 @@ def test_a_whole_program_under_each_forced_path(monkeypatch, path):
     weights = {"w1": rng.standard_normal((72, 40)).astype(np.float32),
                "b1": rng.standard_normal(40).astype(np.float32),
                "w2": rng.standard_normal((40, 9)).astype(np.float32)}
-    for scheme in ("fp16-weight", "int4-weight"):
-        q = tg.quantize(y, scheme, group_size=24)
+    for scheme, options in (("fp16-weight", {}), ("int4-weight", {"group_size": 24})):
+        q = tg.quantize(y, scheme, **options)
         prog = tg.compile(q, db=":memory:", bounds={"rows": 8}).bind(**weights)
         assert any(k in prog.explain() for k in ("c_f16_matmul", "c_q4_matmul"))
         monkeypatch.setenv(ql.ENV, path)
