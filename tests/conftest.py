@@ -24,12 +24,39 @@ settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def _child_env() -> dict[str, str]:
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
 @pytest.fixture
 def child_env() -> dict[str, str]:
     """The environment of a child Python process: this checkout first on its path, and the
     PYTHONPATH the suite runs with kept after it (packages installed beside the checkout)."""
-    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    return _child_env()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "child(name): a door test waiting for the child run "
+                                       "``name`` of tests/children.py")
+
+
+def pytest_collection_finish(session):
+    """Start the child runs whose door tests are selected and not skipped outright, in the
+    background, so they overlap the main run (``tests/children.py``)."""
+    from tests import children
+
+    for item in session.items:
+        if any(m.args and m.args[0] is True for m in item.iter_markers("skipif")):
+            continue
+        for mark in item.iter_markers("child"):
+            children.start(mark.args[0], _child_env())
+
+
+def pytest_sessionfinish(session):
+    from tests import children
+
+    children.stop_all()
 
 
 @pytest.fixture

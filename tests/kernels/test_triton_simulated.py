@@ -3,41 +3,27 @@ simulated GPU, and, in this process (no GPU), that none is offered.
 
 ``TG_SIMULATED_CUDA=1`` makes cuda:0 a device in host memory and switches Triton to its
 interpreter; it must be set before tensor_graphs (and triton) is imported, so the folder runs
-in its own pytest process. On a machine with a real GPU the main run also runs the folder
-directly, on the GPU."""
+in its own pytest process, in the background (``tests/children.py``). On a machine with a
+real GPU the main run also runs the folder directly, on the GPU."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tensor_graphs.kernels import triton as package
+from tests import children
 from tests.kernels.triton.common import atomic_root
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(not package.installed(), reason="needs triton and torch")
 
 
 @pytest.mark.slow
 @needs_triton
-def test_the_triton_tests_pass_on_the_simulated_gpu(child_env, tmp_path):
-    env = dict(child_env, TG_SIMULATED_CUDA="1", TG_DB=str(tmp_path / "triton.sqlite"),
-               TG_CACHE_DIR=str(tmp_path / "cache"),
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    env.pop(package.INTERPRET, None)  # the simulated GPU sets it before triton is imported
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-         "ignore::RuntimeWarning", str(ROOT / "tests" / "kernels" / "triton")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    tail = (res.stdout + res.stderr)[-6000:]
-    assert res.returncode == 0, tail
-    summary = res.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "skipped" not in summary and "failed" not in summary, tail
+@pytest.mark.child("triton")
+def test_the_triton_tests_pass_on_the_simulated_gpu(child_env):
+    children.finish("triton", child_env).assert_all_passed()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None and package.usable(),

@@ -19,6 +19,7 @@ import pytest
 from tensor_graphs.kernels import triton as package
 from tensor_graphs.kernels.triton import templates
 from tensor_graphs.kernels.triton.templates import argmax, attention, gather, matmul, rope
+from tests import children
 
 FOLDER = Path(__file__).resolve().parent
 ROOT = FOLDER.parents[2]
@@ -33,14 +34,12 @@ needs_triton = pytest.mark.skipif(not package.installed(), reason="needs triton 
 @pytest.mark.slow
 @pytest.mark.skipif(templates.REGISTERED, reason="the templates are registered here: this "
                     "process runs the folder's tests itself")
+@pytest.mark.child("templates")
 def test_templates_in_the_interpreter(child_env):
     pytest.importorskip("torch")
-    env = dict(child_env, TG_SIMULATED_CUDA="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           str(FOLDER)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    done = children.finish("templates", child_env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
     passed = re.search(r"(\d+) passed", out)
     assert passed and int(passed.group(1)) > KERNELS, out[-3000:]  # every kernel verified
 
