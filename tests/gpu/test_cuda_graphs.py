@@ -515,10 +515,7 @@ def test_decode_captures_a_cache_length_met_before_then_replays(slow_host):
     decode = gen.decode
     decode._symbolic.graphs.padding = None  # one graph per cache length (padded: below)
     prompt = _rng(3).integers(0, 211, (1, 8))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=33, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids)).numpy()
+    expected = tiny.greedy(lm, prompt, 33)
     first = gen(prompt, 33)  # 32 decode steps, past = 8 .. 39
     np.testing.assert_array_equal(first, expected)
     assert decode.stats["graph_captures"] == 0 and decode.stats["graph_runs"] == 0, \
@@ -623,10 +620,7 @@ def test_a_long_generation_captures_a_graph_per_bucket_and_replays_the_rest(slow
                                       device="cuda", backends=TORCH_ONLY)
     decode = gen.decode
     prompt = _rng(3).integers(0, 211, (1, 8))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids)).numpy()
+    expected = tiny.greedy(lm, prompt, 64)
     np.testing.assert_array_equal(gen(prompt, 64), expected)  # 63 decode steps
     assert decode.stats["graph_captures"] == 4, decode.loop
     assert decode.stats["graph_runs"] == 63 - 4, decode.loop  # each bucket's first: the loop
@@ -675,10 +669,7 @@ def test_a_padded_decode_step_appends_inside_its_attention_and_chains_its_gemvs(
     plan = gens[None].decode.plan
     assert sum(s.kernel.name.startswith("triton_decode_attention") for s in plan.steps) == 2
     prompt = _rng(3).integers(0, 211, (1, 8))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=14, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids)).numpy()
+    expected = tiny.greedy(lm, prompt, 14)
     for _ in range(2):  # past 8..20: buckets 16 and 20 captured, then replayed
         np.testing.assert_array_equal(gens[None](prompt, 14), expected)
     assert folded.count(4) == 2, folded  # (2 layers x keys and values, in each bucket)
@@ -733,10 +724,7 @@ def test_a_llama_decode_normalizes_in_its_packed_gemvs_and_chains_them(slow_host
              for s in gen.decode.plan.steps if "gemv" in s.kernel.name]
     assert gemvs.count(norm) == 5, gemvs  # per layer q/k/v and gate/up; the LM head
     prompt = _rng(3).integers(0, 211, (1, 8))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids)).numpy()
+    expected = tiny.greedy(lm, prompt, 6)
     with _chains_folded() as chained:
         for _ in range(2):
             np.testing.assert_array_equal(gen(prompt, 6), expected)
@@ -760,10 +748,7 @@ def test_a_chained_batch_decode_copies_a_view_only_after_the_stage_it_reads(slow
     gen = Generator.from_transformers(lm, max_len=24, max_prompt=8, db=slow_host,
                                       device="cuda", batch=2)
     prompt = _rng(3).integers(0, 211, (2, 8))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        expected = lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids)).numpy()
+    expected = tiny.greedy(lm, prompt, 10)
     with _chains_folded() as chained:
         for _ in range(2):
             np.testing.assert_array_equal(gen(prompt, 10), expected)

@@ -1,11 +1,21 @@
 """The tiny GPT-2 and Llama the GPU tests generate with: transformers' own modules, random
 weights drawn under one seed, so a test compares its tokens with transformers' ``generate``
-of the same model. Not a test module (pytest collects ``test_*.py`` only)."""
+of the same model (``greedy``). Not a test module (pytest collects ``test_*.py`` only)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
+
+def greedy(lm, prompt: np.ndarray, tokens: int) -> np.ndarray:
+    """transformers' greedy generation of ``tokens`` tokens after ``prompt`` (batch, length),
+    every position attended: what a Generator of ``lm`` must return."""
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        return lm.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                           attention_mask=torch.ones_like(ids)).numpy()
 
 
 def gpt2(n_layer: int = 1, n_embd: int = 32, n_positions: int = 64):
