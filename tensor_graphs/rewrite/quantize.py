@@ -66,8 +66,9 @@ SCHEMES = {
 # float32 0.099 at 32 against 0.144 at 128 (embeddings' error 0.28 against 0.35); GPT-2 124M
 # decode (random weights, load ~9) 28 against 22 ms/token, 4 bytes of scale a group.
 GROUP_SIZE = 32
-# the schemes whose scales cover groups of ``group_size`` rows along K (int8-weight has a
-# scale per output channel; bf16/fp16 none)
+# the schemes whose scales cover groups of ``group_size`` rows along K, so a file saved with
+# another group size holds other numbers (int8-weight has a scale per output channel;
+# bf16/fp16 none)
 GROUPED = frozenset({"int4-weight", "int8-dynamic"})
 
 

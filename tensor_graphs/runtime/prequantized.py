@@ -57,9 +57,6 @@ SCHEME_KEY = "tensor_graphs.quantize"  # metadata: the scheme the file's .q/.sca
 GROUP_KEY = "tensor_graphs.group_size"  # metadata: rows of K per scale (GROUPED schemes)
 SKIP_KEY = "tensor_graphs.skip"  # metadata: JSON list of the skip patterns (weights left float)
 
-# schemes whose stored scales depend on the group size (rewrite/quantize.py: int4's groups,
-# int8-dynamic's groups of K): a file of another group size holds other numbers
-
 # LOADED's kind -> the values a stored ``.q`` may hold
 Q_RANGE = {
     "int8": (-128, 127),  # any int8 (the scheme writes [-127, 127]; -128 dequantizes as well)
