@@ -355,7 +355,7 @@ def aliased(rename, aliases: Mapping[str, str], names: Collection[str]
     ``save_pretrained`` writes a tied tensor once: GPT-2's LM head is only in the file as
     ``transformer.wte.weight``, while ``torch.export`` names the weight ``lm_head.weight``.
     Where the file also holds the graph's own name, the alias is skipped."""
-    base = _renamer(rename)
+    base = renamer(rename)
 
     def named(fname: str) -> str | None:
         return base(fname) if base is not None else fname
@@ -397,7 +397,7 @@ def read_checkpoint(path, wanted: Mapping[str, tuple[tuple, DType]], *,
     if not is_shard_index(path):
         return read(path, wanted, optional, strict)
     where = shard_map(path)
-    rename = _renamer(rename)
+    rename = renamer(rename)
     leaf_of = {}  # leaf name -> the index's tensor name
     for fname in where:
         leaf = rename(fname) if rename is not None else fname
@@ -501,7 +501,7 @@ def _renamed(names: Mapping, fname: str):
     return names.get(fname, fname)
 
 
-def _renamer(rename) -> Callable[[str], str | None] | None:
+def renamer(rename) -> Callable[[str], str | None] | None:
     """``rename`` as a function of a file's tensor name: a mapping's missing names stay."""
     return functools.partial(_renamed, dict(rename)) if isinstance(rename, Mapping) else rename
 
@@ -514,7 +514,7 @@ def _match(header: SafetensorsHeader, wanted: Mapping, strict: bool, rename,
     want = {name: (tuple(_dim(d) for d in shape), as_dtype(dt))
             for name, (shape, dt) in wanted.items()}
 
-    rename = _renamer(rename)  # file name -> leaf name
+    rename = renamer(rename)  # file name -> leaf name
     by_leaf: dict[str, TensorInfo] = {}
     for fname, info in header.tensors.items():
         leaf = rename(fname) if rename is not None else fname

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tensor_graphs.errors import ArgumentError, FeedError
+from tensor_graphs.errors import ArgumentError, FeedError, TensorGraphsError
 from tensor_graphs.frontend.aten.random_ops import training_rng
 from tensor_graphs.frontend.grad_regions import inline_grad_regions
 from tensor_graphs.ir import api as tg
@@ -62,7 +62,10 @@ class TorchTrainer(Trainer):
                                 " the module's inputs, then the loss's targets)")
             batch.update((n, to_host(a)) for n, a in zip(self.arg_names, args)
                          if n in self.inputs)
-        return super().step(**batch)
+        try:
+            return super().step(**batch)
+        except TensorGraphsError as exc:
+            raise type(exc)(_with_positions(str(exc), self.arg_names)) from None
 
     def load_into(self, module) -> None:
         """Write the trained parameters into ``module`` (``load_state_dict``, not strict:
@@ -77,6 +80,16 @@ class TorchTrainer(Trainer):
             raise ArgumentError(f"load_into: the module has no {missing}; give the module "
                                 "this trainer was made from")
         module.load_state_dict(state, strict=False)
+
+
+def _with_positions(message: str, names: Sequence[str | None]) -> str:
+    """``message`` with each of the export wrapper's input names followed by its position in
+    ``example_args``: the wrapper's ``forward(*values)`` names them values_0, values_1...,
+    which the caller, who passed them by position, never wrote."""
+    for i, name in enumerate(names):
+        if name:
+            message = message.replace(f"'{name}'", f"'{name}' (example_args[{i}])", 1)
+    return message
 
 
 # what ``options`` may hold beside tg.compile's: tg.Trainer's own (compile's others pass on)

@@ -46,6 +46,7 @@ from tensor_graphs.optim.base import Optimizer
 from tensor_graphs.runtime.weights import (
     read_safetensors,
     read_safetensors_header,
+    renamer,
     write_safetensors,
 )
 
@@ -65,7 +66,7 @@ class Trainer:
     logits), read with ``last``. ``seed``: where the generators of the loss's dropouts
     (``tg.rng``) start; the step advances them in place, so each step draws new masks and
     the same seed draws the same ones again. ``device``, ``tolerance`` (None: the default
-    for the loss's and parameters' precision, as ``tg.compile``'s for its results) and
+    for the parameters' precision, as ``tg.compile``'s for its results) and
     ``compile_options`` go to ``tg.compile`` (``bounds=`` for a batch with symbolic dims,
     ``db=``, ``profile=``).
 
@@ -113,19 +114,19 @@ class Trainer:
         generators = rng_states(self.outputs)
         self.rngs = {s.name: initial(seed) for s in generators}
         self.outputs += [advance(s) for s in generators]  # one step further per call
-        # by default the precision of what trains (the loss and the parameters), not of the
-        # step's every output: a bfloat16 model's optimizer still counts its steps in float32
-        tolerance = resolve_tolerance(tolerance, [loss, *self.params.values()])
+        # by default the precision of what trains (the parameters), not of the step's every
+        # output: a bfloat16 model's optimizer still counts its steps in float32, and its loss
+        # is often taken in float32 (logits.float(), as transformers does), which at 1e-5
+        # left its bfloat16 layers no path at all
+        tolerance = resolve_tolerance(tolerance, list(self.params.values()))
         self.program = compile_graph(self.outputs, device=device, tolerance=tolerance,
                                      **compile_options)
         self.program.bind(**self.updates.state_init(), **self.rngs)
         self.inputs: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
                                         if lf.op.name == INPUT}
-        self.frozen: dict[str, Node] = {lf.name: lf for lf in leaves(self.outputs)
-                                        if lf.op.name == WEIGHT}
-        self._frozen_values: dict[str, np.ndarray] = {}
-        self._bound: set[str] = set()  # the parameters and frozen weights given values
         self._optim_states = set(self.updates.init) | set(self.rngs)  # resumed together
+        self.frozen: dict[str, Node] = _frozen(self.outputs, {*self.params, *self._optim_states})
+        self._bound: set[str] = set()  # the parameters and frozen weights given values
         self._compile = dict(device=device, tolerance=tolerance,
                              **{k: v for k, v in compile_options.items()
                                 if k in ("db", "backends")})
@@ -150,8 +151,6 @@ class Trainer:
             self.program.bind(**held)
         except TensorGraphsError as exc:  # the program's "bind: ..." said once, as the trainer
             raise type(exc)(f"Trainer.bind: {str(exc).removeprefix('bind: ')}") from None
-        self._frozen_values.update((n, np.asarray(v)) for n, v in values.items()
-                                   if n in self.frozen)
         self._bound.update(values)
         return self
 
@@ -193,6 +192,7 @@ class Trainer:
         known from the file's metadata (``save`` records it); without it (another writer),
         states under this optimizer's prefix that it does not keep tell."""
         header = read_safetensors_header(path)
+        rename = renamer(rename)  # a mapping as prog.bind_safetensors takes it, too
         names = {rename(n) if rename is not None else n for n in header.tensors} - {None}
         saved_by = (header.metadata or {}).get(OPTIMIZER_KEY)
         prefix, mine = self.optimizer.prefix, self.optimizer.name
@@ -223,7 +223,10 @@ class Trainer:
         ``optimizer``, the optimizer's states too, to resume training. Written atomically: an
         error leaves no half-written file (any file there before stays as it was)."""
         self._check_bound("Trainer.save")
-        arrays: dict[str, np.ndarray] = {**self._frozen_values, **self.weights()}
+        # the frozen weights as the program holds them (cast to the leaf's dtype when bound),
+        # not the caller's arrays, which may have changed since or be of another dtype
+        frozen = self.program.bound_weights(sorted(self._bound & set(self.frozen)))
+        arrays: dict[str, np.ndarray] = {**frozen, **self.weights()}
         if optimizer:
             arrays.update((n, np.array(self.program.state(n)))
                           for n in sorted(self._optim_states))
@@ -292,6 +295,14 @@ def _check_loss(loss) -> None:
     if loss.ndim or not loss.dtype.is_float:
         raise ShapeError(f"Trainer: the loss must be a float scalar, got {loss.dtype.name} "
                          f"{format_shape(loss.shape)}; reduce it (loss.mean())")
+
+
+def _frozen(outputs: Sequence[Node], own: set[str]) -> dict[str, Node]:
+    """The leaves bound once and never trained: the weights not trained, and the states the
+    step reads but neither the parameters nor the optimizer's (a state the loss reads and
+    nothing updates is a constant, which ``bind`` must take: it refused it as unknown)."""
+    return {lf.name: lf for lf in leaves(outputs)
+            if lf.op.name == WEIGHT or (lf.op.name == STATE and lf.name not in own)}
 
 
 def _chosen(params, by_name: Mapping[str, Node], loss: Node) -> list[Node]:
