@@ -14,6 +14,7 @@ never fails because of us, unless ``options={"fallback": False}`` asks for the e
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -193,8 +194,11 @@ class DynamoProgram:
             self._options["db"] = opts["db"]
         self._fixed_bound = opts["bound"]
         self.bounds: dict[str, int] = {}  # the symbolic sizes' bounds the program runs with
-        # weight -> (the tensor bound, its version then)
-        self._versions: dict[str, tuple[object, int | None]] = {}
+        # weight -> (the tensor bound, its state then: version and memory)
+        self._versions: dict[str, tuple[object, tuple[int | None, int]]] = {}
+        # held while re-binding or re-planning: another thread's call must not see the new
+        # bounds before the plan made for them (it ran the old plan past its bound)
+        self._lock = threading.Lock()
         self._weight_arrays = weights
         if nodes:
             self._nodes += _shape_carriers(nodes, leaves, self._used_dims())
@@ -244,7 +248,7 @@ class DynamoProgram:
         so an in-place update of a parameter (``load_state_dict``, an optimizer step) is
         seen by the next call."""
         for name, tensor in tensors.items():
-            self._versions[name] = (tensor, _version(tensor))
+            self._versions[name] = (tensor, _state(tensor))
             if arrays is None or name not in arrays:
                 self._weight_arrays[name] = to_host(tensor).copy()
         self._program.bind(**{n: self._weight_arrays[n] for n in tensors if n in self._present})
@@ -292,16 +296,18 @@ class DynamoProgram:
     def _execute(self, args, arrays: list, dims: dict) -> list:
         """The program's outputs on this call's arrays: weights changed in place are bound
         again, a size past its bound compiles first."""
-        changed = {name: args[i] for i, name in self._weights.items()
-                   if args[i] is not self._versions[name][0]
-                   or _version(args[i]) != self._versions[name][1]}
-        if changed:
-            self._bind(changed)
-        over = {k: v for k, v in dims.items() if k in self.bounds and v > self.bounds[k]}
-        if over:
-            self._compile({**self.bounds, **{k: _pow2(2 * v) for k, v in over.items()}})
+        with self._lock:
+            changed = {name: args[i] for i, name in self._weights.items()
+                       if args[i] is not self._versions[name][0]
+                       or _state(args[i]) != self._versions[name][1]}
+            if changed:
+                self._bind(changed)
+            over = {k: v for k, v in dims.items() if k in self.bounds and v > self.bounds[k]}
+            if over:
+                self._compile({**self.bounds, **{k: _pow2(2 * v) for k, v in over.items()}})
+            program = self._program
         feeds = {leaf.name: a for leaf, a in zip(self._leaves, arrays) if leaf.name in self._read}
-        results = self._program(**feeds)
+        results = program(**feeds)
         return [results] if isinstance(results, np.ndarray) else results
 
 
@@ -313,6 +319,13 @@ def _import(exported, spec: list):
         raise RefusedGraphError(f"this graph writes its inputs in place ({', '.join(written)}),"
                                 " which a tensor_graphs program does not do")
     return import_exported(exported, dim_names(spec))
+
+
+def _state(tensor) -> tuple[int | None, int]:
+    """What tells a weight's values changed in place since they were bound: its version (an
+    in-place write) and its memory (``param.data = w`` keeps the version; a write through
+    ``param.data``, ``param.data.mul_(2)``, changes neither and goes unseen)."""
+    return _version(tensor), tensor.data_ptr()
 
 
 def _version(tensor) -> int | None:

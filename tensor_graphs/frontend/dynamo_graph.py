@@ -78,6 +78,9 @@ def exportable(gm, example_inputs: list) -> Exportable:
                                     f"{type(value).__name__}; the tensor_graphs backend takes "
                                     "tensors and symbolic sizes")
     for node, value in sizes:
+        if not node.users:  # (a stride of a sliced input: Dynamo passes it, nothing reads it)
+            graph.erase_node(node)
+            continue
         expr = node.meta.get("example_value", value)
         expr = _expr(expr) if isinstance(expr, torch.SymInt) else expr
         source = _size_source(tensors, expr)

@@ -1,0 +1,121 @@
+"""torch.compile(model, backend="tensor_graphs") the way users call it: bugs a hunt found,
+each compared with eager torch on the same weights."""
+
+import threading
+import warnings
+
+import pytest
+
+import tensor_graphs  # noqa: F401  (before torch: its thread pools start quiet)
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+from tensor_graphs.frontend import dynamo  # noqa: E402
+from tensor_graphs.frontend.dynamo import DynamoProgram, EagerFallbackWarning  # noqa: E402
+from tensor_graphs.numerics import relative_error  # noqa: E402
+
+TOL = 1e-5
+OPTIONS = {"db": ":memory:"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (Dynamo's caches are per code object and global)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Spy:
+    """The registered backend, recording what it returns for each graph Dynamo hands over."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        made = torch._dynamo.lookup_backend("tensor_graphs")(gm, example_inputs, **kwargs)
+        self.made.append(made)
+        return made
+
+    @property
+    def ours(self) -> list:
+        return [m for m in self.made if isinstance(m, DynamoProgram)]
+
+
+def _err(got, ref) -> float:
+    return relative_error(got.detach().double().numpy(), ref.detach().double().numpy())
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 4)).eval()
+
+
+def test_a_parameter_given_new_data_is_seen():
+    """``param.data = w`` swaps the memory but keeps the version counter, which was all the
+    backend compared: the program kept the weights bound first and the results went silently
+    wrong (relative error ~1)."""
+    m = _mlp()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        compiled(x)
+        m[0].weight.data = torch.randn(16, 8)
+        assert _err(compiled(x), m(x)) <= TOL
+    assert [p.calls for p in spy.ours] == [2]  # our program ran both calls
+
+
+def test_a_call_in_another_thread_while_a_larger_size_replans():
+    """A size past the bound re-plans; the new bounds were set before the new plan existed,
+    so another thread's call in that window ran the old plan past its bound: a ShapeError,
+    and the graph was sent to eager torch for good with a misleading warning."""
+    m = _mlp()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, dynamic=True, options=OPTIONS)
+    plan = dynamo.compiler.compile
+    inputs = {n: torch.randn(n, 8) for n in (3, 70, 100)}
+    other: dict = {}
+
+    def call_other():
+        with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+            warnings.simplefilter("always")
+            other["out"] = compiled(inputs[100])
+        other["fallback"] = [w for w in seen if w.category is EagerFallbackWarning]
+
+    def replan(*args, **kwargs):  # the second plan (for 70) with a call of 100 meanwhile
+        if spy.ours and spy.ours[0].compiles == 1 and "thread" not in other:
+            other["thread"] = threading.Thread(target=call_other)
+            other["thread"].start()
+            other["thread"].join(timeout=1.0)  # it waits for this plan, or ran without it
+        return plan(*args, **kwargs)
+
+    with torch.no_grad():
+        compiled(inputs[3])  # planned with the bound 64
+        dynamo.compiler.compile = replan
+        try:
+            got = compiled(inputs[70])
+        finally:
+            dynamo.compiler.compile = plan
+        other["thread"].join()
+        assert _err(got, m(inputs[70])) <= TOL
+        assert _err(other["out"], m(inputs[100])) <= TOL
+    assert not other["fallback"]
+    (prog,) = spy.ours
+    assert not prog._eager and prog.calls == 3
+
+
+def test_a_sliced_input_after_a_dense_one_runs_as_our_program():
+    """Dynamo recompiles for an input of new strides with the strides as symbolic graph
+    inputs that nothing reads; they were refused as sizes no tensor has, and the graph ran
+    in eager torch from then on."""
+    m = _mlp()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", EagerFallbackWarning)
+        for x in (torch.randn(3, 8), torch.randn(3, 16)[:, :8], torch.randn(5, 16)[:, 8:]):
+            assert _err(compiled(x), m(x)) <= TOL
+    assert spy.ours and all(not p._eager for p in spy.ours)
+    assert sum(p.calls for p in spy.ours) == 3
