@@ -28,6 +28,7 @@ from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops import OPS
 from tensor_graphs.ir.ops.atomic import SCATTER_REDUCE
 from tensor_graphs.ir.ops.elementwise import div, logical_not
+from tensor_graphs.ir.ops.names import ARGSORT, SLICE
 from tensor_graphs.ir.ops.reductions import prod
 from tensor_graphs.ir.shapes import dims_equal, format_shape, normalize_axes, normalize_axis
 
@@ -99,7 +100,27 @@ def _linear_index(shape, indices: Node, axis: int) -> Node:
                                                                             tg.size(stride))
         total = term if total is None else tg.add(term, total)
         stride = stride * shape[k]
-    return tg.expand(total, indices.shape) if total.shape != indices.shape else total
+    total = tg.expand(total, indices.shape) if total.shape != indices.shape else total
+    return total if _in_range_by_construction(indices) else \
+        _outside_made_invalid(total, indices, shape[axis])
+
+
+def _in_range_by_construction(indices: Node) -> bool:
+    """Whether ``indices`` are an argsort's (or a leading slice of one: sort, topk), so in
+    range by construction and not worth a guard."""
+    while indices.op.name == SLICE:
+        indices = indices.inputs[0]
+    return indices.op.name == ARGSORT
+
+
+def _outside_made_invalid(linear: Node, indices: Node, size) -> Node:
+    """``linear`` where ``indices`` lie in [0, size), else -1: an index past its row's end
+    (or a negative one) would otherwise land in a neighbouring row of the flattened x and
+    be read or written there silently; -1 is out of range of the flat gather or scatter, so
+    their own range checks refuse it."""
+    idx = tg.cast(indices, "int64")
+    inside = tg.mul(tg.less(-1, idx), tg.less(idx, tg.size(size)))  # (mul: and, on bools)
+    return tg.where(inside, linear, tg.constant(-1, "int64"))
 
 
 def _check_along(op: str, x: Node, indices: Node, axis: int) -> None:
