@@ -139,7 +139,8 @@ def _check_along(op: str, x: Node, indices: Node, axis: int) -> None:
 @composite(example=_xi)
 def take_along_axis(x, indices, *, axis=-1):
     """torch.gather (numpy's take_along_axis): ``out[i][j] = x[i][indices[i][j]]`` for axis 1,
-    indices no larger than x on the other axes; a gather of x flattened at the linear index."""
+    indices no larger than x on the other axes, each in [0, size) as torch's (one outside is
+    refused, not wrapped); a gather of x flattened at the linear index."""
     _check_along("take_along_axis", x, indices, axis)
     return tg.gather(tg.reshape(x, (-1,)), _linear_index(x.shape, indices, axis), axis=0)
 
@@ -243,7 +244,7 @@ def put_along_axis(x, indices, values, *, axis=-1, reduce="replace", include_sel
     is written (``replace``) or combined (``sum``, ``prod``, ``amax``, ``amin``, ``mean``;
     ``include_self=False`` leaves x's own value out where something lands); a scalar values
     fills. Repeated indices: every one counts; under replace the last in row-major order
-    wins (torch leaves it unspecified)."""
+    wins (torch leaves it unspecified). An index outside [0, size) is refused."""
     if reduce not in PUT_REDUCE:
         raise ShapeError(f"put_along_axis: reduce must be one of {', '.join(PUT_REDUCE)}, "
                          f"got {reduce!r}")
