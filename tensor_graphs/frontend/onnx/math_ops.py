@@ -59,6 +59,24 @@ def _pow(a, b):
     return tg.pow(a, b if b.dtype == a.dtype else tg.cast(b, a.dtype))
 
 
+def _pow_static(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pow of static numbers, as ``_pow`` computes it: shape arithmetic takes a root (the
+    TorchScript export of a ViT's position grid, ``int(num_positions ** 0.5)``), and a Pow
+    left unfolded made the Reshape after it a run-time shape, refused."""
+    if a.dtype.kind in "iu" and (b.dtype.kind == "f" or (b < 0).any()):
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+    return np.power(a, b.astype(a.dtype))
+
+
+def _pow_mapped(c: Ctx):
+    """Folds static numeric operands; symbolic dims (object arrays) stay graph nodes."""
+    if not any(c.is_static(i) and c.inputs[i].array.dtype == object for i in range(c.n)):
+        folded = fold(c, _pow_static)
+        if folded is not None:
+            return folded
+    return _pow(c.t(0), c.t(1))
+
+
 def _mod(c: Ctx):
     folded = fold(c, lambda a, b: _same_kind(np.fmod(a, b) if c.a("fmod", 0) else np.mod(a, b),
                                              a))
@@ -79,7 +97,6 @@ BINARY = {
     "Sub": (tg.sub, operator.sub),
     "Mul": (tg.mul, operator.mul),
     "Div": (_div, _int_div),
-    "Pow": (_pow, None),
     "Equal": (tg.equal, np.equal),
     "Less": (tg.less, np.less),
     "LessOrEqual": (tg.less_equal, np.less_equal),
@@ -197,6 +214,16 @@ def _reduce(fn, since_input: int = 18, pre=None, post=None, empty=None):
     return mapped
 
 
+def _mean_keeping_dtype(x, axis, keepdims: bool):
+    """ReduceMean of ints is of the input's dtype, the sum divided by the count truncated (as
+    ONNX Runtime divides): ``tg.mean`` returned floats, which a graph's later int ops and
+    its declared int output did not expect."""
+    if x.dtype.is_float:
+        return tg.mean(x, axis=axis, keepdims=keepdims)
+    count = functools.reduce(operator.mul, (x.shape[a] for a in (axis or range(x.ndim))), 1)
+    return tg.div_trunc(tg.sum(x, axis=axis, keepdims=keepdims), tg.size(count, x.dtype.name))
+
+
 def _empty_reduction(c: Ctx, x, axes, keep: bool, value: float):
     """A reduction over an empty axis: ONNX's identity of the reduction (-inf for a max)."""
     rank = x.ndim
@@ -281,6 +308,7 @@ def table() -> dict:
     out.update({name: _binary(fn, st) for name, (fn, st) in BINARY.items()})
     out.update({
         "Mod": _mod,
+        "Pow": _pow_mapped,
         "BitShift": _shift,
         "Max": _variadic(tg.maximum, np.maximum),
         "Min": _variadic(tg.minimum, np.minimum),
@@ -292,7 +320,7 @@ def table() -> dict:
         "Clip": _clip,
         "IsInf": _isinf,
         "ReduceSum": _reduce(tg.sum, since_input=13),
-        "ReduceMean": _reduce(tg.mean),
+        "ReduceMean": _reduce(_mean_keeping_dtype),
         "ReduceMax": _reduce(tg.max, empty=float("-inf")),
         "ReduceMin": _reduce(tg.min, empty=float("inf")),
         "ReduceProd": _reduce_prod,

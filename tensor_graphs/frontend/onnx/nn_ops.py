@@ -187,6 +187,21 @@ def _conv(c: Ctx):
     return tg.squeeze(out, 2) if one else out
 
 
+def _transpose_pads(target, sizes, strides, extra, k, dil, auto: str, at_least=None) -> list:
+    """ConvTranspose's pads for an output of ``target`` sizes (its ``output_shape``, or the
+    input's times the stride under SAME_*; the pads attribute is then ignored): the full
+    output's excess over the target, cut at both ends, the larger half at the start unless
+    auto_pad is SAME_UPPER, as ONNX's spec and ONNX Runtime cut it (cut at the end only,
+    every output pixel was shifted by one). ``at_least``: the least excess (0 for an
+    output_shape, whose longer output is padded with zeros at the end afterwards)."""
+    n = len(sizes)
+    total = [strides[i] * (sizes[i] - 1) + extra[i] + (k[i] - 1) * dil[i] + 1 - target[-n + i]
+             for i in range(n)]
+    total = total if at_least is None else [max(at_least, t) for t in total]
+    low = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    return low + [t - lo for t, lo in zip(total, low)]
+
+
 def _conv_transpose(c: Ctx):
     """The gradient of a convolution as one: the input spread by the stride (zeros between),
     padded by the dilated kernel less the pads, convolved with the flipped kernel whose
@@ -203,14 +218,13 @@ def _conv_transpose(c: Ctx):
     extra = list(c.a("output_padding", [0] * n))[:n]
     want = c.a("output_shape")
     pads, auto = c.a("pads"), c.a("auto_pad", "NOTSET")
-    if pads is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
+    if want:
+        pads = _transpose_pads(want, sizes, strides, extra, k, dil, auto, at_least=0)
+    elif pads is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
         pads = [0] * (2 * n)
-    if pads is None:
-        target = list(want) if want else [sizes[i] * strides[i] for i in range(n)]
-        total = [strides[i] * (sizes[i] - 1) + extra[i] + (k[i] - 1) * dil[i] + 1 - target[i]
-                 for i in range(n)]
-        low = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
-        pads = low + [t - lo for t, lo in zip(total, low)]
+    elif pads is None:
+        pads = _transpose_pads([sizes[i] * strides[i] for i in range(n)], sizes, strides,
+                               extra, k, dil, auto)
     if n == 1:
         x, w = _to_2d(x), _to_2d(w)
         k, strides, dil, extra = [1, k[0]], [1, strides[0]], [1, dil[0]], [0, extra[0]]
