@@ -311,14 +311,15 @@ def _input_shape(vi, label: str, dynamic_dims: Mapping, bounds: dict,
 
 def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
                 constants: Mapping[str, np.ndarray] | None = None, label: str = "the model",
-                origins: dict | None = None):
+                origins: dict | None = None, not_one: dict | None = None):
     """An ONNX ModelProto as our graph: (outputs, inputs, weights, bounds).
 
     ``outputs``: the graph outputs' nodes in order; ``inputs``: the ``tg.input`` leaves by
     ONNX input name; ``weights``: initializer name -> numpy array, for those the graph reads
     as tensors; ``bounds``: dim name -> largest value (None where not given). ``origins``,
     when given, is filled with each ONNX node's output node -> the ONNX node, as errors name
-    it ("Range node 'r'").
+    it ("Range node 'r'"); ``not_one`` with each symbolic dim a mapping took as not 1 -> the
+    node that did (``Ctx.not_one``).
     """
     graph = model.graph
     opset = _check_opset(model, label)
@@ -362,7 +363,7 @@ def import_onnx(model, dynamic_dims: Mapping[str, int] | None = None,
             args.append(value)
         outs = [o for o in node.output]
         ctx = Ctx(node.op_type, name, opset, args, _attrs(node, label), weights_made, sources,
-                  outputs=sum(1 for o in outs if o), bounds=bounds)
+                  outputs=sum(1 for o in outs if o), bounds=bounds, not_one=not_one)
         try:
             result = ONNX_OPS[node.op_type](ctx)
         except Exception as e:  # ours, or a mapping's crash: either names the node
@@ -393,8 +394,10 @@ class OnnxProgram:
     ``session.run(None, feeds)`` returns). ``.program`` is the CompiledGraph."""
 
     def __init__(self, program, inputs: dict, outputs: list, output_names: list,
-                 bounds: Mapping[str, int] | None = None):
+                 bounds: Mapping[str, int] | None = None,
+                 not_one: Mapping[str, str] | None = None):
         self.program = program
+        self.not_one = dict(not_one or {})  # dim -> the node that took it as not 1
         # dim -> the largest value ``dynamic_dims`` gave (those the program was compiled for):
         # a call above one is refused here, naming from_onnx's parameter
         self.bounds = dict(bounds or {})
@@ -441,6 +444,7 @@ class OnnxProgram:
             if name in self._read:
                 run[name] = arr
         self._check_bounds(given)
+        self._check_not_one(given)
         results = self.program(**run)
         results = results if isinstance(results, (list, tuple)) else [results]
         return [np.asarray(r) for r in results[:len(self.output_names)]]
@@ -464,6 +468,21 @@ class OnnxProgram:
                              f"dynamic_dims={larger}))")
 
 
+    def _check_not_one(self, given: Mapping) -> None:
+        """A call where a dim an axes-less Squeeze took as not 1 is 1 is a ShapeError: ONNX
+        squeezes every size-1 dim, so that output would have another rank than the graph
+        imported (ONNX Runtime's (3, 4) came back (1, 3, 4))."""
+        for name, arr in given.items():
+            for dim, size in zip(self._inputs[name].shape, np.shape(arr)):
+                node = self.not_one.get(str(dim))
+                if node is not None and size == 1:
+                    raise ShapeError(
+                        f"input '{name}' has {dim}=1, which {node} squeezes (it has no axes: "
+                        f"ONNX squeezes every dim of size 1), so the model's ranks differ at "
+                        f"{dim}=1 from those it was imported with; call it with {dim} >= 2, "
+                        f"or export it with the squeeze's axes (torch: x.squeeze(dim))")
+
+
 def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="cpu",
               constants: Mapping[str, np.ndarray] | None = None,
               tolerance: float | None = None, **compile_options) -> OnnxProgram:
@@ -485,8 +504,9 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     check_dims(dynamic_dims, "from_onnx(dynamic_dims=...)")  # before reading the model
     proto = load_model(model)
     origins: dict = {}
+    not_one: dict = {}
     outputs, inputs, weights, bounds = import_onnx(proto, dynamic_dims, constants, label,
-                                                   origins)
+                                                   origins, not_one)
     unknown = set(dynamic_dims or {}) - set(bounds)
     if unknown:
         raise ArgumentError(f"from_onnx: dynamic_dims names {sorted(unknown)}, which no graph "
@@ -509,7 +529,8 @@ def from_onnx(model, dynamic_dims: Mapping[str, int] | None = None, *, device="c
     if present:
         program.bind(**{n: w for n, w in weights.items() if n in present})
     return OnnxProgram(program, inputs, outputs + carriers,
-                       [vi.name for vi in proto.graph.output], bounds=compiled_for)
+                       [vi.name for vi in proto.graph.output], bounds=compiled_for,
+                       not_one=not_one)
 
 
 _OWN_OPTIONS = ("dynamic_dims", "device", "constants", "tolerance")  # from_onnx's own

@@ -121,7 +121,8 @@ class Ctx:
     for an omitted optional input), its attributes (decoded), the opset of its domain."""
 
     def __init__(self, op: str, name: str, opset: int, inputs: list, attrs: dict,
-                 weights: dict, sources: dict, outputs: int = 1, bounds: dict | None = None):
+                 weights: dict, sources: dict, outputs: int = 1, bounds: dict | None = None,
+                 not_one: dict | None = None):
         self.op, self.name, self.opset = op, name, opset
         self.outputs = outputs  # how many of the node's outputs the graph names
         self.inputs, self.attrs = inputs, attrs
@@ -131,6 +132,9 @@ class Ctx:
         # given): what a mapping that must size something by a dim's largest value reads (a
         # recurrence unrolled over a dynamic sequence)
         self.bounds = dict(bounds or {})
+        # symbolic dim name -> the node whose mapping assumed it is not 1 (an axes-less
+        # Squeeze): the program refuses a call where it is (``OnnxProgram``)
+        self.not_one = {} if not_one is None else not_one
 
     @property
     def n(self) -> int:

@@ -94,8 +94,11 @@ def _axes(c: Ctx, since: int) -> list | None:
 def _squeeze(c: Ctx):
     axes = _axes(c, 13)
     shape = shape_of(c.inputs[0])
-    if axes is None:
+    if axes is None:  # every dim of size 1; a symbolic one is taken as not 1, checked per call
         axes = [i for i, d in enumerate(shape) if d == 1]
+        for d in shape:
+            if isinstance(d, sympy.Symbol):
+                c.not_one.setdefault(str(d), f"{c.op} node '{c.name}'")
     axes = sorted(norm_axis(a, len(shape)) for a in axes)
     folded = fold(c, lambda a, *_: np.squeeze(a, tuple(axes)))
     if folded is not None:
