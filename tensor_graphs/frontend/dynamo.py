@@ -152,6 +152,7 @@ class DynamoProgram:
         self.calls = 0
         self._fallback = opts["fallback"]
         self._eager = False
+        self._told_outside = False  # the first call outside the plan was warned of
         found = exportable(gm, example_inputs)
         self._user, self._weights, self._scalars = found.user, found.weights, found.scalars
         args = [example_inputs[i] for i in self._user]
@@ -264,7 +265,8 @@ class DynamoProgram:
             return self.gm(*args)
         try:
             return self._run(args)
-        except _OutsidePlanError:
+        except _OutsidePlanError as exc:
+            self._warn_outside(exc)
             return self.gm(*args)  # this call only: the sizes Dynamo allows, the plan does not
         except TensorGraphsError as exc:
             if not self._fallback:
@@ -273,9 +275,23 @@ class DynamoProgram:
             self._eager = True
             return self.gm(*args)
 
+    def _warn_outside(self, exc: _OutsidePlanError) -> None:
+        """Once per program: calls outside its plan run in eager torch, each of them, which
+        a loop passing a new float per call (a forward argument Dynamo does not specialize)
+        paid on every step without a word."""
+        if self._told_outside:
+            return
+        self._told_outside = True
+        warnings.warn(f"tensor_graphs backend: {exc}: this call, and every call like it, "
+                      "runs in eager torch (the others run the program). For a number, pass "
+                      "it as a tensor, or set torch._dynamo.config.specialize_float = True "
+                      "for a graph per value", EagerFallbackWarning, stacklevel=3)
+
     def _run(self, args):
         if any(args[i].item() != v for i, v in self._scalars.items()):
-            raise _OutsidePlanError("a number the program took as a constant changed")
+            raise _OutsidePlanError("a number the program took as a constant "
+                                    f"({', '.join(str(v) for v in self._scalars.values())}) "
+                                    "has another value")
         arrays = [to_host(args[i]) for i in self._user]
         dims = self._dims_of(arrays)
         results: list = []

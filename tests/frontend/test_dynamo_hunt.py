@@ -119,3 +119,30 @@ def test_a_sliced_input_after_a_dense_one_runs_as_our_program():
             assert _err(compiled(x), m(x)) <= TOL
     assert spy.ours and all(not p._eager for p in spy.ours)
     assert sum(p.calls for p in spy.ours) == 3
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, alpha: float):
+        return self.fc(x) * alpha
+
+
+def test_calls_outside_the_plan_are_warned_of_once():
+    """A float argument Dynamo stops specializing (the second value) reaches the program as
+    a constant; every call with another value then ran in eager torch, silently. Now the
+    first such call warns (once), and the results stay eager's."""
+    torch.manual_seed(0)
+    m = _Scaled().eval()
+    spy = Spy()
+    compiled = torch.compile(m, backend=spy, options=OPTIONS)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for alpha in (0.5, 0.75, 1.5, 2.5):
+            assert _err(compiled(x, alpha), m(x, alpha)) <= TOL
+    told = [str(w.message) for w in seen if w.category is EagerFallbackWarning]
+    assert len(told) == 1 and "took as a constant (0.75) has another value" in told[0], told
+    assert "specialize_float" in told[0]

@@ -105,5 +105,6 @@ def test_a_squeeze_without_axes_refuses_a_call_where_its_symbolic_dim_is_one():
     against_ort(m, [{"x": RNG.standard_normal((b, 1, 3, 4)).astype(np.float32)}
                     for b in (2, 5)], {"batch": 8})
     prog = tg.from_onnx(m, {"batch": 8})
-    with pytest.raises(tg.ShapeError, match=r"'x' has batch=1, which Squeeze node 'sq'.*batch >= 2"):
+    with pytest.raises(tg.ShapeError,
+                       match=r"'x' has batch=1, which Squeeze node 'sq'.*batch >= 2"):
         prog(x=np.zeros((1, 1, 3, 4), np.float32))
