@@ -17,43 +17,13 @@ from tensor_graphs.db import Database  # noqa: E402
 from tensor_graphs.errors import ArgumentError, TensorGraphsError  # noqa: E402
 from tensor_graphs.frontend.aten import UnsupportedOpError  # noqa: E402
 from tensor_graphs.frontend.dynamo import (  # noqa: E402
-    DynamoProgram,
     EagerFallbackWarning,
     tensor_graphs_backend,
 )
-from tensor_graphs.numerics import relative_error  # noqa: E402
+from tests.frontend.dynamo_spy import Spy, err, fresh_dynamo  # noqa: E402, F401
 
 TOL = 1e-4
 OPTIONS = {"db": ":memory:"}
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from scratch (Dynamo's caches are per code object and global)."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class Spy:
-    """The registered backend, looked up by name as torch.compile does, recording what it
-    returns for each graph Dynamo hands over."""
-
-    def __init__(self):
-        self.made = []
-
-    def __call__(self, gm, example_inputs, **kwargs):
-        made = torch._dynamo.lookup_backend("tensor_graphs")(gm, example_inputs, **kwargs)
-        self.made.append(made)
-        return made
-
-    @property
-    def ours(self) -> list:
-        return [m for m in self.made if isinstance(m, DynamoProgram)]
-
-
-def _err(got, ref) -> float:
-    return relative_error(got.detach().double().numpy(), ref.detach().double().numpy())
 
 
 @contextlib.contextmanager
@@ -100,7 +70,7 @@ def test_backend_by_name_matches_eager():
     with _no_fallback(), torch.no_grad():
         got = compiled(x)
         ref = m(x)
-    assert _err(got, ref) <= TOL
+    assert err(got, ref) <= TOL
 
 
 def test_a_bfloat16_model_returns_bfloat16_tensors():
@@ -117,7 +87,7 @@ def test_a_bfloat16_model_returns_bfloat16_tensors():
         ref = m(x)
     assert spy.ours and spy.ours[0].calls == 1  # our program ran, not eager torch
     assert got.dtype == torch.bfloat16 and got.shape == ref.shape
-    assert _err(got, ref) <= 2e-2  # bfloat16's 8 bits of mantissa, rounded differently
+    assert err(got, ref) <= 2e-2  # bfloat16's 8 bits of mantissa, rounded differently
 
 
 # ---------------------------------------------------------------------------- graph breaks
@@ -147,7 +117,7 @@ def test_graph_break_runs_each_piece_as_our_program(capsys):
     assert "between the blocks" in capsys.readouterr().out  # eager Python between our programs
     assert len(spy.made) == 2 and len(spy.ours) == 2  # one program per piece
     assert all(p.calls == 2 for p in spy.ours)
-    assert _err(got, ref) <= TOL and _err(again, ref_again) <= TOL
+    assert err(got, ref) <= TOL and err(again, ref_again) <= TOL
 
 
 class PrintsShape(nn.Module):
@@ -174,7 +144,7 @@ def test_a_graph_returning_a_symbolic_size_runs_as_our_program(capsys):
     with _no_fallback(), torch.no_grad():
         for n in (5, 9, 12):
             x = torch.randn(2, n, 32)
-            assert _err(compiled(x), m(x)) <= TOL, n
+            assert err(compiled(x), m(x)) <= TOL, n
     assert "length 9" in capsys.readouterr().out
     assert spy.made and len(spy.ours) == len(spy.made)
     assert sum(p.calls for p in spy.ours) == 2 * 3
@@ -189,7 +159,7 @@ def test_dynamic_lengths_replan_only_past_the_bound():
     with _no_fallback(), torch.no_grad():
         for n in (8, 13, 21, 100):
             x = torch.randn(2, n, 32)
-            assert _err(compiled(x), m(x)) <= TOL, n
+            assert err(compiled(x), m(x)) <= TOL, n
     # Dynamo: the first length static, the second a recompile with a symbolic length
     assert len(spy.ours) == 2
     static, dynamic = spy.ours
@@ -208,7 +178,7 @@ def test_dynamic_true_one_graph_and_a_fixed_bound():
     with _no_fallback(), torch.no_grad():
         for n in (6, 11, 40):
             x = torch.randn(3, n, 32)
-            assert _err(compiled(x), m(x)) <= TOL, n
+            assert err(compiled(x), m(x)) <= TOL, n
     (prog,) = spy.ours
     assert prog.compiles == 1 and prog.calls == 3
     assert set(prog.bounds.values()) == {40}
@@ -225,7 +195,7 @@ def test_options_reach_the_planner(tmp_path):
                                                       "tolerance": 1e-3})
     x = torch.randn(4, 16)
     with _no_fallback(), torch.no_grad():
-        assert _err(compiled(x), m(x)) <= TOL
+        assert err(compiled(x), m(x)) <= TOL
     (prog,) = spy.ours
     assert prog.program.stats["measured"] > 0
     assert Database(str(path)).rows()  # the rows landed in that file
@@ -242,7 +212,7 @@ def test_torch_compile_mode_picks_the_profile(tmp_path, monkeypatch, mode, measu
     compiled = torch.compile(m, backend=spy, mode=mode)
     x = torch.randn(4, 16)
     with _no_fallback(), torch.no_grad():
-        assert _err(compiled(x), m(x)) <= TOL
+        assert err(compiled(x), m(x)) <= TOL
     assert (spy.ours[0].program.stats["measured"] > 0) == measures
 
 
@@ -258,7 +228,7 @@ def test_numbers_dynamo_passes_as_tensors_are_the_values_of_the_call():
     with _no_fallback(), torch.no_grad():
         for eps in (0.5, 2.0):
             m.ln1.eps = eps
-            assert _err(compiled(x), m(x)) <= TOL, eps
+            assert err(compiled(x), m(x)) <= TOL, eps
     assert len(spy.ours) == 2 and [p.calls for p in spy.ours] == [1, 1]
     assert all(p._scalars for p in spy.ours)  # the eps came as a number, not a weight
 
@@ -283,7 +253,7 @@ def test_unmapped_op_falls_back_to_eager_with_a_warning():
     (warned,) = [w for w in record if w.category is EagerFallbackWarning]
     assert "'fallback': False" in str(warned.message)  # names the option that raises instead
     with torch.no_grad():
-        assert _err(got, m(x)) == 0  # eager torch ran it
+        assert err(got, m(x)) == 0  # eager torch ran it
 
 
 class Writes(nn.Module):
@@ -358,7 +328,7 @@ def test_parameters_changed_in_place_are_seen():
     with _no_fallback(), torch.no_grad():
         compiled(x)
         m.fc.weight.mul_(2.0)  # bound once; the in-place change must reach the program
-        assert _err(compiled(x), m(x)) <= TOL
+        assert err(compiled(x), m(x)) <= TOL
 
 
 # ---------------------------------------------------------------------------- real models
@@ -379,12 +349,12 @@ def test_gpt2_two_layers_default_forward_matches_eager():
         for n in (9, 14):
             ids = torch.randint(0, 1000, (1, n))
             got, ref = compiled(ids), model(ids)  # default forward: use_cache=True
-            assert _err(got.logits, ref.logits) <= TOL, n
+            assert err(got.logits, ref.logits) <= TOL, n
             # the cache the forward returns: tensors our program computed
             layers = list(zip(got.past_key_values.layers, ref.past_key_values.layers))
             assert len(layers) == 2
             for g, r in layers:
-                assert _err(g.keys, r.keys) <= TOL and _err(g.values, r.values) <= TOL
+                assert err(g.keys, r.keys) <= TOL and err(g.values, r.values) <= TOL
     assert spy.ours and all(p.calls for p in spy.ours)
 
 
@@ -422,6 +392,6 @@ def test_minilm_shaped_bert_matches_eager():
     with _no_fallback(), torch.no_grad():
         got = compiled(input_ids=ids, attention_mask=mask)
         ref = model(input_ids=ids, attention_mask=mask)
-    assert _err(got.last_hidden_state, ref.last_hidden_state) <= TOL
-    assert _err(got.pooler_output, ref.pooler_output) <= TOL
+    assert err(got.last_hidden_state, ref.last_hidden_state) <= TOL
+    assert err(got.pooler_output, ref.pooler_output) <= TOL
     assert spy.ours and all(p.calls == 1 for p in spy.ours)

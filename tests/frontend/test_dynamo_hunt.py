@@ -12,39 +12,11 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from tensor_graphs.frontend import dynamo  # noqa: E402
-from tensor_graphs.frontend.dynamo import DynamoProgram, EagerFallbackWarning  # noqa: E402
-from tensor_graphs.numerics import relative_error  # noqa: E402
+from tensor_graphs.frontend.dynamo import EagerFallbackWarning  # noqa: E402
+from tests.frontend.dynamo_spy import Spy, err, fresh_dynamo  # noqa: E402, F401
 
 TOL = 1e-5
 OPTIONS = {"db": ":memory:"}
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from scratch (Dynamo's caches are per code object and global)."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class Spy:
-    """The registered backend, recording what it returns for each graph Dynamo hands over."""
-
-    def __init__(self):
-        self.made = []
-
-    def __call__(self, gm, example_inputs, **kwargs):
-        made = torch._dynamo.lookup_backend("tensor_graphs")(gm, example_inputs, **kwargs)
-        self.made.append(made)
-        return made
-
-    @property
-    def ours(self) -> list:
-        return [m for m in self.made if isinstance(m, DynamoProgram)]
-
-
-def _err(got, ref) -> float:
-    return relative_error(got.detach().double().numpy(), ref.detach().double().numpy())
 
 
 def _mlp() -> nn.Module:
@@ -63,7 +35,7 @@ def test_a_parameter_given_new_data_is_seen():
     with torch.no_grad():
         compiled(x)
         m[0].weight.data = torch.randn(16, 8)
-        assert _err(compiled(x), m(x)) <= TOL
+        assert err(compiled(x), m(x)) <= TOL
     assert [p.calls for p in spy.ours] == [2]  # our program ran both calls
 
 
@@ -99,8 +71,8 @@ def test_a_call_in_another_thread_while_a_larger_size_replans():
         finally:
             dynamo.compiler.compile = plan
         other["thread"].join()
-        assert _err(got, m(inputs[70])) <= TOL
-        assert _err(other["out"], m(inputs[100])) <= TOL
+        assert err(got, m(inputs[70])) <= TOL
+        assert err(other["out"], m(inputs[100])) <= TOL
     assert not other["fallback"]
     (prog,) = spy.ours
     assert not prog._eager and prog.calls == 3
@@ -116,7 +88,7 @@ def test_a_sliced_input_after_a_dense_one_runs_as_our_program():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", EagerFallbackWarning)
         for x in (torch.randn(3, 8), torch.randn(3, 16)[:, :8], torch.randn(5, 16)[:, 8:]):
-            assert _err(compiled(x), m(x)) <= TOL
+            assert err(compiled(x), m(x)) <= TOL
     assert spy.ours and all(not p._eager for p in spy.ours)
     assert sum(p.calls for p in spy.ours) == 3
 
@@ -142,7 +114,7 @@ def test_calls_outside_the_plan_are_warned_of_once():
     with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for alpha in (0.5, 0.75, 1.5, 2.5):
-            assert _err(compiled(x, alpha), m(x, alpha)) <= TOL
+            assert err(compiled(x, alpha), m(x, alpha)) <= TOL
     told = [str(w.message) for w in seen if w.category is EagerFallbackWarning]
     assert len(told) == 1 and "took as a constant (0.75) has another value" in told[0], told
     assert "specialize_float" in told[0]

@@ -15,37 +15,15 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import tensor_graphs as tg  # noqa: E402
-from tensor_graphs.numerics import relative_error  # noqa: E402
-from tests.frontend.onnx_graphs import model, vi  # noqa: E402
+from tests.frontend.onnx_graphs import against_ort, init, model, vi  # noqa: E402
 
 I64 = TensorProto.INT64
 RNG = np.random.default_rng(0)
 
 
-def init(name, values, dtype=None):
-    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
-
-
 def const(name, values, dtype=None):
     return helper.make_node("Constant", [], [name],
                             value=numpy_helper.from_array(np.asarray(values, dtype=dtype)))
-
-
-def against_ort(m, feed_list, dims=None, tol=1e-5):
-    """The compiled import and ONNX Runtime on each feeds, by the one error measure (exact
-    for ints and bools)."""
-    session = ort.InferenceSession(m.SerializeToString())
-    prog = tg.from_onnx(m, dims)
-    for feeds in feed_list:
-        ref = session.run(None, feeds)
-        got = prog(**feeds)
-        assert len(got) == len(ref)
-        for g, r in zip(got, ref):
-            assert g.shape == r.shape and g.dtype == r.dtype
-            if r.dtype.kind == "f":
-                assert relative_error(g.astype(np.float64), r.astype(np.float64)) <= tol
-            else:
-                np.testing.assert_array_equal(g, r)
 
 
 def test_a_reshape_to_a_root_of_constants_folds():
