@@ -2,7 +2,7 @@
 for every transient buffer, totals per device and OutOfMemory before anything runs.
 
     mp = prog.memory_plan            # a MemoryPlan (plan_memory(plan) makes one)
-    mp.totals()                      # {"cpu": arena + weights + state}
+    mp.totals()                      # {"cpu": arena + weights + state + viewed results}
     check_fits(mp, {"cpu": tg.Device("cpu", capacity=2**30)})   # raises OutOfMemory
 """
 

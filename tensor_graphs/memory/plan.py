@@ -101,8 +101,12 @@ class MemoryPlan:
             + self.prepared.get(device, 0) + self.state.get(device, 0)
 
     def totals(self) -> dict[str, int]:
-        """{device: arena + weights + packed copies + state}: what ``prog.memory()`` returns."""
-        return {d: self.total(d) for d in self.devices}
+        """{device: arena + weights + packed copies + state + results copied out of views}:
+        what ``prog.memory()`` and ``tg.estimate_memory`` return, the bytes ``check_fits``
+        requires (without the results, a broadcast of an input estimated at 0 B was refused
+        for 240 TB)."""
+        return {d: self.total(d) + self.results.get(d, 0)
+                for d in sorted(set(self.devices) | set(self.results))}
 
     def ratio(self, device: str) -> float:
         """Arena size over its max-live lower bound (1.0 is optimal)."""

@@ -413,17 +413,19 @@ class _Fitter:
 
     def _output(self, n: int) -> tuple:
         outs = [s.outputs[n] for s in self.samples]
-        desc0, shape0, strides0, dtype = outs[0]
+        desc0, shape0, _, dtype = outs[0]
         what = lambda: f"output {n}"  # noqa: E731
         if any(o[3] != dtype or len(o[1]) != len(shape0) for o in outs):
             raise NotNativeError("an output's dtype or rank changes with the dims")
         kind = _same_kind([o[0] for o in outs], what)
+        # empty at every sample, its shape may still follow the dims: (n, 0) is fitted as
+        # such (sample 0's shape was returned at every dims)
+        shape = tuple(self._solve([o[1][a] for o in outs], what) for a in range(len(shape0)))
         if kind == "null":
-            return (None, 0, tuple(shape0), tuple(strides0), dtype)
+            return (None, 0, shape, (0,) * len(shape0), dtype)
         if kind != "region" or any(o[0][1] != desc0[1] for o in outs):
             raise NotNativeError("an output lies in different memory at different dims")
         offset = self._solve([o[0][2] for o in outs], what)
-        shape = tuple(self._solve([o[1][a] for o in outs], what) for a in range(len(shape0)))
         strides = tuple(self._solve([o[2][a] for o in outs], what)
                         for a in range(len(shape0)))
         return (self._root(desc0[1]), offset, shape, strides, dtype)

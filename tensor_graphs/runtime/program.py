@@ -1152,13 +1152,12 @@ class CompiledGraph:
                     {id(v) for _, v in exe._static_values or ()}
             return id(r) in fed
 
-        out, seen = [], set()
+        out, seen, kept = [], set(), []
         for i, r in enumerate(results):
             r = r if dv.is_tensor(r) else np.asarray(r)
-            if i in self._kept:  # the new state: kept, and shown read-only (no copy)
-                name = self._kept[i][0]
-                self._states[name].set(r, self._capacity.get(name, 0))
-                out.append(self._states[name].view())
+            if i in self._kept:  # the new state: kept after the other results are copied
+                kept.append((i, r))  # out (one may view the old version, which this
+                out.append(None)  # writes over when the kernel computed the new apart)
                 continue
             # a result the program may write again (arena, weights, feeds) is copied, on the
             # device that holds it (outputs="device": no copy to the host)
@@ -1167,6 +1166,10 @@ class CompiledGraph:
                 and not kept_later(r) and not any(dv.inside(r, a) for a in exe.arenas.values())
             seen.add(id(r))
             out.append(r if own else dv.copy(r))
+        for i, r in kept:  # shown read-only (no copy)
+            name = self._kept[i][0]
+            self._states[name].set(r, self._capacity.get(name, 0))
+            out[i] = self._states[name].view()
         return out[0] if self._single else out
 
     def _check_indices(self, feeds: Mapping, arrays: Mapping, dims: Mapping) -> None:

@@ -128,13 +128,24 @@ def _inside(value, buffer) -> bool:
 
 
 def kept_states(outputs: list[Node]) -> dict[int, tuple[str, int]]:
-    """Output position -> (state name, growing axis) for outputs that are new versions of a
-    state."""
-    found = {}
-    for i, o in enumerate(outputs):
-        if o.op.name != STATE_UPDATE:
-            continue
-        leaf = root_state(o)
-        if leaf.op.name == STATE:
-            found[i] = (leaf.name, int(o.attrs["axis"]))
-    return found
+    """Output position -> (state name, growing axis) for outputs that are the newest version
+    of a state. An older version among the outputs (forks are refused, so it lies on the
+    newest one's chain) is an ordinary result: were it kept too, whichever came last in the
+    outputs would be the state after the call, losing the newer appends."""
+    newest: dict[str, Node] = {}
+    for o in outputs:
+        if o.op.name == STATE_UPDATE and root_state(o).op.name == STATE:
+            name = root_state(o).name
+            if name not in newest or _depth(o) > _depth(newest[name]):
+                newest[name] = o
+    return {i: (root_state(o).name, int(o.attrs["axis"]))
+            for i, o in enumerate(outputs)
+            if o.op.name == STATE_UPDATE and newest.get(root_state(o).name) is o}
+
+
+def _depth(version: Node) -> int:
+    """How many updates a state's version is from the state."""
+    depth = 0
+    while version.op.name == STATE_UPDATE:
+        version, depth = version.inputs[0], depth + 1
+    return depth
