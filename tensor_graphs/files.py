@@ -87,7 +87,7 @@ def atomic_write(path, mode: str = "w", *, what: str = "file",
     every shared checkpoint or report unreadable to others. A path that cannot be written (a
     directory, a missing folder, no permission) raises ``error`` naming ``what`` and the fix;
     what the ``with`` body raises passes through."""
-    path = path_of(path, what)
+    path = _through_links(path_of(path, what))
     folder = os.path.dirname(os.path.abspath(path))
     check_replaceable(path, what, error)  # before the caller renders what would be lost
     flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -128,6 +128,13 @@ def atomic_write(path, mode: str = "w", *, what: str = "file",
         if body_done and isinstance(exc, OSError):  # ours: flush, fsync, rename
             raise _write_refusal(path, what, exc, error) from None
         raise
+
+
+def _through_links(path: str) -> str:
+    """The file a symbolic link at ``path`` leads to, else ``path``: renaming over the link
+    would replace the link itself, leaving the file it points to (a lock file kept in a
+    shared checkout, say) stale while the user's link was gone."""
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 # Who may have written a path we load code or plans from: this user, or root (a system-wide

@@ -1,7 +1,7 @@
 """The plan cache: decisions of plans already made in this process, by what decides them.
 
-A key is (the prepared graph's structure, device, tolerance, backends, database and its
-revision). The structure is an ordered digest: ops, attributes, shapes, dtypes and which input
+A key is (the prepared graph's structure, device, tolerance, backends, database object and
+its revision). The structure is an ordered digest: ops, attributes, shapes, dtypes and which input
 feeds which position, with leaf names left out, so two graphs that differ only in names share
 a plan. Operand order is kept (unlike ``structural_hash``, which sorts commutative operands):
 a hit replays the stored decisions by walking the new graph in the same order (no cost
@@ -25,10 +25,12 @@ _plans: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
 
 def key(prepared: Sequence[Node], device: str, tolerance: float, backends, db,
         bounds=None) -> tuple:
-    """``bounds``: the dims a symbolic graph is costed at."""
-    where = ("memory", db.instance) if db.path == ":memory:" else db.path
+    """``bounds``: the dims a symbolic graph is costed at. The database is keyed by its
+    object (``open_db`` gives one per file): by the path it was opened with, "m.sqlite" of
+    another folder at the same revision replayed the plan the first one's rows decided."""
     costed_at = tuple(sorted((str(k), int(v)) for k, v in (bounds or {}).items()))
-    return (structure(prepared), device, tolerance, backends, where, db.revision, costed_at)
+    return (structure(prepared), device, tolerance, backends, db.instance, db.revision,
+            costed_at)
 
 
 def structure(outputs: Sequence[Node]) -> str:

@@ -248,21 +248,39 @@ def load_library(name: str, source: str, extra_flags: Sequence[str] = ()) -> cty
                     stats["compiled"] += 1
         else:
             stats["disk_hits"] += 1
-        # the file dlopen maps: never one another user could have written (its constructors
-        # run on load); in a private folder, nobody else can swap it after this check
-        check_trusted_file(path, "compiled C library")
         try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            hint = ""
-            if sanitize_flags():
-                hint = (" (a sanitizer build needs its runtime preloaded: "
-                        "LD_PRELOAD=$(cc -print-file-name=libasan.so))")
-            raise CCompileError(f"compiled C library '{name}' but could not load it: {e}{hint}",
-                                output=str(e)) from None
+            lib = _dlopen(path, name)
+        except CCompileError as exc:
+            if fresh:
+                raise
+            # a cached file cut short (a crash before the data reached the disk) or
+            # overwritten: compiled over, or the backend stays unusable until it is deleted
+            _warn_once(f"cached C library {path} does not load ({exc.output}); compiling it "
+                       "again in its place")
+            with _building(path):
+                _compile_to(source, tuple(openmp_flags()) + sanitize_flags(), path,
+                            extra_flags=tuple(extra_flags), name=name)
+                stats["compiled"] += 1
+            lib = _dlopen(path, name)
         lib._tg_path = str(path)  # noqa: SLF001 - for diagnostics
         _loaded[key] = lib
         return lib
+
+
+def _dlopen(path: Path, name: str) -> ctypes.CDLL:
+    """``path`` loaded, checked first: never a file another user could have written (its
+    constructors run on load); in a private folder, nobody else can swap it after the check.
+    A file that does not load is a ``CCompileError`` carrying the loader's message."""
+    check_trusted_file(path, "compiled C library")
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        hint = ""
+        if sanitize_flags():
+            hint = (" (a sanitizer build needs its runtime preloaded: "
+                    "LD_PRELOAD=$(cc -print-file-name=libasan.so))")
+        raise CCompileError(f"compiled C library '{name}' but could not load it: {e}{hint}",
+                            output=str(e)) from None
 
 
 @contextlib.contextmanager
@@ -272,12 +290,27 @@ def _building(path: Path):
     it (four profilers starting together compiled each library four times). The lock dies
     with its holder, so a killed build leaves no lock behind."""
     lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    with _writing(path.parent, path.name):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def _writing(folder: Path, name: str):
+    """An ``OSError`` met writing into the cache (a full disk, a folder made read-only since)
+    as a ``CCompileError`` naming the folder and the fix: the planner then uses other
+    backends and refuses generated C kernels, where a bare ``OSError: [Errno 28] No space
+    left on device`` ended ``tg.compile``."""
+    try:
+        yield
+    except OSError as exc:
+        raise CCompileError(f"cannot build C library '{name}' in {folder}: "
+                            f"{exc.strerror or exc}; free space there, or {_CACHE_FIX}",
+                            output=str(exc)) from None
 
 
 def _compile_to(source: str, mode_flags: tuple[str, ...], dest: Path, *,
@@ -286,31 +319,41 @@ def _compile_to(source: str, mode_flags: tuple[str, ...], dest: Path, *,
     if cc is None:
         raise CCompileError("no C compiler found (set $CC, or install gcc)")
     folder = dest.parent
-    fd, src_path = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".c", dir=folder)
-    tmp_out = src_path[:-2] + ".so.tmp"
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        cmd = [cc, *BASE_FLAGS, *mode_flags, src_path, "-o", tmp_out, *extra_flags, "-lm"]
+    with _writing(folder, name):
+        fd, src_path = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".c", dir=folder)
+        tmp_out = src_path[:-2] + ".so.tmp"
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise CCompileError(f"could not run the C compiler for '{name}': {e}",
-                                output=str(e), command=tuple(cmd)) from None
-        if res.returncode != 0:
-            output = (res.stdout + res.stderr).strip()
-            tail = output if len(output) < 4000 else output[:1500] + "\n...\n" + output[-2500:]
-            raise CCompileError(f"C compiler failed on '{name}' (exit {res.returncode}):\n"
-                                f"{' '.join(cmd)}\n{tail}", output=output, command=tuple(cmd))
-        if keep:
-            os.chmod(tmp_out, 0o755)  # the compiler's mode follows the umask (0777 under 000)
-            os.replace(tmp_out, dest)  # atomic: readers see the old file or the whole new one
-    finally:
-        for p in (src_path, tmp_out):
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            cmd = [cc, *BASE_FLAGS, *mode_flags, src_path, "-o", tmp_out, *extra_flags, "-lm"]
             try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise CCompileError(f"could not run the C compiler for '{name}': {e}",
+                                    output=str(e), command=tuple(cmd)) from None
+            if res.returncode != 0:
+                output = (res.stdout + res.stderr).strip()
+                tail = output if len(output) < 4000 else output[:1500] + "\n...\n" + output[-2500:]
+                raise CCompileError(f"C compiler failed on '{name}' (exit {res.returncode}):\n"
+                                    f"{' '.join(cmd)}\n{tail}", output=output, command=tuple(cmd))
+            if keep:
+                os.chmod(tmp_out, 0o755)  # the compiler's mode follows the umask (0777 under 000)
+                _sync(tmp_out)  # else a crash soon after can leave the renamed file empty
+                os.replace(tmp_out, dest)  # atomic: readers see the old file or the whole new one
+        finally:
+            for p in (src_path, tmp_out):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _PROBE = "int tg_c_probe(int x) { return x + 1; }\n"
