@@ -174,3 +174,30 @@ def test_two_databases_of_one_relative_name_share_no_plan(tmp_path, monkeypatch)
     cache.clear()
     assert tg.compile(y, db=a, backends=("numpy", "c")).plan.kernels == ["numpy_tanh"]
     assert tg.compile(y, db=b, backends=("numpy", "c")).plan.kernels == ["c_tanh"]
+
+
+def test_a_verification_outcome_that_cannot_be_filed_is_still_returned(tmp_path, monkeypatch):
+    """Filing a kernel's verification outcome for other profilers met a full disk or a
+    folder made read-only with a bare OSError out of the profile, and left its temporary
+    file behind; the outcome is this process's either way (here the file's place is taken
+    by a folder, so the rename fails as on a full disk)."""
+    from tensor_graphs.profiler import shared_verify
+
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    folder = shared_verify._folder()
+    (folder / "k.json").mkdir()
+    assert shared_verify._filed("k", lambda: {"reason": None}) == {"reason": None}
+    assert not list(folder.glob(".k.*.tmp"))
+
+
+def test_a_generated_triton_module_of_other_bytes_is_read_as_none(tmp_path):
+    """A cached module file that is no UTF-8 (damaged, or written by another tool) raised
+    UnicodeDecodeError where it is to be written again."""
+    pytest.importorskip("torch")
+    from tensor_graphs.kernels.triton import build
+
+    path = tmp_path / "tg_triton_x.py"
+    path.write_bytes(b"\xff\xfe not utf-8 \x80")
+    assert build._text(path) is None
+    path.write_text("x = 1\n", encoding="utf-8")
+    assert build._text(path) == "x = 1\n"

@@ -394,6 +394,18 @@ def worker() -> None:
         print("filed", flush=True)
 
 
+def _file(path, outcome: dict) -> None:
+    """Write ``outcome`` where other profilers read it, or nothing: a full disk or a folder
+    made read-only raised a bare OSError out of the profile and left the temporary file
+    behind; the outcome is this process's either way, only not shared."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({**outcome, "when": time.time()}))
+        os.replace(tmp, path)  # readers see no file or the whole outcome
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def _filed(key: str, make: Callable[[], dict]) -> dict:
     """The outcome filed under ``key``, else ``make()``'s, filed: under the key's lock, so
     one process makes it and the others wait for it (``PATIENCE``). Not shared (made here)
@@ -410,9 +422,7 @@ def _filed(key: str, make: Callable[[], dict]) -> dict:
         if found is not None:
             return found
         outcome = make()
-        tmp = path.with_name(f".{key}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**outcome, "when": time.time()}))
-        os.replace(tmp, path)  # readers see no file or the whole outcome
+        _file(path, outcome)
         return outcome
     finally:
         os.close(fd)

@@ -77,6 +77,15 @@ def module_path(rendered: Rendered) -> Path:
     return cache_dir() / f"tg_triton_{rendered.key}.py"
 
 
+def _text(path) -> str | None:
+    """The module file's text; None for bytes that are no UTF-8 (a file damaged or written
+    by something else), which is then written again, not a UnicodeDecodeError."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def import_module(rendered: Rendered, interpret: bool | None = None) -> ModuleType:
     """The rendered module, written to its file and imported once per process and mode:
     ``interpret`` (default: whether the GPU is simulated) decorates its kernels for Triton's
@@ -89,7 +98,7 @@ def import_module(rendered: Rendered, interpret: bool | None = None) -> ModuleTy
         if found is not None:
             return found
         path = module_path(rendered)
-        if not path.exists() or path.read_text(encoding="utf-8") != rendered.source:
+        if not path.exists() or _text(path) != rendered.source:
             with atomic_write(path, only_owner_writes=True) as f:  # checked below
                 f.write(rendered.source)
         check_trusted_file(path, "generated Triton module")
