@@ -56,9 +56,10 @@ from tensor_graphs.db.hardware import Hardware, current
 from tensor_graphs.devices import gpu_fault
 from tensor_graphs.errors import (
     KernelVerificationError,
+    TensorGraphsError,
     UntrustedPathError,
 )
-from tensor_graphs.files import check_trusted_file, private_dir
+from tensor_graphs.files import atomic_write, check_trusted_file, private_dir
 from tensor_graphs.kernels import generated
 from tensor_graphs.kernels.registry import Kernel, source_hash
 
@@ -395,15 +396,15 @@ def worker() -> None:
 
 
 def _file(path, outcome: dict) -> None:
-    """Write ``outcome`` where other profilers read it, or nothing: a full disk or a folder
-    made read-only raised a bare OSError out of the profile and left the temporary file
-    behind; the outcome is this process's either way, only not shared."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    """Write ``outcome`` where other profilers read it (atomically: they see no file or the
+    whole outcome), or nothing: a full disk or a folder made read-only raised a bare OSError
+    out of the profile and left its temporary file behind; the outcome is this process's
+    either way, only not shared."""
     try:
-        tmp.write_text(json.dumps({**outcome, "when": time.time()}))
-        os.replace(tmp, path)  # readers see no file or the whole outcome
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        with atomic_write(path, what="verification outcome", only_owner_writes=True) as f:
+            f.write(json.dumps({**outcome, "when": time.time()}))
+    except (OSError, TensorGraphsError):
+        pass
 
 
 def _filed(key: str, make: Callable[[], dict]) -> dict:
