@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -408,6 +409,7 @@ class TorchProgram:
         self._read = read
         self._outputs = outputs  # per user output: index into program outputs, or a value
         self._out_spec = out_spec
+        self._torch_outs = _cache_leaves(out_spec)  # output leaves that go out as torch tensors
         self._owner = owner  # "GPT2LMHeadModel.forward", for messages
         self._signature = signature  # the forward's inspect.Signature, None where unknown
         # the exported arguments ("slots"): the positional ones, then the keyword ones in
@@ -605,6 +607,8 @@ class TorchProgram:
                     feeds[leaf.name] = arg
         results = self.program(**feeds) if self.program is not None else []
         outs = [results[o] if isinstance(o, int) else o for o in self._outputs]
+        for k in self._torch_outs:  # a cache object holds torch tensors (no copy: as_tensor)
+            outs[k] = torch.as_tensor(outs[k])
         return pytree.tree_unflatten(outs, self._out_spec)
 
 
@@ -961,12 +965,78 @@ def _in_eval(module):
             m.training = training
 
 
+def _cache_pytrees() -> None:
+    """Let torch.export carry a transformers ``DynamicCache`` out of a graph (and into one):
+    a causal LM called with its defaults (``use_cache=True``) returns one, and export refuses
+    an output type it does not know. transformers' own registration is used; it is global and
+    idempotent. Where that transformers lacks it, the refusal in ``_export`` names the fix."""
+    if "transformers.cache_utils" not in sys.modules:  # no transformers model was built
+        return
+    try:
+        from transformers.cache_utils import EncoderDecoderCache
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError:
+        return
+    register_dynamic_cache_export_support()
+    import torch.utils._pytree as pytree
+
+    if EncoderDecoderCache not in pytree.SUPPORTED_NODES:  # an encoder-decoder's (T5, BART)
+        pytree.register_pytree_node(
+            EncoderDecoderCache, _encoder_decoder_children, _encoder_decoder_cache,
+            serialized_type_name="transformers.cache_utils.EncoderDecoderCache",
+            flatten_with_keys_fn=_encoder_decoder_keyed)
+
+
+# an EncoderDecoderCache as a pytree: its two DynamicCaches (self- and cross-attention)
+_ENCODER_DECODER = ("self_attention_cache", "cross_attention_cache")
+
+
+def _encoder_decoder_children(cache) -> tuple[list, None]:
+    return [getattr(cache, name) for name in _ENCODER_DECODER], None
+
+
+def _encoder_decoder_keyed(cache) -> tuple[list, None]:
+    import torch.utils._pytree as pytree
+
+    return [(pytree.GetAttrKey(name), getattr(cache, name)) for name in _ENCODER_DECODER], None
+
+
+def _encoder_decoder_cache(children, _context):
+    from transformers.cache_utils import EncoderDecoderCache
+
+    return EncoderDecoderCache(*children)
+
+
+def _cache_leaves(spec) -> frozenset[int]:
+    """The output leaves (positions in the flat list) inside a transformers cache object: it
+    is rebuilt from its tensors by transformers' code, which takes torch tensors only."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    cache = getattr(cache_utils, "Cache", None)
+    found: set[int] = set()
+
+    def walk(s, start: int, inside: bool) -> None:
+        inside = inside or (cache is not None and isinstance(s.type, type)
+                            and issubclass(s.type, cache))
+        if s.is_leaf():
+            if inside:
+                found.add(start)
+            return
+        for child in s.children():
+            walk(child, start, inside)
+            start += child.num_leaves
+
+    if spec is not None:
+        walk(spec, 0, False)
+    return frozenset(found)
+
+
 def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None, *,
             grad: bool = False):
     """torch.export of ``module`` in eval mode, under ``torch.no_grad()`` for inference; with
     ``grad`` (an export for training) grad stays enabled, so the forward's own no_grad
     regions are recorded (``frontend/grad_regions``) rather than lost in the export's."""
     torch = torch_module()
+    _cache_pytrees()
     with _in_eval(module), (torch.enable_grad() if grad else torch.no_grad()):
         try:
             return torch.export.export(module, example_args, kwargs=kwargs or None,

@@ -1,7 +1,8 @@
 """transformers causal LMs called as users call them: default ``use_cache=True`` (a
 ``DynamicCache`` whose layers start from an empty 1-D tensor that ``aten.cat`` skips), an
-attention mask, padded batches. The module returns the logits only, so the cache tensors the
-forward builds are not outputs of the program.
+attention mask, padded batches. A module that returns the logits only leaves the cache
+tensors the forward builds out of the program's outputs; the model itself returns its cache,
+a DynamicCache (an EncoderDecoderCache for T5) of torch tensors, as torch's does.
 
 Also torch's legacy ``cat`` rule itself: 1-D size-0 tensors are skipped whatever the others'
 rank, any other empty tensor must match as usual."""
@@ -104,23 +105,93 @@ def test_cat_joins_other_empty_tensors_as_usual():
                              tg.input("y", (2, 3, 4), "float32")], "dim": 0})
 
 
-class WholeOutput(torch.nn.Module):
-    """ids -> the model's whole output object (its DynamicCache included): what torch.export
-    cannot carry out of a graph."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids)
-
-
-def test_a_forward_returning_the_cache_object_is_refused_with_the_fix():
+def _gpt2(layers=2):
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB,
+    cfg = transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=VOCAB,
                                   n_positions=32, bos_token_id=0, eos_token_id=0)
-    module = WholeOutput(transformers.GPT2LMHeadModel(cfg).eval())
-    with pytest.raises(tg.ArgumentError, match=r"WholeOutput.forward returns a .*DynamicCache"
-                                                r".*\.logits.*use_cache=False"):
-        tg.from_torch(module, (torch.randint(0, VOCAB, (1, 8)),), db=":memory:")
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _cache_tensors(cache) -> list:
+    """A DynamicCache's (or an EncoderDecoderCache's) tensors, layer by layer."""
+    caches = [cache.self_attention_cache, cache.cross_attention_cache] \
+        if hasattr(cache, "cross_attention_cache") else [cache]
+    return [t for c in caches for layer in c.layers for t in (layer.keys, layer.values)]
+
+
+def _same_output(got, ref) -> None:
+    """The model's output object, its cache included, as torch computes it."""
+    assert type(got) is type(ref) and type(got.past_key_values) is type(ref.past_key_values)
+    assert relative_error(got.logits.astype(np.float64), ref.logits.double().numpy()) < TOL
+    mine, theirs = _cache_tensors(got.past_key_values), _cache_tensors(ref.past_key_values)
+    assert len(mine) == len(theirs) > 0
+    for a, b in zip(mine, theirs):
+        assert isinstance(a, torch.Tensor) and a.shape == b.shape
+        assert relative_error(a.double().numpy(), b.double().numpy()) < TOL
+
+
+def test_a_causal_lm_called_with_its_defaults_returns_its_cache():
+    """use_cache=True left alone: the program returns the logits and a DynamicCache that
+    torch's model continues from, as from its own; the next call leaves it as it was."""
+    model = _gpt2()
+    ids = torch.randint(0, VOCAB, (1, 8))
+    prog = tg.from_torch(model, (ids,), db=":memory:")
+    with torch.no_grad():
+        ref = model(ids)
+    got = prog(ids)
+    _same_output(got, ref)
+    kept = [t.clone() for t in _cache_tensors(got.past_key_values)]
+    prog(torch.randint(0, VOCAB, (1, 8)))
+    assert all(torch.equal(a, b) for a, b in zip(kept, _cache_tensors(got.past_key_values)))
+    step = torch.randint(0, VOCAB, (1, 1))
+    with torch.no_grad():
+        ours = model(step, past_key_values=got.past_key_values).logits
+        theirs = model(step, past_key_values=ref.past_key_values).logits
+    assert relative_error(ours.double().numpy(), theirs.double().numpy()) < TOL
+
+
+def test_a_decode_step_takes_the_cache_and_returns_the_longer_one():
+    model = _gpt2()
+    ids, step = torch.randint(0, VOCAB, (1, 8)), torch.randint(0, VOCAB, (1, 1))
+
+    def prefill():
+        with torch.no_grad():
+            return model(ids).past_key_values
+
+    decode = tg.from_torch(model, (step,), kwargs={"past_key_values": prefill()},
+                           db=":memory:")
+    with torch.no_grad():
+        ref = model(step, past_key_values=prefill())
+    got = decode(step, past_key_values=prefill())
+    _same_output(got, ref)
+    assert got.past_key_values.layers[0].keys.shape[2] == 9
+
+
+def test_an_encoder_decoder_called_with_its_defaults_returns_its_cache():
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                num_heads=4, decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    ids, start = torch.randint(0, VOCAB, (1, 7)), torch.randint(0, VOCAB, (1, 3))
+    prog = tg.from_torch(model, (ids,), kwargs={"decoder_input_ids": start}, db=":memory:")
+    with torch.no_grad():
+        ref = model(ids, decoder_input_ids=start)
+    _same_output(prog(ids, decoder_input_ids=start), ref)
+
+
+class Box:
+    """An object torch.export knows nothing of."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+class ReturnsBox(torch.nn.Module):
+    def forward(self, x):
+        return Box(x * 2)
+
+
+def test_a_forward_returning_an_unknown_object_is_refused_with_the_fix():
+    with pytest.raises(tg.ArgumentError, match=r"ReturnsBox.forward returns a .*Box, which "
+                                                r"torch.export cannot carry.*tensors only"):
+        tg.from_torch(ReturnsBox(), (torch.randn(2, 3),), db=":memory:")

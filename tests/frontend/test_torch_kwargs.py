@@ -186,18 +186,19 @@ def test_bert_takes_its_attention_mask_by_name():
             assert relative_error(got["last_hidden_state"], ref) <= TOL
 
 
-def test_gpt2_exports_without_its_cache_as_the_error_advises():
+def test_gpt2_exports_with_its_cache_by_default_and_without_it_when_told():
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=32)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     ids, mask = _padded(97)
-    with pytest.raises(tg.ArgumentError) as info:  # the default use_cache=True returns the cache
-        tg.from_torch(model, (ids,), kwargs={"attention_mask": mask}, db=":memory:")
-    advice = "tg.from_torch(module, args, kwargs={'attention_mask': ..., 'use_cache': False})"
-    assert "DynamicCache" in str(info.value) and advice in str(info.value)
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask)
+    # the default use_cache=True: the logits and the DynamicCache, as the model returns them
+    got = tg.from_torch(model, (ids,), kwargs={"attention_mask": mask},
+                        db=":memory:")(ids, attention_mask=mask)
+    assert isinstance(got.past_key_values, type(ref.past_key_values))
+    assert relative_error(got.logits, ref.logits.numpy()) <= TOL
     prog = tg.from_torch(model, (ids,), kwargs={"attention_mask": mask, "use_cache": False},
                          db=":memory:")
-    with torch.no_grad():
-        ref = model(ids, attention_mask=mask, use_cache=False).logits.numpy()
     got = prog(ids, attention_mask=mask)
     assert list(got.keys()) == ["logits"]
-    assert relative_error(got["logits"], ref) <= TOL
+    assert relative_error(got["logits"], ref.logits.numpy()) <= TOL
