@@ -774,7 +774,7 @@ def _check_options(module, options: Mapping) -> None:
     (``attention_mask=m``) is an input given in the wrong place: the message says to give it
     in ``kwargs=``; a Trainer's option says ``train=True``."""
     signature = _signature(module)
-    hints = dict.fromkeys(("loss_fn", "optimizer", "targets"),
+    hints = dict.fromkeys(("loss_fn", "optimizer", "targets", "max_grad_norm", "accumulate"),
                           "an option of tg.from_torch(..., train=True)")
     for name in options:
         if signature is not None and name in signature.parameters:

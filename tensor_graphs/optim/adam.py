@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from tensor_graphs.errors import ArgumentError
@@ -18,15 +20,17 @@ class Adam(Optimizer):
     ``p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)`` at step ``t``
     (``amsgrad``: the running maximum of ``v`` in place of ``v``). The bias corrections read
     the count state, so every step runs the same program. Moments are the states
-    ``f"{prefix}{param}.exp_avg"``, ``.exp_avg_sq`` and ``.max_exp_avg_sq``, torch's names."""
+    ``f"{prefix}{param}.exp_avg"``, ``.exp_avg_sq`` and ``.max_exp_avg_sq``, torch's names.
+    ``groups``: a learning rate or weight decay of their own for some parameters (Optimizer)."""
 
     name = "Adam"
     decoupled = False
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 maximize: bool = False, prefix: str = "optim."):
-        super().__init__(lr, prefix=prefix)
+                 maximize: bool = False, prefix: str = "optim.",
+                 groups: Sequence[Mapping] = ()):
+        super().__init__(lr, prefix=prefix, groups=groups)
         if not isinstance(betas, (tuple, list, np.ndarray)) or np.shape(betas)[:1] != (2,):
             raise ArgumentError(f"{self.name}: betas must be a pair (beta1, beta2) of floats "
                                 f"in [0, 1), e.g. (0.9, 0.999); got {betas!r}")
@@ -41,11 +45,11 @@ class Adam(Optimizer):
         b1, b2 = self.betas
         if self.maximize:
             g = -g
-        if self.weight_decay:
+        if s.weight_decay:
             if self.decoupled:  # AdamW: the parameter shrinks before the step, apart from g
-                p = p * (1.0 - s.lr * self.weight_decay)
+                p = p * (1.0 - s.lr * s.weight_decay)
             else:
-                g = g + self.weight_decay * p
+                g = g + s.weight_decay * p
         m = slot("exp_avg", lambda m: m + (1.0 - b1) * (g - m))
         v = slot("exp_avg_sq", lambda v: b2 * v + (1.0 - b2) * (g * g))
         if self.amsgrad:
@@ -64,6 +68,7 @@ class AdamW(Adam):
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, amsgrad: bool = False, *,
-                 maximize: bool = False, prefix: str = "optim."):
+                 maximize: bool = False, prefix: str = "optim.",
+                 groups: Sequence[Mapping] = ()):
         super().__init__(lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         prefix=prefix)
+                         prefix=prefix, groups=groups)

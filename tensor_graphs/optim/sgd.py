@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
@@ -14,14 +16,15 @@ class SGD(Optimizer):
     """torch.optim.SGD's step: ``g + weight_decay * p``, then with ``momentum`` a buffer
     ``b = momentum * b + (1 - dampening) * g`` (``b = g`` on the first step; nesterov steps
     along ``g + momentum * b``), and ``p - lr * step``. The buffer is the state
-    ``f"{prefix}{param}.momentum_buffer"`` (kept only with momentum), torch's name for it."""
+    ``f"{prefix}{param}.momentum_buffer"`` (kept only with momentum), torch's name for it.
+    ``groups``: a learning rate or weight decay of their own for some parameters (Optimizer)."""
 
     name = "SGD"
 
     def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-                 prefix: str = "optim."):
-        super().__init__(lr, prefix=prefix)
+                 prefix: str = "optim.", groups: Sequence[Mapping] = ()):
+        super().__init__(lr, prefix=prefix, groups=groups)
         self.momentum = check_number("SGD", "momentum", momentum)
         self.weight_decay = check_number("SGD", "weight_decay", weight_decay)
         if not _real(dampening) or dampening != dampening:  # any value, as torch takes it
@@ -37,8 +40,8 @@ class SGD(Optimizer):
     def _step(self, p: Node, g: Node, s: _Scalars, slot) -> Node:
         if self.maximize:
             g = -g
-        if self.weight_decay:
-            g = g + self.weight_decay * p
+        if s.weight_decay:
+            g = g + s.weight_decay * p
         if self.momentum:
             mu, keep = self.momentum, 1.0 - self.dampening
 

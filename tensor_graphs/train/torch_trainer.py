@@ -93,7 +93,7 @@ def _with_positions(message: str, names: Sequence[str | None]) -> str:
 
 
 # what ``options`` may hold beside tg.compile's: tg.Trainer's own (compile's others pass on)
-_TRAINER_OPTIONS = ("device", "tolerance", "seed")
+_TRAINER_OPTIONS = ("max_grad_norm", "accumulate", "device", "tolerance", "seed")
 
 
 def _check_options(options: Mapping) -> None:
@@ -114,7 +114,8 @@ def trainer_from_torch(module, example_args: Sequence, *, loss_fn: Callable, opt
     """The Trainer of ``loss_fn(module(*inputs), *targets)``: ``example_args`` holds the
     module's inputs followed by ``targets`` target tensors (torch tensors or arrays of the
     batch's shapes). ``options`` go to ``tg.Trainer`` (device, tolerance, bounds, db, the
-    dropouts' ``seed``...)."""
+    dropouts' ``seed``, ``max_grad_norm``, ``accumulate``...); the optimizer's ``groups=``
+    name parameters by their state-dict names (``"0.bias"``)."""
     _check_options(options)
     torch = _torch()
     from tensor_graphs.frontend.torch_export import _dim_names, _export, import_exported

@@ -42,7 +42,7 @@ from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.ops.names import INPUT, STATE, WEIGHT
 from tensor_graphs.ir.ops.random import advance, check_sites, initial, rng_states
 from tensor_graphs.ir.shapes import format_shape
-from tensor_graphs.optim.base import Optimizer
+from tensor_graphs.optim.base import Optimizer, check_accumulate, check_max_grad_norm
 from tensor_graphs.runtime.weights import (
     read_safetensors,
     read_safetensors_header,
@@ -70,6 +70,14 @@ class Trainer:
     ``compile_options`` go to ``tg.compile`` (``bounds=`` for a batch with symbolic dims,
     ``db=``, ``profile=``).
 
+    What a torch training loop adds around ``optimizer.step()``, computed in the step's
+    program (``Optimizer.update``): ``max_grad_norm`` clips the gradients by their global
+    2-norm as ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)`` does before the step;
+    ``accumulate=N`` makes each ``step`` call a micro-batch and changes the weights on every
+    N-th, with the mean of the N gradients (torch's ``(loss / N).backward()`` on each and
+    ``optimizer.step()`` after the N-th); clipping then applies to that mean. Per-parameter
+    learning rates and weight decays are the optimizer's ``groups=``.
+
     A parameter the loss does not read is an ``ArgumentError`` (a misspelt or wrong layer's
     weight would otherwise train nothing in silence). One it reads only through indices or
     masks (no gradient reaches it) is kept as it is with a warning, as torch.optim skips a
@@ -78,11 +86,15 @@ class Trainer:
 
     def __init__(self, loss: Node, params: Sequence[Node | str] | None = None, *,
                  optimizer: Optimizer, device="cpu", tolerance: float | None = None,
-                 extra: Sequence[Node] = (), seed: int = 0, **compile_options):
+                 extra: Sequence[Node] = (), seed: int = 0,
+                 max_grad_norm: float | None = None, accumulate: int = 1, **compile_options):
         _check_loss(loss)
         if not isinstance(optimizer, Optimizer):
             raise ArgumentError(f"Trainer: optimizer must be a tg.optim optimizer "
                                 f"(tg.optim.AdamW(1e-3), ...), got {type(optimizer).__name__}")
+        # before the backward is built: a slip here is said at once
+        max_grad_norm = check_max_grad_norm("Trainer", max_grad_norm)
+        accumulate = check_accumulate("Trainer", accumulate)
         extra = list(extra)
         check_sites([loss, *extra])  # two dropouts sharing a mask: before the backward reuses it
         by_name = {leaf.name: leaf for leaf in leaves([loss, *extra])}
@@ -107,7 +119,8 @@ class Trainer:
         if not flowing:
             raise ArgumentError(f"Trainer: no gradient reaches any parameter {sorted(gradients)}; "
                                 "nothing would train")
-        self.updates = optimizer.update(self.params, flowing)
+        self.updates = optimizer.update(self.params, flowing, max_grad_norm=max_grad_norm,
+                                        accumulate=accumulate)
         self.optimizer = optimizer
         self.loss, self.extra = loss, extra
         self.outputs: list[Node] = [loss, *extra, *self.updates.outputs]
@@ -243,7 +256,8 @@ class Trainer:
     # ------------------------------------------------------------------------ steps
     def step(self, **batch) -> float:
         """One training step on ``batch`` (the loss's inputs by name); returns the loss
-        before this step's update, as torch's ``loss.item()`` after ``backward``."""
+        before this step's update, as torch's ``loss.item()`` after ``backward``. With
+        ``accumulate=N`` a call is one micro-batch and the weights change on every N-th."""
         other = sorted(set(batch) - set(self.inputs))
         if other:
             raise FeedError(f"Trainer.step: {other} are not inputs of the loss; feed only the "
@@ -263,17 +277,20 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        """The learning rate the next step uses (an optimizer state, there from the start)."""
-        return float(self.program.state(self.updates.lr)[0])
+        """The learning rate the next step uses (an optimizer state, there from the start);
+        that of the parameters in none of the optimizer's ``groups``."""
+        return float(self.program.state(self.updates.lr_name())[0])
 
-    def set_lr(self, lr: float) -> None:
+    def set_lr(self, lr: float, group: int | None = None) -> None:
         """A new learning rate from the next step on (a schedule): written into its state,
-        nothing is planned again."""
-        self.program.bind(**self.updates.lr_value(lr))
+        nothing is planned again. ``group``: that of the optimizer's ``groups[group]`` with an
+        ``lr`` of its own (the others share the optimizer's, which None sets)."""
+        self.program.bind(**self.updates.lr_value(lr, group))
 
     @property
     def steps(self) -> int:
-        """Steps taken (the optimizer's count, there from the start)."""
+        """Steps taken (the optimizer's count, there from the start): with ``accumulate=N``,
+        the weights' updates, one per N calls."""
         return int(self.program.state(self.updates.count)[0])
 
     # ------------------------------------------------------------------------ memory
