@@ -112,6 +112,24 @@ def ints(values) -> list:
     return out
 
 
+def product(dims):
+    """The product of sizes, symbolic ones kept (1 for none): a flattened axis' length."""
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def torch_pads(pads) -> list:
+    """ONNX's pads (begin..., end...) of the trailing axes in tg.pad's order: the last
+    axis' (before, after) first."""
+    n = len(pads) // 2
+    flat = []
+    for i in range(n - 1, -1, -1):
+        flat += [pads[i], pads[i + n]]
+    return flat
+
+
 def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 

@@ -1,6 +1,6 @@
-"""ONNX's arithmetic: pointwise ops, comparisons and logic, casts, reductions, MatMul and
-Gemm. Shape arithmetic on static values (Shape -> Gather -> Mul -> Concat) folds here with
-numpy, symbolic dims included, so a Reshape later sees its shape at import time."""
+"""ONNX's arithmetic: pointwise ops, comparisons and logic, casts, reductions, MatMul,
+Gemm and Einsum. Shape arithmetic on static values (Shape -> Gather -> Mul -> Concat) folds
+here with numpy, symbolic dims included, so a Reshape later sees its shape at import time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import operator
 
 import numpy as np
 
-from tensor_graphs.frontend.onnx.common import Ctx, Static, dtype_of, fold, ints
+from tensor_graphs.errors import ShapeError
+from tensor_graphs.frontend.onnx.common import Ctx, Static, dtype_of, fold, ints, product
 from tensor_graphs.ir import api as tg
 
 # op -> numpy's function, for static operands (a negated axis in a shape computation)
@@ -287,6 +288,134 @@ def _gemm(c: Ctx):
     return out
 
 
+def _einsum_error(c: Ctx, equation: str, why: str) -> ShapeError:
+    shapes = ", ".join(str(tuple(c.t(i).shape)) for i in range(c.n))
+    return ShapeError(f"Einsum node '{c.name}': equation '{equation}' over operands of shapes "
+                      f"{shapes}: {why}; the model is invalid (ONNX Runtime refuses it too): "
+                      "check the equation where the model is made, and export it again")
+
+
+def _einsum_terms(c: Ctx, equation: str) -> tuple[list, list]:
+    """Each operand's labels and the output's, one label per axis: a letter, or ``...k``
+    for the ellipsis' axes, aligned from the right so that they broadcast as numpy's. The
+    implicit output (no ``->``) is the ellipsis, then the letters used once, sorted."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != c.n:
+        raise _einsum_error(c, equation, f"{len(terms)} operand term(s) for {c.n} input(s)")
+    ranks = [c.t(i).ndim for i in range(c.n)]
+    spans = [r - len(t.replace("...", "")) if "..." in t else 0 for t, r in zip(terms, ranks)]
+    wide = max(spans, default=0)
+    labels = []
+    for i, (term, rank, span) in enumerate(zip(terms, ranks, spans)):
+        head, dots, tail = term.partition("...")
+        letters = head + tail
+        if span < 0 or (not dots and len(term) != rank) or (letters and not letters.isalpha()):
+            raise _einsum_error(c, equation, f"term '{term}' does not label the {rank} axes "
+                                f"of input {i} (one letter per axis, '...' for the rest)")
+        labels.append(list(head) + [f"...{wide - span + k}" for k in range(span)] + list(tail))
+    ellipsis = [f"...{k}" for k in range(wide)]
+    if arrow:
+        head, dots, tail = rhs.partition("...")
+        out = list(head) + (ellipsis if dots else []) + list(tail)
+    else:
+        letters = [ch for t in terms for ch in t.replace("...", "")]
+        out = ellipsis + sorted(ch for ch in set(letters) if letters.count(ch) == 1)
+    unknown = [lb for lb in out if not any(lb in t for t in labels)]
+    if unknown or len(set(out)) != len(out):
+        raise _einsum_error(c, equation, f"the output labels {out} repeat a label or name one "
+                            "no input has")
+    return labels, out
+
+
+def _einsum_diagonal(x, labels: list):
+    """An operand's repeated label (``ii``) reduced to its diagonal: the axes masked where
+    the two positions differ and the second summed away (a mask rather than a gather, so a
+    symbolic size works)."""
+    labels = list(labels)
+    for b in range(len(labels) - 1, 0, -1):
+        if labels[b] not in labels[:b]:
+            continue
+        a = labels.index(labels[b])
+        n = x.shape[a]
+        pos = [tg.reshape(tg.iota(n), tuple(-1 if k == axis else 1 for k in range(x.ndim)))
+               for axis in (a, b)]
+        x = tg.sum(tg.where(tg.equal(*pos), x, tg.as_node(0, x.dtype)), b)
+        del labels[b]
+    return x, labels
+
+
+def _einsum_sum(x, labels: list, needed: set):
+    """Sum away the axes whose label nothing later reads."""
+    gone = [k for k, lb in enumerate(labels) if lb not in needed]
+    if gone:
+        x = tg.sum(x, tuple(gone))
+    return x, [lb for lb in labels if lb in needed]
+
+
+def _einsum_pair(a, la: list, b, lb: list, keep: set):
+    """Two operands as one batched matmul: the labels both hold and ``keep`` (the output
+    and later operands) needs are its batch axes, those both hold and nothing needs its
+    contracted axis, the others its rows and columns. A shared axis of size 1 on one side
+    (the ellipsis broadcasting) that is contracted is summed on the other side first."""
+    for lab in [lb_ for lb_ in la if lb_ in lb and lb_ not in keep]:
+        size_a, size_b = a.shape[la.index(lab)], b.shape[lb.index(lab)]
+        if size_a == 1 and size_b != 1:
+            a, la = _einsum_sum(a, la, set(la) - {lab})
+        elif size_b == 1 and size_a != 1:
+            b, lb = _einsum_sum(b, lb, set(lb) - {lab})
+    a, la = _einsum_sum(a, la, keep | set(lb))
+    b, lb = _einsum_sum(b, lb, keep | set(la))
+    batch = [lab for lab in la if lab in lb and lab in keep]
+    summed = [lab for lab in la if lab in lb and lab not in keep]
+    rows = [lab for lab in la if lab not in lb]
+    cols = [lab for lab in lb if lab not in la]
+    size = {**{lab: b.shape[lb.index(lab)] for lab in lb},
+            **{lab: a.shape[la.index(lab)] for lab in la if a.shape[la.index(lab)] != 1}}
+    a = tg.permute(a, *[la.index(lab) for lab in batch + rows + summed])
+    b = tg.permute(b, *[lb.index(lab) for lab in batch + summed + cols])
+    nb = len(batch)
+    a = tg.reshape(a, (*a.shape[:nb], product(a.shape[nb:nb + len(rows)]),
+                       product(a.shape[nb + len(rows):])))
+    b = tg.reshape(b, (*b.shape[:nb], product(b.shape[nb:nb + len(summed)]),
+                       product(b.shape[nb + len(summed):])))
+    out = tg.matmul(a, b)
+    labels = batch + rows + cols
+    return tg.reshape(out, tuple(size[lab] for lab in labels)), labels
+
+
+def _einsum_sizes(c: Ctx, equation: str, operands: list) -> None:
+    """Refuse a label whose static sizes differ between operands (1 broadcasts)."""
+    seen: dict = {}
+    for x, labels in operands:
+        for name, d in zip(labels, x.shape):
+            e = seen.setdefault(name, d)
+            if isinstance(d, int) and isinstance(e, int) and 1 not in (d, e) and d != e:
+                raise _einsum_error(c, equation, f"label '{name}' has sizes {e} and {d}")
+            if e == 1:
+                seen[name] = d
+
+
+def _einsum(c: Ctx):
+    """numpy's einsum from transposes, diagonal masks, sums and batched matmuls, the
+    operands contracted left to right, each axis summed as soon as nothing later reads it."""
+    equation = c.a("equation")
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    labels, out_labels = _einsum_terms(c, equation)
+    operands = [_einsum_diagonal(c.t(i), labels[i]) for i in range(c.n)]
+    _einsum_sizes(c, equation, operands)
+    later = [set(out_labels)]  # what each contraction's result must keep
+    for _, lab in reversed(operands[2:]):
+        later.insert(0, later[0] | set(lab))
+    x, lab = operands[0]
+    for (y, other), keep in zip(operands[1:], later):
+        x, lab = _einsum_pair(x, lab, y, other, keep)
+    x, lab = _einsum_sum(x, lab, set(out_labels))
+    return tg.permute(x, *[lab.index(name) for name in out_labels])
+
+
 def _cumsum(c: Ctx, fn=tg.cumsum):
     x = c.t(0)
     axis = int(ints(c.s(1, "axis"))[0]) % x.ndim
@@ -332,6 +461,7 @@ def table() -> dict:
         "ArgMax": _arg(tg.argmax),
         "ArgMin": _arg(tg.argmin),
         "MatMul": _matmul,
+        "Einsum": _einsum,
         "Gemm": _gemm,
         "CumSum": _cumsum,
         "CumProd": lambda c: _cumsum(c, tg.cumprod),

@@ -4,7 +4,7 @@ fused kernels; ONNX's older forms (Softmax's 2-D coercion before opset 13) are s
 
 from __future__ import annotations
 
-from tensor_graphs.frontend.onnx.common import Ctx, norm_axis
+from tensor_graphs.frontend.onnx.common import Ctx, norm_axis, product, torch_pads
 from tensor_graphs.ir import api as tg
 
 
@@ -172,19 +172,51 @@ def _conv(c: Ctx):
     x, w = c.t(0), c.t(1)
     b = c.t(2) if c.has(2) else None
     kernel = list(c.a("kernel_shape", w.shape[2:]))
-    if len(kernel) not in (1, 2):
-        raise c.refuse(f"a {len(kernel)}-D convolution (1-D and 2-D are mapped)")
     pads, strides, dil = _spatial(c, x, kernel)
-    one = len(kernel) == 1
-    if one:
-        x, w = _to_2d(x), _to_2d(w)
-        pads, strides, dil = [0, pads[0], 0, pads[1]], [1, strides[0]], [1, dil[0]]
-    if pads[0] != pads[2] or pads[1] != pads[3]:
-        x = tg.pad(x, [pads[1], pads[3], pads[0], pads[2]])
-        pads = [0, 0, 0, 0]
-    out = tg.conv2d(x, w, b, stride=tuple(strides), padding=(pads[0], pads[1]),
-                    dilation=tuple(dil), groups=c.a("group", 1))
-    return tg.squeeze(out, 2) if one else out
+    return _convolve(c, x, w, b, pads, strides, dil, c.a("group", 1))
+
+
+def _convolve(c: Ctx, x, w, b, pads, strides, dil, groups):
+    """An N-D convolution with ONNX's (begin..., end...) pads on our 2-D composite: 1-D
+    through a unit axis, 3-D as a sum of 2-D ones over the kernel's depth (``_conv3d``);
+    uneven pads are made explicit first."""
+    n = w.ndim - 2
+    if n not in (1, 2, 3):
+        raise c.refuse(f"a {n}-D convolution (1-D, 2-D and 3-D are mapped)")
+    if n == 1:
+        out = _convolve(c, _to_2d(x), _to_2d(w), b, [0, pads[0], 0, pads[1]],
+                        [1, strides[0]], [1, dil[0]], groups)
+        return tg.squeeze(out, 2)
+    if n == 3 or pads[:n] != pads[n:]:
+        x = tg.pad(x, torch_pads(pads))
+        pads = [0] * (2 * n)
+    if n == 3:
+        return _conv3d(c, x, w, b, strides, dil, groups)
+    return tg.conv2d(x, w, b, stride=tuple(strides), padding=tuple(pads[:2]),
+                     dilation=tuple(dil), groups=groups)
+
+
+def _conv3d(c: Ctx, x, w, b, strides, dil, groups):
+    """A 3-D convolution of an already padded input: for each kernel depth offset, the
+    input's depth slices that offset meets, folded into the batch, through one 2-D
+    convolution with that kernel plane; the planes' results summed."""
+    batch, ch, depth, h, wd = x.shape
+    kd = w.shape[2]
+    if not isinstance(depth, int):
+        raise c.refuse(f"a 3-D convolution over the symbolic depth {depth} of {x.shape}; "
+                       "export the model with a static depth")
+    od = (depth - dil[0] * (kd - 1) - 1) // strides[0] + 1
+    total = None
+    for k in range(kd):
+        start = k * dil[0]
+        planes = tg.slice_axis(x, 2, start, start + (od - 1) * strides[0] + 1, strides[0])
+        planes = tg.reshape(tg.permute(planes, 0, 2, 1, 3, 4), (batch * od, ch, h, wd))
+        kernel = tg.squeeze(tg.slice_axis(w, 2, k, k + 1), 2)
+        y = tg.conv2d(planes, kernel, stride=tuple(strides[1:]), dilation=tuple(dil[1:]),
+                      groups=groups)
+        total = y if total is None else tg.add(total, y)
+    out = tg.permute(tg.reshape(total, (batch, od, *total.shape[1:])), 0, 2, 1, 3, 4)
+    return out if b is None else tg.add(out, tg.reshape(b, (-1, 1, 1, 1)))
 
 
 def _transpose_pads(target, sizes, strides, extra, k, dil, auto: str, at_least=None) -> list:
@@ -205,18 +237,17 @@ def _transpose_pads(target, sizes, strides, extra, k, dil, auto: str, at_least=N
 def _conv_transpose(c: Ctx):
     """The gradient of a convolution as one: the input spread by the stride (zeros between),
     padded by the dilated kernel less the pads, convolved with the flipped kernel whose
-    in and out channels swap within each group."""
+    in and out channels swap within each group; 1-D to 3-D alike."""
     x, w = c.t(0), c.t(1)
     b = c.t(2) if c.has(2) else None
     k = list(c.a("kernel_shape", w.shape[2:]))
     n = len(k)
-    if n not in (1, 2):
-        raise c.refuse(f"a {n}-D transposed convolution (1-D and 2-D are mapped)")
     sizes = list(x.shape[2:])
     strides = list(c.a("strides", [1] * n))
     dil = list(c.a("dilations", [1] * n))
     extra = list(c.a("output_padding", [0] * n))[:n]
     want = c.a("output_shape")
+    want = list(want)[-n:] if want else None
     pads, auto = c.a("pads"), c.a("auto_pad", "NOTSET")
     if want:
         pads = _transpose_pads(want, sizes, strides, extra, k, dil, auto, at_least=0)
@@ -225,37 +256,40 @@ def _conv_transpose(c: Ctx):
     elif pads is None:
         pads = _transpose_pads([sizes[i] * strides[i] for i in range(n)], sizes, strides,
                                extra, k, dil, auto)
-    if n == 1:
-        x, w = _to_2d(x), _to_2d(w)
-        k, strides, dil, extra = [1, k[0]], [1, strides[0]], [1, dil[0]], [0, extra[0]]
-        pads = [0, pads[0], 0, pads[1]]
-        want = [1, want[-1]] if want else None
-    batch, ch, h, wd = x.shape
-    sh, sw = strides
-    if sh > 1 or sw > 1:  # the stride's zeros between the input's elements
-        y = tg.pad(tg.reshape(x, (batch, ch, h, 1, wd, 1)), [0, sw - 1, 0, 0, 0, sh - 1])
-        y = tg.reshape(y, (batch, ch, h * sh, wd * sw))
-        x = tg.slice_axis(tg.slice_axis(y, 2, 0, (h - 1) * sh + 1), 3, 0, (wd - 1) * sw + 1)
-    edge = [dil[i] * (k[i] - 1) for i in range(2)]
-    x = tg.pad(x, [edge[1] - pads[1], edge[1] - pads[3] + extra[1],
-                   edge[0] - pads[0], edge[0] - pads[2] + extra[0]])
+    for i in range(n):
+        x = _spread(x, 2 + i, strides[i])
+    edge = [dil[i] * (k[i] - 1) for i in range(n)]
+    inner = [edge[i] - pads[i] for i in range(n)] + \
+        [edge[i] - pads[i + n] + extra[i] for i in range(n)]
     groups = c.a("group", 1)
     cin, per = w.shape[0], w.shape[1]
-    kernel = tg.reshape(w, (groups, cin // groups, per, k[0], k[1]))
-    kernel = tg.reshape(tg.permute(kernel, 0, 2, 1, 3, 4), (groups * per, cin // groups,
-                                                           k[0], k[1]))
-    kernel = tg.slice_axis(tg.slice_axis(kernel, 2, None, None, -1), 3, None, None, -1)
-    out = tg.conv2d(x, kernel, b, dilation=tuple(dil), groups=groups)
+    kernel = tg.reshape(w, (groups, cin // groups, per, *k))
+    kernel = tg.reshape(tg.permute(kernel, 0, 2, 1, *range(3, 3 + n)),
+                        (groups * per, cin // groups, *k))
+    for i in range(n):
+        kernel = tg.slice_axis(kernel, 2 + i, None, None, -1)
+    out = _convolve(c, tg.pad(x, torch_pads(inner)), kernel, b, [0] * (2 * n), [1] * n, dil,
+                    groups)
     if want:  # an output_shape beyond what the pads give: zeros after (or cut)
         have = out.shape[2:]
-        out = tg.pad(out, [0, want[-1] - have[-1], 0, want[-2] - have[-2]])
-    return tg.squeeze(out, 2) if n == 1 else out
+        out = tg.pad(out, torch_pads([0] * n + [want[i] - have[i] for i in range(n)]))
+    return out
+
+
+def _spread(x, axis: int, stride: int):
+    """``x`` with ``stride - 1`` zeros between its elements along ``axis``."""
+    if stride == 1:
+        return x
+    shape = tuple(x.shape)
+    size = shape[axis]
+    y = tg.unsqueeze(x, axis + 1)
+    y = tg.pad(y, [0, 0] * (x.ndim - 1 - axis) + [0, stride - 1])
+    y = tg.reshape(y, (*shape[:axis], size * stride, *shape[axis + 1:]))
+    return tg.slice_axis(y, axis, 0, (size - 1) * stride + 1)
 
 
 def _pool(maximum: bool):
     def mapped(c: Ctx):
-        if c.outputs > 1:
-            raise c.refuse("its Indices output")
         x = c.t(0)
         kernel = list(c.a("kernel_shape"))
         if len(kernel) not in (1, 2):
@@ -270,13 +304,10 @@ def _pool(maximum: bool):
         # torch's pooling pads at most half a window, evenly; other pads are made explicit
         inside = pads[0] == pads[2] and pads[1] == pads[3] and all(
             2 * pads[i] <= (kernel[i] - 1) * dil[i] + 1 for i in range(2))
-        explicit = [pads[1], pads[3], pads[0], pads[2]]
+        explicit = torch_pads(pads)
         window = {"kernel_size": tuple(kernel), "stride": tuple(strides), "ceil_mode": ceil}
         if maximum:
-            if not inside:
-                x = tg.pad(x, explicit, float("-inf"))
-                pads = [0, 0, 0, 0]
-            out = tg.max_pool2d(x, padding=(pads[0], pads[1]), dilation=tuple(dil), **window)
+            out = _max_pool(c, x, pads if inside else None, explicit, dil, window)
         else:
             if any(d != 1 for d in dil):
                 raise c.refuse("dilations in AveragePool")
@@ -292,8 +323,42 @@ def _pool(maximum: bool):
                     ones = tg.pad(tg.broadcast_to(tg.as_node(1.0, x.dtype), 1, 1, *x.shape[2:]),
                                   explicit)
                     out = tg.div(out, tg.avg_pool2d(ones, **window))
+        if isinstance(out, tuple):  # MaxPool's values and Indices
+            return tuple(tg.squeeze(o, 2) for o in out) if one else out
         return tg.squeeze(out, 2) if one else out
     return mapped
+
+
+def _max_pool(c: Ctx, x, pads, explicit, dil, window):
+    """MaxPool on max_pool2d, its pads torch's (``pads``, at most half a window, even) or
+    made explicit with -inf (``pads`` None); with its Indices output where the node names
+    it (``_flat_indices``)."""
+    plane = x.shape[2:]
+    if pads is None:
+        x = tg.pad(x, explicit, float("-inf"))
+    geometry = {"padding": tuple(pads[:2]) if pads else (0, 0), "dilation": tuple(dil), **window}
+    out = tg.max_pool2d(x, **geometry)
+    if c.outputs < 2:
+        return out
+    at = tg.max_pool2d_indices(x, **geometry)
+    return out, _flat_indices(c, at, plane, x.shape[3], explicit if pads is None else None)
+
+
+def _flat_indices(c: Ctx, at, plane, width: int, explicit):
+    """ONNX's Indices from max_pool2d_indices' place ``at`` in the pooled (H, W) plane, of
+    ``width`` columns (the plane padded by ``explicit``, tg.pad's order, where the pads
+    were made explicit): the place in the input's own plane, row-major (storage_order 0)
+    or column-major (1), offset by (n * C + c) * H * W to index the whole input."""
+    h, w = plane
+    order = c.a("storage_order", 0)
+    if explicit or order:
+        top, left = (explicit[2], explicit[0]) if explicit else (0, 0)
+        row = tg.sub(tg.floor_divide(at, width), top)
+        col = tg.sub(tg.remainder(at, width), left)
+        at = tg.add(tg.mul(col, h), row) if order else tg.add(tg.mul(row, w), col)
+    batch, ch = at.shape[:2]
+    planes = tg.reshape(tg.iota(product([batch, ch])), (batch, ch, 1, 1))
+    return tg.add(at, tg.mul(planes, tg.size(h * w)))
 
 
 def _lp_pool(c: Ctx):
@@ -312,7 +377,7 @@ def _lp_pool(c: Ctx):
         kernel, pads, strides = [1, kernel[0]], [0, pads[0], 0, pads[1]], [1, strides[0]]
     p = float(c.a("p", 2))
     powered = tg.pow(tg.abs(x), _f(x, p))
-    powered = tg.pad(powered, [pads[1], pads[3], pads[0], pads[2]])
+    powered = tg.pad(powered, torch_pads(pads))
     mean = tg.avg_pool2d(powered, kernel_size=tuple(kernel), stride=tuple(strides))
     out = tg.pow(tg.mul(mean, _f(x, kernel[0] * kernel[1])), _f(x, 1 / p))
     return tg.squeeze(out, 2) if one else out

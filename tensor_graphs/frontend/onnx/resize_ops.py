@@ -1,9 +1,10 @@
-"""ONNX's Resize (opset 11 on) as one matrix product per resized axis. Each mode (nearest,
-linear, cubic, with antialias), coordinate transformation and option is linear in the data
-along an axis, so its weights are computed once here with numpy, as ONNX's reference
-computes each output position (its formulas, edge padding, exclude_outside), and applied as
-a constant (out, in) matrix: the resized axes' sizes must be static; an axis kept at its
-size (a dynamic batch) may be symbolic."""
+"""ONNX's Resize (opset 11 on), and the deprecated Upsample as ONNX Runtime runs it, as one
+matrix product per resized axis. Each mode (nearest, linear, cubic, with antialias),
+coordinate transformation and option is linear in the data along an axis, so its weights
+are computed once here with numpy, as ONNX's reference computes each output position (its
+formulas, edge padding, exclude_outside), and applied as a constant (out, in) matrix: the
+resized axes' sizes must be static; an axis kept at its size (a dynamic batch) may be
+symbolic."""
 
 from __future__ import annotations
 
@@ -192,16 +193,24 @@ def _resize(c: Ctx):
     if coordinate not in known:
         raise c.refuse(f"coordinate_transformation_mode '{coordinate}' (opset {c.opset} has "
                        f"{', '.join(known)}); export the model with one of those")
-    extrapolate = c.a("extrapolation_value", 0.0)
+    return _resample(c, x, axes, full_scale, out_size, coeffs, coordinate,
+                     bool(c.a("exclude_outside", 0)), roi, c.a("extrapolation_value", 0.0))
+
+
+def _resample(c: Ctx, x, axes, full_scale, out_size, coeffs, coordinate, exclude_outside=False,
+              roi=None, extrapolate=0.0):
+    """``x`` resized on each of ``axes`` whose size or scale changes: one constant (out,
+    in) weight matrix per axis, applied as a matmul on that axis moved last."""
+    rank = x.ndim
     out = x
     for i, ax in enumerate(axes):
-        axis_roi = (roi[i], roi[len(axes) + i]) if roi.size else (0.0, 1.0)
+        axis_roi = (roi[i], roi[len(axes) + i]) if roi is not None and roi.size else (0.0, 1.0)
         if math.isclose(full_scale[ax], 1.0) and out_size[ax] == x.shape[ax] and \
                 (coordinate != "tf_crop_and_resize" or axis_roi == (0.0, 1.0)):
             continue
         _concrete(c, x, [ax])  # a crop of a symbolic axis
         m, outside = weights(x.shape[ax], out_size[ax], full_scale[ax], coeffs, coordinate,
-                             bool(c.a("exclude_outside", 0)), axis_roi)
+                             exclude_outside, axis_roi)
         moved = tg.transpose(out, ax, -1) if ax != rank - 1 else out
         moved = tg.matmul(moved, tg.constant(m.T.astype(x.dtype.np_dtype)))
         if outside.any():
@@ -210,8 +219,33 @@ def _resize(c: Ctx):
     return out
 
 
+def _upsample(c: Ctx):
+    """The deprecated Upsample (opset 7's scales attribute, 9's scales input) as ONNX
+    Runtime runs it: Resize with asymmetric coordinates, the output floor(scale * size),
+    nearest picking the floor of the source position (its ceiling where the axis shrinks)."""
+    x = c.t(0)
+    scales = c.a("scales") if c.opset < 9 else c.s(1, "scales")
+    scales = [float(v) for v in np.asarray(scales, dtype=np.float64).reshape(-1)]
+    mode = c.a("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear") or not x.dtype.is_float:
+        raise c.refuse(f"mode '{mode}' on a {x.dtype.name} input (float inputs in modes "
+                       "nearest and linear are mapped)")
+    if len(scales) != x.ndim:
+        raise c.refuse(f"{len(scales)} scales for the {x.ndim} axes of {x.shape}")
+    axes = [a for a, s in enumerate(scales) if not math.isclose(s, 1.0)]
+    _concrete(c, x, axes)
+    out_size = [int(np.float32(s) * np.float32(d)) if a in axes else d
+                for a, (s, d) in enumerate(zip(scales, x.shape))]
+    if mode == "nearest":
+        def coeffs(r, s):
+            return _nearest(r, s, "floor" if s >= 1 else "ceil")
+    else:
+        coeffs = _linear
+    return _resample(c, x, axes, scales, out_size, coeffs, "asymmetric")
+
+
 def table() -> dict:
-    return {"Resize": _resize}
+    return {"Resize": _resize, "Upsample": _upsample}
 
 
 __all__ = ["table", "weights"]

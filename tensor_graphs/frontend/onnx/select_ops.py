@@ -3,7 +3,7 @@ TopK, Trilu, on our take_along_axis, gather, put_along_axis, topk and triangular
 
 from __future__ import annotations
 
-from tensor_graphs.frontend.onnx.common import Ctx, ints, norm_axis
+from tensor_graphs.frontend.onnx.common import Ctx, ints, norm_axis, product
 from tensor_graphs.ir import api as tg
 
 
@@ -33,35 +33,35 @@ def _scatter_elements(c: Ctx):
                              reduce=_REDUCE[c.a("reduction", "none")])
 
 
-def _product(dims):
-    out = 1
-    for d in dims:
-        out = out * d
-    return out
-
-
 def _dim(d):
     """A size as an operand: an int as it is, a symbolic one as its 0-d value."""
     return d if isinstance(d, int) else tg.size(d)
 
 
 def _linear_index(c: Ctx, x, idx, batch: int):
-    """ONNX's index tuples (last axis of ``idx``) into the flattened leading axes of ``x``."""
+    """ONNX's index tuples (last axis of ``idx``) into the flattened axes of ``x`` after
+    its ``batch`` leading ones, each batch's tuples offset to its own block of the
+    flattened data (GatherND's batch_dims), so one gather on axis 0 reads them all."""
     k = idx.shape[-1]
-    if not isinstance(k, int) or batch:
-        raise c.refuse("batch_dims > 0 or a symbolic index depth")  # rare in exports
-    dims = x.shape[:k]
-    strides = [_product(dims[j + 1:]) for j in range(k)]
+    if not isinstance(k, int):
+        raise c.refuse(f"indices {idx.shape} of symbolic depth (the last axis sizes the "
+                       "index tuples); export the model with a static last axis")
+    dims = x.shape[batch:batch + k]
+    strides = [product(dims[j + 1:]) for j in range(k)]
     idx = tg.cast(idx, "int64") if idx.dtype.name != "int64" else idx
     parts = []
     for j in range(k):
         one = tg.squeeze(tg.slice_axis(idx, -1, j, j + 1), idx.ndim - 1)
         one = _wrapped(one, dims[j])
         parts.append(one if strides[j] == 1 else tg.mul(one, _dim(strides[j])))
+    if batch:
+        lead = x.shape[:batch]
+        block = tg.reshape(tg.iota(product(lead)), (*lead, *(1,) * (idx.ndim - 1 - batch)))
+        parts.append(tg.mul(block, _dim(product(dims))))
     linear = parts[0]
     for p in parts[1:]:
         linear = tg.add(linear, p)
-    flat = tg.reshape(x, (_product(dims), *x.shape[k:]))
+    flat = tg.reshape(x, (product(x.shape[:batch + k]), *x.shape[batch + k:]))
     return flat, linear
 
 

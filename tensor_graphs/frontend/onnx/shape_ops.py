@@ -20,6 +20,7 @@ from tensor_graphs.frontend.onnx.common import (
     fold,
     ints,
     norm_axis,
+    torch_pads,
 )
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
@@ -282,32 +283,77 @@ def _tile(c: Ctx):
     return tg.tile(c.t(0), reps=tuple(reps))
 
 
-def _pad(c: Ctx):
-    mode = c.a("mode", "constant")
-    if mode != "constant":
-        raise c.refuse(f"mode '{mode}' (only 'constant' padding is mapped)")
-    x = c.t(0)
+def _pad_widths(c: Ctx, x) -> dict:
+    """axis -> (before, after): the pads of the node's opset (an attribute before 11, an
+    input after, over the ``axes`` input from 18)."""
     if c.opset < 11:
-        pads, value = list(c.a("pads")), c.a("value", 0.0)
-        axes = list(range(x.ndim))
+        pads, axes = list(c.a("pads")), list(range(x.ndim))
     else:
         pads = ints(c.s(1, "pads"))
-        value = 0
-        if c.has(2) and c.is_static(2):
-            value = c.s(2, "constant_value").reshape(-1)[0].item()
-        elif c.has(2):  # a value known at run time: the pad band selected from it
-            value = tg.reshape(c.t(2), ())
         axes = ints(c.s(3, "axes")) if c.n > 3 and c.has(3) else list(range(x.ndim))
     n = len(axes)
-    axes = [norm_axis(a, x.ndim) for a in axes]
-    per = {a: (pads[i], pads[i + n]) for i, a in enumerate(axes)}
-    flat = []
-    for a in range(x.ndim - 1, -1, -1):
-        flat += list(per.get(a, (0, 0)))
+    return {norm_axis(a, x.ndim): (pads[i], pads[i + n]) for i, a in enumerate(axes)}
+
+
+def _torch_pads(per: dict, rank: int) -> list:
+    """Per-axis (before, after) pads in tg.pad's order."""
+    both = [per.get(a, (0, 0)) for a in range(rank)]
+    return torch_pads([lo for lo, _ in both] + [hi for _, hi in both])
+
+
+def _pad(c: Ctx):
+    mode = c.a("mode", "constant")
+    x = c.t(0)
+    per = _pad_widths(c, x)
+    if mode in ("reflect", "edge", "wrap"):
+        return _pad_from_itself(c, x, per, mode)
+    if mode != "constant":
+        raise c.refuse(f"mode '{mode}' (ONNX's modes are constant, reflect, edge and wrap)")
+    flat = _torch_pads(per, x.ndim)
+    value = c.a("value", 0.0) if c.opset < 11 else 0
+    if c.opset >= 11 and c.has(2) and c.is_static(2):
+        value = c.s(2, "constant_value").reshape(-1)[0].item()
+    elif c.opset >= 11 and c.has(2):  # a value known at run time: the pad band selected from it
+        value = tg.reshape(c.t(2), ())
     if not isinstance(value, Node):
         return tg.pad(x, flat, value)
     inside = tg.pad(tg.broadcast_to(tg.constant(np.array(True)), *x.shape), flat, False)
     return tg.where(inside, tg.pad(x, flat), value)
+
+
+def _pad_from_itself(c: Ctx, x, per: dict, mode: str):
+    """Pad's reflect, edge and wrap modes: negative pads crop first (as ONNX Runtime does:
+    the kept part is what is reflected or wrapped), then each padded axis is one gather of
+    itself at the source position of every output position (``_pad_source``)."""
+    x = tg.pad(x, _torch_pads({a: (min(lo, 0), min(hi, 0)) for a, (lo, hi) in per.items()},
+                              x.ndim))
+    for axis, (lo, hi) in per.items():
+        lo, hi = max(lo, 0), max(hi, 0)
+        n = x.shape[axis]
+        if mode == "reflect" and isinstance(n, int) and max(lo, hi) >= n:
+            raise ShapeError(f"Pad node '{c.name}': mode reflect pads axis {axis} of "
+                             f"{format_shape(tuple(x.shape))} by ({lo}, {hi}), but a reflection "
+                             f"of {n} elements gives at most {n - 1} (ONNX Runtime refuses it "
+                             "too); use mode 'edge' or 'wrap', or smaller pads")
+        if lo or hi:
+            x = tg.gather(x, _pad_source(n, lo, hi, mode), axis)
+    return x
+
+
+def _pad_source(n, lo: int, hi: int, mode: str) -> Node:
+    """Which of an axis' ``n`` elements each of its ``lo + n + hi`` padded positions
+    copies: position p (from -lo) clamped for edge, taken modulo n for wrap, and mirrored
+    about both ends (period 2(n - 1), the ends not repeated) for reflect. Computed in the
+    graph so that a symbolic ``n`` works."""
+    size = tg.size(n)
+    p = tg.sub(tg.iota(n + lo + hi), lo)
+    if mode == "edge":
+        return tg.minimum(tg.maximum(p, 0), tg.sub(size, 1))
+    if mode == "wrap":
+        return tg.remainder(p, size)
+    period = tg.mul(tg.sub(size, 1), 2)
+    m = tg.remainder(p, period)
+    return tg.where(tg.less(m, size), m, tg.sub(period, m))
 
 
 def _constant(c: Ctx):
