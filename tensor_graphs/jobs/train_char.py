@@ -20,6 +20,7 @@ import numpy as np
 from tensor_graphs.compiler import compile as compile_graph
 from tensor_graphs.ir import api as tg
 from tensor_graphs.nn import GPT2, GPT2Config
+from tensor_graphs.nn.sampling import Sampling
 from tensor_graphs.optim import AdamW
 from tensor_graphs.train import Trainer
 
@@ -155,12 +156,12 @@ def sampler(trainer: Trainer, corpus: Corpus, o: Options, **compile_options):
 
     def sample(prompt: np.ndarray, n: int, temperature: float = 0.8, seed: int = 0) -> str:
         rng = np.random.default_rng(seed)
+        draw = Sampling.checked(temperature=temperature)
         window = list(prompt[-o.seq:])
         out = []
         for _ in range(n):
-            logits = np.asarray(prog(ids=np.array([window[-o.seq:]], np.int64))).reshape(-1)
-            p = np.exp((logits - logits.max()) / temperature)
-            nxt = int(rng.choice(len(p), p=p / p.sum()))
+            logits = np.asarray(prog(ids=np.array([window[-o.seq:]], np.int64))).reshape(1, -1)
+            nxt = int(draw.choose(logits, rng)[0])
             window.append(nxt)
             out.append(nxt)
         return corpus.decode(out)

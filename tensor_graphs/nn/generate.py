@@ -1,4 +1,4 @@
-"""Greedy generation with a KV cache: ``tg.generate(causal_lm, input_ids, max_new_tokens)``.
+"""Generation with a KV cache: ``tg.generate(causal_lm, input_ids, max_new_tokens)``.
 
 A transformers causal LM is rebuilt from its config with ``tg.nn``'s layers (the table
 ``ARCHITECTURES``, by ``config.model_type``) and its state dict bound by name. Two programs are
@@ -21,7 +21,11 @@ Everything is checked before any work: token ids against the vocabulary, the pro
 (the model's ``generation_config`` under the call's). The tokens are those of transformers'
 ``generate(do_sample=False)``: ``repetition_penalty`` is applied as transformers applies it,
 and a setting under which transformers would choose other tokens that is not applied here
-(beam search, n-gram bans, forced tokens...) is refused, never ignored.
+(beam search, n-gram bans, forced tokens...) is refused, never ignored. ``do_sample=True``
+draws each token as transformers' ``generate(do_sample=True)`` does (``nn/sampling.py``:
+temperature, top-k, top-p, min-p, the model's generation_config under the call's), from
+numpy's generator (``seed``); the model's own ``do_sample`` is not followed, so a call
+decodes greedily unless it asks to sample.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from tensor_graphs.ir.graph import leaves
 from tensor_graphs.ir.ops.names import WEIGHT
 from tensor_graphs.nn.attention import KVCache
 from tensor_graphs.nn.models import GPT2, GPT2Config, Llama, LlamaConfig
+from tensor_graphs.nn.sampling import SETTINGS as SAMPLING
+from tensor_graphs.nn.sampling import Sampling
 from tensor_graphs.runtime.values import HostReader, on_host
 
 # transformers model_type -> (reads its config, builds our model): what tg.generate accepts
@@ -73,13 +79,25 @@ def _contrastive(value, settings) -> bool:  # transformers' top_k defaults to 50
     return _above_zero(value, settings) and (top_k is None or top_k > 1)
 
 
-# Generation settings under which transformers' generate(do_sample=False) chooses other tokens
-# than argmax decoding, none of them applied here: each with when it is active (at any other
-# value transformers applies nothing) and what it does. Sampling settings (temperature, top_p,
-# ...) are not listed: greedy decoding ignores them, and so does the model's do_sample (a
-# default that do_sample=False replaces); do_sample=True in the call asks for sampling.
+def _sampling_only(active: Callable[[object, Mapping], bool]):
+    """A warper transformers applies only when it samples (and not applied here)."""
+    return lambda value, settings: settings.get("do_sample") is True and active(value, settings)
+
+
+def _below_one(value, settings) -> bool:
+    return value is not None and value < 1.0
+
+
+def _cutoff(value, settings) -> bool:
+    return value is not None and 0.0 < value < 1.0
+
+
+# Generation settings under which transformers' generate chooses other tokens than it would
+# without them, none of them applied here: each with when it is active (at any other value
+# transformers applies nothing) and what it does. The sampling settings applied here
+# (``SAMPLING``) are not listed, nor the model's do_sample (a default the call replaces:
+# do_sample=True in the call samples); the warpers not applied are, active when sampling.
 _REFUSED: dict[str, tuple[Callable[[object, Mapping], bool], str]] = {
-    "do_sample": (lambda value, settings: value is True, "sampling"),
     "num_beams": (_other_than(1), "beam search"),
     "num_return_sequences": (_other_than(1), "several sequences per prompt"),
     "constraints": (_given, "constrained beam search"),
@@ -105,11 +123,15 @@ _REFUSED: dict[str, tuple[Callable[[object, Mapping], bool], str]] = {
     "token_healing": (lambda value, settings: bool(value), "rewrites the prompt's last token"),
     "stop_strings": (_given, "stops at strings"),
     "max_time": (_given, "stops after a time limit"),
+    "typical_p": (_sampling_only(_below_one), "typical sampling"),
+    "epsilon_cutoff": (_sampling_only(_cutoff), "epsilon sampling"),
+    "eta_cutoff": (_sampling_only(_cutoff), "eta sampling"),
+    "top_h": (_sampling_only(_given), "top-H sampling"),
 }
-# the generation settings applied here (eos and pad tokens, the repetition penalty)
-_APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty")
+# the generation settings applied here (eos and pad tokens, the repetition penalty, sampling)
+_APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty", "do_sample", *SAMPLING)
 # Generator's own options that from_transformers / tg.generate pass through
-_BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized", "padded")
+_BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized", "padded", "seed")
 
 
 # tg.compile's options a Generator does not take (``compiler.compile_options`` less these):
@@ -126,11 +148,7 @@ def _compile_keywords() -> tuple[str, ...]:
 
 
 # options of transformers' generate that tg.generate does not take, and what to do instead
-_GREEDY = ("a sampling setting: tg.generate decodes greedily, as transformers' "
-           "generate(do_sample=False) does, where it changes no token; leave it out")
 _INSTEAD = {
-    **dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
-                     "eta_cutoff"), _GREEDY),
     "max_length": "tg.generate counts new tokens: give max_new_tokens (max_length less the "
                   "prompt's length)",
     "streamer": "Generator.stream(prompt, max_new_tokens) yields each step's tokens as they come",
@@ -153,10 +171,14 @@ def _generation_settings(generation_config, call: Mapping[str, object],
     """The settings transformers' generate would use (the model's generation_config, the
     call's on top), refusing every one that would change the tokens and is not applied here.
     ``fix``: what a refusal of one of the model's settings says to do (``{name}``: its name)."""
-    names = (*_APPLIED, *_REFUSED, "top_k")
+    names = (*_APPLIED, *_REFUSED)
     settings = {n: getattr(generation_config, n, None) for n in names}
     settings["do_sample"] = None
     settings.update(call)
+    if settings["do_sample"] not in (None, True, False):
+        raise ArgumentError(f"generate: do_sample must be True or False, got "
+                            f"{settings['do_sample']!r}")
+    mode = "do_sample=True" if settings["do_sample"] is True else "do_sample=False"
     for name, (active, what) in _REFUSED.items():
         value = settings[name]
         if active(value, settings):
@@ -166,9 +188,22 @@ def _generation_settings(generation_config, call: Mapping[str, object],
                 where, todo = "the model's generation_config", fix.format(name=name)
             raise ArgumentError(f"generate: {where} sets {name}={value!r} ({what}); tg.generate "
                                 "does not apply it, and its tokens would differ from "
-                                f"transformers' generate(do_sample=False): {todo} to decode "
-                                "greedily without it")
+                                f"transformers' generate({mode}): {todo} to generate "
+                                "without it")
+    unused = [n for n in SAMPLING if n in call and call[n] is not None]
+    if unused and settings["do_sample"] is not True:
+        raise ArgumentError(f"generate: {', '.join(unused)} are sampling settings, and this "
+                            "call decodes greedily: pass do_sample=True to sample with them, "
+                            "or leave them out")
     return settings
+
+
+def _sampling_options(settings: Mapping) -> dict:
+    """What a Generator takes of ``settings`` to sample: the warpers' values (the model's
+    generation_config under the call's) when the call samples, else nothing."""
+    if settings["do_sample"] is not True:
+        return {}
+    return {"do_sample": True, **{n: settings[n] for n in SAMPLING}}
 
 
 def _saved_generation_config(path: str, config):
@@ -249,7 +284,10 @@ class Generator:
     def __init__(self, model, weights: Mapping[str, np.ndarray] | str | os.PathLike, *,
                  vocab_size: int, max_len: int, max_prompt: int | None = None, batch: int = 1,
                  eos_token_id=None, pad_token_id: int | None = None,
-                 repetition_penalty: float | None = None,
+                 repetition_penalty: float | None = None, do_sample: bool = False,
+                 temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None,
+                 seed: int | None = None,
                  quantize: str | None = None, group_size: int | None = None,
                  skip: Sequence[str] = (), prequantized: bool = False, padded: bool = False,
                  **compile_options):
@@ -261,7 +299,11 @@ class Generator:
         ``repetition_penalty``: transformers' (each token already in a row has its score
         divided by it, or multiplied where negative; a left-padded row's padding left out
         where the installed transformers leaves it out), so that its tokens stay
-        transformers' under a generation_config that sets one. ``quantize``: a
+        transformers' under a generation_config that sets one. ``do_sample``: draw each
+        token from the softmax of the scores after transformers' warpers (``temperature``,
+        ``top_k``, ``top_p``, ``min_p``: None is off), as ``generate(do_sample=True)``; the
+        draws come from ``numpy.random.default_rng(seed)``, made once per generator (None:
+        fresh entropy), so a new generator with the same seed repeats its tokens. ``quantize``: a
         ``tg.quantize`` scheme for every matmul/linear weight (``skip`` patterns left float,
         ``group_size`` for int4).
         ``prequantized``: the weights hold that scheme's ``<name>.q``/``<name>.scale``
@@ -319,6 +361,11 @@ class Generator:
         self._padding_id = _padding_id(eos_token_id, pad_token_id)
         self.repetition_penalty = None if repetition_penalty in (None, 1) \
             else float(repetition_penalty)
+        self.sampling = _sampler(do_sample, temperature, top_k, top_p, min_p)
+        if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
+                                 or seed < 0):
+            raise ArgumentError(f"generate: seed must be an int >= 0 (or None), got {seed!r}")
+        self._rng = np.random.default_rng(seed)
         # whether the penalty leaves a left-padded row's padding out, as the installed
         # transformers does or not (read once here: it cannot change while the process runs)
         self._penalty_skips_padding = self.repetition_penalty is not None and \
@@ -333,9 +380,9 @@ class Generator:
 
         # On a GPU each program also chooses the next token there (argmax, the last output),
         # so a step is queued before the previous token reaches the host (``_ahead``); the
-        # repetition penalty is applied to the logits on the host
+        # repetition penalty and sampling are applied to the logits on the host
         on_gpu = as_device(options.get("device", "cpu")).kind != "cpu"
-        self._ahead = on_gpu and self.repetition_penalty is None
+        self._ahead = on_gpu and self.repetition_penalty is None and self.sampling is None
         self._reader = HostReader()
         options["outputs"] = "device"
 
@@ -457,7 +504,7 @@ class Generator:
                          group_size: int | None = None, skip: Sequence[str] = (),
                          eos_token_id=None, pad_token_id: int | None = None,
                          repetition_penalty: float | None = None,
-                         **compile_options) -> Generator:
+                         **options) -> Generator:
         """The generator of a transformers ``config`` (``ARCHITECTURES``) with its weights
         read from the checkpoint at ``path``, no torch model built. ``path``: a safetensors
         file, a sharded checkpoint's ``model.safetensors.index.json``, or the folder
@@ -467,7 +514,8 @@ class Generator:
         a file of ``.q``/``.scale`` pairs without that metadata (``prequantized_weights``
         written by ``write_safetensors``) loads prequantized, given ``quantize=``.
         The generation settings are transformers': the ``generation_config.json`` beside the
-        checkpoint, else the config's eos and pad tokens, under the ones given here."""
+        checkpoint, else the config's eos and pad tokens, under the ones given here
+        (``do_sample=True`` and its warpers among ``options``, the others ``tg.compile``'s)."""
         from tensor_graphs.runtime.prequantized import SCHEME_KEY
         from tensor_graphs.runtime.weights import (
             checkpoint_path,
@@ -489,6 +537,8 @@ class Generator:
                     for n in header.tensors)
         call = {k: v for k, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
+        call.update((k, v) for k, v in options.items() if k in (*_APPLIED, *_REFUSED))
+        compile_options = {k: v for k, v in options.items() if k not in call}
         settings = _generation_settings(_saved_generation_config(path, config), call,
                                         fix='set "{name}" to null in generation_config.json')
         return cls(build(read(config)), path, vocab_size=config.vocab_size, max_len=max_len,
@@ -496,7 +546,8 @@ class Generator:
                    pad_token_id=settings["pad_token_id"],
                    repetition_penalty=settings["repetition_penalty"],
                    quantize=quantize, group_size=group_size,
-                   skip=skip, prequantized=prequantized, **compile_options)
+                   skip=skip, prequantized=prequantized, **_sampling_options(settings),
+                   **compile_options)
 
     @classmethod
     def from_transformers(cls, causal_lm, *, max_len: int, max_prompt: int | None = None,
@@ -504,9 +555,10 @@ class Generator:
         """The generator of a transformers causal LM (``ARCHITECTURES`` lists the model
         types), its weights taken from the module's state dict. ``options``: generation
         settings that replace the model's ``generation_config``'s, as in transformers'
-        ``generate`` (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``; one this
-        generator does not apply only at its inactive value), :class:`Generator`'s
-        ``quantize``, ``group_size``, ``skip``, and ``tg.compile``'s options."""
+        ``generate`` (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``,
+        ``do_sample`` and its warpers; one this generator does not apply only at its
+        inactive value), :class:`Generator`'s ``quantize``, ``group_size``, ``skip``,
+        ``seed``, and ``tg.compile``'s options."""
         generation = {k: v for k, v in options.items() if k in (*_APPLIED, *_REFUSED)}
         compile_options = {k: v for k, v in options.items() if k not in generation}
         taken = _compile_keywords()
@@ -526,7 +578,8 @@ class Generator:
         return cls(build(read(config)), weights, vocab_size=config.vocab_size, max_len=max_len,
                    max_prompt=max_prompt, batch=batch, eos_token_id=settings["eos_token_id"],
                    pad_token_id=settings["pad_token_id"],
-                   repetition_penalty=settings["repetition_penalty"], **compile_options)
+                   repetition_penalty=settings["repetition_penalty"],
+                   **_sampling_options(settings), **compile_options)
 
     def _check(self, input_ids, max_new_tokens: int, attention_mask=None) -> np.ndarray:
         if hasattr(input_ids, "detach"):
@@ -603,7 +656,8 @@ class Generator:
                 scores = np.asarray(scores)
                 scores = np.where(seen, np.where(scores < 0, scores * penalty,
                                                  scores / penalty), scores)
-            token = scores.argmax(axis=-1).astype(np.int64)
+            token = scores.argmax(axis=-1).astype(np.int64) if self.sampling is None \
+                else self.sampling.choose(scores, self._rng)
             token[done] = self.pad
             yield token
             done |= np.isin(token, list(self.eos))
@@ -666,6 +720,21 @@ class Generator:
         max_new_tokens = int(max_new_tokens)  # (checked: an integer of any type)
         new = list(self._tokens(ids, max_new_tokens, pad))
         return np.concatenate([ids, np.stack(new, axis=1)], axis=1)
+
+
+def _sampler(do_sample, temperature, top_k, top_p, min_p) -> Sampling | None:
+    """A Generator's sampling (None: greedy); a warper's value without ``do_sample=True``
+    would be ignored in silence, so it is refused."""
+    if not isinstance(do_sample, bool):
+        raise ArgumentError(f"generate: do_sample must be True or False, got {do_sample!r}")
+    warpers = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    if do_sample:
+        return Sampling.checked(**warpers)
+    given = [name for name, value in warpers.items() if value is not None]
+    if given:
+        raise ArgumentError(f"generate: {', '.join(given)} are sampling settings and "
+                            "do_sample is False: pass do_sample=True to sample with them")
+    return None
 
 
 def _positive_int(name: str, value) -> int:
@@ -765,7 +834,8 @@ def _max_new_tokens(given, generation_config) -> int:
 
 def generate(causal_lm, input_ids, max_new_tokens: int | None = None, stream: bool = False, *,
              max_len: int | None = None, attention_mask=None, **options):
-    """Greedy decoding of a transformers causal LM with a KV cache held in ``tg.state``.
+    """Greedy decoding (or, with ``do_sample=True``, sampling) of a transformers causal LM with
+    a KV cache held in ``tg.state``.
 
     Returns the prompt and new tokens, (batch, prompt + new), like transformers' ``generate``;
     ``stream=True`` returns an iterator of each step's tokens (batch,) instead.
@@ -774,8 +844,9 @@ def generate(causal_lm, input_ids, max_new_tokens: int | None = None, stream: bo
     the same number of tokens in both), else ``DEFAULT_MAX_NEW_TOKENS`` (32). ``max_len``
     (default: exactly prompt + max_new_tokens - 1, as the last new token is never fed back)
     sizes the cache. ``options``: generation settings over the model's generation_config
-    (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``), the build and compile
-    options (``Generator.from_transformers``).
+    (``eos_token_id``, ``pad_token_id``, ``repetition_penalty``; ``do_sample=True`` with
+    ``temperature``, ``top_k``, ``top_p``, ``min_p`` as transformers reads them, and ``seed``
+    for repeatable draws), the build and compile options (``Generator.from_transformers``).
     ``attention_mask``: as a tokenizer gives it; prompts of different lengths left-padded
     (``padding_side="left"``), each row's tokens those of its prompt alone.
     Builds a :class:`Generator` each call; keep one (``Generator.from_transformers``) to reuse

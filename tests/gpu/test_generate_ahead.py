@@ -120,3 +120,19 @@ def test_the_host_reader_reads_each_copy_as_it_was_even_after_its_slot_is_reused
     assert [g.tolist() for g in got] == [[[0], [0]], [[1], [1]], [[2], [2]]], got
     assert all(isinstance(g, np.ndarray) for g in got)
     assert reader.start(np.array([4]))().tolist() == [4]
+
+
+@pytest.mark.slow  # ~10 s on the simulated GPU
+def test_a_sampling_gpu_generator_draws_on_the_host_as_a_cpu_one(slow_host):
+    """Sampling needs the scores on the host, so a sampling GPU generator runs the host loop
+    (no step queued ahead); with one seed it draws the tokens a CPU generator draws."""
+    from tensor_graphs.nn import Generator
+
+    prompt = np.random.default_rng(5).integers(0, 211, (1, 6))
+    draws = {}
+    for device in ("cuda", "cpu"):
+        gen = Generator.from_transformers(tiny.gpt2(), max_len=12, max_prompt=6, db=slow_host,
+                                          device=device, do_sample=True, top_k=20, seed=11)
+        assert not gen._ahead
+        draws[device] = gen(prompt, 6)
+    np.testing.assert_array_equal(draws["cuda"], draws["cpu"])
