@@ -88,6 +88,29 @@ def test_cross_entropy_all_ignored_mean_is_nan_in_torch():
     assert torch.isnan(ref)
 
 
+@pytest.mark.parametrize("op", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("bad", [5, 7, -1])
+@pytest.mark.parametrize("generate", [True, False])
+def test_a_class_index_outside_the_classes_is_refused_as_torch_refuses_it(op, bad, generate):
+    """torch raises "Target 7 is out of bounds"; such a target picked no class here and
+    counted 0 toward the loss, in the reference and every plan alike."""
+    y = getattr(tg, op)(tg.input("x", (4, 5, 3)), tg.input("t", (4, 3), "int64"))
+    prog = tg.compile(y, db=":memory:", generate=generate)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    good = rng.integers(0, 5, (4, 3))
+    good[1, 2] = -100  # ignore_index stays allowed
+    want = {"cross_entropy": CROSS_ENTROPY, "nll_loss": NLL_LOSS}[op](x.astype(np.float64), good)
+    assert np.isclose(prog(x=x, t=good), want, rtol=1e-5)
+    wrong = good.copy()
+    wrong[2, 1] = bad
+    with pytest.raises(tg.EvaluationError, match=rf"index {bad} is out of range for axis 0 of "
+                                                 r"size 5"):
+        prog(x=x, t=wrong)
+    with pytest.raises(tg.EvaluationError, match=rf"index {bad} is out of range"):
+        tg.evaluate(y, {"x": x, "t": wrong})
+
+
 def test_cross_entropy_bad_input():
     x = tg.input("x", (4, 5))
     labels = tg.input("labels", (4,), "int64")

@@ -3,7 +3,9 @@
 The class axis of cross_entropy / nll_loss is axis 1 for (N, C, d1, ...) inputs and axis 0 for
 an unbatched (C,) input. A target class is picked with a one-hot mask,
 ``equal(iota(C), target)``, and a masked sum (there is no take_along_axis atomic): a where,
-not a multiply, so a -inf log-probability of another class cannot turn into nan.
+not a multiply, so a -inf log-probability of another class cannot turn into nan. A target
+outside [0, C) picks no class, so each target is also looked up in C zeros (``_in_range``),
+whose gather refuses it at run time as torch refuses it.
 """
 
 from __future__ import annotations
@@ -99,12 +101,22 @@ def _along_classes(t, input, axis: int):  # noqa: A002
     return tg.reshape(t, (input.shape[axis],) + (1,) * (input.ndim - axis - 1))
 
 
+def _in_range(target, valid, n_classes, dtype):
+    """0 per target, read from C zeros at the target (at 0 where ignored): the gather's range
+    check refuses a class index outside [0, C) when the loss runs, naming the index and C, as
+    torch refuses it ("Target 7 is out of bounds"). Without it such a target picked no class
+    and counted 0 toward the loss in silence, and a model trained on wrong labels."""
+    zeros = tg.expand(tg.cast(0.0, dtype), (n_classes,))
+    return tg.gather(zeros, tg.where(valid, target, tg.cast(0, target.dtype)), axis=0)
+
+
 def _class_nll(logp, target, weight, axis: int, ignore_index: int):
     """Per-element -w[t] * logp[t] (0 where ignored) and the weights w[t] (0 where ignored)."""
     classes = _along_classes(tg.iota(logp.shape[axis], target.dtype), logp, axis)
     onehot = tg.equal(classes, tg.unsqueeze(target, axis))
-    picked = tg.sum(tg.where(onehot, logp, 0.0), axis)
     valid = not_equal(target, ignore_index)
+    picked = tg.add(tg.sum(tg.where(onehot, logp, 0.0), axis),
+                    _in_range(target, valid, logp.shape[axis], logp.dtype))
     zero = tg.cast(0.0, logp.dtype)
     if weight is None:
         w = tg.cast(valid, logp.dtype)
@@ -131,7 +143,7 @@ def nll_loss(input, target, weight=None, *, reduction="mean",  # noqa: A002 - to
 
     Targets equal to ``ignore_index`` contribute 0 and are left out of the mean, which divides
     by the summed weights of the counted targets (their count without ``weight``). A target
-    outside [0, C) that is not ``ignore_index`` selects no class and contributes 0.
+    outside [0, C) that is not ``ignore_index`` is refused when the loss runs, as torch's.
     """
     _check_reduction("nll_loss", reduction)
     _check_ignore_index("nll_loss", ignore_index)
