@@ -215,7 +215,7 @@ class Pipeline:
         return Planner(prepared, target=self.device.kind, cost=cost_model(self.db, self.kinds),
                        tolerance=self.tolerance, backends=self.backends, blocks=blocks,
                        dims=dims, generate=self.generate, refused=refused,
-                       output_device=self.output_kind)
+                       output_device=self.output_kind, progress=True)
 
     def _plan_forms(self, prepared: list[Node], costed_at: Mapping | None, stats: dict
                     ) -> Plan:

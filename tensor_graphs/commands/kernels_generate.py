@@ -405,7 +405,7 @@ def generate(outputs, dims: Mapping[str, int], command: str, *, out: Path, toler
     """The loop of the module doc over every region of the plan; a Row per region."""
     from tensor_graphs.db.store import open_db
     from tensor_graphs.files import private_dir
-    from tensor_graphs.profiler.progress import Progress
+    from tensor_graphs.progress import Progress
 
     argv = command_argv(command)
     private_dir(out)  # refused now, not after the first answer, if another user can write it

@@ -38,7 +38,7 @@ from tensor_graphs.planner.prepare import as_symbols
 from tensor_graphs.planner.realize import realize_plan
 from tensor_graphs.profiler.measure import uncontended_takes
 from tensor_graphs.profiler.missing import Work, calls_to_measure
-from tensor_graphs.profiler.progress import Progress
+from tensor_graphs.progress import Progress
 from tensor_graphs.runtime.lower import lower
 from tensor_graphs.runtime.program import Executable
 

@@ -22,6 +22,7 @@ programming over the set of values still needed, consumers before producers).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -63,6 +64,7 @@ from tensor_graphs.planner.plan import (
     Step,
     launches,
 )
+from tensor_graphs.progress import Progress
 from tensor_graphs.rewrite.enumerate import pm_matmul, rewrites
 
 BLOCK = "block"
@@ -103,6 +105,7 @@ AMORTIZED_CALLS = 1000
 NATIVE_BACKENDS = frozenset({"c"})
 NATIVE_DISPATCH = 5e-8
 INF = math.inf
+PROGRESS_DELAY = 2.0  # seconds of planning before its bar appears (most plans end sooner)
 
 
 def _kept_state(node: Node) -> bool:
@@ -151,8 +154,9 @@ class Planner:
                  output_device: str = "cpu", dims: Mapping | None = None,
                  generate: bool = True, refused: frozenset[str] = frozenset(),
                  block_inputs: frozenset[Node] | None = None, stay: bool = False,
-                 streams: bool | None = None):
+                 streams: bool | None = None, progress: bool = False):
         self.outputs = list(outputs)
+        self.progress = progress  # a bar over the graph's nodes while ``solve`` runs
         # compute on the target wherever it can (the other devices only for what it cannot
         # compute): the single-device plan ``plan`` weighs against the mixed one
         self.stay = stay
@@ -652,8 +656,16 @@ class Planner:
         return node.op.is_leaf or node in self.shared
 
     def solve(self) -> float:
-        """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost."""
-        self._fill(*self.outputs)
+        """Fill the DP table bottom-up (keeps recursion shallow) and return the outputs' cost.
+        With ``progress``, a bar counts the graph's nodes solved once planning has taken
+        ``PROGRESS_DELAY`` seconds (an unrolled recurrence's layers take tens of seconds)."""
+        order = nodes(*self.outputs)
+        with Progress(len(order), "planning", delay=PROGRESS_DELAY) if self.progress \
+                else contextlib.nullcontext() as bar:
+            for n in order:
+                self._fill(n)
+                if bar is not None:
+                    bar.step()
         costs = [self.best(s)[0] for s in self.output_slots]
         if any(c == INF for c in costs):
             raise self.no_path_error()

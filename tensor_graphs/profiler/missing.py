@@ -62,7 +62,7 @@ from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler import shared_verify
 from tensor_graphs.profiler.bandwidth import ensure_read_rate
 from tensor_graphs.profiler.measure import Call, measure_together
-from tensor_graphs.profiler.progress import Progress
+from tensor_graphs.progress import Progress
 
 # True: every generated kernel the planner offers is measured, as before the calibrated
 # estimates (GPT-2 2-layer's fresh profile: 314 calls); benchmarks/fresh_profile.py compares

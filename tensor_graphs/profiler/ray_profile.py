@@ -49,7 +49,7 @@ from tensor_graphs.errors import ClusterError
 from tensor_graphs.planner.plan import COPY, KERNEL
 from tensor_graphs.planner.search import Planner
 from tensor_graphs.profiler import missing
-from tensor_graphs.profiler.progress import Progress
+from tensor_graphs.progress import Progress
 
 PREFIX = "tg_hw_"  # a Ray resource naming a device kind and hardware key: tg_hw_<kind>_<key>
 KINDS = ("cpu", "cuda")

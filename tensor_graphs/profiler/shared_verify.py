@@ -332,7 +332,7 @@ def verify_at_once(kernels, hardware_of: Callable[[object], Hardware], scope: st
     n = workers_for(len(todo)) if workers is None else min(workers, len(todo))
     if n < 2:
         return 0
-    from tensor_graphs.profiler.progress import Progress
+    from tensor_graphs.progress import Progress
 
     procs = [_start_worker([job for j, job in enumerate(todo) if j % n == w], scope)
              for w in range(n)]

@@ -1,4 +1,4 @@
-"""Progress bars (tensor_graphs.profiler.progress): tqdm on a terminal, nothing on a pipe."""
+"""Progress bars (tensor_graphs.progress): tqdm on a terminal, nothing on a pipe."""
 
 import io
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tensor_graphs.profiler.progress import Progress
+from tensor_graphs.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -50,7 +50,7 @@ def test_forced_bar_and_context_manager():
 
 def test_default_stream_is_stderr_and_a_pipe_stays_clean():
     """A real pipe: stdout holds the data only, and stderr has no bar either."""
-    code = ("from tensor_graphs.profiler.progress import Progress\n"
+    code = ("from tensor_graphs.progress import Progress\n"
             "b = Progress(5, 'x')\n"
             "[b.step('n') for _ in range(5)]\n"
             "b.close()\nprint('data')\n")
@@ -68,7 +68,7 @@ def test_a_real_terminal_on_stderr_gets_the_bar(columns):
     import struct
     import termios
 
-    code = ("from tensor_graphs.profiler.progress import Progress\n"
+    code = ("from tensor_graphs.progress import Progress\n"
             "b = Progress(4, 'profiling')\n"
             "[b.step('k') for _ in range(4)]\n"
             "b.close()\nprint('data')\n")
@@ -96,3 +96,26 @@ def test_a_real_terminal_on_stderr_gets_the_bar(columns):
             os.close(follower)
     assert proc.stdout == "data\n"
     assert b"profiling: 100%|" in drawn and b"4/4" in drawn
+
+
+def test_a_delayed_bar_draws_nothing_for_short_work():
+    stream = Terminal()
+    with Progress(3, "planning", stream=stream, delay=60.0) as bar:
+        for _ in range(3):
+            bar.step()
+    assert bar.enabled and stream.getvalue() == ""
+
+
+def test_planning_draws_a_bar_over_the_graphs_nodes(monkeypatch):
+    """tg.compile's search (a graph's top-level nodes solved, an unrolled recurrence's layers
+    taking tens of seconds) draws "planning" on a terminal once PROGRESS_DELAY has passed."""
+    import tensor_graphs as tg
+    from tensor_graphs.planner import search
+
+    monkeypatch.setattr(search, "PROGRESS_DELAY", 0.0)
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    x = tg.input("x", (4, 8))
+    tg.compile(tg.relu(x @ tg.weight("w", (8, 8))) + 1.0, db=":memory:")
+    out = stream.getvalue()
+    assert "planning: 100%|" in out and "6/6" in out, out

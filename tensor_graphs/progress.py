@@ -1,4 +1,5 @@
-"""Progress for long profiling work, drawn by ``tqdm`` (the bar users already know) on stderr.
+"""Progress for long work (planning, profiling), drawn by ``tqdm`` (the bar users already know)
+on stderr.
 
 Data goes to stdout and progress to stderr, so a bar would only garble a pipe or a log: it is
 drawn when its stream is a terminal (or when forced) and nothing is written otherwise.
@@ -25,10 +26,11 @@ def _columns(stream: TextIO) -> int:
 
 class Progress:
     """``total`` steps of ``label``; ``step`` after each, ``close`` at the end (or use it as a
-    context manager). ``force`` draws the bar on a stream that is not a terminal."""
+    context manager). ``force`` draws the bar on a stream that is not a terminal; ``delay``:
+    seconds before it first appears (work that ends sooner draws nothing)."""
 
     def __init__(self, total: int, label: str, stream: TextIO | None = None,
-                 force: bool = False) -> None:
+                 force: bool = False, delay: float = 0.0) -> None:
         self.total, self.label, self.done = max(total, 0), label, 0
         self.stream = stream or sys.stderr
         isatty = getattr(self.stream, "isatty", None)
@@ -37,7 +39,7 @@ class Progress:
         sized = self.enabled and _columns(self.stream) > 0
         # disabled: tqdm writes nothing at all (not even on close)
         self._bar = tqdm(total=self.total, desc=label, file=self.stream,
-                         disable=not self.enabled, mininterval=0.1, leave=True,
+                         disable=not self.enabled, mininterval=0.1, leave=True, delay=delay,
                          dynamic_ncols=sized, **({} if sized or not self.enabled
                                                  else {"ncols": 80, "nrows": 24}))
 
