@@ -4,6 +4,8 @@ fused kernels; ONNX's older forms (Softmax's 2-D coercion before opset 13) are s
 
 from __future__ import annotations
 
+import numpy as np
+
 from tensor_graphs.frontend.onnx.common import Ctx, norm_axis, product, torch_pads
 from tensor_graphs.ir import api as tg
 
@@ -116,10 +118,8 @@ def _layer_norm_stats(c: Ctx, x, w, b, axis: int, eps: float):
     default stash_type, with the reduced axes kept)."""
     axes = tuple(range(axis, x.ndim))
     h = tg.cast(x, "float32") if x.dtype.name != "float32" else x
-    mean = tg.mean(h, axis=axes, keepdims=True)
-    centered = tg.sub(h, mean)
-    inv = tg.rsqrt(tg.add(tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True),
-                          tg.as_node(float(eps), h.dtype)))
+    mean, centered, var = _moments(h, axes)
+    inv = tg.rsqrt(tg.add(var, tg.as_node(float(eps), h.dtype)))
     out = tg.mul(tg.cast(tg.mul(centered, inv), x.dtype), w)
     if b is not None:
         out = tg.add(out, b)
@@ -127,17 +127,49 @@ def _layer_norm_stats(c: Ctx, x, w, b, axis: int, eps: float):
 
 
 def _batch_norm(c: Ctx):
-    if c.a("training_mode", 0):
-        raise c.refuse("training_mode=1 (import the inference graph)")
     x, scale, bias, mean, var = (c.t(i) for i in range(5))
-    return tg.batch_norm(x, mean, var, scale, bias, eps=c.a("epsilon", 1e-5))
+    eps = c.a("epsilon", 1e-5)
+    if c.opset >= 14 and c.a("training_mode", 0):
+        return _batch_norm_training(c, x, scale, bias, mean, var, eps)
+    if c.opset < 14 and c.outputs > 1:
+        raise c.refuse(f"{c.outputs} outputs: before opset 14 the training outputs (mean, "
+                       "var, saved_mean, saved_var) are asked so, and ONNX leaves the saved "
+                       "statistics unspecified; export at opset 14 or later (training_mode=1)"
+                       " or import the inference graph")
+    return tg.batch_norm(x, mean, var, scale, bias, eps=eps)
+
+
+def _batch_norm_training(c: Ctx, x, scale, bias, mean, var, eps: float):
+    """training_mode=1: Y normalized by the batch's own mean and population variance (over
+    every axis but the channels, in float32 as ONNX computes them for float16; Y in x's
+    dtype), and the running statistics moved toward those by 1 - momentum: Y,
+    running_mean, running_var."""
+    axes = (0, *range(2, x.ndim))
+    h = x if x.dtype.name in ("float32", "float64") else tg.cast(x, "float32")
+    mean_kept, _, var_kept = _moments(h, axes)
+    batch_mean, batch_var = tg.reshape(mean_kept, (-1,)), tg.reshape(var_kept, (-1,))
+    y = tg.cast(tg.batch_norm(h, batch_mean, batch_var, scale, bias, eps=eps), x.dtype)
+    momentum = c.a("momentum", 0.9)
+
+    def moved(running, current):  # in the running statistics' own dtype (ONNX's U)
+        current = tg.cast(current, running.dtype)
+        return tg.add(tg.mul(running, _f(running, momentum)),
+                      tg.mul(current, _f(current, 1 - momentum)))
+    return y, moved(mean, batch_mean), moved(var, batch_var)
+
+
+def _moments(x, axes):
+    """The mean of ``x`` over ``axes`` (kept), ``x`` less it, and the population variance:
+    what the norms share."""
+    mean = tg.mean(x, axis=axes, keepdims=True)
+    centered = tg.sub(x, mean)
+    return mean, centered, tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True)
 
 
 def _instance_norm(c: Ctx):
     x, scale, bias = c.t(0), c.t(1), c.t(2)
     axes = tuple(range(2, x.ndim))
-    centered = tg.sub(x, tg.mean(x, axis=axes, keepdims=True))
-    var = tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True)
+    _, centered, var = _moments(x, axes)
     y = tg.mul(centered, tg.rsqrt(tg.add(var, _f(x, c.a("epsilon", 1e-5)))))
     shape = (1, -1) + (1,) * (x.ndim - 2)
     return tg.add(tg.mul(y, tg.reshape(scale, shape)), tg.reshape(bias, shape))
@@ -200,7 +232,7 @@ def _conv3d(c: Ctx, x, w, b, strides, dil, groups):
     """A 3-D convolution of an already padded input: for each kernel depth offset, the
     input's depth slices that offset meets, folded into the batch, through one 2-D
     convolution with that kernel plane; the planes' results summed."""
-    batch, ch, depth, h, wd = x.shape
+    batch, depth = x.shape[0], x.shape[2]
     kd = w.shape[2]
     if not isinstance(depth, int):
         raise c.refuse(f"a 3-D convolution over the symbolic depth {depth} of {x.shape}; "
@@ -208,15 +240,25 @@ def _conv3d(c: Ctx, x, w, b, strides, dil, groups):
     od = (depth - dil[0] * (kd - 1) - 1) // strides[0] + 1
     total = None
     for k in range(kd):
-        start = k * dil[0]
-        planes = tg.slice_axis(x, 2, start, start + (od - 1) * strides[0] + 1, strides[0])
-        planes = tg.reshape(tg.permute(planes, 0, 2, 1, 3, 4), (batch * od, ch, h, wd))
         kernel = tg.squeeze(tg.slice_axis(w, 2, k, k + 1), 2)
-        y = tg.conv2d(planes, kernel, stride=tuple(strides[1:]), dilation=tuple(dil[1:]),
-                      groups=groups)
+        y = tg.conv2d(_depth_planes(x, k * dil[0], od, strides[0]), kernel,
+                      stride=tuple(strides[1:]), dilation=tuple(dil[1:]), groups=groups)
         total = y if total is None else tg.add(total, y)
-    out = tg.permute(tg.reshape(total, (batch, od, *total.shape[1:])), 0, 2, 1, 3, 4)
+    out = _unfold_depth(total, batch, od)
     return out if b is None else tg.add(out, tg.reshape(b, (-1, 1, 1, 1)))
+
+
+def _depth_planes(x, start: int, count: int, stride: int):
+    """``count`` depth slices of (N, C, D, H, W) from ``start`` by ``stride``, folded into
+    the batch, (N * count, C, H, W): one 2-D op then serves every slice."""
+    batch, ch, _, h, w = x.shape
+    planes = tg.slice_axis(x, 2, start, start + (count - 1) * stride + 1, stride)
+    return tg.reshape(tg.permute(planes, 0, 2, 1, 3, 4), (batch * count, ch, h, w))
+
+
+def _unfold_depth(y, batch, count: int):
+    """A 2-D op's (N * count, C, H, W) result over ``_depth_planes`` as (N, C, count, H, W)."""
+    return tg.permute(tg.reshape(y, (batch, count, *y.shape[1:])), 0, 2, 1, 3, 4)
 
 
 def _transpose_pads(target, sizes, strides, extra, k, dil, auto: str, at_least=None) -> list:
@@ -288,99 +330,207 @@ def _spread(x, axis: int, stride: int):
     return tg.slice_axis(y, axis, 0, (size - 1) * stride + 1)
 
 
+def _window(c: Ctx, x):
+    """A pooling node's kernel, pads (begin..., end...), strides and dilations; windows of
+    1 to 3 axes are mapped, a 3-D one over a static depth (it is unrolled at import)."""
+    kernel = list(c.a("kernel_shape"))
+    if len(kernel) not in (1, 2, 3):
+        raise c.refuse(f"a {len(kernel)}-D window over {x.shape} (1-D, 2-D and 3-D are "
+                       "mapped)")
+    if len(kernel) == 3 and not isinstance(x.shape[2], int):
+        raise c.refuse(f"a 3-D window over the symbolic depth {x.shape[2]} of {x.shape}; "
+                       "export the model with a static depth")
+    return (kernel, *_spatial(c, x, kernel))
+
+
 def _pool(maximum: bool):
     def mapped(c: Ctx):
         x = c.t(0)
-        kernel = list(c.a("kernel_shape"))
-        if len(kernel) not in (1, 2):
-            raise c.refuse(f"a {len(kernel)}-D window (1-D and 2-D are mapped)")
-        pads, strides, dil = _spatial(c, x, kernel)
-        one = len(kernel) == 1
-        if one:
-            x = _to_2d(x)
-            kernel, pads, strides, dil = [1, kernel[0]], [0, pads[0], 0, pads[1]], \
-                [1, strides[0]], [1, dil[0]]
-        ceil = bool(c.a("ceil_mode", 0))
-        # torch's pooling pads at most half a window, evenly; other pads are made explicit
-        inside = pads[0] == pads[2] and pads[1] == pads[3] and all(
-            2 * pads[i] <= (kernel[i] - 1) * dil[i] + 1 for i in range(2))
-        explicit = torch_pads(pads)
-        window = {"kernel_size": tuple(kernel), "stride": tuple(strides), "ceil_mode": ceil}
-        if maximum:
-            out = _max_pool(c, x, pads if inside else None, explicit, dil, window)
-        else:
-            if any(d != 1 for d in dil):
-                raise c.refuse("dilations in AveragePool")
-            counted = bool(c.a("count_include_pad", 0))
-            if inside:
-                out = tg.avg_pool2d(x, padding=(pads[0], pads[1]), count_include_pad=counted,
-                                    **window)
-            elif ceil:
-                raise c.refuse(f"pads {pads} with ceil_mode=1")
-            else:  # the mean of the zero-padded windows, over the real elements counted
-                out = tg.avg_pool2d(tg.pad(x, explicit), **window)
-                if not counted:
-                    ones = tg.pad(tg.broadcast_to(tg.as_node(1.0, x.dtype), 1, 1, *x.shape[2:]),
-                                  explicit)
-                    out = tg.div(out, tg.avg_pool2d(ones, **window))
-        if isinstance(out, tuple):  # MaxPool's values and Indices
-            return tuple(tg.squeeze(o, 2) for o in out) if one else out
-        return tg.squeeze(out, 2) if one else out
+        geometry = _window(c, x)
+        return _max_pool_nd(c, x, *geometry) if maximum else _average_pool(c, x, *geometry)
     return mapped
 
 
-def _max_pool(c: Ctx, x, pads, explicit, dil, window):
-    """MaxPool on max_pool2d, its pads torch's (``pads``, at most half a window, even) or
-    made explicit with -inf (``pads`` None); with its Indices output where the node names
-    it (``_flat_indices``)."""
-    plane = x.shape[2:]
-    if pads is None:
-        x = tg.pad(x, explicit, float("-inf"))
-    geometry = {"padding": tuple(pads[:2]) if pads else (0, 0), "dilation": tuple(dil), **window}
-    out = tg.max_pool2d(x, **geometry)
-    if c.outputs < 2:
+def _as_2d(kernel, pads, strides, dil):
+    """A 1-D window's geometry as a 2-D one over a unit height (``_to_2d``'s input)."""
+    return [1, kernel[0]], [0, pads[0], 0, pads[1]], [1, strides[0]], [1, dil[0]]
+
+
+def _torch_pads(kernel, pads, dil) -> bool:
+    """Whether torch's 2-D pooling takes these pads itself: even, at most half a window."""
+    return pads[0] == pads[2] and pads[1] == pads[3] and all(
+        2 * pads[i] <= (kernel[i] - 1) * dil[i] + 1 for i in range(2))
+
+
+def _ceil_pads(c: Ctx, x, kernel, pads, strides, dil) -> list:
+    """``pads`` with, under ceil_mode=1, each axis' end padded further so its last partial
+    window fits: ONNX's output size ceil((L + pads - span) / stride) + 1, one less where
+    that window would start past the input and its begin pad (ONNX Runtime's and torch's
+    rule). The sizes must be known to count the windows."""
+    if not c.a("ceil_mode", 0):
+        return list(pads)
+    n = len(kernel)
+    out = list(pads)
+    for i in range(n):
+        size = x.shape[2 + i]
+        if not isinstance(size, int):
+            raise c.refuse(f"ceil_mode=1 over the symbolic spatial dim {size} of {x.shape}; "
+                           "export the model with static spatial dims, or ceil_mode=0")
+        span = (kernel[i] - 1) * dil[i] + 1
+        full = size + pads[i] + pads[i + n]
+        count = -(-(full - span) // strides[i]) + 1
+        if (count - 1) * strides[i] >= size + pads[i]:
+            count -= 1
+        out[i + n] += max(0, (count - 1) * strides[i] + span - full)
+    return out
+
+
+def _window_sum(c: Ctx, x, kernel, pads, strides, dil):
+    """The sum of each (dilated) window of ``x`` zero-padded by ``pads`` (begin..., end...),
+    1-D to 3-D: a convolution with a kernel of ones, the channels folded into the batch so
+    one single-channel kernel serves them all."""
+    batch, ch = x.shape[:2]
+    flat = tg.reshape(x, (product([batch, ch]), 1, *x.shape[2:]))
+    ones = tg.broadcast_to(tg.as_node(1.0, x.dtype), 1, 1, *kernel)
+    out = _convolve(c, flat, ones, None, pads, strides, dil, 1)
+    return tg.reshape(out, (batch, ch, *out.shape[2:]))
+
+
+def _average_pool(c: Ctx, x, kernel, pads, strides, dil):
+    """AveragePool: torch's avg_pool2d where it computes the same (``_torch_average``);
+    otherwise the window sums (``_window_sum``) over the elements each window counts: the
+    input's (count_include_pad=0), or also the declared pads', never the cells ceil_mode
+    adds past them (as ONNX Runtime counts)."""
+    counted = bool(c.a("count_include_pad", 0))
+    out = _torch_average(c, x, kernel, pads, strides, dil, counted)
+    if out is not None:
         return out
-    at = tg.max_pool2d_indices(x, **geometry)
-    return out, _flat_indices(c, at, plane, x.shape[3], explicit if pads is None else None)
+    n = len(kernel)
+    full = _ceil_pads(c, x, kernel, pads, strides, dil)
+    total = _window_sum(c, x, kernel, full, strides, dil)
+    mask = tg.broadcast_to(tg.as_node(1.0, x.dtype), 1, 1, *x.shape[2:])
+    if counted:  # the declared pads count: ones there, zeros only past them
+        mask = tg.pad(mask, torch_pads(pads), 1.0)
+        full = [0] * n + [full[i + n] - pads[i + n] for i in range(n)]
+    divisor = _window_sum(c, mask, kernel, full, strides, dil)
+    return tg.div(total, tg.maximum(divisor, _f(x, 1)))  # a window in the pads only: 0
 
 
-def _flat_indices(c: Ctx, at, plane, width: int, explicit):
-    """ONNX's Indices from max_pool2d_indices' place ``at`` in the pooled (H, W) plane, of
-    ``width`` columns (the plane padded by ``explicit``, tg.pad's order, where the pads
-    were made explicit): the place in the input's own plane, row-major (storage_order 0)
-    or column-major (1), offset by (n * C + c) * H * W to index the whole input."""
-    h, w = plane
-    order = c.a("storage_order", 0)
-    if explicit or order:
-        top, left = (explicit[2], explicit[0]) if explicit else (0, 0)
-        row = tg.sub(tg.floor_divide(at, width), top)
-        col = tg.sub(tg.remainder(at, width), left)
-        at = tg.add(tg.mul(col, h), row) if order else tg.add(tg.mul(row, w), col)
-    batch, ch = at.shape[:2]
-    planes = tg.reshape(tg.iota(product([batch, ch])), (batch, ch, 1, 1))
-    return tg.add(at, tg.mul(planes, tg.size(h * w)))
+def _torch_average(c: Ctx, x, kernel, pads, strides, dil, counted: bool):
+    """AveragePool on the avg_pool2d composite (its fused kernels) where that computes
+    ONNX's: 1-D or 2-D, undilated, pads torch takes; None elsewhere."""
+    if len(kernel) == 3 or any(d != 1 for d in dil):
+        return None
+    one = len(kernel) == 1
+    if one:
+        kernel, pads, strides, dil = _as_2d(kernel, pads, strides, dil)
+    if not _torch_pads(kernel, pads, dil):
+        return None
+    out = tg.avg_pool2d(_to_2d(x) if one else x, kernel_size=tuple(kernel),
+                        stride=tuple(strides), padding=(pads[0], pads[1]),
+                        ceil_mode=bool(c.a("ceil_mode", 0)), count_include_pad=counted)
+    return tg.squeeze(out, 2) if one else out
 
 
-def _lp_pool(c: Ctx):
-    """(sum of |x|^p over each window)^(1/p): the mean pool of the zero-padded |x|^p times
-    the window's size."""
-    x = c.t(0)
-    kernel = list(c.a("kernel_shape"))
-    if len(kernel) not in (1, 2):
-        raise c.refuse(f"a {len(kernel)}-D window (1-D and 2-D are mapped)")
-    pads, strides, dil = _spatial(c, x, kernel)
-    if any(d != 1 for d in dil) or c.a("ceil_mode", 0):
-        raise c.refuse("dilations or ceil_mode in LpPool")
+def _max_pool_nd(c: Ctx, x, kernel, pads, strides, dil):
+    """MaxPool 1-D to 3-D, with its Indices output where the node names it: 1-D through a
+    unit height, 3-D as 2-D pools over the depth (``_max_pool3d``)."""
+    if len(kernel) == 3:
+        return _max_pool3d(c, x, kernel, pads, strides, dil)
     one = len(kernel) == 1
     if one:
         x = _to_2d(x)
-        kernel, pads, strides = [1, kernel[0]], [0, pads[0], 0, pads[1]], [1, strides[0]]
-    p = float(c.a("p", 2))
-    powered = tg.pow(tg.abs(x), _f(x, p))
-    powered = tg.pad(powered, torch_pads(pads))
-    mean = tg.avg_pool2d(powered, kernel_size=tuple(kernel), stride=tuple(strides))
-    out = tg.pow(tg.mul(mean, _f(x, kernel[0] * kernel[1])), _f(x, 1 / p))
+        kernel, pads, strides, dil = _as_2d(kernel, pads, strides, dil)
+    out, place = _max_pool2d(c, x, kernel, pads, strides, dil, c.outputs > 1)
+    if place is not None:
+        out = (out, _flat_indices(c, place, x.shape[2:]))
+        return tuple(tg.squeeze(o, 2) for o in out) if one else out
     return tg.squeeze(out, 2) if one else out
+
+
+def _max_pool2d(c: Ctx, x, kernel, pads, strides, dil, indices: bool):
+    """MaxPool over (N, C, H, W) on max_pool2d: its pads torch's where it takes them,
+    else made explicit with -inf (ceil_mode's extra cells too, counted by ONNX's rule,
+    which torch's differs from over uneven pads). Returns the maxima and, with ``indices``,
+    the place h * W + w of each in the input's own plane (else None)."""
+    plane_width = x.shape[3]
+    inside = _torch_pads(kernel, pads, dil)
+    if not inside:
+        x = tg.pad(x, torch_pads(_ceil_pads(c, x, kernel, pads, strides, dil)),
+                   float("-inf"))
+    geometry = {"kernel_size": tuple(kernel), "stride": tuple(strides),
+                "padding": tuple(pads[:2]) if inside else (0, 0), "dilation": tuple(dil),
+                "ceil_mode": inside and bool(c.a("ceil_mode", 0))}
+    out = tg.max_pool2d(x, **geometry)
+    if not indices:
+        return out, None
+    at = tg.max_pool2d_indices(x, **geometry)
+    if inside:
+        return out, at
+    width = x.shape[3]  # the padded plane's: the place back in the input's own plane
+    row = tg.sub(tg.floor_divide(at, width), pads[0])
+    col = tg.sub(tg.remainder(at, width), pads[1])
+    return out, tg.add(tg.mul(row, plane_width), col)
+
+
+def _max_pool3d(c: Ctx, x, kernel, pads, strides, dil):
+    """MaxPool over a 3-D window: the depth padded with -inf (ceil_mode's extra cells too);
+    for each kernel depth offset, the depth slices it meets through one 2-D pool
+    (``_max_pool2d``, its own pads and ceil_mode as in 2-D); the maximum over the offsets,
+    where Indices are asked the first in window order (ONNX Runtime's)."""
+    batch, _, depth, h, w = x.shape
+    front, back = _ceil_pads(c, x, kernel[:1], [pads[0], pads[3]], strides[:1], dil[:1])
+    x = tg.pad(x, [0, 0, 0, 0, front, back], float("-inf"))
+    count = (depth + front + back - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    plane = [pads[1], pads[2], pads[4], pads[5]]
+    best = place = None
+    for k in range(kernel[0]):
+        y, at = _max_pool2d(c, _depth_planes(x, k * dil[0], count, strides[0]), kernel[1:],
+                            plane, strides[1:], dil[1:], c.outputs > 1)
+        y = _unfold_depth(y, batch, count)
+        if at is not None:  # the place in the input's (D, H, W) volume
+            rows = np.arange(count) * strides[0] + k * dil[0] - front
+            at = tg.add(tg.mul(tg.constant(rows.reshape(1, 1, -1, 1, 1), "int64"), h * w),
+                        _unfold_depth(at, batch, count))
+        if best is None:
+            best, place = y, at
+        elif at is None:
+            best = tg.maximum(best, y)
+        else:  # a tie keeps the earlier offset: the first maximum in window order
+            later = tg.greater(y, best)
+            best, place = tg.where(later, y, best), tg.where(later, at, place)
+    return best if place is None else (best, _flat_indices(c, place, (depth, h, w)))
+
+
+def _flat_indices(c: Ctx, place, sizes):
+    """ONNX's Indices from each maximum's ``place``, its row-major index in the input's
+    spatial volume (of ``sizes``): row-major (storage_order 0) or column-major (1, the
+    spatial axes reversed), offset by (n * C + c) times the volume to index the whole
+    input."""
+    sizes = list(sizes)
+    if c.a("storage_order", 0):
+        coords = []
+        for s in sizes[:0:-1]:  # the coordinates from the last axis
+            coords.append(tg.remainder(place, s))
+            place = tg.floor_divide(place, s)
+        coords.append(place)  # now reversed: the last axis first
+        place = coords[0]
+        for coord, s in zip(coords[1:], sizes[::-1][1:]):
+            place = tg.add(tg.mul(place, s), coord)
+    batch, ch = place.shape[:2]
+    planes = tg.reshape(tg.iota(product([batch, ch])), (batch, ch, *[1] * len(sizes)))
+    return tg.add(place, tg.mul(planes, tg.size(product(sizes))))
+
+
+def _lp_pool(c: Ctx):
+    """(sum of |x|^p over each window)^(1/p), 1-D to 3-D, dilated and under ceil_mode as
+    AveragePool: the zero-padded window sums of |x|^p (``_window_sum``)."""
+    x = c.t(0)
+    kernel, pads, strides, dil = _window(c, x)
+    p = float(c.a("p", 2))
+    total = _window_sum(c, tg.pow(tg.abs(x), _f(x, p)), kernel,
+                        _ceil_pads(c, x, kernel, pads, strides, dil), strides, dil)
+    return tg.pow(total, _f(x, 1 / p))
 
 
 def _global(fn):
@@ -455,8 +605,7 @@ def _group_norm(c: Ctx):
 def _mvn(c: Ctx):
     x = c.t(0)
     axes = tuple(c.a("axes", [0, 2, 3]))
-    centered = tg.sub(x, tg.mean(x, axis=axes, keepdims=True))
-    var = tg.mean(tg.mul(centered, centered), axis=axes, keepdims=True)
+    _, centered, var = _moments(x, axes)
     return tg.div(centered, tg.add(tg.sqrt(var), _f(x, 1e-9)))
 
 

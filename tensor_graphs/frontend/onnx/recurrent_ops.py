@@ -4,8 +4,8 @@ against i, f, g, o; GRU z, r, h against r, z, n): the weights' row blocks are re
 ONNX's default GRU (linear_before_reset=0, which no torch layer computes) is unrolled here.
 A symbolic sequence length (an export's dynamic axis) is unrolled to its largest value, which
 ``from_onnx``'s ``dynamic_dims`` gives (the layers' ``max_steps``), the steps past the call's
-length masked. Other forms (activations, clip, peepholes, coupled gates, ragged
-sequence_lens) are refused by name."""
+length masked. An LSTM with peephole weights (P) is unrolled here too. Other forms
+(activations, clip, coupled gates, ragged sequence_lens) are refused by name."""
 
 from __future__ import annotations
 
@@ -65,8 +65,6 @@ def _recurrent(c: Ctx):
     if c.a("input_forget", 0):
         raise c.refuse("input_forget=1")
     torch_gru = c.op != "GRU" or bool(c.a("linear_before_reset", 0))
-    if c.op == "LSTM" and c.n > 7 and c.has(7):
-        raise c.refuse("peephole weights P")
     x, w, r = c.t(0), c.t(1), c.t(2)
     layout = c.a("layout", 0)
     if layout:
@@ -102,8 +100,13 @@ def _recurrent(c: Ctx):
         last = 0 if reverse else -1
         if c.op == "LSTM":
             cell = tg.squeeze(tg.slice_axis(c0, 0, d, d + 1), 0) if c0 is not None else zeros
-            both = tg.lstm_layer(x, h, cell, w_ih, w_hh, b_ih, b_hh, reverse=reverse,
-                                 max_steps=max_steps)
+            if c.n > 7 and c.has(7):
+                peep = tg.squeeze(tg.slice_axis(c.t(7), 0, d, d + 1), 0)
+                both = _lstm_peephole(x, h, cell, w_ih, w_hh, b_ih, b_hh, peep, hidden,
+                                      reverse, max_steps)
+            else:
+                both = tg.lstm_layer(x, h, cell, w_ih, w_hh, b_ih, b_hh, reverse=reverse,
+                                     max_steps=max_steps)
             y = tg.slice_axis(both, 2, 0, hidden)
             cs.append(tg.slice_axis(tg.slice_axis(both, 2, hidden, None), 0, last,
                                     None if last == -1 else 1))
@@ -159,6 +162,35 @@ def _gru_reset_first(x, h, w_ih, w_hh, b_ih, b_hh, hidden: int, reverse: bool,
         h = step(tg.squeeze(tg.slice_axis(xs, 0, t, t + 1), 0), h)
         out[t] = tg.unsqueeze(h, 0)
     return tg.concat([out[t] for t in range(x.shape[0])], 0)
+
+
+def _lstm_peephole(x, h, cell, w_ih, w_hh, b_ih, b_hh, peep, hidden: int, reverse: bool,
+                   max_steps: int | None = None):
+    """An LSTM direction with peephole weights ``peep`` (ONNX's P: i, o, f blocks), which no
+    torch layer has, unrolled (``_unroll``, a symbolic length as the layers unroll it): the
+    old cell state feeds the input and forget gates, the new one the output gate. Weights
+    in torch's gate order (i, f, g, o). Every step's h and c side by side, as
+    ``tg.lstm_layer`` gives them."""
+    xs = tg.matmul(x, tg.transpose(w_ih, 0, 1))  # (seq, batch, 4 * hidden)
+    if b_ih is not None:
+        xs = tg.add(xs, b_ih)
+    r = tg.transpose(w_hh, 0, 1)
+    p_i, p_o, p_f = (tg.slice_axis(peep, 0, k * hidden, (k + 1) * hidden) for k in range(3))
+
+    def gate(g, k):
+        return tg.slice_axis(g, 1, k * hidden, (k + 1) * hidden)
+
+    def step(xt, h, cell):
+        g = tg.add(xt, tg.matmul(h, r))
+        if b_hh is not None:
+            g = tg.add(g, b_hh)
+        i = tg.sigmoid(tg.add(gate(g, 0), tg.mul(p_i, cell)))
+        f = tg.sigmoid(tg.add(gate(g, 1), tg.mul(p_f, cell)))
+        cell = tg.add(tg.mul(f, cell), tg.mul(i, tg.tanh(gate(g, 2))))
+        o = tg.sigmoid(tg.add(gate(g, 3), tg.mul(p_o, cell)))
+        return tg.mul(o, tg.tanh(cell)), cell
+
+    return _unroll("LSTM", xs, (h, cell), step, reverse, max_steps)
 
 
 def table() -> dict:
