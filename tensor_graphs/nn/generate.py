@@ -257,8 +257,9 @@ def _architecture(config, max_len: int) -> tuple[Callable, type]:
                             "for single forward passes)")
     limit = _positions_limit(config)
     if kind == "gpt2" and limit is not None and max_len > limit:
-        raise ShapeError(f"generate: {max_len} tokens outrun GPT-2's {limit} learned "
-                         "positions (shorten the prompt or max_new_tokens)")
+        raise ShapeError(f"generate: a cache of {max_len} tokens (max_len) outruns GPT-2's "
+                         f"{limit} learned positions (n_positions): shorten the prompt or "
+                         f"max_new_tokens, or give max_len <= {limit}")
     return ARCHITECTURES[kind]
 
 
@@ -569,13 +570,14 @@ class Generator:
         read, build = _architecture(config, max_len)
         settings = _generation_settings(getattr(causal_lm, "generation_config", None),
                                         generation)
+        model = build(read(config))  # a config not built is refused before any weight is read
         weights = {}
         for name, tensor in causal_lm.state_dict().items():
             if tensor.is_floating_point() and str(tensor.dtype) != "torch.float32":
                 raise DTypeError(f"generate: weight '{name}' is {tensor.dtype}; tg.nn models "
                                  "run in float32: call causal_lm.float() first")
             weights[name] = tensor.detach().cpu().numpy()
-        return cls(build(read(config)), weights, vocab_size=config.vocab_size, max_len=max_len,
+        return cls(model, weights, vocab_size=config.vocab_size, max_len=max_len,
                    max_prompt=max_prompt, batch=batch, eos_token_id=settings["eos_token_id"],
                    pad_token_id=settings["pad_token_id"],
                    repetition_penalty=settings["repetition_penalty"],

@@ -13,7 +13,8 @@ from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "ACTIVATIONS"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "ACTIVATIONS",
+           "check_activation"]
 
 
 def _join(prefix: str, name: str) -> str:
@@ -95,14 +96,45 @@ class RMSNorm:
         return f"RMSNorm({self.dim}, name={self.name!r}, eps={self.eps})"
 
 
-#: activation name (transformers' ``hidden_act`` spelling) -> builder
+def _gelu_tanh(x: Node) -> Node:
+    return tg.gelu(x, approximate="tanh")
+
+
+#: activation name (transformers' ``hidden_act`` / ``activation_function`` spelling, its
+#: ``ACT2FN`` keys) -> builder. Several names are one function written differently there
+#: (``gelu_fast``, ``gelu_accurate`` and ``gelu_new`` all GELU's tanh form): built once, as
+#: the same function up to rounding. Those with learned parameters (``prelu``, ``xielu``) are
+#: not built.
 ACTIVATIONS = {
-    "gelu": lambda x: tg.gelu(x),
-    "gelu_new": lambda x: tg.gelu(x, approximate="tanh"),  # GPT-2
-    "gelu_pytorch_tanh": lambda x: tg.gelu(x, approximate="tanh"),
-    "relu": lambda x: tg.relu(x),
-    "silu": lambda x: tg.silu(x),
+    "gelu": tg.gelu,
+    "gelu_python": tg.gelu,
+    "gelu_10": lambda x: tg.clamp(tg.gelu(x), min=-10.0, max=10.0),  # ClippedGELU(-10, 10)
+    "gelu_new": _gelu_tanh,  # GPT-2
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_python_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "gelu_accurate": _gelu_tanh,
+    "quick_gelu": lambda x: x * tg.sigmoid(x * 1.702),
+    "relu": tg.relu,
+    "relu2": lambda x: tg.square(tg.relu(x)),
+    "relu6": lambda x: tg.clamp(x, min=0.0, max=6.0),
+    "silu": tg.silu,
+    "swish": tg.silu,
+    "sigmoid": tg.sigmoid,
+    "tanh": tg.tanh,
+    "linear": lambda x: x,
 }
+
+
+def check_activation(name, where: str, setting: str) -> str:
+    """``name`` if ``ACTIVATIONS`` builds it, else an ArgumentError naming the config's
+    ``setting`` (``hidden_act``...) and those built: the MLP's own refusal, raised later when
+    the model is built, named neither the setting nor where it came from."""
+    if name not in ACTIVATIONS:
+        raise ArgumentError(f"{where}: {setting}={name!r} is not built (built: "
+                            f"{', '.join(sorted(ACTIVATIONS))}); tg.from_torch(model, ...) may "
+                            "import this model for single forward passes")
+    return name
 
 
 class MLP:

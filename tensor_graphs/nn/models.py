@@ -23,7 +23,15 @@ from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.node import Node
 from tensor_graphs.ir.shapes import format_shape
 from tensor_graphs.nn.attention import KVCache, MultiHeadAttention, RopeScaling, positions
-from tensor_graphs.nn.layers import MLP, Embedding, LayerNorm, Linear, RMSNorm, _join
+from tensor_graphs.nn.layers import (
+    MLP,
+    Embedding,
+    LayerNorm,
+    Linear,
+    RMSNorm,
+    _join,
+    check_activation,
+)
 
 __all__ = ["TransformerBlock", "GPT2Config", "GPT2", "LlamaConfig", "Llama", "input_ids"]
 
@@ -103,7 +111,9 @@ class GPT2Config:
         return cls(vocab_size=config.vocab_size, n_positions=config.n_positions,
                    n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
                    n_inner=config.n_inner, layer_norm_epsilon=config.layer_norm_epsilon,
-                   activation=config.activation_function,
+                   activation=check_activation(config.activation_function,
+                                               "GPT2Config.from_hf",
+                                               "activation_function"),
                    tie_word_embeddings=getattr(config, "tie_word_embeddings", True),
                    scale_attn_weights=bool(getattr(config, "scale_attn_weights", True)),
                    scale_attn_by_inverse_layer_idx=bool(
@@ -216,20 +226,39 @@ class LlamaConfig:
         theta, scaling = _rope_from_hf(config)
         model_type = getattr(config, "model_type", "llama")
         window, layer_types = _sliding_layers(config, model_type)
-        qwen2 = model_type == "qwen2"  # q/k/v biases, none on o_proj
-        bias = qwen2 or bool(getattr(config, "attention_bias", False))
+        qkv_bias, out_bias, mlp_bias = _biases(config, model_type)
         return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                    intermediate_size=config.intermediate_size,
                    num_hidden_layers=config.num_hidden_layers,
                    num_attention_heads=config.num_attention_heads,
                    num_key_value_heads=getattr(config, "num_key_value_heads", None),
                    head_dim=getattr(config, "head_dim", None), rms_norm_eps=config.rms_norm_eps,
-                   rope_theta=float(theta), hidden_act=config.hidden_act,
+                   rope_theta=float(theta),
+                   hidden_act=check_activation(config.hidden_act, "LlamaConfig.from_hf",
+                                               "hidden_act"),
                    tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-                   attention_bias=bias, attention_out_bias=bias and not qwen2,
-                   mlp_bias=bool(getattr(config, "mlp_bias", False)),
+                   attention_bias=qkv_bias, attention_out_bias=out_bias, mlp_bias=mlp_bias,
                    qk_norm=model_type.startswith("qwen3"), sliding_window=window,
                    layer_types=layer_types, rope_scaling=scaling)
+
+
+# The bias flags each model type's transformers code reads (a type not listed: Llama's); a
+# flag its code does not read is ignored there, whatever the config says
+_BIAS_FLAGS = {"llama": ("attention_bias", "mlp_bias"), "mistral": (), "qwen2": (),
+               "qwen3": ("attention_bias",)}
+
+
+def _biases(config, model_type: str) -> tuple[bool, bool, bool]:
+    """(q/k/v, o_proj, MLP) biases as the model type's transformers code builds them: Llama's
+    ``attention_bias`` on all four projections and its ``mlp_bias``, Qwen3's
+    ``attention_bias`` alone, Qwen2's q/k/v biases always (no flag), Mistral none. Why by
+    type: a flag read where transformers ignores it (a Mistral or Qwen2 config carrying
+    ``attention_bias`` or ``mlp_bias`` true) built biases its checkpoint does not hold, and the
+    model was refused for weights it never had."""
+    flags = _BIAS_FLAGS.get(model_type, _BIAS_FLAGS["llama"])
+    attention, mlp = (name in flags and bool(getattr(config, name, False))
+                      for name in ("attention_bias", "mlp_bias"))
+    return attention or model_type == "qwen2", attention, mlp
 
 
 _ROPE_BUILT = "default (unscaled), " + ", ".join(RopeScaling.TYPES)
