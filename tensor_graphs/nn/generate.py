@@ -130,6 +130,10 @@ _REFUSED: dict[str, tuple[Callable[[object, Mapping], bool], str]] = {
 }
 # the generation settings applied here (eos and pad tokens, the repetition penalty, sampling)
 _APPLIED = ("eos_token_id", "pad_token_id", "repetition_penalty", "do_sample", *SAMPLING)
+# transformers' settings taken and left alone: they change no token (a cache is always kept)
+_INERT = ("use_cache",)
+# every generation setting a call may give
+_SETTINGS = (*_APPLIED, *_REFUSED, *_INERT)
 # Generator's own options that from_transformers / tg.generate pass through
 _BUILD_OPTIONS = ("quantize", "group_size", "skip", "prequantized", "padded", "seed")
 
@@ -171,7 +175,7 @@ def _generation_settings(generation_config, call: Mapping[str, object],
     """The settings transformers' generate would use (the model's generation_config, the
     call's on top), refusing every one that would change the tokens and is not applied here.
     ``fix``: what a refusal of one of the model's settings says to do (``{name}``: its name)."""
-    names = (*_APPLIED, *_REFUSED)
+    names = _SETTINGS
     settings = {n: getattr(generation_config, n, None) for n in names}
     settings["do_sample"] = None
     settings.update(call)
@@ -538,7 +542,7 @@ class Generator:
                     for n in header.tensors)
         call = {k: v for k, v in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id),
                                   ("repetition_penalty", repetition_penalty)) if v is not None}
-        call.update((k, v) for k, v in options.items() if k in (*_APPLIED, *_REFUSED))
+        call.update((k, v) for k, v in options.items() if k in _SETTINGS)
         compile_options = {k: v for k, v in options.items() if k not in call}
         settings = _generation_settings(_saved_generation_config(path, config), call,
                                         fix='set "{name}" to null in generation_config.json')
@@ -560,11 +564,11 @@ class Generator:
         ``do_sample`` and its warpers; one this generator does not apply only at its
         inactive value), :class:`Generator`'s ``quantize``, ``group_size``, ``skip``,
         ``seed``, and ``tg.compile``'s options."""
-        generation = {k: v for k, v in options.items() if k in (*_APPLIED, *_REFUSED)}
+        generation = {k: v for k, v in options.items() if k in _SETTINGS}
         compile_options = {k: v for k, v in options.items() if k not in generation}
         taken = _compile_keywords()
         _unknown("generate", [k for k in compile_options if k not in (*_BUILD_OPTIONS, *taken)],
-                 {"generation settings": [*_APPLIED, *_REFUSED],
+                 {"generation settings": list(_SETTINGS),
                   "Generator's": _BUILD_OPTIONS, "tg.compile's": taken})
         config = causal_lm.config
         read, build = _architecture(config, max_len)
@@ -875,7 +879,7 @@ def generate(causal_lm, input_ids, max_new_tokens: int | None = None, stream: bo
     # the padding check of the generator's call, made before it compiles anything
     settings = _generation_settings(getattr(causal_lm, "generation_config", None),
                                     {k: v for k, v in options.items()
-                                     if k in (*_APPLIED, *_REFUSED)})
+                                     if k in _SETTINGS})
     if ids.dtype.kind in "iu" and _check_padding(
             ids, attention_mask, _padding_id(settings["eos_token_id"],
                                              settings["pad_token_id"])) is not None:

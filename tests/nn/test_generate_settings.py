@@ -228,6 +228,15 @@ def test_a_setting_not_applied_here_is_refused_before_compiling(lm, no_compile, 
         tg.generate(lm, np.zeros((1, 4), np.int64), 4, **{name: ACTIVE[name]})
 
 
+def test_use_cache_as_transformers_takes_it_is_accepted_and_changes_nothing(lm):
+    """A transformers call copied with use_cache=True (or False) was refused as unknown."""
+    prompt = np.random.default_rng(6).integers(0, VOCAB, (1, 5))
+    want = _expected(lm, prompt, 6)
+    for use_cache in (True, False):
+        got = tg.generate(lm, prompt, 6, use_cache=use_cache, db=":memory:")
+        np.testing.assert_array_equal(got, want)
+
+
 def test_inactive_values_and_sampling_settings_are_accepted(lm):
     """At these values transformers' greedy generate applies nothing, so neither refuses:
     sampling settings (Qwen2.5-Instruct ships do_sample=True, temperature 0.7, top_p 0.8,
@@ -255,7 +264,7 @@ def test_every_generation_config_setting_is_applied_refused_or_inert_under_greed
         "num_beam_groups", "diversity_penalty", "low_memory",
         # what generate returns, caching and compiling, token ids for encoder-decoders
         "output_attentions", "output_hidden_states", "output_scores", "output_logits",
-        "return_dict_in_generate", "use_cache", "cache_implementation", "cache_config",
+        "return_dict_in_generate", "cache_implementation", "cache_config",
         "compile_config", "disable_compile", "max_cache_len", "prefill_chunk_size",
         "continuous_batching_config", "bos_token_id", "decoder_start_token_id",
         "transformers_version", "renormalize_logits",  # log_softmax keeps the argmax
@@ -265,7 +274,7 @@ def test_every_generation_config_setting_is_applied_refused_or_inert_under_greed
         "is_assistant", "prompt_lookup_num_tokens", "max_matching_ngram_size", "use_mtp",
         "speculation_type", "assistant_ensemble_weight",
     }
-    known = {*generate_module._APPLIED, *generate_module._REFUSED, *inert}
+    known = {*generate_module._SETTINGS, *inert}
     fields = {n for n in vars(transformers.GenerationConfig()) if not n.startswith("_")}
     assert fields - known == set()
 
