@@ -389,8 +389,9 @@ def _is_size_op(name: str) -> bool:
 class TorchProgram:
     """A compiled torch module: call it like the module (torch tensors or numpy arrays in,
     numpy out, in the module's output structure, where a transformers cache object holds
-    torch tensors; compiled with ``outputs="device"`` on a GPU, tensors there). ``.program`` is the CompiledGraph. On a GPU, tensor arguments are fed as
-    they are (one already on the GPU is not copied).
+    torch tensors; compiled with ``outputs="device"`` on a GPU, tensors there). ``.program``
+    is the CompiledGraph. On a GPU, tensor arguments are fed as they are (one already on the
+    GPU is not copied).
 
     Arguments bind to the forward's parameters as Python binds them, by position or by name,
     however the example gave them: ``prog(input_ids=ids, attention_mask=m)`` runs a
