@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 
-from tensor_graphs.frontend.aten import lookup, mutates
+from tensor_graphs.frontend.aten import lookup, mutates, writes_values
 from tensor_graphs.frontend.aten.common import torch_module
 
 
@@ -53,7 +53,8 @@ def writes_through_views(exported) -> list:
     """The in-place nodes of ``exported`` whose written tensor shares its storage with
     another node's: a view of it, or one it is a view of (by the ops' alias annotations:
     a view op's result aliases its input, as an in-place op's does). The importer rebinds
-    only the written node's name, so these need the functional form."""
+    only the written node's name, so these need the functional form. An in-place op that
+    rewrites only metadata (``detach_``: ``writes_values``) writes nothing others see."""
     fx_node = torch_module().fx.Node
     parent: dict = {}
 
@@ -78,8 +79,9 @@ def writes_through_views(exported) -> list:
         alias = schema.returns[0].alias_info
         if alias is None:
             continue
-        if mutates(node.target):
-            writes.append(node)
+        if mutates(node.target):  # the same tensor (rebound), not a view of it
+            if writes_values(node.target):
+                writes.append(node)
         else:
             viewed.add(root(base))
         parent[node] = root(base)
@@ -138,8 +140,31 @@ def fallback_table() -> dict:
 def _run(exported, table):
     """``exported`` decomposed by ``table``, or None where torch cannot trace a decomposition
     on this program (one that needs a data-dependent size, say): the op stays unmapped and
-    is reported as such."""
+    is reported as such. The retrace returns flat outputs (``_with_out_spec``)."""
+    spec = exported.call_spec.out_spec
     try:
-        return exported.run_decompositions(dict(table))
+        flat = _with_out_spec(exported, _flat_spec(spec)) if spec is not None else exported
+        decomposed = flat.run_decompositions(dict(table))
     except Exception:  # noqa: BLE001 - any failure inside torch's tracing means "not here"
         return None
+    return _with_out_spec(decomposed, spec) if spec is not None else decomposed
+
+
+def _flat_spec(spec):
+    """A tuple's spec with ``spec``'s leaves."""
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_structure(tuple(range(spec.num_leaves)))
+
+
+def _with_out_spec(exported, spec):
+    """``exported`` (a copy: torch's ``_update``) returning its outputs as ``spec`` arranges
+    them. torch's retrace rebuilds the output's structure inside the traced forward: a
+    transformers cache rebuilt there makes fresh ``torch.tensor([])`` constants, which
+    torch lifts without adding them to the constants it keeps, so the retraced program
+    fails its own check ("Constant tensor lifted_tensor_0 is not in the constants
+    dictionary"). Retraced with flat outputs and given its structure back after, a model
+    that returns its cache decomposes as one that returns its logits does."""
+    copied = exported._update(exported.graph_module, exported.graph_signature)
+    copied.module_call_graph[0].signature.out_spec = spec
+    return copied

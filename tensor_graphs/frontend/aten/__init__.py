@@ -97,4 +97,17 @@ def mutates(target) -> bool:
     return alias is not None and alias.is_write
 
 
-__all__ = ["ATEN", "MODULES", "UnsupportedOpError", "build_table", "lookup", "mutates"]
+def writes_values(target) -> bool:
+    """An in-place op that changes its tensor's values, not only its view of them: torch
+    tags ``detach_``, ``unsqueeze_``, ``transpose_``... ``inplace_view`` (they rewrite the
+    tensor's metadata and leave the storage as it was), so tensors sharing that storage
+    are unchanged by them. transformers' sliding-window cache layers ``detach_`` a fresh
+    ``torch.tensor`` and read it through ``.to``: no write for a view to miss."""
+    if not mutates(target):
+        return False
+    tag = getattr(torch_module().Tag, "inplace_view", None)
+    return tag is None or tag not in getattr(target, "tags", ())
+
+
+__all__ = ["ATEN", "MODULES", "UnsupportedOpError", "build_table", "lookup", "mutates",
+           "writes_values"]

@@ -400,11 +400,26 @@ def _stride(kw, nd):
     return None if s is None or len(s) == 0 else ints(s, nd)
 
 
+def _ceil_kernel(kw, nd) -> tuple:
+    """The pool's kernel, clipped to the padded input along an axis where ``ceil_mode``
+    lets torch's one window reach past it: torch gives that axis one output, the window
+    clipped at the input's end (EfficientNet's head pools a 7x7 map with a kernel of 1280).
+    A window of the padded input's size is that window: same elements, same divisor (with
+    or without ``count_include_pad``)."""
+    kernel = ints(kw["kernel_size"], nd)
+    dilation = ints(kw.get("dilation", 1), nd)
+    if not kw["ceil_mode"]:
+        return kernel
+    sizes = kw["self"].shape[-nd:]
+    return tuple(min(k, n + 2 * p) if d == 1 and isinstance(n, int) else k
+                 for k, n, p, d in zip(kernel, sizes, ints(kw["padding"], nd), dilation))
+
+
 def _max_pool(op, nd, indices=False):
     """max_pool1d/2d; with indices, torch's flat positions in each input plane (1-d pools are
     2-d pools over a height of 1, so a position there is the index along the length)."""
     def fn(a, kw):
-        attrs = dict(kernel_size=ints(kw["kernel_size"], nd),
+        attrs = dict(kernel_size=_ceil_kernel(kw, nd),
                      stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
                      padding=ints(kw["padding"], nd), dilation=ints(kw["dilation"], nd),
                      ceil_mode=kw["ceil_mode"])
@@ -418,7 +433,7 @@ def _max_pool(op, nd, indices=False):
 def _avg_pool(op, nd):
     def fn(a, kw):
         return _pool(op, nd, tg.avg_pool2d, kw["self"],
-                     kernel_size=ints(kw["kernel_size"], nd),
+                     kernel_size=_ceil_kernel(kw, nd),
                      stride=_stride(kw, nd) or ints(kw["kernel_size"], nd),
                      padding=ints(kw["padding"], nd), ceil_mode=kw["ceil_mode"],
                      count_include_pad=kw["count_include_pad"],

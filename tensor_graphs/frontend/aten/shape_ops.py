@@ -10,6 +10,7 @@ import sympy
 
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten.common import (
+    Unavailable,
     cast,
     guarded,
     ints,
@@ -309,6 +310,62 @@ def _select_scatter(x, src, dim, index):
     return _slice_scatter(x, tg.unsqueeze(src, dim), dim, index, stop, 1)
 
 
+def _read_value(a, kw):
+    """``t.item()`` (``aten._local_scalar_dense``; ``.tolist()`` and ``int(t)`` too): a
+    tensor's value as a Python number, known only when the program runs. torch.export's
+    own checks on it (``assert n <= seq``: a comparison and ``_assert_scalar``) pass it
+    through and are dropped as its other size checks are; a use that needs the number (a
+    size, a scalar argument) is refused there, naming the fix."""
+    return Unavailable(
+        "a tensor's value read as a Python number (.item(), .tolist(), int(t): "
+        "aten::_local_scalar_dense) sets a size or a scalar argument here; a compiled "
+        "program's sizes and constants are fixed before it sees any value. Keep it a "
+        "tensor (torch.where, a mask, a comparison's result in arithmetic), or pass the "
+        "number as a static argument")
+
+
+def _on_sizes(fn):
+    """A Python operator on sizes; a value read from a tensor (``_read_value``) passes
+    through it unchanged, to be refused only where an op uses the result."""
+    def call(a, kw):
+        found = next((v for v in a if isinstance(v, Unavailable)), None)
+        return found if found is not None else fn(a, kw)
+    return call
+
+
+def _size_ops(aten) -> dict:
+    """Python arithmetic on sizes (``operator.mul`` on ``sym_size`` results; sympy on our
+    symbolic dims) and torch.export's checks on them."""
+    def two(op):
+        return _on_sizes(lambda a, kw: op(a[0], a[1]))
+
+    return {
+        **{op: two(op) for op in (operator.add, operator.sub, operator.mul,
+                                  operator.floordiv, operator.mod, operator.truediv,
+                                  operator.pow)},
+        operator.neg: _on_sizes(lambda a, kw: -a[0]),
+        math.ceil: _on_sizes(lambda a, kw: _size_fn(math.ceil, sympy.ceiling, a[0])),
+        math.floor: _on_sizes(lambda a, kw: _size_fn(math.floor, sympy.floor, a[0])),
+        torch_sym("sym_float"): _on_sizes(
+            lambda a, kw: a[0] if isinstance(a[0], sympy.Expr) else float(a[0])),
+        torch_sym("sym_int"): _on_sizes(lambda a, kw: _size_fn(int, sympy.floor, a[0])),
+        torch_sym("sym_max"): _on_sizes(lambda a, kw: _size_fn(max, sympy.Max, *a)),
+        torch_sym("sym_min"): _on_sizes(lambda a, kw: _size_fn(min, sympy.Min, *a)),
+        torch_sym("sym_sum"): _on_sizes(lambda a, kw: sum(a[0], 0)),  # (a list of sizes)
+        # comparisons of sizes feed only torch's own checks (below): evaluated, never used
+        **{op: two(op) for op in (operator.eq, operator.ne, operator.lt, operator.le,
+                                  operator.gt, operator.ge)},
+        torch_sym("sym_not"): _on_sizes(
+            lambda a, kw: not a[0] if isinstance(a[0], bool) else sympy.Not(a[0])),
+        # the checks torch.export inserts on sizes (a dim's range, a data-dependent size's
+        # sign) are dropped: the dims' bounds carry the ranges, and a call is checked
+        # against its leaves' shapes
+        aten._assert_scalar: lambda a, kw: None,
+        aten.sym_constrain_range_for_size: lambda a, kw: None,
+        aten.sym_constrain_range: lambda a, kw: None,
+    }
+
+
 def table(aten) -> dict:
     return {**guarded({
         # shapes and views
@@ -382,38 +439,12 @@ def table(aten) -> dict:
                                                                       kw["self"].dtype)),
         # sizes
         aten.sym_size.int: lambda a, kw: kw["self"].shape[kw["dim"]],
-        operator.add: lambda a, kw: a[0] + a[1],
-        operator.sub: lambda a, kw: a[0] - a[1],
-        operator.mul: lambda a, kw: a[0] * a[1],
-        operator.floordiv: lambda a, kw: a[0] // a[1],
-        operator.neg: lambda a, kw: -a[0],
-        operator.mod: lambda a, kw: a[0] % a[1],
-        operator.truediv: lambda a, kw: a[0] / a[1],
-        operator.pow: lambda a, kw: a[0] ** a[1],
-        math.ceil: lambda a, kw: _size_fn(math.ceil, sympy.ceiling, a[0]),
-        math.floor: lambda a, kw: _size_fn(math.floor, sympy.floor, a[0]),
-        torch_sym("sym_float"): lambda a, kw: a[0] if isinstance(a[0], sympy.Expr)
-        else float(a[0]),
-        torch_sym("sym_int"): lambda a, kw: _size_fn(int, sympy.floor, a[0]),
-        torch_sym("sym_max"): lambda a, kw: _size_fn(max, sympy.Max, *a),
-        torch_sym("sym_min"): lambda a, kw: _size_fn(min, sympy.Min, *a),
-        # comparisons of sizes feed only torch's own checks (below): evaluated, never used
-        operator.eq: lambda a, kw: a[0] == a[1],
-        operator.ne: lambda a, kw: a[0] != a[1],
-        operator.lt: lambda a, kw: a[0] < a[1],
-        operator.le: lambda a, kw: a[0] <= a[1],
-        operator.gt: lambda a, kw: a[0] > a[1],
-        operator.ge: lambda a, kw: a[0] >= a[1],
-        torch_sym("sym_not"): lambda a, kw: not a[0] if isinstance(a[0], bool)
-        else sympy.Not(a[0]),
-        # the checks torch.export inserts on sizes (a dim's range, a data-dependent size's
-        # sign) are dropped: the dims' bounds carry the ranges, and a call is checked
-        # against its leaves' shapes
-        aten._assert_scalar: lambda a, kw: None,
-        aten.sym_constrain_range_for_size: lambda a, kw: None,
-        aten.sym_constrain_range: lambda a, kw: None,
         aten.sym_numel: lambda a, kw: math.prod(kw["self"].shape),
+        # a tensor's value read as a Python number
+        aten._local_scalar_dense: _read_value,
+        aten.item: _read_value,
     }),
+        **_size_ops(aten),
         # picking an output of a multi-output op, Unavailable ones too (a use raises)
         operator.getitem: lambda a, kw: a[0][a[1]],
     }
