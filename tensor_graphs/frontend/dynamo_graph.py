@@ -235,5 +235,20 @@ def export(module, args: list, spec: list):
     otherwise join the frame Dynamo is compiling (and fail its guard check)."""
     torch = torch_module()
     with torch._guards.tracing(None), torch.no_grad():
-        return torch.export.export(module, tuple(args), dynamic_shapes=spec or None,
+        try:
+            return torch.export.export(module, tuple(args), dynamic_shapes=spec or None,
+                                       strict=False)
+        except torch._dynamo.exc.UserError as exc:
+            if "Constraints violated" not in str(exc):
+                raise
+        return torch.export.export(module, tuple(args), dynamic_shapes=_auto(spec),
                                    strict=False)
+
+
+def _auto(spec: list) -> list[dict]:
+    """``spec`` with every named Dim left to export (``Dim.AUTO``): its constraint solver
+    refuses a guard it cannot prove over a Dim's range though it holds there (Llama's
+    left-padded decode: ``min(16 + 16*s, 32 + 32*s) == 16 + 16*s`` for a cache length
+    ``s >= 0``), where AUTO takes the guard as a fact about the dim."""
+    torch = torch_module()
+    return [{axis: torch.export.Dim.AUTO for axis in axes} for axes in spec]

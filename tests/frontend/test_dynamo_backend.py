@@ -377,6 +377,32 @@ def test_gpt2_generate_greedy_tokens_match_eager():
 
 
 @pytest.mark.slow
+def test_llama_generate_of_a_left_padded_batch_runs_our_programs():
+    """Llama's decode graph for a left-padded batch holds a size guard that export's solver
+    cannot prove over the cache length's range (``min(16 + 16 s, 32 + 32 s) == 16 + 16 s``)
+    and a ``torch.sym_sum`` of sizes: every decode step ran in eager torch with a warning.
+    After such a refusal the dims are left to export (``Dim.AUTO``), and sym_sum maps."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, vocab_size=97, hidden_size=64,
+                                   intermediate_size=128, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   pad_token_id=0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 97, (2, 7))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0  # the second prompt is 3 tokens shorter, padded left
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    ref = model.generate(ids, **kwargs)
+    spy = Spy()
+    model.forward = torch.compile(model.forward, backend=spy, options=OPTIONS)
+    with _no_fallback():
+        got = model.generate(ids, **kwargs)
+    assert got.tolist() == ref.tolist()
+    assert sum(p.calls for p in spy.ours) == 6  # the prefill and every decode step: ours
+
+
+@pytest.mark.slow
 def test_minilm_shaped_bert_matches_eager():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
