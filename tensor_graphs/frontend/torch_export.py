@@ -39,6 +39,9 @@ from tensor_graphs.kernels.torch.convert import to_host
 # torch.export's refusal of a forward that returns a non-tensor object (a transformers
 # DynamicCache inside the model output): "Found <class '...'> in output, which is not a known type"
 _UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output, which is not a known type")
+# transformers' DynamicCache flattening refusing layers it does not know (Mamba's states)
+_UNKNOWN_LAYERS = re.compile(r"pytree flattening function should be applied to (DynamicCache) "
+                             r"containing only")
 
 
 # a stack frame inside torch's own package (the line that made the node in torch.nn)
@@ -1043,7 +1046,8 @@ def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None,
             return torch.export.export(module, example_args, kwargs=kwargs or None,
                                        dynamic_shapes=dynamic_shapes)
         except RuntimeError as exc:
-            found = _UNKNOWN_OUTPUT.search(str(exc))
+            layers = _UNKNOWN_LAYERS.search(str(exc))
+            found = _UNKNOWN_OUTPUT.search(str(exc)) or layers
             if found is None:
                 _note_binding(exc, module, example_args)
                 raise
@@ -1056,7 +1060,9 @@ def _export(module, example_args, dynamic_shapes, kwargs: Mapping | None = None,
                 fix = "or, in a forward that calls a transformers model, pass it use_cache=False"
             raise ArgumentError(
                 f"from_torch: {_owner(module)} returns a {found.group(1)}, which torch.export "
-                "cannot carry out of the graph; return tensors only (e.g. `return "
+                "cannot carry out of the graph"
+                f"{' (transformers flattens one of attention layers only)' if layers else ''}"
+                "; return tensors only (e.g. `return "
                 f"self.lm(input_ids=ids).logits`), {fix}, so no cache object is "
                 "returned") from exc
         except Exception as exc:

@@ -195,3 +195,21 @@ def test_a_forward_returning_an_unknown_object_is_refused_with_the_fix():
     with pytest.raises(tg.ArgumentError, match=r"ReturnsBox.forward returns a .*Box, which "
                                                 r"torch.export cannot carry.*tensors only"):
         tg.from_torch(ReturnsBox(), (torch.randn(2, 3),), db=":memory:")
+
+
+def test_a_cache_of_layers_transformers_cannot_flatten_is_refused_with_the_fix():
+    """Mamba's default call returns a DynamicCache of its own layers, which transformers'
+    flattening refuses with a bare RuntimeError; the refusal names the fix, and the fix
+    imports it."""
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=VOCAB, hidden_size=32, state_size=8,
+                                   num_hidden_layers=1, expand=2, conv_kernel=4)
+    model = transformers.MambaForCausalLM(cfg).eval()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    with pytest.raises(tg.ArgumentError, match=r"MambaForCausalLM.forward returns a "
+                                                r"DynamicCache.*'use_cache': False"):
+        tg.from_torch(model, (ids,), db=":memory:")
+    prog = tg.from_torch(model, (ids,), kwargs={"use_cache": False}, db=":memory:")
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits.double().numpy()
+    assert relative_error(prog(ids)["logits"].astype(np.float64), ref) < TOL
