@@ -27,7 +27,10 @@ fp16-weight writes ``a @ fp16_round(w')``; int4-weight ``a @ dequantize_int4(q, 
 ``q = quantize_int4(w', s)``, ``s = int4_scale(w', group_size=G)``: a scale per group of G
 rows along K and output channel (``GROUP_SIZE``), also prepared once per binding.
 
-``skip``: weight names (``fnmatch`` patterns) left in float, e.g. ``["lm_head.weight"]``.
+``a @ w.T`` (``permute(w, (1, 0))`` of a weight: a tied LM head written by hand) is read as
+``linear(a, w)``. ``skip``: weight names (``fnmatch`` patterns) left in float, e.g.
+``["lm_head.weight"]``; a pattern naming none of the weights quantized is refused, and so is
+a graph with nothing to quantize (one quantized already: a second scheme was ignored).
 """
 
 from __future__ import annotations
@@ -41,7 +44,20 @@ from tensor_graphs.errors import ArgumentError
 from tensor_graphs.ir import api as tg
 from tensor_graphs.ir.graph import nodes
 from tensor_graphs.ir.node import Node
-from tensor_graphs.ir.ops.names import DYNAMIC_QUANT, LINEAR, MATMUL, WEIGHT
+from tensor_graphs.ir.ops.names import (
+    BF16_ROUND,
+    DEQUANTIZE,
+    DEQUANTIZE_INT4,
+    DYNAMIC_QUANT,
+    FP16_ROUND,
+    LINEAR,
+    MATMUL,
+    PERMUTE,
+    QUANTIZE,
+    QUANTIZE_INT4,
+    WEIGHT,
+)
+from tensor_graphs.ir.shapes import format_shape
 
 # scheme -> (what it does to one (K, N) weight view (the product's right operand) given the
 # group size, what it does to the activation (the left operand))
@@ -141,9 +157,9 @@ def _layouts(outputs, skip) -> dict[str, set[bool]]:
     linear's (N, K), False: a matmul's (K, N)): the same test as ``quantize``'s."""
     found: dict[str, set[bool]] = {}
     for n in nodes(outputs):
-        if n.op.name in (MATMUL, LINEAR) and len(n.inputs) >= 2 \
-                and _weight(n.inputs[1], skip) and _float(n.inputs[0]):
-            found.setdefault(n.inputs[1].name, set()).add(n.op.name == LINEAR)
+        read = _reading(n, skip)
+        if read is not None:
+            found.setdefault(read[0].name, set()).add(read[1])
     return found
 
 
@@ -214,10 +230,29 @@ def _groups_of(scheme: str, k: int, group_size: int | None) -> int:
     return k // g if g else 1
 
 
-def _weight(node: Node, skip) -> bool:
-    """A float weight leaf of rank 2 whose name no ``skip`` pattern matches."""
-    return (node.op.name == WEIGHT and node.ndim == 2 and node.dtype.is_float
-            and not any(fnmatchcase(node.name, p) for p in skip))
+def _weight(node: Node) -> bool:
+    """A float weight leaf of rank 2: what the schemes quantize (per output channel or per
+    group of rows along K of a (K, N) view)."""
+    return node.op.name == WEIGHT and node.ndim == 2 and node.dtype.is_float
+
+
+def _skipped(name: str, skip) -> bool:
+    return any(fnmatchcase(name, p) for p in skip)
+
+
+def _reading(n: Node, skip=()) -> tuple[Node, bool] | None:
+    """(the weight leaf, read as (N, K)?) of a product ``quantize`` rewrites, else None:
+    ``a @ w`` (False), ``linear(a, w, b)`` and ``a @ w.T`` (True: torch's ``h @ w.T``, a
+    tied LM head written by hand, is a linear's reading of w; left float it was silently
+    not quantized), ``a`` float, ``w`` a float rank-2 weight no ``skip`` pattern names."""
+    if n.op.name not in (MATMUL, LINEAR) or len(n.inputs) < 2 or not _float(n.inputs[0]):
+        return None
+    b, linear = n.inputs[1], n.op.name == LINEAR
+    if not linear and b.op.name == PERMUTE and tuple(b.attrs.get("perm", ())) == (1, 0):
+        b, linear = b.inputs[0], True
+    if not _weight(b) or _skipped(b.name, skip):
+        return None
+    return b, linear
 
 
 def _float(a: Node) -> bool:
@@ -293,20 +328,20 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
                                 f"them), got {type(o).__name__}; a tg.compile'd program is "
                                 f"quantized by quantizing its graph and compiling that: "
                                 f"tg.compile(tg.quantize(y, {scheme!r}), ...)")
+    _check_skip(outs, scheme, skip)
     layouts = _layouts(outs, skip) if prequantized else {}
     mapped: dict[Node, Node] = {}  # old node -> its rewritten graph, inputs first
     for n in nodes(outs):
         ins = tuple(mapped[i] for i in n.inputs)
-        if n.op.name == MATMUL and _weight(ins[1], skip) and _float(ins[0]):
-            mapped[n] = tg.matmul(_own(act(ins[0], group_size), ins[1]),
-                                  make(ins[1], ins[1], False))
-        elif n.op.name == LINEAR and len(ins) >= 2 and _weight(ins[1], skip) \
-                and _float(ins[0]):
-            y = tg.matmul(_own(act(ins[0], group_size), ins[1]),
-                          make(tg.transpose(ins[1], 0, 1), ins[1], True))
-            mapped[n] = y if len(ins) < 3 else y + ins[2]
-        else:
+        read = _reading(n, skip)
+        if read is None:
             mapped[n] = n if ins == n.inputs else Node.make(n.op, ins, n.attrs, n.name)
+            continue
+        leaf, linear = read
+        _check_fixed(leaf, scheme, prequantized)
+        y = tg.matmul(_own(act(ins[0], group_size), leaf),
+                      make(tg.transpose(leaf, 0, 1) if linear else leaf, leaf, linear))
+        mapped[n] = y + ins[2] if n.op.name == LINEAR and len(ins) >= 3 else y
     new = [mapped[o] for o in outs]
     if keys is not None:
         return dict(zip(keys, new))
@@ -316,10 +351,61 @@ def quantize(outputs, scheme="int8-weight", *, skip=(), group_size: int | None =
 
 
 def quantized_weights(outputs) -> list[str]:
-    """Names of the weights ``outputs`` read through ``quantize`` (for reports)."""
-    from tensor_graphs.ir.ops.names import FP16_ROUND, QUANTIZE, QUANTIZE_INT4
+    """Names of the weights ``outputs`` read through a scheme (for reports)."""
     found = []
     for n in nodes(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
-        if n.op.name in (QUANTIZE, QUANTIZE_INT4, FP16_ROUND):
+        if n.op.name in _SCHEME_OPS:
             found += [leaf.name for leaf in nodes([n.inputs[0]]) if leaf.op.name == WEIGHT]
     return sorted(set(found))
+
+
+# the ops the schemes write on a weight: a graph holding them is quantized already
+_SCHEME_OPS = frozenset({QUANTIZE, QUANTIZE_INT4, BF16_ROUND, FP16_ROUND, DEQUANTIZE,
+                         DEQUANTIZE_INT4})
+
+
+def _candidates(outs) -> list[str]:
+    """The weights a scheme would quantize, skip aside: what a skip pattern must name."""
+    return sorted({read[0].name for n in nodes(outs) if (read := _reading(n)) is not None})
+
+
+def _listed(names: list[str], most: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _check_skip(outs, scheme: str, skip) -> None:
+    """Refuse a graph with no product to quantize and a ``skip`` pattern that names none of
+    its quantizable weights. Why: both returned the graph as if quantized: a mistyped
+    pattern (``"lm_head"`` for ``"lm_head.weight"``) quantized the weight it was meant to
+    keep float, and a graph quantized twice kept the first scheme under the second's name."""
+    names = _candidates(outs)
+    if not names:
+        done = quantized_weights(outs)
+        why = (f"it is quantized already (weights {_listed(done)}): quantize the float graph "
+               "once, with the scheme you want" if done else
+               "no matmul or linear reads a float weight of rank 2 as its right operand "
+               "(a 3-D batched weight, or one reached through ops other than a transpose, "
+               "stays float)")
+        raise ArgumentError(f"quantize: nothing to quantize with {scheme}: {why}")
+    for p in skip:
+        if not isinstance(p, str):
+            raise ArgumentError(f"quantize: skip patterns are weight names (fnmatch), got "
+                                f"{p!r}")
+        if not any(fnmatchcase(name, p) for name in names):
+            raise ArgumentError(f"quantize: skip pattern {p!r} matches none of the weights "
+                                f"{scheme} quantizes ({_listed(names)}), so it keeps nothing "
+                                "float: give the weight's full name (a fnmatch pattern) or "
+                                "leave the pattern out")
+
+
+def _check_fixed(leaf: Node, scheme: str, prequantized: bool) -> None:
+    """Refuse a weight of symbolic shape where the scheme needs its sizes: int4's groups
+    along K, and a prequantized weight's ``.q``/``.scale`` leaves (an unclear TypeError
+    from inside int4_scale's decomposition before)."""
+    if (scheme == "int4-weight" or prequantized) and not all(
+            isinstance(d, int) for d in leaf.shape):
+        raise ArgumentError(f"quantize: weight {leaf.name!r} {format_shape(leaf.shape)} has a "
+                            f"symbolic size; {scheme}{' prequantized' if prequantized else ''} "
+                            "needs fixed sizes (its scales' groups along K): declare the "
+                            "weight's shape, or use int8-weight")

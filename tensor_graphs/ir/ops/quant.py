@@ -169,7 +169,10 @@ def _round_bits(w, bits: int, emin: float | None = None):
     """w rounded to ``bits`` fraction bits (to nearest even): ulp = 2**(e - bits), e the
     exponent of |w| (floor(log2|w|) corrected by exact comparisons, whatever log2 rounds to
     near a power of two; floored at ``emin``: subnormals), round_half_even(w / ulp) * ulp
-    (exact: ulp is a power of two); 0 stays 0."""
+    (exact: ulp is a power of two); 0 stays 0. Where w is tiny (a float32 subnormal: ulp down
+    to 2**-133) both are scaled by 2**64 before dividing, exactly, since a division is a
+    product with the reciprocal and 1 / 2**-133 overflows float32 (a bf16-weight's
+    subnormal weights turned every output into NaN)."""
     ax = _abs(w)
     zero = tg.equal(ax, 0.0)
     safe = tg.where(zero, 1.0, ax)
@@ -179,7 +182,8 @@ def _round_bits(w, bits: int, emin: float | None = None):
     if emin is not None:
         e = tg.maximum(e, emin)
     ulp = tg.pow(2.0, tg.add(e, -float(bits)))
-    return tg.where(zero, w, tg.mul(_round(div(w, ulp)), ulp))
+    lift = tg.where(tg.less(e, -64.0), 2.0 ** 64, 1.0)
+    return tg.where(zero, w, tg.mul(_round(div(tg.mul(w, lift), tg.mul(ulp, lift))), ulp))
 
 
 @composite(example=lambda: (tg.input("w", (5, 3)),))
@@ -194,7 +198,7 @@ def bf16_round(w):
     if not w.dtype.is_float:
         raise DTypeError(f"bf16_round: needs a float tensor, got {w.dtype.name} "
                          f"{format_shape(w.shape)}")
-    return _overflow(w, _round_bits(w, 7), BF16_MAX_ROUND)
+    return _overflow(w, _round_bits(w, 7, emin=-126.0), BF16_MAX_ROUND)
 
 
 @composite(example=lambda: (tg.input("w", (5, 3)),))
