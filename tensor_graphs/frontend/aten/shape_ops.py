@@ -128,6 +128,27 @@ def _repeat(x, repeats):
     return tg.tile(x, reps=repeats)
 
 
+def _repeat_interleave(x, repeats, dim):
+    """``x.repeat_interleave(n, dim)`` with one repeat count for every element (attention
+    masks and rotary tables repeated per head): each element followed by its n-1 copies is
+    an expand along a new axis after ``dim``, merged into it. Without ``dim`` the input is
+    flattened first, as torch does. torch's decomposition of it needs a retrace."""
+    if dim is None:
+        x, dim = tg.reshape(x, (-1,)), 0
+    dim = dim % max(x.ndim, 1)
+    shape = tuple(x.shape)
+    spread = tg.expand(tg.unsqueeze(x, dim + 1),
+                       shape[:dim + 1] + (repeats,) + shape[dim + 1:])
+    return tg.reshape(spread, shape[:dim] + (shape[dim] * repeats,) + shape[dim + 1:])
+
+
+def _unflatten(x, dim, sizes):
+    """``x.unflatten(dim, sizes)``: axis ``dim`` split into ``sizes`` (one may be -1)."""
+    dim = dim % x.ndim
+    shape = tuple(x.shape)
+    return tg.reshape(x, shape[:dim] + tuple(sizes) + shape[dim + 1:])
+
+
 def _as_strided(x, size, stride, offset, layout):
     """torch.as_strided (what torch's diagonal and einsum traces decompose to) as one gather
     of constant indices. ``size``, ``stride`` and ``offset`` address the storage ``x`` is a
@@ -396,7 +417,8 @@ def table(aten) -> dict:
                                                          kw["start"], kw["end"], kw["step"]),
         aten.select_scatter: lambda a, kw: _select_scatter(kw["self"], kw["src"], kw["dim"],
                                                            kw["index"]),
-        aten.cat: lambda a, kw: _cat(list(kw["tensors"]), kw["dim"]),
+        **dict.fromkeys((aten.cat, aten.concat, aten.concatenate),
+                        lambda a, kw: _cat(list(kw["tensors"]), kw["dim"])),
         aten.split.Tensor: lambda a, kw: _split_size(kw["self"], kw["split_size"], kw["dim"]),
         aten.split_with_sizes: lambda a, kw: _split(kw["self"], kw["split_sizes"], kw["dim"]),
         aten.chunk: lambda a, kw: _chunk(kw["self"], kw["chunks"], kw["dim"]),
@@ -408,6 +430,10 @@ def table(aten) -> dict:
         aten.flip: lambda a, kw: _flip(kw["self"], kw["dims"]),
         aten.roll: lambda a, kw: _roll(kw["self"], kw["shifts"], kw["dims"]),
         aten.repeat: lambda a, kw: _repeat(kw["self"], kw["repeats"]),
+        aten.repeat_interleave.self_int: lambda a, kw: _repeat_interleave(
+            kw["self"], kw["repeats"], kw["dim"]),
+        aten.unflatten.int: lambda a, kw: _unflatten(kw["self"], kw["dim"], kw["sizes"]),
+        aten.broadcast_to: lambda a, kw: tg.expand(kw["self"], tuple(kw["size"])),
         aten.as_strided: _as_strided_fn,
         aten.as_strided_copy: _as_strided_fn,
         aten.pixel_shuffle: lambda a, kw: _pixel_shuffle(kw["self"], kw["upscale_factor"]),
