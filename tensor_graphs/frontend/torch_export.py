@@ -822,7 +822,18 @@ def _all_named(module, args: tuple, kwargs: Mapping, dynamic_shapes):
         bound = signature.bind(*args, **kwargs).arguments
     except TypeError:
         return dynamic_shapes
-    return {**{name: dynamic_shapes.get(name) for name in bound}, **dynamic_shapes}
+    return {**{name: _static_like(value) for name, value in bound.items()}, **dynamic_shapes}
+
+
+def _static_like(value):
+    """An argument left out of ``dynamic_shapes``, static in its own structure: torch.export
+    takes None for a tensor but wants a dict or list argument's entries named (PixArt's
+    ``added_cond_kwargs``: "is a dict, but dynamic_shapes[...] is not")."""
+    if isinstance(value, Mapping):
+        return {k: _static_like(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_static_like(v) for v in value)
+    return None
 
 
 def _signature(module) -> inspect.Signature | None:

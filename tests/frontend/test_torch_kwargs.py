@@ -146,6 +146,29 @@ class Cached(nn.Module):
         return ids + start if mask is None else (ids + start) * mask
 
 
+class Nested(nn.Module):
+    """Keyword inputs holding a dict and a list of tensors (PixArt's added_cond_kwargs)."""
+
+    def forward(self, x, extra=None, pair=None):
+        return x * extra["a"].sum() + extra["b"].mean() + pair[0].sum() * pair[1].sum()
+
+
+def test_a_dict_or_list_argument_left_out_of_dynamic_shapes_stays_static():
+    """A dynamic_shapes dict naming only x: the dict and list arguments were filled in as
+    None, which torch.export refuses for a container ("is a dict, but dynamic_shapes[...]
+    is not"); they are now static in their own structure."""
+    torch.manual_seed(0)
+    extra = {"a": torch.randn(2), "b": torch.randn(5)}
+    pair = [torch.randn(2), torch.randn(3)]
+    batch = torch.export.Dim("batch", max=16)
+    prog = tg.from_torch(Nested(), (torch.randn(3, 4),), {"x": {0: batch}},
+                         kwargs={"extra": extra, "pair": pair}, db=":memory:")
+    for n in (1, 7):
+        x = torch.randn(n, 4)
+        ref = Nested()(x, extra, pair).numpy()
+        assert relative_error(prog(x, extra=extra, pair=pair), ref) <= TOL
+
+
 def test_a_failed_export_says_where_the_positional_examples_went():
     ids = torch.arange(6).reshape(2, 3)
     with pytest.raises(AttributeError, match="get_seq_length") as info:
