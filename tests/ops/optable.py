@@ -1775,6 +1775,36 @@ def _conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 _conv2d.rank = 4
 
 
+def _conv3d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """Each kernel offset's strided patch against its weight slice, summed (no 2-d step)."""
+    three = (lambda v: tuple(v) if isinstance(v, tuple) else (v, v, v))
+    st, dl = three(stride), three(dilation)
+    cout, cin_g = w.shape[:2]
+    ks = w.shape[2:]
+    if padding == "valid":
+        pads = [(0, 0)] * 3
+    elif padding == "same":  # torch: the extra one of an odd total goes after
+        pads = [(t // 2, t - t // 2) for t in (d * (k - 1) for d, k in zip(dl, ks))]
+    else:
+        pads = [(p, p) for p in three(padding)]
+    xp = np.pad(x, [(0, 0), (0, 0), *pads])
+    outs = [(xp.shape[2 + i] - dl[i] * (ks[i] - 1) - 1) // st[i] + 1 for i in range(3)]
+    out = np.zeros((x.shape[0], cout, *outs))
+    per = cout // groups
+    for g in range(groups):
+        xs = xp[:, g * cin_g:(g + 1) * cin_g]
+        for off in np.ndindex(*ks):
+            patch = xs[(slice(None), slice(None)) + tuple(
+                slice(o * dl[i], o * dl[i] + st[i] * (outs[i] - 1) + 1, st[i])
+                for i, o in enumerate(off))]
+            out[:, g * per:(g + 1) * per] += np.einsum(
+                "ncdij,oc->nodij", patch, w[(slice(g * per, (g + 1) * per), slice(None)) + off])
+    return out if b is None else out + b[:, None, None, None]
+
+
+_conv3d.rank = 5
+
+
 def _pool_size(n, k, s, p, d, ceil_mode):
     """torch's output length; with ceil_mode the last window must start inside the input or
     its left padding."""
@@ -2086,6 +2116,22 @@ INTERPOLATE_CASES = [
 ]
 
 
+CONV3D_CASES = [  # (x shape, out channels, kernel, stride, padding, dilation, groups, bias)
+    ((1, 1, 1, 1, 1), 1, (1, 1, 1), 1, 0, 1, 1, False),     # size 1
+    ((2, 4, 5, 6, 6), 6, (2, 3, 3), 1, 0, 1, 1, True),      # a video UNet's temporal kernel
+    ((1, 4, 7, 6, 5), 4, (3, 3, 2), (2, 1, 2), (1, 1, 0), (1, 2, 1), 2, False),  # odd all
+    ((4, 5, 6, 6), 3, (3, 1, 1), 1, "same", 1, 1, True),    # unbatched, temporal only
+    ((1, 2, 6, 5, 5), 4, (2, 2, 2), 1, "same", (2, 1, 1), 2, True),  # even kernel: uneven
+    ((1, 3, 4, 4, 4), 3, (4, 1, 1), 1, "valid", 1, 3, False),       # depthwise, full depth
+]
+
+
+def _conv3d_spec(case) -> Spec:
+    shape, cout, kernel, stride, padding, dilation, groups, bias = case
+    return S(shape, (cout, shape[-4] // groups) + kernel, (cout,) if bias else None,
+             stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
 def _conv_spec(case) -> Spec:
     shape, cout, (kh, kw), stride, padding, dilation, groups, bias = case
     return S(shape, (cout, shape[-3] // groups, kh, kw), (cout,) if bias else None,
@@ -2096,6 +2142,9 @@ CONV = [
     _nn("conv2d", "conv2d", lambda x, w, b=None, **kw: tg.conv2d(x, w, b, **kw),
         _batched(_conv2d), [_conv_spec(c) for c in CONV_CASES],
         lambda torch, x, w, b=None, **kw: torch.nn.functional.conv2d(x, w, b, **kw)),
+    _nn("conv3d", "conv3d", lambda x, w, b=None, **kw: tg.conv3d(x, w, b, **kw),
+        _batched(_conv3d), [_conv3d_spec(c) for c in CONV3D_CASES],
+        lambda torch, x, w, b=None, **kw: torch.nn.functional.conv3d(x, w, b, **kw)),
     # x * 1e30 against weights * 1e-20: no scaling step may overflow
     _nn("conv2d_large", "conv2d", lambda x, w, **kw: tg.conv2d(x, w, **kw), _batched(_conv2d),
         [S((1, 2, 6, 6), (3, 2, 3, 3), padding=1, domain=(_normal(1e30), _normal(1e-20)))],

@@ -182,8 +182,8 @@ def _same_padding(op, x, weight, dilation, nd):
 
 
 def _conv(op, x, weight, bias, stride, padding, dilation, groups):
-    """torch's conv1d / conv2d / conv3d (batched or not) on our conv2d: a 1-d convolution is
-    a 2-d one over a height of 1, a 3-d one a 2-d one over the output frames (``_conv3d``)."""
+    """torch's conv1d / conv2d / conv3d (batched or not) on our conv2d and conv3d: a 1-d
+    convolution is a 2-d one over a height of 1."""
     nd = weight.ndim - 2
     if nd not in (1, 2, 3):
         raise ArgumentError(f"{op}: a {nd}-d convolution (weight {weight.shape}) has no "
@@ -209,7 +209,8 @@ def _conv(op, x, weight, bias, stride, padding, dilation, groups):
                                 "'same' or ints")
     padding = ints(padding, nd)
     if nd == 3:
-        y = _conv3d(op, x, weight, bias, stride, padding, dilation, groups)
+        y = tg.conv3d(x, weight, bias, stride=tuple(stride), padding=tuple(padding),
+                      dilation=tuple(dilation), groups=groups)
         return tg.squeeze(y, 0) if unbatched else y
     if nd == 1 and not isinstance(x.shape[2], int):
         y = _conv1d_symbolic(op, x, weight, bias, stride[0], padding[0], dilation[0], groups)
@@ -247,40 +248,6 @@ def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
     w = tg.reshape(weight, (groups, cout // groups, cin // groups * k))
     y = tg.reshape(tg.matmul(w, cols), (n, cout, length))
     return y if bias is None else y + tg.reshape(bias, (cout, 1))
-
-
-def _conv3d(op, x, weight, bias, stride, padding, dilation, groups):
-    """A 3-d convolution (video UNets' temporal and spatio-temporal layers) as one conv2d
-    over the frames: each output frame's depth window (the kd input frames it reads, one
-    strided slice per kernel offset) is stacked into the channels, per group, and the
-    weight's depth offsets likewise, so the planner sees one whole conv2d over N * D_out
-    images."""
-    kd = weight.shape[2]
-    n, cin, depth = x.shape[0], x.shape[1], x.shape[2]
-    if not all(isinstance(v, int) for v in (kd, cin, depth, *weight.shape)):
-        raise ShapeError(f"{op}: a 3-d convolution needs concrete channels, depth and kernel; "
-                         f"got input {x.shape} and weight {weight.shape} (leave the depth "
-                         "axis out of dynamic_shapes)")
-    sd, pd, dd = stride[0], padding[0], dilation[0]
-    if pd:
-        x = tg.pad(x, [0, 0, 0, 0, pd, pd])
-    frames = (depth + 2 * pd - dd * (kd - 1) - 1) // sd + 1
-    if frames < 1:
-        raise ShapeError(f"{op}: the depth {depth} (padded by {pd}) is smaller than the "
-                         f"kernel's depth extent {dd * (kd - 1) + 1}")
-    stop = (frames - 1) * sd + 1
-    windows = tg.stack([tg.slice_axis(x, 2, k * dd, k * dd + stop, sd) for k in range(kd)],
-                       axis=1)  # (N, kd, C, D_out, H, W)
-    h, w = x.shape[3], x.shape[4]
-    windows = tg.reshape(windows, (n, kd, groups, cin // groups, frames, h, w))
-    windows = tg.permute(windows, (0, 4, 2, 1, 3, 5, 6))  # (N, D_out, g, kd, C/g, H, W)
-    images = tg.reshape(windows, (n * frames, kd * cin, h, w))
-    cout, ks = weight.shape[0], tuple(weight.shape[3:])
-    kernel = tg.reshape(tg.permute(weight, (0, 2, 1, 3, 4)), (cout, kd * (cin // groups)) + ks)
-    y = tg.conv2d(images, kernel, bias, stride=tuple(stride[1:]), padding=tuple(padding[1:]),
-                  dilation=tuple(dilation[1:]), groups=groups)
-    y = tg.reshape(y, (n, frames, cout, y.shape[2], y.shape[3]))
-    return tg.permute(y, (0, 2, 1, 3, 4))
 
 
 def _dilate(x, axis, factor):

@@ -26,7 +26,7 @@ from tensor_graphs.ir.ops.reductions import min as reduce_min
 from tensor_graphs.ir.shapes import dims_equal, format_shape, is_static, numel
 
 __all__ = [
-    "conv2d", "max_pool2d", "max_pool2d_indices", "avg_pool2d", "adaptive_avg_pool2d",
+    "conv2d", "conv3d", "max_pool2d", "max_pool2d_indices", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "unfold", "interpolate", "batch_norm",
     "group_norm",
 ]
@@ -48,6 +48,19 @@ def _pair(value, name: str, op: str, low: int = 1) -> tuple[int, int]:
     if any(v < low for v in value):
         raise ShapeError(f"{op}: {name} must be >= {low}, got {value!r}")
     return int(value[0]), int(value[1])
+
+
+def _triple(value, name: str, op: str, low: int = 1) -> tuple[int, int, int]:
+    """An int or a triple of ints (torch's _triple), each >= low."""
+    if _is_int(value):
+        value = (value,) * 3
+    elif isinstance(value, tuple) and len(value) == 1 and _is_int(value[0]):
+        value = (value[0],) * 3
+    if not (isinstance(value, tuple) and len(value) == 3 and all(_is_int(v) for v in value)):
+        raise ShapeError(f"{op}: {name} must be an int or a triple of ints, got {value!r}")
+    if any(v < low for v in value):
+        raise ShapeError(f"{op}: {name} must be >= {low}, got {value!r}")
+    return tuple(int(v) for v in value)
 
 
 def _float(x, op: str):
@@ -184,6 +197,75 @@ def conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
     if bias is not None:
         y = tg.add(y, _channel_param(bias, cout, "bias", op, 4))
     return undo(y)
+
+
+def _conv3d_example():
+    return (tg.input("x", (1, 2, 4, 5, 5)), tg.weight("w", (4, 2, 2, 3, 3)),
+            tg.weight("b", (4,)))
+
+
+@composite(example=_conv3d_example)
+def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
+    """3-d cross-correlation (torch's conv3d: video models' temporal layers) as one conv2d
+    over the output frames: each output frame's depth window (one strided slice of the
+    depth-padded input per kernel depth offset) is stacked into the channels, per group, as
+    the weight's depth offsets are, so the planner sees one conv2d over N * D_out images.
+
+    x (N, C, D, H, W) or (C, D, H, W), weight (Cout, C/groups, KD, KH, KW), bias (Cout,);
+    padding is an int, a triple, "valid" or "same" (stride 1)."""
+    op = "conv3d"
+    _float(x, op)
+    if x.ndim not in (4, 5):
+        raise ShapeError(f"{op}: expected an (N, C, D, H, W) or (C, D, H, W) input, got "
+                         f"{format_shape(x.shape)}")
+    x5 = x if x.ndim == 5 else tg.unsqueeze(x, 0)
+    if weight.ndim != 5 or not is_static(weight.shape):
+        raise ShapeError(f"{op}: weight must have a concrete shape (out_channels, "
+                         f"in_channels/groups, KD, KH, KW), got {format_shape(weight.shape)}")
+    cout, cin_g, kd = weight.shape[:3]
+    if not _is_int(groups) or groups < 1:
+        raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
+    n, c = x5.shape[:2]
+    if not dims_equal(c, cin_g * groups):
+        raise ShapeError(f"{op}: input {format_shape(x.shape)} has {c} channels, but weight "
+                         f"{format_shape(weight.shape)} with groups={groups} expects "
+                         f"{cin_g * groups} (weight.shape[1] * groups)")
+    (depth,) = _spatial(x5, op, 3)[:1]
+    stride = _triple(stride, "stride", op)
+    dilation = _triple(dilation, "dilation", op)
+    if padding == "same":  # torch: the extra one of an odd total goes after
+        if stride != (1, 1, 1):
+            raise ShapeError(f"{op}: padding='same' needs stride 1, got stride={stride}; "
+                             "give explicit padding for strided convolutions")
+        total = dilation[0] * (kd - 1)
+        depth_pads, plane_pads = (total // 2, total - total // 2), "same"
+    elif padding == "valid":
+        depth_pads, plane_pads = (0, 0), 0
+    elif isinstance(padding, str):
+        raise ShapeError(f"{op}: padding must be an int, a triple, 'valid' or 'same', got "
+                         f"{padding!r}")
+    else:
+        pads = _triple(padding, "padding", op, low=0)
+        depth_pads, plane_pads = (pads[0], pads[0]), pads[1:]
+    frames = _out_size(depth, kd, stride[0], dilation[0], *depth_pads)
+    if frames < 1:
+        raise ShapeError(f"{op}: input {format_shape(x.shape)} padded by {depth_pads} along "
+                         f"its depth is shorter than the kernel's depth {kd} with dilation "
+                         f"{dilation[0]}")
+    xp = tg.pad(x5, (0, 0, 0, 0) + depth_pads)
+    stop = (frames - 1) * stride[0] + 1
+    windows = tg.concat([tg.unsqueeze(xp[:, :, k * dilation[0]:k * dilation[0] + stop:stride[0]],
+                                      1) for k in range(kd)], axis=1)  # (N, KD, C, F, H, W)
+    h, w = x5.shape[3:]
+    windows = tg.reshape(windows, (n, kd, groups, cin_g, frames, h, w))
+    images = tg.reshape(tg.permute(windows, (0, 4, 2, 1, 3, 5, 6)),
+                        (n * frames, groups * kd * cin_g, h, w))
+    kernel = tg.reshape(tg.permute(weight, (0, 2, 1, 3, 4)),
+                        (cout, kd * cin_g) + tuple(weight.shape[3:]))
+    y = conv2d(images, kernel, bias, stride=stride[1:], padding=plane_pads,
+               dilation=dilation[1:], groups=groups)
+    y = tg.permute(tg.reshape(y, (n, frames, cout) + tuple(y.shape[2:])), (0, 2, 1, 3, 4))
+    return y if x.ndim == 5 else tg.squeeze(y, 0)
 
 
 def _pool_geometry(x4, op, kernel_size, stride, padding, dilation, ceil_mode):

@@ -141,6 +141,7 @@ KL_DIV = "kl_div"
 
 # conv.py
 CONV2D = "conv2d"
+CONV3D = "conv3d"
 MAX_POOL2D = "max_pool2d"
 MAX_POOL2D_INDICES = "max_pool2d_indices"
 ADAPTIVE_MAX_POOL2D = "adaptive_max_pool2d"
