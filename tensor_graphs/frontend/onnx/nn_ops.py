@@ -4,6 +4,9 @@ fused kernels; ONNX's older forms (Softmax's 2-D coercion before opset 13) are s
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 
 from tensor_graphs.frontend.onnx.common import Ctx, norm_axis, product, torch_pads
@@ -209,12 +212,14 @@ def _conv(c: Ctx):
 
 
 def _convolve(c: Ctx, x, w, b, pads, strides, dil, groups):
-    """An N-D convolution with ONNX's (begin..., end...) pads on our 2-D composite: 1-D
-    through a unit axis, 3-D as a sum of 2-D ones over the kernel's depth (``_conv3d``);
-    uneven pads are made explicit first."""
+    """An N-D convolution with ONNX's (begin..., end...) pads on our conv2d and conv3d
+    composites (1-D through a unit axis; symbolic spatial dims: ``_conv_unfolded``); uneven
+    pads are made explicit first."""
     n = w.ndim - 2
     if n not in (1, 2, 3):
         raise c.refuse(f"a {n}-D convolution (1-D, 2-D and 3-D are mapped)")
+    if not _static_plane(x):
+        return _conv_unfolded(tg.pad(x, torch_pads(pads)), w, b, strides, dil, groups)
     if n == 1:
         out = _convolve(c, _to_2d(x), _to_2d(w), b, [0, pads[0], 0, pads[1]],
                         [1, strides[0]], [1, dil[0]], groups)
@@ -223,29 +228,48 @@ def _convolve(c: Ctx, x, w, b, pads, strides, dil, groups):
         x = tg.pad(x, torch_pads(pads))
         pads = [0] * (2 * n)
     if n == 3:
-        return _conv3d(c, x, w, b, strides, dil, groups)
+        return tg.conv3d(x, w, b, stride=tuple(strides), dilation=tuple(dil), groups=groups)
     return tg.conv2d(x, w, b, stride=tuple(strides), padding=tuple(pads[:2]),
                      dilation=tuple(dil), groups=groups)
 
 
-def _conv3d(c: Ctx, x, w, b, strides, dil, groups):
-    """A 3-D convolution of an already padded input: for each kernel depth offset, the
-    input's depth slices that offset meets, folded into the batch, through one 2-D
-    convolution with that kernel plane; the planes' results summed."""
-    batch, depth = x.shape[0], x.shape[2]
-    kd = w.shape[2]
-    if not isinstance(depth, int):
-        raise c.refuse(f"a 3-D convolution over the symbolic depth {depth} of {x.shape}; "
-                       "export the model with a static depth")
-    od = (depth - dil[0] * (kd - 1) - 1) // strides[0] + 1
-    total = None
-    for k in range(kd):
-        kernel = tg.squeeze(tg.slice_axis(w, 2, k, k + 1), 2)
-        y = tg.conv2d(_depth_planes(x, k * dil[0], od, strides[0]), kernel,
-                      stride=tuple(strides[1:]), dilation=tuple(dil[1:]), groups=groups)
-        total = y if total is None else tg.add(total, y)
-    out = _unfold_depth(total, batch, od)
-    return out if b is None else tg.add(out, tg.reshape(b, (-1, 1, 1, 1)))
+def _static_plane(x) -> bool:
+    """Whether ``x``'s spatial dims (after batch and channels) are all known ints: our
+    conv2d and pooling composites compute their window positions from concrete sizes."""
+    return all(isinstance(d, int) for d in x.shape[2:])
+
+
+def _patches(x, kernel, strides, dil):
+    """The windows of an already padded (N, C, *spatial) as (N, C, K, *out), K the kernel's
+    offsets in row-major order: one strided slice per offset, so a symbolic spatial dim
+    (an audio length, an image exported with dynamic height and width) needs no window
+    positions computed from its size, only floor((size - span) / stride) + 1 outputs."""
+    outs = [(size - d * (k - 1) - 1) // s + 1
+            for size, k, s, d in zip(x.shape[2:], kernel, strides, dil)]
+    parts = []
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        y = x
+        for i, o in enumerate(offset):
+            start = o * dil[i]
+            y = tg.slice_axis(y, 2 + i, start, start + (outs[i] - 1) * strides[i] + 1,
+                              strides[i])
+        parts.append(y)
+    return tg.stack(parts, 2)
+
+
+def _conv_unfolded(x, w, b, strides, dil, groups):
+    """A 1-D to 3-D convolution of an already padded input whose spatial dims are symbolic,
+    which conv2d refuses: its patches (``_patches``) times the kernel, one batched matmul of
+    (groups, out/groups, in/groups * K) by (N, groups, in/groups * K, positions)."""
+    batch, cin = x.shape[:2]
+    cout, kernel = w.shape[0], list(w.shape[2:])
+    k = math.prod(kernel)
+    cols = _patches(x, kernel, strides, dil)
+    out = cols.shape[3:]
+    cols = tg.reshape(cols, (batch, groups, cin // groups * k, product(out)))
+    y = tg.matmul(tg.reshape(w, (groups, cout // groups, cin // groups * k)), cols)
+    y = tg.reshape(y, (batch, cout, *out))
+    return y if b is None else tg.add(y, tg.reshape(b, (-1,) + (1,) * len(out)))
 
 
 def _depth_planes(x, start: int, count: int, stride: int):
@@ -340,7 +364,25 @@ def _window(c: Ctx, x):
     if len(kernel) == 3 and not isinstance(x.shape[2], int):
         raise c.refuse(f"a 3-D window over the symbolic depth {x.shape[2]} of {x.shape}; "
                        "export the model with a static depth")
-    return (kernel, *_spatial(c, x, kernel))
+    pads, strides, dil = _spatial(c, x, kernel)
+    if c.a("ceil_mode", 0):  # without it, such a window leaves no output: invalid ONNX
+        kernel = _fitted(x, kernel, pads, dil)
+    return kernel, pads, strides, dil
+
+
+def _fitted(x, kernel, pads, dil) -> list:
+    """``kernel`` cut, on each static axis where one undilated window spans past the padded
+    input, to that input: it covers the same cells, and the pooling composites refuse a
+    window larger than their input. EfficientNet's pooler (a window of 1280 over a 7 x 7
+    plane, ceil_mode=1) is one: ceil_mode keeps that single window, whose cells past the
+    pads ONNX neither reads nor counts."""
+    n = len(kernel)
+    out = list(kernel)
+    for i in range(n):
+        size = x.shape[2 + i]
+        if isinstance(size, int) and dil[i] == 1 and kernel[i] > size + pads[i] + pads[i + n]:
+            out[i] = size + pads[i] + pads[i + n]
+    return out
 
 
 def _pool(maximum: bool):
@@ -418,8 +460,8 @@ def _average_pool(c: Ctx, x, kernel, pads, strides, dil):
 
 def _torch_average(c: Ctx, x, kernel, pads, strides, dil, counted: bool):
     """AveragePool on the avg_pool2d composite (its fused kernels) where that computes
-    ONNX's: 1-D or 2-D, undilated, pads torch takes; None elsewhere."""
-    if len(kernel) == 3 or any(d != 1 for d in dil):
+    ONNX's: 1-D or 2-D, undilated, pads torch takes, static sizes; None elsewhere."""
+    if len(kernel) == 3 or any(d != 1 for d in dil) or not _static_plane(x):
         return None
     one = len(kernel) == 1
     if one:
@@ -437,6 +479,8 @@ def _max_pool_nd(c: Ctx, x, kernel, pads, strides, dil):
     unit height, 3-D as 2-D pools over the depth (``_max_pool3d``)."""
     if len(kernel) == 3:
         return _max_pool3d(c, x, kernel, pads, strides, dil)
+    if not _static_plane(x):
+        return _max_pool_unfolded(c, x, kernel, pads, strides, dil)
     one = len(kernel) == 1
     if one:
         x = _to_2d(x)
@@ -446,6 +490,17 @@ def _max_pool_nd(c: Ctx, x, kernel, pads, strides, dil):
         out = (out, _flat_indices(c, place, x.shape[2:]))
         return tuple(tg.squeeze(o, 2) for o in out) if one else out
     return tg.squeeze(out, 2) if one else out
+
+
+def _max_pool_unfolded(c: Ctx, x, kernel, pads, strides, dil):
+    """MaxPool over symbolic spatial dims, which max_pool2d refuses: the input padded with
+    -inf (ceil_mode's cells too, where the sizes allow counting them), the maximum over its
+    windows (``_patches``)."""
+    if c.outputs > 1:
+        raise c.refuse(f"the Indices output over the symbolic spatial dims of {x.shape}; "
+                       "export the model with static spatial dims, or without the indices")
+    x = tg.pad(x, torch_pads(_ceil_pads(c, x, kernel, pads, strides, dil)), float("-inf"))
+    return tg.max(_patches(x, kernel, strides, dil), axis=2)
 
 
 def _max_pool2d(c: Ctx, x, kernel, pads, strides, dil, indices: bool):

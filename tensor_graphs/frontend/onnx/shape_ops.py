@@ -20,6 +20,7 @@ from tensor_graphs.frontend.onnx.common import (
     fold,
     ints,
     norm_axis,
+    product,
     torch_pads,
 )
 from tensor_graphs.ir import api as tg
@@ -61,9 +62,48 @@ def _reshape_target(c: Ctx, in_shape: tuple, shape: list) -> list:
     return out
 
 
+# sizes at which two spellings of a symbolic dim are compared: consecutive, so a floor of a
+# stride up to 32 meets every residue, each symbol offset from the others
+_SAMPLES = range(64, 128)
+
+
+def _same_size(a, b) -> bool:
+    """Whether two symbolic sizes agree at every sample of their symbols."""
+    diff = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
+    if diff == 0:
+        return True
+    symbols = sorted(diff.free_symbols, key=str)
+    return all(diff.subs({s: v + 37 * i for i, s in enumerate(symbols)}) == 0
+               for v in _SAMPLES)
+
+
+def _spelled_as_input(in_shape: tuple, target: list) -> list:
+    """``target`` with each symbolic size that makes the element counts differ as written
+    spelled as the input's dim it equals: a run of adjacent dims, or a factor of one. The
+    dynamo exporter writes a size in torch's own formula (floor((h - 1)/8) + 1 after two
+    strided convolutions), equal at every size to ours (floor(floor((h - 1)/4)/2) + 1) but
+    not provably so, and reshape refused the counts as different; ONNX Runtime checks them
+    per call. A size none equals is kept as written."""
+    spelled = {sympy.sympify(d) for d in in_shape}
+    if all(isinstance(d, int) or sympy.sympify(d) in spelled for d in target) or \
+            sympy.expand(sympy.sympify(product(in_shape)) - product(target)) == 0:
+        return target  # as written: the input's own dims, or counts equal as written
+    runs = [product(in_shape[i:j]) for i in range(len(in_shape))
+            for j in range(i + 1, len(in_shape) + 1)]
+    runs += [f for d in in_shape if not isinstance(d, int)
+             for f in sympy.Mul.make_args(sympy.sympify(d))]  # a flattened plane's sides
+    out = list(target)
+    for k, d in enumerate(target):
+        if isinstance(d, int) or sympy.sympify(d) in spelled:
+            continue
+        out[k] = next((r for r in runs if not isinstance(r, int) and _same_size(r, d)), d)
+    return out
+
+
 def _reshape(c: Ctx):
     shape = ints(c.s(1, "shape")) if c.opset >= 5 else list(c.a("shape"))
     target = _reshape_target(c, shape_of(c.inputs[0]), shape)
+    target = _spelled_as_input(shape_of(c.inputs[0]), target)
     if isinstance(c.inputs[0], Static) and all(isinstance(d, int) for d in target) \
             and c.inputs[0].array.size <= 4096:
         return Static(c.inputs[0].array.reshape(target))  # symbolic dims stay in it
