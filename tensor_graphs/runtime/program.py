@@ -46,7 +46,7 @@ from tensor_graphs.runtime import graphs as _graphs
 from tensor_graphs.runtime import native as _native
 from tensor_graphs.runtime import values as dv
 from tensor_graphs.runtime.lower import Instruction, Program
-from tensor_graphs.runtime.state import State, kept_states, rewrites
+from tensor_graphs.runtime.state import State, kept_states
 
 if TYPE_CHECKING:
     from torch import Tensor as torch_Tensor
@@ -785,8 +785,6 @@ class CompiledGraph:
         self._index_limits = index_limits(outputs)  # fed ids: checked before a call runs
         self._states = {name: State(self._by_name[name], axis, self._weights_on)
                         for name, axis in self._kept.values()}
-        for i, (name, _) in self._kept.items():
-            self._states[name].rewrites = rewrites(outputs[i])
         # a state the graph reads but never updates (an optimizer's learning rate) is held the
         # same way, so binding a new value writes into its buffer and drops no prelude and no
         # native recording, as binding a weight does (a 0-d one, without an axis, is a weight)
@@ -1102,9 +1100,6 @@ class CompiledGraph:
         overlap = sorted(set(feeds) & set(self._bound))
         if overlap:
             raise FeedError(f"{overlap} are bound weights; pass them to bind(), not the call")
-        for n, st in self._states.items():
-            if st.rewrites and n not in feeds:
-                st.keep_shown()  # a view the caller kept of it stays as it was
         kept = {n: st.prefix() for n, st in self._states.items()
                 if n not in feeds and st.buffer is not None}
         unbound = [n for n in self._unbound if n not in feeds and n not in kept]

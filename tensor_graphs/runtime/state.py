@@ -6,22 +6,11 @@ program's bounds allow along the axis that grows (``kernels.storage``), calls re
 prefix, the update kernel appends in place, and after the call the active length is the new
 version's. Nothing is copied or allocated per decode step while the buffer has room; past it
 the buffer doubles (a program without bounds).
-
-A state the program writes over (a running value, an optimizer's parameter: an update inside
-the prefix it had, ``rewrites``) would change the views it handed out before (a call's
-result, ``prog.state``) in place: a caller keeping last call's result saw it become this
-call's. So such a state remembers the views it handed out, and before a call that writes, one
-still alive moves the state to a copy of its buffer (``keep_shown``): the copy is paid only
-where the caller kept an old value (a view taken from that view without keeping it is not
-seen).
 """
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
-import sympy
 
 from tensor_graphs.errors import StateError
 from tensor_graphs.ir.graph import root_state
@@ -47,8 +36,6 @@ class State:
         self.active = 0
         self._prefix = None  # on a GPU: (buffer, active, the prefix tensor), made once each
         self._layout = None  # on a GPU: the buffer's strides and shape, the prefix's but one
-        self.rewrites = False  # a call may write inside the active prefix (``rewrites``)
-        self._shown: list[weakref.ref] = []  # views handed out since the last write
 
     @property
     def nbytes(self) -> int:
@@ -110,7 +97,6 @@ class State:
         elif not self.on_gpu and values.is_tensor(value):
             value = values.on_host(value, self.leaf.dtype.np_dtype)
         length = value.shape[self.axis]
-        self.keep_shown()  # (bind writes over the prefix as a call does)
         self.active = 0
         self.reserve(value, max(length, capacity))
         self.active = length
@@ -119,33 +105,11 @@ class State:
     def view(self):
         """The active state, read-only on the host (later calls append past it; bind replaces
         it); on a GPU the prefix tensor itself (torch has no read-only tensors: do not write
-        to it). A later write over it moves the state first while this view is alive."""
+        to it)."""
         v = self.prefix()
         if not self.on_gpu:
             v.flags.writeable = False
-        if self.rewrites:
-            self._shown.append(weakref.ref(v))
         return v
-
-    def keep_shown(self) -> None:
-        """Before a call that may write over the active prefix: where a view handed out
-        earlier is still alive, the state moves to a copy of its buffer (its capacity, its
-        active prefix), leaving the old memory to that view."""
-        alive = any(ref() is not None for ref in self._shown)
-        self._shown = []
-        if not alive or self.buffer is None:
-            return
-        old = self.buffer
-        if self.on_gpu:
-            from tensor_graphs.kernels.torch import state as gpu_state
-
-            new = gpu_state.allocate(tuple(old.shape), old.dtype, self.device)
-        else:
-            new = storage.allocate(tuple(old.shape), old.dtype)
-        keep = [slice(None)] * old.ndim
-        keep[self.axis] = slice(0, self.active)
-        new[tuple(keep)] = old[tuple(keep)]
-        self.buffer, self._prefix = new, None
 
 
 def _inside(value, buffer) -> bool:
@@ -177,20 +141,6 @@ def kept_states(outputs: list[Node]) -> dict[int, tuple[str, int]]:
     return {i: (root_state(o).name, int(o.attrs["axis"]))
             for i, o in enumerate(outputs)
             if o.op.name == STATE_UPDATE and newest.get(root_state(o).name) is o}
-
-
-def rewrites(version: Node) -> bool:
-    """Whether a state's new version may write inside the prefix the state had: an update at
-    an offset not provably at or past the state's length along its axis (a value written
-    over, offset 0), rather than only an append after it (a KV cache's, at its length)."""
-    state = root_state(version)
-    while version.op.name == STATE_UPDATE:
-        past = sympy.sympify(version.attrs["offset"]) - \
-            sympy.sympify(state.shape[int(version.attrs["axis"])])
-        if past.is_nonnegative is not True:
-            return True
-        version = version.inputs[0]
-    return False
 
 
 def _depth(version: Node) -> int:
