@@ -24,8 +24,9 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 # The layers, lowest first: (name, the modules and packages in it, relative to tensor_graphs;
 # "" is tensor_graphs/__init__.py alone). A module may import its own layer and those before it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # knows no graph: the exception tree, how files are trusted and read, error norms, threads
-    ("base", ("errors", "files", "numerics", "threads")),
+    # knows no graph: the exception tree, how files are trusted and read, error norms, threads,
+    # progress bars
+    ("base", ("errors", "files", "numerics", "progress", "threads")),
     # nodes, ops and their table, shapes, dtypes, patterns as data, the reference interpreter
     ("ir", ("ir",)),
     # matching, rule tables, canonical form and digests, simplify, recompose, sink, blocks

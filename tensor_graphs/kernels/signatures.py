@@ -478,6 +478,18 @@ def _conv2d(dt, arity):
     return [OpCase((S(x, dt), S(w, dt), S(w[:1], dt)), {**base, **a}) for x, w, a in table]
 
 
+@generator("conv3d")
+def _conv3d(dt, arity):
+    table = [  # x, weight, attrs
+        ((1, 2, 4, 5, 5), (3, 2, 2, 3, 3), {"padding": 1}),
+        ((2, 4, 6, 5, 4), (4, 2, 3, 1, 1), {"stride": (2, 1, 1), "groups": 2}),
+        ((3, 5, 4, 4), (2, 3, 1, 1, 1), {}),
+        ((1, 1, 9, 1, 33), (1, 1, 3, 1, 3), {"padding": "same", "dilation": (2, 1, 1)}),
+    ]
+    base = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+    return [OpCase((S(x, dt), S(w, dt), S(w[:1], dt)), {**base, **a}) for x, w, a in table]
+
+
 @generator("max_pool2d", "avg_pool2d", "max_pool2d_indices")
 def _pool(dt, arity):
     return [OpCase((S((1, 2, 7, 7), dt),), {"kernel_size": 3, "stride": 2, "padding": 1}),
