@@ -4,7 +4,6 @@ picks fused kernels for them)."""
 from __future__ import annotations
 
 import numpy as np
-import sympy
 
 from tensor_graphs.errors import ArgumentError, ShapeError
 from tensor_graphs.frontend.aten.common import (
@@ -15,6 +14,7 @@ from tensor_graphs.frontend.aten.common import (
 )
 from tensor_graphs.frontend.aten.random_ops import _generator, training
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.ops.conv import unfolded_conv
 from tensor_graphs.ir.ops.nn import attention_with
 
 
@@ -229,9 +229,9 @@ def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
     """A 1-d convolution over a named (symbolic) length, which our conv2d cannot take (its
     window positions need concrete sizes): im2col spelled out over the length, as one slice
     per kernel offset (stops are size expressions; a stride is the slices' step), stacked,
-    and one grouped matmul. A strided output length is floor((L - d (k-1) - 1) / s) + 1,
-    which sympy simplifies where the length is a multiple of the stride (Wav2Vec2's feature
-    encoder over ``10 * Dim("frames")`` samples)."""
+    and one grouped matmul (``ir.ops.conv.unfolded_conv``). A strided output length is
+    floor((L - d (k-1) - 1) / s) + 1, which sympy simplifies where the length is a multiple
+    of the stride (Wav2Vec2's feature encoder over ``10 * Dim("frames")`` samples)."""
     k = weight.shape[2]
     cout, cin = weight.shape[0], x.shape[1]
     if not all(isinstance(v, int) for v in (k, cout, cin)):
@@ -239,15 +239,7 @@ def _conv1d_symbolic(op, x, weight, bias, stride, padding, dilation, groups):
                          "must be concrete")
     if padding:
         x = tg.pad(x, (padding, padding))
-    n, span = x.shape[0], x.shape[2] - dilation * (k - 1)
-    length = sympy.floor((span - 1) / stride) + 1 if stride != 1 else span
-    stop = (length - 1) * stride + 1
-    cols = tg.stack([tg.slice_axis(x, 2, i * dilation, i * dilation + stop, stride)
-                     for i in range(k)], axis=2)  # (N, C, K, L_out)
-    cols = tg.reshape(cols, (n, groups, cin // groups * k, length))
-    w = tg.reshape(weight, (groups, cout // groups, cin // groups * k))
-    y = tg.reshape(tg.matmul(w, cols), (n, cout, length))
-    return y if bias is None else y + tg.reshape(bias, (cout, 1))
+    return unfolded_conv(x, weight, bias, (stride,), (dilation,), groups)
 
 
 def _dilate(x, axis, factor):

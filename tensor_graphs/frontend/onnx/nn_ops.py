@@ -4,13 +4,11 @@ fused kernels; ONNX's older forms (Softmax's 2-D coercion before opset 13) are s
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import numpy as np
 
 from tensor_graphs.frontend.onnx.common import Ctx, norm_axis, product, torch_pads
 from tensor_graphs.ir import api as tg
+from tensor_graphs.ir.ops.conv import strided_windows, unfolded_conv
 
 
 def _f(x, v):
@@ -213,13 +211,13 @@ def _conv(c: Ctx):
 
 def _convolve(c: Ctx, x, w, b, pads, strides, dil, groups):
     """An N-D convolution with ONNX's (begin..., end...) pads on our conv2d and conv3d
-    composites (1-D through a unit axis; symbolic spatial dims: ``_conv_unfolded``); uneven
+    composites (1-D through a unit axis; symbolic spatial dims: ``unfolded_conv``); uneven
     pads are made explicit first."""
     n = w.ndim - 2
     if n not in (1, 2, 3):
         raise c.refuse(f"a {n}-D convolution (1-D, 2-D and 3-D are mapped)")
     if not _static_plane(x):
-        return _conv_unfolded(tg.pad(x, torch_pads(pads)), w, b, strides, dil, groups)
+        return unfolded_conv(tg.pad(x, torch_pads(pads)), w, b, strides, dil, groups)
     if n == 1:
         out = _convolve(c, _to_2d(x), _to_2d(w), b, [0, pads[0], 0, pads[1]],
                         [1, strides[0]], [1, dil[0]], groups)
@@ -237,39 +235,6 @@ def _static_plane(x) -> bool:
     """Whether ``x``'s spatial dims (after batch and channels) are all known ints: our
     conv2d and pooling composites compute their window positions from concrete sizes."""
     return all(isinstance(d, int) for d in x.shape[2:])
-
-
-def _patches(x, kernel, strides, dil):
-    """The windows of an already padded (N, C, *spatial) as (N, C, K, *out), K the kernel's
-    offsets in row-major order: one strided slice per offset, so a symbolic spatial dim
-    (an audio length, an image exported with dynamic height and width) needs no window
-    positions computed from its size, only floor((size - span) / stride) + 1 outputs."""
-    outs = [(size - d * (k - 1) - 1) // s + 1
-            for size, k, s, d in zip(x.shape[2:], kernel, strides, dil)]
-    parts = []
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        y = x
-        for i, o in enumerate(offset):
-            start = o * dil[i]
-            y = tg.slice_axis(y, 2 + i, start, start + (outs[i] - 1) * strides[i] + 1,
-                              strides[i])
-        parts.append(y)
-    return tg.stack(parts, 2)
-
-
-def _conv_unfolded(x, w, b, strides, dil, groups):
-    """A 1-D to 3-D convolution of an already padded input whose spatial dims are symbolic,
-    which conv2d refuses: its patches (``_patches``) times the kernel, one batched matmul of
-    (groups, out/groups, in/groups * K) by (N, groups, in/groups * K, positions)."""
-    batch, cin = x.shape[:2]
-    cout, kernel = w.shape[0], list(w.shape[2:])
-    k = math.prod(kernel)
-    cols = _patches(x, kernel, strides, dil)
-    out = cols.shape[3:]
-    cols = tg.reshape(cols, (batch, groups, cin // groups * k, product(out)))
-    y = tg.matmul(tg.reshape(w, (groups, cout // groups, cin // groups * k)), cols)
-    y = tg.reshape(y, (batch, cout, *out))
-    return y if b is None else tg.add(y, tg.reshape(b, (-1,) + (1,) * len(out)))
 
 
 def _depth_planes(x, start: int, count: int, stride: int):
@@ -495,12 +460,12 @@ def _max_pool_nd(c: Ctx, x, kernel, pads, strides, dil):
 def _max_pool_unfolded(c: Ctx, x, kernel, pads, strides, dil):
     """MaxPool over symbolic spatial dims, which max_pool2d refuses: the input padded with
     -inf (ceil_mode's cells too, where the sizes allow counting them), the maximum over its
-    windows (``_patches``)."""
+    windows (``strided_windows``)."""
     if c.outputs > 1:
         raise c.refuse(f"the Indices output over the symbolic spatial dims of {x.shape}; "
                        "export the model with static spatial dims, or without the indices")
     x = tg.pad(x, torch_pads(_ceil_pads(c, x, kernel, pads, strides, dil)), float("-inf"))
-    return tg.max(_patches(x, kernel, strides, dil), axis=2)
+    return tg.max(strided_windows(x, kernel, strides, dil), axis=2)
 
 
 def _max_pool2d(c: Ctx, x, kernel, pads, strides, dil, indices: bool):

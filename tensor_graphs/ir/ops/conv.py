@@ -13,6 +13,7 @@ positions, matrices and index arrays are computed from them.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -23,6 +24,7 @@ from tensor_graphs.ir.composite import composite
 from tensor_graphs.ir.ops.elementwise import div, isnan, logical_and, rsqrt, sub
 from tensor_graphs.ir.ops.reductions import mean
 from tensor_graphs.ir.ops.reductions import min as reduce_min
+from tensor_graphs.ir.ops.shape_ops import stack
 from tensor_graphs.ir.shapes import dims_equal, format_shape, is_static, numel
 
 __all__ = [
@@ -266,6 +268,41 @@ def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
                dilation=dilation[1:], groups=groups)
     y = tg.permute(tg.reshape(y, (n, frames, cout) + tuple(y.shape[2:])), (0, 2, 1, 3, 4))
     return y if x.ndim == 5 else tg.squeeze(y, 0)
+
+
+def strided_windows(x, kernel, strides, dil):
+    """The windows of an already padded (N, C, *spatial) as (N, C, K, *out), K the kernel's
+    offsets in row-major order: one strided slice per offset, so a symbolic spatial dim
+    (an audio length, an image exported with dynamic height and width) needs no window
+    positions computed from its size, only floor((size - span) / stride) + 1 outputs.
+    What the importers use where conv2d and the pools refuse a symbolic spatial dim."""
+    outs = [(size - d * (k - 1) - 1) // s + 1
+            for size, k, s, d in zip(x.shape[2:], kernel, strides, dil)]
+    parts = []
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        y = x
+        for i, o in enumerate(offset):
+            start = o * dil[i]
+            y = tg.slice_axis(y, 2 + i, start, start + (outs[i] - 1) * strides[i] + 1,
+                              strides[i])
+        parts.append(y)
+    return stack(parts, 2)
+
+
+def unfolded_conv(x, w, b, strides, dil, groups):
+    """A 1-D to 3-D convolution of an already padded input whose spatial dims may be
+    symbolic, which conv2d refuses: its windows (``strided_windows``) times the kernel, one
+    batched matmul of (groups, out/groups, in/groups * K) by (N, groups, in/groups * K,
+    positions)."""
+    batch, cin = x.shape[:2]
+    cout, kernel = w.shape[0], list(w.shape[2:])
+    k = math.prod(kernel)
+    cols = strided_windows(x, kernel, strides, dil)
+    out = cols.shape[3:]
+    cols = tg.reshape(cols, (batch, groups, cin // groups * k, math.prod(out)))
+    y = tg.matmul(tg.reshape(w, (groups, cout // groups, cin // groups * k)), cols)
+    y = tg.reshape(y, (batch, cout, *out))
+    return y if b is None else tg.add(y, tg.reshape(b, (-1,) + (1,) * len(out)))
 
 
 def _pool_geometry(x4, op, kernel_size, stride, padding, dilation, ceil_mode):
